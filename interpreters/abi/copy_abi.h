@@ -1,0 +1,139 @@
+/* The boundary between the host process and one private CPython copy.
+ *
+ * This header is the only thing the host and the interpreter library share. It is C: plain
+ * structs of function pointers, integer codes and NUL-terminated UTF-8 strings. No C++ type,
+ * exception or allocation crosses it. The interpreter library exports exactly one dynamic
+ * symbol, OROCHI_COPY_ENTRY_SYMBOL, which takes the host's table and returns the copy's.
+ *
+ * Ownership: every pointer passed in either direction is borrowed for the duration of the call.
+ * Results travel back through an OrochiReply, a host-owned sink whose callbacks copy what they
+ * are given before returning, so the copy never hands out memory the host must free.
+ *
+ * Threads: a copy is driven by one host thread at a time (the host serialises calls). Calls
+ * made from different threads at different times are fine; the copy gives each OS thread its
+ * own Python thread state.
+ */
+#ifndef OROCHI_INTERPRETERS_ABI_COPY_ABI_H_
+#define OROCHI_INTERPRETERS_ABI_COPY_ABI_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped on any change to the structs or functions below. */
+#define OROCHI_COPY_ABI_VERSION 1u
+#define OROCHI_COPY_ENTRY_SYMBOL "orochi_copy_entry"
+
+typedef enum OrochiCopyCode {
+  OROCHI_COPY_OK = 0,
+  OROCHI_COPY_PYTHON_ERROR = 1,     /* uncaught Python exception; the reply holds the details */
+  OROCHI_COPY_INVALID_ARGUMENT = 2, /* a malformed request (bad target, bad value) */
+  OROCHI_COPY_UNLOADED = 3,         /* answered by the host's stubs once the copy is gone */
+  OROCHI_COPY_FAILED_PRECONDITION = 4, /* e.g. called before initialize */
+  OROCHI_COPY_INTERNAL = 5,
+} OrochiCopyCode;
+
+typedef enum OrochiValueKind {
+  OROCHI_VALUE_NONE = 0,
+  OROCHI_VALUE_BOOL = 1,  /* int_value is 0 or 1 */
+  OROCHI_VALUE_INT = 2,   /* int_value */
+  OROCHI_VALUE_FLOAT = 3, /* float_value */
+  OROCHI_VALUE_STR = 4,   /* data/size: UTF-8 */
+  OROCHI_VALUE_BYTES = 5, /* data/size */
+} OrochiValueKind;
+
+typedef struct OrochiValue {
+  int32_t kind; /* OrochiValueKind */
+  int64_t int_value;
+  double float_value;
+  const char* data;
+  size_t size;
+} OrochiValue;
+
+typedef struct OrochiError {
+  const char* type_name; /* e.g. "ValueError", "json.decoder.JSONDecodeError" */
+  const char* message;   /* str(exception) or a description of the failure */
+  const char* traceback; /* the formatted Python traceback, or "" */
+} OrochiError;
+
+/* Host-owned sink for a call's outcome. The copy calls at most one setter per call. */
+typedef struct OrochiReply {
+  void* host_state;
+  void (*set_value)(struct OrochiReply* reply, const OrochiValue* value);
+  void (*set_exit_status)(struct OrochiReply* reply, int32_t exit_status);
+  void (*set_error)(struct OrochiReply* reply, const OrochiError* error);
+} OrochiReply;
+
+/* What the host offers a copy. Lives as long as the copy. */
+typedef struct OrochiHostTable {
+  uint32_t abi_version;
+  uint32_t struct_size;
+  void* host_state;
+  /* Calls the host function registered under `name` with `payload`, on the calling thread and
+   * with the copy's GIL held (so it must not call back into the same copy from another thread).
+   * Returns an OrochiCopyCode; the function's result or error arrives through `reply`. */
+  int32_t (*call_host)(void* host_state, const char* name, const char* payload,
+                       size_t payload_size, OrochiReply* reply);
+} OrochiHostTable;
+
+typedef struct OrochiCopyConfig {
+  uint32_t struct_size;
+  int32_t copy_id;
+  /* The complete sys.path, in order (the embedded stdlib and Orochi's own package). */
+  const char* const* module_search_paths;
+  size_t module_search_path_count;
+  /* sys.executable: the host binary. */
+  const char* executable;
+  /* Install CPython's SIGINT handler (KeyboardInterrupt). Only for a single copy that owns the
+   * process, such as `orochi python`: handlers are process-wide. */
+  int32_t install_signal_handlers;
+} OrochiCopyConfig;
+
+typedef enum OrochiRunKind {
+  OROCHI_RUN_CODE = 0,        /* like `python -c CODE` */
+  OROCHI_RUN_FILE = 1,        /* like `python FILE` */
+  OROCHI_RUN_MODULE = 2,      /* like `python -m MODULE` */
+  OROCHI_RUN_INTERACTIVE = 3, /* like `python` with no arguments */
+} OrochiRunKind;
+
+/* Runs a program the way the `python` command does: sets sys.argv and sys.path[0], prints an
+ * uncaught exception's traceback to sys.stderr, flushes stdout and stderr, and replies with the
+ * exit status (SystemExit's code, or 1 after an uncaught exception). */
+typedef struct OrochiRunRequest {
+  uint32_t struct_size;
+  int32_t kind;         /* OrochiRunKind */
+  const char* target;   /* code, file path or module name; NULL for interactive */
+  const char* const* argv; /* sys.argv[1:] */
+  size_t argc;
+} OrochiRunRequest;
+
+/* What a copy offers the host. The host keeps its own copy of this table and swaps it for stubs
+ * when the copy is unloaded. */
+typedef struct OrochiCopyTable {
+  uint32_t abi_version;
+  uint32_t struct_size;
+  /* Starts CPython in this copy. Called once, before anything else. */
+  int32_t (*initialize)(const OrochiCopyConfig* config, OrochiReply* reply);
+  /* Finalizes CPython (atexit handlers run, threads joined). Nothing may be called after it. */
+  int32_t (*finalize)(OrochiReply* reply);
+  int32_t (*run)(const OrochiRunRequest* request, OrochiReply* reply);
+  /* Executes statements in the copy's __main__ namespace. */
+  int32_t (*exec)(const char* code, const char* filename, OrochiReply* reply);
+  /* Evaluates an expression in the copy's __main__ namespace; replies with its value. */
+  int32_t (*eval)(const char* expression, OrochiReply* reply);
+  /* Imports `module` of target "module:qualified.name", calls the callable with `args`
+   * positionally and replies with its result. */
+  int32_t (*call)(const char* target, const OrochiValue* args, size_t arg_count,
+                  OrochiReply* reply);
+} OrochiCopyTable;
+
+typedef const OrochiCopyTable* (*OrochiCopyEntryFn)(const OrochiHostTable* host);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* OROCHI_INTERPRETERS_ABI_COPY_ABI_H_ */

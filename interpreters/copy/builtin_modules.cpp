@@ -1,0 +1,141 @@
+// Built-in modules compiled into every interpreter copy:
+//   _orochi       the copy's side of the host boundary (host functions, copy identity)
+//   _contextvars  re-exports the context-variable types that live in CPython's core; Debian
+//                 ships this module as a separate .so, which a copy cannot load, and without
+//                 it `contextvars` and so `asyncio` would not import.
+#include <Python.h>
+
+#include <string>
+
+#include "copy_state.h"
+
+namespace orochi::copy {
+namespace {
+
+struct HostReply {
+  OrochiReply reply{};
+  PyObject* result = nullptr;  // new reference, or null with a Python error set
+};
+
+void ReplySetValue(OrochiReply* reply, const OrochiValue* value) {
+  auto* self = static_cast<HostReply*>(reply->host_state);
+  switch (value->kind) {
+    case OROCHI_VALUE_NONE: self->result = Py_NewRef(Py_None); break;
+    case OROCHI_VALUE_BOOL: self->result = PyBool_FromLong(value->int_value != 0); break;
+    case OROCHI_VALUE_INT: self->result = PyLong_FromLongLong(value->int_value); break;
+    case OROCHI_VALUE_FLOAT: self->result = PyFloat_FromDouble(value->float_value); break;
+    case OROCHI_VALUE_STR:
+      self->result = PyUnicode_DecodeUTF8(value->data, static_cast<Py_ssize_t>(value->size),
+                                          "surrogateescape");
+      break;
+    default:
+      self->result =
+          PyBytes_FromStringAndSize(value->data, static_cast<Py_ssize_t>(value->size));
+  }
+}
+
+void ReplySetExitStatus(OrochiReply* reply, int32_t status) {
+  auto* self = static_cast<HostReply*>(reply->host_state);
+  self->result = PyLong_FromLong(status);
+}
+
+void ReplySetError(OrochiReply* reply, const OrochiError* error) {
+  auto* self = static_cast<HostReply*>(reply->host_state);
+  PyErr_Format(PyExc_RuntimeError, "host function failed: %s", error->message);
+  self->result = nullptr;
+}
+
+// _orochi.call_host(name, payload=b"") -> bytes | str | int | float | bool | None
+//
+// Deliberately keeps this copy's GIL for the whole call: host functions are short, and tests
+// use this to show that copies hold independent GILs at the same moment.
+PyObject* CallHost(PyObject* /*module*/, PyObject* args) {
+  const char* name = nullptr;
+  Py_buffer payload{};
+  payload.buf = nullptr;
+  if (!PyArg_ParseTuple(args, "s|s*:call_host", &name, &payload)) return nullptr;
+  const CopyState& state = State();
+  HostReply host_reply;
+  host_reply.reply = {&host_reply, ReplySetValue, ReplySetExitStatus, ReplySetError};
+  int32_t code = state.host->call_host(state.host->host_state, name,
+                                       static_cast<const char*>(payload.buf),
+                                       static_cast<size_t>(payload.len), &host_reply.reply);
+  if (payload.obj != nullptr || payload.buf != nullptr) PyBuffer_Release(&payload);
+  if (code != OROCHI_COPY_OK && host_reply.result == nullptr && !PyErr_Occurred()) {
+    PyErr_Format(PyExc_RuntimeError, "host function '%s' failed with code %d", name, code);
+  }
+  if (host_reply.result == nullptr && !PyErr_Occurred()) host_reply.result = Py_NewRef(Py_None);
+  return host_reply.result;
+}
+
+PyObject* CopyId(PyObject* /*module*/, PyObject* /*unused*/) {
+  return PyLong_FromLong(State().copy_id);
+}
+
+// Returns (address of this copy's CopyState, its probe counter after incrementing it).
+PyObject* StateProbe(PyObject* /*module*/, PyObject* /*unused*/) {
+  CopyState& state = State();
+  state.probe_counter += 1;
+  return Py_BuildValue("(KL)", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(&state)),
+                       static_cast<long long>(state.probe_counter));
+}
+
+PyMethodDef kOrochiMethods[] = {
+    {"call_host", CallHost, METH_VARARGS,
+     "call_host(name, payload=b'') -> result of the host function registered as `name`"},
+    {"copy_id", CopyId, METH_NOARGS, "copy_id() -> the number of this interpreter copy"},
+    {"_state_probe", StateProbe, METH_NOARGS,
+     "_state_probe() -> (address, counter) of this copy's private C++ state; for tests"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef kOrochiModule = {
+    PyModuleDef_HEAD_INIT, "_orochi",
+    "The interpreter copy's side of the boundary with the Orochi host process.", 0,
+    kOrochiMethods,
+};
+
+PyObject* InitOrochiModule() {
+  PyObject* module = PyModule_Create(&kOrochiModule);
+  if (module == nullptr) return nullptr;
+  if (PyModule_AddIntConstant(module, "ABI_VERSION", OROCHI_COPY_ABI_VERSION) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}
+
+PyObject* CopyContext(PyObject* /*module*/, PyObject* /*unused*/) {
+  return PyContext_CopyCurrent();
+}
+
+PyMethodDef kContextVarsMethods[] = {
+    {"copy_context", CopyContext, METH_NOARGS, "copy_context() -> a copy of the current Context"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef kContextVarsModule = {
+    PyModuleDef_HEAD_INIT, "_contextvars", "Context variables (CPython core types).", 0,
+    kContextVarsMethods,
+};
+
+PyObject* InitContextVarsModule() {
+  PyObject* module = PyModule_Create(&kContextVarsModule);
+  if (module == nullptr) return nullptr;
+  if (PyModule_AddType(module, &PyContext_Type) < 0 ||
+      PyModule_AddType(module, &PyContextVar_Type) < 0 ||
+      PyModule_AddType(module, &PyContextToken_Type) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}
+
+}  // namespace
+
+bool RegisterBuiltinModules() {
+  return PyImport_AppendInittab("_orochi", InitOrochiModule) == 0 &&
+         PyImport_AppendInittab("_contextvars", InitContextVarsModule) == 0;
+}
+
+}  // namespace orochi::copy

@@ -1,0 +1,81 @@
+#include "embedded_assets.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+extern "C" {
+extern const std::byte orochi_asset_copy_library_begin[];
+extern const std::byte orochi_asset_copy_library_end[];
+extern const std::byte orochi_asset_stdlib_zip_begin[];
+extern const std::byte orochi_asset_stdlib_zip_end[];
+extern const std::byte orochi_asset_package_zip_begin[];
+extern const std::byte orochi_asset_package_zip_end[];
+}
+
+namespace orochi::interpreters {
+namespace {
+
+std::string ErrnoText(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+}  // namespace
+
+std::span<const std::byte> EmbeddedCopyLibrary() {
+  return {orochi_asset_copy_library_begin, orochi_asset_copy_library_end};
+}
+
+Result<int> SealedMemfd(const char* name, std::span<const std::byte> bytes, bool close_on_exec) {
+  unsigned flags = MFD_ALLOW_SEALING | (close_on_exec ? MFD_CLOEXEC : 0U);
+  int fd = memfd_create(name, flags);
+  if (fd < 0) return Internal(ErrnoText("memfd_create"));
+  size_t written = 0;
+  while (written < bytes.size()) {
+    ssize_t n = write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      Status error = Internal(ErrnoText("writing a memfd"));
+      close(fd);
+      return error;
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+    Status error = Internal(ErrnoText("sealing a memfd"));
+    close(fd);
+    return error;
+  }
+  return fd;
+}
+
+Result<std::vector<std::string>> EmbeddedPythonPaths() {
+  static std::once_flag once;
+  static Result<std::vector<std::string>> paths = Internal("not initialized");
+  std::call_once(once, [] {
+    struct Archive {
+      const char* name;
+      std::span<const std::byte> bytes;
+    };
+    const Archive archives[] = {
+        {"orochi-stdlib.zip", {orochi_asset_stdlib_zip_begin, orochi_asset_stdlib_zip_end}},
+        {"orochi-python.zip", {orochi_asset_package_zip_begin, orochi_asset_package_zip_end}},
+    };
+    std::vector<std::string> result;
+    for (const Archive& archive : archives) {
+      // Kept open for the life of the process: every copy reads it through /proc/self/fd.
+      Result<int> fd = SealedMemfd(archive.name, archive.bytes, /*close_on_exec=*/true);
+      if (!fd.ok()) {
+        paths = fd.status();
+        return;
+      }
+      result.push_back("/proc/self/fd/" + std::to_string(*fd));
+    }
+    paths = std::move(result);
+  });
+  return paths;
+}
+
+}  // namespace orochi::interpreters

@@ -1,0 +1,308 @@
+#include "orochi/interpreters/interpreter.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+#include "copy_abi.h"
+#include "embedded_assets.h"
+#include "orochi/base/check.h"
+
+namespace orochi::interpreters {
+namespace {
+
+// Collects what a copy replies, converting to host types while the copy's memory is valid.
+struct ReplySink {
+  OrochiReply reply{};
+  Value value;
+  int exit_status = 0;
+  std::string error_type;
+  std::string error_message;
+  std::string error_traceback;
+
+  ReplySink() { reply = {this, &SetValue, &SetExitStatus, &SetError}; }
+  ReplySink(const ReplySink&) = delete;
+  ReplySink& operator=(const ReplySink&) = delete;
+
+  static ReplySink& Of(OrochiReply* reply) { return *static_cast<ReplySink*>(reply->host_state); }
+
+  static void SetValue(OrochiReply* reply, const OrochiValue* value) {
+    ReplySink& sink = Of(reply);
+    switch (value->kind) {
+      case OROCHI_VALUE_BOOL: sink.value = value->int_value != 0; break;
+      case OROCHI_VALUE_INT: sink.value = static_cast<int64_t>(value->int_value); break;
+      case OROCHI_VALUE_FLOAT: sink.value = value->float_value; break;
+      case OROCHI_VALUE_STR: sink.value = std::string(value->data, value->size); break;
+      case OROCHI_VALUE_BYTES: sink.value = Bytes{std::string(value->data, value->size)}; break;
+      default: sink.value = std::monostate{};
+    }
+  }
+  static void SetExitStatus(OrochiReply* reply, int32_t status) { Of(reply).exit_status = status; }
+  static void SetError(OrochiReply* reply, const OrochiError* error) {
+    ReplySink& sink = Of(reply);
+    sink.error_type = error->type_name != nullptr ? error->type_name : "";
+    sink.error_message = error->message != nullptr ? error->message : "";
+    sink.error_traceback = error->traceback != nullptr ? error->traceback : "";
+  }
+
+  Status ToStatus(int32_t code, int copy_id) const {
+    switch (code) {
+      case OROCHI_COPY_OK: return Status::Ok();
+      case OROCHI_COPY_PYTHON_ERROR:
+        return {StatusCode::kPythonError,
+                error_message.empty() ? error_type : error_type + ": " + error_message,
+                error_traceback};
+      case OROCHI_COPY_INVALID_ARGUMENT:
+        return InvalidArgument(error_type + ": " + error_message);
+      case OROCHI_COPY_UNLOADED:
+        return Unavailable("interpreter copy " + std::to_string(copy_id) + " is unloaded");
+      case OROCHI_COPY_FAILED_PRECONDITION: return FailedPrecondition(error_message);
+      default:
+        return Internal("interpreter copy " + std::to_string(copy_id) + ": " + error_message);
+    }
+  }
+};
+
+// What the host's table points at once a copy is gone: every call fails cleanly.
+int32_t Unloaded(OrochiReply* reply) {
+  OrochiError error{"RuntimeError", "the interpreter copy is unloaded", ""};
+  reply->set_error(reply, &error);
+  return OROCHI_COPY_UNLOADED;
+}
+int32_t UnloadedInitialize(const OrochiCopyConfig*, OrochiReply* reply) { return Unloaded(reply); }
+int32_t UnloadedRun(const OrochiRunRequest*, OrochiReply* reply) { return Unloaded(reply); }
+int32_t UnloadedExec(const char*, const char*, OrochiReply* reply) { return Unloaded(reply); }
+int32_t UnloadedEval(const char*, OrochiReply* reply) { return Unloaded(reply); }
+int32_t UnloadedCall(const char*, const OrochiValue*, size_t, OrochiReply* reply) {
+  return Unloaded(reply);
+}
+
+const OrochiCopyTable kUnloadedTable = {
+    OROCHI_COPY_ABI_VERSION, sizeof(OrochiCopyTable), UnloadedInitialize, Unloaded,
+    UnloadedRun,            UnloadedExec,            UnloadedEval,       UnloadedCall,
+};
+
+OrochiValue ToAbiValue(const Value& value) {
+  OrochiValue result{};
+  std::visit(
+      [&result](const auto& item) {
+        using T = std::decay_t<decltype(item)>;
+        if constexpr (std::is_same_v<T, std::monostate>) {
+          result.kind = OROCHI_VALUE_NONE;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          result.kind = OROCHI_VALUE_BOOL;
+          result.int_value = item ? 1 : 0;
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          result.kind = OROCHI_VALUE_INT;
+          result.int_value = item;
+        } else if constexpr (std::is_same_v<T, double>) {
+          result.kind = OROCHI_VALUE_FLOAT;
+          result.float_value = item;
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          result.kind = OROCHI_VALUE_STR;
+          result.data = item.data();
+          result.size = item.size();
+        } else {
+          result.kind = OROCHI_VALUE_BYTES;
+          result.data = item.data.data();
+          result.size = item.data.size();
+        }
+      },
+      value);
+  return result;
+}
+
+std::string HostExecutable() {
+  std::error_code error;
+  std::filesystem::path path = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::string() : path.string();
+}
+
+}  // namespace
+
+struct Interpreter::Impl {
+  int id = 0;
+  void* library = nullptr;            // dlopen handle while loaded
+  OrochiCopyTable copy_table{};       // the copy's own table, copied into host memory
+  const OrochiCopyTable* table = &kUnloadedTable;  // what every call goes through
+  OrochiHostTable host_table{};
+  std::map<std::string, HostFunction, std::less<>> host_functions;
+
+  static int32_t CallHost(void* state, const char* name, const char* payload, size_t size,
+                          OrochiReply* reply) {
+    auto* self = static_cast<Impl*>(state);
+    auto found = self->host_functions.find(std::string_view(name));
+    if (found == self->host_functions.end()) {
+      std::string message = "no host function is registered as '" + std::string(name) + "'";
+      OrochiError error{"LookupError", message.c_str(), ""};
+      reply->set_error(reply, &error);
+      return OROCHI_COPY_INVALID_ARGUMENT;
+    }
+    Result<Value> result = [&]() -> Result<Value> {
+      try {
+        return found->second(std::string_view(payload != nullptr ? payload : "", size));
+      } catch (const std::exception& exception) {
+        return Internal(std::string("host function threw: ") + exception.what());
+      }
+    }();
+    if (!result.ok()) {
+      std::string message = result.status().ToString();
+      OrochiError error{"RuntimeError", message.c_str(), ""};
+      reply->set_error(reply, &error);
+      return OROCHI_COPY_INTERNAL;
+    }
+    OrochiValue value = ToAbiValue(*result);
+    reply->set_value(reply, &value);
+    return OROCHI_COPY_OK;
+  }
+};
+
+Interpreter::Interpreter(int id) : id_(id), impl_(std::make_unique<Impl>()) { impl_->id = id; }
+
+Interpreter::~Interpreter() {
+  Status status = Unload();
+  if (!status.ok()) {
+    std::fprintf(stderr, "orochi: unloading interpreter copy %d: %s\n", id_,
+                 status.ToString().c_str());
+  }
+}
+
+Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions options) {
+  OROCHI_ASSIGN_OR_RETURN(std::vector<std::string> python_paths, EmbeddedPythonPaths());
+  std::unique_ptr<Interpreter> interpreter(new Interpreter(options.id));
+  Impl& impl = *interpreter->impl_;
+  impl.host_functions = std::move(options.host_functions);
+  impl.host_table = {OROCHI_COPY_ABI_VERSION, sizeof(OrochiHostTable), &impl, &Impl::CallHost};
+
+  // A fresh memfd gives the library a new inode, which makes the dynamic linker load a new
+  // copy instead of handing back the one already loaded. The fd is closed once mapped.
+  std::string name = "orochi-copy-" + std::to_string(options.id);
+  OROCHI_ASSIGN_OR_RETURN(int fd, SealedMemfd(name.c_str(), EmbeddedCopyLibrary(), true));
+  std::string path = "/proc/self/fd/" + std::to_string(fd);
+  impl.library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  close(fd);
+  if (impl.library == nullptr) {
+    const char* error = dlerror();
+    return Internal("loading interpreter copy " + std::to_string(options.id) + ": " +
+                    (error != nullptr ? error : "dlopen failed"));
+  }
+  auto entry = reinterpret_cast<OrochiCopyEntryFn>(dlsym(impl.library, OROCHI_COPY_ENTRY_SYMBOL));
+  const OrochiCopyTable* table = entry != nullptr ? entry(&impl.host_table) : nullptr;
+  if (table == nullptr || table->abi_version != OROCHI_COPY_ABI_VERSION ||
+      table->struct_size < sizeof(OrochiCopyTable)) {
+    dlclose(impl.library);
+    impl.library = nullptr;
+    return Internal("interpreter library has no compatible " OROCHI_COPY_ENTRY_SYMBOL
+                    " (ABI version " + std::to_string(OROCHI_COPY_ABI_VERSION) + " expected)");
+  }
+  impl.copy_table = *table;
+  impl.table = &impl.copy_table;
+
+  std::vector<const char*> search_paths;
+  for (const std::string& python_path : python_paths) search_paths.push_back(python_path.c_str());
+  OrochiCopyConfig config{};
+  config.struct_size = sizeof(config);
+  config.copy_id = options.id;
+  config.module_search_paths = search_paths.data();
+  config.module_search_path_count = search_paths.size();
+  config.install_signal_handlers = options.install_signal_handlers ? 1 : 0;
+  static const std::string executable = HostExecutable();
+  config.executable = executable.c_str();
+  ReplySink sink;
+  Status started = sink.ToStatus(impl.table->initialize(&config, &sink.reply), options.id);
+  if (!started.ok()) {
+    impl.table = &kUnloadedTable;
+    dlclose(impl.library);
+    impl.library = nullptr;
+    return Status(started.code(),
+                  "starting interpreter copy " + std::to_string(options.id) + ": " +
+                      started.message(),
+                  started.detail());
+  }
+  return interpreter;
+}
+
+bool Interpreter::loaded() const {
+  std::lock_guard lock(mutex_);
+  return impl_->library != nullptr;
+}
+
+Status Interpreter::Unload() {
+  std::lock_guard lock(mutex_);
+  Impl& impl = *impl_;
+  if (impl.library == nullptr) return Status::Ok();
+  const OrochiCopyTable* live = impl.table;
+  impl.table = &kUnloadedTable;  // from now on, late calls meet the stubs
+  ReplySink sink;
+  Status finalized = sink.ToStatus(live->finalize(&sink.reply), id_);
+  int64_t threads_left = std::holds_alternative<int64_t>(sink.value) ? std::get<int64_t>(sink.value) : 0;
+  if (threads_left > 0) {
+    // Unmapping the copy would pull its code from under threads that still run in it.
+    impl.library = nullptr;
+    return FailedPrecondition("interpreter copy " + std::to_string(id_) + " left " +
+                              std::to_string(threads_left) +
+                              " daemon thread(s) running; its memory stays mapped");
+  }
+  dlclose(impl.library);
+  impl.library = nullptr;
+  return finalized;
+}
+
+Result<int> Interpreter::Run(const Program& program) {
+  std::vector<const char*> argv;
+  for (const std::string& arg : program.argv) argv.push_back(arg.c_str());
+  OrochiRunRequest request{};
+  request.struct_size = sizeof(request);
+  switch (program.kind) {
+    case Program::Kind::kCode: request.kind = OROCHI_RUN_CODE; break;
+    case Program::Kind::kFile: request.kind = OROCHI_RUN_FILE; break;
+    case Program::Kind::kModule: request.kind = OROCHI_RUN_MODULE; break;
+    case Program::Kind::kInteractive: request.kind = OROCHI_RUN_INTERACTIVE; break;
+  }
+  request.target = program.kind == Program::Kind::kInteractive ? nullptr : program.target.c_str();
+  request.argv = argv.data();
+  request.argc = argv.size();
+  std::lock_guard lock(mutex_);
+  ReplySink sink;
+  OROCHI_RETURN_IF_ERROR(sink.ToStatus(impl_->table->run(&request, &sink.reply), id_));
+  if (!std::holds_alternative<int64_t>(sink.value)) {
+    return Internal("interpreter copy " + std::to_string(id_) + " returned no exit status");
+  }
+  return static_cast<int>(std::get<int64_t>(sink.value));
+}
+
+Status Interpreter::Exec(std::string_view code, std::string_view filename) {
+  std::string code_text(code);
+  std::string filename_text(filename);
+  std::lock_guard lock(mutex_);
+  ReplySink sink;
+  return sink.ToStatus(impl_->table->exec(code_text.c_str(), filename_text.c_str(), &sink.reply),
+                       id_);
+}
+
+Result<Value> Interpreter::Eval(std::string_view expression) {
+  std::string expression_text(expression);
+  std::lock_guard lock(mutex_);
+  ReplySink sink;
+  OROCHI_RETURN_IF_ERROR(sink.ToStatus(impl_->table->eval(expression_text.c_str(), &sink.reply), id_));
+  return std::move(sink.value);
+}
+
+Result<Value> Interpreter::Call(std::string_view target, std::span<const Value> args) {
+  std::string target_text(target);
+  std::vector<OrochiValue> abi_args;
+  abi_args.reserve(args.size());
+  for (const Value& arg : args) abi_args.push_back(ToAbiValue(arg));
+  std::lock_guard lock(mutex_);
+  ReplySink sink;
+  OROCHI_RETURN_IF_ERROR(sink.ToStatus(
+      impl_->table->call(target_text.c_str(), abi_args.data(), abi_args.size(), &sink.reply),
+      id_));
+  return std::move(sink.value);
+}
+
+}  // namespace orochi::interpreters

@@ -1,0 +1,136 @@
+#include "orochi/interpreters/interpreter_manager.h"
+
+#include <thread>
+#include <utility>
+
+#include "orochi/base/check.h"
+
+namespace orochi::interpreters {
+
+InterpreterManager::InterpreterManager(ManagerOptions options) : options_(std::move(options)) {}
+
+InterpreterManager::~InterpreterManager() {
+  std::lock_guard lock(mutex_);
+  for (const Slot& slot : slots_) {
+    OROCHI_INTERNAL_ASSERT(!slot.leased, "an InterpreterManager was destroyed with a live Lease");
+  }
+  // Each Interpreter unloads itself when its last reference goes.
+}
+
+InterpreterOptions InterpreterManager::OptionsFor(size_t /*slot*/) const {
+  InterpreterOptions options;
+  options.host_functions = options_.host_functions;
+  return options;
+}
+
+Result<std::unique_ptr<InterpreterManager>> InterpreterManager::Create(ManagerOptions options) {
+  if (options.copies == 0) return InvalidArgument("an InterpreterManager needs at least one copy");
+  std::unique_ptr<InterpreterManager> manager(new InterpreterManager(std::move(options)));
+  size_t count = manager->options_.copies;
+  std::vector<Result<std::unique_ptr<Interpreter>>> created;
+  created.reserve(count);
+  for (size_t i = 0; i < count; ++i) created.emplace_back(Internal("not started"));
+  {
+    // CPython start-up is CPU-bound: one thread per copy puts every core to work.
+    std::vector<std::jthread> starters;
+    starters.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      InterpreterOptions copy_options = manager->OptionsFor(i);
+      copy_options.id = static_cast<int>(i);
+      starters.emplace_back([&created, i, copy_options = std::move(copy_options)]() mutable {
+        created[i] = Interpreter::Create(std::move(copy_options));
+      });
+    }
+  }
+  manager->slots_.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (!created[i].ok()) return created[i].status();
+    manager->slots_[i].interpreter = std::move(created[i]).value();
+  }
+  manager->next_copy_id_ = static_cast<int>(count);
+  return manager;
+}
+
+InterpreterManager::Lease::Lease(InterpreterManager* manager, size_t slot,
+                                 std::shared_ptr<Interpreter> interpreter)
+    : manager_(manager), slot_(slot), interpreter_(std::move(interpreter)) {}
+
+InterpreterManager::Lease::Lease(Lease&& other) noexcept
+    : manager_(std::exchange(other.manager_, nullptr)),
+      slot_(other.slot_),
+      interpreter_(std::move(other.interpreter_)) {}
+
+InterpreterManager::Lease::~Lease() {
+  if (manager_ != nullptr) manager_->Release(slot_);
+}
+
+InterpreterManager::Lease InterpreterManager::LeaseLocked(size_t slot) {
+  slots_[slot].leased = true;
+  return Lease(this, slot, slots_[slot].interpreter);
+}
+
+void InterpreterManager::Release(size_t slot) {
+  {
+    std::lock_guard lock(mutex_);
+    slots_[slot].leased = false;
+  }
+  slot_freed_.notify_all();
+}
+
+InterpreterManager::Lease InterpreterManager::Acquire() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (!slots_[i].leased) return LeaseLocked(i);
+    }
+    slot_freed_.wait(lock);
+  }
+}
+
+std::optional<InterpreterManager::Lease> InterpreterManager::TryAcquire(
+    std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (!slots_[i].leased) return LeaseLocked(i);
+    }
+    if (slot_freed_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
+  }
+}
+
+InterpreterManager::Lease InterpreterManager::AcquireSlot(size_t slot) {
+  OROCHI_INTERNAL_ASSERT(slot < slots_.size(), "AcquireSlot: slot out of range");
+  std::unique_lock lock(mutex_);
+  slot_freed_.wait(lock, [&] { return !slots_[slot].leased; });
+  return LeaseLocked(slot);
+}
+
+Status InterpreterManager::Replace(size_t slot) {
+  OROCHI_INTERNAL_ASSERT(slot < slots_.size(), "Replace: slot out of range");
+  std::shared_ptr<Interpreter> old;
+  int copy_id = 0;
+  {
+    std::unique_lock lock(mutex_);
+    slot_freed_.wait(lock, [&] { return !slots_[slot].leased; });
+    slots_[slot].leased = true;  // keep others out while the copy is swapped
+    old = slots_[slot].interpreter;
+    copy_id = next_copy_id_++;
+  }
+  // Unload first: whoever still holds the old copy now gets kUnavailable, never a dead table.
+  Status unloaded = old->Unload();
+  old.reset();
+  InterpreterOptions options = OptionsFor(slot);
+  options.id = copy_id;
+  Result<std::unique_ptr<Interpreter>> fresh = Interpreter::Create(std::move(options));
+  {
+    std::lock_guard lock(mutex_);
+    if (fresh.ok()) slots_[slot].interpreter = std::move(fresh).value();
+    slots_[slot].leased = false;
+  }
+  slot_freed_.notify_all();
+  if (!fresh.ok()) return fresh.status();
+  return unloaded;
+}
+
+}  // namespace orochi::interpreters

@@ -1,0 +1,91 @@
+// One private copy of CPython, loaded from memory into this process.
+//
+// Each Interpreter is a separate instance of the interpreter library (its own CPython, GIL,
+// modules and C++ statics), written to its own memfd and opened with dlopen(RTLD_LOCAL). Its
+// sys.path holds only the embedded stdlib and Orochi's Python package; it reads no PYTHON*
+// environment variable and nothing under /usr/lib/python3*.
+//
+// Thread-safety: an Interpreter runs one call at a time. Calls from several threads are
+// serialised (a second caller waits); calls made from different threads at different times
+// are fine. Different Interpreters run fully in parallel.
+//
+// Every call goes through a function table that Unload() swaps for stubs, so a call that
+// arrives after Unload() returns StatusCode::kUnavailable instead of touching unmapped code.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "orochi/base/status.h"
+#include "orochi/interpreters/value.h"
+
+namespace orochi::interpreters {
+
+struct InterpreterOptions {
+  int id = 0;  // shown to Python as _orochi.copy_id() and in error messages
+  // Functions Python code may call with orochi.call_host(name, payload).
+  std::map<std::string, HostFunction, std::less<>> host_functions;
+  // Install CPython's SIGINT handler (KeyboardInterrupt). Signal handlers are process-wide,
+  // so only a copy that owns the process (`orochi python`) should ask for it.
+  bool install_signal_handlers = false;
+};
+
+// A program run the way the `python` command runs it.
+struct Program {
+  enum class Kind { kCode, kFile, kModule, kInteractive };
+  Kind kind = Kind::kCode;
+  std::string target;              // the code, file path or module name
+  std::vector<std::string> argv;  // sys.argv[1:]
+};
+
+class Interpreter {
+ public:
+  // Loads and starts a new copy. Fails with kInternal when the library cannot be loaded or
+  // CPython cannot start.
+  static Result<std::unique_ptr<Interpreter>> Create(InterpreterOptions options);
+
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
+  ~Interpreter();  // unloads the copy if still loaded
+
+  int id() const { return id_; }
+  bool loaded() const;
+
+  // Runs a program like `python`: sets sys.argv and sys.path[0], prints an uncaught exception's
+  // traceback to stderr, and returns the exit status (SystemExit's code, 1 after an uncaught
+  // exception). Program errors are exit statuses, not Status errors.
+  Result<int> Run(const Program& program);
+
+  // Executes statements in the copy's __main__ namespace. A Python exception gives
+  // kPythonError with "Type: message" as the message and the traceback as the detail.
+  Status Exec(std::string_view code, std::string_view filename = "<string>");
+
+  // Evaluates an expression in __main__ and returns its value (None, bool, int, float, str or
+  // bytes; anything else is kInvalidArgument).
+  Result<Value> Eval(std::string_view expression);
+
+  // Imports `module` from "module:qualified.name" and calls the callable with `args`.
+  Result<Value> Call(std::string_view target, std::span<const Value> args = {});
+
+  // Finalizes CPython (atexit handlers run, non-daemon threads are joined) and unmaps the
+  // copy. Idempotent. If Python code left daemon threads running, the copy's memory is kept
+  // mapped (and reported) rather than pulled from under those threads.
+  Status Unload();
+
+  struct Impl;  // the loaded library and its tables; private to the implementation
+
+ private:
+  explicit Interpreter(int id);
+
+  int id_;
+  mutable std::mutex mutex_;  // serialises calls, guards impl_
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace orochi::interpreters

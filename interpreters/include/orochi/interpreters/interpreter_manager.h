@@ -1,0 +1,87 @@
+// A pool of private CPython copies, each handed to one thread at a time.
+//
+// Thread-safety: every method may be called from any thread. A Lease gives its holder sole use
+// of one copy until the Lease is destroyed.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "orochi/base/status.h"
+#include "orochi/interpreters/interpreter.h"
+
+namespace orochi::interpreters {
+
+struct ManagerOptions {
+  size_t copies = 1;  // must be at least 1
+  // Offered to every copy; see InterpreterOptions::host_functions.
+  std::map<std::string, HostFunction, std::less<>> host_functions;
+};
+
+class InterpreterManager {
+ public:
+  // Creates `options.copies` copies, started in parallel. Fails if any copy fails to start.
+  static Result<std::unique_ptr<InterpreterManager>> Create(ManagerOptions options);
+
+  ~InterpreterManager();  // unloads every copy; no Lease may outlive the manager
+
+  size_t size() const { return slots_.size(); }
+
+  // Exclusive use of one copy, returned to the pool when the Lease is destroyed.
+  class Lease {
+   public:
+    Lease(Lease&& other) noexcept;
+    Lease& operator=(Lease&&) = delete;
+    Lease(const Lease&) = delete;
+    ~Lease();
+
+    Interpreter& operator*() const { return *interpreter_; }
+    Interpreter* operator->() const { return interpreter_.get(); }
+    // The copy itself. Holding it past the Lease is allowed, but once the manager replaces or
+    // unloads the copy, calls on it return kUnavailable.
+    std::shared_ptr<Interpreter> shared() const { return interpreter_; }
+    size_t slot() const { return slot_; }
+
+   private:
+    friend class InterpreterManager;
+    Lease(InterpreterManager* manager, size_t slot, std::shared_ptr<Interpreter> interpreter);
+    InterpreterManager* manager_;
+    size_t slot_;
+    std::shared_ptr<Interpreter> interpreter_;
+  };
+
+  // Waits until some copy is free.
+  Lease Acquire();
+  // Waits up to `timeout` for a free copy.
+  std::optional<Lease> TryAcquire(std::chrono::milliseconds timeout);
+  // Waits until copy `slot` is free. Precondition: slot < size().
+  Lease AcquireSlot(size_t slot);
+
+  // Waits until copy `slot` is free, unloads it and starts a fresh copy in its place.
+  // Precondition: slot < size(), and the caller holds no Lease on that slot.
+  Status Replace(size_t slot);
+
+ private:
+  struct Slot {
+    std::shared_ptr<Interpreter> interpreter;
+    bool leased = false;
+  };
+
+  explicit InterpreterManager(ManagerOptions options);
+  InterpreterOptions OptionsFor(size_t slot) const;
+  Lease LeaseLocked(size_t slot);
+  void Release(size_t slot);
+
+  ManagerOptions options_;
+  std::mutex mutex_;
+  std::condition_variable slot_freed_;
+  std::vector<Slot> slots_;
+  int next_copy_id_ = 0;
+};
+
+}  // namespace orochi::interpreters

@@ -1,0 +1,251 @@
+"""Start-up and entry points of an Orochi interpreter copy.
+
+Imported once when a copy starts. The host calls the functions below through the copy's
+C table; they run programs the way the `python` command does, and describe exceptions so the
+host gets the type, message and full traceback.
+
+A copy's CPython is private (every C symbol hidden), so a C extension module built as a
+separate .so has no Python to bind its Py* symbols to. Until Orochi has its own loader for
+them, importing one raises an ImportError that says so, and the stdlib's pure-Python
+fallbacks take over (json without _json, decimal through _pydecimal, ...).
+"""
+
+import sys
+import traceback
+from importlib import machinery
+
+import _orochi
+
+try:
+    from _orochi_native_modules import NATIVE_MODULES
+except ImportError:  # a copy built without the list still refuses extension files by suffix
+    NATIVE_MODULES = frozenset()
+
+RUN_CODE, RUN_FILE, RUN_MODULE, RUN_INTERACTIVE = range(4)
+
+_WHY_NOT = ("interpreter copies cannot load C extension modules yet: each copy's CPython is "
+            "private, so the extension's Py* symbols have nothing to bind to")
+
+
+def _refusal(name, where):
+    return f"cannot import {name!r} ({where}): {_WHY_NOT}"
+
+
+class _NativeModuleFinder:
+    """Last on sys.meta_path: names a module that the system Python ships as a C extension."""
+
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        if fullname in NATIVE_MODULES:
+            raise ImportError(_refusal(fullname, "a C extension module of the system Python"),
+                              name=fullname)
+        return None
+
+
+class _RefusingExtensionLoader:
+    """Stands in for ExtensionFileLoader when a .so is found on sys.path."""
+
+    def __init__(self, fullname, path):
+        self.name = fullname
+        self.path = path
+
+    def create_module(self, spec):
+        raise ImportError(_refusal(self.name, self.path), name=self.name, path=self.path)
+
+    def exec_module(self, module):
+        raise ImportError(_refusal(self.name, self.path), name=self.name, path=self.path)
+
+
+def _install_import_guards():
+    loaders = [
+        (_RefusingExtensionLoader, machinery.EXTENSION_SUFFIXES),
+        (machinery.SourceFileLoader, machinery.SOURCE_SUFFIXES),
+        (machinery.SourcelessFileLoader, machinery.BYTECODE_SUFFIXES),
+    ]
+    for index, hook in enumerate(sys.path_hooks):
+        if getattr(hook, "__name__", "") == "path_hook_for_FileFinder":
+            sys.path_hooks[index] = machinery.FileFinder.path_hook(*loaders)
+    sys.path_importer_cache.clear()
+    sys.meta_path.append(_NativeModuleFinder)
+
+
+_install_import_guards()
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+def _qualified_name(exc_type):
+    module = exc_type.__module__
+    if module in (None, "builtins", "__main__"):
+        return exc_type.__qualname__
+    return f"{module}.{exc_type.__qualname__}"
+
+
+def describe_exception(exc):
+    """(type name, message, formatted traceback) of an exception, for the host."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return _qualified_name(type(exc)), str(exc), text
+
+
+def _without_own_frames(tb):
+    own_file = _without_own_frames.__code__.co_filename
+    while tb is not None and tb.tb_frame.f_code.co_filename == own_file:
+        tb = tb.tb_next
+    return tb
+
+
+def _exit_status(exit_exception):
+    code = exit_exception.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    # Like CPython: a non-integer code is printed to stderr and the status is 1.
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _flush_std_streams():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # a closed or broken stream must not hide the program's status
+            pass
+
+
+# --- programs (orochi python) -----------------------------------------------------------------
+
+def _fresh_main():
+    import types
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    return main
+
+
+def _run_file(path, main):
+    import os
+    import runpy
+    if os.path.isdir(path) or _is_zip(path):
+        # A directory or zip with __main__.py, as `python DIR` runs it.
+        sys.path.insert(0, path)
+        runpy._run_module_as_main("__main__", alter_argv=False)
+        return
+    sys.path.insert(0, os.path.dirname(os.path.realpath(path)))
+    with open(path, "rb") as source_file:
+        source = source_file.read()
+    main.__dict__.update(__file__=path, __cached__=None)
+    exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
+
+
+def _is_zip(path):
+    import zipfile
+    try:
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False
+
+
+def _install_interactive_builtins():
+    import builtins
+    import _sitebuiltins
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+    builtins.help = _sitebuiltins._Helper()
+
+
+def _run_interactive(main):
+    if sys.stdin is None or not sys.stdin.isatty():
+        # `python < script.py` runs the whole of stdin as one program.
+        source = sys.stdin.read() if sys.stdin is not None else ""
+        exec(compile(source, "<stdin>", "exec", dont_inherit=True), main.__dict__)
+        return
+    import code
+    _install_interactive_builtins()
+    sys.ps1, sys.ps2 = ">>> ", "... "
+    banner = (f"Python {sys.version} in Orochi interpreter copy {_orochi.copy_id()}\n"
+              'Type "help", "exit()" or Ctrl-D to leave.')
+    code.interact(banner=banner, local=main.__dict__, exitmsg="")
+
+
+def run_program(kind, target, argv):
+    """Runs a program like the `python` command and returns its exit status."""
+    import os
+    main = _fresh_main()
+    try:
+        try:
+            if kind == RUN_CODE:
+                sys.argv = ["-c", *argv]
+                sys.path.insert(0, "")
+                exec(compile(target, "<string>", "exec", dont_inherit=True), main.__dict__)
+            elif kind == RUN_FILE:
+                sys.argv = [target, *argv]
+                _run_file(target, main)
+            elif kind == RUN_MODULE:
+                import runpy
+                sys.argv = [target, *argv]
+                sys.path.insert(0, os.getcwd())
+                runpy._run_module_as_main(target, alter_argv=True)
+            elif kind == RUN_INTERACTIVE:
+                sys.argv = ["", *argv]
+                sys.path.insert(0, "")
+                _run_interactive(main)
+            else:
+                raise ValueError(f"unknown program kind {kind}")
+        except SystemExit as exit_exception:
+            return _exit_status(exit_exception)
+        except BaseException as exc:  # noqa: B036 - an uncaught exception ends the program
+            exc = exc.with_traceback(_without_own_frames(exc.__traceback__))
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+            return 130 if isinstance(exc, KeyboardInterrupt) else 1
+        return 0
+    finally:
+        _flush_std_streams()
+
+
+def prepare_finalize():
+    """Joins non-daemon threads, as interpreter exit does; returns how many threads still run."""
+    import _thread
+    import time
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        threading._shutdown()
+    # A thread that has just finished may take a moment to drop out of the count.
+    deadline = time.monotonic() + 0.2
+    while _thread._count() > 0 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return _thread._count()
+
+
+# --- calls from the host library API ----------------------------------------------------------
+
+def exec_main(source, filename):
+    main = sys.modules["__main__"]
+    try:
+        exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__)
+    finally:
+        _flush_std_streams()
+
+
+def eval_main(expression):
+    main = sys.modules["__main__"]
+    try:
+        return eval(compile(expression, "<eval>", "eval", dont_inherit=True), main.__dict__)
+    finally:
+        _flush_std_streams()
+
+
+def call_target(target, args):
+    """Calls "package.module:qualified.name" with positional args."""
+    import importlib
+    module_name, separator, qualified_name = target.partition(":")
+    if not separator or not module_name or not qualified_name:
+        raise ValueError(f"call target {target!r} is not of the form 'module:name'")
+    obj = importlib.import_module(module_name)
+    for attribute in qualified_name.split("."):
+        obj = getattr(obj, attribute)
+    try:
+        return obj(*args)
+    finally:
+        _flush_std_streams()

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs every Debian package that Orochi's build, tests and benchmarks need.
+# Idempotent; runs as root or through sudo.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential g++ cmake ninja-build ccache binutils file git curl
+  clang-format clang-tidy
+  # the interpreter copies: libpython3.11-pic.a, headers, the stdlib and the
+  # Python used at build time to compile the stdlib to .pyc
+  python3.11 libpython3.11-dev libpython3.11-stdlib
+  # CPython's regression tests, run inside a copy
+  libpython3.11-testsuite
+  # command line
+  libcli11-dev
+  # tests and benchmarks
+  googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps
+)
+
+if [ "$(id -u)" -eq 0 ]; then
+  sudo=()
+elif command -v sudo >/dev/null 2>&1; then
+  sudo=(sudo)
+else
+  echo "install-deps: run as root or install sudo" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+
+# The test suite must match the libpython we link exactly, so the python3.11 packages are
+# upgraded together whenever anything is missing.
+if [ ${#missing[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update
+  "${sudo[@]}" apt-get install -y --no-install-recommends "${packages[@]}"
+fi
+echo "install-deps: all ${#packages[@]} packages present"
