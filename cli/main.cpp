@@ -1,8 +1,19 @@
 #include <CLI/CLI.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "commands.h"
 
 int main(int argc, char** argv) {
+  // Installed as `orochi-python` (an alias of this binary), Orochi is a python command: it is
+  // what copies see as sys.executable, so Python code that starts `sys.executable -c ...` works.
+  std::string_view program_name = argv[0];
+  program_name = program_name.substr(program_name.rfind('/') + 1);
+  if (program_name == "orochi-python") {
+    return orochi::cli::RunPythonCommand(std::vector<std::string>(argv + 1, argv + argc));
+  }
+
   CLI::App app{"Orochi: one process serving Python models from many private CPython copies.",
                "orochi"};
   app.set_version_flag("--version", "orochi " OROCHI_VERSION);

@@ -16,6 +16,7 @@
 #ifndef OROCHI_INTERPRETERS_ABI_COPY_ABI_H_
 #define OROCHI_INTERPRETERS_ABI_COPY_ABI_H_
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -77,6 +78,11 @@ typedef struct OrochiHostTable {
    * Returns an OrochiCopyCode; the function's result or error arrives through `reply`. */
   int32_t (*call_host)(void* host_state, const char* name, const char* payload,
                        size_t payload_size, OrochiReply* reply);
+  /* Starts every thread the copy creates (the copy links with --wrap=pthread_create), with
+   * pthread_create's contract. The host counts these threads until they have left the copy's
+   * code for good, so that it never unmaps a copy under a thread still running in it. */
+  int (*start_thread)(void* host_state, pthread_t* thread, const pthread_attr_t* attributes,
+                      void* (*start_routine)(void*), void* argument);
 } OrochiHostTable;
 
 typedef struct OrochiCopyConfig {
@@ -87,6 +93,15 @@ typedef struct OrochiCopyConfig {
   size_t module_search_path_count;
   /* sys.executable: the host binary. */
   const char* executable;
+  /* Command-line style options, as the python command takes them (-W, -X, -O, -u, -v, -b). */
+  const char* const* warn_options;
+  size_t warn_option_count;
+  const char* const* x_options;
+  size_t x_option_count;
+  int32_t optimization_level;
+  int32_t unbuffered_stdio;
+  int32_t verbose;
+  int32_t bytes_warning;
   /* Install CPython's SIGINT handler (KeyboardInterrupt). Only for a single copy that owns the
    * process, such as `orochi python`: handlers are process-wide. */
   int32_t install_signal_handlers;
@@ -108,6 +123,8 @@ typedef struct OrochiRunRequest {
   const char* target;   /* code, file path or module name; NULL for interactive */
   const char* const* argv; /* sys.argv[1:] */
   size_t argc;
+  /* Like python -P / -I: do not put the script's directory (or the cwd) first on sys.path. */
+  int32_t safe_path;
 } OrochiRunRequest;
 
 /* What a copy offers the host. The host keeps its own copy of this table and swaps it for stubs
@@ -117,7 +134,8 @@ typedef struct OrochiCopyTable {
   uint32_t struct_size;
   /* Starts CPython in this copy. Called once, before anything else. */
   int32_t (*initialize)(const OrochiCopyConfig* config, OrochiReply* reply);
-  /* Finalizes CPython (atexit handlers run, threads joined). Nothing may be called after it. */
+  /* Finalizes CPython (atexit handlers run, non-daemon threads joined). Nothing may be called
+   * after it. */
   int32_t (*finalize)(OrochiReply* reply);
   int32_t (*run)(const OrochiRunRequest* request, OrochiReply* reply);
   /* Executes statements in the copy's __main__ namespace. */

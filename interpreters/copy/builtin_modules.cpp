@@ -5,6 +5,8 @@
 //                 it `contextvars` and so `asyncio` would not import.
 #include <Python.h>
 
+#include <pthread.h>
+
 #include <string>
 
 #include "copy_state.h"
@@ -139,3 +141,11 @@ bool RegisterBuiltinModules() {
 }
 
 }  // namespace orochi::copy
+
+// Every thread CPython starts in this copy is started by the host (see OrochiHostTable), which
+// knows when the thread has left this copy's code and so when the copy may be unmapped.
+extern "C" int __wrap_pthread_create(pthread_t* thread, const pthread_attr_t* attributes,
+                                     void* (*start_routine)(void*), void* argument) {
+  const OrochiHostTable* host = orochi::copy::State().host;
+  return host->start_thread(host->host_state, thread, attributes, start_routine, argument);
+}

@@ -195,6 +195,17 @@ int32_t ReplyPyStatus(OrochiReply* reply, const PyStatus& status) {
   return ReplyError(reply, OROCHI_COPY_INTERNAL, "RuntimeError", message);
 }
 
+PyStatus AppendAll(PyWideStringList* list, const char* const* items, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    wchar_t* item = Py_DecodeLocale(items[i], nullptr);
+    if (item == nullptr) return PyStatus_Error("a configuration string is not valid UTF-8");
+    PyStatus status = PyWideStringList_Append(list, item);
+    PyMem_RawFree(item);
+    if (PyStatus_Exception(status)) return status;
+  }
+  return PyStatus_Ok();
+}
+
 // Builds the isolated configuration: no environment variables, no site, no user directories,
 // no bytecode writing, the host's C stdio left untouched, UTF-8 everywhere, and a sys.path that
 // holds only what the host gave us. Setting every prefix keeps CPython from searching the
@@ -207,13 +218,18 @@ PyStatus Configure(PyConfig* config, const OrochiCopyConfig& copy_config) {
   config->use_environment = 0;
   config->write_bytecode = 0;
   config->configure_c_stdio = 0;
-  config->buffered_stdio = 1;
   config->parse_argv = 0;
   config->pathconfig_warnings = 0;
   config->safe_path = 1;
   config->use_frozen_modules = 1;
-  config->faulthandler = 0;
   config->module_search_paths_set = 1;
+  // -1: let CPython read -X faulthandler and -X tracemalloc (isolated configs force them off).
+  config->faulthandler = -1;
+  config->tracemalloc = -1;
+  config->optimization_level = copy_config.optimization_level;
+  config->buffered_stdio = copy_config.unbuffered_stdio != 0 ? 0 : 1;
+  config->verbose = copy_config.verbose;
+  config->bytes_warning = copy_config.bytes_warning;
 
   PyStatus status;
   const wchar_t* kPrefix = L"/orochi";
@@ -234,14 +250,13 @@ PyStatus Configure(PyConfig* config, const OrochiCopyConfig& copy_config) {
   if (PyStatus_Exception(status)) return status;
   status = PyConfig_SetString(config, &config->stdio_encoding, L"utf-8");
   if (PyStatus_Exception(status)) return status;
-  for (size_t i = 0; i < copy_config.module_search_path_count; ++i) {
-    wchar_t* path = Py_DecodeLocale(copy_config.module_search_paths[i], nullptr);
-    if (path == nullptr) return PyStatus_Error("a module search path is not valid UTF-8");
-    status = PyWideStringList_Append(&config->module_search_paths, path);
-    PyMem_RawFree(path);
-    if (PyStatus_Exception(status)) return status;
-  }
-  return PyStatus_Ok();
+  status = AppendAll(&config->module_search_paths, copy_config.module_search_paths,
+                     copy_config.module_search_path_count);
+  if (PyStatus_Exception(status)) return status;
+  status = AppendAll(&config->warnoptions, copy_config.warn_options, copy_config.warn_option_count);
+  if (PyStatus_Exception(status)) return status;
+  // CPython reads -X faulthandler, -X dev, ... from xoptions itself.
+  return AppendAll(&config->xoptions, copy_config.x_options, copy_config.x_option_count);
 }
 
 int32_t Initialize(const OrochiCopyConfig* copy_config, OrochiReply* reply) {
@@ -291,21 +306,11 @@ int32_t Finalize(OrochiReply* reply) {
   if (int32_t code = CheckReady(reply); code != OROCHI_COPY_OK) return code;
   CopyState& state = State();
   AcquireGil();  // Py_FinalizeEx ends with no thread state, so nothing is released afterwards
-  // Join non-daemon threads first, as interpreter exit does, and count the daemon threads
-  // that remain: the host must not unmap code that they still run.
-  int64_t threads_left = 0;
-  PyRef remaining(PyObject_CallMethod(state.boot_module, "prepare_finalize", nullptr));
-  if (remaining) {
-    threads_left = PyLong_AsLongLong(remaining.get());
-  }
-  if (PyErr_Occurred()) PyErr_Print();
   Py_CLEAR(state.boot_module);
   state.finalized = true;
   int flush_failed = Py_FinalizeEx();
-  OrochiValue left{};
-  left.kind = OROCHI_VALUE_INT;
-  left.int_value = threads_left;
-  reply->set_value(reply, &left);
+  OrochiValue none{};
+  reply->set_value(reply, &none);
   if (flush_failed != 0) {
     return ReplyError(reply, OROCHI_COPY_PYTHON_ERROR, "RuntimeError",
                       "flushing sys.stdout or sys.stderr failed during finalization");
@@ -349,8 +354,10 @@ int32_t Run(const OrochiRunRequest* request, OrochiReply* reply) {
   PyObject* argv = StringList(request->argv, request->argc);
   if (argv == nullptr) return ReplyPythonError(reply);
   const char* target = request->target != nullptr ? request->target : "";
-  int32_t code = CallBoot("run_program", Py_BuildValue("(isN)", request->kind, target, argv), reply);
-  return code;
+  return CallBoot("run_program",
+                  Py_BuildValue("(isNO)", request->kind, target, argv,
+                                request->safe_path != 0 ? Py_True : Py_False),
+                  reply);
 }
 
 int32_t Exec(const char* code, const char* filename, OrochiReply* reply) {

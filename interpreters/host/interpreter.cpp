@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "copy_abi.h"
+#include "copy_threads.h"
 #include "embedded_assets.h"
 #include "orochi/base/check.h"
 
@@ -116,10 +117,21 @@ OrochiValue ToAbiValue(const Value& value) {
   return result;
 }
 
-std::string HostExecutable() {
+// sys.executable: a command that runs Python the way `python` does. The build (and an
+// install) puts an `orochi-python` alias of the binary beside it.
+std::string PythonExecutable() {
   std::error_code error;
-  std::filesystem::path path = std::filesystem::read_symlink("/proc/self/exe", error);
-  return error ? std::string() : path.string();
+  std::filesystem::path host = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) return {};
+  std::filesystem::path alias = host.parent_path() / "orochi-python";
+  return std::filesystem::exists(alias, error) ? alias.string() : host.string();
+}
+
+std::vector<const char*> CStrings(const std::vector<std::string>& strings) {
+  std::vector<const char*> pointers;
+  pointers.reserve(strings.size());
+  for (const std::string& text : strings) pointers.push_back(text.c_str());
+  return pointers;
 }
 
 }  // namespace
@@ -131,6 +143,12 @@ struct Interpreter::Impl {
   const OrochiCopyTable* table = &kUnloadedTable;  // what every call goes through
   OrochiHostTable host_table{};
   std::map<std::string, HostFunction, std::less<>> host_functions;
+  std::shared_ptr<CopyThreads> threads = std::make_shared<CopyThreads>();
+
+  static int StartThread(void* state, pthread_t* thread, const pthread_attr_t* attributes,
+                         void* (*start_routine)(void*), void* argument) {
+    return static_cast<Impl*>(state)->threads->Start(thread, attributes, start_routine, argument);
+  }
 
   static int32_t CallHost(void* state, const char* name, const char* payload, size_t size,
                           OrochiReply* reply) {
@@ -176,7 +194,8 @@ Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions opti
   std::unique_ptr<Interpreter> interpreter(new Interpreter(options.id));
   Impl& impl = *interpreter->impl_;
   impl.host_functions = std::move(options.host_functions);
-  impl.host_table = {OROCHI_COPY_ABI_VERSION, sizeof(OrochiHostTable), &impl, &Impl::CallHost};
+  impl.host_table = {OROCHI_COPY_ABI_VERSION, sizeof(OrochiHostTable), &impl, &Impl::CallHost,
+                     &Impl::StartThread};
 
   // A fresh memfd gives the library a new inode, which makes the dynamic linker load a new
   // copy instead of handing back the one already loaded. The fd is closed once mapped.
@@ -202,16 +221,27 @@ Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions opti
   impl.copy_table = *table;
   impl.table = &impl.copy_table;
 
-  std::vector<const char*> search_paths;
-  for (const std::string& python_path : python_paths) search_paths.push_back(python_path.c_str());
+  python_paths.insert(python_paths.end(), options.flags.extra_paths.begin(),
+                      options.flags.extra_paths.end());
+  std::vector<const char*> search_paths = CStrings(python_paths);
+  std::vector<const char*> warn_options = CStrings(options.flags.warn_options);
+  std::vector<const char*> x_options = CStrings(options.flags.x_options);
   OrochiCopyConfig config{};
   config.struct_size = sizeof(config);
   config.copy_id = options.id;
   config.module_search_paths = search_paths.data();
   config.module_search_path_count = search_paths.size();
   config.install_signal_handlers = options.install_signal_handlers ? 1 : 0;
-  static const std::string executable = HostExecutable();
+  static const std::string executable = PythonExecutable();
   config.executable = executable.c_str();
+  config.warn_options = warn_options.data();
+  config.warn_option_count = warn_options.size();
+  config.x_options = x_options.data();
+  config.x_option_count = x_options.size();
+  config.optimization_level = options.flags.optimization_level;
+  config.unbuffered_stdio = options.flags.unbuffered_stdio ? 1 : 0;
+  config.verbose = options.flags.verbose;
+  config.bytes_warning = options.flags.bytes_warning;
   ReplySink sink;
   Status started = sink.ToStatus(impl.table->initialize(&config, &sink.reply), options.id);
   if (!started.ok()) {
@@ -231,7 +261,7 @@ bool Interpreter::loaded() const {
   return impl_->library != nullptr;
 }
 
-Status Interpreter::Unload() {
+Status Interpreter::Unload(std::chrono::milliseconds thread_grace) {
   std::lock_guard lock(mutex_);
   Impl& impl = *impl_;
   if (impl.library == nullptr) return Status::Ok();
@@ -239,13 +269,14 @@ Status Interpreter::Unload() {
   impl.table = &kUnloadedTable;  // from now on, late calls meet the stubs
   ReplySink sink;
   Status finalized = sink.ToStatus(live->finalize(&sink.reply), id_);
-  int64_t threads_left = std::holds_alternative<int64_t>(sink.value) ? std::get<int64_t>(sink.value) : 0;
-  if (threads_left > 0) {
-    // Unmapping the copy would pull its code from under threads that still run in it.
-    impl.library = nullptr;
-    return FailedPrecondition("interpreter copy " + std::to_string(id_) + " left " +
-                              std::to_string(threads_left) +
-                              " daemon thread(s) running; its memory stays mapped");
+  // Threads joined by Python may still be on their way out of the copy's code, and daemon
+  // threads leave when they next reach for the GIL. Unmap only once all of them are gone.
+  int64_t still_running = impl.threads->WaitUntilNoneRun(thread_grace);
+  if (still_running > 0) {
+    impl.library = nullptr;  // deliberately left mapped
+    return FailedPrecondition("interpreter copy " + std::to_string(id_) + " still has " +
+                              std::to_string(still_running) +
+                              " thread(s) running (daemon threads); its memory stays mapped");
   }
   dlclose(impl.library);
   impl.library = nullptr;
@@ -253,8 +284,7 @@ Status Interpreter::Unload() {
 }
 
 Result<int> Interpreter::Run(const Program& program) {
-  std::vector<const char*> argv;
-  for (const std::string& arg : program.argv) argv.push_back(arg.c_str());
+  std::vector<const char*> argv = CStrings(program.argv);
   OrochiRunRequest request{};
   request.struct_size = sizeof(request);
   switch (program.kind) {
@@ -266,6 +296,7 @@ Result<int> Interpreter::Run(const Program& program) {
   request.target = program.kind == Program::Kind::kInteractive ? nullptr : program.target.c_str();
   request.argv = argv.data();
   request.argc = argv.size();
+  request.safe_path = program.safe_path ? 1 : 0;
   std::lock_guard lock(mutex_);
   ReplySink sink;
   OROCHI_RETURN_IF_ERROR(sink.ToStatus(impl_->table->run(&request, &sink.reply), id_));

@@ -20,6 +20,7 @@ InterpreterManager::~InterpreterManager() {
 InterpreterOptions InterpreterManager::OptionsFor(size_t /*slot*/) const {
   InterpreterOptions options;
   options.host_functions = options_.host_functions;
+  options.flags = options_.flags;
   return options;
 }
 

@@ -124,7 +124,7 @@ def _fresh_main():
     return main
 
 
-def _run_file(path, main):
+def _run_file(path, main, prepend_path):
     import os
     import runpy
     if os.path.isdir(path) or _is_zip(path):
@@ -132,7 +132,7 @@ def _run_file(path, main):
         sys.path.insert(0, path)
         runpy._run_module_as_main("__main__", alter_argv=False)
         return
-    sys.path.insert(0, os.path.dirname(os.path.realpath(path)))
+    prepend_path(os.path.dirname(os.path.realpath(path)))
     with open(path, "rb") as source_file:
         source = source_file.read()
     main.__dict__.update(__file__=path, __cached__=None)
@@ -169,27 +169,36 @@ def _run_interactive(main):
     code.interact(banner=banner, local=main.__dict__, exitmsg="")
 
 
-def run_program(kind, target, argv):
-    """Runs a program like the `python` command and returns its exit status."""
+def run_program(kind, target, argv, safe_path=False):
+    """Runs a program like the `python` command and returns its exit status.
+
+    Unless safe_path (python -P, -I), sys.path[0] becomes the script's directory, the current
+    directory for -m, or '' for -c, stdin and the prompt, as python does.
+    """
     import os
+
+    def prepend_path(entry):
+        if not safe_path:
+            sys.path.insert(0, entry)
+
     main = _fresh_main()
     try:
         try:
             if kind == RUN_CODE:
                 sys.argv = ["-c", *argv]
-                sys.path.insert(0, "")
+                prepend_path("")
                 exec(compile(target, "<string>", "exec", dont_inherit=True), main.__dict__)
             elif kind == RUN_FILE:
                 sys.argv = [target, *argv]
-                _run_file(target, main)
+                _run_file(target, main, prepend_path)
             elif kind == RUN_MODULE:
                 import runpy
                 sys.argv = [target, *argv]
-                sys.path.insert(0, os.getcwd())
+                prepend_path(os.getcwd())
                 runpy._run_module_as_main(target, alter_argv=True)
             elif kind == RUN_INTERACTIVE:
                 sys.argv = ["", *argv]
-                sys.path.insert(0, "")
+                prepend_path("")
                 _run_interactive(main)
             else:
                 raise ValueError(f"unknown program kind {kind}")
@@ -202,20 +211,6 @@ def run_program(kind, target, argv):
         return 0
     finally:
         _flush_std_streams()
-
-
-def prepare_finalize():
-    """Joins non-daemon threads, as interpreter exit does; returns how many threads still run."""
-    import _thread
-    import time
-    threading = sys.modules.get("threading")
-    if threading is not None:
-        threading._shutdown()
-    # A thread that has just finished may take a moment to drop out of the count.
-    deadline = time.monotonic() + 0.2
-    while _thread._count() > 0 and time.monotonic() < deadline:
-        time.sleep(0.002)
-    return _thread._count()
 
 
 # --- calls from the host library API ----------------------------------------------------------

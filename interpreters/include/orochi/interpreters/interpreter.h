@@ -3,7 +3,9 @@
 // Each Interpreter is a separate instance of the interpreter library (its own CPython, GIL,
 // modules and C++ statics), written to its own memfd and opened with dlopen(RTLD_LOCAL). Its
 // sys.path holds only the embedded stdlib and Orochi's Python package; it reads no PYTHON*
-// environment variable and nothing under /usr/lib/python3*.
+// environment variable and nothing under /usr/lib/python3*. sys.executable is the
+// `orochi-python` alias beside the host binary when there is one (so `subprocess.run(
+// [sys.executable, "-c", ...])` starts a fresh copy), else the host binary itself.
 //
 // Thread-safety: an Interpreter runs one call at a time. Calls from several threads are
 // serialised (a second caller waits); calls made from different threads at different times
@@ -13,6 +15,7 @@
 // arrives after Unload() returns StatusCode::kUnavailable instead of touching unmapped code.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -27,6 +30,19 @@
 
 namespace orochi::interpreters {
 
+// The python command's start-up options that a copy honours. (-E, -s, -S and -B need no flag:
+// a copy always ignores the environment, has no site and writes no .pyc.)
+struct PythonFlags {
+  std::vector<std::string> warn_options;  // -W
+  std::vector<std::string> x_options;     // -X, e.g. "faulthandler", "dev"
+  int optimization_level = 0;             // -O, -OO
+  bool unbuffered_stdio = false;          // -u
+  int verbose = 0;                        // -v
+  int bytes_warning = 0;                  // -b, -bb
+  // Directories or zips put on sys.path after the embedded stdlib and Orochi's package.
+  std::vector<std::string> extra_paths;
+};
+
 struct InterpreterOptions {
   int id = 0;  // shown to Python as _orochi.copy_id() and in error messages
   // Functions Python code may call with orochi.call_host(name, payload).
@@ -34,6 +50,7 @@ struct InterpreterOptions {
   // Install CPython's SIGINT handler (KeyboardInterrupt). Signal handlers are process-wide,
   // so only a copy that owns the process (`orochi python`) should ask for it.
   bool install_signal_handlers = false;
+  PythonFlags flags;
 };
 
 // A program run the way the `python` command runs it.
@@ -42,6 +59,7 @@ struct Program {
   Kind kind = Kind::kCode;
   std::string target;              // the code, file path or module name
   std::vector<std::string> argv;  // sys.argv[1:]
+  bool safe_path = false;  // python -P / -I: sys.path[0] is not the script's directory
 };
 
 class Interpreter {
@@ -74,9 +92,11 @@ class Interpreter {
   Result<Value> Call(std::string_view target, std::span<const Value> args = {});
 
   // Finalizes CPython (atexit handlers run, non-daemon threads are joined) and unmaps the
-  // copy. Idempotent. If Python code left daemon threads running, the copy's memory is kept
-  // mapped (and reported) rather than pulled from under those threads.
-  Status Unload();
+  // copy. Idempotent. Daemon threads end when they next reach for the GIL; Unload waits up to
+  // `thread_grace` for every thread the copy started to be gone. If some still run, the copy's
+  // memory is kept mapped rather than pulled from under them, and the result is
+  // kFailedPrecondition.
+  Status Unload(std::chrono::milliseconds thread_grace = std::chrono::seconds(2));
 
   struct Impl;  // the loaded library and its tables; private to the implementation
 

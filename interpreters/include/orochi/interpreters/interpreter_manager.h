@@ -21,6 +21,7 @@ struct ManagerOptions {
   size_t copies = 1;  // must be at least 1
   // Offered to every copy; see InterpreterOptions::host_functions.
   std::map<std::string, HostFunction, std::less<>> host_functions;
+  PythonFlags flags;  // start-up options for every copy
 };
 
 class InterpreterManager {
