@@ -146,6 +146,9 @@ typedef struct OrochiCopyTable {
    * positionally and replies with its result. */
   int32_t (*call)(const char* target, const OrochiValue* args, size_t arg_count,
                   OrochiReply* reply);
+  /* Frees every allocation CPython left behind at finalization; replies with the byte count.
+   * Only after finalize, and only once no thread of the copy runs any more. */
+  int32_t (*release_memory)(OrochiReply* reply);
 } OrochiCopyTable;
 
 typedef const OrochiCopyTable* (*OrochiCopyEntryFn)(const OrochiHostTable* host);

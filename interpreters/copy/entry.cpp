@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "copy_abi.h"
+#include "copy_heap.h"
 #include "copy_state.h"
 
 namespace orochi::copy {
@@ -271,6 +272,7 @@ int32_t Initialize(const OrochiCopyConfig* copy_config, OrochiReply* reply) {
   }
   state.copy_id = copy_config->copy_id;
 
+  InstallArenaAllocator();
   PyPreConfig preconfig;
   PyPreConfig_InitIsolatedConfig(&preconfig);
   preconfig.utf8_mode = 1;  // never depend on (or change) the host's locale
@@ -315,6 +317,18 @@ int32_t Finalize(OrochiReply* reply) {
     return ReplyError(reply, OROCHI_COPY_PYTHON_ERROR, "RuntimeError",
                       "flushing sys.stdout or sys.stderr failed during finalization");
   }
+  return OROCHI_COPY_OK;
+}
+
+int32_t ReleaseMemory(OrochiReply* reply) {
+  if (!State().finalized) {
+    return ReplyError(reply, OROCHI_COPY_FAILED_PRECONDITION, "RuntimeError",
+                      "memory can be released only after finalization");
+  }
+  OrochiValue released{};
+  released.kind = OROCHI_VALUE_INT;
+  released.int_value = static_cast<int64_t>(ReleaseHeap());
+  reply->set_value(reply, &released);
   return OROCHI_COPY_OK;
 }
 
@@ -431,6 +445,7 @@ const OrochiCopyTable kCopyTable = {
     NoThrow<Exec>::Call,
     NoThrow<Eval>::Call,
     NoThrow<Call>::Call,
+    NoThrow<ReleaseMemory>::Call,
 };
 
 }  // namespace

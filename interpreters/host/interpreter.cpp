@@ -83,8 +83,8 @@ int32_t UnloadedCall(const char*, const OrochiValue*, size_t, OrochiReply* reply
 }
 
 const OrochiCopyTable kUnloadedTable = {
-    OROCHI_COPY_ABI_VERSION, sizeof(OrochiCopyTable), UnloadedInitialize, Unloaded,
-    UnloadedRun,            UnloadedExec,            UnloadedEval,       UnloadedCall,
+    OROCHI_COPY_ABI_VERSION, sizeof(OrochiCopyTable), UnloadedInitialize, Unloaded, UnloadedRun,
+    UnloadedExec,           UnloadedEval,            UnloadedCall,       Unloaded,
 };
 
 OrochiValue ToAbiValue(const Value& value) {
@@ -139,11 +139,21 @@ std::vector<const char*> CStrings(const std::vector<std::string>& strings) {
 struct Interpreter::Impl {
   int id = 0;
   void* library = nullptr;            // dlopen handle while loaded
+  int library_fd = -1;                // its memfd, open while loaded so that no later copy
+                                      // gets the same /proc/self/fd/N name (dlopen would then
+                                      // hand back this copy instead of loading a new one)
   OrochiCopyTable copy_table{};       // the copy's own table, copied into host memory
   const OrochiCopyTable* table = &kUnloadedTable;  // what every call goes through
   OrochiHostTable host_table{};
   std::map<std::string, HostFunction, std::less<>> host_functions;
   std::shared_ptr<CopyThreads> threads = std::make_shared<CopyThreads>();
+
+  void CloseLibrary() {
+    dlclose(library);
+    close(library_fd);
+    library = nullptr;
+    library_fd = -1;
+  }
 
   static int StartThread(void* state, pthread_t* thread, const pthread_attr_t* attributes,
                          void* (*start_routine)(void*), void* argument) {
@@ -203,8 +213,8 @@ Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions opti
   OROCHI_ASSIGN_OR_RETURN(int fd, SealedMemfd(name.c_str(), EmbeddedCopyLibrary(), true));
   std::string path = "/proc/self/fd/" + std::to_string(fd);
   impl.library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  close(fd);
   if (impl.library == nullptr) {
+    close(fd);
     const char* error = dlerror();
     return Internal("loading interpreter copy " + std::to_string(options.id) + ": " +
                     (error != nullptr ? error : "dlopen failed"));
@@ -214,10 +224,12 @@ Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions opti
   if (table == nullptr || table->abi_version != OROCHI_COPY_ABI_VERSION ||
       table->struct_size < sizeof(OrochiCopyTable)) {
     dlclose(impl.library);
+    close(fd);
     impl.library = nullptr;
     return Internal("interpreter library has no compatible " OROCHI_COPY_ENTRY_SYMBOL
                     " (ABI version " + std::to_string(OROCHI_COPY_ABI_VERSION) + " expected)");
   }
+  impl.library_fd = fd;
   impl.copy_table = *table;
   impl.table = &impl.copy_table;
 
@@ -246,8 +258,7 @@ Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions opti
   Status started = sink.ToStatus(impl.table->initialize(&config, &sink.reply), options.id);
   if (!started.ok()) {
     impl.table = &kUnloadedTable;
-    dlclose(impl.library);
-    impl.library = nullptr;
+    impl.CloseLibrary();
     return Status(started.code(),
                   "starting interpreter copy " + std::to_string(options.id) + ": " +
                       started.message(),
@@ -278,9 +289,10 @@ Status Interpreter::Unload(std::chrono::milliseconds thread_grace) {
                               std::to_string(still_running) +
                               " thread(s) running (daemon threads); its memory stays mapped");
   }
-  dlclose(impl.library);
-  impl.library = nullptr;
-  return finalized;
+  ReplySink released;
+  Status freed = released.ToStatus(live->release_memory(&released.reply), id_);
+  impl.CloseLibrary();
+  return finalized.ok() ? freed : finalized;
 }
 
 Result<int> Interpreter::Run(const Program& program) {

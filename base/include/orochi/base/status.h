@@ -88,6 +88,8 @@ class [[nodiscard]] Result {
   const T& value() const& { return const_cast<Result*>(this)->Checked(); }
   T&& value() && { return std::move(Checked()); }
   T& operator*() & { return Checked(); }
+  const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(Checked()); }
   T* operator->() { return &Checked(); }
   const T* operator->() const { return &const_cast<Result*>(this)->Checked(); }
 

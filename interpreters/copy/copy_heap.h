@@ -1,0 +1,15 @@
+// Tracking of everything a copy allocates, so an unloaded copy leaves no memory behind.
+#pragma once
+
+#include <cstddef>
+
+namespace orochi::copy {
+
+// Routes obmalloc's arenas through the tracker. Call before CPython starts.
+void InstallArenaAllocator();
+
+// Frees every block and arena the copy still holds and returns how many bytes that was.
+// Precondition: CPython is finalized and no thread runs in the copy.
+size_t ReleaseHeap();
+
+}  // namespace orochi::copy
