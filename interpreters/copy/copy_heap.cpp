@@ -12,6 +12,7 @@
 #include "copy_heap.h"
 
 #include <Python.h>
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <cstdint>
@@ -123,12 +124,19 @@ void FreeArena(void* /*context*/, void* address, size_t size) {
   munmap(address, size);
 }
 
+void LockHeapForFork() { TheHeap().mutex.lock(); }
+void UnlockHeapAfterFork() { TheHeap().mutex.unlock(); }
+
 }  // namespace
 
-void InstallArenaAllocator() {
+void InstallHeapTracking() {
+  // A fork while another thread holds the heap lock would leave the child's lock held forever;
+  // the fork waits for the lock instead. (dlclose unregisters these handlers.)
+  pthread_atfork(LockHeapForFork, UnlockHeapAfterFork, UnlockHeapAfterFork);
   PyObjectArenaAllocator allocator{nullptr, AllocateArena, FreeArena};
   PyObject_SetArenaAllocator(&allocator);
 }
+
 
 size_t ReleaseHeap() {
   Heap& heap = TheHeap();

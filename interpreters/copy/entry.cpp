@@ -272,7 +272,7 @@ int32_t Initialize(const OrochiCopyConfig* copy_config, OrochiReply* reply) {
   }
   state.copy_id = copy_config->copy_id;
 
-  InstallArenaAllocator();
+  InstallHeapTracking();
   PyPreConfig preconfig;
   PyPreConfig_InitIsolatedConfig(&preconfig);
   preconfig.utf8_mode = 1;  // never depend on (or change) the host's locale

@@ -1,0 +1,204 @@
+"""`orochi python` and `orochi-python` behave like the python command, in a private copy.
+
+Run with Debian's python3.11: OROCHI_BINARY=build/bin/orochi python3.11 -m unittest -v
+"""
+
+import os
+import pty
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+from pathlib import Path
+
+OROCHI = Path(os.environ.get("OROCHI_BINARY", Path(__file__).parents[2] / "build/bin/orochi"))
+OROCHI_PYTHON = OROCHI.parent / "orochi-python"
+
+
+def run(*args, stdin=None, env=None, cwd=None, timeout=120):
+    return subprocess.run([str(OROCHI), "python", *args], input=stdin, capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=timeout)
+
+
+class ProgramsRunLikePython(unittest.TestCase):
+    def test_code_gets_argv_and_its_output_is_flushed(self):
+        result = run("-c", "import sys; sys.stdout.write(repr(sys.argv))", "one", "two")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, "['-c', 'one', 'two']")  # no newline, still flushed
+
+    def test_exit_status_comes_from_system_exit(self):
+        self.assertEqual(run("-c", "raise SystemExit(7)").returncode, 7)
+        self.assertEqual(run("-c", "import sys; sys.exit()").returncode, 0)
+        result = run("-c", "import sys; sys.exit('bad configuration')")
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr, "bad configuration\n")
+
+    def test_uncaught_exception_prints_the_traceback_and_exits_1(self):
+        result = run("-c", "def f():\n    raise KeyError('missing')\nf()")
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr, textwrap.dedent("""\
+            Traceback (most recent call last):
+              File "<string>", line 3, in <module>
+              File "<string>", line 2, in f
+            KeyError: 'missing'
+            """))
+
+    def test_file_runs_with_its_directory_first_on_sys_path(self):
+        with tempfile.TemporaryDirectory() as directory:
+            Path(directory, "helper.py").write_text("VALUE = 'from helper'\n")
+            script = Path(directory, "main.py")
+            script.write_text("import sys, helper\nprint(helper.VALUE, sys.argv[1:], __name__)\n")
+            result = run(str(script), "--flag", cwd="/")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, "from helper ['--flag'] __main__\n")
+
+    def test_module_runs_as_main_from_the_current_directory(self):
+        with tempfile.TemporaryDirectory() as directory:
+            package = Path(directory, "tool")
+            package.mkdir()
+            (package / "__init__.py").write_text("")
+            (package / "__main__.py").write_text("import sys\nprint('tool', sys.argv)\n")
+            result = run("-m", "tool", "x", cwd=directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, f"tool ['{directory}/tool/__main__.py', 'x']\n")
+
+    def test_stdlib_modules_run_with_dash_m(self):
+        result = run("-m", "json.tool", stdin='{"b": 1, "a": [true]}')
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, '{\n    "b": 1,\n    "a": [\n        true\n    ]\n}\n')
+
+    def test_stdin_is_the_program_when_it_is_not_a_terminal(self):
+        result = run("-", "arg", stdin="import sys\nprint('from stdin', sys.argv)\n")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, "from stdin ['', 'arg']\n")
+
+    def test_c_extension_imports_fail_clearly_and_fallbacks_work(self):
+        result = run("-c", "import _decimal")
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("ImportError: cannot import '_decimal'", result.stderr)
+        self.assertIn("cannot load C extension modules", result.stderr)
+        result = run("-c", "import decimal, json; print(decimal.Decimal(1) / 8, json.dumps([1]))")
+        self.assertEqual(result.stdout, "0.125 [1]\n", result.stderr)
+
+    def test_python_environment_variables_are_ignored(self):
+        env = dict(os.environ, PYTHONPATH="/garbage", PYTHONHOME="/garbage",
+                   PYTHONWARNINGS="error", PYTHONSTARTUP="/garbage/startup.py",
+                   PYTHONINSPECT="1", PYTHONDONTWRITEBYTECODE="")
+        result = run("-c", "import sys, json; print(sys.path[1:], sys.warnoptions)", env=env)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertNotIn("garbage", result.stdout)
+        self.assertTrue(result.stdout.startswith("['/proc/self/fd/"), result.stdout)
+
+    def test_startup_never_touches_the_system_python(self):
+        if shutil.which("strace") is None:
+            self.fail("strace is required (scripts/install-deps.sh installs it)")
+        with tempfile.NamedTemporaryFile("r") as trace:
+            result = subprocess.run(
+                ["strace", "-f", "-e", "trace=%file", "-o", trace.name, str(OROCHI), "python",
+                 "-c", "import json, decimal, asyncio, email.message; print('ok')"],
+                capture_output=True, text=True, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertEqual(result.stdout, "ok\n")
+            touched = [line for line in trace.read().splitlines() if "/usr/lib/python3" in line]
+        self.assertEqual(touched, [])
+
+    def test_interactive_prompt_in_a_terminal(self):
+        pid, terminal = pty.fork()
+        if pid == 0:
+            os.execv(str(OROCHI), [str(OROCHI), "python"])
+        output = b""
+
+        def read_until(marker, timeout=30):
+            nonlocal output
+            deadline = time.monotonic() + timeout
+            while marker not in output and time.monotonic() < deadline:
+                ready, _, _ = select.select([terminal], [], [], 0.5)
+                if ready:
+                    try:
+                        output += os.read(terminal, 4096)
+                    except OSError:
+                        break
+            return marker in output
+
+        self.assertTrue(read_until(b">>> "), output)
+        os.write(terminal, b"answer = 6 * 7\n")
+        os.write(terminal, b"print('the answer is', answer)\n")
+        self.assertTrue(read_until(b"the answer is 42"), output)
+        os.write(terminal, b"exit(3)\n")
+        _, status = os.waitpid(pid, 0)
+        os.close(terminal)
+        self.assertIn(b"Orochi interpreter copy", output)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 3)
+
+    def test_ctrl_c_raises_keyboard_interrupt(self):
+        process = subprocess.Popen([str(OROCHI), "python", "-c",
+                                    "import time\nprint('ready', flush=True)\ntime.sleep(60)"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.assertEqual(process.stdout.readline(), "ready\n")
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+        self.assertEqual(process.returncode, 130)
+        self.assertIn("KeyboardInterrupt", stderr)
+
+
+class CopiesAndCompatibility(unittest.TestCase):
+    def test_many_copies_run_the_same_program_at_once(self):
+        result = run("--copies", "3", "-c", "import _orochi; print('copy', _orochi.copy_id())")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(sorted(result.stdout.splitlines()), ["copy 0", "copy 1", "copy 2"])
+
+    def test_many_copies_report_the_first_failure(self):
+        result = run("--copies", "2", "-c",
+                     "import _orochi, sys; sys.exit(5 if _orochi.copy_id() == 1 else 0)")
+        self.assertEqual(result.returncode, 5)
+
+    def test_sys_executable_starts_a_fresh_copy(self):
+        code = ("import subprocess, sys\n"
+                "child = subprocess.run([sys.executable, '-I', '-c', 'print(6 * 7)'],"
+                " capture_output=True, text=True)\n"
+                "print(sys.executable.endswith('/orochi-python'), child.stdout.strip())")
+        result = run("-c", code)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, "True 42\n")
+
+    def test_cpython_flags(self):
+        result = subprocess.run(
+            [str(OROCHI_PYTHON), "-OO", "-Wignore::DeprecationWarning", "-X", "faulthandler",
+             "-c", "import sys, faulthandler; print(sys.flags.optimize, sys.warnoptions,"
+                   " faulthandler.is_enabled(), __doc__)"],
+            capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, "2 ['ignore::DeprecationWarning'] True None\n")
+        version = subprocess.run([str(OROCHI_PYTHON), "-V"], capture_output=True, text=True)
+        self.assertEqual(version.stdout, "Python 3.11.2\n")
+
+    def test_isolated_flag_keeps_the_script_directory_off_sys_path(self):
+        result = run("-I", "-c", "import sys; print(sys.path[0].startswith('/proc/self/fd/'))")
+        self.assertEqual(result.stdout, "True\n", result.stderr)
+
+    def test_extra_paths_from_the_flag_and_the_host_environment(self):
+        with tempfile.TemporaryDirectory() as directory:
+            Path(directory, "extra_module.py").write_text("WHERE = 'extra'\n")
+            result = run("--path", directory, "-c", "import extra_module; print(extra_module.WHERE)")
+            self.assertEqual(result.stdout, "extra\n", result.stderr)
+            env = dict(os.environ, OROCHI_PYTHON_PATH=directory)
+            result = run("-I", "-c", "import extra_module; print(extra_module.WHERE)", env=env)
+            self.assertEqual(result.stdout, "extra\n", result.stderr)
+
+    def test_bad_usage_is_reported_with_status_2(self):
+        for args in (["-c"], ["--copies", "zero", "-c", "pass"], ["-Z"]):
+            result = run(*args)
+            self.assertEqual(result.returncode, 2, args)
+            self.assertIn("orochi python:", result.stderr)
+        result = run("--help")
+        self.assertEqual(result.returncode, 0)
+        self.assertIn("Usage: orochi python", result.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
