@@ -2,8 +2,8 @@
 #include <unistd.h>
 
 #include <charconv>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -119,16 +119,36 @@ std::optional<Invocation> Parse(const std::vector<std::string>& args, std::strin
           break;
         }
         switch (option) {
-          case 'O': ++invocation.flags.optimization_level; break;
-          case 'u': invocation.flags.unbuffered_stdio = true; break;
-          case 'v': ++invocation.flags.verbose; break;
-          case 'b': ++invocation.flags.bytes_warning; break;
-          case 'V': invocation.print_version = true; break;
+          case 'O':
+            ++invocation.flags.optimization_level;
+            break;
+          case 'u':
+            invocation.flags.unbuffered_stdio = true;
+            break;
+          case 'v':
+            ++invocation.flags.verbose;
+            break;
+          case 'b':
+            ++invocation.flags.bytes_warning;
+            break;
+          case 'V':
+            invocation.print_version = true;
+            break;
           case 'h':
-          case '?': invocation.print_help = true; return invocation;
+          case '?':
+            invocation.print_help = true;
+            return invocation;
           case 'I':
-          case 'P': safe_path = true; break;
-          case 'E': case 's': case 'S': case 'B': case 'q': case 'd': break;
+          case 'P':
+            safe_path = true;
+            break;
+          case 'E':
+          case 's':
+          case 'S':
+          case 'B':
+          case 'q':
+          case 'd':
+            break;
           default:
             *error = std::string("unknown option -") + option;
             return std::nullopt;
@@ -218,7 +238,8 @@ int RunPythonCommand(const std::vector<std::string>& args) {
   }
   if (invocation->print_version) {
     invocation->program = {interpreters::Program::Kind::kCode,
-                           "import sys; print('Python', sys.version.split()[0])", {}};
+                           "import sys; print('Python', sys.version.split()[0])",
+                           {}};
     invocation->copies = 1;
   }
   std::cout.flush();

@@ -57,7 +57,9 @@ double Seconds(Clock::duration duration) { return std::chrono::duration<double>(
 std::string WorkloadSource(long work) {
   return "def task():\n"
          "    total = 0\n"
-         "    for i in range(" + std::to_string(work) + "):\n"
+         "    for i in range(" +
+         std::to_string(work) +
+         "):\n"
          "        total += (i * i) % 7\n"
          "    return total\n";
 }
@@ -70,10 +72,10 @@ void BenchCreation(int samples) {
     milliseconds.push_back(Seconds(Clock::now() - start) * 1000);
   }
   std::sort(milliseconds.begin(), milliseconds.end());
-  std::printf("copy creation:   median %.1f ms, best %.1f ms, worst %.1f ms over %d copies"
-              "  (goal <= 30 ms)\n",
-              milliseconds[milliseconds.size() / 2], milliseconds.front(), milliseconds.back(),
-              samples);
+  std::printf(
+      "copy creation:   median %.1f ms, best %.1f ms, worst %.1f ms over %d copies"
+      "  (goal <= 30 ms)\n",
+      milliseconds[milliseconds.size() / 2], milliseconds.front(), milliseconds.back(), samples);
 }
 
 void BenchIdleMemory(int copies) {
@@ -104,15 +106,19 @@ double CopiesThroughput(InterpreterManager& manager, int copies, int tasks) {
 
 // Throughput of `threads` Python threads of one interpreter running `tasks` tasks each.
 double SharedThroughput(Interpreter& copy, int threads, int tasks) {
-  Check(copy.Exec(
-      "import threading, time\n"
-      "def worker():\n"
-      "    for _ in range(" + std::to_string(tasks) + "): task()\n"
-      "pool = [threading.Thread(target=worker) for _ in range(" + std::to_string(threads) + ")]\n"
-      "started = time.perf_counter()\n"
-      "for t in pool: t.start()\n"
-      "for t in pool: t.join()\n"
-      "elapsed = time.perf_counter() - started\n"));
+  Check(
+      copy.Exec("import threading, time\n"
+                "def worker():\n"
+                "    for _ in range(" +
+                std::to_string(tasks) +
+                "): task()\n"
+                "pool = [threading.Thread(target=worker) for _ in range(" +
+                std::to_string(threads) +
+                ")]\n"
+                "started = time.perf_counter()\n"
+                "for t in pool: t.start()\n"
+                "for t in pool: t.join()\n"
+                "elapsed = time.perf_counter() - started\n"));
   auto elapsed = std::get<double>(Check(copy.Eval("elapsed")));
   return threads * tasks / elapsed;
 }
@@ -128,9 +134,10 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--tasks") == 0) tasks = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--work") == 0) work = std::atol(argv[i + 1]);
   }
-  std::printf("bench_interpreters: %u hardware threads, up to %d copies, %d tasks of %ld "
-              "iterations per worker\n\n",
-              std::thread::hardware_concurrency(), max_copies, tasks, work);
+  std::printf(
+      "bench_interpreters: %u hardware threads, up to %d copies, %d tasks of %ld "
+      "iterations per worker\n\n",
+      std::thread::hardware_concurrency(), max_copies, tasks, work);
 
   BenchCreation(20);
   BenchIdleMemory(8);

@@ -30,9 +30,9 @@ extern "C" {
 
 typedef enum OrochiCopyCode {
   OROCHI_COPY_OK = 0,
-  OROCHI_COPY_PYTHON_ERROR = 1,     /* uncaught Python exception; the reply holds the details */
-  OROCHI_COPY_INVALID_ARGUMENT = 2, /* a malformed request (bad target, bad value) */
-  OROCHI_COPY_UNLOADED = 3,         /* answered by the host's stubs once the copy is gone */
+  OROCHI_COPY_PYTHON_ERROR = 1,        /* uncaught Python exception; the reply holds the details */
+  OROCHI_COPY_INVALID_ARGUMENT = 2,    /* a malformed request (bad target, bad value) */
+  OROCHI_COPY_UNLOADED = 3,            /* answered by the host's stubs once the copy is gone */
   OROCHI_COPY_FAILED_PRECONDITION = 4, /* e.g. called before initialize */
   OROCHI_COPY_INTERNAL = 5,
 } OrochiCopyCode;
@@ -76,8 +76,8 @@ typedef struct OrochiHostTable {
   /* Calls the host function registered under `name` with `payload`, on the calling thread and
    * with the copy's GIL held (so it must not call back into the same copy from another thread).
    * Returns an OrochiCopyCode; the function's result or error arrives through `reply`. */
-  int32_t (*call_host)(void* host_state, const char* name, const char* payload,
-                       size_t payload_size, OrochiReply* reply);
+  int32_t (*call_host)(void* host_state, const char* name, const char* payload, size_t payload_size,
+                       OrochiReply* reply);
   /* Starts every thread the copy creates (the copy links with --wrap=pthread_create), with
    * pthread_create's contract. The host counts these threads until they have left the copy's
    * code for good, so that it never unmaps a copy under a thread still running in it. */
@@ -119,8 +119,8 @@ typedef enum OrochiRunKind {
  * exit status (SystemExit's code, or 1 after an uncaught exception). */
 typedef struct OrochiRunRequest {
   uint32_t struct_size;
-  int32_t kind;         /* OrochiRunKind */
-  const char* target;   /* code, file path or module name; NULL for interactive */
+  int32_t kind;            /* OrochiRunKind */
+  const char* target;      /* code, file path or module name; NULL for interactive */
   const char* const* argv; /* sys.argv[1:] */
   size_t argc;
   /* Like python -P / -I: do not put the script's directory (or the cwd) first on sys.path. */

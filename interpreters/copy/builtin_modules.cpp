@@ -4,7 +4,6 @@
 //                 ships this module as a separate .so, which a copy cannot load, and without
 //                 it `contextvars` and so `asyncio` would not import.
 #include <Python.h>
-
 #include <pthread.h>
 
 #include <string>
@@ -22,17 +21,24 @@ struct HostReply {
 void ReplySetValue(OrochiReply* reply, const OrochiValue* value) {
   auto* self = static_cast<HostReply*>(reply->host_state);
   switch (value->kind) {
-    case OROCHI_VALUE_NONE: self->result = Py_NewRef(Py_None); break;
-    case OROCHI_VALUE_BOOL: self->result = PyBool_FromLong(value->int_value != 0); break;
-    case OROCHI_VALUE_INT: self->result = PyLong_FromLongLong(value->int_value); break;
-    case OROCHI_VALUE_FLOAT: self->result = PyFloat_FromDouble(value->float_value); break;
+    case OROCHI_VALUE_NONE:
+      self->result = Py_NewRef(Py_None);
+      break;
+    case OROCHI_VALUE_BOOL:
+      self->result = PyBool_FromLong(value->int_value != 0);
+      break;
+    case OROCHI_VALUE_INT:
+      self->result = PyLong_FromLongLong(value->int_value);
+      break;
+    case OROCHI_VALUE_FLOAT:
+      self->result = PyFloat_FromDouble(value->float_value);
+      break;
     case OROCHI_VALUE_STR:
       self->result = PyUnicode_DecodeUTF8(value->data, static_cast<Py_ssize_t>(value->size),
                                           "surrogateescape");
       break;
     default:
-      self->result =
-          PyBytes_FromStringAndSize(value->data, static_cast<Py_ssize_t>(value->size));
+      self->result = PyBytes_FromStringAndSize(value->data, static_cast<Py_ssize_t>(value->size));
   }
 }
 
@@ -59,9 +65,9 @@ PyObject* CallHost(PyObject* /*module*/, PyObject* args) {
   const CopyState& state = State();
   HostReply host_reply;
   host_reply.reply = {&host_reply, ReplySetValue, ReplySetExitStatus, ReplySetError};
-  int32_t code = state.host->call_host(state.host->host_state, name,
-                                       static_cast<const char*>(payload.buf),
-                                       static_cast<size_t>(payload.len), &host_reply.reply);
+  int32_t code =
+      state.host->call_host(state.host->host_state, name, static_cast<const char*>(payload.buf),
+                            static_cast<size_t>(payload.len), &host_reply.reply);
   if (payload.obj != nullptr || payload.buf != nullptr) PyBuffer_Release(&payload);
   if (code != OROCHI_COPY_OK && host_reply.result == nullptr && !PyErr_Occurred()) {
     PyErr_Format(PyExc_RuntimeError, "host function '%s' failed with code %d", name, code);
@@ -92,8 +98,10 @@ PyMethodDef kOrochiMethods[] = {
 };
 
 PyModuleDef kOrochiModule = {
-    PyModuleDef_HEAD_INIT, "_orochi",
-    "The interpreter copy's side of the boundary with the Orochi host process.", 0,
+    PyModuleDef_HEAD_INIT,
+    "_orochi",
+    "The interpreter copy's side of the boundary with the Orochi host process.",
+    0,
     kOrochiMethods,
 };
 

@@ -137,7 +137,6 @@ void InstallHeapTracking() {
   PyObject_SetArenaAllocator(&allocator);
 }
 
-
 size_t ReleaseHeap() {
   Heap& heap = TheHeap();
   std::lock_guard lock(heap.mutex);

@@ -62,8 +62,8 @@ class GilScope {
   bool acquired_;
 };
 
-int32_t ReplyError(OrochiReply* reply, int32_t code, const char* type_name, const std::string& message,
-                   const char* traceback = "") {
+int32_t ReplyError(OrochiReply* reply, int32_t code, const char* type_name,
+                   const std::string& message, const char* traceback = "") {
   OrochiError error{type_name, message.c_str(), traceback};
   reply->set_error(reply, &error);
   return code;
@@ -156,7 +156,8 @@ int32_t ReplyObject(OrochiReply* reply, PyObject* object) {
     std::string type_name = Py_TYPE(object)->tp_name;
     return ReplyError(reply, OROCHI_COPY_INVALID_ARGUMENT, "TypeError",
                       "a copy can only return None, bool, int, float, str or a bytes-like "
-                      "object to the host, not " + type_name);
+                      "object to the host, not " +
+                          type_name);
   }
   reply->set_value(reply, &value);
   return OROCHI_COPY_OK;
@@ -164,10 +165,14 @@ int32_t ReplyObject(OrochiReply* reply, PyObject* object) {
 
 PyObject* ValueToPython(const OrochiValue& value) {
   switch (value.kind) {
-    case OROCHI_VALUE_NONE: return Py_NewRef(Py_None);
-    case OROCHI_VALUE_BOOL: return PyBool_FromLong(value.int_value != 0);
-    case OROCHI_VALUE_INT: return PyLong_FromLongLong(value.int_value);
-    case OROCHI_VALUE_FLOAT: return PyFloat_FromDouble(value.float_value);
+    case OROCHI_VALUE_NONE:
+      return Py_NewRef(Py_None);
+    case OROCHI_VALUE_BOOL:
+      return PyBool_FromLong(value.int_value != 0);
+    case OROCHI_VALUE_INT:
+      return PyLong_FromLongLong(value.int_value);
+    case OROCHI_VALUE_FLOAT:
+      return PyFloat_FromDouble(value.float_value);
     case OROCHI_VALUE_STR:
       return PyUnicode_DecodeUTF8(value.data, static_cast<Py_ssize_t>(value.size), "strict");
     case OROCHI_VALUE_BYTES:
@@ -380,8 +385,8 @@ int32_t Exec(const char* code, const char* filename, OrochiReply* reply) {
     return ReplyError(reply, OROCHI_COPY_INVALID_ARGUMENT, "ValueError", "no code to execute");
   }
   GilScope gil;
-  return CallBoot("exec_main", Py_BuildValue("(ss)", code, filename != nullptr ? filename : "<string>"),
-                  reply);
+  return CallBoot("exec_main",
+                  Py_BuildValue("(ss)", code, filename != nullptr ? filename : "<string>"), reply);
 }
 
 int32_t Eval(const char* expression, OrochiReply* reply) {
@@ -437,15 +442,9 @@ struct NoThrow<Function> {
 };
 
 const OrochiCopyTable kCopyTable = {
-    OROCHI_COPY_ABI_VERSION,
-    sizeof(OrochiCopyTable),
-    NoThrow<Initialize>::Call,
-    NoThrow<Finalize>::Call,
-    NoThrow<Run>::Call,
-    NoThrow<Exec>::Call,
-    NoThrow<Eval>::Call,
-    NoThrow<Call>::Call,
-    NoThrow<ReleaseMemory>::Call,
+    OROCHI_COPY_ABI_VERSION, sizeof(OrochiCopyTable), NoThrow<Initialize>::Call,
+    NoThrow<Finalize>::Call, NoThrow<Run>::Call,      NoThrow<Exec>::Call,
+    NoThrow<Eval>::Call,     NoThrow<Call>::Call,     NoThrow<ReleaseMemory>::Call,
 };
 
 }  // namespace

@@ -34,12 +34,23 @@ struct ReplySink {
   static void SetValue(OrochiReply* reply, const OrochiValue* value) {
     ReplySink& sink = Of(reply);
     switch (value->kind) {
-      case OROCHI_VALUE_BOOL: sink.value = value->int_value != 0; break;
-      case OROCHI_VALUE_INT: sink.value = static_cast<int64_t>(value->int_value); break;
-      case OROCHI_VALUE_FLOAT: sink.value = value->float_value; break;
-      case OROCHI_VALUE_STR: sink.value = std::string(value->data, value->size); break;
-      case OROCHI_VALUE_BYTES: sink.value = Bytes{std::string(value->data, value->size)}; break;
-      default: sink.value = std::monostate{};
+      case OROCHI_VALUE_BOOL:
+        sink.value = value->int_value != 0;
+        break;
+      case OROCHI_VALUE_INT:
+        sink.value = static_cast<int64_t>(value->int_value);
+        break;
+      case OROCHI_VALUE_FLOAT:
+        sink.value = value->float_value;
+        break;
+      case OROCHI_VALUE_STR:
+        sink.value = std::string(value->data, value->size);
+        break;
+      case OROCHI_VALUE_BYTES:
+        sink.value = Bytes{std::string(value->data, value->size)};
+        break;
+      default:
+        sink.value = std::monostate{};
     }
   }
   static void SetExitStatus(OrochiReply* reply, int32_t status) { Of(reply).exit_status = status; }
@@ -52,7 +63,8 @@ struct ReplySink {
 
   Status ToStatus(int32_t code, int copy_id) const {
     switch (code) {
-      case OROCHI_COPY_OK: return Status::Ok();
+      case OROCHI_COPY_OK:
+        return Status::Ok();
       case OROCHI_COPY_PYTHON_ERROR:
         return {StatusCode::kPythonError,
                 error_message.empty() ? error_type : error_type + ": " + error_message,
@@ -61,7 +73,8 @@ struct ReplySink {
         return InvalidArgument(error_type + ": " + error_message);
       case OROCHI_COPY_UNLOADED:
         return Unavailable("interpreter copy " + std::to_string(copy_id) + " is unloaded");
-      case OROCHI_COPY_FAILED_PRECONDITION: return FailedPrecondition(error_message);
+      case OROCHI_COPY_FAILED_PRECONDITION:
+        return FailedPrecondition(error_message);
       default:
         return Internal("interpreter copy " + std::to_string(copy_id) + ": " + error_message);
     }
@@ -83,8 +96,15 @@ int32_t UnloadedCall(const char*, const OrochiValue*, size_t, OrochiReply* reply
 }
 
 const OrochiCopyTable kUnloadedTable = {
-    OROCHI_COPY_ABI_VERSION, sizeof(OrochiCopyTable), UnloadedInitialize, Unloaded, UnloadedRun,
-    UnloadedExec,           UnloadedEval,            UnloadedCall,       Unloaded,
+    OROCHI_COPY_ABI_VERSION,
+    sizeof(OrochiCopyTable),
+    UnloadedInitialize,
+    Unloaded,
+    UnloadedRun,
+    UnloadedExec,
+    UnloadedEval,
+    UnloadedCall,
+    Unloaded,
 };
 
 OrochiValue ToAbiValue(const Value& value) {
@@ -138,11 +158,11 @@ std::vector<const char*> CStrings(const std::vector<std::string>& strings) {
 
 struct Interpreter::Impl {
   int id = 0;
-  void* library = nullptr;            // dlopen handle while loaded
-  int library_fd = -1;                // its memfd, open while loaded so that no later copy
-                                      // gets the same /proc/self/fd/N name (dlopen would then
-                                      // hand back this copy instead of loading a new one)
-  OrochiCopyTable copy_table{};       // the copy's own table, copied into host memory
+  void* library = nullptr;       // dlopen handle while loaded
+  int library_fd = -1;           // its memfd, open while loaded so that no later copy
+                                 // gets the same /proc/self/fd/N name (dlopen would then
+                                 // hand back this copy instead of loading a new one)
+  OrochiCopyTable copy_table{};  // the copy's own table, copied into host memory
   const OrochiCopyTable* table = &kUnloadedTable;  // what every call goes through
   OrochiHostTable host_table{};
   std::map<std::string, HostFunction, std::less<>> host_functions;
@@ -227,7 +247,8 @@ Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions opti
     close(fd);
     impl.library = nullptr;
     return Internal("interpreter library has no compatible " OROCHI_COPY_ENTRY_SYMBOL
-                    " (ABI version " + std::to_string(OROCHI_COPY_ABI_VERSION) + " expected)");
+                    " (ABI version " +
+                    std::to_string(OROCHI_COPY_ABI_VERSION) + " expected)");
   }
   impl.library_fd = fd;
   impl.copy_table = *table;
@@ -259,10 +280,10 @@ Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions opti
   if (!started.ok()) {
     impl.table = &kUnloadedTable;
     impl.CloseLibrary();
-    return Status(started.code(),
-                  "starting interpreter copy " + std::to_string(options.id) + ": " +
-                      started.message(),
-                  started.detail());
+    return Status(
+        started.code(),
+        "starting interpreter copy " + std::to_string(options.id) + ": " + started.message(),
+        started.detail());
   }
   return interpreter;
 }
@@ -300,10 +321,18 @@ Result<int> Interpreter::Run(const Program& program) {
   OrochiRunRequest request{};
   request.struct_size = sizeof(request);
   switch (program.kind) {
-    case Program::Kind::kCode: request.kind = OROCHI_RUN_CODE; break;
-    case Program::Kind::kFile: request.kind = OROCHI_RUN_FILE; break;
-    case Program::Kind::kModule: request.kind = OROCHI_RUN_MODULE; break;
-    case Program::Kind::kInteractive: request.kind = OROCHI_RUN_INTERACTIVE; break;
+    case Program::Kind::kCode:
+      request.kind = OROCHI_RUN_CODE;
+      break;
+    case Program::Kind::kFile:
+      request.kind = OROCHI_RUN_FILE;
+      break;
+    case Program::Kind::kModule:
+      request.kind = OROCHI_RUN_MODULE;
+      break;
+    case Program::Kind::kInteractive:
+      request.kind = OROCHI_RUN_INTERACTIVE;
+      break;
   }
   request.target = program.kind == Program::Kind::kInteractive ? nullptr : program.target.c_str();
   request.argv = argv.data();
@@ -331,7 +360,8 @@ Result<Value> Interpreter::Eval(std::string_view expression) {
   std::string expression_text(expression);
   std::lock_guard lock(mutex_);
   ReplySink sink;
-  OROCHI_RETURN_IF_ERROR(sink.ToStatus(impl_->table->eval(expression_text.c_str(), &sink.reply), id_));
+  OROCHI_RETURN_IF_ERROR(
+      sink.ToStatus(impl_->table->eval(expression_text.c_str(), &sink.reply), id_));
   return std::move(sink.value);
 }
 
@@ -343,8 +373,7 @@ Result<Value> Interpreter::Call(std::string_view target, std::span<const Value> 
   std::lock_guard lock(mutex_);
   ReplySink sink;
   OROCHI_RETURN_IF_ERROR(sink.ToStatus(
-      impl_->table->call(target_text.c_str(), abi_args.data(), abi_args.size(), &sink.reply),
-      id_));
+      impl_->table->call(target_text.c_str(), abi_args.data(), abi_args.size(), &sink.reply), id_));
   return std::move(sink.value);
 }
 

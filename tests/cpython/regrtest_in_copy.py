@@ -1,19 +1,22 @@
-"""Runs CPython's regrtest in this interpreter copy with a temp dir of its own.
-
-Used to run the suite in several copies of one process at once (`orochi python --copies N`):
-regrtest names its working directory after the pid, which all copies share, so each copy gets
-TEMP_BASE/copy<N> as its --tempdir.
+"""Runs CPython's regrtest in one of several copies of one process running it at once.
 
     regrtest_in_copy.py TEMP_BASE [regrtest arguments...]
+
+regrtest makes TEMP_BASE/test_python_<pid> its working directory and removes it at the end. The
+working directory belongs to the process, and all copies share the pid, so this script creates
+that directory first: regrtest then neither creates nor removes it, and every copy works in the
+same, unchanging directory. (Tests that write pid-named files there are in
+skips-concurrent.txt.)
 """
 
 import os
 import sys
 
-import _orochi
 from test.libregrtest import main
+from test.support import os_helper
 
-temp_dir = os.path.join(sys.argv[1], f"copy{_orochi.copy_id()}")
-os.makedirs(temp_dir, exist_ok=True)
-sys.argv = [sys.argv[0], "--tempdir", temp_dir, *sys.argv[2:]]
+temp_base = sys.argv[1]
+work_dir = os.path.join(temp_base, f"test_python_{os.getpid()}{os_helper.FS_NONASCII}")
+os.makedirs(work_dir, exist_ok=True)
+sys.argv = [sys.argv[0], "--tempdir", temp_base, *sys.argv[2:]]
 main()

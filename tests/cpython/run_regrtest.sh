@@ -7,7 +7,7 @@
 # copies read nothing under /usr/lib/python3*; OROCHI_PYTHON_PATH puts it on sys.path (also for
 # child processes started through sys.executable).
 set -euo pipefail
-orochi=$1 work=$2 copies=$3
+orochi=$(realpath "$1") work=$(realpath -m "$2") copies=$3
 here=$(cd "$(dirname "$0")" && pwd)
 source_tests=/usr/lib/python3.11/test
 
@@ -25,14 +25,19 @@ sed -i 's/^cjson\.JSONDecodeError = cjson\.decoder\.JSONDecodeError = json\.JSON
 grep -q '^if cjson is not None: cjson.JSONDecodeError' "$work/test/test_json/__init__.py" ||
   { echo "run_regrtest: test_json/__init__.py changed upstream; revisit the guard" >&2; exit 1; }
 
-# skips.txt: "pattern  # reason"; every entry must give its reason.
+# skips.txt (and, with several copies, skips-concurrent.txt): "pattern  # reason"; every
+# entry must give its reason.
+skip_files=("$here/skips.txt")
+[ "$copies" = 1 ] || skip_files+=("$here/skips-concurrent.txt")
 : > "$work/ignore.txt"
-while IFS= read -r line; do
-  [[ "$line" =~ ^[[:space:]]*(#|$) ]] && continue
-  pattern=${line%%#*}; pattern=${pattern//[[:space:]]/}
-  [[ "$line" == *"#"* ]] || { echo "run_regrtest: skip without a reason: $line" >&2; exit 1; }
-  echo "$pattern" >> "$work/ignore.txt"
-done < "$here/skips.txt"
+for skip_file in "${skip_files[@]}"; do
+  while IFS= read -r line; do
+    [[ "$line" =~ ^[[:space:]]*(#|$) ]] && continue
+    pattern=${line%%#*}; pattern=${pattern//[[:space:]]/}
+    [[ "$line" == *"#"* ]] || { echo "run_regrtest: skip without a reason: $line" >&2; exit 1; }
+    echo "$pattern" >> "$work/ignore.txt"
+  done < "$skip_file"
+done
 
 mapfile -t modules < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$here/modules.txt" | awk '{print $1}')
 echo "run_regrtest: ${#modules[@]} modules, $(wc -l < "$work/ignore.txt") skipped tests, $copies copies"

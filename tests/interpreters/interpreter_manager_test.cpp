@@ -83,11 +83,11 @@ TEST(InterpreterManager, ReplacingTwoHundredTimesLeaksNoFdsMappingsOrMemory) {
   auto cycle = [&] {
     {
       auto lease = manager->Acquire();
-      ASSERT_OK(lease->Exec(
-          "import json, threading\n"
-          "box = []\n"
-          "worker = threading.Thread(target=lambda: box.append(json.dumps({'n': 1})))\n"
-          "worker.start()\nworker.join()\nassert box == ['{\"n\": 1}']"));
+      ASSERT_OK(
+          lease->Exec("import json, threading\n"
+                      "box = []\n"
+                      "worker = threading.Thread(target=lambda: box.append(json.dumps({'n': 1})))\n"
+                      "worker.start()\nworker.join()\nassert box == ['{\"n\": 1}']"));
     }
     ASSERT_OK(manager->Replace(0));
   };
@@ -105,10 +105,11 @@ TEST(InterpreterManager, ReplacingTwoHundredTimesLeaksNoFdsMappingsOrMemory) {
   const int mappings_after = CountAllMappings();
   const long resident_after = ResidentBytes();
   const long growth_per_cycle = (resident_after - resident_before) / kCycles;
-  std::printf("replace x%d: fds %d -> %d, mappings %d -> %d, RSS %ld KB -> %ld KB "
-              "(%+ld bytes per cycle)\n",
-              kCycles, fds_before, fds_after, mappings_before, mappings_after,
-              resident_before / 1024, resident_after / 1024, growth_per_cycle);
+  std::printf(
+      "replace x%d: fds %d -> %d, mappings %d -> %d, RSS %ld KB -> %ld KB "
+      "(%+ld bytes per cycle)\n",
+      kCycles, fds_before, fds_after, mappings_before, mappings_after, resident_before / 1024,
+      resident_after / 1024, growth_per_cycle);
   EXPECT_EQ(fds_after, fds_before);
   EXPECT_EQ(mappings_after, mappings_before);
   EXPECT_LT(growth_per_cycle, kMaxGrowthPerCycle);

@@ -201,9 +201,10 @@ result = asyncio.run(twice(21))
 
 TEST(InterpreterErrors, PythonExceptionsCarryTypeMessageAndTraceback) {
   auto copy = NewCopy();
-  Status status = copy->Exec("def check(value):\n    raise ValueError(f'bad input {value}')\n"
-                             "check(7)\n",
-                             "<model code>");
+  Status status = copy->Exec(
+      "def check(value):\n    raise ValueError(f'bad input {value}')\n"
+      "check(7)\n",
+      "<model code>");
   EXPECT_EQ(status.code(), StatusCode::kPythonError);
   EXPECT_EQ(status.message(), "ValueError: bad input 7");
   EXPECT_THAT(status.detail(), HasSubstr("File \"<model code>\", line 2, in check"));
@@ -265,9 +266,9 @@ TEST(InterpreterUnload, LateCallsReturnAnErrorNotACrash) {
   EXPECT_FALSE(copy->loaded());
   EXPECT_EQ(CountMappings(mapping), 0) << "the copy's code must be unmapped";
   // Every entry of the table now answers from the host's stubs.
-  for (const Status& late : {copy->Exec("x = 2"), copy->Eval("x").status(),
-                             copy->Call("builtins:len").status(),
-                             copy->Run(Program{Program::Kind::kCode, "pass", {}}).status()}) {
+  for (const Status& late :
+       {copy->Exec("x = 2"), copy->Eval("x").status(), copy->Call("builtins:len").status(),
+        copy->Run(Program{Program::Kind::kCode, "pass", {}}).status()}) {
     EXPECT_EQ(late.code(), StatusCode::kUnavailable);
     EXPECT_THAT(late.message(), HasSubstr("is unloaded"));
   }

@@ -7,8 +7,8 @@ namespace orochi::detail {
                                        const char* message);
 }  // namespace orochi::detail
 
-#define OROCHI_INTERNAL_ASSERT(condition, message)                                   \
-  do {                                                                               \
-    if (!(condition)) [[unlikely]]                                                   \
+#define OROCHI_INTERNAL_ASSERT(condition, message)                                     \
+  do {                                                                                 \
+    if (!(condition)) [[unlikely]]                                                     \
       ::orochi::detail::InternalAssertFailed(#condition, __FILE__, __LINE__, message); \
   } while (false)

@@ -18,15 +18,15 @@ namespace orochi {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,    // the caller's input is malformed
-  kNotFound,           // a named thing (model, module, function) does not exist
+  kInvalidArgument,  // the caller's input is malformed
+  kNotFound,         // a named thing (model, module, function) does not exist
   kAlreadyExists,
-  kFailedPrecondition, // the system is not in a state where the call can succeed
-  kUnavailable,        // temporarily unable to serve, e.g. an unloaded interpreter copy
-  kResourceExhausted,  // a limit was hit (queue, memory, size)
+  kFailedPrecondition,  // the system is not in a state where the call can succeed
+  kUnavailable,         // temporarily unable to serve, e.g. an unloaded interpreter copy
+  kResourceExhausted,   // a limit was hit (queue, memory, size)
   kDeadlineExceeded,
-  kPythonError,        // user Python code raised; detail() holds the traceback
-  kInternal,           // a bug or an unexpected failure of the system
+  kPythonError,  // user Python code raised; detail() holds the traceback
+  kInternal,     // a bug or an unexpected failure of the system
   kUnimplemented,
 };
 
@@ -72,7 +72,7 @@ inline Status Internal(std::string message) { return {StatusCode::kInternal, std
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : state_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : state_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : state_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(state_).ok()) {
       state_ = Status(StatusCode::kInternal, "Result built from an OK Status without a value");
@@ -112,16 +112,16 @@ T& Result<T>::Checked() {
 #define OROCHI_STATUS_CONCAT(a, b) OROCHI_STATUS_CONCAT_INNER(a, b)
 
 // Returns the Status of `expr` from the enclosing function when it is not OK.
-#define OROCHI_RETURN_IF_ERROR(expr)                \
-  do {                                              \
-    ::orochi::Status orochi_status_ = (expr);       \
+#define OROCHI_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::orochi::Status orochi_status_ = (expr);        \
     if (!orochi_status_.ok()) return orochi_status_; \
   } while (false)
 
 // Evaluates a Result-returning `expr`; returns its Status on error, else moves the value into
 // `lhs` (which may be a declaration: OROCHI_ASSIGN_OR_RETURN(auto x, F());).
-#define OROCHI_ASSIGN_OR_RETURN(lhs, expr)                                        \
-  auto OROCHI_STATUS_CONCAT(orochi_result_, __LINE__) = (expr);                   \
-  if (!OROCHI_STATUS_CONCAT(orochi_result_, __LINE__).ok())                       \
-    return OROCHI_STATUS_CONCAT(orochi_result_, __LINE__).status();               \
+#define OROCHI_ASSIGN_OR_RETURN(lhs, expr)                          \
+  auto OROCHI_STATUS_CONCAT(orochi_result_, __LINE__) = (expr);     \
+  if (!OROCHI_STATUS_CONCAT(orochi_result_, __LINE__).ok())         \
+    return OROCHI_STATUS_CONCAT(orochi_result_, __LINE__).status(); \
   lhs = std::move(OROCHI_STATUS_CONCAT(orochi_result_, __LINE__)).value()

@@ -57,9 +57,9 @@ struct InterpreterOptions {
 struct Program {
   enum class Kind { kCode, kFile, kModule, kInteractive };
   Kind kind = Kind::kCode;
-  std::string target;              // the code, file path or module name
+  std::string target;             // the code, file path or module name
   std::vector<std::string> argv;  // sys.argv[1:]
-  bool safe_path = false;  // python -P / -I: sys.path[0] is not the script's directory
+  bool safe_path = false;         // python -P / -I: sys.path[0] is not the script's directory
 };
 
 class Interpreter {
