@@ -64,7 +64,6 @@ typedef struct OrochiError {
 typedef struct OrochiReply {
   void* host_state;
   void (*set_value)(struct OrochiReply* reply, const OrochiValue* value);
-  void (*set_exit_status)(struct OrochiReply* reply, int32_t exit_status);
   void (*set_error)(struct OrochiReply* reply, const OrochiError* error);
 } OrochiReply;
 

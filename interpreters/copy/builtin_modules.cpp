@@ -42,11 +42,6 @@ void ReplySetValue(OrochiReply* reply, const OrochiValue* value) {
   }
 }
 
-void ReplySetExitStatus(OrochiReply* reply, int32_t status) {
-  auto* self = static_cast<HostReply*>(reply->host_state);
-  self->result = PyLong_FromLong(status);
-}
-
 void ReplySetError(OrochiReply* reply, const OrochiError* error) {
   auto* self = static_cast<HostReply*>(reply->host_state);
   PyErr_Format(PyExc_RuntimeError, "host function failed: %s", error->message);
@@ -64,7 +59,7 @@ PyObject* CallHost(PyObject* /*module*/, PyObject* args) {
   if (!PyArg_ParseTuple(args, "s|s*:call_host", &name, &payload)) return nullptr;
   const CopyState& state = State();
   HostReply host_reply;
-  host_reply.reply = {&host_reply, ReplySetValue, ReplySetExitStatus, ReplySetError};
+  host_reply.reply = {&host_reply, ReplySetValue, ReplySetError};
   int32_t code =
       state.host->call_host(state.host->host_state, name, static_cast<const char*>(payload.buf),
                             static_cast<size_t>(payload.len), &host_reply.reply);

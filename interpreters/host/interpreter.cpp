@@ -20,12 +20,11 @@ namespace {
 struct ReplySink {
   OrochiReply reply{};
   Value value;
-  int exit_status = 0;
   std::string error_type;
   std::string error_message;
   std::string error_traceback;
 
-  ReplySink() { reply = {this, &SetValue, &SetExitStatus, &SetError}; }
+  ReplySink() { reply = {this, &SetValue, &SetError}; }
   ReplySink(const ReplySink&) = delete;
   ReplySink& operator=(const ReplySink&) = delete;
 
@@ -53,7 +52,6 @@ struct ReplySink {
         sink.value = std::monostate{};
     }
   }
-  static void SetExitStatus(OrochiReply* reply, int32_t status) { Of(reply).exit_status = status; }
   static void SetError(OrochiReply* reply, const OrochiError* error) {
     ReplySink& sink = Of(reply);
     sink.error_type = error->type_name != nullptr ? error->type_name : "";
@@ -157,7 +155,6 @@ std::vector<const char*> CStrings(const std::vector<std::string>& strings) {
 }  // namespace
 
 struct Interpreter::Impl {
-  int id = 0;
   void* library = nullptr;       // dlopen handle while loaded
   int library_fd = -1;           // its memfd, open while loaded so that no later copy
                                  // gets the same /proc/self/fd/N name (dlopen would then
@@ -209,7 +206,7 @@ struct Interpreter::Impl {
   }
 };
 
-Interpreter::Interpreter(int id) : id_(id), impl_(std::make_unique<Impl>()) { impl_->id = id; }
+Interpreter::Interpreter(int id) : id_(id), impl_(std::make_unique<Impl>()) {}
 
 Interpreter::~Interpreter() {
   Status status = Unload();

@@ -17,8 +17,9 @@ InterpreterManager::~InterpreterManager() {
   // Each Interpreter unloads itself when its last reference goes.
 }
 
-InterpreterOptions InterpreterManager::OptionsFor(size_t /*slot*/) const {
+InterpreterOptions InterpreterManager::OptionsFor(int copy_id) const {
   InterpreterOptions options;
+  options.id = copy_id;
   options.host_functions = options_.host_functions;
   options.flags = options_.flags;
   return options;
@@ -36,8 +37,7 @@ Result<std::unique_ptr<InterpreterManager>> InterpreterManager::Create(ManagerOp
     std::vector<std::jthread> starters;
     starters.reserve(count);
     for (size_t i = 0; i < count; ++i) {
-      InterpreterOptions copy_options = manager->OptionsFor(i);
-      copy_options.id = static_cast<int>(i);
+      InterpreterOptions copy_options = manager->OptionsFor(static_cast<int>(i));
       starters.emplace_back([&created, i, copy_options = std::move(copy_options)]() mutable {
         created[i] = Interpreter::Create(std::move(copy_options));
       });
@@ -121,9 +121,7 @@ Status InterpreterManager::Replace(size_t slot) {
   // Unload first: whoever still holds the old copy now gets kUnavailable, never a dead table.
   Status unloaded = old->Unload();
   old.reset();
-  InterpreterOptions options = OptionsFor(slot);
-  options.id = copy_id;
-  Result<std::unique_ptr<Interpreter>> fresh = Interpreter::Create(std::move(options));
+  Result<std::unique_ptr<Interpreter>> fresh = Interpreter::Create(OptionsFor(copy_id));
   {
     std::lock_guard lock(mutex_);
     if (fresh.ok()) slots_[slot].interpreter = std::move(fresh).value();

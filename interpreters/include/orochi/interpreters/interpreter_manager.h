@@ -74,7 +74,7 @@ class InterpreterManager {
   };
 
   explicit InterpreterManager(ManagerOptions options);
-  InterpreterOptions OptionsFor(size_t slot) const;
+  InterpreterOptions OptionsFor(int copy_id) const;
   Lease LeaseLocked(size_t slot);
   void Release(size_t slot);
 
