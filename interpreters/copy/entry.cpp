@@ -313,6 +313,8 @@ int32_t Finalize(OrochiReply* reply) {
   if (int32_t code = CheckReady(reply); code != OROCHI_COPY_OK) return code;
   CopyState& state = State();
   AcquireGil();  // Py_FinalizeEx ends with no thread state, so nothing is released afterwards
+  PyRef prepared(PyObject_CallMethod(state.boot_module, "prepare_finalize", nullptr));
+  if (!prepared) PyErr_Print();
   Py_CLEAR(state.boot_module);
   state.finalized = true;
   int flush_failed = Py_FinalizeEx();

@@ -213,6 +213,27 @@ def run_program(kind, target, argv, safe_path=False):
         _flush_std_streams()
 
 
+def prepare_finalize():
+    """Lets threading's shutdown finish when the copy is unloaded from another OS thread.
+
+    The thread that first imported threading is its "main thread". CPython 3.11's
+    threading._shutdown() stops that thread only when called on it, yet then waits for it like
+    any non-daemon thread, which would be forever: the host drives a copy from whichever thread
+    holds it, and unloads it from yet another. At unload no Python code runs on that thread any
+    more (the host serialises calls), so it is stopped here as _shutdown() would have done.
+    """
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return
+    main_thread = threading._main_thread
+    if main_thread.ident == threading.get_ident() or main_thread._is_stopped:
+        return
+    lock = main_thread._tstate_lock
+    if lock is not None and lock.locked():
+        lock.release()
+    main_thread._stop()
+
+
 # --- calls from the host library API ----------------------------------------------------------
 
 def exec_main(source, filename):

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -299,6 +300,19 @@ threading.Thread(target=spin, daemon=True).start()
   EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(status.message(), HasSubstr("1 thread(s) running"));
   EXPECT_EQ(sleeper->Eval("1").status().code(), StatusCode::kUnavailable);
+}
+
+TEST(InterpreterUnload, WorksFromAnotherThreadThanTheOneThatImportedThreading) {
+  // threading's "main thread" is whichever thread imported it first; the copy is driven and
+  // unloaded from other threads. Finalization must neither wait for it nor hang.
+  auto copy = NewCopy();
+  std::jthread([&] {
+    ASSERT_OK(copy->Exec(
+        "import threading\nworker = threading.Thread(target=lambda: None)\nworker.start()"));
+  }).join();
+  auto unloaded = std::async(std::launch::async, [&] { return copy->Unload(); });
+  ASSERT_EQ(unloaded.wait_for(20s), std::future_status::ready) << "Unload hangs";
+  EXPECT_OK(unloaded.get());
 }
 
 TEST(InterpreterThreads, EachOsThreadKeepsItsOwnPythonThreadState) {
