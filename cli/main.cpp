@@ -1,11 +1,15 @@
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "commands.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int Main(int argc, char** argv) {
   // Installed as `orochi-python` (an alias of this binary), Orochi is a python command: it is
   // what copies see as sys.executable, so Python code that starts `sys.executable -c ...` works.
   std::string_view program_name = argv[0];
@@ -28,4 +32,15 @@ int main(int argc, char** argv) {
 
   if (python->parsed()) return orochi::cli::RunPythonCommand(python->remaining());
   return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "orochi: %s\n", error.what());
+    return 1;
+  }
 }

@@ -66,6 +66,7 @@ std::string WorkloadSource(long work) {
 
 void BenchCreation(int samples) {
   std::vector<double> milliseconds;
+  milliseconds.reserve(static_cast<size_t>(samples));
   for (int i = 0; i < samples; ++i) {
     auto start = Clock::now();
     auto copy = Check(Interpreter::Create({}));
@@ -82,6 +83,7 @@ void BenchIdleMemory(int copies) {
   malloc_trim(0);
   long before = ResidentBytes();
   std::vector<std::unique_ptr<Interpreter>> alive;
+  alive.reserve(static_cast<size_t>(copies));
   for (int i = 0; i < copies; ++i) alive.push_back(Check(Interpreter::Create({})));
   malloc_trim(0);
   double per_copy_mb = static_cast<double>(ResidentBytes() - before) / copies / (1 << 20);
@@ -94,6 +96,7 @@ double CopiesThroughput(InterpreterManager& manager, int copies, int tasks) {
   auto start = Clock::now();
   {
     std::vector<std::jthread> workers;
+    workers.reserve(static_cast<size_t>(copies));
     for (int slot = 0; slot < copies; ++slot) {
       workers.emplace_back([&, slot] {
         auto lease = manager.AcquireSlot(static_cast<size_t>(slot));
@@ -123,9 +126,7 @@ double SharedThroughput(Interpreter& copy, int threads, int tasks) {
   return threads * tasks / elapsed;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   int max_copies = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
   int tasks = 20;
   long work = 300000;
@@ -166,4 +167,15 @@ int main(int argc, char** argv) {
                 copies / threads, copies / one_copy >= 0.9 * k ? "" : "   (below 0.9 k)");
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "bench_interpreters: %s\n", error.what());
+    return 1;
+  }
 }

@@ -122,13 +122,14 @@ Status InterpreterManager::Replace(size_t slot) {
   Status unloaded = old->Unload();
   old.reset();
   Result<std::unique_ptr<Interpreter>> fresh = Interpreter::Create(OptionsFor(copy_id));
+  Status started = fresh.status();
   {
     std::lock_guard lock(mutex_);
-    if (fresh.ok()) slots_[slot].interpreter = std::move(fresh).value();
+    if (started.ok()) slots_[slot].interpreter = std::move(fresh).value();
     slots_[slot].leased = false;
   }
   slot_freed_.notify_all();
-  if (!fresh.ok()) return fresh.status();
+  if (!started.ok()) return started;
   return unloaded;
 }
 

@@ -118,6 +118,7 @@ T& Result<T>::Checked() {
     if (!orochi_status_.ok()) return orochi_status_; \
   } while (false)
 
+// NOLINTBEGIN(bugprone-macro-parentheses): `lhs` may be a declaration, so it stays bare.
 // Evaluates a Result-returning `expr`; returns its Status on error, else moves the value into
 // `lhs` (which may be a declaration: OROCHI_ASSIGN_OR_RETURN(auto x, F());).
 #define OROCHI_ASSIGN_OR_RETURN(lhs, expr)                          \
@@ -125,3 +126,4 @@ T& Result<T>::Checked() {
   if (!OROCHI_STATUS_CONCAT(orochi_result_, __LINE__).ok())         \
     return OROCHI_STATUS_CONCAT(orochi_result_, __LINE__).status(); \
   lhs = std::move(OROCHI_STATUS_CONCAT(orochi_result_, __LINE__)).value()
+// NOLINTEND(bugprone-macro-parentheses)
