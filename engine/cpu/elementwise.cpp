@@ -1,0 +1,221 @@
+// CPU kernels for copies, fills and elementwise ops. Half types compute in float.
+#include <cmath>
+#include <cstring>
+
+#include "orochi/engine/dispatch.h"
+#include "strided.h"
+
+namespace orochi::engine::cpu {
+namespace {
+
+// The type arithmetic happens in: float for the 16-bit floats, the type itself otherwise.
+template <typename T>
+using Compute =
+    std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
+
+void Copy(const Tensor& source, Tensor& destination) {
+  VisitDType(destination.dtype(), [&]<typename To>() {
+    VisitDType(source.dtype(), [&]<typename From>() {
+      ForEachRow<2>(
+          destination.shape(), {&destination, &source}, [](auto rows, int64_t count, auto strides) {
+            if constexpr (std::is_same_v<To, From>) {
+              if (strides[0] == sizeof(To) && strides[1] == sizeof(From)) {
+                std::memcpy(rows[0], rows[1], count * sizeof(To));
+                return;
+              }
+            }
+            for (int64_t i = 0; i < count; ++i) {
+              At<To>(rows[0], strides[0], i) = Convert<To>(At<From>(rows[1], strides[1], i));
+            }
+          });
+    });
+  });
+}
+
+void Fill(Tensor& output, double value) {
+  VisitDType(output.dtype(), [&]<typename T>() {
+    T converted = Convert<T>(value);
+    auto* data = output.mutable_data_as<T>();
+    for (int64_t i = 0, n = output.numel(); i < n; ++i) data[i] = converted;
+  });
+}
+
+void ArangeFill(Tensor& output, double start, double step) {
+  VisitDType(output.dtype(), [&]<typename T>() {
+    auto* data = output.mutable_data_as<T>();
+    for (int64_t i = 0, n = output.numel(); i < n; ++i) {
+      data[i] = Convert<T>(start + static_cast<double>(i) * step);
+    }
+  });
+}
+
+template <typename C>
+C ApplyUnary(Op op, C x) {
+  if constexpr (std::is_floating_point_v<C>) {
+    switch (op) {
+      case Op::neg:
+        return -x;
+      case Op::abs:
+        return std::abs(x);
+      case Op::exp:
+        return std::exp(x);
+      case Op::log:
+        return std::log(x);
+      case Op::sqrt:
+        return std::sqrt(x);
+      case Op::rsqrt:
+        return C{1} / std::sqrt(x);
+      case Op::sin:
+        return std::sin(x);
+      case Op::cos:
+        return std::cos(x);
+      case Op::tanh:
+        return std::tanh(x);
+      case Op::sigmoid:
+        return C{1} / (C{1} + std::exp(-x));
+      case Op::relu:
+        return x > C{0} ? x : C{0};
+      case Op::silu:
+        return x / (C{1} + std::exp(-x));
+      case Op::gelu:
+        return C{0.5} * x * (C{1} + std::erf(x * C{0.70710678118654752440}));
+      case Op::gelu_tanh: {
+        const C inner = C{0.79788456080286535588} * (x + C{0.044715} * x * x * x);
+        return C{0.5} * x * (C{1} + std::tanh(inner));
+      }
+      case Op::erf:
+        return std::erf(x);
+      case Op::floor:
+        return std::floor(x);
+      case Op::ceil:
+        return std::ceil(x);
+      case Op::round:
+        return std::nearbyint(x);  // half to even, like torch.round
+      default:
+        return x;
+    }
+  } else {  // integral: the ops the front-end keeps integral
+    switch (op) {
+      case Op::neg:
+        return static_cast<C>(-x);
+      case Op::abs:
+        return x < C{0} ? static_cast<C>(-x) : x;
+      case Op::relu:
+        return x > C{0} ? x : C{0};
+      default:
+        return x;  // floor, ceil, round are the identity on integers
+    }
+  }
+}
+
+void UnaryOp(Op op, const Tensor& input, Tensor& output) {
+  VisitDType(input.dtype(), [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, bool>) {
+      ForEachRow<2>(output.shape(), {&output, &input},
+                    [op](auto rows, int64_t count, auto strides) {
+                      for (int64_t i = 0; i < count; ++i) {
+                        Compute<T> x = Convert<Compute<T>>(At<T>(rows[1], strides[1], i));
+                        At<T>(rows[0], strides[0], i) = Convert<T>(ApplyUnary(op, x));
+                      }
+                    });
+    }
+  });
+}
+
+template <typename C>
+C ApplyArithmetic(Op op, C a, C b) {
+  switch (op) {
+    case Op::add:
+      return a + b;
+    case Op::sub:
+      return a - b;
+    case Op::mul:
+      return a * b;
+    case Op::div:
+      return a / b;
+    case Op::pow:
+      if constexpr (std::is_floating_point_v<C>) {
+        return std::pow(a, b);
+      } else {
+        C result = 1;  // integer power by squaring; negative exponents give 0 as in PyTorch
+        for (C base = a, exponent = b; exponent > 0; exponent >>= 1, base *= base) {
+          if (exponent & 1) result *= base;
+        }
+        return b < 0 ? C{0} : result;
+      }
+    case Op::maximum:
+      if constexpr (std::is_floating_point_v<C>) {
+        if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<C>::quiet_NaN();
+      }
+      return a > b ? a : b;
+    case Op::minimum:
+      if constexpr (std::is_floating_point_v<C>) {
+        if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<C>::quiet_NaN();
+      }
+      return a < b ? a : b;
+    default:
+      return a;
+  }
+}
+
+template <typename C>
+bool ApplyComparison(Op op, C a, C b) {
+  switch (op) {
+    case Op::eq:
+      return a == b;
+    case Op::ne:
+      return a != b;
+    case Op::lt:
+      return a < b;
+    case Op::le:
+      return a <= b;
+    case Op::gt:
+      return a > b;
+    case Op::ge:
+      return a >= b;
+    default:
+      return false;
+  }
+}
+
+bool IsComparison(Op op) {
+  return op == Op::eq || op == Op::ne || op == Op::lt || op == Op::le || op == Op::gt ||
+         op == Op::ge;
+}
+
+void BinaryOp(Op op, const Tensor& a, const Tensor& b, Tensor& output) {
+  VisitDType(a.dtype(), [&]<typename T>() {
+    using C = std::conditional_t<std::is_same_v<T, bool>, int, Compute<T>>;
+    const bool comparison = IsComparison(op);
+    ForEachRow<3>(output.shape(), {&output, &a, &b},
+                  [op, comparison](auto rows, int64_t count, auto strides) {
+                    for (int64_t i = 0; i < count; ++i) {
+                      C x = Convert<C>(At<T>(rows[1], strides[1], i));
+                      C y = Convert<C>(At<T>(rows[2], strides[2], i));
+                      if (comparison) {
+                        At<bool>(rows[0], strides[0], i) = ApplyComparison(op, x, y);
+                      } else {
+                        At<T>(rows[0], strides[0], i) = Convert<T>(ApplyArithmetic(op, x, y));
+                      }
+                    }
+                  });
+  });
+}
+
+}  // namespace
+
+void RegisterElementwiseKernels(KernelRegistry& registry) {
+  constexpr DeviceType kCpu = DeviceType::kCpu;
+  registry.Register<Op::copy>(kCpu, Copy, kAllDTypes);
+  registry.Register<Op::fill>(kCpu, Fill, kAllDTypes);
+  registry.Register<Op::arange>(kCpu, ArangeFill, kNumericDTypes);
+  registry.RegisterEach<Op::neg, Op::abs, Op::relu, Op::floor, Op::ceil, Op::round>(kCpu, UnaryOp,
+                                                                                    kNumericDTypes);
+  registry.RegisterEach<Op::exp, Op::log, Op::sqrt, Op::rsqrt, Op::sin, Op::cos, Op::tanh,
+                        Op::sigmoid, Op::silu, Op::gelu, Op::gelu_tanh, Op::erf>(kCpu, UnaryOp,
+                                                                                 kFloatingDTypes);
+  registry.RegisterEach<Op::add, Op::sub, Op::mul, Op::div, Op::pow, Op::maximum, Op::minimum,
+                        Op::eq, Op::ne, Op::lt, Op::le, Op::gt, Op::ge>(kCpu, BinaryOp, kAllDTypes);
+}
+
+}  // namespace orochi::engine::cpu

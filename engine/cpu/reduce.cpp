@@ -1,0 +1,86 @@
+// CPU reductions and softmax over the inner dimension of a contiguous [outer, inner] input.
+#include <cmath>
+#include <limits>
+
+#include "orochi/engine/dispatch.h"
+
+namespace orochi::engine::cpu {
+namespace {
+
+// Accumulates in double for floating inputs and int64 for the rest.
+template <typename T>
+using Accumulator = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16> ||
+                                           std::is_floating_point_v<T>,
+                                       double, int64_t>;
+
+void ReduceOp(Op op, const Tensor& input, Tensor& output) {
+  const int64_t outer = output.numel();
+  const int64_t inner = outer == 0 ? 0 : input.numel() / outer;
+  VisitDType(input.dtype(), [&]<typename T>() {
+    using A = Accumulator<T>;
+    const T* in = input.data_as<T>();
+    VisitDType(output.dtype(), [&]<typename O>() {
+      O* out = output.mutable_data_as<O>();
+      for (int64_t row = 0; row < outer; ++row) {
+        const T* values = in + row * inner;
+        A result{};
+        if (op == Op::amax || op == Op::amin) {
+          result = Convert<A>(values[0]);
+          for (int64_t i = 1; i < inner; ++i) {
+            A value = Convert<A>(values[i]);
+            if constexpr (std::is_floating_point_v<A>) {
+              if (std::isnan(value) || std::isnan(result)) {
+                result = std::numeric_limits<A>::quiet_NaN();
+                continue;
+              }
+            }
+            result = op == Op::amax ? (value > result ? value : result)
+                                    : (value < result ? value : result);
+          }
+        } else {
+          for (int64_t i = 0; i < inner; ++i) result += Convert<A>(values[i]);
+          if (op == Op::mean) result /= static_cast<A>(inner);
+        }
+        out[row] = Convert<O>(result);
+      }
+    });
+  });
+}
+
+void SoftmaxOp(Op op, const Tensor& input, Tensor& output) {
+  const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
+  const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
+  VisitDType(input.dtype(), [&]<typename T>() {
+    using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const T* in = input.data_as<T>();
+    T* out = output.mutable_data_as<T>();
+    for (int64_t row = 0; row < outer; ++row) {
+      const T* x = in + row * inner;
+      T* y = out + row * inner;
+      C maximum = -std::numeric_limits<C>::infinity();
+      for (int64_t i = 0; i < inner; ++i) maximum = std::max(maximum, Convert<C>(x[i]));
+      C total = 0;
+      for (int64_t i = 0; i < inner; ++i) total += std::exp(Convert<C>(x[i]) - maximum);
+      if (op == Op::softmax) {
+        for (int64_t i = 0; i < inner; ++i) {
+          y[i] = Convert<T>(std::exp(Convert<C>(x[i]) - maximum) / total);
+        }
+      } else {
+        C log_total = std::log(total);
+        for (int64_t i = 0; i < inner; ++i) {
+          y[i] = Convert<T>(Convert<C>(x[i]) - maximum - log_total);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void RegisterReductionKernels(KernelRegistry& registry) {
+  registry.RegisterEach<Op::sum, Op::amax, Op::amin>(DeviceType::kCpu, ReduceOp, kAllDTypes);
+  registry.Register<Op::mean>(DeviceType::kCpu, ReduceOp, kFloatingDTypes);
+  registry.RegisterEach<Op::softmax, Op::log_softmax>(DeviceType::kCpu, SoftmaxOp, kFloatingDTypes);
+}
+
+}  // namespace orochi::engine::cpu

@@ -1,0 +1,16 @@
+#include "orochi/engine/dispatch.h"
+
+namespace orochi::engine {
+namespace cpu {
+void RegisterElementwiseKernels(KernelRegistry& registry);
+void RegisterReductionKernels(KernelRegistry& registry);
+void RegisterMatmulKernels(KernelRegistry& registry);
+}  // namespace cpu
+
+void RegisterCpuKernels(KernelRegistry& registry) {
+  cpu::RegisterElementwiseKernels(registry);
+  cpu::RegisterReductionKernels(registry);
+  cpu::RegisterMatmulKernels(registry);
+}
+
+}  // namespace orochi::engine

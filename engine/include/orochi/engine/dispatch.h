@@ -1,0 +1,103 @@
+// Kernel registry: one kernel per (op, device type), with the dtypes it supports.
+//
+// Thread-safety: the registry is filled once, on first use, before any lookup can see it;
+// lookups are then read-only and safe from any thread.
+//
+// Kernels receive tensors already prepared by the op front-end (ops.cpp): broadcast, converted
+// to the compute dtype, and outputs allocated. A kernel switches on dtype inside (VisitDType).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include "orochi/engine/export.h"
+#include "orochi/engine/ops.h"
+#include "orochi/engine/tensor.h"
+
+namespace orochi::engine {
+
+// `destination` has `source`'s shape; converts between dtypes.
+using CopyKernel = void (*)(const Tensor& source, Tensor& destination);
+using FillKernel = void (*)(Tensor& output, double value);
+using ArangeKernel = void (*)(Tensor& output, double start, double step);
+// `output` is contiguous with `input`'s shape and dtype.
+using UnaryKernel = void (*)(Op op, const Tensor& input, Tensor& output);
+// `a` and `b` have the output's shape (broadcast views) and the compute dtype; `output` is
+// contiguous, of the compute dtype or bool for comparisons.
+using BinaryKernel = void (*)(Op op, const Tensor& a, const Tensor& b, Tensor& output);
+// `input` is contiguous [outer, inner]; `output` is contiguous [outer]; reduces over inner.
+using ReduceKernel = void (*)(Op op, const Tensor& input, Tensor& output);
+// `input` and `output` are contiguous [outer, inner]; normalises over inner.
+using SoftmaxKernel = void (*)(Op op, const Tensor& input, Tensor& output);
+// Contiguous [batch, m, k] x [batch, k, n] -> [batch, m, n], one dtype.
+using MatmulKernel = void (*)(const Tensor& a, const Tensor& b, Tensor& output);
+
+template <Op O>
+struct OpSignature;
+#define OROCHI_OP_SIGNATURE(name, signature) \
+  template <>                                \
+  struct OpSignature<Op::name> {             \
+    using type = signature;                  \
+  };
+OROCHI_ENGINE_OPS(OROCHI_OP_SIGNATURE)
+#undef OROCHI_OP_SIGNATURE
+
+using DTypeSet = uint32_t;
+constexpr DTypeSet DTypes(std::initializer_list<DType> dtypes) {
+  DTypeSet set = 0;
+  for (DType dtype : dtypes) set |= 1U << static_cast<unsigned>(dtype);
+  return set;
+}
+inline constexpr DTypeSet kAllDTypes = (1U << kDTypeCount) - 1;
+inline constexpr DTypeSet kFloatingDTypes =
+    DTypes({DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64});
+inline constexpr DTypeSet kNumericDTypes = kAllDTypes & ~DTypes({DType::kBool});
+
+class OROCHI_ENGINE_API KernelRegistry {
+ public:
+  template <Op O>
+  void Register(DeviceType device, typename OpSignature<O>::type kernel, DTypeSet dtypes) {
+    RegisterErased(O, device, reinterpret_cast<void*>(kernel), dtypes);
+  }
+  // Registers one kernel for several ops of the same signature (checked at compile time).
+  template <Op... Ops, typename Kernel>
+  void RegisterEach(DeviceType device, Kernel kernel, DTypeSet dtypes) {
+    (Register<Ops>(device, kernel, dtypes), ...);
+  }
+  void RegisterErased(Op op, DeviceType device, void* kernel, DTypeSet dtypes);
+
+  // The kernel of `op` for `device` and `dtype`, or an Error naming all three.
+  template <Op O>
+  typename OpSignature<O>::type Find(Device device, DType dtype) const {
+    return reinterpret_cast<typename OpSignature<O>::type>(FindErased(O, device, dtype));
+  }
+  void* FindErased(Op op, Device device, DType dtype) const;
+
+  // For front-ends that pick the op at run time: the kernel of `op`, whose signature must be
+  // `Kernel` (an internal invariant, asserted).
+  template <typename Kernel>
+  Kernel FindAs(Op op, Device device, DType dtype) const {
+    CheckSignature(op, typeid(Kernel));
+    return reinterpret_cast<Kernel>(FindErased(op, device, dtype));
+  }
+
+  // "op on device" for every op with no kernel registered for `device`.
+  std::vector<std::string> Missing(DeviceType device) const;
+
+ private:
+  static void CheckSignature(Op op, const std::type_info& kernel_type);
+
+  struct Entry {
+    void* kernel = nullptr;
+    DTypeSet dtypes = 0;
+  };
+  Entry entries_[kOpCount][kDeviceTypeCount];
+};
+
+// The process's registry, with every compiled-in device's kernels registered on first use.
+OROCHI_ENGINE_API const KernelRegistry& Kernels();
+
+}  // namespace orochi::engine

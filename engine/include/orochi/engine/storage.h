@@ -1,0 +1,96 @@
+// Storage: a refcounted block of memory that tensors view.
+//
+// Ownership: a Storage is owned by the StoragePtrs that refer to it and freed by the engine when
+// the last one goes. All allocation, refcounting and freeing happen in the engine library
+// itself (never in inline code), so a tensor made inside one interpreter copy stays valid after
+// that copy is unloaded.
+//
+// Thread-safety: StoragePtr copies and destruction are thread-safe (atomic refcount). The bytes
+// are not synchronised: concurrent writers must coordinate. Read-only storages (memory-mapped
+// files) are safe to read from any number of threads.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "orochi/base/status.h"
+#include "orochi/engine/export.h"
+
+namespace orochi::engine {
+
+enum class DeviceType : uint8_t { kCpu = 0, kCuda = 1 };
+inline constexpr int kDeviceTypeCount = 2;
+
+struct Device {
+  DeviceType type = DeviceType::kCpu;
+  int index = 0;
+  friend bool operator==(const Device&, const Device&) = default;
+};
+OROCHI_ENGINE_API std::string DeviceName(Device device);  // "cpu", "cuda:1"
+
+class StoragePtr;
+
+class OROCHI_ENGINE_API Storage {
+ public:
+  // Uninitialised memory for `bytes` bytes (64-byte aligned) on the CPU.
+  static StoragePtr Allocate(size_t bytes);
+  // A read-only map of the whole file at `path`: nothing is read
+  // until it is touched, and all views of the same region share the page cache.
+  static Result<StoragePtr> MapFile(const std::string& path);
+
+  // Makes this storage read-only for good (e.g. weights copied out of a misaligned file).
+  void MarkReadOnly() { read_only_ = true; }
+
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  const std::byte* data() const { return data_; }
+  std::byte* mutable_data() { return data_; }  // precondition: !read_only()
+  size_t size() const { return size_; }
+  bool read_only() const { return read_only_; }
+  Device device() const { return device_; }
+
+ private:
+  friend class StoragePtr;
+  enum class Kind : uint8_t { kOwned, kMapped };
+  Storage(Kind kind, std::byte* data, size_t size, bool read_only);
+  ~Storage();
+  void Retain();
+  void Release();
+
+  std::atomic<int64_t> references_{1};
+  Kind kind_;
+  std::byte* data_;
+  size_t size_;
+  bool read_only_;
+  Device device_;
+};
+
+// A counted reference to a Storage. Copying is cheap and thread-safe.
+class OROCHI_ENGINE_API StoragePtr {
+ public:
+  StoragePtr() = default;
+  StoragePtr(const StoragePtr& other);
+  StoragePtr(StoragePtr&& other) noexcept : storage_(std::exchange(other.storage_, nullptr)) {}
+  StoragePtr& operator=(StoragePtr other) noexcept {
+    std::swap(storage_, other.storage_);
+    return *this;
+  }
+  ~StoragePtr();
+
+  Storage* get() const { return storage_; }
+  Storage* operator->() const { return storage_; }
+  explicit operator bool() const { return storage_ != nullptr; }
+  // How many StoragePtrs share this storage (for tests and diagnostics).
+  int64_t use_count() const;
+
+ private:
+  friend class Storage;
+  explicit StoragePtr(Storage* adopted) : storage_(adopted) {}
+  Storage* storage_ = nullptr;
+};
+
+}  // namespace orochi::engine

@@ -1,0 +1,225 @@
+// Op front-ends: argument checks, broadcasting, type promotion and output allocation, then the
+// registered kernel of the input's device.
+#include "orochi/engine/ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+
+#include "orochi/engine/dispatch.h"
+
+namespace orochi::engine {
+namespace {
+
+bool IsComparison(Op op) {
+  return op == Op::eq || op == Op::ne || op == Op::lt || op == Op::le || op == Op::gt ||
+         op == Op::ge;
+}
+
+// Unary ops that keep integral dtypes; the others compute integral input in float32.
+bool KeepsIntegral(Op op) {
+  return op == Op::neg || op == Op::abs || op == Op::relu || op == Op::floor || op == Op::ceil ||
+         op == Op::round;
+}
+
+// c10's combine_categories: the higher-priority dtype wins unless the lower one is of a higher
+// category (floating over integral over bool), in which case they promote.
+DType CombineCategories(DType higher, DType lower) {
+  if (IsFloating(higher)) return higher;
+  if (higher == DType::kBool || IsFloating(lower)) return PromoteTypes(higher, lower);
+  return higher;
+}
+
+void CheckSameDevice(const Tensor& a, const Tensor& b, Op op) {
+  OROCHI_CHECK_ARG(a.device() == b.device(), OpName(op) << ": tensors are on different devices, "
+                                                        << DeviceName(a.device()) << " and "
+                                                        << DeviceName(b.device()));
+}
+
+}  // namespace
+
+Tensor Full(const Shape& shape, double value, DType dtype) {
+  Tensor output = Tensor::Empty(shape, dtype);
+  Kernels().Find<Op::fill>(output.device(), dtype)(output, value);
+  return output;
+}
+Tensor Zeros(const Shape& shape, DType dtype) { return Full(shape, 0, dtype); }
+Tensor Ones(const Shape& shape, DType dtype) { return Full(shape, 1, dtype); }
+Tensor Scalar(double value, DType dtype) { return Full({}, value, dtype); }
+
+Tensor Arange(double start, double end, double step, DType dtype) {
+  OROCHI_CHECK_ARG(step != 0, "arange: step must be non-zero");
+  OROCHI_CHECK_ARG(std::isfinite(start) && std::isfinite(end), "arange: bounds must be finite");
+  OROCHI_CHECK_ARG((end - start) / step >= 0, "arange: the range [" << start << ", " << end
+                                                                    << ") and step " << step
+                                                                    << " have inconsistent signs");
+  auto count = static_cast<int64_t>(std::ceil((end - start) / step));
+  Tensor output = Tensor::Empty({count}, dtype);
+  Kernels().Find<Op::arange>(output.device(), dtype)(output, start, step);
+  return output;
+}
+
+Tensor Unary(Op op, const Tensor& input) {
+  OROCHI_CHECK_ARG(input.defined(), OpName(op) << ": undefined tensor");
+  DType dtype = input.dtype();
+  if (!IsFloating(dtype) && !KeepsIntegral(op)) dtype = DType::kFloat32;
+  auto kernel = Kernels().FindAs<UnaryKernel>(op, input.device(), dtype);
+  Tensor output = Tensor::Empty(input.shape(), dtype);
+  kernel(op, input.To(dtype), output);
+  return output;
+}
+
+Shape BroadcastShapes(const Shape& a, const Shape& b) {
+  size_t rank = std::max(a.size(), b.size());
+  Shape shape(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    int64_t x = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    int64_t y = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    OROCHI_CHECK_ARG(x == y || x == 1 || y == 1, "shapes "
+                                                     << ShapeString(a) << " and " << ShapeString(b)
+                                                     << " cannot be broadcast (dimension " << i
+                                                     << ": " << x << " vs " << y << ")");
+    shape[i] = x == 1 ? y : x;
+  }
+  return shape;
+}
+
+DType ResultType(const Tensor& a, const Tensor& b) {
+  bool a_scalar = a.dim() == 0;
+  bool b_scalar = b.dim() == 0;
+  if (a_scalar == b_scalar) return PromoteTypes(a.dtype(), b.dtype());
+  return a_scalar ? CombineCategories(b.dtype(), a.dtype())
+                  : CombineCategories(a.dtype(), b.dtype());
+}
+
+Tensor Binary(Op op, const Tensor& a, const Tensor& b) {
+  OROCHI_CHECK_ARG(a.defined() && b.defined(), OpName(op) << ": undefined tensor");
+  CheckSameDevice(a, b, op);
+  Shape shape = BroadcastShapes(a.shape(), b.shape());
+  DType compute = ResultType(a, b);
+  if (op == Op::div && !IsFloating(compute)) compute = DType::kFloat32;  // true division
+  auto kernel = Kernels().FindAs<BinaryKernel>(op, a.device(), compute);
+  Tensor output = Tensor::Empty(shape, IsComparison(op) ? DType::kBool : compute);
+  kernel(op, a.To(compute).Expand(shape), b.To(compute).Expand(shape), output);
+  return output;
+}
+
+Tensor Reduce(Op op, const Tensor& input, const std::vector<int64_t>& dims, bool keepdim) {
+  OROCHI_CHECK_ARG(op == Op::sum || op == Op::mean || op == Op::amax || op == Op::amin,
+                   OpName(op) << " is not a reduction");
+  std::vector<bool> reduced(static_cast<size_t>(input.dim()), dims.empty());
+  for (int64_t dim : dims) {
+    int64_t wrapped = WrapDim(dim, input.dim());
+    OROCHI_CHECK_ARG(!reduced[wrapped] || dims.empty(),
+                     OpName(op) << ": dimension " << dim << " appears twice");
+    reduced[wrapped] = true;
+  }
+  std::vector<int64_t> order;
+  Shape kept_shape;
+  Shape output_shape;
+  int64_t inner = 1;
+  for (int64_t d = 0; d < input.dim(); ++d) {
+    if (!reduced[d]) {
+      order.push_back(d);
+      kept_shape.push_back(input.shape()[d]);
+      output_shape.push_back(input.shape()[d]);
+    } else if (keepdim) {
+      output_shape.push_back(1);
+    }
+  }
+  for (int64_t d = 0; d < input.dim(); ++d) {
+    if (reduced[d]) {
+      order.push_back(d);
+      inner *= input.shape()[d];
+    }
+  }
+  OROCHI_CHECK_ARG(inner > 0 || op == Op::sum || op == Op::mean,
+                   OpName(op) << ": cannot reduce over an empty dimension");
+  DType output_dtype = input.dtype();
+  if (op == Op::sum && !IsFloating(input.dtype())) output_dtype = DType::kInt64;
+  auto kernel = Kernels().FindAs<ReduceKernel>(op, input.device(), input.dtype());
+  Tensor arranged = input.Permute(order).Contiguous();
+  Tensor output = Tensor::Empty(output_shape, output_dtype);
+  kernel(op, arranged.View({NumElements(kept_shape), inner}), output);
+  return output;
+}
+
+namespace {
+
+Tensor SoftmaxLike(Op op, const Tensor& input, int64_t dim) {
+  int64_t wrapped = WrapDim(dim, input.dim());
+  auto kernel = Kernels().FindAs<SoftmaxKernel>(op, input.device(), input.dtype());
+  if (input.dim() == 0) {
+    Tensor output = Tensor::Empty({}, input.dtype());
+    kernel(op, input.Contiguous(), output);
+    return output;
+  }
+  int64_t last = input.dim() - 1;
+  Tensor moved = input.Transpose(wrapped, last).Contiguous();
+  Tensor output = Tensor::Empty(moved.shape(), moved.dtype());
+  kernel(op, moved, output);
+  return output.Transpose(wrapped, last).Contiguous();
+}
+
+}  // namespace
+
+Tensor Softmax(const Tensor& input, int64_t dim) { return SoftmaxLike(Op::softmax, input, dim); }
+Tensor LogSoftmax(const Tensor& input, int64_t dim) {
+  return SoftmaxLike(Op::log_softmax, input, dim);
+}
+
+Tensor Matmul(const Tensor& a, const Tensor& b) {
+  CheckSameDevice(a, b, Op::matmul);
+  OROCHI_CHECK_ARG(
+      a.dim() >= 1 && b.dim() >= 1,
+      "matmul: both arguments need at least 1 dimension, got " << a.dim() << " and " << b.dim());
+  OROCHI_CHECK_ARG(a.dtype() == b.dtype(), "matmul: dtypes differ, " << DTypeName(a.dtype())
+                                                                     << " and "
+                                                                     << DTypeName(b.dtype()));
+  // 1-D operands become matrices, and the added dimension is removed from the result.
+  Tensor left = a.dim() == 1 ? a.Unsqueeze(0) : a;
+  Tensor right = b.dim() == 1 ? b.Unsqueeze(1) : b;
+  int64_t m = left.size(-2);
+  int64_t k = left.size(-1);
+  int64_t n = right.size(-1);
+  OROCHI_CHECK_ARG(right.size(-2) == k, "matmul: shapes " << ShapeString(a.shape()) << " and "
+                                                          << ShapeString(b.shape())
+                                                          << " cannot be multiplied");
+  Shape left_batch(left.shape().begin(), left.shape().end() - 2);
+  Shape right_batch(right.shape().begin(), right.shape().end() - 2);
+  Shape batch = BroadcastShapes(left_batch, right_batch);
+  int64_t batch_count = NumElements(batch);
+  auto with = [&batch](int64_t rows, int64_t columns) {
+    Shape shape = batch;
+    shape.push_back(rows);
+    shape.push_back(columns);
+    return shape;
+  };
+  Tensor x = left.Expand(with(m, k)).Contiguous().View({batch_count, m, k});
+  Tensor y = right.Expand(with(k, n)).Contiguous().View({batch_count, k, n});
+  Tensor output = Tensor::Empty({batch_count, m, n}, a.dtype());
+  Kernels().Find<Op::matmul>(a.device(), a.dtype())(x, y, output);
+  Shape result = with(m, n);
+  if (b.dim() == 1) result.erase(result.end() - 1);
+  if (a.dim() == 1) result.erase(result.end() - (b.dim() == 1 ? 1 : 2));
+  return output.View(result);
+}
+
+namespace {
+std::atomic<int> intra_op_threads{1};
+}
+
+void SetIntraOpThreads(int threads) {
+  OROCHI_CHECK_ARG(threads >= 1, "intra-op threads must be at least 1, got " << threads);
+  intra_op_threads.store(threads);
+  openblas_set_num_threads(threads);
+}
+
+int IntraOpThreads() { return intra_op_threads.load(); }
+
+std::string_view BlasCoreName() { return openblas_get_corename(); }
+
+}  // namespace orochi::engine

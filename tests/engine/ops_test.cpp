@@ -1,0 +1,358 @@
+// Every op against a reference computed here in double precision, over several dtypes,
+// broadcast shapes and non-contiguous inputs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+
+#include "engine_test_support.h"
+#include "orochi/engine/error.h"
+
+namespace orochi::engine {
+namespace {
+
+const DType kFloatTypes[] = {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64};
+
+// A non-contiguous [3, 5] float tensor: the transpose of a [5, 3] one.
+Tensor NonContiguous(DType dtype, double low, double high, unsigned seed = 11) {
+  Tensor tensor = RandomTensor({5, 3}, dtype, low, high, seed).Transpose(0, 1);
+  EXPECT_FALSE(tensor.is_contiguous());
+  return tensor;
+}
+
+double Reference(Op op, double x) {
+  switch (op) {
+    case Op::neg:
+      return -x;
+    case Op::abs:
+      return std::abs(x);
+    case Op::exp:
+      return std::exp(x);
+    case Op::log:
+      return std::log(x);
+    case Op::sqrt:
+      return std::sqrt(x);
+    case Op::rsqrt:
+      return 1 / std::sqrt(x);
+    case Op::sin:
+      return std::sin(x);
+    case Op::cos:
+      return std::cos(x);
+    case Op::tanh:
+      return std::tanh(x);
+    case Op::sigmoid:
+      return 1 / (1 + std::exp(-x));
+    case Op::relu:
+      return std::max(x, 0.0);
+    case Op::silu:
+      return x / (1 + std::exp(-x));
+    case Op::gelu:
+      return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    case Op::gelu_tanh:
+      return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    case Op::erf:
+      return std::erf(x);
+    case Op::floor:
+      return std::floor(x);
+    case Op::ceil:
+      return std::ceil(x);
+    case Op::round:
+      return std::nearbyint(x);
+    default:
+      ADD_FAILURE() << "no reference for " << OpName(op);
+      return 0;
+  }
+}
+
+TEST(UnaryOps, MatchTheReferenceOnEveryFloatingDType) {
+  const Op kOps[] = {Op::neg,  Op::abs,       Op::exp,  Op::log,     Op::sqrt, Op::rsqrt,
+                     Op::sin,  Op::cos,       Op::tanh, Op::sigmoid, Op::relu, Op::silu,
+                     Op::gelu, Op::gelu_tanh, Op::erf,  Op::floor,   Op::ceil, Op::round};
+  for (DType dtype : kFloatTypes) {
+    for (Op op : kOps) {
+      bool positive_only = op == Op::log || op == Op::sqrt || op == Op::rsqrt;
+      Tensor input = NonContiguous(dtype, positive_only ? 0.1 : -3, 3);
+      Tensor output = Unary(op, input);
+      ASSERT_EQ(output.dtype(), dtype);
+      ASSERT_EQ(output.shape(), input.shape());
+      std::vector<double> expected;
+      for (int64_t i = 0; i < input.numel(); ++i) {
+        expected.push_back(Reference(op, input.ItemAsDouble(i)));
+      }
+      // The output is rounded to its dtype once: allow one rounding of the result.
+      ExpectNear(output, expected, Tolerance(dtype) * 2,
+                 std::string(OpName(op)) + " " + std::string(DTypeName(dtype)));
+    }
+  }
+}
+
+TEST(UnaryOps, IntegralInputsKeepOrBecomeFloat32LikePyTorch) {
+  Tensor integers = RandomTensor({4, 3}, DType::kInt32, -5, 5).Transpose(0, 1);
+  EXPECT_EQ(Unary(Op::neg, integers).dtype(), DType::kInt32);
+  EXPECT_EQ(Unary(Op::abs, integers).dtype(), DType::kInt32);
+  Tensor exponent = Unary(Op::exp, integers);
+  EXPECT_EQ(exponent.dtype(), DType::kFloat32);
+  std::vector<double> expected;
+  std::vector<double> negated;
+  for (int64_t i = 0; i < integers.numel(); ++i) {
+    expected.push_back(std::exp(integers.ItemAsDouble(i)));
+    negated.push_back(-integers.ItemAsDouble(i));
+  }
+  ExpectNear(exponent, expected, 2e-6, "exp int32");
+  ExpectNear(Unary(Op::neg, integers), negated, 0, "neg int32");
+}
+
+double ReferenceBinary(Op op, double a, double b, bool integral) {
+  switch (op) {
+    case Op::add:
+      return a + b;
+    case Op::sub:
+      return a - b;
+    case Op::mul:
+      return a * b;
+    case Op::div:
+      return a / b;
+    case Op::pow:
+      return integral && b < 0 ? 0 : std::pow(a, b);
+    case Op::maximum:
+      return std::max(a, b);
+    case Op::minimum:
+      return std::min(a, b);
+    case Op::eq:
+      return a == b;
+    case Op::ne:
+      return a != b;
+    case Op::lt:
+      return a < b;
+    case Op::le:
+      return a <= b;
+    case Op::gt:
+      return a > b;
+    case Op::ge:
+      return a >= b;
+    default:
+      ADD_FAILURE() << "no reference for " << OpName(op);
+      return 0;
+  }
+}
+
+TEST(BinaryOps, BroadcastPromoteAndMatchTheReference) {
+  const Op kOps[] = {Op::add, Op::sub, Op::mul, Op::div, Op::pow, Op::maximum, Op::minimum,
+                     Op::eq,  Op::ne,  Op::lt,  Op::le,  Op::gt,  Op::ge};
+  struct Case {
+    DType a;
+    DType b;
+  };
+  const Case kCases[] = {{DType::kFloat32, DType::kFloat32},  {DType::kFloat16, DType::kFloat32},
+                         {DType::kBFloat16, DType::kFloat64}, {DType::kInt32, DType::kFloat32},
+                         {DType::kInt64, DType::kInt8},       {DType::kUInt8, DType::kInt8},
+                         {DType::kFloat16, DType::kBFloat16}};
+  for (const Case& types : kCases) {
+    // [3, 1, 4] (non-contiguous) with [5, 1] -> [3, 5, 4]
+    Tensor a = RandomTensor({4, 1, 3}, types.a, 0.5, 3, 21).Permute({2, 1, 0});
+    Tensor b = RandomTensor({5, 1}, types.b, 0.5, 3, 22);
+    DType promoted = PromoteTypes(types.a, types.b);
+    for (Op op : kOps) {
+      Tensor output = Binary(op, a, b);
+      bool comparison = op >= Op::eq && op <= Op::ge;
+      DType expected_dtype = comparison                               ? DType::kBool
+                             : op == Op::div && !IsFloating(promoted) ? DType::kFloat32
+                                                                      : promoted;
+      ASSERT_EQ(output.dtype(), expected_dtype) << OpName(op);
+      ASSERT_EQ(output.shape(), (Shape{3, 5, 4}));
+      std::vector<double> expected;
+      for (int64_t i = 0; i < output.numel(); ++i) {
+        std::vector<int64_t> index = UnflattenIndex(i, output.shape());
+        double value = ReferenceBinary(op, ElementAt(a, index), ElementAt(b, index),
+                                       !IsFloating(expected_dtype) && !comparison);
+        if (!IsFloating(expected_dtype) && !comparison) value = std::trunc(value);
+        expected.push_back(value);
+      }
+      double tolerance = comparison ? 0 : Tolerance(expected_dtype) * 2;
+      ExpectNear(output, expected, tolerance,
+                 std::string(OpName(op)) + " " + std::string(DTypeName(types.a)) + "," +
+                     std::string(DTypeName(types.b)));
+    }
+  }
+}
+
+TEST(BinaryOps, MaximumAndMinimumPropagateNaN) {
+  Tensor a = Full({2}, std::nan(""), DType::kFloat32);
+  Tensor b = Ones({2});
+  EXPECT_TRUE(std::isnan(Binary(Op::maximum, a, b).ItemAsDouble(0)));
+  EXPECT_TRUE(std::isnan(Binary(Op::minimum, b, a).ItemAsDouble(1)));
+}
+
+TEST(BinaryOps, RejectMismatchedShapes) {
+  EXPECT_THROW(Binary(Op::add, Zeros({2, 3}), Zeros({4})), Error);
+}
+
+std::vector<double> ReferenceReduce(Op op, const Tensor& input, const std::vector<int64_t>& dims,
+                                    Shape* kept_shape) {
+  std::vector<bool> reduced(static_cast<size_t>(input.dim()), dims.empty());
+  for (int64_t d : dims) reduced[WrapDim(d, input.dim())] = true;
+  kept_shape->clear();
+  for (int64_t d = 0; d < input.dim(); ++d) {
+    if (!reduced[d]) kept_shape->push_back(input.shape()[d]);
+  }
+  std::map<std::vector<int64_t>, std::vector<double>> groups;
+  for (int64_t i = 0; i < input.numel(); ++i) {
+    std::vector<int64_t> index = UnflattenIndex(i, input.shape());
+    std::vector<int64_t> key;
+    for (int64_t d = 0; d < input.dim(); ++d) {
+      if (!reduced[d]) key.push_back(index[d]);
+    }
+    groups[key].push_back(ElementAt(input, index));
+  }
+  std::vector<double> result;
+  for (const auto& [key, values] : groups) {  // std::map orders keys row-major
+    double value = values[0];
+    if (op == Op::sum || op == Op::mean) {
+      value = 0;
+      for (double x : values) value += x;
+      if (op == Op::mean) value /= static_cast<double>(values.size());
+    } else {
+      for (double x : values) value = op == Op::amax ? std::max(value, x) : std::min(value, x);
+    }
+    result.push_back(value);
+  }
+  return result;
+}
+
+TEST(Reductions, OverDimsWithAndWithoutKeepdim) {
+  const std::vector<std::vector<int64_t>> kDimSets = {{}, {0}, {-1}, {0, 2}, {1}};
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kInt32}) {
+    Tensor input = RandomTensor({4, 3, 5}, dtype, -3, 3, 5).Permute({1, 0, 2});  // [3, 4, 5]
+    for (Op op : {Op::sum, Op::mean, Op::amax, Op::amin}) {
+      if (op == Op::mean && !IsFloating(dtype)) continue;
+      for (const auto& dims : kDimSets) {
+        for (bool keepdim : {false, true}) {
+          Tensor output = Reduce(op, input, dims, keepdim);
+          Shape kept;
+          std::vector<double> expected = ReferenceReduce(op, input, dims, &kept);
+          if (keepdim) {
+            EXPECT_EQ(output.dim(), input.dim());
+          } else {
+            EXPECT_EQ(output.shape(), kept);
+          }
+          DType expected_dtype = op == Op::sum && !IsFloating(dtype) ? DType::kInt64 : dtype;
+          EXPECT_EQ(output.dtype(), expected_dtype);
+          ExpectNear(output, expected, Tolerance(dtype) * 4,
+                     std::string(OpName(op)) + " " + std::string(DTypeName(dtype)));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(Reduce(Op::sum, Ones({3}, DType::kBool)).ItemAsDouble(), 3);
+  EXPECT_THROW(Reduce(Op::sum, Zeros({2, 3}), {0, 0}), Error);
+  EXPECT_THROW(Reduce(Op::amax, Zeros({0, 3}), {0}), Error);
+}
+
+TEST(Softmax, MatchesTheReferenceOverAnyDim) {
+  for (DType dtype : kFloatTypes) {
+    Tensor input = RandomTensor({4, 6}, dtype, -5, 5, 9).Transpose(0, 1);  // [6, 4]
+    for (int64_t dim : {0, 1, -1}) {
+      Tensor soft = Softmax(input, dim);
+      Tensor log_soft = LogSoftmax(input, dim);
+      std::vector<double> expected_soft(static_cast<size_t>(input.numel()));
+      std::vector<double> expected_log(static_cast<size_t>(input.numel()));
+      int64_t d = WrapDim(dim, 2);
+      for (int64_t i = 0; i < input.numel(); ++i) {
+        std::vector<int64_t> index = UnflattenIndex(i, input.shape());
+        double maximum = -INFINITY;
+        std::vector<int64_t> probe = index;
+        for (probe[d] = 0; probe[d] < input.shape()[d]; ++probe[d]) {
+          maximum = std::max(maximum, ElementAt(input, probe));
+        }
+        double total = 0;
+        for (probe[d] = 0; probe[d] < input.shape()[d]; ++probe[d]) {
+          total += std::exp(ElementAt(input, probe) - maximum);
+        }
+        double x = ElementAt(input, index);
+        expected_soft[static_cast<size_t>(i)] = std::exp(x - maximum) / total;
+        expected_log[static_cast<size_t>(i)] = x - maximum - std::log(total);
+      }
+      ExpectNear(soft, expected_soft, Tolerance(dtype) * 2, "softmax");
+      ExpectNear(log_soft, expected_log, Tolerance(dtype) * 4, "log_softmax");
+    }
+  }
+  EXPECT_THROW(Softmax(Zeros({3}, DType::kInt64), 0), Error);
+}
+
+std::vector<double> ReferenceMatmul(const Tensor& a, const Tensor& b, const Shape& out_shape) {
+  // Reference on the batched 3-D forms; out_shape is the torch.matmul result shape.
+  Tensor left = a.dim() == 1 ? a.Unsqueeze(0) : a;
+  Tensor right = b.dim() == 1 ? b.Unsqueeze(1) : b;
+  int64_t m = left.size(-2);
+  int64_t k = left.size(-1);
+  int64_t n = right.size(-1);
+  Shape batch = BroadcastShapes(Shape(left.shape().begin(), left.shape().end() - 2),
+                                Shape(right.shape().begin(), right.shape().end() - 2));
+  std::vector<double> result;
+  for (int64_t bi = 0; bi < NumElements(batch); ++bi) {
+    std::vector<int64_t> batch_index = UnflattenIndex(bi, batch);
+    for (int64_t row = 0; row < m; ++row) {
+      for (int64_t column = 0; column < n; ++column) {
+        double total = 0;
+        for (int64_t inner = 0; inner < k; ++inner) {
+          std::vector<int64_t> li = batch_index;
+          li.push_back(row);
+          li.push_back(inner);
+          std::vector<int64_t> ri = batch_index;
+          ri.push_back(inner);
+          ri.push_back(column);
+          total += ElementAt(left, li) * ElementAt(right, ri);
+        }
+        result.push_back(total);
+      }
+    }
+  }
+  EXPECT_EQ(static_cast<int64_t>(result.size()), NumElements(out_shape));
+  return result;
+}
+
+TEST(Matmul, CoversVectorMatrixAndBroadcastBatchCases) {
+  struct Case {
+    Shape a;
+    Shape b;
+    Shape out;
+  };
+  const Case kCases[] = {
+      {{4}, {4}, {}},
+      {{3, 4}, {4}, {3}},
+      {{4}, {4, 5}, {5}},
+      {{3, 4}, {4, 5}, {3, 5}},
+      {{2, 3, 4}, {4, 5}, {2, 3, 5}},
+      {{2, 1, 3, 4}, {3, 4, 5}, {2, 3, 3, 5}},
+      {{4}, {2, 4, 5}, {2, 5}},
+  };
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kInt64}) {
+    for (const Case& shapes : kCases) {
+      Tensor a = RandomTensor(shapes.a, dtype, -2, 2, 3);
+      Tensor b = RandomTensor(shapes.b, dtype, -2, 2, 4);
+      if (b.dim() >= 2) b = b.Transpose(-1, -2).Contiguous().Transpose(-1, -2);  // strided
+      Tensor output = Matmul(a, b);
+      ASSERT_EQ(output.shape(), shapes.out)
+          << ShapeString(shapes.a) << " @ " << ShapeString(shapes.b);
+      ExpectNear(output, ReferenceMatmul(a, b, shapes.out), Tolerance(dtype) * 8,
+                 "matmul " + std::string(DTypeName(dtype)) + " " + ShapeString(shapes.a) + " @ " +
+                     ShapeString(shapes.b));
+    }
+  }
+  EXPECT_THROW(Matmul(Zeros({2, 3}), Zeros({4, 2})), Error);
+  EXPECT_THROW(Matmul(Zeros({2, 3}), Zeros({3, 2}, DType::kFloat64)), Error);
+}
+
+TEST(Matmul, LargeFloat32GoesThroughBlasCorrectly) {
+  Tensor a = RandomTensor({64, 96}, DType::kFloat32, -1, 1, 1);
+  Tensor b = RandomTensor({96, 80}, DType::kFloat32, -1, 1, 2);
+  Tensor output = Matmul(a, b);
+  ExpectNear(output, ReferenceMatmul(a, b, {64, 80}), 1e-5, "matmul 64x96x80");
+  EXPECT_FALSE(BlasCoreName().empty());
+  EXPECT_EQ(IntraOpThreads(), 1);
+}
+
+}  // namespace
+}  // namespace orochi::engine
