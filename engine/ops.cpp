@@ -14,9 +14,10 @@
 namespace orochi::engine {
 namespace {
 
+// Comparisons and logical ops return bool.
 bool IsComparison(Op op) {
   return op == Op::eq || op == Op::ne || op == Op::lt || op == Op::le || op == Op::gt ||
-         op == Op::ge;
+         op == Op::ge || op == Op::logical_and || op == Op::logical_or || op == Op::logical_xor;
 }
 
 // Unary ops that keep integral dtypes; the others compute integral input in float32.
@@ -108,8 +109,9 @@ Tensor Binary(Op op, const Tensor& a, const Tensor& b) {
 }
 
 Tensor Reduce(Op op, const Tensor& input, const std::vector<int64_t>& dims, bool keepdim) {
-  OROCHI_CHECK_ARG(op == Op::sum || op == Op::mean || op == Op::amax || op == Op::amin,
-                   OpName(op) << " is not a reduction");
+  OROCHI_CHECK_ARG(
+      op == Op::sum || op == Op::mean || op == Op::amax || op == Op::amin || op == Op::prod,
+      OpName(op) << " is not a reduction (argmax/argmin: ArgReduce)");
   std::vector<bool> reduced(static_cast<size_t>(input.dim()), dims.empty());
   for (int64_t dim : dims) {
     int64_t wrapped = WrapDim(dim, input.dim());
@@ -136,10 +138,12 @@ Tensor Reduce(Op op, const Tensor& input, const std::vector<int64_t>& dims, bool
       inner *= input.shape()[d];
     }
   }
-  OROCHI_CHECK_ARG(inner > 0 || op == Op::sum || op == Op::mean,
+  OROCHI_CHECK_ARG(inner > 0 || op == Op::sum || op == Op::mean || op == Op::prod,
                    OpName(op) << ": cannot reduce over an empty dimension");
   DType output_dtype = input.dtype();
-  if (op == Op::sum && !IsFloating(input.dtype())) output_dtype = DType::kInt64;
+  if ((op == Op::sum || op == Op::prod) && !IsFloating(input.dtype())) {
+    output_dtype = DType::kInt64;
+  }
   auto kernel = Kernels().FindAs<ReduceKernel>(op, input.device(), input.dtype());
   Tensor arranged = input.Permute(order).Contiguous();
   Tensor output = Tensor::Empty(output_shape, output_dtype);

@@ -7,3 +7,10 @@ build=${1:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build" --parallel "$(nproc)"
 ctest --test-dir "$build" --output-on-failure --timeout 1500 --parallel 1
+
+# The engine under ThreadSanitizer: many threads on shared read-only tensors for 10 s.
+cmake -S . -B "$build-tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOROCHI_SANITIZER=thread \
+  -DOROCHI_BUILD_BENCHMARKS=OFF
+cmake --build "$build-tsan" --parallel "$(nproc)" --target engine_concurrency_test
+TSAN_OPTIONS="halt_on_error=1 exitcode=66" OROCHI_CONCURRENCY_SECONDS=10 \
+  "$build-tsan/bin/engine_concurrency_test"

@@ -161,6 +161,12 @@ C ApplyArithmetic(Op op, C a, C b) {
 template <typename C>
 bool ApplyComparison(Op op, C a, C b) {
   switch (op) {
+    case Op::logical_and:
+      return a != C{0} && b != C{0};
+    case Op::logical_or:
+      return a != C{0} || b != C{0};
+    case Op::logical_xor:
+      return (a != C{0}) != (b != C{0});
     case Op::eq:
       return a == b;
     case Op::ne:
@@ -178,9 +184,10 @@ bool ApplyComparison(Op op, C a, C b) {
   }
 }
 
+// Comparisons and logical ops write bool.
 bool IsComparison(Op op) {
   return op == Op::eq || op == Op::ne || op == Op::lt || op == Op::le || op == Op::gt ||
-         op == Op::ge;
+         op == Op::ge || op == Op::logical_and || op == Op::logical_or || op == Op::logical_xor;
 }
 
 void BinaryOp(Op op, const Tensor& a, const Tensor& b, Tensor& output) {
@@ -202,6 +209,19 @@ void BinaryOp(Op op, const Tensor& a, const Tensor& b, Tensor& output) {
   });
 }
 
+void WhereOp(const Tensor& condition, const Tensor& a, const Tensor& b, Tensor& output) {
+  VisitDType(output.dtype(), [&]<typename T>() {
+    ForEachRow<4>(output.shape(), {&output, &condition, &a, &b},
+                  [](auto rows, int64_t count, auto strides) {
+                    for (int64_t i = 0; i < count; ++i) {
+                      At<T>(rows[0], strides[0], i) = At<bool>(rows[1], strides[1], i)
+                                                          ? At<T>(rows[2], strides[2], i)
+                                                          : At<T>(rows[3], strides[3], i);
+                    }
+                  });
+  });
+}
+
 }  // namespace
 
 void RegisterElementwiseKernels(KernelRegistry& registry) {
@@ -215,7 +235,9 @@ void RegisterElementwiseKernels(KernelRegistry& registry) {
                         Op::sigmoid, Op::silu, Op::gelu, Op::gelu_tanh, Op::erf>(kCpu, UnaryOp,
                                                                                  kFloatingDTypes);
   registry.RegisterEach<Op::add, Op::sub, Op::mul, Op::div, Op::pow, Op::maximum, Op::minimum,
-                        Op::eq, Op::ne, Op::lt, Op::le, Op::gt, Op::ge>(kCpu, BinaryOp, kAllDTypes);
+                        Op::eq, Op::ne, Op::lt, Op::le, Op::gt, Op::ge, Op::logical_and,
+                        Op::logical_or, Op::logical_xor>(kCpu, BinaryOp, kAllDTypes);
+  registry.Register<Op::where>(kCpu, WhereOp, kAllDTypes);
 }
 
 }  // namespace orochi::engine::cpu

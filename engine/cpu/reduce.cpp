@@ -24,7 +24,32 @@ void ReduceOp(Op op, const Tensor& input, Tensor& output) {
       for (int64_t row = 0; row < outer; ++row) {
         const T* values = in + row * inner;
         A result{};
-        if (op == Op::amax || op == Op::amin) {
+        if (op == Op::argmax || op == Op::argmin) {
+          // The first extreme wins; NaN counts as the extreme, as in PyTorch.
+          int64_t best = 0;
+          A best_value = Convert<A>(values[0]);
+          for (int64_t i = 1; i < inner; ++i) {
+            A value = Convert<A>(values[i]);
+            bool better = op == Op::argmax ? value > best_value : value < best_value;
+            if constexpr (std::is_floating_point_v<A>) {
+              if (std::isnan(best_value)) {
+                better = false;
+              } else if (std::isnan(value)) {
+                better = true;
+              }
+            }
+            if (better) {
+              best = i;
+              best_value = value;
+            }
+          }
+          out[row] = Convert<O>(best);
+          continue;
+        }
+        if (op == Op::prod) {
+          result = A{1};
+          for (int64_t i = 0; i < inner; ++i) result *= Convert<A>(values[i]);
+        } else if (op == Op::amax || op == Op::amin) {
           result = Convert<A>(values[0]);
           for (int64_t i = 1; i < inner; ++i) {
             A value = Convert<A>(values[i]);
@@ -75,10 +100,46 @@ void SoftmaxOp(Op op, const Tensor& input, Tensor& output) {
   });
 }
 
+void NormOp(Op op, const Tensor& input, const Tensor* weight, const Tensor* bias, double eps,
+            Tensor& output) {
+  const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
+  const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
+  VisitDType(input.dtype(), [&]<typename T>() {
+    using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const T* in = input.data_as<T>();
+    const T* gamma = weight != nullptr ? weight->data_as<T>() : nullptr;
+    const T* beta = bias != nullptr ? bias->data_as<T>() : nullptr;
+    T* out = output.mutable_data_as<T>();
+    for (int64_t row = 0; row < outer; ++row) {
+      const T* x = in + row * inner;
+      T* y = out + row * inner;
+      C mean = 0;
+      if (op == Op::layer_norm) {
+        for (int64_t i = 0; i < inner; ++i) mean += Convert<C>(x[i]);
+        mean /= static_cast<C>(inner);
+      }
+      C square_sum = 0;  // of deviations from the mean (layer_norm) or of values (rms_norm)
+      for (int64_t i = 0; i < inner; ++i) {
+        C deviation = Convert<C>(x[i]) - mean;
+        square_sum += deviation * deviation;
+      }
+      C scale = C{1} / std::sqrt(square_sum / static_cast<C>(inner) + static_cast<C>(eps));
+      for (int64_t i = 0; i < inner; ++i) {
+        C value = (Convert<C>(x[i]) - mean) * scale;
+        if (gamma != nullptr) value *= Convert<C>(gamma[i]);
+        if (beta != nullptr) value += Convert<C>(beta[i]);
+        y[i] = Convert<T>(value);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void RegisterReductionKernels(KernelRegistry& registry) {
-  registry.RegisterEach<Op::sum, Op::amax, Op::amin>(DeviceType::kCpu, ReduceOp, kAllDTypes);
+  registry.RegisterEach<Op::sum, Op::amax, Op::amin, Op::prod, Op::argmax, Op::argmin>(
+      DeviceType::kCpu, ReduceOp, kAllDTypes);
+  registry.RegisterEach<Op::layer_norm, Op::rms_norm>(DeviceType::kCpu, NormOp, kFloatingDTypes);
   registry.Register<Op::mean>(DeviceType::kCpu, ReduceOp, kFloatingDTypes);
   registry.RegisterEach<Op::softmax, Op::log_softmax>(DeviceType::kCpu, SoftmaxOp, kFloatingDTypes);
 }

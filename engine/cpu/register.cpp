@@ -5,12 +5,14 @@ namespace cpu {
 void RegisterElementwiseKernels(KernelRegistry& registry);
 void RegisterReductionKernels(KernelRegistry& registry);
 void RegisterMatmulKernels(KernelRegistry& registry);
+void RegisterIndexKernels(KernelRegistry& registry);
 }  // namespace cpu
 
 void RegisterCpuKernels(KernelRegistry& registry) {
   cpu::RegisterElementwiseKernels(registry);
   cpu::RegisterReductionKernels(registry);
   cpu::RegisterMatmulKernels(registry);
+  cpu::RegisterIndexKernels(registry);
 }
 
 }  // namespace orochi::engine

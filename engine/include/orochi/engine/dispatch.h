@@ -32,6 +32,16 @@ using BinaryKernel = void (*)(Op op, const Tensor& a, const Tensor& b, Tensor& o
 using ReduceKernel = void (*)(Op op, const Tensor& input, Tensor& output);
 // `input` and `output` are contiguous [outer, inner]; normalises over inner.
 using SoftmaxKernel = void (*)(Op op, const Tensor& input, Tensor& output);
+// `condition` (bool), `a` and `b` have the output's shape (broadcast views); a, b and `output`
+// share one dtype; `output` is contiguous.
+using WhereKernel = void (*)(const Tensor& condition, const Tensor& a, const Tensor& b,
+                             Tensor& output);
+// layer_norm / rms_norm of contiguous [outer, inner] over inner; weight and bias are contiguous
+// [inner] of the input's dtype, or null.
+using NormKernel = void (*)(Op op, const Tensor& input, const Tensor* weight, const Tensor* bias,
+                            double eps, Tensor& output);
+// Contiguous input [outer, size, inner], int64 index [n] (checked in range) -> [outer, n, inner].
+using IndexSelectKernel = void (*)(const Tensor& input, const Tensor& index, Tensor& output);
 // Contiguous [batch, m, k] x [batch, k, n] -> [batch, m, n], one dtype.
 using MatmulKernel = void (*)(const Tensor& a, const Tensor& b, Tensor& output);
 

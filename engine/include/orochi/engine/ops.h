@@ -19,47 +19,57 @@ namespace orochi::engine {
 
 // One list of ops. X(name, kernel signature). Adding an op: one line here, one kernel file
 // registration per device; OpName and the registry's completeness check follow from the list.
-#define OROCHI_ENGINE_OPS(X)    \
-  X(copy, CopyKernel)           \
-  X(fill, FillKernel)           \
-  X(arange, ArangeKernel)       \
-  X(neg, UnaryKernel)           \
-  X(abs, UnaryKernel)           \
-  X(exp, UnaryKernel)           \
-  X(log, UnaryKernel)           \
-  X(sqrt, UnaryKernel)          \
-  X(rsqrt, UnaryKernel)         \
-  X(sin, UnaryKernel)           \
-  X(cos, UnaryKernel)           \
-  X(tanh, UnaryKernel)          \
-  X(sigmoid, UnaryKernel)       \
-  X(relu, UnaryKernel)          \
-  X(silu, UnaryKernel)          \
-  X(gelu, UnaryKernel)          \
-  X(gelu_tanh, UnaryKernel)     \
-  X(erf, UnaryKernel)           \
-  X(floor, UnaryKernel)         \
-  X(ceil, UnaryKernel)          \
-  X(round, UnaryKernel)         \
-  X(add, BinaryKernel)          \
-  X(sub, BinaryKernel)          \
-  X(mul, BinaryKernel)          \
-  X(div, BinaryKernel)          \
-  X(pow, BinaryKernel)          \
-  X(maximum, BinaryKernel)      \
-  X(minimum, BinaryKernel)      \
-  X(eq, BinaryKernel)           \
-  X(ne, BinaryKernel)           \
-  X(lt, BinaryKernel)           \
-  X(le, BinaryKernel)           \
-  X(gt, BinaryKernel)           \
-  X(ge, BinaryKernel)           \
-  X(sum, ReduceKernel)          \
-  X(mean, ReduceKernel)         \
-  X(amax, ReduceKernel)         \
-  X(amin, ReduceKernel)         \
-  X(softmax, SoftmaxKernel)     \
-  X(log_softmax, SoftmaxKernel) \
+#define OROCHI_ENGINE_OPS(X)         \
+  X(copy, CopyKernel)                \
+  X(fill, FillKernel)                \
+  X(arange, ArangeKernel)            \
+  X(neg, UnaryKernel)                \
+  X(abs, UnaryKernel)                \
+  X(exp, UnaryKernel)                \
+  X(log, UnaryKernel)                \
+  X(sqrt, UnaryKernel)               \
+  X(rsqrt, UnaryKernel)              \
+  X(sin, UnaryKernel)                \
+  X(cos, UnaryKernel)                \
+  X(tanh, UnaryKernel)               \
+  X(sigmoid, UnaryKernel)            \
+  X(relu, UnaryKernel)               \
+  X(silu, UnaryKernel)               \
+  X(gelu, UnaryKernel)               \
+  X(gelu_tanh, UnaryKernel)          \
+  X(erf, UnaryKernel)                \
+  X(floor, UnaryKernel)              \
+  X(ceil, UnaryKernel)               \
+  X(round, UnaryKernel)              \
+  X(add, BinaryKernel)               \
+  X(sub, BinaryKernel)               \
+  X(mul, BinaryKernel)               \
+  X(div, BinaryKernel)               \
+  X(pow, BinaryKernel)               \
+  X(maximum, BinaryKernel)           \
+  X(minimum, BinaryKernel)           \
+  X(eq, BinaryKernel)                \
+  X(ne, BinaryKernel)                \
+  X(lt, BinaryKernel)                \
+  X(le, BinaryKernel)                \
+  X(gt, BinaryKernel)                \
+  X(ge, BinaryKernel)                \
+  X(logical_and, BinaryKernel)       \
+  X(logical_or, BinaryKernel)        \
+  X(logical_xor, BinaryKernel)       \
+  X(where, WhereKernel)              \
+  X(sum, ReduceKernel)               \
+  X(mean, ReduceKernel)              \
+  X(amax, ReduceKernel)              \
+  X(amin, ReduceKernel)              \
+  X(prod, ReduceKernel)              \
+  X(argmax, ReduceKernel)            \
+  X(argmin, ReduceKernel)            \
+  X(layer_norm, NormKernel)          \
+  X(rms_norm, NormKernel)            \
+  X(index_select, IndexSelectKernel) \
+  X(softmax, SoftmaxKernel)          \
+  X(log_softmax, SoftmaxKernel)      \
   X(matmul, MatmulKernel)
 
 enum class Op : uint16_t {
@@ -106,9 +116,70 @@ OROCHI_ENGINE_API Tensor Reduce(Op op, const Tensor& input, const std::vector<in
 OROCHI_ENGINE_API Tensor Softmax(const Tensor& input, int64_t dim);
 OROCHI_ENGINE_API Tensor LogSoftmax(const Tensor& input, int64_t dim);
 
+// argmax/argmin over one dim (or the flattened tensor): int64 indices of the first extreme.
+OROCHI_ENGINE_API Tensor ArgReduce(Op op, const Tensor& input, std::optional<int64_t> dim = {},
+                                   bool keepdim = false);
+// torch.var / torch.std with Bessel's `correction` (1 by default, like PyTorch).
+OROCHI_ENGINE_API Tensor Var(const Tensor& input, const std::vector<int64_t>& dims = {},
+                             double correction = 1, bool keepdim = false);
+OROCHI_ENGINE_API Tensor Std(const Tensor& input, const std::vector<int64_t>& dims = {},
+                             double correction = 1, bool keepdim = false);
+// torch.any / torch.all: bool results.
+OROCHI_ENGINE_API Tensor Any(const Tensor& input, const std::vector<int64_t>& dims = {},
+                             bool keepdim = false);
+OROCHI_ENGINE_API Tensor All(const Tensor& input, const std::vector<int64_t>& dims = {},
+                             bool keepdim = false);
+
+// --- selection and logic -----------------------------------------------------------------------
+// torch.where(condition, a, b): condition is bool; a and b broadcast and promote.
+OROCHI_ENGINE_API Tensor Where(const Tensor& condition, const Tensor& a, const Tensor& b);
+// torch.clamp with optional bounds (0-dim or broadcastable tensors).
+OROCHI_ENGINE_API Tensor Clamp(const Tensor& input, const std::optional<Tensor>& min,
+                               const std::optional<Tensor>& max);
+OROCHI_ENGINE_API Tensor LogicalNot(const Tensor& input);
+// masked_fill: `value` (0-dim) where `mask` (bool, broadcast) is true; keeps input's dtype.
+OROCHI_ENGINE_API Tensor MaskedFill(const Tensor& input, const Tensor& mask, const Tensor& value);
+
+// --- joining, splitting and indexing ------------------------------------------------------------
+OROCHI_ENGINE_API Tensor Cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+OROCHI_ENGINE_API Tensor Stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// Views of `input` along `dim`, each `size` long (the last may be shorter).
+OROCHI_ENGINE_API std::vector<Tensor> Split(const Tensor& input, int64_t size, int64_t dim = 0);
+OROCHI_ENGINE_API std::vector<Tensor> Chunk(const Tensor& input, int64_t chunks, int64_t dim = 0);
+// torch.index_select: slices of `input` along `dim` picked by a 1-D integer `index`.
+OROCHI_ENGINE_API Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index);
+// torch.nn.functional.embedding: weight[indices] for integer indices of any shape.
+OROCHI_ENGINE_API Tensor Embedding(const Tensor& indices, const Tensor& weight);
+
+// --- creation, continued -----------------------------------------------------------------------
+OROCHI_ENGINE_API Tensor Eye(int64_t rows, std::optional<int64_t> columns = {},
+                             DType dtype = DType::kFloat32);
+OROCHI_ENGINE_API Tensor Linspace(double start, double end, int64_t steps,
+                                  DType dtype = DType::kFloat32);
+
+// --- normalisation -----------------------------------------------------------------------------
+// Over the trailing dims given by `normalized_shape`; weight and bias (that shape) optional.
+OROCHI_ENGINE_API Tensor LayerNorm(const Tensor& input, const Shape& normalized_shape,
+                                   const std::optional<Tensor>& weight = {},
+                                   const std::optional<Tensor>& bias = {}, double eps = 1e-5);
+OROCHI_ENGINE_API Tensor RmsNorm(const Tensor& input, const Shape& normalized_shape,
+                                 const std::optional<Tensor>& weight = {}, double eps = 1e-6);
+
 // --- linear algebra ----------------------------------------------------------------------------
 // torch.matmul: 1-D and 2-D operands, and batched operands with broadcast batch dims.
 OROCHI_ENGINE_API Tensor Matmul(const Tensor& a, const Tensor& b);
+// torch.bmm: [b, n, m] x [b, m, p], no broadcasting.
+OROCHI_ENGINE_API Tensor Bmm(const Tensor& a, const Tensor& b);
+// torch.nn.functional.linear: input @ weight.T + bias.
+OROCHI_ENGINE_API Tensor Linear(const Tensor& input, const Tensor& weight,
+                                const std::optional<Tensor>& bias = {});
+// torch.nn.functional.scaled_dot_product_attention over [..., L, E] queries and [..., S, E]
+// keys and values, with an optional bool mask (true = attend) or additive float mask, or causal.
+OROCHI_ENGINE_API Tensor ScaledDotProductAttention(const Tensor& query, const Tensor& key,
+                                                   const Tensor& value,
+                                                   const std::optional<Tensor>& mask = {},
+                                                   bool causal = false,
+                                                   std::optional<double> scale = {});
 
 // --- threads -----------------------------------------------------------------------------------
 // Intra-op threads for CPU kernels (OpenBLAS included). 1 by default: interpreter copies give

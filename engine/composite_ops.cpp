@@ -1,0 +1,312 @@
+// Ops with their own kernels that need more than a generic front-end (where, arg reductions,
+// norms, index_select), and ops composed from other ops (linear, attention, cat, ...).
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "orochi/engine/dispatch.h"
+#include "orochi/engine/ops.h"
+
+namespace orochi::engine {
+namespace {
+
+Tensor Bool(const Tensor& tensor) {
+  return tensor.dtype() == DType::kBool ? tensor
+                                        : Binary(Op::ne, tensor, Scalar(0, tensor.dtype()));
+}
+
+// The trailing `normalized_shape` of `input` as contiguous [outer, inner].
+Tensor AsRows(const Tensor& input, const Shape& normalized_shape, const char* op) {
+  OROCHI_CHECK_ARG(static_cast<int64_t>(normalized_shape.size()) <= input.dim() &&
+                       Shape(input.shape().end() - static_cast<int64_t>(normalized_shape.size()),
+                             input.shape().end()) == normalized_shape,
+                   op << ": normalized_shape " << ShapeString(normalized_shape)
+                      << " does not match the end of the input shape "
+                      << ShapeString(input.shape()));
+  int64_t inner = NumElements(normalized_shape);
+  return input.Contiguous().View({inner == 0 ? 0 : input.numel() / inner, inner});
+}
+
+const Tensor* Parameter(const std::optional<Tensor>& parameter, const Shape& normalized_shape,
+                        DType dtype, const char* what, Tensor* storage) {
+  if (!parameter) return nullptr;
+  OROCHI_CHECK_ARG(parameter->shape() == normalized_shape,
+                   what << " has shape " << ShapeString(parameter->shape()) << ", expected "
+                        << ShapeString(normalized_shape));
+  *storage = parameter->To(dtype).Contiguous();
+  return storage;
+}
+
+Tensor Normalize(Op op, const Tensor& input, const Shape& normalized_shape,
+                 const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                 double eps) {
+  const char* name = op == Op::layer_norm ? "layer_norm" : "rms_norm";
+  Tensor rows = AsRows(input, normalized_shape, name);
+  auto kernel = Kernels().FindAs<NormKernel>(op, input.device(), input.dtype());
+  Tensor weight_storage;
+  Tensor bias_storage;
+  const Tensor* gamma =
+      Parameter(weight, normalized_shape, input.dtype(), "weight", &weight_storage);
+  const Tensor* beta = Parameter(bias, normalized_shape, input.dtype(), "bias", &bias_storage);
+  Tensor output = Tensor::Empty(rows.shape(), input.dtype());
+  kernel(op, rows, gamma, beta, eps, output);
+  return output.View(input.shape());
+}
+
+}  // namespace
+
+Tensor ArgReduce(Op op, const Tensor& input, std::optional<int64_t> dim, bool keepdim) {
+  OROCHI_CHECK_ARG(op == Op::argmax || op == Op::argmin, OpName(op) << " is not argmax/argmin");
+  OROCHI_CHECK_ARG(input.numel() > 0, OpName(op) << ": cannot reduce an empty tensor");
+  auto kernel = Kernels().FindAs<ReduceKernel>(op, input.device(), input.dtype());
+  if (!dim) {
+    Tensor output =
+        Tensor::Empty(keepdim ? Shape(input.shape().size(), 1) : Shape{}, DType::kInt64);
+    kernel(op, input.Contiguous().View({1, input.numel()}), output);
+    return output;
+  }
+  int64_t d = WrapDim(*dim, input.dim());
+  OROCHI_CHECK_ARG(input.dim() == 0 || input.shape()[d] > 0,
+                   OpName(op) << ": cannot reduce an empty dimension");
+  if (input.dim() == 0) {
+    Tensor output = Tensor::Empty({}, DType::kInt64);
+    kernel(op, input.Contiguous().View({1, 1}), output);
+    return output;
+  }
+  // Move `d` to the end, keeping the other dims in order: they are the output's dims.
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < input.dim(); ++i) {
+    if (i != d) order.push_back(i);
+  }
+  order.push_back(d);
+  Tensor moved = input.Permute(order).Contiguous();
+  Shape kept(moved.shape().begin(), moved.shape().end() - 1);
+  Tensor output = Tensor::Empty(kept, DType::kInt64);
+  kernel(op, moved.View({NumElements(kept), input.shape()[d]}), output);
+  return keepdim ? output.Unsqueeze(d) : output;
+}
+
+Tensor Var(const Tensor& input, const std::vector<int64_t>& dims, double correction, bool keepdim) {
+  OROCHI_CHECK_ARG(IsFloating(input.dtype()),
+                   "var needs a floating tensor, got " << DTypeName(input.dtype()));
+  Tensor mean = Reduce(Op::mean, input, dims, /*keepdim=*/true);
+  Tensor deviation = Binary(Op::sub, input, mean);
+  Tensor squares = Binary(Op::mul, deviation, deviation);
+  Tensor total = Reduce(Op::sum, squares, dims, keepdim);
+  int64_t count = input.numel() / std::max<int64_t>(mean.numel(), 1);
+  double denominator = std::max(0.0, static_cast<double>(count) - correction);
+  return Binary(Op::div, total, Scalar(denominator, input.dtype()));
+}
+
+Tensor Std(const Tensor& input, const std::vector<int64_t>& dims, double correction, bool keepdim) {
+  return Unary(Op::sqrt, Var(input, dims, correction, keepdim));
+}
+
+Tensor Any(const Tensor& input, const std::vector<int64_t>& dims, bool keepdim) {
+  if (input.numel() == 0) {
+    return Full(Reduce(Op::sum, input, dims, keepdim).shape(), 0, DType::kBool);
+  }
+  return Reduce(Op::amax, Bool(input), dims, keepdim);
+}
+
+Tensor All(const Tensor& input, const std::vector<int64_t>& dims, bool keepdim) {
+  if (input.numel() == 0) {
+    return Full(Reduce(Op::sum, input, dims, keepdim).shape(), 1, DType::kBool);
+  }
+  return Reduce(Op::amin, Bool(input), dims, keepdim);
+}
+
+Tensor Where(const Tensor& condition, const Tensor& a, const Tensor& b) {
+  OROCHI_CHECK_ARG(condition.dtype() == DType::kBool,
+                   "where: the condition must be bool, got " << DTypeName(condition.dtype()));
+  Shape shape = BroadcastShapes(condition.shape(), BroadcastShapes(a.shape(), b.shape()));
+  DType dtype = ResultType(a, b);
+  auto kernel = Kernels().Find<Op::where>(a.device(), dtype);
+  Tensor output = Tensor::Empty(shape, dtype);
+  kernel(condition.Expand(shape), a.To(dtype).Expand(shape), b.To(dtype).Expand(shape), output);
+  return output;
+}
+
+Tensor Clamp(const Tensor& input, const std::optional<Tensor>& min,
+             const std::optional<Tensor>& max) {
+  OROCHI_CHECK_ARG(min || max, "clamp: at least one of min and max is needed");
+  Tensor result = input;
+  if (min) result = Binary(Op::maximum, result, *min);
+  if (max) result = Binary(Op::minimum, result, *max);
+  return result;
+}
+
+Tensor LogicalNot(const Tensor& input) { return Binary(Op::eq, input, Scalar(0, input.dtype())); }
+
+Tensor MaskedFill(const Tensor& input, const Tensor& mask, const Tensor& value) {
+  OROCHI_CHECK_ARG(value.dim() == 0, "masked_fill: the value must be a 0-dim tensor");
+  OROCHI_CHECK_ARG(mask.dtype() == DType::kBool, "masked_fill: the mask must be bool");
+  Shape shape = BroadcastShapes(input.shape(), mask.shape());
+  OROCHI_CHECK_ARG(shape == input.shape(), "masked_fill: mask " << ShapeString(mask.shape())
+                                                                << " does not broadcast to "
+                                                                << ShapeString(input.shape()));
+  return Where(mask, value.To(input.dtype()), input);
+}
+
+Tensor Cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  OROCHI_CHECK_ARG(!tensors.empty(), "cat: needs at least one tensor");
+  const Tensor& first = tensors.front();
+  int64_t d = WrapDim(dim, first.dim());
+  DType dtype = first.dtype();
+  Shape shape = first.shape();
+  shape[d] = 0;
+  for (const Tensor& tensor : tensors) {
+    OROCHI_CHECK_ARG(tensor.dim() == first.dim(),
+                     "cat: tensors must have the same number of dimensions");
+    for (int64_t i = 0; i < first.dim(); ++i) {
+      OROCHI_CHECK_ARG(i == d || tensor.shape()[i] == first.shape()[i],
+                       "cat: sizes must match except in dimension "
+                           << dim << ", got " << ShapeString(first.shape()) << " and "
+                           << ShapeString(tensor.shape()));
+    }
+    shape[d] += tensor.shape()[d];
+    dtype = PromoteTypes(dtype, tensor.dtype());
+  }
+  Tensor output = Tensor::Empty(shape, dtype);
+  int64_t offset = 0;
+  for (const Tensor& tensor : tensors) {
+    Tensor slot = output.Narrow(d, offset, tensor.shape()[d]);
+    slot.CopyFrom(tensor);
+    offset += tensor.shape()[d];
+  }
+  return output;
+}
+
+Tensor Stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  OROCHI_CHECK_ARG(!tensors.empty(), "stack: needs at least one tensor");
+  std::vector<Tensor> expanded;
+  int64_t d = WrapDim(dim, tensors.front().dim() + 1);
+  for (const Tensor& tensor : tensors) {
+    OROCHI_CHECK_ARG(tensor.shape() == tensors.front().shape(),
+                     "stack: every tensor must have the same shape");
+    expanded.push_back(tensor.Unsqueeze(d));
+  }
+  return Cat(expanded, d);
+}
+
+std::vector<Tensor> Split(const Tensor& input, int64_t size, int64_t dim) {
+  OROCHI_CHECK_ARG(size > 0, "split: the split size must be positive");
+  int64_t d = WrapDim(dim, input.dim());
+  std::vector<Tensor> parts;
+  for (int64_t start = 0; start < input.shape()[d] || (start == 0 && input.shape()[d] == 0);
+       start += size) {
+    parts.push_back(input.Narrow(d, start, std::min(size, input.shape()[d] - start)));
+    if (input.shape()[d] == 0) break;
+  }
+  return parts;
+}
+
+std::vector<Tensor> Chunk(const Tensor& input, int64_t chunks, int64_t dim) {
+  OROCHI_CHECK_ARG(chunks > 0, "chunk: the number of chunks must be positive");
+  int64_t size = input.shape()[WrapDim(dim, input.dim())];
+  return Split(input, std::max<int64_t>((size + chunks - 1) / chunks, 1), dim);
+}
+
+Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index) {
+  OROCHI_CHECK_ARG(index.dim() <= 1 && IsIntegral(index.dtype()),
+                   "index_select: the index must be a 1-D integer tensor");
+  int64_t d = input.dim() == 0 ? 0 : WrapDim(dim, input.dim());
+  Tensor picks = index.To(DType::kInt64).Contiguous();
+  int64_t size = input.dim() == 0 ? 1 : input.shape()[d];
+  for (int64_t i = 0; i < picks.numel(); ++i) {
+    int64_t pick = picks.data_as<int64_t>()[i];
+    OROCHI_CHECK_ARG(pick >= 0 && pick < size, "index_select: index "
+                                                   << pick << " is out of range for dimension "
+                                                   << dim << " of size " << size);
+  }
+  Shape shape = input.shape();
+  int64_t outer = NumElements(Shape(shape.begin(), shape.begin() + d));
+  int64_t inner = NumElements(Shape(shape.begin() + d + 1, shape.end()));
+  Tensor rows = input.Contiguous().View({outer, size, inner});
+  if (!shape.empty()) shape[d] = picks.numel();
+  Tensor output = Tensor::Empty(shape, input.dtype());
+  Kernels().Find<Op::index_select>(input.device(), input.dtype())(rows, picks.View({picks.numel()}),
+                                                                  output);
+  return output;
+}
+
+Tensor Embedding(const Tensor& indices, const Tensor& weight) {
+  OROCHI_CHECK_ARG(weight.dim() == 2,
+                   "embedding: the weight must be 2-D, got " << ShapeString(weight.shape()));
+  Tensor rows = IndexSelect(weight, 0, indices.Reshape({indices.numel()}));
+  Shape shape = indices.shape();
+  shape.push_back(weight.shape()[1]);
+  return rows.View(shape);
+}
+
+Tensor Eye(int64_t rows, std::optional<int64_t> columns, DType dtype) {
+  int64_t width = columns.value_or(rows);
+  OROCHI_CHECK_ARG(rows >= 0 && width >= 0, "eye: sizes must be non-negative");
+  Tensor output = Zeros({rows, width}, dtype);
+  Tensor diagonal(output.storage(), {std::min(rows, width)}, {width + 1}, 0, dtype);
+  diagonal.CopyFrom(Scalar(1, dtype));
+  return output;
+}
+
+Tensor Linspace(double start, double end, int64_t steps, DType dtype) {
+  OROCHI_CHECK_ARG(steps >= 0, "linspace: steps must be non-negative");
+  Tensor output = Tensor::Empty({steps}, dtype);
+  double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0;
+  Kernels().Find<Op::arange>(output.device(), dtype)(output, start, step);
+  return output;
+}
+
+Tensor LayerNorm(const Tensor& input, const Shape& normalized_shape,
+                 const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                 double eps) {
+  return Normalize(Op::layer_norm, input, normalized_shape, weight, bias, eps);
+}
+
+Tensor RmsNorm(const Tensor& input, const Shape& normalized_shape,
+               const std::optional<Tensor>& weight, double eps) {
+  return Normalize(Op::rms_norm, input, normalized_shape, weight, std::nullopt, eps);
+}
+
+Tensor Bmm(const Tensor& a, const Tensor& b) {
+  OROCHI_CHECK_ARG(a.dim() == 3 && b.dim() == 3 && a.shape()[0] == b.shape()[0],
+                   "bmm: needs [b, n, m] and [b, m, p], got " << ShapeString(a.shape()) << " and "
+                                                              << ShapeString(b.shape()));
+  return Matmul(a, b);
+}
+
+Tensor Linear(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias) {
+  OROCHI_CHECK_ARG(weight.dim() == 2,
+                   "linear: the weight must be 2-D [out, in], got " << ShapeString(weight.shape()));
+  Tensor output = Matmul(input, weight.Transpose(0, 1));
+  return bias ? Binary(Op::add, output, *bias) : output;
+}
+
+Tensor ScaledDotProductAttention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                 const std::optional<Tensor>& mask, bool causal,
+                                 std::optional<double> scale) {
+  OROCHI_CHECK_ARG(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,
+                   "scaled_dot_product_attention: query, key and value need at least 2 dims");
+  OROCHI_CHECK_ARG(!(mask && causal),
+                   "scaled_dot_product_attention: give either a mask or causal, not both");
+  double factor = scale.value_or(1.0 / std::sqrt(static_cast<double>(query.size(-1))));
+  Tensor scores =
+      Binary(Op::mul, Matmul(query, key.Transpose(-2, -1)), Scalar(factor, query.dtype()));
+  const int64_t queries = query.size(-2);
+  const int64_t keys = key.size(-2);
+  std::optional<Tensor> allowed;
+  if (causal) {  // query i sees keys 0..i
+    allowed = Binary(Op::ge, Arange(0, static_cast<double>(queries)).View({queries, 1}),
+                     Arange(0, static_cast<double>(keys)).View({1, keys}));
+  } else if (mask && mask->dtype() == DType::kBool) {
+    allowed = *mask;
+  } else if (mask) {
+    scores = Binary(Op::add, scores, *mask);
+  }
+  if (allowed) {
+    scores =
+        Where(*allowed, scores, Scalar(-std::numeric_limits<double>::infinity(), scores.dtype()));
+  }
+  return Matmul(Softmax(scores, -1), value);
+}
+
+}  // namespace orochi::engine

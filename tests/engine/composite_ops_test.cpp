@@ -1,0 +1,246 @@
+// The ops built from kernels and other ops, against references computed here.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine_test_support.h"
+#include "orochi/engine/error.h"
+
+namespace orochi::engine {
+namespace {
+
+using testing::HasSubstr;
+
+std::vector<double> Values(const Tensor& tensor) {
+  std::vector<double> values;
+  for (int64_t i = 0; i < tensor.numel(); ++i) values.push_back(tensor.ItemAsDouble(i));
+  return values;
+}
+
+TEST(ArgReduce, FindsTheFirstExtremeAlongAnyDim) {
+  Tensor input = RandomTensor({3, 5, 4}, DType::kFloat32, -3, 3, 2).Permute({1, 0, 2});  // [5,3,4]
+  for (Op op : {Op::argmax, Op::argmin}) {
+    for (int64_t dim : {0, 1, 2, -1}) {
+      for (bool keepdim : {false, true}) {
+        Tensor indices = ArgReduce(op, input, dim, keepdim);
+        EXPECT_EQ(indices.dtype(), DType::kInt64);
+        int64_t d = WrapDim(dim, 3);
+        Shape kept = input.shape();
+        kept.erase(kept.begin() + d);
+        std::vector<double> expected;
+        for (int64_t i = 0; i < NumElements(kept); ++i) {
+          std::vector<int64_t> index = UnflattenIndex(i, kept);
+          index.insert(index.begin() + d, 0);
+          int64_t best = 0;
+          double best_value = ElementAt(input, index);
+          for (index[d] = 1; index[d] < input.shape()[d]; ++index[d]) {
+            double value = ElementAt(input, index);
+            if (op == Op::argmax ? value > best_value : value < best_value) {
+              best = index[d];
+              best_value = value;
+            }
+          }
+          expected.push_back(static_cast<double>(best));
+        }
+        if (keepdim) kept.insert(kept.begin() + d, 1);
+        EXPECT_EQ(indices.shape(), kept);
+        ExpectNear(indices, expected, 0, std::string(OpName(op)) + " dim " + std::to_string(dim));
+      }
+    }
+  }
+  Tensor flat = Arange(0, 6, 1, DType::kFloat32);
+  EXPECT_EQ(ArgReduce(Op::argmax, flat).ItemAsDouble(), 5);
+  EXPECT_EQ(ArgReduce(Op::argmax, Tensor(Full({3}, 2))).ItemAsDouble(), 0);  // first of ties
+}
+
+TEST(Statistics, VarStdProdAnyAll) {
+  Tensor input = RandomTensor({4, 6}, DType::kFloat64, -2, 2, 5);
+  for (double correction : {0.0, 1.0}) {
+    Tensor variance = Var(input, {1}, correction);
+    std::vector<double> expected;
+    for (int64_t row = 0; row < 4; ++row) {
+      double mean = 0;
+      for (int64_t c = 0; c < 6; ++c) mean += ElementAt(input, {row, c}) / 6;
+      double total = 0;
+      for (int64_t c = 0; c < 6; ++c) total += std::pow(ElementAt(input, {row, c}) - mean, 2);
+      expected.push_back(total / (6 - correction));
+    }
+    ExpectNear(variance, expected, 1e-12, "var");
+    std::vector<double> deviations;
+    for (double value : expected) deviations.push_back(std::sqrt(value));
+    ExpectNear(Std(input, {1}, correction), deviations, 1e-12, "std");
+  }
+  ExpectNear(Reduce(Op::prod, Arange(1, 6, 1, DType::kInt32)), {120}, 0, "prod");
+  EXPECT_EQ(Reduce(Op::prod, Arange(1, 6, 1, DType::kInt32)).dtype(), DType::kInt64);
+  Tensor flags = Binary(Op::gt, Arange(0, 6).View({2, 3}), Scalar(3, DType::kInt64));
+  ExpectNear(Any(flags, {1}), {0, 1}, 0, "any");
+  ExpectNear(All(flags, {1}), {0, 0}, 0, "all");
+  EXPECT_EQ(Any(flags).dtype(), DType::kBool);
+  EXPECT_EQ(All(Zeros({0})).ItemAsDouble(), 1);
+  EXPECT_EQ(Any(Zeros({0})).ItemAsDouble(), 0);
+}
+
+TEST(Selection, WhereClampLogicalMaskedFill) {
+  Tensor x = Arange(-3, 3, 1, DType::kFloat32).View({2, 3});
+  Tensor positive = Binary(Op::gt, x, Scalar(0, DType::kFloat32));
+  ExpectNear(Where(positive, x, Scalar(0, DType::kFloat32)), {0, 0, 0, 0, 1, 2}, 0, "where");
+  EXPECT_EQ(Where(positive, Zeros({1}, DType::kInt32), Ones({3}, DType::kFloat64)).dtype(),
+            DType::kFloat64);
+  EXPECT_THROW(Where(x, x, x), Error);
+  ExpectNear(Clamp(x, Scalar(-1, DType::kFloat32), Scalar(1, DType::kFloat32)),
+             {-1, -1, -1, 0, 1, 1}, 0, "clamp");
+  ExpectNear(Clamp(x, std::nullopt, Scalar(0, DType::kFloat32)), {-3, -2, -1, 0, 0, 0}, 0,
+             "clamp max");
+  Tensor a = Binary(Op::gt, x, Scalar(-2, DType::kFloat32));
+  Tensor b = Binary(Op::lt, x, Scalar(1, DType::kFloat32));
+  ExpectNear(Binary(Op::logical_and, a, b), {0, 0, 1, 1, 0, 0}, 0, "and");
+  ExpectNear(Binary(Op::logical_or, a, b), {1, 1, 1, 1, 1, 1}, 0, "or");
+  ExpectNear(Binary(Op::logical_xor, a, b), {1, 1, 0, 0, 1, 1}, 0, "xor");
+  ExpectNear(LogicalNot(x), {0, 0, 0, 1, 0, 0}, 0, "not");
+  Tensor row_mask = Binary(Op::eq, Arange(0, 3).View({1, 3}), Scalar(1, DType::kInt64));
+  ExpectNear(MaskedFill(x, row_mask, Scalar(9, DType::kFloat64)), {-3, 9, -1, 0, 9, 2}, 0,
+             "masked_fill");
+  EXPECT_EQ(MaskedFill(x, row_mask, Scalar(9, DType::kFloat64)).dtype(), DType::kFloat32);
+}
+
+TEST(Joining, CatStackSplitChunk) {
+  Tensor a = Arange(0, 6, 1, DType::kFloat32).View({2, 3});
+  Tensor b = Arange(6, 8, 1, DType::kInt64).View({2, 1});
+  Tensor joined = Cat({a, b}, 1);
+  EXPECT_EQ(joined.shape(), (Shape{2, 4}));
+  EXPECT_EQ(joined.dtype(), DType::kFloat32);
+  ExpectNear(joined, {0, 1, 2, 6, 3, 4, 5, 7}, 0, "cat");
+  ExpectNear(Cat({a.Transpose(0, 1), a.Transpose(0, 1)}, 0).Slice(0, 3, 6), {0, 3, 1, 4, 2, 5}, 0,
+             "cat of views");
+  EXPECT_THROW(Cat({a, Zeros({3, 3})}, 1), Error);
+  Tensor stacked = Stack({a, a}, 1);
+  EXPECT_EQ(stacked.shape(), (Shape{2, 2, 3}));
+  ExpectNear(stacked.Select(1, 1), Values(a), 0, "stack");
+  std::vector<Tensor> parts = Split(Arange(0, 7), 3);
+  ASSERT_EQ(parts.size(), 3U);
+  EXPECT_EQ(parts[2].shape(), (Shape{1}));
+  EXPECT_EQ(parts[1].storage().get(), parts[0].storage().get());  // views
+  ExpectNear(parts[1], {3, 4, 5}, 0, "split");
+  std::vector<Tensor> chunks = Chunk(Arange(0, 10), 4);
+  ASSERT_EQ(chunks.size(), 4U);  // sizes 3, 3, 3, 1, as torch.chunk
+  EXPECT_EQ(chunks[3].numel(), 1);
+}
+
+TEST(Indexing, IndexSelectAndEmbedding) {
+  Tensor table = Arange(0, 12, 1, DType::kFloat32).View({4, 3});
+  Tensor index = Arange(0, 3).View({3});
+  Tensor picks = Binary(Op::sub, Scalar(3, DType::kInt64), index);  // 3, 2, 1
+  ExpectNear(IndexSelect(table, 0, picks), {9, 10, 11, 6, 7, 8, 3, 4, 5}, 0, "rows");
+  ExpectNear(IndexSelect(table.Transpose(0, 1), 1, picks.Slice(0, 0, 2)), {9, 6, 10, 7, 11, 8}, 0,
+             "columns of a view");
+  try {
+    IndexSelect(table, 0, Full({1}, 4, DType::kInt64));
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_THAT(error.what(), HasSubstr("index 4 is out of range for dimension 0 of size 4"));
+  }
+  Tensor tokens = Arange(0, 4).View({2, 2});
+  Tensor embedded = Embedding(tokens, table);
+  EXPECT_EQ(embedded.shape(), (Shape{2, 2, 3}));
+  ExpectNear(embedded.Select(0, 1).Select(0, 1), {9, 10, 11}, 0, "embedding");
+}
+
+TEST(Creation, EyeAndLinspace) {
+  ExpectNear(Eye(2, 3), {1, 0, 0, 0, 1, 0}, 0, "eye");
+  ExpectNear(Eye(3, std::nullopt, DType::kInt32), {1, 0, 0, 0, 1, 0, 0, 0, 1}, 0, "eye square");
+  ExpectNear(Linspace(0, 1, 5), {0, 0.25, 0.5, 0.75, 1}, 0, "linspace");
+  EXPECT_EQ(Linspace(2, 3, 1).ItemAsDouble(), 2);
+}
+
+TEST(Normalization, LayerNormAndRmsNormMatchTheReference) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kBFloat16}) {
+    Tensor input = RandomTensor({3, 2, 8}, dtype, -3, 3, 4).Transpose(0, 1);  // [2, 3, 8]
+    Tensor weight = RandomTensor({8}, dtype, 0.5, 1.5, 5);
+    Tensor bias = RandomTensor({8}, dtype, -1, 1, 6);
+    Tensor layer = LayerNorm(input, {8}, weight, bias, 1e-5);
+    Tensor rms = RmsNorm(input, {8}, weight, 1e-6);
+    std::vector<double> expected_layer;
+    std::vector<double> expected_rms;
+    for (int64_t row = 0; row < 6; ++row) {
+      std::vector<int64_t> index = UnflattenIndex(row * 8, input.shape());
+      std::vector<double> x;
+      for (index[2] = 0; index[2] < 8; ++index[2]) x.push_back(ElementAt(input, index));
+      double mean = 0;
+      for (double v : x) mean += v / 8;
+      double var = 0;
+      double square = 0;
+      for (double v : x) {
+        var += (v - mean) * (v - mean) / 8;
+        square += v * v / 8;
+      }
+      for (int64_t i = 0; i < 8; ++i) {
+        double w = weight.ItemAsDouble(i);
+        expected_layer.push_back((x[i] - mean) / std::sqrt(var + 1e-5) * w + bias.ItemAsDouble(i));
+        expected_rms.push_back(x[i] / std::sqrt(square + 1e-6) * w);
+      }
+    }
+    ExpectNear(layer, expected_layer, Tolerance(dtype) * 4, "layer_norm");
+    ExpectNear(rms, expected_rms, Tolerance(dtype) * 4, "rms_norm");
+  }
+  EXPECT_THROW(LayerNorm(Zeros({2, 3}), {4}), Error);
+  EXPECT_THROW(LayerNorm(Zeros({2, 3}), {3}, Zeros({4})), Error);
+}
+
+TEST(LinearAlgebra, LinearBmmAndAttention) {
+  Tensor input = RandomTensor({2, 5, 4}, DType::kFloat32, -1, 1, 1);
+  Tensor weight = RandomTensor({3, 4}, DType::kFloat32, -1, 1, 2);
+  Tensor bias = RandomTensor({3}, DType::kFloat32, -1, 1, 3);
+  Tensor output = Linear(input, weight, bias);
+  EXPECT_EQ(output.shape(), (Shape{2, 5, 3}));
+  std::vector<double> expected;
+  for (int64_t i = 0; i < output.numel(); ++i) {
+    std::vector<int64_t> index = UnflattenIndex(i, output.shape());
+    double total = bias.ItemAsDouble(index[2]);
+    for (int64_t k = 0; k < 4; ++k) {
+      total += ElementAt(input, {index[0], index[1], k}) * ElementAt(weight, {index[2], k});
+    }
+    expected.push_back(total);
+  }
+  ExpectNear(output, expected, 1e-5, "linear");
+  EXPECT_EQ(Bmm(Zeros({2, 3, 4}), Zeros({2, 4, 5})).shape(), (Shape{2, 3, 5}));
+  EXPECT_THROW(Bmm(Zeros({2, 3, 4}), Zeros({4, 5})), Error);
+
+  // Attention against the textbook formula, with and without a causal mask.
+  Tensor q = RandomTensor({2, 4, 8}, DType::kFloat64, -1, 1, 7);
+  Tensor k = RandomTensor({2, 6, 8}, DType::kFloat64, -1, 1, 8);
+  Tensor v = RandomTensor({2, 6, 3}, DType::kFloat64, -1, 1, 9);
+  for (bool causal : {false, true}) {
+    Tensor attended = ScaledDotProductAttention(q, k, v, std::nullopt, causal);
+    EXPECT_EQ(attended.shape(), (Shape{2, 4, 3}));
+    std::vector<double> reference;
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t i = 0; i < 4; ++i) {
+        std::vector<double> scores;
+        for (int64_t j = 0; j < 6; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < 8; ++e) dot += ElementAt(q, {b, i, e}) * ElementAt(k, {b, j, e});
+          scores.push_back(causal && j > i ? -INFINITY : dot / std::sqrt(8.0));
+        }
+        double maximum = *std::max_element(scores.begin(), scores.end());
+        double total = 0;
+        for (double s : scores) total += std::exp(s - maximum);
+        for (int64_t c = 0; c < 3; ++c) {
+          double sum = 0;
+          for (int64_t j = 0; j < 6; ++j) {
+            sum += std::exp(scores[j] - maximum) / total * ElementAt(v, {b, j, c});
+          }
+          reference.push_back(sum);
+        }
+      }
+    }
+    ExpectNear(attended, reference, 1e-12, causal ? "causal attention" : "attention");
+  }
+  // A bool mask equal to the causal pattern gives the causal result.
+  Tensor pattern = Binary(Op::ge, Arange(0, 4).View({4, 1}), Arange(0, 6).View({1, 6}));
+  ExpectNear(ScaledDotProductAttention(q, k, v, pattern),
+             Values(ScaledDotProductAttention(q, k, v, std::nullopt, true)), 1e-12, "bool mask");
+}
+
+}  // namespace
+}  // namespace orochi::engine
