@@ -8,11 +8,88 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
 
 #include "orochi/base/check.h"
 #include "orochi/engine/error.h"
 
 namespace orochi::engine {
+namespace {
+
+constexpr size_t kAlignment = 64;
+constexpr size_t kLargeBlock = size_t{1} << 20;  // blocks from here up are cached
+constexpr size_t kLargeGranule = size_t{2} << 20;
+
+// Freed large blocks, kept for reuse by size. A fresh large block comes from mmap, and every
+// page of it faults on first touch; inference allocates the same sizes again and again, so
+// reusing blocks removes most of that cost. Thread-safe; bounded by CpuCacheLimit().
+class LargeBlockCache {
+ public:
+  static LargeBlockCache& Instance() {
+    static LargeBlockCache cache;  // in the engine library: one per process
+    return cache;
+  }
+
+  std::byte* Take(size_t bytes) {
+    std::lock_guard lock(mutex_);
+    auto found = blocks_.find(bytes);
+    if (found == blocks_.end()) return nullptr;
+    std::byte* block = found->second;
+    blocks_.erase(found);
+    cached_bytes_ -= bytes;
+    return block;
+  }
+
+  // Keeps `block` unless that would pass the limit; false means the caller frees it.
+  bool Give(std::byte* block, size_t bytes) {
+    std::lock_guard lock(mutex_);
+    if (cached_bytes_ + bytes > limit_) return false;
+    blocks_.emplace(bytes, block);
+    cached_bytes_ += bytes;
+    return true;
+  }
+
+  void SetLimit(size_t bytes) {
+    std::lock_guard lock(mutex_);
+    limit_ = bytes;
+    while (cached_bytes_ > limit_ && !blocks_.empty()) {
+      auto largest = std::prev(blocks_.end());
+      cached_bytes_ -= largest->first;
+      std::free(largest->second);
+      blocks_.erase(largest);
+    }
+  }
+
+  size_t limit() {
+    std::lock_guard lock(mutex_);
+    return limit_;
+  }
+
+  size_t cached_bytes() {
+    std::lock_guard lock(mutex_);
+    return cached_bytes_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::multimap<size_t, std::byte*> blocks_;
+  size_t cached_bytes_ = 0;
+  size_t limit_ = size_t{512} << 20;
+};
+
+size_t RoundedSize(size_t bytes) {
+  if (bytes >= kLargeBlock) return (bytes + kLargeGranule - 1) / kLargeGranule * kLargeGranule;
+  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  return rounded == 0 ? kAlignment : rounded;
+}
+
+}  // namespace
+
+void SetCpuCacheLimit(size_t bytes) { LargeBlockCache::Instance().SetLimit(bytes); }
+size_t CpuCacheLimit() { return LargeBlockCache::Instance().limit(); }
+size_t CpuCachedBytes() { return LargeBlockCache::Instance().cached_bytes(); }
 
 std::string DeviceName(Device device) {
   if (device.type == DeviceType::kCpu) return "cpu";
@@ -24,7 +101,10 @@ Storage::Storage(Kind kind, std::byte* data, size_t size, bool read_only)
 
 Storage::~Storage() {
   if (kind_ == Kind::kOwned) {
-    std::free(data_);
+    size_t rounded = RoundedSize(size_);
+    if (rounded < kLargeBlock || !LargeBlockCache::Instance().Give(data_, rounded)) {
+      std::free(data_);
+    }
   } else if (size_ > 0) {
     munmap(data_, size_);
   }
@@ -37,10 +117,9 @@ void Storage::Release() {
 }
 
 StoragePtr Storage::Allocate(size_t bytes) {
-  constexpr size_t kAlignment = 64;
-  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  auto* data =
-      static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded));
+  size_t rounded = RoundedSize(bytes);
+  std::byte* data = rounded >= kLargeBlock ? LargeBlockCache::Instance().Take(rounded) : nullptr;
+  if (data == nullptr) data = static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded));
   OROCHI_CHECK(data != nullptr, StatusCode::kResourceExhausted,
                "cannot allocate " << bytes << " bytes");
   return StoragePtr(new Storage(Kind::kOwned, data, bytes, /*read_only=*/false));

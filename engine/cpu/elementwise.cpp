@@ -1,4 +1,5 @@
 // CPU kernels for copies, fills and elementwise ops. Half types compute in float.
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -108,16 +109,47 @@ C ApplyUnary(Op op, C x) {
   }
 }
 
+// Runs `fn` over (output, inputs...) rows: unit-stride rows get a plain pointer loop that the
+// compiler vectorises; strided rows (views, broadcasts) the general one.
+template <typename Out, typename In, size_t N, typename Fn>
+void MapRows(Tensor& output, const std::array<const Tensor*, N>& inputs, Fn fn) {
+  std::array<const Tensor*, N + 1> all{};
+  all[0] = &output;
+  for (size_t i = 0; i < N; ++i) all[i + 1] = inputs[i];
+  ForEachRow<N + 1>(output.shape(), all, [&fn](auto rows, int64_t count, auto strides) {
+    bool unit = strides[0] == sizeof(Out);
+    for (size_t i = 1; i <= N; ++i) unit = unit && strides[i] == sizeof(In);
+    auto* out = reinterpret_cast<Out*>(rows[0]);
+    if constexpr (N == 1) {
+      const auto* x = reinterpret_cast<const In*>(rows[1]);
+      if (unit) {
+        for (int64_t i = 0; i < count; ++i) out[i] = fn(x[i]);
+      } else {
+        for (int64_t i = 0; i < count; ++i) {
+          At<Out>(rows[0], strides[0], i) = fn(At<In>(rows[1], strides[1], i));
+        }
+      }
+    } else {
+      const auto* x = reinterpret_cast<const In*>(rows[1]);
+      const auto* y = reinterpret_cast<const In*>(rows[2]);
+      if (unit) {
+        for (int64_t i = 0; i < count; ++i) out[i] = fn(x[i], y[i]);
+      } else {
+        for (int64_t i = 0; i < count; ++i) {
+          At<Out>(rows[0], strides[0], i) =
+              fn(At<In>(rows[1], strides[1], i), At<In>(rows[2], strides[2], i));
+        }
+      }
+    }
+  });
+}
+
 void UnaryOp(Op op, const Tensor& input, Tensor& output) {
   VisitDType(input.dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
-      ForEachRow<2>(output.shape(), {&output, &input},
-                    [op](auto rows, int64_t count, auto strides) {
-                      for (int64_t i = 0; i < count; ++i) {
-                        Compute<T> x = Convert<Compute<T>>(At<T>(rows[1], strides[1], i));
-                        At<T>(rows[0], strides[0], i) = Convert<T>(ApplyUnary(op, x));
-                      }
-                    });
+      MapRows<T, T, 1>(output, {&input}, [op](T value) {
+        return Convert<T>(ApplyUnary(op, Convert<Compute<T>>(value)));
+      });
     }
   });
 }
@@ -193,19 +225,30 @@ bool IsComparison(Op op) {
 void BinaryOp(Op op, const Tensor& a, const Tensor& b, Tensor& output) {
   VisitDType(a.dtype(), [&]<typename T>() {
     using C = std::conditional_t<std::is_same_v<T, bool>, int, Compute<T>>;
-    const bool comparison = IsComparison(op);
-    ForEachRow<3>(output.shape(), {&output, &a, &b},
-                  [op, comparison](auto rows, int64_t count, auto strides) {
-                    for (int64_t i = 0; i < count; ++i) {
-                      C x = Convert<C>(At<T>(rows[1], strides[1], i));
-                      C y = Convert<C>(At<T>(rows[2], strides[2], i));
-                      if (comparison) {
-                        At<bool>(rows[0], strides[0], i) = ApplyComparison(op, x, y);
-                      } else {
-                        At<T>(rows[0], strides[0], i) = Convert<T>(ApplyArithmetic(op, x, y));
-                      }
-                    }
-                  });
+    if (IsComparison(op)) {
+      MapRows<bool, T, 2>(output, {&a, &b}, [op](T x, T y) {
+        return ApplyComparison(op, Convert<C>(x), Convert<C>(y));
+      });
+      return;
+    }
+    // The common ops get a loop of their own, so the op is not switched on per element.
+    auto run = [&](auto arithmetic) {
+      MapRows<T, T, 2>(output, {&a, &b}, [arithmetic](T x, T y) {
+        return Convert<T>(arithmetic(Convert<C>(x), Convert<C>(y)));
+      });
+    };
+    switch (op) {
+      case Op::add:
+        return run([](C x, C y) { return static_cast<C>(x + y); });
+      case Op::sub:
+        return run([](C x, C y) { return static_cast<C>(x - y); });
+      case Op::mul:
+        return run([](C x, C y) { return static_cast<C>(x * y); });
+      case Op::div:
+        return run([](C x, C y) { return static_cast<C>(x / y); });
+      default:
+        return run([op](C x, C y) { return ApplyArithmetic(op, x, y); });
+    }
   });
 }
 

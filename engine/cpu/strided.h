@@ -21,7 +21,14 @@ void ForEachRow(const Shape& shape, const std::array<const Tensor*, N>& tensors,
     item[t] = static_cast<int64_t>(ItemSize(tensors[t]->dtype()));
   }
   if (NumElements(shape) == 0) return;
-  if (rank == 0) {
+  // Same-shaped contiguous tensors are one long row: the tight loop sees all of them at once.
+  bool all_contiguous = true;
+  for (size_t t = 0; t < N; ++t) all_contiguous = all_contiguous && tensors[t]->is_contiguous();
+  if (rank == 0 || all_contiguous) {
+    if (rank > 0) {
+      body(base, NumElements(shape), item);
+      return;
+    }
     std::array<int64_t, N> unit{};
     body(base, 1, unit);
     return;

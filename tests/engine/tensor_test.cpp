@@ -202,3 +202,26 @@ TEST(Creation, MatchesPyTorch) {
 
 }  // namespace
 }  // namespace orochi::engine
+
+namespace orochi::engine {
+namespace {
+
+TEST(Storage, LargeFreedBlocksAreReusedWithinTheCacheLimit) {
+  const size_t limit = CpuCacheLimit();
+  SetCpuCacheLimit(size_t{64} << 20);
+  const void* first = nullptr;
+  {
+    Tensor big = Zeros({int64_t{1} << 20});  // 4 MiB
+    first = big.data();
+  }
+  EXPECT_GE(CpuCachedBytes(), size_t{4} << 20);
+  Tensor again = Ones({int64_t{1} << 20});
+  EXPECT_EQ(again.data(), first) << "a freed block of the same size is reused";
+  EXPECT_EQ(again.ItemAsDouble(12345), 1);  // and fully rewritten
+  SetCpuCacheLimit(0);
+  EXPECT_EQ(CpuCachedBytes(), 0U);
+  SetCpuCacheLimit(limit);
+}
+
+}  // namespace
+}  // namespace orochi::engine

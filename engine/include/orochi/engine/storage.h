@@ -33,6 +33,12 @@ OROCHI_ENGINE_API std::string DeviceName(Device device);  // "cpu", "cuda:1"
 
 class StoragePtr;
 
+// Freed CPU blocks of 1 MiB and more are kept for reuse, up to this many bytes in all (512 MiB
+// by default); 0 turns the cache off. Thread-safe.
+OROCHI_ENGINE_API void SetCpuCacheLimit(size_t bytes);
+OROCHI_ENGINE_API size_t CpuCacheLimit();
+OROCHI_ENGINE_API size_t CpuCachedBytes();
+
 class OROCHI_ENGINE_API Storage {
  public:
   // Uninitialised memory for `bytes` bytes (64-byte aligned) on the CPU.
@@ -55,6 +61,12 @@ class OROCHI_ENGINE_API Storage {
 
  private:
   friend class StoragePtr;
+
+  // Freed CPU blocks of 1 MiB and more are kept for reuse, up to this many bytes in all (512 MiB
+  // by default); 0 turns the cache off. Thread-safe.
+  OROCHI_ENGINE_API void SetCpuCacheLimit(size_t bytes);
+  OROCHI_ENGINE_API size_t CpuCacheLimit();
+  OROCHI_ENGINE_API size_t CpuCachedBytes();
   enum class Kind : uint8_t { kOwned, kMapped };
   Storage(Kind kind, std::byte* data, size_t size, bool read_only);
   ~Storage();
