@@ -2,13 +2,12 @@
 // registered kernel of the input's device.
 #include "orochi/engine/ops.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <numeric>
 
+#include "cpu/blas.h"
 #include "orochi/engine/dispatch.h"
 
 namespace orochi::engine {
@@ -219,11 +218,13 @@ std::atomic<int> intra_op_threads{1};
 void SetIntraOpThreads(int threads) {
   OROCHI_CHECK_ARG(threads >= 1, "intra-op threads must be at least 1, got " << threads);
   intra_op_threads.store(threads);
-  openblas_set_num_threads(threads);
+  cpu::Blas().set_num_threads(threads);
 }
 
 int IntraOpThreads() { return intra_op_threads.load(); }
 
-std::string_view BlasCoreName() { return openblas_get_corename(); }
+std::string_view BlasCoreName() { return cpu::Blas().get_corename(); }
+
+std::string_view BlasCoreChoice() { return cpu::Blas().core_choice; }
 
 }  // namespace orochi::engine

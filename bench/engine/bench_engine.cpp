@@ -1,10 +1,12 @@
 // Engine benchmarks (Google Benchmark). After the usual table, every figure is printed as a ratio
 // to a baseline measured in the same run:
 //   matmul        vs a direct cblas_sgemm on the same buffers (goal >= 0.95)
+//   conv2d        vs the im2col + sgemm lower bound on buffers allocated once
 //   add           vs memcpy, in bytes moved per second (goal >= 0.7)
 //   softmax, layer_norm in GB/s of input read plus output written, and vs memcpy
 #include <benchmark/benchmark.h>
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <cstdio>
 #include <cstring>
@@ -19,6 +21,18 @@ namespace {
 using orochi::engine::DType;
 using orochi::engine::Op;
 using orochi::engine::Tensor;
+
+// cblas_sgemm of the OpenBLAS instance the engine loaded (same kernels, same threads).
+decltype(&cblas_sgemm) EngineSgemm() {
+  static decltype(&cblas_sgemm) sgemm = [] {
+    orochi::engine::BlasCoreName();  // makes the engine load OpenBLAS
+    void* library = dlopen(OROCHI_OPENBLAS_SONAME, RTLD_NOW | RTLD_NOLOAD);
+    return library == nullptr
+               ? nullptr
+               : reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(library, "cblas_sgemm"));
+  }();
+  return sgemm;
+}
 
 Tensor Filled(const orochi::engine::Shape& shape) {
   return orochi::engine::Full(shape, 0.5, DType::kFloat32);
@@ -46,8 +60,8 @@ void BM_DirectSgemm(benchmark::State& state) {
   Tensor b = Filled({n, n});
   Tensor c = Filled({n, n});
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0F, a.data_as<float>(), n,
-                b.data_as<float>(), n, 0.0F, c.mutable_data_as<float>(), n);
+    EngineSgemm()(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0F, a.data_as<float>(), n,
+                  b.data_as<float>(), n, 0.0F, c.mutable_data_as<float>(), n);
     benchmark::ClobberMemory();
   }
   SetFlopRate(state, n);
@@ -88,6 +102,53 @@ void BM_EngineLayerNorm(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kElements * 4 * 2);
 }
 
+// A ResNet-style layer: 64 -> 64 channels, 3x3, padding 1, on 56x56.
+constexpr int kConvBatch = 1, kConvChannels = 64, kConvSize = 56, kConvKernel = 3;
+
+void BM_EngineConv2d(benchmark::State& state) {
+  Tensor input = Filled({kConvBatch, kConvChannels, kConvSize, kConvSize});
+  Tensor weight = Filled({kConvChannels, kConvChannels, kConvKernel, kConvKernel});
+  orochi::engine::Conv2dOptions options;
+  options.padding = {1, 1};
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(orochi::engine::Conv2d(input, weight, std::nullopt, options));
+  }
+}
+
+// The lower bound of im2col + GEMM: the same unfolding and one sgemm, on buffers allocated once.
+void BM_Im2colSgemmLowerBound(benchmark::State& state) {
+  const int c = kConvChannels, size = kConvSize, k = kConvKernel;
+  const int columns = size * size;
+  const int depth = c * k * k;
+  std::vector<float> input(static_cast<size_t>(c) * size * size, 0.5F);
+  std::vector<float> weight(static_cast<size_t>(c) * depth, 0.5F);
+  std::vector<float> unfolded(static_cast<size_t>(depth) * columns);
+  std::vector<float> output(static_cast<size_t>(c) * columns);
+  for (auto _ : state) {
+    float* out = unfolded.data();
+    for (int channel = 0; channel < c; ++channel) {
+      for (int ky = 0; ky < k; ++ky) {
+        for (int kx = 0; kx < k; ++kx) {
+          for (int y = 0; y < size; ++y) {
+            for (int x = 0; x < size; ++x) {
+              int iy = y - 1 + ky;
+              int ix = x - 1 + kx;
+              *out++ = iy >= 0 && iy < size && ix >= 0 && ix < size
+                           ? input[(static_cast<size_t>(channel) * size + iy) * size + ix]
+                           : 0.0F;
+            }
+          }
+        }
+      }
+    }
+    EngineSgemm()(CblasRowMajor, CblasNoTrans, CblasNoTrans, c, columns, depth, 1.0F, weight.data(),
+                  depth, unfolded.data(), columns, 0.0F, output.data(), columns);
+    benchmark::ClobberMemory();
+  }
+}
+
+BENCHMARK(BM_EngineConv2d)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Im2colSgemmLowerBound)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EngineMatmul)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DirectSgemm)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EngineAdd)->Unit(benchmark::kMillisecond);
@@ -129,9 +190,14 @@ void PrintRatio(const char* label, double value, double baseline, const char* go
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  std::printf("OpenBLAS core: %s, intra-op threads: %d\n",
+  std::printf("OpenBLAS core: %s (%s), intra-op threads: %d\n",
               std::string(orochi::engine::BlasCoreName()).c_str(),
+              std::string(orochi::engine::BlasCoreChoice()).c_str(),
               orochi::engine::IntraOpThreads());
+  if (EngineSgemm() == nullptr) {
+    std::fprintf(stderr, "bench_engine: cannot find the engine's OpenBLAS\n");
+    return 1;
+  }
   CapturingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   std::printf("\nRatios against baselines measured in this run:\n");
@@ -142,6 +208,8 @@ int main(int argc, char** argv) {
     PrintRatio(label.c_str(), reporter.Seconds("BM_DirectSgemm/" + size),
                reporter.Seconds("BM_EngineMatmul/" + size), "(goal >= 0.95)");
   }
+  PrintRatio("conv2d 64x56x56 3x3 vs im2col+sgemm:", reporter.Seconds("BM_Im2colSgemmLowerBound"),
+             reporter.Seconds("BM_EngineConv2d"), "(1.0 = the lower bound)");
   double memcpy_rate = reporter.BytesPerSecond("BM_Memcpy");
   PrintRatio("add vs memcpy (bytes moved/s):", reporter.BytesPerSecond("BM_EngineAdd"), memcpy_rate,
              "(goal >= 0.7)");

@@ -1,6 +1,5 @@
 // CPU matrix multiplication: OpenBLAS for float32/float64, plain loops for the other dtypes.
-#include <cblas.h>
-
+#include "blas.h"
 #include "orochi/engine/dispatch.h"
 
 namespace orochi::engine::cpu {
@@ -21,13 +20,13 @@ void Matmul(const Tensor& a, const Tensor& b, Tensor& output) {
       const T* y = rhs + i * k * n;
       T* z = out + i * m * n;
       if constexpr (std::is_same_v<T, float>) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
-                    static_cast<int>(n), static_cast<int>(k), 1.0F, x, static_cast<int>(k), y,
-                    static_cast<int>(n), 0.0F, z, static_cast<int>(n));
+        Blas().sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
+                     static_cast<int>(n), static_cast<int>(k), 1.0F, x, static_cast<int>(k), y,
+                     static_cast<int>(n), 0.0F, z, static_cast<int>(n));
       } else if constexpr (std::is_same_v<T, double>) {
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
-                    static_cast<int>(n), static_cast<int>(k), 1.0, x, static_cast<int>(k), y,
-                    static_cast<int>(n), 0.0, z, static_cast<int>(n));
+        Blas().dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
+                     static_cast<int>(n), static_cast<int>(k), 1.0, x, static_cast<int>(k), y,
+                     static_cast<int>(n), 0.0, z, static_cast<int>(n));
       } else {
         using A = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float,
                                      std::conditional_t<std::is_same_v<T, bool>, bool, int64_t>>;

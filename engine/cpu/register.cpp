@@ -6,6 +6,7 @@ void RegisterElementwiseKernels(KernelRegistry& registry);
 void RegisterReductionKernels(KernelRegistry& registry);
 void RegisterMatmulKernels(KernelRegistry& registry);
 void RegisterIndexKernels(KernelRegistry& registry);
+void RegisterSpatialKernels(KernelRegistry& registry);
 }  // namespace cpu
 
 void RegisterCpuKernels(KernelRegistry& registry) {
@@ -13,6 +14,7 @@ void RegisterCpuKernels(KernelRegistry& registry) {
   cpu::RegisterReductionKernels(registry);
   cpu::RegisterMatmulKernels(registry);
   cpu::RegisterIndexKernels(registry);
+  cpu::RegisterSpatialKernels(registry);
 }
 
 }  // namespace orochi::engine

@@ -12,12 +12,6 @@ namespace {
 
 using testing::HasSubstr;
 
-std::vector<double> Values(const Tensor& tensor) {
-  std::vector<double> values;
-  for (int64_t i = 0; i < tensor.numel(); ++i) values.push_back(tensor.ItemAsDouble(i));
-  return values;
-}
-
 TEST(ArgReduce, FindsTheFirstExtremeAlongAnyDim) {
   Tensor input = RandomTensor({3, 5, 4}, DType::kFloat32, -3, 3, 2).Permute({1, 0, 2});  // [5,3,4]
   for (Op op : {Op::argmax, Op::argmin}) {

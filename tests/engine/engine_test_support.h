@@ -39,6 +39,12 @@ inline double ElementAt(const Tensor& tensor, const std::vector<int64_t>& index)
   return tensor.ItemAsDouble(flat);
 }
 
+inline std::vector<double> Values(const Tensor& tensor) {
+  std::vector<double> values;
+  for (int64_t i = 0; i < tensor.numel(); ++i) values.push_back(tensor.ItemAsDouble(i));
+  return values;
+}
+
 inline std::vector<int64_t> UnflattenIndex(int64_t flat, const Shape& shape) {
   std::vector<int64_t> index(shape.size());
   for (size_t d = shape.size(); d-- > 0;) {

@@ -354,5 +354,22 @@ TEST(Matmul, LargeFloat32GoesThroughBlasCorrectly) {
   EXPECT_EQ(IntraOpThreads(), 1);
 }
 
+TEST(Matmul, AvxFiveTwelveAmdCpusGetSkylakeXKernels) {
+  __builtin_cpu_init();
+  bool avx512_amd = __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f") &&
+                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                    __builtin_cpu_supports("avx512dq");
+  std::string choice(BlasCoreChoice());
+  std::printf("OpenBLAS core %s: %s\n", std::string(BlasCoreName()).c_str(), choice.c_str());
+  if (choice.find("from the environment") != std::string::npos) {
+    GTEST_SKIP() << "OPENBLAS_CORETYPE is set by the environment: " << choice;
+  }
+  if (avx512_amd) {
+    EXPECT_EQ(BlasCoreName(), "SkylakeX") << "OpenBLAS 0.3.21 would run Haswell kernels here";
+  } else {
+    EXPECT_EQ(choice, "OpenBLAS's own CPU detection");
+  }
+}
+
 }  // namespace
 }  // namespace orochi::engine

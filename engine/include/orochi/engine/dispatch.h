@@ -42,6 +42,18 @@ using NormKernel = void (*)(Op op, const Tensor& input, const Tensor* weight, co
                             double eps, Tensor& output);
 // Contiguous input [outer, size, inner], int64 index [n] (checked in range) -> [outer, n, inner].
 using IndexSelectKernel = void (*)(const Tensor& input, const Tensor& index, Tensor& output);
+// Unfolds contiguous input [N, C, H, W] into contiguous output [N, C, kh, kw, oh, ow]; positions
+// in the padding read `pad_value`.
+struct Im2colGeometry {
+  int64_t kernel[2];
+  int64_t stride[2];
+  int64_t padding[2];
+  int64_t dilation[2];
+  double pad_value;
+};
+using Im2colKernel = void (*)(const Tensor& input, const Im2colGeometry& geometry, Tensor& output);
+// Sorts each row of contiguous [outer, inner] input (stable) into values and int64 indices.
+using SortKernel = void (*)(const Tensor& input, bool descending, Tensor& values, Tensor& indices);
 // Contiguous [batch, m, k] x [batch, k, n] -> [batch, m, n], one dtype.
 using MatmulKernel = void (*)(const Tensor& a, const Tensor& b, Tensor& output);
 

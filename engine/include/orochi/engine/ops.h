@@ -6,6 +6,7 @@
 // as views. All functions are thread-safe.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <iterator>
 #include <optional>
@@ -68,6 +69,8 @@ namespace orochi::engine {
   X(layer_norm, NormKernel)          \
   X(rms_norm, NormKernel)            \
   X(index_select, IndexSelectKernel) \
+  X(im2col, Im2colKernel)            \
+  X(sort, SortKernel)                \
   X(softmax, SoftmaxKernel)          \
   X(log_softmax, SoftmaxKernel)      \
   X(matmul, MatmulKernel)
@@ -181,12 +184,59 @@ OROCHI_ENGINE_API Tensor ScaledDotProductAttention(const Tensor& query, const Te
                                                    bool causal = false,
                                                    std::optional<double> scale = {});
 
+// --- convolution and pooling (NCHW) ------------------------------------------------------------
+struct Conv2dOptions {
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> padding{0, 0};
+  std::array<int64_t, 2> dilation{1, 1};
+  int64_t groups = 1;
+};
+// torch.nn.functional.conv2d: input [N, C, H, W] (or [C, H, W]), weight [O, C/groups, kh, kw].
+OROCHI_ENGINE_API Tensor Conv2d(const Tensor& input, const Tensor& weight,
+                                const std::optional<Tensor>& bias = {},
+                                const Conv2dOptions& options = {});
+// torch.nn.functional.conv1d: input [N, C, L] (or [C, L]), weight [O, C/groups, k].
+OROCHI_ENGINE_API Tensor Conv1d(const Tensor& input, const Tensor& weight,
+                                const std::optional<Tensor>& bias = {}, int64_t stride = 1,
+                                int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
+// max_pool2d / avg_pool2d (avg counts padding, as PyTorch's default); stride defaults to kernel.
+OROCHI_ENGINE_API Tensor MaxPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
+                                   std::optional<std::array<int64_t, 2>> stride = {},
+                                   std::array<int64_t, 2> padding = {0, 0});
+OROCHI_ENGINE_API Tensor AvgPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
+                                   std::optional<std::array<int64_t, 2>> stride = {},
+                                   std::array<int64_t, 2> padding = {0, 0});
+OROCHI_ENGINE_API Tensor AdaptiveAvgPool2d(const Tensor& input, std::array<int64_t, 2> output_size);
+// Inference batch norm over dim 1: (x - mean) / sqrt(var + eps) * weight + bias.
+OROCHI_ENGINE_API Tensor BatchNorm(const Tensor& input, const Tensor& running_mean,
+                                   const Tensor& running_var, const std::optional<Tensor>& weight,
+                                   const std::optional<Tensor>& bias, double eps = 1e-5);
+
+// --- sorting and selection ----------------------------------------------------------------------
+struct SortResult {
+  Tensor values;
+  Tensor indices;  // int64
+};
+// torch.sort along `dim` (stable; NaN sorts as the largest value).
+OROCHI_ENGINE_API SortResult Sort(const Tensor& input, int64_t dim = -1, bool descending = false);
+// torch.topk: the k largest (or smallest) along `dim`, in sorted order.
+OROCHI_ENGINE_API SortResult TopK(const Tensor& input, int64_t k, int64_t dim = -1,
+                                  bool largest = true);
+// torch.masked_select: the elements where `mask` (bool, broadcast) is true, as a 1-D tensor.
+OROCHI_ENGINE_API Tensor MaskedSelect(const Tensor& input, const Tensor& mask);
+
+// --- random numbers (seeded, reproducible; not PyTorch's streams) ------------------------------
+OROCHI_ENGINE_API Tensor Rand(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat32);
+OROCHI_ENGINE_API Tensor Randn(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat32);
+
 // --- threads -----------------------------------------------------------------------------------
 // Intra-op threads for CPU kernels (OpenBLAS included). 1 by default: interpreter copies give
 // the parallelism. Thread-safe; takes effect for calls that start afterwards.
 OROCHI_ENGINE_API void SetIntraOpThreads(int threads);
 OROCHI_ENGINE_API int IntraOpThreads();
-// OpenBLAS's kernel name for this CPU, e.g. "Haswell", "SkylakeX", "Zen".
+// OpenBLAS's kernel name for this CPU, e.g. "Haswell", "SkylakeX", "Zen", and how it was
+// chosen. Servers log both at startup.
 OROCHI_ENGINE_API std::string_view BlasCoreName();
+OROCHI_ENGINE_API std::string_view BlasCoreChoice();
 
 }  // namespace orochi::engine

@@ -1,0 +1,236 @@
+// Convolution, pooling, batch norm, sorting, masked selection and random tensors.
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "orochi/engine/dispatch.h"
+#include "orochi/engine/ops.h"
+
+namespace orochi::engine {
+namespace {
+
+int64_t OutputSize(int64_t size, int64_t kernel, int64_t stride, int64_t padding,
+                   int64_t dilation) {
+  return (size + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
+}
+
+// [N, C, H, W] -> [N, C, kh, kw, oh, ow]
+Tensor Unfold(const Tensor& input, const Im2colGeometry& geometry, const char* op) {
+  OROCHI_CHECK_ARG(input.dim() == 4,
+                   op << ": expected a 4-D [N, C, H, W] input, got " << ShapeString(input.shape()));
+  for (int i = 0; i < 2; ++i) {
+    OROCHI_CHECK_ARG(geometry.kernel[i] > 0 && geometry.stride[i] > 0 && geometry.dilation[i] > 0 &&
+                         geometry.padding[i] >= 0,
+                     op << ": kernel, stride and dilation must be positive and padding "
+                           "non-negative");
+  }
+  int64_t out_h = OutputSize(input.shape()[2], geometry.kernel[0], geometry.stride[0],
+                             geometry.padding[0], geometry.dilation[0]);
+  int64_t out_w = OutputSize(input.shape()[3], geometry.kernel[1], geometry.stride[1],
+                             geometry.padding[1], geometry.dilation[1]);
+  OROCHI_CHECK_ARG(out_h > 0 && out_w > 0, op << ": the input " << ShapeString(input.shape())
+                                              << " is too small for the kernel");
+  Tensor output = Tensor::Empty(
+      {input.shape()[0], input.shape()[1], geometry.kernel[0], geometry.kernel[1], out_h, out_w},
+      input.dtype());
+  Kernels().Find<Op::im2col>(input.device(), input.dtype())(input.Contiguous(), geometry, output);
+  return output;
+}
+
+Tensor WithBatch(const Tensor& input, int64_t rank) {
+  return input.dim() == rank - 1 ? input.Unsqueeze(0) : input;
+}
+
+Tensor Pool(const Tensor& input, std::array<int64_t, 2> kernel,
+            std::optional<std::array<int64_t, 2>> stride, std::array<int64_t, 2> padding,
+            bool max) {
+  const char* op = max ? "max_pool2d" : "avg_pool2d";
+  OROCHI_CHECK_ARG(IsFloating(input.dtype()),
+                   op << " needs a floating input, got " << DTypeName(input.dtype()));
+  Tensor batched = WithBatch(input, 4);
+  std::array<int64_t, 2> step = stride.value_or(kernel);
+  for (int i = 0; i < 2; ++i) {
+    OROCHI_CHECK_ARG(padding[i] * 2 <= kernel[i],
+                     op << ": padding should be at most half of the kernel size");
+  }
+  Im2colGeometry geometry{{kernel[0], kernel[1]},
+                          {step[0], step[1]},
+                          {padding[0], padding[1]},
+                          {1, 1},
+                          max ? -std::numeric_limits<double>::infinity() : 0.0};
+  Tensor columns = Unfold(batched, geometry, op);
+  const Shape& shape = columns.shape();
+  Tensor windows = columns.View({shape[0], shape[1], kernel[0] * kernel[1], shape[4], shape[5]});
+  Tensor pooled = Reduce(max ? Op::amax : Op::mean, windows, {2});
+  return input.dim() == 3 ? pooled.Squeeze(0) : pooled;
+}
+
+}  // namespace
+
+Tensor Conv2d(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
+              const Conv2dOptions& options) {
+  Tensor batched = WithBatch(input, 4);
+  OROCHI_CHECK_ARG(weight.dim() == 4, "conv2d: the weight must be 4-D [O, C/groups, kh, kw], got "
+                                          << ShapeString(weight.shape()));
+  const int64_t groups = options.groups;
+  const int64_t channels = batched.shape()[1];
+  const int64_t out_channels = weight.shape()[0];
+  OROCHI_CHECK_ARG(groups > 0 && channels % groups == 0 && out_channels % groups == 0,
+                   "conv2d: groups=" << groups << " must divide the input (" << channels
+                                     << ") and output (" << out_channels << ") channels");
+  OROCHI_CHECK_ARG(weight.shape()[1] * groups == channels,
+                   "conv2d: the weight expects " << weight.shape()[1] * groups
+                                                 << " input channels, the input has " << channels);
+  OROCHI_CHECK_ARG(weight.dtype() == input.dtype(), "conv2d: input and weight dtypes differ");
+  const int64_t kh = weight.shape()[2];
+  const int64_t kw = weight.shape()[3];
+  Im2colGeometry geometry{{kh, kw},
+                          {options.stride[0], options.stride[1]},
+                          {options.padding[0], options.padding[1]},
+                          {options.dilation[0], options.dilation[1]},
+                          0.0};
+  Tensor columns = Unfold(batched, geometry, "conv2d");  // [N, C, kh, kw, oh, ow]
+  const int64_t batch = batched.shape()[0];
+  const int64_t out_h = columns.shape()[4];
+  const int64_t out_w = columns.shape()[5];
+  const int64_t per_group = channels / groups;
+  // Per group: [O/g, C/g*kh*kw] @ [N, C/g*kh*kw, oh*ow] -> [N, O/g, oh*ow]
+  Tensor matrix = columns.View({batch, groups, per_group * kh * kw, out_h * out_w});
+  Tensor filters = weight.Contiguous().View({groups, out_channels / groups, per_group * kh * kw});
+  Tensor output;
+  if (groups == 1) {
+    output = Matmul(filters.Select(0, 0), matrix.Select(1, 0));
+  } else {
+    // [g, O/g, K] @ [N, g, K, L] broadcasts to [N, g, O/g, L]
+    output = Matmul(filters, matrix);
+  }
+  output = output.Reshape({batch, out_channels, out_h, out_w});
+  if (bias) {
+    OROCHI_CHECK_ARG(bias->dim() == 1 && bias->shape()[0] == out_channels,
+                     "conv2d: the bias must be [" << out_channels << "]");
+    output = Binary(Op::add, output, bias->View({out_channels, 1, 1}));
+  }
+  return input.dim() == 3 ? output.Squeeze(0) : output;
+}
+
+Tensor Conv1d(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
+              int64_t stride, int64_t padding, int64_t dilation, int64_t groups) {
+  Tensor batched = WithBatch(input, 3);
+  OROCHI_CHECK_ARG(batched.dim() == 3 && weight.dim() == 3,
+                   "conv1d: expected input [N, C, L] and weight [O, C/groups, k], got "
+                       << ShapeString(input.shape()) << " and " << ShapeString(weight.shape()));
+  Conv2dOptions options{{1, stride}, {0, padding}, {1, dilation}, groups};
+  Tensor output = Conv2d(batched.Unsqueeze(2), weight.Unsqueeze(2), bias, options).Squeeze(2);
+  return input.dim() == 2 ? output.Squeeze(0) : output;
+}
+
+Tensor MaxPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
+                 std::optional<std::array<int64_t, 2>> stride, std::array<int64_t, 2> padding) {
+  return Pool(input, kernel, stride, padding, /*max=*/true);
+}
+
+Tensor AvgPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
+                 std::optional<std::array<int64_t, 2>> stride, std::array<int64_t, 2> padding) {
+  return Pool(input, kernel, stride, padding, /*max=*/false);
+}
+
+Tensor AdaptiveAvgPool2d(const Tensor& input, std::array<int64_t, 2> output_size) {
+  Tensor batched = WithBatch(input, 4);
+  OROCHI_CHECK_ARG(batched.dim() == 4 && output_size[0] > 0 && output_size[1] > 0,
+                   "adaptive_avg_pool2d: expected [N, C, H, W] and a positive output size");
+  const int64_t height = batched.shape()[2];
+  const int64_t width = batched.shape()[3];
+  Tensor output = Tensor::Empty(
+      {batched.shape()[0], batched.shape()[1], output_size[0], output_size[1]}, batched.dtype());
+  // Window i covers [floor(i * size / out), ceil((i + 1) * size / out)), as PyTorch.
+  for (int64_t oy = 0; oy < output_size[0]; ++oy) {
+    int64_t y0 = oy * height / output_size[0];
+    int64_t y1 = ((oy + 1) * height + output_size[0] - 1) / output_size[0];
+    for (int64_t ox = 0; ox < output_size[1]; ++ox) {
+      int64_t x0 = ox * width / output_size[1];
+      int64_t x1 = ((ox + 1) * width + output_size[1] - 1) / output_size[1];
+      Tensor window = batched.Narrow(2, y0, y1 - y0).Narrow(3, x0, x1 - x0);
+      output.Narrow(2, oy, 1).Narrow(3, ox, 1).CopyFrom(Reduce(Op::mean, window, {2, 3}, true));
+    }
+  }
+  return input.dim() == 3 ? output.Squeeze(0) : output;
+}
+
+Tensor BatchNorm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                 const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                 double eps) {
+  OROCHI_CHECK_ARG(input.dim() >= 2, "batch_norm: the input needs a channel dimension (dim 1)");
+  const int64_t channels = input.shape()[1];
+  Shape per_channel(static_cast<size_t>(input.dim() - 1), 1);
+  per_channel[0] = channels;
+  auto check = [&](const Tensor& parameter, const char* name) {
+    OROCHI_CHECK_ARG(parameter.dim() == 1 && parameter.shape()[0] == channels,
+                     "batch_norm: " << name << " must be [" << channels << "], got "
+                                    << ShapeString(parameter.shape()));
+    return parameter.To(input.dtype()).Reshape(per_channel);
+  };
+  Tensor scale = Unary(
+      Op::rsqrt, Binary(Op::add, check(running_var, "running_var"), Scalar(eps, input.dtype())));
+  if (weight) scale = Binary(Op::mul, scale, check(*weight, "weight"));
+  Tensor output =
+      Binary(Op::mul, Binary(Op::sub, input, check(running_mean, "running_mean")), scale);
+  return bias ? Binary(Op::add, output, check(*bias, "bias")) : output;
+}
+
+SortResult Sort(const Tensor& input, int64_t dim, bool descending) {
+  if (input.dim() == 0) return {input.Clone(), Zeros({}, DType::kInt64)};
+  int64_t d = WrapDim(dim, input.dim());
+  Tensor moved = input.Transpose(d, -1).Contiguous();
+  Tensor values = Tensor::Empty(moved.shape(), input.dtype());
+  Tensor indices = Tensor::Empty(moved.shape(), DType::kInt64);
+  Kernels().Find<Op::sort>(input.device(), input.dtype())(moved, descending, values, indices);
+  return {values.Transpose(d, -1).Contiguous(), indices.Transpose(d, -1).Contiguous()};
+}
+
+SortResult TopK(const Tensor& input, int64_t k, int64_t dim, bool largest) {
+  int64_t d = input.dim() == 0 ? 0 : WrapDim(dim, input.dim());
+  int64_t size = input.dim() == 0 ? 1 : input.shape()[d];
+  OROCHI_CHECK_ARG(k >= 0 && k <= size, "topk: k=" << k << " is out of range for dimension " << dim
+                                                   << " of size " << size);
+  SortResult sorted = Sort(input, dim, /*descending=*/largest);
+  if (input.dim() == 0) return sorted;
+  return {sorted.values.Narrow(d, 0, k).Contiguous(), sorted.indices.Narrow(d, 0, k).Contiguous()};
+}
+
+Tensor MaskedSelect(const Tensor& input, const Tensor& mask) {
+  OROCHI_CHECK_ARG(mask.dtype() == DType::kBool, "masked_select: the mask must be bool");
+  Shape shape = BroadcastShapes(input.shape(), mask.shape());
+  Tensor flat_mask = mask.Expand(shape).Contiguous();
+  OROCHI_CHECK(flat_mask.device().type == DeviceType::kCpu, StatusCode::kUnimplemented,
+               "masked_select needs its mask on the cpu");
+  std::vector<int64_t> positions;
+  const bool* flags = flat_mask.data_as<bool>();
+  for (int64_t i = 0, n = flat_mask.numel(); i < n; ++i) {
+    if (flags[i]) positions.push_back(i);
+  }
+  Tensor index = Tensor::Empty({static_cast<int64_t>(positions.size())}, DType::kInt64);
+  std::copy(positions.begin(), positions.end(), index.mutable_data_as<int64_t>());
+  return IndexSelect(input.Expand(shape).Reshape({NumElements(shape)}), 0, index);
+}
+
+Tensor Rand(const Shape& shape, uint64_t seed, DType dtype) {
+  OROCHI_CHECK_ARG(IsFloating(dtype), "rand needs a floating dtype");
+  std::mt19937_64 generator(seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  Tensor values = Tensor::Empty(shape, DType::kFloat64);
+  auto* data = values.mutable_data_as<double>();
+  for (int64_t i = 0; i < values.numel(); ++i) data[i] = uniform(generator);
+  return values.To(dtype);
+}
+
+Tensor Randn(const Shape& shape, uint64_t seed, DType dtype) {
+  OROCHI_CHECK_ARG(IsFloating(dtype), "randn needs a floating dtype");
+  std::mt19937_64 generator(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  Tensor values = Tensor::Empty(shape, DType::kFloat64);
+  auto* data = values.mutable_data_as<double>();
+  for (int64_t i = 0; i < values.numel(); ++i) data[i] = normal(generator);
+  return values.To(dtype);
+}
+
+}  // namespace orochi::engine

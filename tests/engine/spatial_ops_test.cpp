@@ -1,0 +1,222 @@
+// Convolution, pooling, batch norm, sorting, masked selection and random tensors against
+// references computed here.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "engine_test_support.h"
+#include "orochi/engine/error.h"
+
+namespace orochi::engine {
+namespace {
+
+// Direct convolution in double: the definition, no unfolding.
+std::vector<double> ReferenceConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
+                                    const Conv2dOptions& o, Shape* shape) {
+  const int64_t n = input.shape()[0], c = input.shape()[1], h = input.shape()[2],
+                w = input.shape()[3];
+  const int64_t out_c = weight.shape()[0], kh = weight.shape()[2], kw = weight.shape()[3];
+  const int64_t oh = (h + 2 * o.padding[0] - o.dilation[0] * (kh - 1) - 1) / o.stride[0] + 1;
+  const int64_t ow = (w + 2 * o.padding[1] - o.dilation[1] * (kw - 1) - 1) / o.stride[1] + 1;
+  const int64_t per_group = c / o.groups;
+  *shape = {n, out_c, oh, ow};
+  std::vector<double> out;
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t f = 0; f < out_c; ++f) {
+      int64_t group = f / (out_c / o.groups);
+      for (int64_t y = 0; y < oh; ++y) {
+        for (int64_t x = 0; x < ow; ++x) {
+          double total = bias != nullptr ? bias->ItemAsDouble(f) : 0;
+          for (int64_t ic = 0; ic < per_group; ++ic) {
+            for (int64_t ky = 0; ky < kh; ++ky) {
+              for (int64_t kx = 0; kx < kw; ++kx) {
+                int64_t iy = y * o.stride[0] - o.padding[0] + ky * o.dilation[0];
+                int64_t ix = x * o.stride[1] - o.padding[1] + kx * o.dilation[1];
+                if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+                total += ElementAt(input, {b, group * per_group + ic, iy, ix}) *
+                         ElementAt(weight, {f, ic, ky, kx});
+              }
+            }
+          }
+          out.push_back(total);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(Convolution, Conv2dMatchesTheDefinition) {
+  struct Case {
+    Shape input;
+    Shape weight;
+    Conv2dOptions options;
+  };
+  const Case kCases[] = {
+      {{2, 3, 7, 6}, {4, 3, 3, 3}, {}},
+      {{1, 4, 9, 9}, {6, 2, 3, 2}, {{2, 1}, {1, 2}, {1, 1}, 2}},
+      {{2, 2, 8, 8}, {2, 1, 3, 3}, {{1, 1}, {2, 2}, {2, 2}, 2}},  // depthwise, dilated
+      {{1, 3, 5, 5}, {2, 3, 1, 1}, {{2, 2}, {0, 0}, {1, 1}, 1}},
+  };
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    for (const Case& c : kCases) {
+      Tensor input = RandomTensor(c.input, dtype, -1, 1, 1);
+      Tensor weight = RandomTensor(c.weight, dtype, -1, 1, 2);
+      Tensor bias = RandomTensor({c.weight[0]}, dtype, -1, 1, 3);
+      Tensor output = Conv2d(input, weight, bias, c.options);
+      Shape shape;
+      std::vector<double> expected = ReferenceConv2d(input, weight, &bias, c.options, &shape);
+      ASSERT_EQ(output.shape(), shape);
+      ExpectNear(output, expected, Tolerance(dtype) * 16, "conv2d " + ShapeString(c.input));
+    }
+  }
+  Tensor unbatched =
+      Conv2d(RandomTensor({3, 5, 5}, DType::kFloat32), RandomTensor({2, 3, 3, 3}, DType::kFloat32));
+  EXPECT_EQ(unbatched.shape(), (Shape{2, 3, 3}));
+  EXPECT_THROW(Conv2d(Zeros({1, 3, 5, 5}), Zeros({2, 2, 3, 3})), Error);  // channel mismatch
+  EXPECT_THROW(Conv2d(Zeros({1, 3, 2, 2}), Zeros({2, 3, 3, 3})), Error);  // input too small
+}
+
+TEST(Convolution, Conv1dIsConv2dOverOneRow) {
+  Tensor input = RandomTensor({2, 4, 11}, DType::kFloat64, -1, 1, 4);
+  Tensor weight = RandomTensor({6, 2, 3}, DType::kFloat64, -1, 1, 5);
+  Tensor output = Conv1d(input, weight, std::nullopt, 2, 1, 2, 2);
+  Shape shape;
+  std::vector<double> expected = ReferenceConv2d(input.Unsqueeze(2), weight.Unsqueeze(2), nullptr,
+                                                 {{1, 2}, {0, 1}, {1, 2}, 2}, &shape);
+  EXPECT_EQ(output.shape(), (Shape{2, 6, shape[3]}));
+  ExpectNear(output, expected, 1e-12, "conv1d");
+}
+
+TEST(Pooling, MaxAvgAndAdaptiveMatchTheReference) {
+  Tensor input = RandomTensor({2, 3, 7, 6}, DType::kFloat32, -2, 2, 6);
+  for (bool max : {true, false}) {
+    std::array<int64_t, 2> kernel{3, 2};
+    std::array<int64_t, 2> stride{2, 2};
+    std::array<int64_t, 2> padding{1, 1};
+    Tensor output =
+        max ? MaxPool2d(input, kernel, stride, padding) : AvgPool2d(input, kernel, stride, padding);
+    int64_t oh = (7 + 2 - 3) / 2 + 1;
+    int64_t ow = (6 + 2 - 2) / 2 + 1;
+    ASSERT_EQ(output.shape(), (Shape{2, 3, oh, ow}));
+    std::vector<double> expected;
+    for (int64_t p = 0; p < 6; ++p) {
+      for (int64_t y = 0; y < oh; ++y) {
+        for (int64_t x = 0; x < ow; ++x) {
+          double best = -INFINITY;
+          double total = 0;
+          for (int64_t ky = 0; ky < 3; ++ky) {
+            for (int64_t kx = 0; kx < 2; ++kx) {
+              int64_t iy = y * 2 - 1 + ky;
+              int64_t ix = x * 2 - 1 + kx;
+              if (iy < 0 || iy >= 7 || ix < 0 || ix >= 6) continue;
+              double v = ElementAt(input, {p / 3, p % 3, iy, ix});
+              best = std::max(best, v);
+              total += v;
+            }
+          }
+          expected.push_back(max ? best : total / 6);  // padding counts, as PyTorch
+        }
+      }
+    }
+    ExpectNear(output, expected, 1e-6, max ? "max_pool2d" : "avg_pool2d");
+  }
+  EXPECT_EQ(MaxPool2d(input, {2, 2}).shape(), (Shape{2, 3, 3, 3}));
+  EXPECT_THROW(MaxPool2d(Zeros({1, 1, 4, 4}, DType::kInt32), {2, 2}), Error);
+
+  Tensor adaptive = AdaptiveAvgPool2d(input, {3, 4});
+  ASSERT_EQ(adaptive.shape(), (Shape{2, 3, 3, 4}));
+  std::vector<double> expected;
+  for (int64_t p = 0; p < 6; ++p) {
+    for (int64_t oy = 0; oy < 3; ++oy) {
+      for (int64_t ox = 0; ox < 4; ++ox) {
+        int64_t y0 = oy * 7 / 3, y1 = ((oy + 1) * 7 + 2) / 3;
+        int64_t x0 = ox * 6 / 4, x1 = ((ox + 1) * 6 + 3) / 4;
+        double total = 0;
+        for (int64_t y = y0; y < y1; ++y) {
+          for (int64_t x = x0; x < x1; ++x) total += ElementAt(input, {p / 3, p % 3, y, x});
+        }
+        expected.push_back(total / static_cast<double>((y1 - y0) * (x1 - x0)));
+      }
+    }
+  }
+  ExpectNear(adaptive, expected, 1e-6, "adaptive_avg_pool2d");
+  ExpectNear(AdaptiveAvgPool2d(input, {1, 1}), Values(Reduce(Op::mean, input, {2, 3})), 1e-6,
+             "global average");
+}
+
+TEST(BatchNorm, NormalisesEachChannel) {
+  Tensor input = RandomTensor({2, 3, 4}, DType::kFloat64, -2, 2, 7);
+  Tensor mean = RandomTensor({3}, DType::kFloat64, -1, 1, 8);
+  Tensor var = RandomTensor({3}, DType::kFloat64, 0.5, 2, 9);
+  Tensor weight = RandomTensor({3}, DType::kFloat64, 0.5, 1.5, 10);
+  Tensor bias = RandomTensor({3}, DType::kFloat64, -1, 1, 11);
+  Tensor output = BatchNorm(input, mean, var, weight, bias, 1e-5);
+  std::vector<double> expected;
+  for (int64_t i = 0; i < input.numel(); ++i) {
+    std::vector<int64_t> index = UnflattenIndex(i, input.shape());
+    int64_t c = index[1];
+    expected.push_back((ElementAt(input, index) - mean.ItemAsDouble(c)) /
+                           std::sqrt(var.ItemAsDouble(c) + 1e-5) * weight.ItemAsDouble(c) +
+                       bias.ItemAsDouble(c));
+  }
+  ExpectNear(output, expected, 1e-12, "batch_norm");
+  EXPECT_THROW(BatchNorm(input, Zeros({4}, DType::kFloat64), var, {}, {}), Error);
+}
+
+TEST(Sorting, SortTopKAndMaskedSelect) {
+  Tensor input = RandomTensor({4, 6}, DType::kFloat32, -3, 3, 12).Transpose(0, 1);  // [6, 4]
+  for (bool descending : {false, true}) {
+    for (int64_t dim : {0, 1}) {
+      SortResult sorted = Sort(input, dim, descending);
+      ASSERT_EQ(sorted.values.shape(), input.shape());
+      EXPECT_EQ(sorted.indices.dtype(), DType::kInt64);
+      for (int64_t i = 0; i < input.numel(); ++i) {
+        std::vector<int64_t> index = UnflattenIndex(i, input.shape());
+        std::vector<int64_t> source = index;
+        source[dim] = static_cast<int64_t>(ElementAt(sorted.indices, index));
+        EXPECT_EQ(ElementAt(sorted.values, index), ElementAt(input, source));  // consistent
+        if (index[dim] > 0) {
+          std::vector<int64_t> before = index;
+          --before[dim];
+          double a = ElementAt(sorted.values, before);
+          double b = ElementAt(sorted.values, index);
+          EXPECT_TRUE(descending ? a >= b : a <= b);
+        }
+      }
+    }
+  }
+  Tensor ties = Tensor(Full({4}, 1));
+  ExpectNear(Sort(ties).indices, {0, 1, 2, 3}, 0, "stable");
+  SortResult top = TopK(Arange(0, 10, 1, DType::kFloat32), 3);
+  ExpectNear(top.values, {9, 8, 7}, 0, "topk values");
+  ExpectNear(top.indices, {9, 8, 7}, 0, "topk indices");
+  ExpectNear(TopK(Arange(0, 10, 1, DType::kFloat32), 2, -1, false).values, {0, 1}, 0, "bottomk");
+  EXPECT_THROW(TopK(Zeros({3}), 4), Error);
+
+  Tensor values = Arange(0, 6, 1, DType::kFloat32).View({2, 3});
+  Tensor mask = Binary(Op::gt, values, Scalar(2.5, DType::kFloat32));
+  ExpectNear(MaskedSelect(values, mask), {3, 4, 5}, 0, "masked_select");
+  Tensor column = Binary(Op::eq, Arange(0, 3).View({1, 3}), Scalar(1, DType::kInt64));
+  ExpectNear(MaskedSelect(values, column), {1, 4}, 0, "masked_select broadcast");
+}
+
+TEST(Random, IsSeededAndHasTheRightDistribution) {
+  Tensor a = Rand({10000}, 42);
+  Tensor b = Rand({10000}, 42);
+  Tensor c = Rand({10000}, 43);
+  EXPECT_EQ(Values(a), Values(b));
+  EXPECT_NE(Values(a), Values(c));
+  EXPECT_GE(Reduce(Op::amin, a).ItemAsDouble(), 0);
+  EXPECT_LT(Reduce(Op::amax, a).ItemAsDouble(), 1);
+  EXPECT_NEAR(Reduce(Op::mean, a).ItemAsDouble(), 0.5, 0.02);
+  Tensor normal = Randn({20000}, 7, DType::kFloat64);
+  EXPECT_NEAR(Reduce(Op::mean, normal).ItemAsDouble(), 0, 0.03);
+  EXPECT_NEAR(Std(normal).ItemAsDouble(), 1, 0.03);
+  EXPECT_THROW(Rand({2}, 1, DType::kInt32), Error);
+}
+
+}  // namespace
+}  // namespace orochi::engine
