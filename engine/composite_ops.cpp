@@ -230,6 +230,45 @@ Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index) {
   return output;
 }
 
+Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index) {
+  OROCHI_CHECK_ARG(IsIntegral(index.dtype()), "gather: the index must be an integer tensor");
+  OROCHI_CHECK_ARG(index.dim() == input.dim(), "gather: index and input need the same rank, got "
+                                                   << index.dim() << " and " << input.dim());
+  const int64_t d = input.dim() == 0 ? 0 : WrapDim(dim, input.dim());
+  for (int64_t i = 0; i < input.dim(); ++i) {
+    OROCHI_CHECK_ARG(i == d || index.shape()[i] <= input.shape()[i],
+                     "gather: index " << ShapeString(index.shape()) << " is larger than input "
+                                      << ShapeString(input.shape()) << " in dimension " << i);
+  }
+  Tensor picks = index.To(DType::kInt64);
+  if (picks.numel() > 0 && input.dim() > 0) {
+    double low = Reduce(Op::amin, picks).ItemAsDouble();
+    double high = Reduce(Op::amax, picks).ItemAsDouble();
+    OROCHI_CHECK_ARG(low >= 0 && high < static_cast<double>(input.shape()[d]),
+                     "gather: index values must be in [0, " << input.shape()[d] << "), got [" << low
+                                                            << ", " << high << "]");
+  }
+  // The flat offset of every output element in the contiguous input: its coordinates, with the
+  // index in place of the coordinate along `dim`.
+  const Shape strides = ContiguousStrides(input.shape());
+  Tensor offsets = Zeros(index.shape(), DType::kInt64);
+  for (int64_t i = 0; i < input.dim(); ++i) {
+    Tensor coordinate;
+    if (i == d) {
+      coordinate = picks;
+    } else {
+      Shape position(static_cast<size_t>(input.dim()), 1);
+      position[i] = index.shape()[i];
+      coordinate = Arange(0, static_cast<double>(index.shape()[i])).View(position);
+    }
+    offsets =
+        Binary(Op::add, offsets,
+               Binary(Op::mul, coordinate, Scalar(static_cast<double>(strides[i]), DType::kInt64)));
+  }
+  Tensor flat = input.Contiguous().Reshape({input.numel()});
+  return IndexSelect(flat, 0, offsets.Reshape({offsets.numel()})).View(index.shape());
+}
+
 Tensor Embedding(const Tensor& indices, const Tensor& weight) {
   OROCHI_CHECK_ARG(weight.dim() == 2,
                    "embedding: the weight must be 2-D, got " << ShapeString(weight.shape()));

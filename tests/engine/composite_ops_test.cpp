@@ -140,6 +140,24 @@ TEST(Indexing, IndexSelectAndEmbedding) {
   ExpectNear(embedded.Select(0, 1).Select(0, 1), {9, 10, 11}, 0, "embedding");
 }
 
+TEST(Indexing, GatherPicksAlongADim) {
+  Tensor input = Arange(0, 12, 1, DType::kFloat32).View({3, 4});
+  Tensor index = Arange(0, 6).View({2, 3});
+  Tensor rows =
+      Binary(Op::sub, Scalar(2, DType::kInt64),
+             Binary(Op::mul, Binary(Op::div, index, Scalar(3, DType::kInt64)).To(DType::kInt64),
+                    Scalar(1, DType::kInt64)));  // [[2, 2, 2], [1, 1, 1]]
+  // dim 0: out[i][j] = input[rows[i][j]][j]
+  ExpectNear(Gather(input, 0, rows), {8, 9, 10, 4, 5, 6}, 0, "gather dim 0");
+  Tensor columns = Binary(Op::sub, Scalar(3, DType::kInt64), Arange(0, 3).View({1, 3}))
+                       .Expand({3, 3})
+                       .Contiguous();  // [[3, 2, 1]] * 3
+  // dim 1: out[i][j] = input[i][columns[i][j]]
+  ExpectNear(Gather(input, 1, columns), {3, 2, 1, 7, 6, 5, 11, 10, 9}, 0, "gather dim 1");
+  EXPECT_THROW(Gather(input, 1, Full({3, 1}, 4, DType::kInt64)), Error);
+  EXPECT_THROW(Gather(input, 1, Zeros({3}, DType::kInt64)), Error);
+}
+
 TEST(Creation, EyeAndLinspace) {
   ExpectNear(Eye(2, 3), {1, 0, 0, 0, 1, 0}, 0, "eye");
   ExpectNear(Eye(3, std::nullopt, DType::kInt32), {1, 0, 0, 0, 1, 0, 0, 0, 1}, 0, "eye square");

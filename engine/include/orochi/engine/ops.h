@@ -151,6 +151,9 @@ OROCHI_ENGINE_API std::vector<Tensor> Split(const Tensor& input, int64_t size, i
 OROCHI_ENGINE_API std::vector<Tensor> Chunk(const Tensor& input, int64_t chunks, int64_t dim = 0);
 // torch.index_select: slices of `input` along `dim` picked by a 1-D integer `index`.
 OROCHI_ENGINE_API Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index);
+// torch.gather: out[i][j][k] = input[index[i][j][k]][j][k] for dim 0, and so on; `index` has
+// input's rank and is no larger than input in the other dims.
+OROCHI_ENGINE_API Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index);
 // torch.nn.functional.embedding: weight[indices] for integer indices of any shape.
 OROCHI_ENGINE_API Tensor Embedding(const Tensor& indices, const Tensor& weight);
 
