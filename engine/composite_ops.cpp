@@ -1,5 +1,6 @@
 // Ops with their own kernels that need more than a generic front-end (where, arg reductions,
-// norms, index_select), and ops composed from other ops (linear, attention, cat, ...).
+// norms, index_select, sort), and ops composed from other ops (linear, attention, cat, topk, ...).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -346,6 +347,42 @@ Tensor ScaledDotProductAttention(const Tensor& query, const Tensor& key, const T
         Where(*allowed, scores, Scalar(-std::numeric_limits<double>::infinity(), scores.dtype()));
   }
   return Matmul(Softmax(scores, -1), value);
+}
+
+SortResult Sort(const Tensor& input, int64_t dim, bool descending) {
+  if (input.dim() == 0) return {input.Clone(), Zeros({}, DType::kInt64)};
+  int64_t d = WrapDim(dim, input.dim());
+  Tensor moved = input.Transpose(d, -1).Contiguous();
+  Tensor values = Tensor::Empty(moved.shape(), input.dtype());
+  Tensor indices = Tensor::Empty(moved.shape(), DType::kInt64);
+  Kernels().Find<Op::sort>(input.device(), input.dtype())(moved, descending, values, indices);
+  return {values.Transpose(d, -1).Contiguous(), indices.Transpose(d, -1).Contiguous()};
+}
+
+SortResult TopK(const Tensor& input, int64_t k, int64_t dim, bool largest) {
+  int64_t d = input.dim() == 0 ? 0 : WrapDim(dim, input.dim());
+  int64_t size = input.dim() == 0 ? 1 : input.shape()[d];
+  OROCHI_CHECK_ARG(k >= 0 && k <= size, "topk: k=" << k << " is out of range for dimension " << dim
+                                                   << " of size " << size);
+  SortResult sorted = Sort(input, dim, /*descending=*/largest);
+  if (input.dim() == 0) return sorted;
+  return {sorted.values.Narrow(d, 0, k).Contiguous(), sorted.indices.Narrow(d, 0, k).Contiguous()};
+}
+
+Tensor MaskedSelect(const Tensor& input, const Tensor& mask) {
+  OROCHI_CHECK_ARG(mask.dtype() == DType::kBool, "masked_select: the mask must be bool");
+  Shape shape = BroadcastShapes(input.shape(), mask.shape());
+  Tensor flat_mask = mask.Expand(shape).Contiguous();
+  OROCHI_CHECK(flat_mask.device().type == DeviceType::kCpu, StatusCode::kUnimplemented,
+               "masked_select needs its mask on the cpu");
+  std::vector<int64_t> positions;
+  const bool* flags = flat_mask.data_as<bool>();
+  for (int64_t i = 0, n = flat_mask.numel(); i < n; ++i) {
+    if (flags[i]) positions.push_back(i);
+  }
+  Tensor index = Tensor::Empty({static_cast<int64_t>(positions.size())}, DType::kInt64);
+  std::copy(positions.begin(), positions.end(), index.mutable_data_as<int64_t>());
+  return IndexSelect(input.Expand(shape).Reshape({NumElements(shape)}), 0, index);
 }
 
 }  // namespace orochi::engine

@@ -7,6 +7,7 @@ void RegisterReductionKernels(KernelRegistry& registry);
 void RegisterMatmulKernels(KernelRegistry& registry);
 void RegisterIndexKernels(KernelRegistry& registry);
 void RegisterSpatialKernels(KernelRegistry& registry);
+void RegisterSortKernels(KernelRegistry& registry);
 }  // namespace cpu
 
 void RegisterCpuKernels(KernelRegistry& registry) {
@@ -15,6 +16,7 @@ void RegisterCpuKernels(KernelRegistry& registry) {
   cpu::RegisterMatmulKernels(registry);
   cpu::RegisterIndexKernels(registry);
   cpu::RegisterSpatialKernels(registry);
+  cpu::RegisterSortKernels(registry);
 }
 
 }  // namespace orochi::engine
