@@ -105,8 +105,10 @@ Storage::~Storage() {
     if (rounded < kLargeBlock || !LargeBlockCache::Instance().Give(data_, rounded)) {
       std::free(data_);
     }
-  } else if (size_ > 0) {
-    munmap(data_, size_);
+  } else if (kind_ == Kind::kMapped) {
+    if (size_ > 0) munmap(data_, size_);
+  } else if (release_ != nullptr) {
+    release_(release_context_);
   }
 }
 
@@ -146,6 +148,14 @@ Result<StoragePtr> Storage::MapFile(const std::string& path) {
   }
   close(fd);  // the mapping keeps the file
   return StoragePtr(new Storage(Kind::kMapped, static_cast<std::byte*>(data), size, true));
+}
+
+StoragePtr Storage::Borrow(std::byte* data, size_t size, bool read_only, BorrowRelease release,
+                           void* context) {
+  auto* storage = new Storage(Kind::kBorrowed, data, size, read_only);
+  storage->release_ = release;
+  storage->release_context_ = context;
+  return StoragePtr(storage);
 }
 
 StoragePtr::StoragePtr(const StoragePtr& other) : storage_(other.storage_) {

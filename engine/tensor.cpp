@@ -68,10 +68,14 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+namespace {
+constexpr const char* kReadOnlyMessage =
+    "cannot write to a read-only tensor: weights loaded from safetensors are shared by every "
+    "interpreter copy and never modified in place; clone() it for a writable copy";
+}  // namespace
+
 void* Tensor::mutable_data() {
-  OROCHI_CHECK(!read_only(), StatusCode::kFailedPrecondition,
-               "cannot write to a read-only tensor (memory-mapped weights are read-only; "
-               "Clone() it first)");
+  OROCHI_CHECK(!read_only(), StatusCode::kFailedPrecondition, kReadOnlyMessage);
   return storage_->mutable_data() + storage_offset_ * ItemSize(dtype_);
 }
 
@@ -287,7 +291,7 @@ Tensor Tensor::To(DType dtype) const {
 }
 
 void Tensor::CopyFrom(const Tensor& source) {
-  OROCHI_CHECK(!read_only(), StatusCode::kFailedPrecondition, "cannot write to a read-only tensor");
+  OROCHI_CHECK(!read_only(), StatusCode::kFailedPrecondition, kReadOnlyMessage);
   Tensor expanded = source.shape() == shape_ ? source : source.Expand(shape_);
   Kernels().Find<Op::copy>(device(), dtype_)(expanded, *this);
 }

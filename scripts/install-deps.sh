@@ -14,6 +14,8 @@ packages=(
   libpython3.11-testsuite
   # command line
   libcli11-dev
+  # the Python API of the engine, compiled into every copy
+  pybind11-dev
   # the tensor engine: BLAS for GEMM-shaped work
   libopenblas-dev nlohmann-json3-dev
   # tests and benchmarks

@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change to the structs or functions below. */
-#define OROCHI_COPY_ABI_VERSION 1u
+#define OROCHI_COPY_ABI_VERSION 2u
 #define OROCHI_COPY_ENTRY_SYMBOL "orochi_copy_entry"
 
 typedef enum OrochiCopyCode {
@@ -37,6 +37,12 @@ typedef enum OrochiCopyCode {
   OROCHI_COPY_INTERNAL = 5,
 } OrochiCopyCode;
 
+/* A tensor of the shared engine (an orochi::engine::Tensor), opaque to C. The host and every
+ * copy link the one engine library, so both sides read it with
+ * orochi::engine::Tensor::FromHandle(); the receiver keeps its own reference (a view sharing
+ * the storage), never a copy of the data. */
+typedef struct OrochiTensor OrochiTensor;
+
 typedef enum OrochiValueKind {
   OROCHI_VALUE_NONE = 0,
   OROCHI_VALUE_BOOL = 1,  /* int_value is 0 or 1 */
@@ -44,6 +50,7 @@ typedef enum OrochiValueKind {
   OROCHI_VALUE_FLOAT = 3, /* float_value */
   OROCHI_VALUE_STR = 4,   /* data/size: UTF-8 */
   OROCHI_VALUE_BYTES = 5, /* data/size */
+  OROCHI_VALUE_TENSOR = 6, /* tensor */
 } OrochiValueKind;
 
 typedef struct OrochiValue {
@@ -52,6 +59,7 @@ typedef struct OrochiValue {
   double float_value;
   const char* data;
   size_t size;
+  const OrochiTensor* tensor;
 } OrochiValue;
 
 typedef struct OrochiError {

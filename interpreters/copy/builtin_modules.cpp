@@ -1,5 +1,6 @@
 // Built-in modules compiled into every interpreter copy:
 //   _orochi       the copy's side of the host boundary (host functions, copy identity)
+//   _orochi_engine  the shared engine's tensors and ops (python_engine.h)
 //   _contextvars  re-exports the context-variable types that live in CPython's core; Debian
 //                 ships this module as a separate .so, which a copy cannot load, and without
 //                 it `contextvars` and so `asyncio` would not import.
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "copy_state.h"
+#include "python_engine.h"
 
 namespace orochi::copy {
 namespace {
@@ -36,6 +38,9 @@ void ReplySetValue(OrochiReply* reply, const OrochiValue* value) {
     case OROCHI_VALUE_STR:
       self->result = PyUnicode_DecodeUTF8(value->data, static_cast<Py_ssize_t>(value->size),
                                           "surrogateescape");
+      break;
+    case OROCHI_VALUE_TENSOR:
+      self->result = TensorToPython(engine::Tensor::FromHandle(value->tensor));
       break;
     default:
       self->result = PyBytes_FromStringAndSize(value->data, static_cast<Py_ssize_t>(value->size));
@@ -140,6 +145,7 @@ PyObject* InitContextVarsModule() {
 
 bool RegisterBuiltinModules() {
   return PyImport_AppendInittab("_orochi", InitOrochiModule) == 0 &&
+         PyImport_AppendInittab("_orochi_engine", InitEngineModule) == 0 &&
          PyImport_AppendInittab("_contextvars", InitContextVarsModule) == 0;
 }
 

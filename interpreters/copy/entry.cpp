@@ -12,6 +12,7 @@
 #include "copy_abi.h"
 #include "copy_heap.h"
 #include "copy_state.h"
+#include "python_engine.h"
 
 namespace orochi::copy {
 namespace {
@@ -143,6 +144,13 @@ int32_t ReplyObject(OrochiReply* reply, PyObject* object) {
     value.kind = OROCHI_VALUE_STR;
     value.data = data;
     value.size = static_cast<size_t>(size);
+  } else if (const engine::Tensor* tensor = TensorFromPython(object)) {
+    // Memory lent by this copy's Python objects must not outlive the copy: copy it out.
+    engine::Tensor shared = tensor->storage()->borrowed() ? tensor->Clone() : *tensor;
+    value.kind = OROCHI_VALUE_TENSOR;
+    value.tensor = shared.handle();
+    reply->set_value(reply, &value);
+    return OROCHI_COPY_OK;
   } else if (PyObject_CheckBuffer(object)) {
     Py_buffer view;
     if (PyObject_GetBuffer(object, &view, PyBUF_SIMPLE) < 0) return ReplyPythonError(reply);
@@ -155,8 +163,8 @@ int32_t ReplyObject(OrochiReply* reply, PyObject* object) {
   } else {
     std::string type_name = Py_TYPE(object)->tp_name;
     return ReplyError(reply, OROCHI_COPY_INVALID_ARGUMENT, "TypeError",
-                      "a copy can only return None, bool, int, float, str or a bytes-like "
-                      "object to the host, not " +
+                      "a copy can only return None, bool, int, float, str, an orochi.Tensor "
+                      "or a bytes-like object to the host, not " +
                           type_name);
   }
   reply->set_value(reply, &value);
@@ -177,6 +185,8 @@ PyObject* ValueToPython(const OrochiValue& value) {
       return PyUnicode_DecodeUTF8(value.data, static_cast<Py_ssize_t>(value.size), "strict");
     case OROCHI_VALUE_BYTES:
       return PyBytes_FromStringAndSize(value.data, static_cast<Py_ssize_t>(value.size));
+    case OROCHI_VALUE_TENSOR:
+      return TensorToPython(engine::Tensor::FromHandle(value.tensor));
     default:
       PyErr_Format(PyExc_TypeError, "unknown argument kind %d", static_cast<int>(value.kind));
       return nullptr;

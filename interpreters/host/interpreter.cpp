@@ -48,6 +48,9 @@ struct ReplySink {
       case OROCHI_VALUE_BYTES:
         sink.value = Bytes{std::string(value->data, value->size)};
         break;
+      case OROCHI_VALUE_TENSOR:
+        sink.value = engine::Tensor::FromHandle(value->tensor);
+        break;
       default:
         sink.value = std::monostate{};
     }
@@ -125,10 +128,14 @@ OrochiValue ToAbiValue(const Value& value) {
           result.kind = OROCHI_VALUE_STR;
           result.data = item.data();
           result.size = item.size();
-        } else {
+        } else if constexpr (std::is_same_v<T, Bytes>) {
           result.kind = OROCHI_VALUE_BYTES;
           result.data = item.data.data();
           result.size = item.data.size();
+        } else {
+          static_assert(std::is_same_v<T, engine::Tensor>);
+          result.kind = OROCHI_VALUE_TENSOR;
+          result.tensor = item.handle();
         }
       },
       value);

@@ -33,6 +33,9 @@ OROCHI_ENGINE_API std::string DeviceName(Device device);  // "cpu", "cuda:1"
 
 class StoragePtr;
 
+// Releases memory lent to a borrowed Storage; called exactly once, with the context given.
+using BorrowRelease = void (*)(void* context);
+
 // Freed CPU blocks of 1 MiB and more are kept for reuse, up to this many bytes in all (512 MiB
 // by default); 0 turns the cache off. Thread-safe.
 OROCHI_ENGINE_API void SetCpuCacheLimit(size_t bytes);
@@ -47,6 +50,13 @@ class OROCHI_ENGINE_API Storage {
   // until it is touched, and all views of the same region share the page cache.
   static Result<StoragePtr> MapFile(const std::string& path);
 
+  // Views `size` bytes at `data` that the engine does not own (a Python buffer, a request body).
+  // When the last reference goes, the engine calls `release(context)` on whichever thread drops
+  // it. Borrowed storage belongs to its lender: code that hands tensors across interpreter
+  // copies copies it first (see borrowed()), because its release function may live in a copy.
+  static StoragePtr Borrow(std::byte* data, size_t size, bool read_only, BorrowRelease release,
+                           void* context);
+
   // Makes this storage read-only for good (e.g. weights copied out of a misaligned file).
   void MarkReadOnly() { read_only_ = true; }
 
@@ -57,17 +67,16 @@ class OROCHI_ENGINE_API Storage {
   std::byte* mutable_data() { return data_; }  // precondition: !read_only()
   size_t size() const { return size_; }
   bool read_only() const { return read_only_; }
+  bool borrowed() const { return kind_ == Kind::kBorrowed; }
   Device device() const { return device_; }
 
  private:
   friend class StoragePtr;
 
-  // Freed CPU blocks of 1 MiB and more are kept for reuse, up to this many bytes in all (512 MiB
-  // by default); 0 turns the cache off. Thread-safe.
-  OROCHI_ENGINE_API void SetCpuCacheLimit(size_t bytes);
-  OROCHI_ENGINE_API size_t CpuCacheLimit();
-  OROCHI_ENGINE_API size_t CpuCachedBytes();
-  enum class Kind : uint8_t { kOwned, kMapped };
+// Releases memory lent to a borrowed Storage; called exactly once, with the context given.
+using BorrowRelease = void (*)(void* context);
+
+  enum class Kind : uint8_t { kOwned, kMapped, kBorrowed };
   Storage(Kind kind, std::byte* data, size_t size, bool read_only);
   ~Storage();
   void Retain();
@@ -75,6 +84,8 @@ class OROCHI_ENGINE_API Storage {
 
   std::atomic<int64_t> references_{1};
   Kind kind_;
+  BorrowRelease release_ = nullptr;  // kBorrowed only
+  void* release_context_ = nullptr;
   std::byte* data_;
   size_t size_;
   bool read_only_;

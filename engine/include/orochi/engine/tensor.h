@@ -20,6 +20,9 @@
 #include "orochi/engine/export.h"
 #include "orochi/engine/storage.h"
 
+// The plain-C handle of a tensor, for interfaces that must stay C (the interpreter copies' ABI).
+struct OrochiTensor;
+
 namespace orochi::engine {
 
 using Shape = std::vector<int64_t>;
@@ -59,6 +62,13 @@ class OROCHI_ENGINE_API Tensor {
   template <typename T>
   T* mutable_data_as() {
     return static_cast<T*>(mutable_data());
+  }
+
+  // A plain-C handle to this tensor, borrowed: valid while *this lives and unchanged.
+  const OrochiTensor* handle() const { return reinterpret_cast<const OrochiTensor*>(this); }
+  // The tensor behind a handle made by handle(); copy it to keep it.
+  static const Tensor& FromHandle(const OrochiTensor* handle) {
+    return *reinterpret_cast<const Tensor*>(handle);
   }
 
   // --- views (share storage) ---------------------------------------------------------------------

@@ -1,0 +1,81 @@
+// Private to the interpreter library: the pieces of the `_orochi_engine` module (see
+// python_engine.h), split by subject.
+//
+// All functions need this copy's GIL. Engine errors propagate as orochi::engine::Error and are
+// turned into Python exceptions by the translator registered in InitEngineModule.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "orochi/engine/ops.h"
+#include "orochi/engine/tensor.h"
+
+namespace orochi::copy::bindings {
+
+namespace py = pybind11;
+using engine::Device;
+using engine::DType;
+using engine::Shape;
+using engine::Tensor;
+
+// --- values: python_values.cpp ------------------------------------------------------------------
+void BindValueTypes(py::module_& module);  // orochi.dtype, orochi.device, dtype constants
+
+// The module's dtype object for `dtype` (one object per dtype, so `t.dtype is orochi.float32`).
+py::object DTypeObject(DType dtype);
+// An orochi.dtype or a name ("float32", "float", "long", ...); TypeError otherwise.
+DType ParseDType(py::handle object);
+std::optional<DType> ParseOptionalDType(py::handle object);  // None -> nullopt
+py::object DeviceObject(Device device);
+// An orochi.device, "cpu", "cuda", "cuda:N" or an int (CUDA index). Any device that this
+// build cannot use is refused with a message naming it.
+Device ParseDevice(py::handle object);
+bool IsDeviceLike(py::handle object);
+
+// Sizes given as separate ints or as one sequence: reshape(2, 3) and reshape((2, 3)).
+Shape ParseSizes(const py::args& sizes, const char* function);
+Shape ParseShape(py::handle sequence, const char* function);
+// dim=None -> all dims (empty), an int, or a sequence of ints.
+std::vector<int64_t> ParseDims(py::handle dims);
+
+// A Python number as a 0-dim tensor that takes part in promotion the way PyTorch's "wrapped
+// numbers" do: it never widens a tensor of its own category.
+Tensor ScalarTensor(py::handle number, const Tensor& like);
+// `other` as an operand for a binary op with `like`: a tensor as it is, a number as above.
+// Raises TypeError for anything else.
+class Operand {
+ public:
+  Operand(py::handle other, const Tensor& like);
+  const Tensor& get() const { return tensor_ != nullptr ? *tensor_ : scalar_; }
+
+ private:
+  const Tensor* tensor_ = nullptr;
+  Tensor scalar_;
+};
+
+// orochi.tensor(data): nested sequences of numbers/bools/0-dim tensors, bytes, or any buffer;
+// always copies.
+Tensor TensorFromData(py::handle data, std::optional<DType> dtype);
+// A tensor viewing the memory of a buffer-protocol object without copying (frombuffer,
+// as_tensor); the tensor keeps the exporter alive.
+Tensor TensorFromBuffer(py::handle object, std::optional<DType> dtype);
+// torch.frombuffer: the raw bytes of `buffer` from `offset` as `count` elements of `dtype`
+// (all that fit when count is -1), shared, not copied.
+Tensor TensorFromRawBuffer(py::handle buffer, py::handle dtype, int64_t count, int64_t offset);
+py::object TensorToList(const Tensor& tensor);
+py::object ItemToPython(const Tensor& tensor, int64_t flat_index);
+
+// --- the Tensor type: python_tensor.cpp ---------------------------------------------------------
+void BindTensor(py::module_& module);
+// Python indexing: ints, slices, None, Ellipsis, bool and integer tensors (or lists of ints).
+Tensor GetItem(const Tensor& tensor, py::handle index);
+void SetItem(Tensor& tensor, py::handle index, py::handle value);
+
+// --- module-level functions: python_functions.cpp ------------------------------------------------
+void BindFunctions(py::module_& module);
+
+}  // namespace orochi::copy::bindings

@@ -1,0 +1,253 @@
+// Python indexing of tensors: `t[...]` and `t[...] = value`, with PyTorch's rules for ints,
+// slices, None, Ellipsis, and integer and bool tensors ("advanced" indices).
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "orochi/engine/ops.h"
+#include "python_bindings.h"
+#include "python_engine.h"
+
+namespace orochi::copy::bindings {
+namespace {
+
+using engine::Op;
+
+struct AdvancedIndex {
+  int64_t dim;
+  Tensor index;  // int64, in range
+};
+
+// The result of applying every basic index (a view) and the advanced ones still to apply.
+struct Indexed {
+  Tensor view;
+  std::vector<AdvancedIndex> advanced;
+};
+
+Tensor AsIndexTensor(py::handle item) {
+  if (const Tensor* tensor = TensorFromPython(item.ptr())) return *tensor;
+  return TensorFromData(item, std::nullopt);  // a list of ints or bools
+}
+
+[[noreturn]] void BadIndex(py::handle item) {
+  throw py::type_error("only integers, slices, None, Ellipsis and integer or bool tensors are "
+                       "valid indices, got " +
+                       std::string(Py_TYPE(item.ptr())->tp_name));
+}
+
+// Wraps negative entries and checks the range, like PyTorch's "index 5 is out of bounds".
+Tensor CheckedIndex(const Tensor& index, int64_t size, int64_t dim) {
+  Tensor as_long = index.To(engine::DType::kInt64);
+  if (as_long.numel() == 0) return as_long;
+  Tensor zero = engine::Scalar(0, engine::DType::kInt64);
+  Tensor wrapped = engine::Where(engine::Binary(Op::lt, as_long, zero),
+                                 engine::Binary(Op::add, as_long, engine::Scalar(size, engine::DType::kInt64)),
+                                 as_long);
+  double low = engine::Reduce(Op::amin, wrapped).ItemAsDouble();
+  double high = engine::Reduce(Op::amax, wrapped).ItemAsDouble();
+  if (low < 0 || high >= size) {
+    double bad = low < 0 ? engine::Reduce(Op::amin, as_long).ItemAsDouble()
+                         : engine::Reduce(Op::amax, as_long).ItemAsDouble();
+    throw py::index_error("index " + std::to_string(static_cast<int64_t>(bad)) +
+                          " is out of bounds for dimension " + std::to_string(dim) +
+                          " with size " + std::to_string(size));
+  }
+  return wrapped;
+}
+
+// `for_write` keeps every step a view, so that assignment lands in the indexed tensor.
+Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
+  std::vector<py::handle> items;
+  py::tuple tuple_holder;
+  if (PyTuple_Check(index.ptr()) != 0) {
+    tuple_holder = py::reinterpret_borrow<py::tuple>(index);
+    for (py::handle item : tuple_holder) items.push_back(item);
+  } else {
+    items.push_back(index);
+  }
+  // How many dims the items consume, to expand an Ellipsis.
+  int64_t consumed = 0;
+  int ellipses = 0;
+  std::vector<Tensor> tensors(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    PyObject* raw = items[i].ptr();
+    if (raw == Py_None) continue;
+    if (raw == Py_Ellipsis) {
+      ++ellipses;
+      continue;
+    }
+    if (PyLong_Check(raw) != 0 && PyBool_Check(raw) == 0) {
+      ++consumed;
+    } else if (PySlice_Check(raw) != 0) {
+      ++consumed;
+    } else if (TensorFromPython(raw) != nullptr || PyList_Check(raw) != 0) {
+      tensors[i] = AsIndexTensor(items[i]);
+      consumed += tensors[i].dtype() == engine::DType::kBool ? tensors[i].dim() : 1;
+    } else if (PyIndex_Check(raw) != 0 && PyBool_Check(raw) == 0) {
+      ++consumed;
+    } else {
+      BadIndex(items[i]);
+    }
+  }
+  if (ellipses > 1) throw py::index_error("an index can only have a single ellipsis ('...')");
+  if (consumed > tensor.dim()) {
+    throw py::index_error("too many indices for tensor of dimension " +
+                          std::to_string(tensor.dim()));
+  }
+
+  Indexed out{tensor, {}};
+  int64_t dim = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    PyObject* raw = items[i].ptr();
+    if (raw == Py_None) {
+      out.view = out.view.Unsqueeze(dim++);
+    } else if (raw == Py_Ellipsis) {
+      dim += tensor.dim() - consumed;
+    } else if (PySlice_Check(raw) != 0) {
+      Py_ssize_t start = 0;
+      Py_ssize_t stop = 0;
+      Py_ssize_t step = 0;
+      if (PySlice_Unpack(raw, &start, &stop, &step) != 0) throw py::error_already_set();
+      if (step <= 0) throw py::value_error("step must be greater than zero");
+      Py_ssize_t size = out.view.shape()[dim];
+      PySlice_AdjustIndices(size, &start, &stop, step);
+      out.view = out.view.Slice(dim++, start, std::max(start, stop), step);
+    } else if (tensors[i].defined()) {
+      Tensor index = tensors[i];
+      if (index.dtype() == engine::DType::kBool) {
+        // A mask over k dims: merge them and pick the positions where it is true.
+        int64_t k = index.dim();
+        for (int64_t d = 0; d < k; ++d) {
+          if (index.shape()[d] != out.view.shape()[dim + d]) {
+            throw py::index_error("the shape of the mask " + engine::ShapeString(index.shape()) +
+                                  " does not match the shape of the indexed tensor " +
+                                  engine::ShapeString(out.view.shape()) + " at index " +
+                                  std::to_string(dim + d));
+          }
+        }
+        if (k != 1) {
+          Shape merged(out.view.shape().begin(), out.view.shape().begin() + dim);
+          merged.push_back(index.numel());
+          merged.insert(merged.end(), out.view.shape().begin() + dim + k, out.view.shape().end());
+          out.view = for_write ? out.view.View(merged) : out.view.Reshape(merged);
+        }
+        Tensor positions = engine::Arange(0, static_cast<double>(index.numel()));
+        out.advanced.push_back({dim, engine::MaskedSelect(positions, index.Reshape({-1}))});
+        ++dim;
+      } else if (engine::IsIntegral(index.dtype())) {
+        out.advanced.push_back({dim, CheckedIndex(index, out.view.shape()[dim], dim)});
+        ++dim;
+      } else {
+        throw py::index_error("tensors used as indices must be integer or bool tensors, not " +
+                              std::string(engine::DTypeName(index.dtype())));
+      }
+    } else {
+      auto value = py::reinterpret_borrow<py::object>(items[i]).cast<int64_t>();
+      int64_t size = out.view.shape()[dim];
+      if (value < -size || value >= size) {
+        throw py::index_error("index " + std::to_string(value) + " is out of range for dimension " +
+                              std::to_string(dim) + " with size " + std::to_string(size));
+      }
+      out.view = out.view.Select(dim, value);
+    }
+  }
+  return out;
+}
+
+// Combines several advanced indices into one over their (merged) dims. PyTorch puts the
+// broadcast index dims where the indices were when they are adjacent, first otherwise.
+Tensor Gather(const Indexed& indexed) {
+  const Tensor& view = indexed.view;
+  if (indexed.advanced.empty()) return view;
+  std::vector<Tensor> indices;
+  Shape broadcast;
+  for (const AdvancedIndex& entry : indexed.advanced) {
+    broadcast = engine::BroadcastShapes(broadcast, entry.index.shape());
+  }
+  bool adjacent = true;
+  for (size_t i = 1; i < indexed.advanced.size(); ++i) {
+    adjacent = adjacent && indexed.advanced[i].dim == indexed.advanced[i - 1].dim + 1;
+  }
+  // Move the indexed dims to the front, then merge them into one.
+  std::vector<int64_t> order;
+  for (const AdvancedIndex& entry : indexed.advanced) order.push_back(entry.dim);
+  for (int64_t d = 0; d < view.dim(); ++d) {
+    if (std::find(order.begin(), order.end(), d) == order.end()) order.push_back(d);
+  }
+  Tensor front = view.Permute(order);
+  auto count = static_cast<int64_t>(indexed.advanced.size());
+  Tensor linear = engine::Zeros(broadcast, engine::DType::kInt64);
+  int64_t merged_size = 1;
+  for (int64_t i = count - 1; i >= 0; --i) {
+    const AdvancedIndex& entry = indexed.advanced[static_cast<size_t>(i)];
+    Tensor term = engine::Binary(Op::mul, entry.index.Expand(broadcast),
+                                 engine::Scalar(static_cast<double>(merged_size), engine::DType::kInt64));
+    linear = engine::Binary(Op::add, linear, term);
+    merged_size *= view.shape()[entry.dim];
+  }
+  Shape merged_shape{merged_size};
+  merged_shape.insert(merged_shape.end(), front.shape().begin() + count, front.shape().end());
+  Tensor merged = front.Reshape(merged_shape);
+  Tensor picked = engine::IndexSelect(merged, 0, linear.Reshape({-1}));
+  Shape result_shape = broadcast;
+  result_shape.insert(result_shape.end(), merged_shape.begin() + 1, merged_shape.end());
+  Tensor result = picked.Reshape(result_shape);
+  int64_t first = indexed.advanced.front().dim;
+  if (!adjacent || first == 0) return result;
+  // Move the broadcast dims back to where the indices stood.
+  auto index_dims = static_cast<int64_t>(broadcast.size());
+  std::vector<int64_t> back;
+  for (int64_t d = 0; d < first; ++d) back.push_back(index_dims + d);
+  for (int64_t d = 0; d < index_dims; ++d) back.push_back(d);
+  for (int64_t d = index_dims + first; d < result.dim(); ++d) back.push_back(d);
+  return result.Permute(back).Contiguous();
+}
+
+}  // namespace
+
+Tensor GetItem(const Tensor& tensor, py::handle index) {
+  // The common case first: one int on dim 0.
+  if (PyLong_Check(index.ptr()) != 0 && PyBool_Check(index.ptr()) == 0 && tensor.dim() > 0) {
+    auto value = py::reinterpret_borrow<py::int_>(index).cast<int64_t>();
+    int64_t size = tensor.shape()[0];
+    if (value < -size || value >= size) {
+      throw py::index_error("index " + std::to_string(value) +
+                            " is out of range for dimension 0 with size " + std::to_string(size));
+    }
+    return tensor.Select(0, value);
+  }
+  return Gather(ApplyIndex(tensor, index, /*for_write=*/false));
+}
+
+void SetItem(Tensor& tensor, py::handle index, py::handle value) {
+  if (tensor.read_only()) {
+    throw py::value_error("cannot assign into a read-only tensor (weights are shared by every "
+                          "interpreter copy; clone() it to get a writable copy)");
+  }
+  Indexed indexed = ApplyIndex(tensor, index, /*for_write=*/true);
+  Operand operand(value, tensor);
+  if (indexed.advanced.empty()) {
+    indexed.view.CopyFrom(operand.get());
+    return;
+  }
+  if (indexed.advanced.size() != 1) {
+    throw py::type_error("assignment with more than one tensor index is not supported; index "
+                         "with one integer or bool tensor");
+  }
+  // One index tensor: write each selected slice in turn, so writes land in `tensor` itself.
+  const AdvancedIndex& entry = indexed.advanced.front();
+  Tensor flat_index = entry.index.Reshape({-1}).Contiguous();
+  Shape target = indexed.view.shape();
+  target[entry.dim] = flat_index.numel();
+  Tensor source = operand.get().Expand(target);
+  const auto* positions = flat_index.data_as<int64_t>();
+  for (int64_t i = 0; i < flat_index.numel(); ++i) {
+    indexed.view.Select(entry.dim, positions[i]).CopyFrom(source.Select(entry.dim, i));
+  }
+}
+
+}  // namespace orochi::copy::bindings

@@ -1,0 +1,512 @@
+// Conversions between Python values and engine values: dtypes, devices, shapes, numbers,
+// nested lists and buffers.
+#include <pybind11/pybind11.h>
+
+#include <array>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "copy_state.h"
+#include "orochi/engine/dtype.h"
+#include "orochi/engine/ops.h"
+#include "python_bindings.h"
+#include "python_engine.h"
+
+namespace orochi::copy::bindings {
+namespace {
+
+using engine::DTypeName;
+using engine::kDTypeCount;
+using engine::VisitDType;
+
+struct PyDType {
+  DType value;
+};
+struct PyDevice {
+  Device value;
+};
+
+// One Python object per dtype, made when the module is created. Plain pointers on purpose: this
+// library's static destructors run after the copy's CPython is gone.
+std::array<PyObject*, kDTypeCount> g_dtype_objects{};
+
+struct DTypeAlias {
+  const char* name;
+  DType dtype;
+};
+// PyTorch's alternative names, so `orochi.long` and `dtype="float"` read as they would in torch.
+constexpr DTypeAlias kDTypeAliases[] = {
+    {"float", DType::kFloat32}, {"double", DType::kFloat64}, {"half", DType::kFloat16},
+    {"long", DType::kInt64},    {"int", DType::kInt32},      {"short", DType::kInt16},
+};
+
+std::string DeviceRepr(Device device) {
+  if (device.type == engine::DeviceType::kCpu) return "device(type='cpu')";
+  return "device(type='cuda', index=" + std::to_string(device.index) + ")";
+}
+
+Device ParseDeviceText(const std::string& text) {
+  if (text == "cpu") return {};
+  std::string prefix = "cuda";
+  if (text.rfind(prefix, 0) == 0) {
+    int index = 0;
+    if (text.size() > prefix.size()) {
+      if (text[prefix.size()] != ':') throw py::value_error("unknown device '" + text + "'");
+      try {
+        index = std::stoi(text.substr(prefix.size() + 1));
+      } catch (const std::exception&) {
+        throw py::value_error("unknown device '" + text + "'");
+      }
+    }
+    return {engine::DeviceType::kCuda, index};
+  }
+  throw py::value_error("unknown device '" + text + "' (expected 'cpu', 'cuda' or 'cuda:N')");
+}
+
+void RequireUsable(Device device) {
+  if (device.type != engine::DeviceType::kCpu) {
+    throw py::value_error("device '" + engine::DeviceName(device) +
+                          "' is not available: this build of Orochi's engine runs on the CPU "
+                          "only");
+  }
+}
+
+// The dtype a buffer's struct format describes; native or little-endian only.
+DType DTypeOfFormat(const char* format) {
+  std::string_view text = format == nullptr ? "B" : format;
+  if (!text.empty() && (text[0] == '@' || text[0] == '=' || text[0] == '<')) text.remove_prefix(1);
+  if (text.size() == 1) {
+    switch (text[0]) {
+      case '?':
+        return DType::kBool;
+      case 'B':
+      case 'c':
+        return DType::kUInt8;
+      case 'b':
+        return DType::kInt8;
+      case 'h':
+        return DType::kInt16;
+      case 'i':
+        return DType::kInt32;
+      case 'l':
+      case 'q':
+        return DType::kInt64;
+      case 'e':
+        return DType::kFloat16;
+      case 'f':
+        return DType::kFloat32;
+      case 'd':
+        return DType::kFloat64;
+      default:
+        break;
+    }
+  }
+  throw py::type_error("cannot make a tensor from a buffer of format '" + std::string(format) +
+                       "': Orochi supports bool, uint8, int8, int16, int32, int64, float16, "
+                       "float32 and float64 elements");
+}
+
+// Releases a Python buffer lent to a borrowed storage. Runs on whichever thread drops the last
+// reference, so it takes this copy's GIL; after finalization the buffer is simply left.
+void ReleaseBuffer(void* context) {
+  auto* view = static_cast<Py_buffer*>(context);
+  if (Py_IsInitialized() != 0 && !State().finalized) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyBuffer_Release(view);
+    PyGILState_Release(gil);
+  }
+  delete view;
+}
+
+// One leaf of a nested sequence.
+struct Leaf {
+  enum Kind : uint8_t { kBool, kInt, kFloat } kind;
+  int64_t integer = 0;
+  double floating = 0;
+};
+
+class NestedReader {
+ public:
+  void Walk(py::handle object, size_t depth) {
+    if (PyList_Check(object.ptr()) || PyTuple_Check(object.ptr())) {
+      auto sequence = py::reinterpret_borrow<py::sequence>(object);
+      auto length = static_cast<int64_t>(sequence.size());
+      if (leaf_depth_ >= 0 && static_cast<int64_t>(depth) >= leaf_depth_) MixedDepth(depth);
+      if (shape_.size() == depth) {
+        shape_.push_back(length);
+      } else if (shape_[depth] != length) {
+        throw py::value_error("orochi.tensor: expected a sequence of length " +
+                              std::to_string(shape_[depth]) + " at dim " + std::to_string(depth) +
+                              ", got " + std::to_string(length));
+      }
+      for (py::handle item : sequence) Walk(item, depth + 1);
+      return;
+    }
+    if (const Tensor* tensor = TensorFromPython(object.ptr())) {
+      // A tensor inside a list contributes its elements and its dims.
+      AtLeaf(depth + static_cast<size_t>(tensor->dim()));
+      for (int64_t d = 0; d < tensor->dim(); ++d) {
+        size_t at = depth + static_cast<size_t>(d);
+        if (shape_.size() == at) shape_.push_back(tensor->shape()[d]);
+        if (shape_[at] != tensor->shape()[d]) {
+          throw py::value_error("orochi.tensor: tensors in a list must have equal shapes");
+        }
+      }
+      Tensor contiguous = tensor->Contiguous();
+      for (int64_t i = 0; i < contiguous.numel(); ++i) {
+        AddNumber(ItemToPython(contiguous, i), depth);
+      }
+      return;
+    }
+    AtLeaf(depth);
+    AddNumber(object, depth);
+  }
+
+  const Shape& shape() const { return shape_; }
+  const std::vector<Leaf>& leaves() const { return leaves_; }
+
+ private:
+  void AtLeaf(size_t depth) {
+    if (leaf_depth_ < 0) {
+      leaf_depth_ = static_cast<int64_t>(depth);
+      if (shape_.size() > depth) MixedDepth(depth);
+    } else if (leaf_depth_ != static_cast<int64_t>(depth)) {
+      MixedDepth(depth);
+    }
+  }
+  [[noreturn]] static void MixedDepth(size_t depth) {
+    throw py::value_error("orochi.tensor: the nested sequence is ragged (a number and a "
+                          "sequence both appear at dim " +
+                          std::to_string(depth) + ")");
+  }
+  void AddNumber(py::handle object, size_t /*depth*/) {
+    PyObject* raw = object.ptr();
+    if (PyBool_Check(raw)) {
+      leaves_.push_back({Leaf::kBool, raw == Py_True ? 1 : 0, 0});
+    } else if (PyLong_Check(raw)) {
+      int overflow = 0;
+      int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
+      if (overflow != 0) throw py::value_error("orochi.tensor: an int does not fit in 64 bits");
+      leaves_.push_back({Leaf::kInt, value, 0});
+    } else if (PyFloat_Check(raw)) {
+      leaves_.push_back({Leaf::kFloat, 0, PyFloat_AS_DOUBLE(raw)});
+    } else if (PyIndex_Check(raw) != 0) {
+      leaves_.push_back({Leaf::kInt, object.cast<int64_t>(), 0});
+    } else {
+      throw py::type_error("orochi.tensor: expected numbers, bools, tensors or sequences of "
+                           "them, got " +
+                           std::string(Py_TYPE(raw)->tp_name));
+    }
+  }
+
+  Shape shape_;
+  std::vector<Leaf> leaves_;
+  int64_t leaf_depth_ = -1;
+};
+
+template <typename T>
+T LeafAs(const Leaf& leaf) {
+  if (leaf.kind == Leaf::kFloat) return engine::Convert<T>(leaf.floating);
+  return engine::Convert<T>(leaf.integer);
+}
+
+}  // namespace
+
+void BindValueTypes(py::module_& module) {
+  py::class_<PyDType>(module, "dtype", "An element type, e.g. orochi.float32.")
+      .def_property_readonly("itemsize",
+                             [](const PyDType& self) { return engine::ItemSize(self.value); })
+      .def_property_readonly("is_floating_point",
+                             [](const PyDType& self) { return engine::IsFloating(self.value); })
+      .def("__repr__",
+           [](const PyDType& self) { return "orochi." + std::string(DTypeName(self.value)); })
+      .def("__reduce__", [](const PyDType& self) { return std::string(DTypeName(self.value)); });
+  for (DType dtype : engine::kAllDTypeList) {
+    py::object object = py::cast(PyDType{dtype});
+    module.attr(std::string(DTypeName(dtype)).c_str()) = object;
+    g_dtype_objects[static_cast<size_t>(dtype)] = object.release().ptr();
+  }
+  for (const DTypeAlias& alias : kDTypeAliases) module.attr(alias.name) = DTypeObject(alias.dtype);
+
+  py::class_<PyDevice>(module, "device", "A device: orochi.device('cpu'), 'cuda:0'.")
+      .def(py::init([](py::handle spec, std::optional<int> index) {
+             Device device = PyUnicode_Check(spec.ptr()) != 0
+                                 ? ParseDeviceText(spec.cast<std::string>())
+                                 : ParseDevice(spec);
+             if (index) device.index = *index;
+             return PyDevice{device};
+           }),
+           py::arg("type"), py::arg("index") = py::none())
+      .def_property_readonly("type",
+                             [](const PyDevice& self) {
+                               return self.value.type == engine::DeviceType::kCpu ? "cpu" : "cuda";
+                             })
+      .def_property_readonly("index",
+                             [](const PyDevice& self) -> py::object {
+                               if (self.value.type == engine::DeviceType::kCpu) return py::none();
+                               return py::int_(self.value.index);
+                             })
+      .def("__repr__", [](const PyDevice& self) { return DeviceRepr(self.value); })
+      .def("__str__", [](const PyDevice& self) { return engine::DeviceName(self.value); })
+      .def("__eq__",
+           [](const PyDevice& self, py::handle other) {
+             return IsDeviceLike(other) && PyUnicode_Check(other.ptr()) == 0
+                        ? self.value == other.cast<const PyDevice&>().value
+                        : PyUnicode_Check(other.ptr()) != 0 &&
+                              engine::DeviceName(self.value) == other.cast<std::string>();
+           })
+      .def("__hash__", [](const PyDevice& self) {
+        return py::hash(py::str(engine::DeviceName(self.value)));
+      });
+}
+
+py::object DTypeObject(DType dtype) {
+  return py::reinterpret_borrow<py::object>(g_dtype_objects[static_cast<size_t>(dtype)]);
+}
+
+DType ParseDType(py::handle object) {
+  if (py::isinstance<PyDType>(object)) return object.cast<const PyDType&>().value;
+  if (object.ptr() == reinterpret_cast<PyObject*>(&PyFloat_Type)) return DType::kFloat64;
+  if (object.ptr() == reinterpret_cast<PyObject*>(&PyLong_Type)) return DType::kInt64;
+  if (object.ptr() == reinterpret_cast<PyObject*>(&PyBool_Type)) return DType::kBool;
+  if (PyUnicode_Check(object.ptr()) != 0) {
+    auto text = object.cast<std::string>();
+    std::string_view name = text;
+    if (name.rfind("orochi.", 0) == 0) name.remove_prefix(7);
+    for (const DTypeAlias& alias : kDTypeAliases) {
+      if (name == alias.name) return alias.dtype;
+    }
+    DType dtype;
+    for (DType candidate : engine::kAllDTypeList) {
+      if (DTypeName(candidate) == name) return candidate;
+    }
+    if (engine::ParseDType(name, &dtype)) return dtype;
+    throw py::type_error("unknown dtype '" + text + "'");
+  }
+  throw py::type_error("expected an orochi.dtype such as orochi.float32, got " +
+                       std::string(Py_TYPE(object.ptr())->tp_name));
+}
+
+std::optional<DType> ParseOptionalDType(py::handle object) {
+  if (object.is_none()) return std::nullopt;
+  return ParseDType(object);
+}
+
+py::object DeviceObject(Device device) { return py::cast(PyDevice{device}); }
+
+bool IsDeviceLike(py::handle object) {
+  if (py::isinstance<PyDevice>(object)) return true;
+  if (PyUnicode_Check(object.ptr()) == 0) return false;
+  auto text = object.cast<std::string>();
+  return text == "cpu" || text.rfind("cuda", 0) == 0;
+}
+
+Device ParseDevice(py::handle object) {
+  Device device;
+  if (py::isinstance<PyDevice>(object)) {
+    device = object.cast<const PyDevice&>().value;
+  } else if (PyUnicode_Check(object.ptr()) != 0) {
+    device = ParseDeviceText(object.cast<std::string>());
+  } else if (PyLong_Check(object.ptr()) != 0) {
+    device = {engine::DeviceType::kCuda, object.cast<int>()};
+  } else {
+    throw py::type_error("expected a device ('cpu', 'cuda:0' or orochi.device), got " +
+                         std::string(Py_TYPE(object.ptr())->tp_name));
+  }
+  RequireUsable(device);
+  return device;
+}
+
+Shape ParseShape(py::handle sequence, const char* function) {
+  if (PyLong_Check(sequence.ptr()) != 0) return {sequence.cast<int64_t>()};
+  if (PyList_Check(sequence.ptr()) == 0 && PyTuple_Check(sequence.ptr()) == 0) {
+    throw py::type_error(std::string(function) + ": expected a sequence of ints as the size, got " +
+                         Py_TYPE(sequence.ptr())->tp_name);
+  }
+  Shape shape;
+  for (py::handle item : py::reinterpret_borrow<py::sequence>(sequence)) {
+    if (PyIndex_Check(item.ptr()) == 0 || PyBool_Check(item.ptr()) != 0) {
+      throw py::type_error(std::string(function) + ": sizes must be ints, got " +
+                           Py_TYPE(item.ptr())->tp_name);
+    }
+    shape.push_back(item.cast<int64_t>());
+  }
+  return shape;
+}
+
+Shape ParseSizes(const py::args& sizes, const char* function) {
+  if (sizes.size() == 1 && PyLong_Check(sizes[0].ptr()) == 0) return ParseShape(sizes[0], function);
+  return ParseShape(sizes, function);
+}
+
+std::vector<int64_t> ParseDims(py::handle dims) {
+  if (dims.is_none()) return {};
+  return ParseShape(dims, "dim");
+}
+
+Tensor ScalarTensor(py::handle number, const Tensor& like) {
+  PyObject* raw = number.ptr();
+  if (PyBool_Check(raw)) return engine::Scalar(raw == Py_True ? 1 : 0, DType::kBool);
+  if (PyLong_Check(raw)) {
+    int overflow = 0;
+    int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
+    if (overflow != 0) throw py::value_error("an int operand does not fit in 64 bits");
+    if (engine::IsFloating(like.dtype())) return engine::Scalar(static_cast<double>(value), like.dtype());
+    Tensor scalar = Tensor::Empty({}, DType::kInt64);
+    *scalar.mutable_data_as<int64_t>() = value;
+    return scalar;
+  }
+  if (PyFloat_Check(raw)) {
+    // A float keeps full precision against floating tensors (it cannot widen them) and becomes
+    // the default float32 against integral ones, as in PyTorch.
+    DType dtype = engine::IsFloating(like.dtype()) ? DType::kFloat64 : DType::kFloat32;
+    return engine::Scalar(PyFloat_AS_DOUBLE(raw), dtype);
+  }
+  throw py::type_error("unsupported operand type " + std::string(Py_TYPE(raw)->tp_name) +
+                       " for a tensor operation (expected a tensor, int, float or bool)");
+}
+
+Operand::Operand(py::handle other, const Tensor& like) : tensor_(TensorFromPython(other.ptr())) {
+  if (tensor_ == nullptr) scalar_ = ScalarTensor(other, like);
+}
+
+Tensor TensorFromData(py::handle data, std::optional<DType> dtype) {
+  if (const Tensor* tensor = TensorFromPython(data.ptr())) {
+    return dtype ? tensor->To(*dtype).Clone() : tensor->Clone();
+  }
+  if (PyBytes_Check(data.ptr()) != 0 || PyByteArray_Check(data.ptr()) != 0) {
+    // Raw bytes are data of `dtype` (uint8 by default), the way payloads arrive over the wire.
+    DType target = dtype.value_or(DType::kUInt8);
+    std::string_view bytes = PyBytes_Check(data.ptr()) != 0
+                                 ? std::string_view(PyBytes_AS_STRING(data.ptr()),
+                                                    static_cast<size_t>(PyBytes_GET_SIZE(data.ptr())))
+                                 : std::string_view(PyByteArray_AS_STRING(data.ptr()),
+                                                    static_cast<size_t>(PyByteArray_GET_SIZE(data.ptr())));
+    size_t item = engine::ItemSize(target);
+    if (bytes.size() % item != 0) {
+      throw py::value_error("orochi.tensor: " + std::to_string(bytes.size()) +
+                            " bytes are not a whole number of " + std::string(DTypeName(target)) +
+                            " elements (" + std::to_string(item) + " bytes each)");
+    }
+    Tensor result = Tensor::Empty({static_cast<int64_t>(bytes.size() / item)}, target);
+    if (!bytes.empty()) std::memcpy(result.mutable_data(), bytes.data(), bytes.size());
+    return result;
+  }
+  if (PyObject_CheckBuffer(data.ptr()) != 0) {
+    Tensor view = TensorFromBuffer(data, std::nullopt);
+    return dtype ? view.To(*dtype).Clone() : view.Clone();
+  }
+  NestedReader reader;
+  reader.Walk(data, 0);
+  DType target = DType::kBool;
+  for (const Leaf& leaf : reader.leaves()) {
+    if (leaf.kind == Leaf::kFloat) {
+      target = DType::kFloat32;
+      break;
+    }
+    if (leaf.kind == Leaf::kInt) target = DType::kInt64;
+  }
+  if (dtype) target = *dtype;
+  Tensor result = Tensor::Empty(reader.shape(), target);
+  VisitDType(target, [&]<typename T>() {
+    T* out = result.mutable_data_as<T>();
+    for (const Leaf& leaf : reader.leaves()) *out++ = LeafAs<T>(leaf);
+  });
+  return result;
+}
+
+Tensor TensorFromBuffer(py::handle object, std::optional<DType> dtype) {
+  auto view = std::make_unique<Py_buffer>();
+  if (PyObject_GetBuffer(object.ptr(), view.get(), PyBUF_RECORDS_RO) != 0) throw py::error_already_set();
+  DType element;
+  try {
+    element = DTypeOfFormat(view->format);
+    if (static_cast<size_t>(view->itemsize) != engine::ItemSize(element)) {
+      throw py::type_error("buffer format '" + std::string(view->format) + "' has item size " +
+                           std::to_string(view->itemsize) + ", expected " +
+                           std::to_string(engine::ItemSize(element)));
+    }
+  } catch (...) {
+    PyBuffer_Release(view.get());
+    throw;
+  }
+  Shape shape(view->shape, view->shape + view->ndim);
+  Shape strides(static_cast<size_t>(view->ndim));
+  int64_t extent = view->ndim == 0 || engine::NumElements(shape) > 0 ? 1 : 0;
+  for (int d = 0; d < view->ndim; ++d) {
+    Py_ssize_t stride = view->strides[d];
+    if (stride < 0 || stride % view->itemsize != 0) {
+      PyBuffer_Release(view.get());
+      throw py::value_error("cannot share a buffer with negative or unaligned strides; copy it "
+                            "with orochi.tensor() instead");
+    }
+    strides[static_cast<size_t>(d)] = stride / view->itemsize;
+    if (shape[static_cast<size_t>(d)] > 0) extent += (shape[static_cast<size_t>(d)] - 1) * strides[static_cast<size_t>(d)];
+  }
+  auto* data = static_cast<std::byte*>(view->buf);
+  size_t bytes = static_cast<size_t>(extent) * engine::ItemSize(element);
+  bool read_only = view->readonly != 0;
+  engine::StoragePtr storage =
+      engine::Storage::Borrow(data, bytes, read_only, ReleaseBuffer, view.release());
+  Tensor tensor(std::move(storage), std::move(shape), std::move(strides), 0, element);
+  if (dtype && *dtype != element) return tensor.To(*dtype);
+  return tensor;
+}
+
+Tensor TensorFromRawBuffer(py::handle buffer, py::handle dtype, int64_t count, int64_t offset) {
+  DType element = ParseDType(dtype);
+  auto view = std::make_unique<Py_buffer>();
+  if (PyObject_GetBuffer(buffer.ptr(), view.get(), PyBUF_SIMPLE) != 0) throw py::error_already_set();
+  auto item = static_cast<int64_t>(engine::ItemSize(element));
+  int64_t available = static_cast<int64_t>(view->len) - offset;
+  if (offset < 0 || available < 0 || (count < 0 && available % item != 0) ||
+      (count >= 0 && count * item > available)) {
+    std::string message = "frombuffer: a buffer of " + std::to_string(view->len) +
+                          " bytes does not hold " +
+                          (count < 0 ? std::string("a whole number of") : std::to_string(count)) +
+                          " " + std::string(DTypeName(element)) + " elements after offset " +
+                          std::to_string(offset);
+    PyBuffer_Release(view.get());
+    throw py::value_error(message);
+  }
+  int64_t elements = count < 0 ? available / item : count;
+  auto* data = static_cast<std::byte*>(view->buf) + offset;
+  bool read_only = view->readonly != 0;
+  engine::StoragePtr storage = engine::Storage::Borrow(
+      data, static_cast<size_t>(elements * item), read_only, ReleaseBuffer, view.release());
+  return {std::move(storage), {elements}, {1}, 0, element};
+}
+
+py::object ItemToPython(const Tensor& tensor, int64_t flat_index) {
+  const auto* base = static_cast<const std::byte*>(tensor.data());
+  // flat_index counts elements of a contiguous tensor; strided callers pass element offsets.
+  return VisitDType(tensor.dtype(), [&]<typename T>() -> py::object {
+    T value;
+    std::memcpy(&value, base + flat_index * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    if constexpr (std::is_same_v<T, bool>) {
+      return py::bool_(value);
+    } else if constexpr (std::is_integral_v<T>) {
+      return py::int_(static_cast<int64_t>(value));
+    } else {
+      return py::float_(engine::Convert<double>(value));
+    }
+  });
+}
+
+namespace {
+py::object ListLevel(const Tensor& tensor, int64_t dim, int64_t offset) {
+  if (dim == tensor.dim()) return ItemToPython(tensor, offset);
+  int64_t size = tensor.shape()[dim];
+  py::list list(size);
+  for (int64_t i = 0; i < size; ++i) {
+    list[static_cast<size_t>(i)] = ListLevel(tensor, dim + 1, offset + i * tensor.strides()[dim]);
+  }
+  return std::move(list);
+}
+}  // namespace
+
+py::object TensorToList(const Tensor& tensor) { return ListLevel(tensor, 0, 0); }
+
+}  // namespace orochi::copy::bindings

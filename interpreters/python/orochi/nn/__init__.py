@@ -1,0 +1,16 @@
+"""orochi.nn: PyTorch-compatible layers for inference (see modules.py).
+
+    import orochi.nn as nn
+    import orochi.nn.functional as F
+"""
+
+from orochi.nn import functional
+from orochi.nn.modules import (  # noqa: F401 (re-exported)
+    AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Dropout, Embedding,
+    Flatten, GELU, Identity, LayerNorm, Linear, MaxPool2d, Module, ModuleDict, ModuleList,
+    MultiheadAttention, Parameter, ReLU, RMSNorm, Sequential, SiLU, Sigmoid, Softmax, Tanh,
+    TransformerEncoderLayer,
+)
+from orochi.nn.modules import __all__ as _module_names
+
+__all__ = ["functional", *_module_names]

@@ -1,0 +1,101 @@
+"""orochi.nn.functional: PyTorch's functional ops, computed by the shared engine.
+
+The heavy lifting happens in the engine's kernels; this module gives them PyTorch's names and
+keyword arguments (including the training-only ones, which inference accepts and ignores where
+that is exact, and refuses where it would silently change the result).
+"""
+
+import _orochi_engine as _engine
+from _orochi_engine import (  # noqa: F401 (re-exported under PyTorch's names)
+    adaptive_avg_pool2d,
+    avg_pool2d,
+    conv1d,
+    conv2d,
+    linear,
+    log_softmax as _log_softmax,
+    max_pool2d,
+    pad,
+    scaled_dot_product_attention,
+    softmax as _softmax,
+)
+
+
+def _no_inplace(name: str, inplace: bool) -> None:
+    if inplace:
+        # The result is the same; in-place only saves memory, which the engine manages itself.
+        del name
+
+
+def relu(input, inplace: bool = False):  # noqa: A002 (PyTorch's parameter names)
+    _no_inplace("relu", inplace)
+    return _engine.relu(input)
+
+
+def gelu(input, approximate: str = "none"):  # noqa: A002
+    return _engine.gelu(input, approximate)
+
+
+def silu(input, inplace: bool = False):  # noqa: A002
+    _no_inplace("silu", inplace)
+    return _engine.silu(input)
+
+
+def tanh(input):  # noqa: A002
+    return _engine.tanh(input)
+
+
+def sigmoid(input):  # noqa: A002
+    return _engine.sigmoid(input)
+
+
+def softmax(input, dim: int, dtype=None):  # noqa: A002
+    return _softmax(input, dim, dtype)
+
+
+def log_softmax(input, dim: int, dtype=None):  # noqa: A002
+    return _log_softmax(input, dim, dtype)
+
+
+def dropout(input, p: float = 0.5, training: bool = False, inplace: bool = False):  # noqa: A002
+    """Identity at inference; training-mode dropout is refused rather than silently skipped."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if training and p > 0:
+        raise NotImplementedError("dropout with training=True: Orochi runs inference only")
+    del inplace
+    return input
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None,  # noqa: A002
+               training: bool = False, momentum: float = 0.1, eps: float = 1e-5):
+    if training:
+        raise NotImplementedError("batch_norm with training=True: Orochi runs inference only "
+                                  "and normalises with the running statistics")
+    del momentum
+    return _engine.batch_norm(input, running_mean, running_var, weight, bias, eps)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):  # noqa: A002
+    return _engine.layer_norm(input, _as_shape(normalized_shape), weight, bias, eps)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
+    """torch.nn.functional.rms_norm; eps=None means the machine epsilon of the input's dtype."""
+    if eps is None:
+        import orochi  # noqa: PLC0415 (orochi imports this module while it initialises)
+
+        eps = orochi.finfo(input.dtype).eps
+    return _engine.rms_norm(input, _as_shape(normalized_shape), weight, eps)
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float = 2.0,  # noqa: A002
+              scale_grad_by_freq: bool = False, sparse: bool = False):
+    if max_norm is not None:
+        raise NotImplementedError("embedding with max_norm renormalises the weights in place, "
+                                  "which shared read-only weights cannot allow")
+    del padding_idx, norm_type, scale_grad_by_freq, sparse  # only affect training
+    return _engine.embedding(input, weight)
+
+
+def _as_shape(shape):
+    return (shape,) if isinstance(shape, int) else tuple(shape)
