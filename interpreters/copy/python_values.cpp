@@ -1,6 +1,7 @@
 // Conversions between Python values and engine values: dtypes, devices, shapes, numbers,
 // nested lists and buffers.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <array>
 #include <cstring>

@@ -99,7 +99,7 @@ def _exit_status(exit_exception):
     if code is None:
         return 0
     if isinstance(code, int):
-        return code
+        return int(code)  # sys.exit(True) means 1, and the host takes ints only
     # Like CPython: a non-integer code is printed to stderr and the status is 1.
     print(code, file=sys.stderr)
     return 1

@@ -23,7 +23,10 @@ class _Formatter:
                 self.scientific = largest / smallest > 1000 or largest > 1e8 or smallest < 1e-4
         elif floating and finite and self.integral:
             self.scientific = max(abs(v) for v in finite) > 1e8
-        self.width = max((len(self._text(v)) for v in values), default=1)
+        # Like PyTorch, columns are as wide as the nonzero finite values need (nan and inf may
+        # stick out); integer tensors count every value.
+        measured = values if not floating else [v for v in finite if v != 0]
+        self.width = max((len(self._text(v)) for v in measured), default=1)
 
     def _text(self, value) -> str:
         if isinstance(value, bool):

@@ -8,12 +8,10 @@ that is exact, and refuses where it would silently change the result).
 import _orochi_engine as _engine
 from _orochi_engine import (  # noqa: F401 (re-exported under PyTorch's names)
     adaptive_avg_pool2d,
-    avg_pool2d,
     conv1d,
     conv2d,
     linear,
     log_softmax as _log_softmax,
-    max_pool2d,
     pad,
     scaled_dot_product_attention,
     softmax as _softmax,
@@ -95,6 +93,29 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float =
                                   "which shared read-only weights cannot allow")
     del padding_idx, norm_type, scale_grad_by_freq, sparse  # only affect training
     return _engine.embedding(input, weight)
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1,  # noqa: A002
+               ceil_mode: bool = False, return_indices: bool = False):
+    _unsupported("max_pool2d", dilation=(dilation not in (1, (1, 1)), dilation),
+                 ceil_mode=(ceil_mode, ceil_mode), return_indices=(return_indices, return_indices))
+    return _engine.max_pool2d(input, kernel_size, stride, padding)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode: bool = False,  # noqa: A002
+               count_include_pad: bool = True, divisor_override=None):
+    _unsupported("avg_pool2d", ceil_mode=(ceil_mode, ceil_mode),
+                 count_include_pad=(not count_include_pad, count_include_pad),
+                 divisor_override=(divisor_override is not None, divisor_override))
+    return _engine.avg_pool2d(input, kernel_size, stride, padding)
+
+
+def _unsupported(function: str, **options) -> None:
+    """Refuses options the engine does not implement, naming them, instead of ignoring them."""
+    for name, (used, value) in options.items():
+        if used:
+            raise NotImplementedError(f"{function}: {name}={value!r} is not supported by Orochi's "
+                                      "engine yet")
 
 
 def _as_shape(shape):

@@ -1,0 +1,674 @@
+"""orochi.Tensor and the tensor functions, run inside an interpreter copy.
+
+    build/bin/orochi python -m unittest -v test_tensor     (from tests/python)
+
+Expected values are written out by hand (they are PyTorch's answers for the same calls).
+"""
+
+import hashlib
+import math
+import os
+import tempfile
+import unittest
+
+import orochi
+
+
+def t(data, dtype=None):
+    return orochi.tensor(data, dtype=dtype)
+
+
+class Case(unittest.TestCase):
+    def assertTensor(self, actual, expected, dtype=None, places=5):
+        self.assertIsInstance(actual, orochi.Tensor)
+        if dtype is not None:
+            self.assertIs(actual.dtype, dtype)
+        got = actual.tolist()
+        self._close(got, expected, places)
+
+    def _close(self, got, expected, places):
+        if isinstance(expected, list):
+            self.assertIsInstance(got, list)
+            self.assertEqual(len(got), len(expected))
+            for g, e in zip(got, expected):
+                self._close(g, e, places)
+        elif isinstance(expected, float) and math.isnan(expected):
+            self.assertTrue(math.isnan(got))
+        elif isinstance(expected, float):
+            self.assertAlmostEqual(got, expected, places=places)
+        else:
+            self.assertEqual(got, expected)
+
+
+class CreationTest(Case):
+    def test_tensor_from_nested_lists_infers_dtype(self):
+        self.assertTensor(t([[1, 2], [3, 4]]), [[1, 2], [3, 4]], orochi.int64)
+        self.assertTensor(t([1, 2.5]), [1.0, 2.5], orochi.float32)
+        self.assertTensor(t([True, False]), [True, False], orochi.bool)
+        self.assertTensor(t(3.5), 3.5, orochi.float32)
+        self.assertEqual(t(3.5).shape, ())
+        self.assertEqual(t([[]]).shape, (1, 0))
+
+    def test_tensor_with_dtype_converts(self):
+        self.assertTensor(t([1.7, -1.7], dtype=orochi.int32), [1, -1], orochi.int32)
+        self.assertTensor(t([1, 0, 2], dtype=orochi.bool), [True, False, True], orochi.bool)
+        self.assertTensor(t([0.1], dtype=orochi.float64), [0.1], orochi.float64, places=15)
+        self.assertTensor(t([1.5], dtype="float16"), [1.5], orochi.float16)
+        self.assertTensor(t([1.5], dtype=orochi.bfloat16).float(), [1.5])
+
+    def test_tensor_of_tensors_and_ragged_lists(self):
+        self.assertTensor(t([t(1.0), t(2.0)]), [1.0, 2.0])
+        self.assertTensor(t([t([1, 2]), t([3, 4])]), [[1, 2], [3, 4]])
+        with self.assertRaisesRegex(ValueError, "expected a sequence of length 2 at dim 1, got 1"):
+            t([[1, 2], [3]])
+        with self.assertRaisesRegex(ValueError, "ragged"):
+            t([[1, 2], 3])
+        with self.assertRaisesRegex(TypeError, "expected numbers.*got str"):
+            t(["a"])
+        with self.assertRaisesRegex(ValueError, "does not fit in 64 bits"):
+            t([2**70])
+
+    def test_tensor_from_bytes_reinterprets_and_copies(self):
+        data = bytes(memoryview(t([1.0, -2.0])))
+        self.assertTensor(t(data, dtype=orochi.float32), [1.0, -2.0])
+        self.assertTensor(t(b"\x01\x02"), [1, 2], orochi.uint8)
+        with self.assertRaisesRegex(ValueError, "3 bytes are not a whole number of float32"):
+            t(b"abc", dtype=orochi.float32)
+
+    def test_tensor_from_a_buffer_copies(self):
+        source = bytearray(b"\x01\x02\x03")
+        copied = t(memoryview(source))
+        source[0] = 9
+        self.assertEqual(copied.tolist(), [1, 2, 3])
+
+    def test_factories(self):
+        self.assertTensor(orochi.zeros(2, 3), [[0.0] * 3] * 2, orochi.float32)
+        self.assertTensor(orochi.zeros((2,), dtype=orochi.int8), [0, 0], orochi.int8)
+        self.assertTensor(orochi.ones([2]), [1.0, 1.0])
+        self.assertEqual(orochi.empty(4, 5).shape, (4, 5))
+        self.assertTensor(orochi.full((2,), 7), [7, 7], orochi.int64)
+        self.assertTensor(orochi.full((2,), 0.5), [0.5, 0.5], orochi.float32)
+        self.assertTensor(orochi.full((1,), True), [True], orochi.bool)
+        like = t([[1, 2]], dtype=orochi.int32)
+        self.assertTensor(orochi.zeros_like(like), [[0, 0]], orochi.int32)
+        self.assertTensor(orochi.ones_like(like, dtype=orochi.float32), [[1.0, 1.0]])
+        self.assertTensor(orochi.full_like(like, 3), [[3, 3]], orochi.int32)
+        self.assertEqual(orochi.empty_like(like).shape, (1, 2))
+        self.assertTensor(orochi.arange(4), [0, 1, 2, 3], orochi.int64)
+        self.assertTensor(orochi.arange(1, 2, 0.25), [1.0, 1.25, 1.5, 1.75], orochi.float32)
+        self.assertTensor(orochi.arange(5, 0, -2), [5, 3, 1])
+        self.assertTensor(orochi.eye(2, 3), [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+        self.assertTensor(orochi.linspace(0, 1, 5), [0.0, 0.25, 0.5, 0.75, 1.0])
+
+    def test_random_tensors_are_seeded(self):
+        a = orochi.rand(3, 4, seed=7)
+        self.assertEqual(a.tolist(), orochi.rand(3, 4, seed=7).tolist())
+        self.assertNotEqual(a.tolist(), orochi.rand(3, 4, seed=8).tolist())
+        self.assertTrue(bool(((a >= 0) & (a < 1)).all()))
+        orochi.manual_seed(3)
+        first = orochi.randn(5).tolist()
+        orochi.manual_seed(3)
+        self.assertEqual(orochi.randn(5).tolist(), first)
+        self.assertIs(orochi.randn(2, dtype=orochi.float64).dtype, orochi.float64)
+
+    def test_bad_sizes_and_devices(self):
+        with self.assertRaisesRegex(TypeError, "expected a sequence of ints as the size, got float"):
+            orochi.zeros(2.5)
+        with self.assertRaisesRegex(ValueError, "'cuda:0' is not available"):
+            orochi.zeros(2, device="cuda:0")
+        with self.assertRaisesRegex(ValueError, "unknown device 'tpu'"):
+            orochi.zeros(2, device="tpu")
+        with self.assertRaisesRegex(TypeError, "unknown dtype 'complex64'"):
+            orochi.zeros(2, dtype="complex64")
+
+
+class PropertiesTest(Case):
+    def test_shape_dtype_device(self):
+        x = orochi.zeros(2, 3, 4)
+        self.assertEqual(x.shape, (2, 3, 4))
+        self.assertEqual(repr(x.shape), "orochi.Size([2, 3, 4])")
+        self.assertEqual(x.size(), (2, 3, 4))
+        self.assertEqual(x.size(-1), 4)
+        self.assertEqual(x.shape.numel(), 24)
+        self.assertEqual((x.dim(), x.ndim, x.numel(), len(x)), (3, 3, 24, 2))
+        self.assertEqual(x.stride(), [12, 4, 1])
+        self.assertEqual(x.stride(1), 4)
+        self.assertIs(x.dtype, orochi.float32)
+        self.assertEqual(x.element_size(), 4)
+        self.assertEqual(str(x.device), "cpu")
+        self.assertEqual(repr(x.device), "device(type='cpu')")
+        self.assertEqual(x.device, orochi.device("cpu"))
+        self.assertEqual(x.device.type, "cpu")
+        self.assertFalse(x.is_cuda)
+        self.assertFalse(x.is_read_only)
+        self.assertTrue(x.is_contiguous())
+        self.assertFalse(x.transpose(0, 1).is_contiguous())
+        self.assertTrue(x.is_floating_point())
+        self.assertFalse(x.requires_grad)
+        self.assertIsNone(x.grad)
+
+    def test_dtype_objects(self):
+        self.assertEqual(repr(orochi.float32), "orochi.float32")
+        self.assertIs(orochi.float, orochi.float32)
+        self.assertIs(orochi.long, orochi.int64)
+        self.assertIs(orochi.half, orochi.float16)
+        self.assertEqual(orochi.float64.itemsize, 8)
+        self.assertTrue(orochi.bfloat16.is_floating_point)
+        self.assertFalse(orochi.int8.is_floating_point)
+        self.assertEqual(orochi.finfo(orochi.float32).eps, 2.0**-23)
+        self.assertEqual(orochi.iinfo(orochi.int8).max, 127)
+        self.assertIs(orochi.promote_types(orochi.int32, orochi.float16), orochi.float16)
+        self.assertIs(orochi.result_type(t([1]), 1.0), orochi.float32)
+
+    def test_item_tolist_and_conversions(self):
+        self.assertEqual(t([[1, 2]]).tolist(), [[1, 2]])
+        self.assertEqual(t(2**62).item(), 2**62)
+        self.assertEqual(t([True]).item(), True)
+        self.assertEqual(float(t([2.5])), 2.5)
+        self.assertEqual(int(t(7)), 7)
+        self.assertEqual([10, 20, 30][t(1)], 20)
+        self.assertTrue(bool(t(1)))
+        with self.assertRaisesRegex(ValueError, "ambiguous"):
+            bool(t([1, 2]))
+        with self.assertRaisesRegex(ValueError, "2 elements cannot be converted"):
+            t([1, 2]).item()
+        with self.assertRaisesRegex(TypeError, "len\\(\\) of a 0-d tensor"):
+            len(t(1))
+
+    def test_to_and_dtype_shortcuts(self):
+        x = t([1.5, -2.5])
+        self.assertIs(x.to(orochi.int32).dtype, orochi.int32)
+        self.assertEqual(x.to("cpu").data_ptr(), x.data_ptr())
+        self.assertIs(x.to("cpu", orochi.float64).dtype, orochi.float64)
+        self.assertIs(x.to(dtype=orochi.float16).dtype, orochi.float16)
+        self.assertIs(x.to(t([1])).dtype, orochi.int64)
+        self.assertNotEqual(x.to(orochi.float32, copy=True).data_ptr(), x.data_ptr())
+        self.assertEqual(x.to(orochi.float32).data_ptr(), x.data_ptr())
+        for name, dtype in [("double", orochi.float64), ("half", orochi.float16),
+                            ("bfloat16", orochi.bfloat16), ("long", orochi.int64),
+                            ("int", orochi.int32), ("short", orochi.int16), ("char", orochi.int8),
+                            ("byte", orochi.uint8), ("bool", orochi.bool), ("float", orochi.float32)]:
+            self.assertIs(getattr(x, name)().dtype, dtype)
+        self.assertEqual(x.int().tolist(), [1, -2])
+        self.assertIs(x.type_as(t([1])).dtype, orochi.int64)
+        self.assertEqual(x.cpu().tolist(), [1.5, -2.5])
+        with self.assertRaisesRegex(ValueError, "'cuda:0' is not available"):
+            x.to("cuda")
+        with self.assertRaisesRegex(ValueError, "'cuda:0' is not available"):
+            x.cuda()
+
+    def test_repr_matches_pytorch(self):
+        self.assertEqual(repr(t([1.0, 2.0])), "tensor([1., 2.])")
+        self.assertEqual(repr(t([1.5, 2.25])), "tensor([1.5000, 2.2500])")
+        self.assertEqual(repr(t([[1, 2], [3, 4]])), "tensor([[1, 2],\n        [3, 4]])")
+        self.assertEqual(repr(t([1, 2], dtype=orochi.int32)), "tensor([1, 2], dtype=orochi.int32)")
+        self.assertEqual(repr(t([True])), "tensor([True])")
+        self.assertEqual(repr(t(3.0)), "tensor(3.)")
+        self.assertEqual(repr(t([1e-5, 1.0])), "tensor([1.0000e-05, 1.0000e+00])")
+        self.assertEqual(repr(t([float("nan"), 1.0])), "tensor([nan, 1.])")
+        self.assertEqual(repr(orochi.zeros(0)), "tensor([])")
+        self.assertEqual(repr(orochi.zeros(0, 2)), "tensor([], size=(0, 2))")
+        self.assertIn("...", repr(orochi.zeros(2000)))
+        self.assertEqual(str(t([1.0])), "tensor([1.])")
+        self.assertEqual(f"{t(2.5):.1f}", "2.5")
+
+
+class ViewsTest(Case):
+    def test_views_share_storage(self):
+        x = orochi.arange(6)
+        for view in (x.view(2, 3), x.reshape((3, 2)), x.view(-1, 2), x[1:], x.unsqueeze(0),
+                     x.view(2, 3).t(), x.view(2, 3).permute(1, 0), x.expand(2, 6),
+                     x.narrow(0, 1, 2), x.view(1, 6).squeeze(0), x.view(2, 3).select(1, 0)):
+            view_base = view.data_ptr() - view.storage_offset() * 8
+            self.assertEqual(view_base, x.data_ptr())
+
+    def test_shape_functions(self):
+        x = orochi.arange(24).reshape(2, 3, 4)
+        self.assertEqual(x.permute(2, 0, 1).shape, (4, 2, 3))
+        self.assertEqual(x.permute((2, 0, 1)).shape, (4, 2, 3))
+        self.assertEqual(x.transpose(0, 2).shape, (4, 3, 2))
+        self.assertEqual(orochi.transpose(x, 0, 1).shape, (3, 2, 4))
+        self.assertEqual(x.swapaxes(0, 1).shape, (3, 2, 4))
+        self.assertEqual(x.T.shape, (4, 3, 2))
+        self.assertEqual(x.mT.shape, (2, 4, 3))
+        self.assertEqual(x.flatten().shape, (24,))
+        self.assertEqual(x.flatten(1).shape, (2, 12))
+        self.assertEqual(orochi.flatten(x, 0, 1).shape, (6, 4))
+        self.assertEqual(x.unsqueeze(-1).shape, (2, 3, 4, 1))
+        self.assertEqual(orochi.zeros(1, 3, 1).squeeze().shape, (3,))
+        self.assertEqual(orochi.zeros(1, 3, 1).squeeze(0).shape, (3, 1))
+        self.assertEqual(orochi.zeros(3, 1).expand(-1, 4).shape, (3, 4))
+        self.assertEqual(orochi.zeros(3, 1).expand_as(orochi.zeros(3, 2)).shape, (3, 2))
+        self.assertEqual(x.view_as(orochi.zeros(6, 4)).shape, (6, 4))
+        self.assertEqual(x.reshape_as(orochi.zeros(4, 6)).shape, (4, 6))
+        self.assertEqual(orochi.reshape(x, (4, -1)).shape, (4, 6))
+        self.assertEqual(x.transpose(0, 1).reshape(-1).tolist()[:4], [0, 1, 2, 3])
+        self.assertTrue(x.transpose(0, 1).contiguous().is_contiguous())
+        self.assertEqual(x.clone().tolist(), x.tolist())
+        self.assertNotEqual(x.clone().data_ptr(), x.data_ptr())
+        self.assertEqual(x.detach().data_ptr(), x.data_ptr())
+
+    def test_shape_errors(self):
+        x = orochi.arange(6)
+        with self.assertRaisesRegex(RuntimeError, "6"):
+            x.view(4, 2)
+        with self.assertRaisesRegex(RuntimeError, "view"):
+            x.view(2, 3).t().view(6)
+        with self.assertRaisesRegex(RuntimeError, "dim"):
+            x.unsqueeze(5)
+        with self.assertRaisesRegex(RuntimeError, "permute"):
+            x.view(2, 3).permute(0, 0)
+        with self.assertRaisesRegex(ValueError, "t\\(\\) expects a tensor with <= 2 dims"):
+            orochi.zeros(1, 2, 3).t()
+
+    def test_split_chunk_cat_stack(self):
+        x = orochi.arange(10)
+        self.assertEqual([p.tolist() for p in x.split(4)], [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]])
+        self.assertEqual([p.shape for p in orochi.chunk(x.view(2, 5), 2, dim=1)], [(2, 3), (2, 2)])
+        self.assertTensor(orochi.cat([t([1]), t([2, 3])]), [1, 2, 3])
+        self.assertTensor(orochi.concat([t([[1]]), t([[2]])], dim=1), [[1, 2]])
+        self.assertTensor(orochi.cat([t([1]), t([0.5])]), [1.0, 0.5], orochi.float32)
+        self.assertTensor(orochi.stack([t([1, 2]), t([3, 4])], dim=1), [[1, 3], [2, 4]])
+        with self.assertRaisesRegex(RuntimeError, "cat"):
+            orochi.cat([orochi.zeros(2, 2), orochi.zeros(3, 3)])
+        with self.assertRaisesRegex(TypeError, ""):
+            orochi.cat([t([1]), 2])
+
+
+class IndexingTest(Case):
+    def setUp(self):
+        self.x = orochi.arange(12).reshape(3, 4)
+
+    def test_basic_indices(self):
+        x = self.x
+        self.assertTensor(x[1], [4, 5, 6, 7])
+        self.assertTensor(x[-1, -1], 11)
+        self.assertTensor(x[:, 1], [1, 5, 9])
+        self.assertTensor(x[0, ::2], [0, 2])
+        self.assertTensor(x[1:, 1:3], [[5, 6], [9, 10]])
+        self.assertTensor(x[::2, ::3], [[0, 3], [8, 11]])
+        self.assertTensor(x[..., 0], [0, 4, 8])
+        self.assertTensor(x[0, ...], [0, 1, 2, 3])
+        self.assertEqual(x[None].shape, (1, 3, 4))
+        self.assertEqual(x[:, None, 1].shape, (3, 1))
+        self.assertEqual(x[..., None].shape, (3, 4, 1))
+        self.assertEqual(x[5:].shape, (0, 4))
+        self.assertTensor(x[-2:][:, -1], [7, 11])
+        self.assertTensor(x[t(2)], [8, 9, 10, 11])
+
+    def test_advanced_indices(self):
+        x = self.x
+        self.assertTensor(x[t([2, 0])], [[8, 9, 10, 11], [0, 1, 2, 3]])
+        self.assertTensor(x[[0, -1]], [[0, 1, 2, 3], [8, 9, 10, 11]])
+        self.assertTensor(x[:, t([[0], [3]])], [[[0], [3]], [[4], [7]], [[8], [11]]])
+        self.assertTensor(x[t([0, 2]), t([1, 3])], [1, 11])
+        self.assertTensor(x[t([0, 2]), 1:3], [[1, 2], [9, 10]])
+        self.assertTensor(x[x > 8], [9, 10, 11])
+        self.assertTensor(x[t([True, False, True])], [[0, 1, 2, 3], [8, 9, 10, 11]])
+        self.assertTensor(x[:, t([False, True, False, True])], [[1, 3], [5, 7], [9, 11]])
+
+    def test_index_errors(self):
+        x = self.x
+        with self.assertRaisesRegex(IndexError, "index 3 is out of range for dimension 0 with size 3"):
+            x[3]
+        with self.assertRaisesRegex(IndexError, "index 9 is out of bounds for dimension 0"):
+            x[t([0, 9])]
+        with self.assertRaisesRegex(IndexError, "too many indices for tensor of dimension 2"):
+            x[0, 0, 0]
+        with self.assertRaisesRegex(IndexError, "single ellipsis"):
+            x[..., ...]
+        with self.assertRaisesRegex(ValueError, "step must be greater than zero"):
+            x[::-1]
+        with self.assertRaisesRegex(IndexError, "must be integer or bool tensors, not float32"):
+            x[t([0.0])]
+        with self.assertRaisesRegex(TypeError, "valid indices, got str"):
+            x["a"]
+        with self.assertRaisesRegex(IndexError, "shape of the mask"):
+            x[t([True, False])]
+
+    def test_assignment(self):
+        x = orochi.zeros(3, 4)
+        x[0] = 1
+        x[1, 1:3] = t([2.0, 3.0])
+        x[:, -1] = 9
+        x[2, ::2] = t([[4.0, 5.0]])[0]
+        self.assertTensor(x, [[1, 1, 1, 9], [0, 2, 3, 9], [4, 0, 5, 9]])
+        x[x > 4] = -1
+        self.assertTensor(x, [[1, 1, 1, -1], [0, 2, 3, -1], [4, 0, -1, -1]])
+        x[t([0, 2])] = t([7.0, 7.0, 7.0, 7.0])
+        self.assertTensor(x[0], [7, 7, 7, 7])
+        self.assertTensor(x[2], [7, 7, 7, 7])
+        x[..., 0] = t([1.0, 2.0, 3.0])
+        self.assertTensor(x[:, 0], [1, 2, 3])
+        view = x[1]
+        view[:] = 0  # writes through the view into x
+        self.assertTensor(x[1], [0, 0, 0, 0])
+        with self.assertRaisesRegex(RuntimeError, "cannot expand \\[2\\] to \\[4\\]"):
+            x[0] = t([1.0, 2.0])
+
+
+class OperatorsTest(Case):
+    def test_arithmetic_and_broadcasting(self):
+        a = t([[1.0, 2.0], [3.0, 4.0]])
+        b = t([10.0, 20.0])
+        self.assertTensor(a + b, [[11, 22], [13, 24]])
+        self.assertTensor(a - b, [[-9, -18], [-7, -16]])
+        self.assertTensor(a * b, [[10, 40], [30, 80]])
+        self.assertTensor(a / b, [[0.1, 0.1], [0.3, 0.2]])
+        self.assertTensor(a**2, [[1, 4], [9, 16]])
+        self.assertTensor(2**a, [[2, 4], [8, 16]])
+        self.assertTensor(-a, [[-1, -2], [-3, -4]])
+        self.assertTensor(+a, [[1, 2], [3, 4]])
+        self.assertTensor(abs(-a), [[1, 2], [3, 4]])
+        self.assertTensor(1 - a, [[0, -1], [-2, -3]])
+        self.assertTensor(3 / b, [0.3, 0.15])
+        self.assertTensor(b // 3, [3, 6])
+        self.assertTensor(a @ a, [[7, 10], [15, 22]])
+        self.assertTensor(a @ b, [50, 110])
+        self.assertTensor(orochi.matmul(b, a), [70, 100])
+        self.assertTensor(a.add(1), [[2, 3], [4, 5]])
+        self.assertTensor(orochi.sub(a, b), [[-9, -18], [-7, -16]])
+        self.assertTensor(a.mul(b).div(b), [[1, 2], [3, 4]])
+        self.assertTensor(orochi.true_divide(a, 2), [[0.5, 1], [1.5, 2]])
+        self.assertTensor(a.pow(0.5), [[1, 2**0.5], [3**0.5, 2]])
+        self.assertTensor(orochi.maximum(a, t(2.5)), [[2.5, 2.5], [3, 4]])
+        self.assertTensor(a.minimum(t(2.5)), [[1, 2], [2.5, 2.5]])
+
+    def test_promotion_follows_pytorch(self):
+        ints = t([1, 2])
+        self.assertIs((ints + 1).dtype, orochi.int64)
+        self.assertIs((ints + 1.5).dtype, orochi.float32)
+        self.assertIs((ints / 2).dtype, orochi.float32)
+        self.assertTensor(ints / 2, [0.5, 1.0])
+        self.assertIs((t([1], dtype=orochi.int32) + 1).dtype, orochi.int32)
+        self.assertIs((t([1.0], dtype=orochi.float16) + 1.5).dtype, orochi.float16)
+        self.assertIs((t([1.0], dtype=orochi.float64) + t([1.0])).dtype, orochi.float64)
+        self.assertIs((t([True]) + 1).dtype, orochi.int64)
+        self.assertIs((t([1.0]) + t(1.0, dtype=orochi.float64)).dtype, orochi.float32)
+        self.assertTensor(t([0.0], dtype=orochi.float64) + 0.1, [0.1], places=15)
+
+    def test_comparisons_and_logic(self):
+        a = t([1, 2, 3])
+        self.assertTensor(a == 2, [False, True, False], orochi.bool)
+        self.assertTensor(a != 2, [True, False, True])
+        self.assertTensor(a < 2, [True, False, False])
+        self.assertTensor(a <= 2, [True, True, False])
+        self.assertTensor(a > t([0, 5, 1]), [True, False, True])
+        self.assertTensor(a >= 2.5, [False, False, True])
+        self.assertTensor(orochi.eq(a, a), [True, True, True])
+        m = a > 1
+        n = a < 3
+        self.assertTensor(m & n, [False, True, False])
+        self.assertTensor(m | n, [True, True, True])
+        self.assertTensor(m ^ n, [True, False, True])
+        self.assertTensor(~m, [True, False, False])
+        self.assertTensor(orochi.logical_not(m), [True, False, False])
+        self.assertTensor(m.logical_and(n), [False, True, False])
+        with self.assertRaisesRegex(TypeError, "only defined for bool"):
+            ~a
+
+    def test_unary_functions(self):
+        x = t([0.5, 1.0, 2.0])
+        cases = {
+            "exp": math.exp, "log": math.log, "sqrt": math.sqrt,
+            "rsqrt": lambda v: 1 / math.sqrt(v), "sin": math.sin, "cos": math.cos,
+            "tanh": math.tanh, "sigmoid": lambda v: 1 / (1 + math.exp(-v)), "erf": math.erf,
+            "abs": abs, "neg": lambda v: -v, "relu": lambda v: max(v, 0.0),
+            "floor": math.floor, "ceil": math.ceil,
+        }
+        for name, reference in cases.items():
+            with self.subTest(name):
+                expected = [float(reference(v)) for v in x.tolist()]
+                self.assertTensor(getattr(x, name)(), expected)
+                self.assertTensor(getattr(orochi, name)(x), expected)
+        self.assertTensor(t([0.4, 1.5, 2.5, -0.5]).round(), [0.0, 2.0, 2.0, -0.0])
+        self.assertTensor(orochi.silu(t([1.0])), [1 / (1 + math.exp(-1))])
+        self.assertTensor(orochi.gelu(t([1.0])), [0.8413447])
+        self.assertTensor(orochi.gelu(t([1.0]), "tanh"), [0.8411920])
+        self.assertIs(t([1, 4]).sqrt().dtype, orochi.float32)
+        self.assertIs(t([-1, 4]).abs().dtype, orochi.int64)
+
+    def test_in_place_ops_write_into_the_tensor(self):
+        x = t([1.0, 2.0])
+        pointer = x.data_ptr()
+        x += 1
+        x *= t([2.0, 3.0])
+        x -= 1
+        x /= 2
+        self.assertTensor(x, [1.5, 4.0])
+        self.assertEqual(x.data_ptr(), pointer)
+        x.add_(1).mul_(2)
+        self.assertTensor(x, [5.0, 10.0])
+        x.clamp_(max=6)
+        x.exp_()
+        self.assertTensor(x.log_(), [5.0, 6.0])
+        x.fill_(3)
+        self.assertTensor(x, [3.0, 3.0])
+        x.zero_()
+        self.assertTensor(x, [0.0, 0.0])
+        x.copy_(t([1, 2]))
+        self.assertTensor(x, [1.0, 2.0])
+        x.masked_fill_(x > 1, -1)
+        self.assertTensor(x, [1.0, -1.0])
+        with self.assertRaisesRegex(RuntimeError, "broadcast"):
+            x += orochi.ones(3)
+
+    def test_operand_errors(self):
+        x = t([1.0])
+        with self.assertRaisesRegex(TypeError, "unsupported operand"):
+            x + "a"
+        with self.assertRaisesRegex(TypeError, "unsupported operand"):
+            x.add(None)
+        with self.assertRaisesRegex(RuntimeError, "cannot be broadcast"):
+            orochi.ones(2) + orochi.ones(3)
+        with self.assertRaisesRegex(RuntimeError, "matmul"):
+            orochi.ones(2, 3) @ orochi.ones(2, 3)
+        with self.assertRaisesRegex(TypeError, ""):
+            orochi.ones(2) @ 2
+
+    def test_tensor_is_hashable_by_identity(self):
+        x = t([1])
+        self.assertEqual({x: 1}[x], 1)
+        self.assertIn(x, {x})
+
+
+class ReductionsTest(Case):
+    def test_reductions(self):
+        x = t([[1.0, 5.0, 3.0], [4.0, 2.0, 6.0]])
+        self.assertTensor(x.sum(), 21.0)
+        self.assertTensor(orochi.sum(x, dim=0), [5, 7, 9])
+        self.assertTensor(x.sum(1, keepdim=True), [[9], [12]])
+        self.assertTensor(x.sum(dim=(0, 1)), 21.0)
+        self.assertTensor(x.mean(-1), [3, 4])
+        self.assertTensor(x.prod(0), [4, 10, 18])
+        self.assertTensor(x.amax(1), [5, 6])
+        self.assertTensor(x.amin(), 1)
+        self.assertTensor(x.max(), 6)
+        self.assertTensor(x.min(), 1)
+        values, indices = x.max(dim=1)
+        self.assertTensor(values, [5, 6])
+        self.assertTensor(indices, [1, 2], orochi.int64)
+        result = orochi.min(x, 0, keepdim=True)
+        self.assertTensor(result.values, [[1, 2, 3]])
+        self.assertTensor(result.indices, [[0, 1, 0]])
+        self.assertTensor(x.max(t(4.0)), [[4, 5, 4], [4, 4, 6]])
+        self.assertTensor(x.argmax(), 5)
+        self.assertTensor(x.argmin(dim=1), [0, 1])
+        self.assertTensor(x.argmax(1, keepdim=True), [[1], [2]])
+        self.assertTensor(x.var(), 3.5)
+        self.assertTensor(x.var(1, unbiased=False), [8 / 3, 8 / 3])
+        self.assertTensor(x.std(dim=1, correction=0), [math.sqrt(8 / 3)] * 2)
+        self.assertTensor((x > 4).any(), True)
+        self.assertTensor((x > 0).all(1), [True, True])
+        self.assertTensor(orochi.any(x > 5, dim=0), [False, False, True])
+        self.assertIs(t([1, 2]).sum().dtype, orochi.int64)
+        self.assertIs(t([1, 2]).sum(dtype=orochi.float32).dtype, orochi.float32)
+
+    def test_softmax(self):
+        x = t([[1.0, 2.0, 3.0]])
+        expected = [math.exp(v) / sum(math.exp(u) for u in (1, 2, 3)) for v in (1, 2, 3)]
+        self.assertTensor(x.softmax(-1), [expected])
+        self.assertTensor(orochi.softmax(x, dim=1), [expected])
+        self.assertTensor(x.log_softmax(1), [[math.log(v) for v in expected]])
+        self.assertIs(x.softmax(-1, dtype=orochi.float64).dtype, orochi.float64)
+
+    def test_reduction_errors(self):
+        with self.assertRaisesRegex(RuntimeError, "mean"):
+            t([1, 2]).mean()
+        with self.assertRaisesRegex(RuntimeError, "dim"):
+            orochi.zeros(2).sum(3)
+
+
+class SelectionTest(Case):
+    def test_where_masked_fill_clamp(self):
+        x = t([1.0, -2.0, 3.0])
+        self.assertTensor(orochi.where(x > 0, x, t(0.0)), [1, 0, 3])
+        self.assertTensor(orochi.where(x > 0, x, 0.0), [1, 0, 3])
+        self.assertTensor(orochi.where(x > 0, 1.0, x), [1, -2, 1])
+        self.assertTensor(x.where(x > 0, -x), [1, 2, 3])
+        self.assertTensor(x.masked_fill(x < 0, 9), [1, 9, 3])
+        self.assertTensor(orochi.masked_fill(x, x > 2, 0), [1, -2, 0])
+        self.assertTensor(x.clamp(min=0), [1, 0, 3])
+        self.assertTensor(x.clamp(-1, 2), [1, -1, 2])
+        self.assertTensor(orochi.clip(x, max=0), [0, -2, 0])
+        with self.assertRaisesRegex(ValueError, "at least one of min and max"):
+            x.clamp()
+        with self.assertRaisesRegex(RuntimeError, "bool"):
+            orochi.where(x, x, x)
+
+    def test_sort_topk_gather(self):
+        x = t([[3.0, 1.0, 2.0], [0.0, 5.0, 4.0]])
+        values, indices = x.sort()
+        self.assertTensor(values, [[1, 2, 3], [0, 4, 5]])
+        self.assertTensor(indices, [[1, 2, 0], [0, 2, 1]])
+        self.assertTensor(orochi.sort(x, dim=0, descending=True).values, [[3, 5, 4], [0, 1, 2]])
+        self.assertTensor(x.argsort(dim=1, descending=True), [[0, 2, 1], [1, 2, 0]])
+        top = x.topk(2)
+        self.assertTensor(top.values, [[3, 2], [5, 4]])
+        self.assertTensor(top.indices, [[0, 2], [1, 2]])
+        self.assertTensor(orochi.topk(x, 1, dim=0, largest=False).values, [[0, 1, 2]])
+        self.assertTensor(x.gather(1, t([[2], [0]])), [[2], [0]])
+        self.assertTensor(orochi.index_select(x, 1, t([2, 0])), [[2, 3], [4, 0]])
+        self.assertTensor(x.masked_select(x > 2), [3, 5, 4])
+        with self.assertRaisesRegex(RuntimeError, "topk"):
+            x.topk(4)
+
+
+class BufferProtocolTest(Case):
+    def test_memoryview_of_a_tensor_shares_memory(self):
+        x = t([[1.0, 2.0], [3.0, 4.0]])
+        view = memoryview(x)
+        self.assertEqual((view.format, view.shape, view.strides, view.readonly), ("f", (2, 2), (8, 4), False))
+        view[0, 1] = 7.0
+        self.assertEqual(x[0, 1].item(), 7.0)
+        column = memoryview(x[:, 1])
+        self.assertEqual(column.strides, (8,))
+        self.assertEqual(column.tolist(), [7.0, 4.0])
+        for dtype, code in [(orochi.bool, "?"), (orochi.uint8, "B"), (orochi.int8, "b"),
+                            (orochi.int16, "h"), (orochi.int32, "i"), (orochi.int64, "q"),
+                            (orochi.float16, "e"), (orochi.float64, "d")]:
+            self.assertEqual(memoryview(orochi.zeros(1, dtype=dtype)).format, code)
+
+    def test_buffer_export_refusals(self):
+        with self.assertRaisesRegex(BufferError, "bfloat16"):
+            memoryview(orochi.zeros(2, dtype=orochi.bfloat16))
+        with self.assertRaisesRegex(BufferError, "contiguous"):
+            hashlib.sha256(orochi.zeros(4).view(2, 2).t().flatten()[::2])  # wants a plain buffer
+        self.assertEqual(hashlib.sha256(orochi.zeros(4)).hexdigest(),
+                         hashlib.sha256(bytes(16)).hexdigest())
+
+    def test_tensor_from_a_buffer_without_copying(self):
+        data = bytearray(8)
+        shared = orochi.frombuffer(data, dtype=orochi.float32)
+        memoryview(data).cast("f")[1] = 2.5
+        self.assertEqual(shared.tolist(), [0.0, 2.5])
+        shared[0] = 1.5  # and back into the bytearray
+        self.assertEqual(memoryview(data).cast("f").tolist(), [1.5, 2.5])
+        self.assertEqual(orochi.frombuffer(data, dtype=orochi.uint8, count=2, offset=1).shape, (2,))
+        as_tensor = orochi.as_tensor(memoryview(data).cast("f"))
+        self.assertEqual(as_tensor.data_ptr(), shared.data_ptr())
+        del data  # the tensor keeps the exporter alive
+        self.assertEqual(shared.tolist(), [1.5, 2.5])
+
+    def test_readonly_buffers_give_read_only_tensors(self):
+        shared = orochi.frombuffer(b"\x00\x00\x80\x3f", dtype=orochi.float32)
+        self.assertTrue(shared.is_read_only)
+        self.assertEqual(shared.tolist(), [1.0])
+        with self.assertRaisesRegex(RuntimeError, "read-only"):
+            shared += 1
+        with self.assertRaisesRegex(ValueError, "read-only"):
+            shared[0] = 2
+
+    def test_strided_buffers_and_errors(self):
+        strided = memoryview(bytearray(range(8)))[::2]
+        tensor = orochi.as_tensor(strided)
+        self.assertEqual(tensor.stride(), [2])
+        self.assertEqual(tensor.tolist(), [0, 2, 4, 6])
+        with self.assertRaisesRegex(ValueError, "negative or unaligned strides"):
+            orochi.as_tensor(memoryview(bytearray(4))[::-1])
+        with self.assertRaisesRegex(TypeError, "format 'I'"):
+            orochi.as_tensor(memoryview(bytearray(4)).cast("I"))
+        with self.assertRaisesRegex(ValueError, "does not hold a whole number of float32"):
+            orochi.frombuffer(bytearray(6), dtype=orochi.float32)
+
+
+class SafetensorsTest(Case):
+    def test_round_trip_through_a_file_and_bytes(self):
+        tensors = {"a": t([[1.0, 2.0]]), "b": t([1, 2, 3], dtype=orochi.int16),
+                   "c": orochi.arange(6).view(2, 3).t()}
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "weights.safetensors")
+            orochi.save_safetensors(tensors, path, metadata={"format": "pt"})
+            loaded = orochi.load_safetensors(path)
+            with open(path, "rb") as file:
+                from_bytes = orochi.load_safetensors(file.read())
+        for result in (loaded, from_bytes):
+            self.assertEqual(sorted(result), ["a", "b", "c"])
+            self.assertEqual(result["c"].tolist(), [[0, 3], [1, 4], [2, 5]])
+            self.assertIs(result["b"].dtype, orochi.int16)
+            self.assertTrue(all(value.is_read_only for value in result.values()))
+        with self.assertRaisesRegex(RuntimeError, "read-only"):
+            loaded["a"].add_(1)
+        self.assertTrue(memoryview(loaded["a"]).readonly)
+        with self.assertRaisesRegex(TypeError, "read-only"):
+            memoryview(loaded["a"]).cast("B")[0] = 0
+
+    def test_errors_name_the_problem(self):
+        with self.assertRaises(FileNotFoundError):
+            orochi.load_safetensors("/nonexistent/weights.safetensors")
+        with self.assertRaisesRegex(ValueError, "header"):
+            orochi.load_safetensors(b"\x05\x00\x00\x00\x00\x00\x00\x00{}")
+        with self.assertRaisesRegex(TypeError, "dict of str to orochi.Tensor"):
+            orochi.save_safetensors({"a": 1}, "/tmp/unused.safetensors")
+
+
+class GradModeTest(unittest.TestCase):
+    def test_no_grad_is_a_context_manager_and_a_decorator(self):
+        with orochi.no_grad():
+            value = orochi.ones(1) + 1
+
+        @orochi.no_grad()
+        def decorated(x):
+            return x * 2
+
+        @orochi.inference_mode()
+        def decorated_too(x):
+            return x * 3
+
+        self.assertEqual(value.tolist(), [2.0])
+        self.assertEqual(decorated(orochi.ones(1)).tolist(), [2.0])
+        self.assertEqual(decorated_too(orochi.ones(1)).tolist(), [3.0])
+        with orochi.enable_grad(), orochi.set_grad_enabled(False):
+            self.assertFalse(orochi.is_grad_enabled())
+        x = orochi.ones(1)
+        self.assertIs(x.requires_grad_(), x)
+
+    def test_cuda_module_reports_no_gpu(self):
+        self.assertFalse(orochi.cuda.is_available())
+        self.assertEqual(orochi.cuda.device_count(), 0)
+        with self.assertRaisesRegex(RuntimeError, "CPU only"):
+            orochi.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    unittest.main()
