@@ -45,11 +45,11 @@ typedef struct OrochiTensor OrochiTensor;
 
 typedef enum OrochiValueKind {
   OROCHI_VALUE_NONE = 0,
-  OROCHI_VALUE_BOOL = 1,  /* int_value is 0 or 1 */
-  OROCHI_VALUE_INT = 2,   /* int_value */
-  OROCHI_VALUE_FLOAT = 3, /* float_value */
-  OROCHI_VALUE_STR = 4,   /* data/size: UTF-8 */
-  OROCHI_VALUE_BYTES = 5, /* data/size */
+  OROCHI_VALUE_BOOL = 1,   /* int_value is 0 or 1 */
+  OROCHI_VALUE_INT = 2,    /* int_value */
+  OROCHI_VALUE_FLOAT = 3,  /* float_value */
+  OROCHI_VALUE_STR = 4,    /* data/size: UTF-8 */
+  OROCHI_VALUE_BYTES = 5,  /* data/size */
   OROCHI_VALUE_TENSOR = 6, /* tensor */
 } OrochiValueKind;
 

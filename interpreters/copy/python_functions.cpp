@@ -65,8 +65,9 @@ void CheckDevice(py::handle device) {
 // torch.nn.functional.pad with constant padding: (left, right) pairs from the last dim back.
 Tensor Pad(const Tensor& input, const std::vector<int64_t>& pad, double value) {
   if (pad.size() % 2 != 0 || static_cast<int64_t>(pad.size()) > 2 * input.dim()) {
-    throw py::value_error("pad: expected an even number of sizes, at most two per dimension of "
-                          "the input");
+    throw py::value_error(
+        "pad: expected an even number of sizes, at most two per dimension of "
+        "the input");
   }
   Shape shape = input.shape();
   for (size_t i = 0; i < pad.size() / 2; ++i) {
@@ -93,8 +94,8 @@ Tensor ConvNd(int spatial, const Tensor& input, const Tensor& weight,
               py::handle dilation, int64_t groups) {
   engine::Conv2dOptions options;
   options.groups = groups;
-  std::array<int64_t, 2> strides = spatial == 2 ? Pair(stride, "stride")
-                                                : std::array<int64_t, 2>{1, Single(stride, "stride")};
+  std::array<int64_t, 2> strides =
+      spatial == 2 ? Pair(stride, "stride") : std::array<int64_t, 2>{1, Single(stride, "stride")};
   std::array<int64_t, 2> dilations = spatial == 2
                                          ? Pair(dilation, "dilation")
                                          : std::array<int64_t, 2>{1, Single(dilation, "dilation")};
@@ -115,7 +116,8 @@ Tensor ConvNd(int spatial, const Tensor& input, const Tensor& weight,
       }
       padded = Pad(input, explicit_pad, 0);
     } else if (mode != "valid") {
-      throw py::value_error("padding must be an int, a pair, 'valid' or 'same', got '" + mode + "'");
+      throw py::value_error("padding must be an int, a pair, 'valid' or 'same', got '" + mode +
+                            "'");
     }
   } else {
     pads = spatial == 2 ? Pair(padding, "padding")
@@ -124,7 +126,8 @@ Tensor ConvNd(int spatial, const Tensor& input, const Tensor& weight,
   options.stride = strides;
   options.dilation = dilations;
   options.padding = pads;
-  int64_t work = weight.numel() * input.numel() / std::max<int64_t>(1, input.shape()[input.dim() - spatial - 1]);
+  int64_t work = weight.numel() * input.numel() /
+                 std::max<int64_t>(1, input.shape()[input.dim() - spatial - 1]);
   auto run = [&] {
     if (spatial == 2) return engine::Conv2d(padded, weight, bias, options);
     return engine::Conv1d(padded, weight, bias, strides[1], pads[1], dilations[1], groups);
@@ -167,119 +170,131 @@ py::dict SafetensorsToPython(const engine::SafetensorsContents& contents) {
 }
 
 void BindCreation(py::module_& module) {
-  module.def("tensor",
-             [](py::handle data, py::handle dtype, py::handle device, bool /*requires_grad*/) {
-               CheckDevice(device);
-               return TensorFromData(data, ParseOptionalDType(dtype));
-             },
-             py::arg("data"), py::kw_only(), py::arg("dtype") = py::none(),
-             py::arg("device") = py::none(), py::arg("requires_grad") = false);
-  module.def("as_tensor",
-             [](py::handle data, py::handle dtype, py::handle device) {
-               CheckDevice(device);
-               std::optional<DType> as = ParseOptionalDType(dtype);
-               if (const Tensor* tensor = TensorFromPython(data.ptr())) {
-                 return as ? tensor->To(*as) : *tensor;
-               }
-               if (PyObject_CheckBuffer(data.ptr()) != 0) return TensorFromBuffer(data, as);
-               return TensorFromData(data, as);
-             },
-             py::arg("data"), py::arg("dtype") = py::none(), py::arg("device") = py::none());
-  module.def("frombuffer", &TensorFromRawBuffer, py::arg("buffer"), py::kw_only(),
-             py::arg("dtype"), py::arg("count") = -1, py::arg("offset") = 0);
+  module.def(
+      "tensor",
+      [](py::handle data, py::handle dtype, py::handle device, bool /*requires_grad*/) {
+        CheckDevice(device);
+        return TensorFromData(data, ParseOptionalDType(dtype));
+      },
+      py::arg("data"), py::kw_only(), py::arg("dtype") = py::none(), py::arg("device") = py::none(),
+      py::arg("requires_grad") = false);
+  module.def(
+      "as_tensor",
+      [](py::handle data, py::handle dtype, py::handle device) {
+        CheckDevice(device);
+        std::optional<DType> as = ParseOptionalDType(dtype);
+        if (const Tensor* tensor = TensorFromPython(data.ptr())) {
+          return as ? tensor->To(*as) : *tensor;
+        }
+        if (PyObject_CheckBuffer(data.ptr()) != 0) return TensorFromBuffer(data, as);
+        return TensorFromData(data, as);
+      },
+      py::arg("data"), py::arg("dtype") = py::none(), py::arg("device") = py::none());
+  module.def("frombuffer", &TensorFromRawBuffer, py::arg("buffer"), py::kw_only(), py::arg("dtype"),
+             py::arg("count") = -1, py::arg("offset") = 0);
   auto filled = [](double value) {
     return [value](const py::args& sizes, py::handle dtype, py::handle device) {
       CheckDevice(device);
       return engine::Full(ParseSizes(sizes, "size"), value, DTypeOr(dtype, DType::kFloat32));
     };
   };
-  for (auto [name, value] : {std::pair{"zeros", 0.0}, std::pair{"ones", 1.0},
-                             std::pair{"empty", 0.0}}) {
+  for (auto [name, value] :
+       {std::pair{"zeros", 0.0}, std::pair{"ones", 1.0}, std::pair{"empty", 0.0}}) {
     module.def(name, filled(value), py::kw_only(), py::arg("dtype") = py::none(),
                py::arg("device") = py::none());
   }
-  module.def("full",
-             [](py::handle size, py::handle fill_value, py::handle dtype, py::handle device) {
-               CheckDevice(device);
-               DType fallback = PyBool_Check(fill_value.ptr())   ? DType::kBool
-                                : PyLong_Check(fill_value.ptr()) ? DType::kInt64
-                                                                 : DType::kFloat32;
-               return engine::Full(ParseShape(size, "full"), fill_value.cast<double>(),
-                                   DTypeOr(dtype, fallback));
-             },
-             py::arg("size"), py::arg("fill_value"), py::kw_only(), py::arg("dtype") = py::none(),
-             py::arg("device") = py::none());
+  module.def(
+      "full",
+      [](py::handle size, py::handle fill_value, py::handle dtype, py::handle device) {
+        CheckDevice(device);
+        DType fallback = PyBool_Check(fill_value.ptr())   ? DType::kBool
+                         : PyLong_Check(fill_value.ptr()) ? DType::kInt64
+                                                          : DType::kFloat32;
+        return engine::Full(ParseShape(size, "full"), fill_value.cast<double>(),
+                            DTypeOr(dtype, fallback));
+      },
+      py::arg("size"), py::arg("fill_value"), py::kw_only(), py::arg("dtype") = py::none(),
+      py::arg("device") = py::none());
   auto filled_like = [](double value) {
     return [value](const Tensor& like, py::handle dtype) {
       return engine::Full(like.shape(), value, DTypeOr(dtype, like.dtype()));
     };
   };
-  for (auto [name, value] : {std::pair{"zeros_like", 0.0}, std::pair{"ones_like", 1.0},
-                             std::pair{"empty_like", 0.0}}) {
+  for (auto [name, value] :
+       {std::pair{"zeros_like", 0.0}, std::pair{"ones_like", 1.0}, std::pair{"empty_like", 0.0}}) {
     module.def(name, filled_like(value), py::arg("input"), py::kw_only(),
                py::arg("dtype") = py::none());
   }
-  module.def("full_like",
-             [](const Tensor& like, double value, py::handle dtype) {
-               return engine::Full(like.shape(), value, DTypeOr(dtype, like.dtype()));
-             },
-             py::arg("input"), py::arg("fill_value"), py::kw_only(), py::arg("dtype") = py::none());
-  module.def("arange",
-             [](py::handle start, py::handle end, py::handle step, py::handle dtype,
-                py::handle device) {
-               CheckDevice(device);
-               bool integral = true;
-               for (py::handle bound : {start, end, step}) {
-                 integral = integral && (bound.is_none() || PyLong_Check(bound.ptr()) != 0);
-               }
-               double first = end.is_none() ? 0 : start.cast<double>();
-               double last = end.is_none() ? start.cast<double>() : end.cast<double>();
-               return engine::Arange(first, last, step.cast<double>(),
-                                     DTypeOr(dtype, integral ? DType::kInt64 : DType::kFloat32));
-             },
-             py::arg("start"), py::arg("end") = py::none(), py::arg("step") = 1, py::kw_only(),
-             py::arg("dtype") = py::none(), py::arg("device") = py::none());
-  module.def("eye",
-             [](int64_t rows, std::optional<int64_t> columns, py::handle dtype) {
-               return engine::Eye(rows, columns, DTypeOr(dtype, DType::kFloat32));
-             },
-             py::arg("n"), py::arg("m") = py::none(), py::kw_only(), py::arg("dtype") = py::none());
-  module.def("linspace",
-             [](double start, double end, int64_t steps, py::handle dtype) {
-               return engine::Linspace(start, end, steps, DTypeOr(dtype, DType::kFloat32));
-             },
-             py::arg("start"), py::arg("end"), py::arg("steps"), py::kw_only(),
-             py::arg("dtype") = py::none());
+  module.def(
+      "full_like",
+      [](const Tensor& like, double value, py::handle dtype) {
+        return engine::Full(like.shape(), value, DTypeOr(dtype, like.dtype()));
+      },
+      py::arg("input"), py::arg("fill_value"), py::kw_only(), py::arg("dtype") = py::none());
+  module.def(
+      "arange",
+      [](py::handle start, py::handle end, py::handle step, py::handle dtype, py::handle device) {
+        CheckDevice(device);
+        bool integral = true;
+        for (py::handle bound : {start, end, step}) {
+          integral = integral && (bound.is_none() || PyLong_Check(bound.ptr()) != 0);
+        }
+        double first = end.is_none() ? 0 : start.cast<double>();
+        double last = end.is_none() ? start.cast<double>() : end.cast<double>();
+        return engine::Arange(first, last, step.cast<double>(),
+                              DTypeOr(dtype, integral ? DType::kInt64 : DType::kFloat32));
+      },
+      py::arg("start"), py::arg("end") = py::none(), py::arg("step") = 1, py::kw_only(),
+      py::arg("dtype") = py::none(), py::arg("device") = py::none());
+  module.def(
+      "eye",
+      [](int64_t rows, std::optional<int64_t> columns, py::handle dtype) {
+        return engine::Eye(rows, columns, DTypeOr(dtype, DType::kFloat32));
+      },
+      py::arg("n"), py::arg("m") = py::none(), py::kw_only(), py::arg("dtype") = py::none());
+  module.def(
+      "linspace",
+      [](double start, double end, int64_t steps, py::handle dtype) {
+        return engine::Linspace(start, end, steps, DTypeOr(dtype, DType::kFloat32));
+      },
+      py::arg("start"), py::arg("end"), py::arg("steps"), py::kw_only(),
+      py::arg("dtype") = py::none());
   for (auto [name, normal] : {std::pair{"rand", false}, std::pair{"randn", true}}) {
-    module.def(name,
-               [normal](const py::args& sizes, py::handle seed, py::handle dtype) {
-                 uint64_t chosen = seed.is_none() ? g_next_seed++ : seed.cast<uint64_t>();
-                 Shape shape = ParseSizes(sizes, "size");
-                 DType as = DTypeOr(dtype, DType::kFloat32);
-                 return normal ? engine::Randn(shape, chosen, as) : engine::Rand(shape, chosen, as);
-               },
-               py::kw_only(), py::arg("seed") = py::none(), py::arg("dtype") = py::none());
+    module.def(
+        name,
+        [normal = normal](const py::args& sizes, py::handle seed, py::handle dtype) {
+          uint64_t chosen = seed.is_none() ? g_next_seed++ : seed.cast<uint64_t>();
+          Shape shape = ParseSizes(sizes, "size");
+          DType as = DTypeOr(dtype, DType::kFloat32);
+          return normal ? engine::Randn(shape, chosen, as) : engine::Rand(shape, chosen, as);
+        },
+        py::kw_only(), py::arg("seed") = py::none(), py::arg("dtype") = py::none());
   }
-  module.def("manual_seed", [](uint64_t seed) { g_next_seed = seed; }, py::arg("seed"));
+  module.def(
+      "manual_seed", [](uint64_t seed) { g_next_seed = seed; }, py::arg("seed"));
 }
 
 void BindJoining(py::module_& module) {
-  auto cat = [](const std::vector<Tensor>& tensors, int64_t dim) { return engine::Cat(tensors, dim); };
+  auto cat = [](const std::vector<Tensor>& tensors, int64_t dim) {
+    return engine::Cat(tensors, dim);
+  };
   module.def("cat", cat, py::arg("tensors"), py::arg("dim") = 0);
   module.def("concat", cat, py::arg("tensors"), py::arg("dim") = 0);
-  module.def("stack",
-             [](const std::vector<Tensor>& tensors, int64_t dim) { return engine::Stack(tensors, dim); },
-             py::arg("tensors"), py::arg("dim") = 0);
-  module.def("where",
-             [](const Tensor& condition, py::handle input, py::handle other) {
-               const Tensor* like = TensorFromPython(input.ptr());
-               if (like == nullptr) like = TensorFromPython(other.ptr());
-               const Tensor& reference = like != nullptr ? *like : condition;
-               Operand a(input, reference);
-               Operand b(other, reference);
-               return engine::Where(condition, a.get(), b.get());
-             },
-             py::arg("condition"), py::arg("input"), py::arg("other"));
+  module.def(
+      "stack",
+      [](const std::vector<Tensor>& tensors, int64_t dim) { return engine::Stack(tensors, dim); },
+      py::arg("tensors"), py::arg("dim") = 0);
+  module.def(
+      "where",
+      [](const Tensor& condition, py::handle input, py::handle other) {
+        const Tensor* like = TensorFromPython(input.ptr());
+        if (like == nullptr) like = TensorFromPython(other.ptr());
+        const Tensor& reference = like != nullptr ? *like : condition;
+        Operand a(input, reference);
+        Operand b(other, reference);
+        return engine::Where(condition, a.get(), b.get());
+      },
+      py::arg("condition"), py::arg("input"), py::arg("other"));
   module.def("result_type", [](py::handle a, py::handle b) {
     const Tensor* like = TensorFromPython(a.ptr());
     if (like == nullptr) like = TensorFromPython(b.ptr());
@@ -289,129 +304,138 @@ void BindJoining(py::module_& module) {
   module.def("promote_types", [](py::handle a, py::handle b) {
     return DTypeObject(engine::PromoteTypes(ParseDType(a), ParseDType(b)));
   });
-  module.def("is_tensor", [](py::handle object) { return TensorFromPython(object.ptr()) != nullptr; });
+  module.def("is_tensor",
+             [](py::handle object) { return TensorFromPython(object.ptr()) != nullptr; });
   module.def("set_num_threads", &engine::SetIntraOpThreads, py::arg("threads"));
   module.def("get_num_threads", &engine::IntraOpThreads);
 }
 
 void BindNeuralNetwork(py::module_& module) {
-  module.def("linear",
-             [](const Tensor& input, const Tensor& weight, py::handle bias) {
-               std::optional<Tensor> b = MaybeTensor(bias);
-               int64_t work = input.numel() * (weight.dim() > 0 ? weight.shape()[0] : 1);
-               if (work < (int64_t{1} << 16)) return engine::Linear(input, weight, b);
-               py::gil_scoped_release release;
-               return engine::Linear(input, weight, b);
-             },
-             py::arg("input"), py::arg("weight"), py::arg("bias") = py::none());
+  module.def(
+      "linear",
+      [](const Tensor& input, const Tensor& weight, py::handle bias) {
+        std::optional<Tensor> b = MaybeTensor(bias);
+        int64_t work = input.numel() * (weight.dim() > 0 ? weight.shape()[0] : 1);
+        if (work < (int64_t{1} << 16)) return engine::Linear(input, weight, b);
+        py::gil_scoped_release release;
+        return engine::Linear(input, weight, b);
+      },
+      py::arg("input"), py::arg("weight"), py::arg("bias") = py::none());
   for (auto [name, spatial] : {std::pair{"conv1d", 1}, std::pair{"conv2d", 2}}) {
     int dims = spatial;
-    module.def(name,
-               [dims](const Tensor& input, const Tensor& weight, py::handle bias, py::handle stride,
-                      py::handle padding, py::handle dilation, int64_t groups) {
-                 return ConvNd(dims, input, weight, MaybeTensor(bias), stride, padding, dilation,
-                               groups);
-               },
-               py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(),
-               py::arg("stride") = 1, py::arg("padding") = 0, py::arg("dilation") = 1,
-               py::arg("groups") = 1);
+    module.def(
+        name,
+        [dims](const Tensor& input, const Tensor& weight, py::handle bias, py::handle stride,
+               py::handle padding, py::handle dilation, int64_t groups) {
+          return ConvNd(dims, input, weight, MaybeTensor(bias), stride, padding, dilation, groups);
+        },
+        py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("stride") = 1,
+        py::arg("padding") = 0, py::arg("dilation") = 1, py::arg("groups") = 1);
   }
   for (auto [name, is_max] : {std::pair{"max_pool2d", true}, std::pair{"avg_pool2d", false}}) {
     bool max = is_max;
-    module.def(name,
-               [max](const Tensor& input, py::handle kernel_size, py::handle stride,
-                     py::handle padding) {
-                 std::optional<std::array<int64_t, 2>> strides;
-                 if (!stride.is_none()) strides = Pair(stride, "stride");
-                 auto kernel = Pair(kernel_size, "kernel_size");
-                 auto pads = Pair(padding, "padding");
-                 return max ? engine::MaxPool2d(input, kernel, strides, pads)
-                            : engine::AvgPool2d(input, kernel, strides, pads);
-               },
-               py::arg("input"), py::arg("kernel_size"), py::arg("stride") = py::none(),
-               py::arg("padding") = 0);
+    module.def(
+        name,
+        [max](const Tensor& input, py::handle kernel_size, py::handle stride, py::handle padding) {
+          std::optional<std::array<int64_t, 2>> strides;
+          if (!stride.is_none()) strides = Pair(stride, "stride");
+          auto kernel = Pair(kernel_size, "kernel_size");
+          auto pads = Pair(padding, "padding");
+          return max ? engine::MaxPool2d(input, kernel, strides, pads)
+                     : engine::AvgPool2d(input, kernel, strides, pads);
+        },
+        py::arg("input"), py::arg("kernel_size"), py::arg("stride") = py::none(),
+        py::arg("padding") = 0);
   }
-  module.def("adaptive_avg_pool2d",
-             [](const Tensor& input, py::handle output_size) {
-               std::array<int64_t, 2> size{};
-               if (PyLong_Check(output_size.ptr()) != 0) {
-                 size = Pair(output_size, "output_size");
-               } else {
-                 // None keeps the input's size along that dim, as in PyTorch.
-                 auto items = py::reinterpret_borrow<py::sequence>(output_size);
-                 if (items.size() != 2) throw py::value_error("output_size must be an int or a pair");
-                 for (size_t i = 0; i < 2; ++i) {
-                   size[i] = items[i].is_none() ? input.shape()[input.dim() - 2 + static_cast<int64_t>(i)]
-                                                : items[i].cast<int64_t>();
-                 }
-               }
-               return engine::AdaptiveAvgPool2d(input, size);
-             },
-             py::arg("input"), py::arg("output_size"));
-  module.def("batch_norm",
-             [](const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
-                py::handle weight, py::handle bias, double eps) {
-               return engine::BatchNorm(input, running_mean, running_var, MaybeTensor(weight),
-                                        MaybeTensor(bias), eps);
-             },
-             py::arg("input"), py::arg("running_mean"), py::arg("running_var"),
-             py::arg("weight") = py::none(), py::arg("bias") = py::none(), py::arg("eps") = 1e-5);
-  module.def("layer_norm",
-             [](const Tensor& input, py::handle normalized_shape, py::handle weight,
-                py::handle bias, double eps) {
-               return engine::LayerNorm(input, ParseShape(normalized_shape, "normalized_shape"),
-                                        MaybeTensor(weight), MaybeTensor(bias), eps);
-             },
-             py::arg("input"), py::arg("normalized_shape"), py::arg("weight") = py::none(),
-             py::arg("bias") = py::none(), py::arg("eps") = 1e-5);
-  module.def("rms_norm",
-             [](const Tensor& input, py::handle normalized_shape, py::handle weight,
-                double eps) {
-               return engine::RmsNorm(input, ParseShape(normalized_shape, "normalized_shape"),
-                                      MaybeTensor(weight), eps);
-             },
-             py::arg("input"), py::arg("normalized_shape"), py::arg("weight") = py::none(),
-             py::arg("eps") = 1e-6);
-  module.def("embedding",
-             [](const Tensor& input, const Tensor& weight) { return engine::Embedding(input, weight); },
-             py::arg("input"), py::arg("weight"));
-  module.def("gelu",
-             [](const Tensor& input, const std::string& approximate) {
-               if (approximate == "none") return engine::Unary(Op::gelu, input);
-               if (approximate == "tanh") return engine::Unary(Op::gelu_tanh, input);
-               throw py::value_error("gelu: approximate must be 'none' or 'tanh', got '" +
-                                     approximate + "'");
-             },
-             py::arg("input"), py::arg("approximate") = "none");
-  module.def("silu", [](const Tensor& input) { return engine::Unary(Op::silu, input); },
-             py::arg("input"));
-  module.def("scaled_dot_product_attention",
-             [](const Tensor& query, const Tensor& key, const Tensor& value, py::handle attn_mask,
-                double dropout_p, bool is_causal, std::optional<double> scale) {
-               if (dropout_p != 0) {
-                 throw py::value_error("scaled_dot_product_attention: dropout_p must be 0 "
-                                       "(Orochi runs inference only)");
-               }
-               std::optional<Tensor> mask = MaybeTensor(attn_mask);
-               int64_t work = query.numel() * key.shape()[key.dim() - 2];
-               if (work < (int64_t{1} << 16)) {
-                 return engine::ScaledDotProductAttention(query, key, value, mask, is_causal, scale);
-               }
-               py::gil_scoped_release release;
-               return engine::ScaledDotProductAttention(query, key, value, mask, is_causal, scale);
-             },
-             py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask") = py::none(),
-             py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::kw_only(),
-             py::arg("scale") = py::none());
-  module.def("pad",
-             [](const Tensor& input, const std::vector<int64_t>& pad, const std::string& mode,
-                double value) {
-               if (mode != "constant") {
-                 throw py::value_error("pad: only mode='constant' is supported, got '" + mode + "'");
-               }
-               return Pad(input, pad, value);
-             },
-             py::arg("input"), py::arg("pad"), py::arg("mode") = "constant", py::arg("value") = 0.0);
+  module.def(
+      "adaptive_avg_pool2d",
+      [](const Tensor& input, py::handle output_size) {
+        std::array<int64_t, 2> size{};
+        if (PyLong_Check(output_size.ptr()) != 0) {
+          size = Pair(output_size, "output_size");
+        } else {
+          // None keeps the input's size along that dim, as in PyTorch.
+          auto items = py::reinterpret_borrow<py::sequence>(output_size);
+          if (items.size() != 2) throw py::value_error("output_size must be an int or a pair");
+          for (size_t i = 0; i < 2; ++i) {
+            size[i] = items[i].is_none() ? input.shape()[input.dim() - 2 + static_cast<int64_t>(i)]
+                                         : items[i].cast<int64_t>();
+          }
+        }
+        return engine::AdaptiveAvgPool2d(input, size);
+      },
+      py::arg("input"), py::arg("output_size"));
+  module.def(
+      "batch_norm",
+      [](const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+         py::handle weight, py::handle bias, double eps) {
+        return engine::BatchNorm(input, running_mean, running_var, MaybeTensor(weight),
+                                 MaybeTensor(bias), eps);
+      },
+      py::arg("input"), py::arg("running_mean"), py::arg("running_var"),
+      py::arg("weight") = py::none(), py::arg("bias") = py::none(), py::arg("eps") = 1e-5);
+  module.def(
+      "layer_norm",
+      [](const Tensor& input, py::handle normalized_shape, py::handle weight, py::handle bias,
+         double eps) {
+        return engine::LayerNorm(input, ParseShape(normalized_shape, "normalized_shape"),
+                                 MaybeTensor(weight), MaybeTensor(bias), eps);
+      },
+      py::arg("input"), py::arg("normalized_shape"), py::arg("weight") = py::none(),
+      py::arg("bias") = py::none(), py::arg("eps") = 1e-5);
+  module.def(
+      "rms_norm",
+      [](const Tensor& input, py::handle normalized_shape, py::handle weight, double eps) {
+        return engine::RmsNorm(input, ParseShape(normalized_shape, "normalized_shape"),
+                               MaybeTensor(weight), eps);
+      },
+      py::arg("input"), py::arg("normalized_shape"), py::arg("weight") = py::none(),
+      py::arg("eps") = 1e-6);
+  module.def(
+      "embedding",
+      [](const Tensor& input, const Tensor& weight) { return engine::Embedding(input, weight); },
+      py::arg("input"), py::arg("weight"));
+  module.def(
+      "gelu",
+      [](const Tensor& input, const std::string& approximate) {
+        if (approximate == "none") return engine::Unary(Op::gelu, input);
+        if (approximate == "tanh") return engine::Unary(Op::gelu_tanh, input);
+        throw py::value_error("gelu: approximate must be 'none' or 'tanh', got '" + approximate +
+                              "'");
+      },
+      py::arg("input"), py::arg("approximate") = "none");
+  module.def(
+      "silu", [](const Tensor& input) { return engine::Unary(Op::silu, input); }, py::arg("input"));
+  module.def(
+      "scaled_dot_product_attention",
+      [](const Tensor& query, const Tensor& key, const Tensor& value, py::handle attn_mask,
+         double dropout_p, bool is_causal, std::optional<double> scale) {
+        if (dropout_p != 0) {
+          throw py::value_error(
+              "scaled_dot_product_attention: dropout_p must be 0 "
+              "(Orochi runs inference only)");
+        }
+        std::optional<Tensor> mask = MaybeTensor(attn_mask);
+        int64_t work = query.numel() * key.shape()[key.dim() - 2];
+        if (work < (int64_t{1} << 16)) {
+          return engine::ScaledDotProductAttention(query, key, value, mask, is_causal, scale);
+        }
+        py::gil_scoped_release release;
+        return engine::ScaledDotProductAttention(query, key, value, mask, is_causal, scale);
+      },
+      py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask") = py::none(),
+      py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::kw_only(),
+      py::arg("scale") = py::none());
+  module.def(
+      "pad",
+      [](const Tensor& input, const std::vector<int64_t>& pad, const std::string& mode,
+         double value) {
+        if (mode != "constant") {
+          throw py::value_error("pad: only mode='constant' is supported, got '" + mode + "'");
+        }
+        return Pad(input, pad, value);
+      },
+      py::arg("input"), py::arg("pad"), py::arg("mode") = "constant", py::arg("value") = 0.0);
 }
 
 void BindSafetensors(py::module_& module) {
@@ -455,7 +479,9 @@ void BindSafetensors(py::module_& module) {
       py::arg("tensors"), py::arg("path"), py::arg("metadata") = py::none());
 }
 
-void TranslateEngineErrors(std::exception_ptr error) {
+// pybind11 fixes the signature (a by-value exception_ptr).
+void TranslateEngineErrors(
+    std::exception_ptr error) {  // NOLINT(performance-unnecessary-value-param)
   try {
     if (error) std::rethrow_exception(error);
   } catch (const engine::Error& engine_error) {

@@ -34,9 +34,10 @@ Tensor AsIndexTensor(py::handle item) {
 }
 
 [[noreturn]] void BadIndex(py::handle item) {
-  throw py::type_error("only integers, slices, None, Ellipsis and integer or bool tensors are "
-                       "valid indices, got " +
-                       std::string(Py_TYPE(item.ptr())->tp_name));
+  throw py::type_error(
+      "only integers, slices, None, Ellipsis and integer or bool tensors are "
+      "valid indices, got " +
+      std::string(Py_TYPE(item.ptr())->tp_name));
 }
 
 // Wraps negative entries and checks the range, like PyTorch's "index 5 is out of bounds".
@@ -44,17 +45,19 @@ Tensor CheckedIndex(const Tensor& index, int64_t size, int64_t dim) {
   Tensor as_long = index.To(engine::DType::kInt64);
   if (as_long.numel() == 0) return as_long;
   Tensor zero = engine::Scalar(0, engine::DType::kInt64);
-  Tensor wrapped = engine::Where(engine::Binary(Op::lt, as_long, zero),
-                                 engine::Binary(Op::add, as_long, engine::Scalar(size, engine::DType::kInt64)),
-                                 as_long);
+  Tensor wrapped = engine::Where(
+      engine::Binary(Op::lt, as_long, zero),
+      engine::Binary(Op::add, as_long,
+                     engine::Scalar(static_cast<double>(size), engine::DType::kInt64)),
+      as_long);
   double low = engine::Reduce(Op::amin, wrapped).ItemAsDouble();
   double high = engine::Reduce(Op::amax, wrapped).ItemAsDouble();
-  if (low < 0 || high >= size) {
+  if (low < 0 || high >= static_cast<double>(size)) {
     double bad = low < 0 ? engine::Reduce(Op::amin, as_long).ItemAsDouble()
                          : engine::Reduce(Op::amax, as_long).ItemAsDouble();
     throw py::index_error("index " + std::to_string(static_cast<int64_t>(bad)) +
-                          " is out of bounds for dimension " + std::to_string(dim) +
-                          " with size " + std::to_string(size));
+                          " is out of bounds for dimension " + std::to_string(dim) + " with size " +
+                          std::to_string(size));
   }
   return wrapped;
 }
@@ -80,14 +83,11 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
       ++ellipses;
       continue;
     }
-    if (PyLong_Check(raw) != 0 && PyBool_Check(raw) == 0) {
-      ++consumed;
-    } else if (PySlice_Check(raw) != 0) {
-      ++consumed;
-    } else if (TensorFromPython(raw) != nullptr || PyList_Check(raw) != 0) {
+    bool integer = PyIndex_Check(raw) != 0 && PyBool_Check(raw) == 0;
+    if (TensorFromPython(raw) != nullptr || PyList_Check(raw) != 0) {
       tensors[i] = AsIndexTensor(items[i]);
       consumed += tensors[i].dtype() == engine::DType::kBool ? tensors[i].dim() : 1;
-    } else if (PyIndex_Check(raw) != 0 && PyBool_Check(raw) == 0) {
+    } else if (integer || PySlice_Check(raw) != 0) {
       ++consumed;
     } else {
       BadIndex(items[i]);
@@ -184,8 +184,9 @@ Tensor Gather(const Indexed& indexed) {
   int64_t merged_size = 1;
   for (int64_t i = count - 1; i >= 0; --i) {
     const AdvancedIndex& entry = indexed.advanced[static_cast<size_t>(i)];
-    Tensor term = engine::Binary(Op::mul, entry.index.Expand(broadcast),
-                                 engine::Scalar(static_cast<double>(merged_size), engine::DType::kInt64));
+    Tensor term =
+        engine::Binary(Op::mul, entry.index.Expand(broadcast),
+                       engine::Scalar(static_cast<double>(merged_size), engine::DType::kInt64));
     linear = engine::Binary(Op::add, linear, term);
     merged_size *= view.shape()[entry.dim];
   }
@@ -225,8 +226,9 @@ Tensor GetItem(const Tensor& tensor, py::handle index) {
 
 void SetItem(Tensor& tensor, py::handle index, py::handle value) {
   if (tensor.read_only()) {
-    throw py::value_error("cannot assign into a read-only tensor (weights are shared by every "
-                          "interpreter copy; clone() it to get a writable copy)");
+    throw py::value_error(
+        "cannot assign into a read-only tensor (weights are shared by every "
+        "interpreter copy; clone() it to get a writable copy)");
   }
   Indexed indexed = ApplyIndex(tensor, index, /*for_write=*/true);
   Operand operand(value, tensor);
@@ -235,8 +237,9 @@ void SetItem(Tensor& tensor, py::handle index, py::handle value) {
     return;
   }
   if (indexed.advanced.size() != 1) {
-    throw py::type_error("assignment with more than one tensor index is not supported; index "
-                         "with one integer or bool tensor");
+    throw py::type_error(
+        "assignment with more than one tensor index is not supported; index "
+        "with one integer or bool tensor");
   }
   // One index tensor: write each selected slice in turn, so writes land in `tensor` itself.
   const AdvancedIndex& entry = indexed.advanced.front();

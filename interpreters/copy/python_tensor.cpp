@@ -189,11 +189,10 @@ struct UnaryEntry {
   Op op;
 };
 constexpr UnaryEntry kUnaryOps[] = {
-    {"neg", Op::neg},         {"negative", Op::neg}, {"abs", Op::abs},     {"exp", Op::exp},
-    {"log", Op::log},         {"sqrt", Op::sqrt},    {"rsqrt", Op::rsqrt}, {"sin", Op::sin},
-    {"cos", Op::cos},         {"tanh", Op::tanh},    {"sigmoid", Op::sigmoid},
-    {"relu", Op::relu},       {"erf", Op::erf},      {"floor", Op::floor}, {"ceil", Op::ceil},
-    {"round", Op::round},
+    {"neg", Op::neg}, {"negative", Op::neg}, {"abs", Op::abs},         {"exp", Op::exp},
+    {"log", Op::log}, {"sqrt", Op::sqrt},    {"rsqrt", Op::rsqrt},     {"sin", Op::sin},
+    {"cos", Op::cos}, {"tanh", Op::tanh},    {"sigmoid", Op::sigmoid}, {"relu", Op::relu},
+    {"erf", Op::erf}, {"floor", Op::floor},  {"ceil", Op::ceil},       {"round", Op::round},
 };
 
 struct BinaryEntry {
@@ -232,9 +231,8 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
     Op op = entry.op;
     DefBoth(cls, module, entry.name, [op](const Tensor& self) { return engine::Unary(op, self); });
     std::string inplace = std::string(entry.name) + "_";
-    cls.def(inplace.c_str(), [op](Tensor& self) -> Tensor& {
-      return InPlace(self, engine::Unary(op, self));
-    });
+    cls.def(inplace.c_str(),
+            [op](Tensor& self) -> Tensor& { return InPlace(self, engine::Unary(op, self)); });
   }
   cls.def("__neg__", [](const Tensor& self) { return engine::Unary(Op::neg, self); });
   cls.def("__abs__", [](const Tensor& self) { return engine::Unary(Op::abs, self); });
@@ -250,12 +248,13 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
 
   for (const BinaryEntry& entry : kBinaryOps) {
     Op op = entry.op;
-    DefBoth(cls, module, entry.name,
-            [op](const Tensor& self, py::handle other) {
-              Operand operand(other, self);
-              return engine::Binary(op, self, operand.get());
-            },
-            py::arg("other"));
+    DefBoth(
+        cls, module, entry.name,
+        [op](const Tensor& self, py::handle other) {
+          Operand operand(other, self);
+          return engine::Binary(op, self, operand.get());
+        },
+        py::arg("other"));
     std::string inplace_method = std::string(entry.name) + "_";
     cls.def(inplace_method.c_str(), [op](Tensor& self, py::handle other) -> Tensor& {
       Operand operand(other, self);
@@ -286,10 +285,13 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
     }
   }
   // Aliases with PyTorch's other spellings.
-  DefBoth(cls, module, "true_divide", [](const Tensor& self, py::handle other) {
-    Operand operand(other, self);
-    return engine::Binary(Op::div, self, operand.get());
-  }, py::arg("other"));
+  DefBoth(
+      cls, module, "true_divide",
+      [](const Tensor& self, py::handle other) {
+        Operand operand(other, self);
+        return engine::Binary(Op::div, self, operand.get());
+      },
+      py::arg("other"));
   cls.def("__floordiv__", [](const Tensor& self, py::handle other) {
     Operand operand(other, self);
     Tensor quotient = engine::Unary(Op::floor, engine::Binary(Op::div, self, operand.get()));
@@ -302,12 +304,19 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
   cls.def("__rmatmul__", [](const Tensor& self, const Tensor& other) {
     return MaybeWithoutGil(MatmulWork(other, self), [&] { return engine::Matmul(other, self); });
   });
-  DefBoth(cls, module, "matmul", [](const Tensor& self, const Tensor& other) {
-    return MaybeWithoutGil(MatmulWork(self, other), [&] { return engine::Matmul(self, other); });
-  }, py::arg("other"));
-  DefBoth(cls, module, "bmm", [](const Tensor& self, const Tensor& other) {
-    return MaybeWithoutGil(MatmulWork(self, other), [&] { return engine::Bmm(self, other); });
-  }, py::arg("mat2"));
+  DefBoth(
+      cls, module, "matmul",
+      [](const Tensor& self, const Tensor& other) {
+        return MaybeWithoutGil(MatmulWork(self, other),
+                               [&] { return engine::Matmul(self, other); });
+      },
+      py::arg("other"));
+  DefBoth(
+      cls, module, "bmm",
+      [](const Tensor& self, const Tensor& other) {
+        return MaybeWithoutGil(MatmulWork(self, other), [&] { return engine::Bmm(self, other); });
+      },
+      py::arg("mat2"));
   cls.def("__hash__", [](py::handle self) { return reinterpret_cast<intptr_t>(self.ptr()); });
 }
 
@@ -318,38 +327,41 @@ void BindReductions(py::class_<Tensor>& cls, py::module_& module) {
       return engine::Reduce(op, as ? self.To(*as) : self, ParseDims(dim), keepdim);
     };
   };
-  for (auto [name, op] : {std::pair{"sum", Op::sum}, std::pair{"mean", Op::mean},
-                          std::pair{"prod", Op::prod}}) {
-    DefBoth(cls, module, name, reduce(op), py::arg("dim") = py::none(),
-            py::arg("keepdim") = false, py::kw_only(), py::arg("dtype") = py::none());
+  for (auto [name, op] :
+       {std::pair{"sum", Op::sum}, std::pair{"mean", Op::mean}, std::pair{"prod", Op::prod}}) {
+    DefBoth(cls, module, name, reduce(op), py::arg("dim") = py::none(), py::arg("keepdim") = false,
+            py::kw_only(), py::arg("dtype") = py::none());
   }
   for (auto [name, op] : {std::pair{"amax", Op::amax}, std::pair{"amin", Op::amin}}) {
-    DefBoth(cls, module, name,
-            [op](const Tensor& self, py::handle dim, bool keepdim) {
-              return engine::Reduce(op, self, ParseDims(dim), keepdim);
-            },
-            py::arg("dim") = py::none(), py::arg("keepdim") = false);
+    DefBoth(
+        cls, module, name,
+        [op = op](const Tensor& self, py::handle dim, bool keepdim) {
+          return engine::Reduce(op, self, ParseDims(dim), keepdim);
+        },
+        py::arg("dim") = py::none(), py::arg("keepdim") = false);
   }
   for (auto [name, values, indices, pairwise] :
        {std::tuple{"max", Op::amax, Op::argmax, Op::maximum},
         std::tuple{"min", Op::amin, Op::argmin, Op::minimum}}) {
-    DefBoth(cls, module, name,
-            [values, indices, pairwise](const Tensor& self, py::handle dim,
-                                        bool keepdim) -> py::object {
-              if (dim.is_none()) return py::cast(engine::Reduce(values, self));
-              if (const Tensor* other = TensorFromPython(dim.ptr())) {
-                return py::cast(engine::Binary(pairwise, self, *other));
-              }
-              return ReduceWithIndices(values, indices, self, dim, keepdim);
-            },
-            py::arg("dim") = py::none(), py::arg("keepdim") = false);
+    DefBoth(
+        cls, module, name,
+        [values = values, indices = indices, pairwise = pairwise](
+            const Tensor& self, py::handle dim, bool keepdim) -> py::object {
+          if (dim.is_none()) return py::cast(engine::Reduce(values, self));
+          if (const Tensor* other = TensorFromPython(dim.ptr())) {
+            return py::cast(engine::Binary(pairwise, self, *other));
+          }
+          return ReduceWithIndices(values, indices, self, dim, keepdim);
+        },
+        py::arg("dim") = py::none(), py::arg("keepdim") = false);
   }
   for (auto [name, op] : {std::pair{"argmax", Op::argmax}, std::pair{"argmin", Op::argmin}}) {
-    DefBoth(cls, module, name,
-            [op](const Tensor& self, std::optional<int64_t> dim, bool keepdim) {
-              return engine::ArgReduce(op, self, dim, keepdim);
-            },
-            py::arg("dim") = py::none(), py::arg("keepdim") = false);
+    DefBoth(
+        cls, module, name,
+        [op = op](const Tensor& self, std::optional<int64_t> dim, bool keepdim) {
+          return engine::ArgReduce(op, self, dim, keepdim);
+        },
+        py::arg("dim") = py::none(), py::arg("keepdim") = false);
   }
   auto spread = [](bool standard_deviation) {
     return [standard_deviation](const Tensor& self, py::handle dim, py::handle unbiased,
@@ -367,24 +379,27 @@ void BindReductions(py::class_<Tensor>& cls, py::module_& module) {
             py::arg("unbiased") = py::none(), py::arg("keepdim") = false, py::kw_only(),
             py::arg("correction") = py::none());
   }
-  DefBoth(cls, module, "any",
-          [](const Tensor& self, py::handle dim, bool keepdim) {
-            return engine::Any(self, ParseDims(dim), keepdim);
-          },
-          py::arg("dim") = py::none(), py::arg("keepdim") = false);
-  DefBoth(cls, module, "all",
-          [](const Tensor& self, py::handle dim, bool keepdim) {
-            return engine::All(self, ParseDims(dim), keepdim);
-          },
-          py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  DefBoth(
+      cls, module, "any",
+      [](const Tensor& self, py::handle dim, bool keepdim) {
+        return engine::Any(self, ParseDims(dim), keepdim);
+      },
+      py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  DefBoth(
+      cls, module, "all",
+      [](const Tensor& self, py::handle dim, bool keepdim) {
+        return engine::All(self, ParseDims(dim), keepdim);
+      },
+      py::arg("dim") = py::none(), py::arg("keepdim") = false);
   for (auto [name, log] : {std::pair{"softmax", false}, std::pair{"log_softmax", true}}) {
-    DefBoth(cls, module, name,
-            [log](const Tensor& self, int64_t dim, py::handle dtype) {
-              std::optional<DType> as = ParseOptionalDType(dtype);
-              const Tensor input = as ? self.To(*as) : self;
-              return log ? engine::LogSoftmax(input, dim) : engine::Softmax(input, dim);
-            },
-            py::arg("dim"), py::arg("dtype") = py::none());
+    DefBoth(
+        cls, module, name,
+        [log = log](const Tensor& self, int64_t dim, py::handle dtype) {
+          std::optional<DType> as = ParseOptionalDType(dtype);
+          const Tensor input = as ? self.To(*as) : self;
+          return log ? engine::LogSoftmax(input, dim) : engine::Softmax(input, dim);
+        },
+        py::arg("dim"), py::arg("dtype") = py::none());
   }
 }
 
@@ -393,12 +408,13 @@ void BindSelection(py::class_<Tensor>& cls, py::module_& module) {
     Operand operand(other, self);
     return engine::Where(condition, self, operand.get());
   });
-  DefBoth(cls, module, "masked_fill",
-          [](const Tensor& self, const Tensor& mask, py::handle value) {
-            Operand operand(value, self);
-            return engine::MaskedFill(self, mask, operand.get());
-          },
-          py::arg("mask"), py::arg("value"));
+  DefBoth(
+      cls, module, "masked_fill",
+      [](const Tensor& self, const Tensor& mask, py::handle value) {
+        Operand operand(value, self);
+        return engine::MaskedFill(self, mask, operand.get());
+      },
+      py::arg("mask"), py::arg("value"));
   cls.def("masked_fill_", [](Tensor& self, const Tensor& mask, py::handle value) -> Tensor& {
     Operand operand(value, self);
     return InPlace(self, engine::MaskedFill(self, mask, operand.get()));
@@ -411,66 +427,74 @@ void BindSelection(py::class_<Tensor>& cls, py::module_& module) {
   };
   DefBoth(cls, module, "clamp", clamp, py::arg("min") = py::none(), py::arg("max") = py::none());
   DefBoth(cls, module, "clip", clamp, py::arg("min") = py::none(), py::arg("max") = py::none());
-  cls.def("clamp_", [clamp](Tensor& self, py::handle min, py::handle max) -> Tensor& {
-    return InPlace(self, clamp(self, min, max));
-  }, py::arg("min") = py::none(), py::arg("max") = py::none());
-  DefBoth(cls, module, "sort",
-          [](const Tensor& self, int64_t dim, bool descending) {
-            return SortPair(engine::Sort(self, dim, descending));
-          },
-          py::arg("dim") = -1, py::arg("descending") = false);
-  DefBoth(cls, module, "topk",
-          [](const Tensor& self, int64_t k, int64_t dim, bool largest, bool /*sorted*/) {
-            return SortPair(engine::TopK(self, k, dim, largest));
-          },
-          py::arg("k"), py::arg("dim") = -1, py::arg("largest") = true, py::arg("sorted") = true);
-  DefBoth(cls, module, "argsort",
-          [](const Tensor& self, int64_t dim, bool descending) {
-            return engine::Sort(self, dim, descending).indices;
-          },
-          py::arg("dim") = -1, py::arg("descending") = false);
-  DefBoth(cls, module, "gather",
-          [](const Tensor& self, int64_t dim, const Tensor& index) {
-            return engine::Gather(self, dim, index);
-          },
-          py::arg("dim"), py::arg("index"));
-  DefBoth(cls, module, "index_select",
-          [](const Tensor& self, int64_t dim, const Tensor& index) {
-            return engine::IndexSelect(self, dim, index);
-          },
-          py::arg("dim"), py::arg("index"));
-  DefBoth(cls, module, "masked_select",
-          [](const Tensor& self, const Tensor& mask) { return engine::MaskedSelect(self, mask); },
-          py::arg("mask"));
-  DefBoth(cls, module, "split",
-          [](const Tensor& self, int64_t size, int64_t dim) {
-            return engine::Split(self, size, dim);
-          },
-          py::arg("split_size"), py::arg("dim") = 0);
-  DefBoth(cls, module, "chunk",
-          [](const Tensor& self, int64_t chunks, int64_t dim) {
-            return engine::Chunk(self, chunks, dim);
-          },
-          py::arg("chunks"), py::arg("dim") = 0);
+  cls.def(
+      "clamp_",
+      [clamp](Tensor& self, py::handle min, py::handle max) -> Tensor& {
+        return InPlace(self, clamp(self, min, max));
+      },
+      py::arg("min") = py::none(), py::arg("max") = py::none());
+  DefBoth(
+      cls, module, "sort",
+      [](const Tensor& self, int64_t dim, bool descending) {
+        return SortPair(engine::Sort(self, dim, descending));
+      },
+      py::arg("dim") = -1, py::arg("descending") = false);
+  DefBoth(
+      cls, module, "topk",
+      [](const Tensor& self, int64_t k, int64_t dim, bool largest, bool /*sorted*/) {
+        return SortPair(engine::TopK(self, k, dim, largest));
+      },
+      py::arg("k"), py::arg("dim") = -1, py::arg("largest") = true, py::arg("sorted") = true);
+  DefBoth(
+      cls, module, "argsort",
+      [](const Tensor& self, int64_t dim, bool descending) {
+        return engine::Sort(self, dim, descending).indices;
+      },
+      py::arg("dim") = -1, py::arg("descending") = false);
+  DefBoth(
+      cls, module, "gather",
+      [](const Tensor& self, int64_t dim, const Tensor& index) {
+        return engine::Gather(self, dim, index);
+      },
+      py::arg("dim"), py::arg("index"));
+  DefBoth(
+      cls, module, "index_select",
+      [](const Tensor& self, int64_t dim, const Tensor& index) {
+        return engine::IndexSelect(self, dim, index);
+      },
+      py::arg("dim"), py::arg("index"));
+  DefBoth(
+      cls, module, "masked_select",
+      [](const Tensor& self, const Tensor& mask) { return engine::MaskedSelect(self, mask); },
+      py::arg("mask"));
+  DefBoth(
+      cls, module, "split",
+      [](const Tensor& self, int64_t size, int64_t dim) { return engine::Split(self, size, dim); },
+      py::arg("split_size"), py::arg("dim") = 0);
+  DefBoth(
+      cls, module, "chunk",
+      [](const Tensor& self, int64_t chunks, int64_t dim) {
+        return engine::Chunk(self, chunks, dim);
+      },
+      py::arg("chunks"), py::arg("dim") = 0);
+}
+
+// The shape as an orochi.Size (a tuple subclass defined by the orochi package).
+py::object SizeObject(const Tensor& self) {
+  py::tuple shape(self.dim());
+  for (int64_t d = 0; d < self.dim(); ++d) shape[d] = py::int_(self.shape()[d]);
+  return py::module_::import("orochi").attr("Size")(shape);
 }
 
 void BindShapeMethods(py::class_<Tensor>& cls, py::module_& module) {
-  cls.def_property_readonly("shape", [](const Tensor& self) {
-       py::tuple shape(self.dim());
-       for (int64_t d = 0; d < self.dim(); ++d) shape[d] = py::int_(self.shape()[d]);
-       return py::module_::import("orochi").attr("Size")(shape);
-     })
+  cls.def_property_readonly("shape", &SizeObject)
       .def_property_readonly("ndim", &Tensor::dim)
       .def("dim", &Tensor::dim)
       .def("ndimension", &Tensor::dim)
       .def(
           "size",
           [](const Tensor& self, py::handle dim) -> py::object {
-            if (dim.is_none()) {
-              py::tuple shape(self.dim());
-              for (int64_t d = 0; d < self.dim(); ++d) shape[d] = py::int_(self.shape()[d]);
-              return py::module_::import("orochi").attr("Size")(shape);
-            }
+            if (dim.is_none()) return SizeObject(self);
             return py::int_(self.size(dim.cast<int64_t>()));
           },
           py::arg("dim") = py::none())
@@ -493,7 +517,7 @@ void BindShapeMethods(py::class_<Tensor>& cls, py::module_& module) {
              return self.shape()[0];
            })
       .def("__iter__",
-           [](py::object self_object) {
+           [](const py::object& self_object) {
              const auto& self = self_object.cast<const Tensor&>();
              if (self.dim() == 0) throw py::type_error("iteration over a 0-d tensor");
              py::list rows(self.shape()[0]);
@@ -502,22 +526,18 @@ void BindShapeMethods(py::class_<Tensor>& cls, py::module_& module) {
              }
              return py::iter(rows);
            })
-      .def("view",
-           [](const Tensor& self, const py::args& sizes) {
-             return self.View(IntList(sizes, "view"));
-           })
-      .def("view_as", [](const Tensor& self, const Tensor& other) { return self.View(other.shape()); })
+      .def("view", [](const Tensor& self,
+                      const py::args& sizes) { return self.View(IntList(sizes, "view")); })
+      .def("view_as",
+           [](const Tensor& self, const Tensor& other) { return self.View(other.shape()); })
       .def("reshape_as",
            [](const Tensor& self, const Tensor& other) { return self.Reshape(other.shape()); })
-      .def("permute",
-           [](const Tensor& self, const py::args& dims) {
-             return self.Permute(IntList(dims, "permute"));
-           })
-      .def("expand",
-           [](const Tensor& self, const py::args& sizes) {
-             return self.Expand(IntList(sizes, "expand"));
-           })
-      .def("expand_as", [](const Tensor& self, const Tensor& other) { return self.Expand(other.shape()); })
+      .def("permute", [](const Tensor& self,
+                         const py::args& dims) { return self.Permute(IntList(dims, "permute")); })
+      .def("expand", [](const Tensor& self,
+                        const py::args& sizes) { return self.Expand(IntList(sizes, "expand")); })
+      .def("expand_as",
+           [](const Tensor& self, const Tensor& other) { return self.Expand(other.shape()); })
       .def("t",
            [](const Tensor& self) {
              if (self.dim() > 2) throw py::value_error("t() expects a tensor with <= 2 dims");
@@ -533,60 +553,70 @@ void BindShapeMethods(py::class_<Tensor>& cls, py::module_& module) {
       .def("contiguous", &Tensor::Contiguous)
       .def("clone", &Tensor::Clone)
       .def("detach", [](const Tensor& self) { return self; })
-      .def("requires_grad_", [](py::object self, bool /*requires*/) { return self; },
-           py::arg("requires_grad") = true)
+      .def(
+          "requires_grad_", [](py::object self, bool /*requires*/) { return self; },
+          py::arg("requires_grad") = true)
       .def_property_readonly("requires_grad", [](const Tensor&) { return false; })
       .def_property_readonly("grad", [](const Tensor&) { return py::none(); })
       .def("__getitem__", [](const Tensor& self, py::handle index) { return GetItem(self, index); })
-      .def("__setitem__", [](Tensor& self, py::handle index, py::handle value) {
-        SetItem(self, index, value);
-      });
-  DefBoth(cls, module, "reshape",
-          [](const Tensor& self, const py::args& sizes) {
-            return self.Reshape(IntList(sizes, "reshape"));
-          });
-  DefBoth(cls, module, "transpose",
-          [](const Tensor& self, int64_t dim0, int64_t dim1) { return self.Transpose(dim0, dim1); },
-          py::arg("dim0"), py::arg("dim1"));
-  DefBoth(cls, module, "swapaxes",
-          [](const Tensor& self, int64_t dim0, int64_t dim1) { return self.Transpose(dim0, dim1); },
-          py::arg("axis0"), py::arg("axis1"));
-  DefBoth(cls, module, "flatten",
-          [](const Tensor& self, int64_t start_dim, int64_t end_dim) {
-            return self.Flatten(start_dim, end_dim);
-          },
-          py::arg("start_dim") = 0, py::arg("end_dim") = -1);
-  DefBoth(cls, module, "unsqueeze", [](const Tensor& self, int64_t dim) { return self.Unsqueeze(dim); },
-          py::arg("dim"));
-  DefBoth(cls, module, "squeeze",
-          [](const Tensor& self, std::optional<int64_t> dim) { return self.Squeeze(dim); },
-          py::arg("dim") = py::none());
-  DefBoth(cls, module, "narrow",
-          [](const Tensor& self, int64_t dim, int64_t start, int64_t length) {
-            return self.Narrow(dim, start, length);
-          },
-          py::arg("dim"), py::arg("start"), py::arg("length"));
-  DefBoth(cls, module, "select",
-          [](const Tensor& self, int64_t dim, int64_t index) { return self.Select(dim, index); },
-          py::arg("dim"), py::arg("index"));
+      .def("__setitem__",
+           [](Tensor& self, py::handle index, py::handle value) { SetItem(self, index, value); });
+  DefBoth(cls, module, "reshape", [](const Tensor& self, const py::args& sizes) {
+    return self.Reshape(IntList(sizes, "reshape"));
+  });
+  DefBoth(
+      cls, module, "transpose",
+      [](const Tensor& self, int64_t dim0, int64_t dim1) { return self.Transpose(dim0, dim1); },
+      py::arg("dim0"), py::arg("dim1"));
+  DefBoth(
+      cls, module, "swapaxes",
+      [](const Tensor& self, int64_t dim0, int64_t dim1) { return self.Transpose(dim0, dim1); },
+      py::arg("axis0"), py::arg("axis1"));
+  DefBoth(
+      cls, module, "flatten",
+      [](const Tensor& self, int64_t start_dim, int64_t end_dim) {
+        return self.Flatten(start_dim, end_dim);
+      },
+      py::arg("start_dim") = 0, py::arg("end_dim") = -1);
+  DefBoth(
+      cls, module, "unsqueeze", [](const Tensor& self, int64_t dim) { return self.Unsqueeze(dim); },
+      py::arg("dim"));
+  DefBoth(
+      cls, module, "squeeze",
+      [](const Tensor& self, std::optional<int64_t> dim) { return self.Squeeze(dim); },
+      py::arg("dim") = py::none());
+  DefBoth(
+      cls, module, "narrow",
+      [](const Tensor& self, int64_t dim, int64_t start, int64_t length) {
+        return self.Narrow(dim, start, length);
+      },
+      py::arg("dim"), py::arg("start"), py::arg("length"));
+  DefBoth(
+      cls, module, "select",
+      [](const Tensor& self, int64_t dim, int64_t index) { return self.Select(dim, index); },
+      py::arg("dim"), py::arg("index"));
 }
 
 void BindConversions(py::class_<Tensor>& cls) {
   cls.def_property_readonly("dtype", [](const Tensor& self) { return DTypeObject(self.dtype()); })
-      .def_property_readonly("device", [](const Tensor& self) { return DeviceObject(self.device()); })
-      .def_property_readonly("is_cuda",
-                             [](const Tensor& self) {
-                               return self.device().type == engine::DeviceType::kCuda;
-                             })
+      .def_property_readonly("device",
+                             [](const Tensor& self) { return DeviceObject(self.device()); })
+      .def_property_readonly(
+          "is_cuda",
+          [](const Tensor& self) { return self.device().type == engine::DeviceType::kCuda; })
       .def_property_readonly("is_read_only", &Tensor::read_only)
       .def("is_floating_point", [](const Tensor& self) { return engine::IsFloating(self.dtype()); })
       .def("to", &ToAnything)
-      .def("type_as", [](const Tensor& self, const Tensor& other) { return self.To(other.dtype()); })
+      .def("type_as",
+           [](const Tensor& self, const Tensor& other) { return self.To(other.dtype()); })
       .def("cpu", [](const Tensor& self) { return self; })
-      .def("cuda", [](const Tensor& /*self*/, py::handle device) {
-        ParseDevice(device.is_none() ? py::str("cuda") : device);
-        return Tensor();  // unreachable until the engine has a CUDA backend
-      }, py::arg("device") = py::none())
+      .def(
+          "cuda",
+          [](const Tensor& /*self*/, py::handle device) {
+            ParseDevice(device.is_none() ? py::str("cuda") : device);
+            return Tensor();  // unreachable until the engine has a CUDA backend
+          },
+          py::arg("device") = py::none())
       .def("item",
            [](const Tensor& self) {
              if (self.numel() != 1) {
@@ -607,12 +637,16 @@ void BindConversions(py::class_<Tensor>& cls) {
            })
       .def("__float__",
            [](const Tensor& self) {
-             if (self.numel() != 1) throw py::value_error("only one-element tensors convert to float");
+             if (self.numel() != 1) {
+               throw py::value_error("only one-element tensors convert to float");
+             }
              return self.ItemAsDouble();
            })
       .def("__int__",
            [](const Tensor& self) {
-             if (self.numel() != 1) throw py::value_error("only one-element tensors convert to int");
+             if (self.numel() != 1) {
+               throw py::value_error("only one-element tensors convert to int");
+             }
              return py::int_(ItemToPython(self, 0).attr("__int__")());
            })
       .def("__index__", [](const Tensor& self) {
@@ -630,10 +664,11 @@ void BindConversions(py::class_<Tensor>& cls) {
     DType target = dtype;
     cls.def(name, [target](const Tensor& self) { return self.To(target); });
   }
-  cls.def("copy_", [](Tensor& self, const Tensor& source) -> Tensor& {
-       self.CopyFrom(source);
-       return self;
-     })
+  cls.def("copy_",
+          [](Tensor& self, const Tensor& source) -> Tensor& {
+            self.CopyFrom(source);
+            return self;
+          })
       .def("fill_",
            [](Tensor& self, py::handle value) -> Tensor& {
              Operand operand(value, self);

@@ -178,9 +178,10 @@ class NestedReader {
     }
   }
   [[noreturn]] static void MixedDepth(size_t depth) {
-    throw py::value_error("orochi.tensor: the nested sequence is ragged (a number and a "
-                          "sequence both appear at dim " +
-                          std::to_string(depth) + ")");
+    throw py::value_error(
+        "orochi.tensor: the nested sequence is ragged (a number and a "
+        "sequence both appear at dim " +
+        std::to_string(depth) + ")");
   }
   void AddNumber(py::handle object, size_t /*depth*/) {
     PyObject* raw = object.ptr();
@@ -196,9 +197,10 @@ class NestedReader {
     } else if (PyIndex_Check(raw) != 0) {
       leaves_.push_back({Leaf::kInt, object.cast<int64_t>(), 0});
     } else {
-      throw py::type_error("orochi.tensor: expected numbers, bools, tensors or sequences of "
-                           "them, got " +
-                           std::string(Py_TYPE(raw)->tp_name));
+      throw py::type_error(
+          "orochi.tensor: expected numbers, bools, tensors or sequences of "
+          "them, got " +
+          std::string(Py_TYPE(raw)->tp_name));
     }
   }
 
@@ -258,9 +260,8 @@ void BindValueTypes(py::module_& module) {
                         : PyUnicode_Check(other.ptr()) != 0 &&
                               engine::DeviceName(self.value) == other.cast<std::string>();
            })
-      .def("__hash__", [](const PyDevice& self) {
-        return py::hash(py::str(engine::DeviceName(self.value)));
-      });
+      .def("__hash__",
+           [](const PyDevice& self) { return py::hash(py::str(engine::DeviceName(self.value))); });
 }
 
 py::object DTypeObject(DType dtype) {
@@ -354,7 +355,9 @@ Tensor ScalarTensor(py::handle number, const Tensor& like) {
     int overflow = 0;
     int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
     if (overflow != 0) throw py::value_error("an int operand does not fit in 64 bits");
-    if (engine::IsFloating(like.dtype())) return engine::Scalar(static_cast<double>(value), like.dtype());
+    if (engine::IsFloating(like.dtype())) {
+      return engine::Scalar(static_cast<double>(value), like.dtype());
+    }
     Tensor scalar = Tensor::Empty({}, DType::kInt64);
     *scalar.mutable_data_as<int64_t>() = value;
     return scalar;
@@ -380,11 +383,12 @@ Tensor TensorFromData(py::handle data, std::optional<DType> dtype) {
   if (PyBytes_Check(data.ptr()) != 0 || PyByteArray_Check(data.ptr()) != 0) {
     // Raw bytes are data of `dtype` (uint8 by default), the way payloads arrive over the wire.
     DType target = dtype.value_or(DType::kUInt8);
-    std::string_view bytes = PyBytes_Check(data.ptr()) != 0
-                                 ? std::string_view(PyBytes_AS_STRING(data.ptr()),
-                                                    static_cast<size_t>(PyBytes_GET_SIZE(data.ptr())))
-                                 : std::string_view(PyByteArray_AS_STRING(data.ptr()),
-                                                    static_cast<size_t>(PyByteArray_GET_SIZE(data.ptr())));
+    std::string_view bytes =
+        PyBytes_Check(data.ptr()) != 0
+            ? std::string_view(PyBytes_AS_STRING(data.ptr()),
+                               static_cast<size_t>(PyBytes_GET_SIZE(data.ptr())))
+            : std::string_view(PyByteArray_AS_STRING(data.ptr()),
+                               static_cast<size_t>(PyByteArray_GET_SIZE(data.ptr())));
     size_t item = engine::ItemSize(target);
     if (bytes.size() % item != 0) {
       throw py::value_error("orochi.tensor: " + std::to_string(bytes.size()) +
@@ -420,7 +424,9 @@ Tensor TensorFromData(py::handle data, std::optional<DType> dtype) {
 
 Tensor TensorFromBuffer(py::handle object, std::optional<DType> dtype) {
   auto view = std::make_unique<Py_buffer>();
-  if (PyObject_GetBuffer(object.ptr(), view.get(), PyBUF_RECORDS_RO) != 0) throw py::error_already_set();
+  if (PyObject_GetBuffer(object.ptr(), view.get(), PyBUF_RECORDS_RO) != 0) {
+    throw py::error_already_set();
+  }
   DType element;
   try {
     element = DTypeOfFormat(view->format);
@@ -440,11 +446,13 @@ Tensor TensorFromBuffer(py::handle object, std::optional<DType> dtype) {
     Py_ssize_t stride = view->strides[d];
     if (stride < 0 || stride % view->itemsize != 0) {
       PyBuffer_Release(view.get());
-      throw py::value_error("cannot share a buffer with negative or unaligned strides; copy it "
-                            "with orochi.tensor() instead");
+      throw py::value_error(
+          "cannot share a buffer with negative or unaligned strides; copy it "
+          "with orochi.tensor() instead");
     }
-    strides[static_cast<size_t>(d)] = stride / view->itemsize;
-    if (shape[static_cast<size_t>(d)] > 0) extent += (shape[static_cast<size_t>(d)] - 1) * strides[static_cast<size_t>(d)];
+    auto at = static_cast<size_t>(d);
+    strides[at] = stride / view->itemsize;
+    if (shape[at] > 0) extent += (shape[at] - 1) * strides[at];
   }
   auto* data = static_cast<std::byte*>(view->buf);
   size_t bytes = static_cast<size_t>(extent) * engine::ItemSize(element);
@@ -459,24 +467,25 @@ Tensor TensorFromBuffer(py::handle object, std::optional<DType> dtype) {
 Tensor TensorFromRawBuffer(py::handle buffer, py::handle dtype, int64_t count, int64_t offset) {
   DType element = ParseDType(dtype);
   auto view = std::make_unique<Py_buffer>();
-  if (PyObject_GetBuffer(buffer.ptr(), view.get(), PyBUF_SIMPLE) != 0) throw py::error_already_set();
+  if (PyObject_GetBuffer(buffer.ptr(), view.get(), PyBUF_SIMPLE) != 0) {
+    throw py::error_already_set();
+  }
   auto item = static_cast<int64_t>(engine::ItemSize(element));
   int64_t available = static_cast<int64_t>(view->len) - offset;
   if (offset < 0 || available < 0 || (count < 0 && available % item != 0) ||
       (count >= 0 && count * item > available)) {
-    std::string message = "frombuffer: a buffer of " + std::to_string(view->len) +
-                          " bytes does not hold " +
-                          (count < 0 ? std::string("a whole number of") : std::to_string(count)) +
-                          " " + std::string(DTypeName(element)) + " elements after offset " +
-                          std::to_string(offset);
+    std::string message =
+        "frombuffer: a buffer of " + std::to_string(view->len) + " bytes does not hold " +
+        (count < 0 ? std::string("a whole number of") : std::to_string(count)) + " " +
+        std::string(DTypeName(element)) + " elements after offset " + std::to_string(offset);
     PyBuffer_Release(view.get());
     throw py::value_error(message);
   }
   int64_t elements = count < 0 ? available / item : count;
   auto* data = static_cast<std::byte*>(view->buf) + offset;
   bool read_only = view->readonly != 0;
-  engine::StoragePtr storage = engine::Storage::Borrow(
-      data, static_cast<size_t>(elements * item), read_only, ReleaseBuffer, view.release());
+  engine::StoragePtr storage = engine::Storage::Borrow(data, static_cast<size_t>(elements * item),
+                                                       read_only, ReleaseBuffer, view.release());
   return {std::move(storage), {elements}, {1}, 0, element};
 }
 
@@ -484,7 +493,7 @@ py::object ItemToPython(const Tensor& tensor, int64_t flat_index) {
   const auto* base = static_cast<const std::byte*>(tensor.data());
   // flat_index counts elements of a contiguous tensor; strided callers pass element offsets.
   return VisitDType(tensor.dtype(), [&]<typename T>() -> py::object {
-    T value;
+    T value{};
     std::memcpy(&value, base + flat_index * static_cast<int64_t>(sizeof(T)), sizeof(T));
     if constexpr (std::is_same_v<T, bool>) {
       return py::bool_(value);
@@ -504,7 +513,7 @@ py::object ListLevel(const Tensor& tensor, int64_t dim, int64_t offset) {
   for (int64_t i = 0; i < size; ++i) {
     list[static_cast<size_t>(i)] = ListLevel(tensor, dim + 1, offset + i * tensor.strides()[dim]);
   }
-  return std::move(list);
+  return list;
 }
 }  // namespace
 

@@ -87,7 +87,11 @@ TEST(InterpreterManager, ReplacingTwoHundredTimesLeaksNoFdsMappingsOrMemory) {
           lease->Exec("import json, threading\n"
                       "box = []\n"
                       "worker = threading.Thread(target=lambda: box.append(json.dumps({'n': 1})))\n"
-                      "worker.start()\nworker.join()\nassert box == ['{\"n\": 1}']"));
+                      "worker.start()\nworker.join()\nassert box == ['{\"n\": 1}']\n"
+                      // The engine bindings too: their types and functions must go with the copy.
+                      "import orochi, orochi.nn as nn\n"
+                      "layer = nn.Linear(4, 2)\n"
+                      "assert layer(orochi.ones(3, 4)).shape == (3, 2)"));
     }
     ASSERT_OK(manager->Replace(0));
   };

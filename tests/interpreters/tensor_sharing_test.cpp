@@ -83,7 +83,8 @@ TEST(TensorSharing, ATensorMadeInOneCopyIsTheSameStorageInAnother) {
 TEST(TensorSharing, WeightsAreSharedByEveryCopyAndReadOnlyInEach) {
   std::filesystem::path file =
       std::filesystem::temp_directory_path() / ("orochi-weights-" + std::to_string(getpid()));
-  ASSERT_OK(engine::SaveSafetensors(file.string(), {{"weight", engine::Arange(0, 8).To(engine::DType::kFloat32)}}));
+  ASSERT_OK(engine::SaveSafetensors(
+      file.string(), {{"weight", engine::Arange(0, 8).To(engine::DType::kFloat32)}}));
   Result<engine::SafetensorsContents> loaded = engine::LoadSafetensors(file.string());
   std::filesystem::remove(file);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
@@ -99,7 +100,8 @@ TEST(TensorSharing, WeightsAreSharedByEveryCopyAndReadOnlyInEach) {
   for (auto& copy : copies) {
     EXPECT_EQ(CallInt(*copy, "__main__:pointer", weight), reinterpret_cast<int64_t>(weight.data()));
     Value argument = weight;
-    Result<Value> failures = copy->Call("__main__:try_to_modify", std::span<const Value>(&argument, 1));
+    Result<Value> failures =
+        copy->Call("__main__:try_to_modify", std::span<const Value>(&argument, 1));
     ASSERT_TRUE(failures.ok()) << failures.status().ToString();
     EXPECT_EQ(std::get<std::string>(*failures), "");
   }
@@ -110,9 +112,10 @@ TEST(TensorSharing, WeightsAreSharedByEveryCopyAndReadOnlyInEach) {
 TEST(TensorSharing, MemoryLentByPythonIsCopiedOutWhenItLeavesTheCopy) {
   auto copy = NewCopy();
   ASSERT_TRUE(copy);
-  ASSERT_OK(copy->Exec("import orochi\n"
-                       "data = bytearray(b'\\x00\\x00\\x80\\x3f' * 2)\n"
-                       "lent = orochi.frombuffer(data, dtype=orochi.float32)\n"));
+  ASSERT_OK(
+      copy->Exec("import orochi\n"
+                 "data = bytearray(b'\\x00\\x00\\x80\\x3f' * 2)\n"
+                 "lent = orochi.frombuffer(data, dtype=orochi.float32)\n"));
   EXPECT_EQ(EvalInt(*copy, "int(lent.is_read_only)"), 0);
   Tensor out = AsTensor(copy->Eval("lent"));
   ASSERT_TRUE(out.defined());
@@ -124,8 +127,9 @@ TEST(TensorSharing, MemoryLentByPythonIsCopiedOutWhenItLeavesTheCopy) {
 TEST(TensorSharing, ViewsAndDTypesSurviveTheCrossing) {
   auto copy = NewCopy();
   ASSERT_TRUE(copy);
-  Tensor view = AsTensor(copy->Eval("__import__('orochi').arange(12, dtype=__import__('orochi').int16)"
-                                    ".view(3, 4).t()[1:]"));
+  Tensor view =
+      AsTensor(copy->Eval("__import__('orochi').arange(12, dtype=__import__('orochi').int16)"
+                          ".view(3, 4).t()[1:]"));
   ASSERT_TRUE(view.defined());
   EXPECT_EQ(view.dtype(), engine::DType::kInt16);
   EXPECT_EQ(view.shape(), (engine::Shape{3, 3}));

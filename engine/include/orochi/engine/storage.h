@@ -73,8 +73,8 @@ class OROCHI_ENGINE_API Storage {
  private:
   friend class StoragePtr;
 
-// Releases memory lent to a borrowed Storage; called exactly once, with the context given.
-using BorrowRelease = void (*)(void* context);
+  // Releases memory lent to a borrowed Storage; called exactly once, with the context given.
+  using BorrowRelease = void (*)(void* context);
 
   enum class Kind : uint8_t { kOwned, kMapped, kBorrowed };
   Storage(Kind kind, std::byte* data, size_t size, bool read_only);

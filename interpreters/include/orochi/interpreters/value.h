@@ -22,8 +22,8 @@ struct Bytes {
 // host and copies as a view of the same engine storage: nothing is copied, except a tensor
 // that views memory lent by one copy's Python objects (Storage::borrowed()), which that copy
 // copies into engine memory as it hands it out.
-using Value = std::variant<std::monostate, bool, int64_t, double, std::string, Bytes,
-                           engine::Tensor>;
+using Value =
+    std::variant<std::monostate, bool, int64_t, double, std::string, Bytes, engine::Tensor>;
 
 // A function the host offers Python code in every copy, called as
 // `orochi.call_host(name, payload)`. It runs on the calling copy's thread with that copy's GIL
