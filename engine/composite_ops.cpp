@@ -273,6 +273,8 @@ Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index) {
 Tensor Embedding(const Tensor& indices, const Tensor& weight) {
   OROCHI_CHECK_ARG(weight.dim() == 2,
                    "embedding: the weight must be 2-D, got " << ShapeString(weight.shape()));
+  OROCHI_CHECK_ARG(IsIntegral(indices.dtype()), "embedding: indices must be an integer tensor, got "
+                                                    << DTypeName(indices.dtype()));
   Tensor rows = IndexSelect(weight, 0, indices.Reshape({indices.numel()}));
   Shape shape = indices.shape();
   shape.push_back(weight.shape()[1]);
@@ -317,6 +319,13 @@ Tensor Bmm(const Tensor& a, const Tensor& b) {
 Tensor Linear(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias) {
   OROCHI_CHECK_ARG(weight.dim() == 2,
                    "linear: the weight must be 2-D [out, in], got " << ShapeString(weight.shape()));
+  OROCHI_CHECK_ARG(input.dim() >= 1 && input.size(-1) == weight.shape()[1],
+                   "linear: the input's last dim must be in_features = "
+                       << weight.shape()[1] << " (weight " << ShapeString(weight.shape())
+                       << "), got input " << ShapeString(input.shape()));
+  OROCHI_CHECK_ARG(!bias || (bias->dim() <= 1 && bias->numel() == weight.shape()[0]),
+                   "linear: the bias must have out_features = "
+                       << weight.shape()[0] << " elements, got " << ShapeString(bias->shape()));
   Tensor output = Matmul(input, weight.Transpose(0, 1));
   return bias ? Binary(Op::add, output, *bias) : output;
 }
@@ -328,6 +337,11 @@ Tensor ScaledDotProductAttention(const Tensor& query, const Tensor& key, const T
                    "scaled_dot_product_attention: query, key and value need at least 2 dims");
   OROCHI_CHECK_ARG(!(mask && causal),
                    "scaled_dot_product_attention: give either a mask or causal, not both");
+  OROCHI_CHECK_ARG(query.size(-1) == key.size(-1) && key.size(-2) == value.size(-2),
+                   "scaled_dot_product_attention: query [..., L, E], key [..., S, E] and value "
+                   "[..., S, Ev] disagree: query "
+                       << ShapeString(query.shape()) << ", key " << ShapeString(key.shape())
+                       << ", value " << ShapeString(value.shape()));
   double factor = scale.value_or(1.0 / std::sqrt(static_cast<double>(query.size(-1))));
   Tensor scores =
       Binary(Op::mul, Matmul(query, key.Transpose(-2, -1)), Scalar(factor, query.dtype()));
