@@ -79,16 +79,32 @@ bias = orochi.ones(16)
 layer = nn.Linear(16, 16)
 )";
 
-// PyTorch's numbers from torch_baseline.py, or an empty map when torch is not installed.
-std::map<std::string, double> TorchBaseline(int iterations) {
-  std::map<std::string, double> results;
-  std::string command = "/usr/bin/python3.11 " OROCHI_BENCH_SOURCE_DIR "/torch_baseline.py " +
+struct TorchTimes {
+  std::string version;               // empty when torch could not be run
+  std::map<std::string, double> ns;  // per call, by case name
+};
+
+// PyTorch's numbers from torch_baseline.py, or nothing when torch is not installed.
+TorchTimes TorchBaseline(int iterations) {
+  TorchTimes results;
+  // OROCHI_BENCH_PYTHON picks another Python with torch (e.g. a newer PyTorch on a GPU machine).
+  const char* python = std::getenv("OROCHI_BENCH_PYTHON");
+  std::string command = std::string(python != nullptr ? python : "/usr/bin/python3.11") +
+                        " " OROCHI_BENCH_SOURCE_DIR "/torch_baseline.py " +
                         std::to_string(iterations) + " 2>/dev/null";
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return results;
-  char name[64];
-  double nanoseconds = 0;
-  while (std::fscanf(pipe, "%63s %lf", name, &nanoseconds) == 2) results[name] = nanoseconds;
+  char line[256];
+  while (std::fgets(line, sizeof(line), pipe) != nullptr) {
+    char name[64];
+    char version[64];
+    double nanoseconds = 0;
+    if (std::sscanf(line, "torch %63s", version) == 1) {
+      results.version = version;
+    } else if (std::sscanf(line, "%63s %lf", name, &nanoseconds) == 2) {
+      results.ns[name] = nanoseconds;
+    }
+  }
   pclose(pipe);
   return results;
 }
@@ -122,7 +138,8 @@ int Run(int iterations) {
        EngineNs(iterations, [&] { sink += orochi::engine::Linear(x, w, bias).numel(); })},
   };
   double loop_ns = PythonNs(copy, "pass", iterations);
-  std::map<std::string, double> torch = TorchBaseline(iterations);
+  TorchTimes torch_times = TorchBaseline(iterations);
+  std::map<std::string, double>& torch = torch_times.ns;
 
   std::printf("Python API overhead, %d calls x %d trials (median), one interpreter copy\n",
               iterations, kTrials);
@@ -151,12 +168,14 @@ int Run(int iterations) {
   }
   std::printf("empty Python loop: %.1f ns per iteration (subtracted)\n", loop_ns);
   if (torch.empty()) {
-    std::printf("PyTorch baseline: not run (Debian's python3-torch is not installed)\n");
+    std::printf(
+        "PyTorch baseline: not run (no Python with torch; install python3-torch or set "
+        "OROCHI_BENCH_PYTHON)\n");
   } else {
     std::printf(
         "PyTorch column: the same calls in torch %s, inference_mode, 1 thread; (xN) is "
         "Orochi's Python time over PyTorch's\n",
-        "1.13 (Debian)");
+        torch_times.version.c_str());
   }
   std::printf("binding overhead goal (< 1000 ns per direct call): %s\n",
               all_met ? "met" : "MISSED");

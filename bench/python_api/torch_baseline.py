@@ -1,7 +1,7 @@
 """PyTorch's per-op cost for the calls bench_python_api times, on the same machine and run.
 
 Run by bench_python_api with Debian's /usr/bin/python3.11 when python3-torch is installed;
-prints one "name nanoseconds" line per case. Mirrors the Python half of bench_python_api.cpp.
+prints "torch VERSION", then one "name nanoseconds" line per case. Mirrors the Python half of bench_python_api.cpp.
 """
 
 import sys
@@ -25,6 +25,7 @@ def per_call_ns(statement, namespace):
     return best[len(best) // 2]
 
 
+print("torch", torch.__version__)
 with torch.inference_mode():
     space = {
         "a": torch.ones(1), "b": torch.ones(1), "F": torch.nn.functional,
