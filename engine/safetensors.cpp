@@ -65,13 +65,22 @@ Result<Entry> ParseEntry(const std::string& name, const nlohmann::json& value) {
 }  // namespace
 
 Result<SafetensorsContents> ParseSafetensors(const StoragePtr& bytes) {
-  const size_t size = bytes->size();
+  return ParseSafetensors(bytes, 0, bytes->size());
+}
+
+Result<SafetensorsContents> ParseSafetensors(const StoragePtr& bytes, size_t region_offset,
+                                             size_t size) {
+  OROCHI_CHECK_ARG(region_offset <= bytes->size() && size <= bytes->size() - region_offset,
+                   "safetensors region [" << region_offset << ", +" << size
+                                          << ") is outside the storage of " << bytes->size()
+                                          << " bytes");
+  const std::byte* region = bytes->data() + region_offset;
   if (size < 8) {
     return Malformed("truncated: " + std::to_string(size) +
                      " bytes, but the file must start with an 8-byte header length");
   }
   uint64_t header_length = 0;
-  std::memcpy(&header_length, bytes->data(), 8);  // little-endian, as is x86-64
+  std::memcpy(&header_length, region, 8);  // little-endian, as is x86-64
   if (header_length > size - 8) {
     return Malformed("the header length " + std::to_string(header_length) +
                      " runs past the end of the file (" + std::to_string(size) + " bytes)");
@@ -80,7 +89,7 @@ Result<SafetensorsContents> ParseSafetensors(const StoragePtr& bytes) {
     return Malformed("the header is " + std::to_string(header_length) +
                      " bytes, over the limit of " + std::to_string(kMaxHeaderBytes));
   }
-  const char* header_text = reinterpret_cast<const char*>(bytes->data()) + 8;
+  const char* header_text = reinterpret_cast<const char*>(region) + 8;
   nlohmann::json header =
       nlohmann::json::parse(header_text, header_text + header_length, nullptr, false);
   if (header.is_discarded()) return Malformed("the header is not valid JSON");
@@ -131,7 +140,7 @@ Result<SafetensorsContents> ParseSafetensors(const StoragePtr& bytes) {
   }
 
   for (const Entry& entry : entries) {
-    const uint64_t offset = data_start + entry.begin;
+    const uint64_t offset = region_offset + data_start + entry.begin;
     const size_t item = ItemSize(entry.dtype);
     if (offset % item == 0) {
       contents.tensors[entry.name] = Tensor(bytes, entry.shape, ContiguousStrides(entry.shape),

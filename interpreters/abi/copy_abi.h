@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change to the structs or functions below. */
-#define OROCHI_COPY_ABI_VERSION 2u
+#define OROCHI_COPY_ABI_VERSION 3u
 #define OROCHI_COPY_ENTRY_SYMBOL "orochi_copy_entry"
 
 typedef enum OrochiCopyCode {
@@ -51,6 +51,7 @@ typedef enum OrochiValueKind {
   OROCHI_VALUE_STR = 4,    /* data/size: UTF-8 */
   OROCHI_VALUE_BYTES = 5,  /* data/size */
   OROCHI_VALUE_TENSOR = 6, /* tensor */
+  OROCHI_VALUE_LIST = 7,   /* items/item_count: a Python list (or tuple, which arrives as a list) */
 } OrochiValueKind;
 
 typedef struct OrochiValue {
@@ -60,6 +61,8 @@ typedef struct OrochiValue {
   const char* data;
   size_t size;
   const OrochiTensor* tensor;
+  const struct OrochiValue* items;
+  size_t item_count;
 } OrochiValue;
 
 typedef struct OrochiError {

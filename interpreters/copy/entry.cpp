@@ -4,10 +4,12 @@
 // Python error always becomes an OrochiError with the formatted traceback.
 #include <Python.h>
 
+#include <deque>
 #include <exception>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "copy_abi.h"
 #include "copy_heap.h"
@@ -24,6 +26,7 @@ class PyRef {
   explicit PyRef(PyObject* object) : object_(object) {}
   PyRef(const PyRef&) = delete;
   PyRef& operator=(const PyRef&) = delete;
+  PyRef(PyRef&& other) noexcept : object_(std::exchange(other.object_, nullptr)) {}
   PyRef& operator=(PyRef&& other) noexcept {
     std::swap(object_, other.object_);
     return *this;
@@ -85,6 +88,21 @@ std::string Utf8OrRepr(PyObject* object) {
   return utf8;
 }
 
+// "Type: message" of the pending Python error, which it clears.
+std::string DescribeCurrentError() {
+  PyObject* type = nullptr;
+  PyObject* value = nullptr;
+  PyObject* traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  PyRef owned_type(type);
+  PyRef owned_value(value);
+  PyRef owned_traceback(traceback);
+  std::string text = type != nullptr ? reinterpret_cast<PyTypeObject*>(type)->tp_name : "error";
+  if (value != nullptr) text += ": " + Utf8OrRepr(value);
+  return text;
+}
+
 // Turns the pending Python exception into an OrochiError (type, message, full traceback).
 int32_t ReplyPythonError(OrochiReply* reply) {
   PyObject* type = nullptr;
@@ -118,54 +136,94 @@ int32_t ReplyPythonError(OrochiReply* reply) {
   return ReplyError(reply, OROCHI_COPY_PYTHON_ERROR, name.c_str(), Utf8OrRepr(value));
 }
 
+// Converts Python objects to OrochiValues that stay valid until the converter goes: it holds
+// the buffers, tensors and item arrays they point into. On failure a Python error is set.
+class AbiConverter {
+ public:
+  AbiConverter() = default;
+  AbiConverter(const AbiConverter&) = delete;
+  AbiConverter& operator=(const AbiConverter&) = delete;
+  ~AbiConverter() {
+    for (Py_buffer& view : buffers_) PyBuffer_Release(&view);
+  }
+
+  bool Convert(PyObject* object, OrochiValue* value) {
+    *value = OrochiValue{};
+    if (object == Py_None) {
+      value->kind = OROCHI_VALUE_NONE;
+    } else if (PyBool_Check(object)) {
+      value->kind = OROCHI_VALUE_BOOL;
+      value->int_value = object == Py_True ? 1 : 0;
+    } else if (PyLong_Check(object)) {
+      int overflow = 0;
+      value->kind = OROCHI_VALUE_INT;
+      value->int_value = PyLong_AsLongLongAndOverflow(object, &overflow);
+      if (overflow != 0) {
+        PyErr_Format(PyExc_OverflowError, "an int that does not fit in 64 bits: %R", object);
+        return false;
+      }
+    } else if (PyFloat_Check(object)) {
+      value->kind = OROCHI_VALUE_FLOAT;
+      value->float_value = PyFloat_AS_DOUBLE(object);
+    } else if (PyUnicode_Check(object)) {
+      Py_ssize_t size = 0;
+      const char* data = PyUnicode_AsUTF8AndSize(object, &size);
+      if (data == nullptr) return false;
+      value->kind = OROCHI_VALUE_STR;
+      value->data = data;
+      value->size = static_cast<size_t>(size);
+    } else if (const engine::Tensor* tensor = TensorFromPython(object)) {
+      // Memory lent by this copy's Python objects must not outlive the copy: copy it out.
+      const engine::Tensor& shared =
+          tensor->storage()->borrowed() ? tensors_.emplace_back(tensor->Clone()) : *tensor;
+      value->kind = OROCHI_VALUE_TENSOR;
+      value->tensor = shared.handle();
+    } else if (PyList_Check(object) || PyTuple_Check(object)) {
+      PyRef sequence(PySequence_Fast(object, "a list"));
+      if (!sequence) return false;
+      Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence.get());
+      std::vector<OrochiValue>& items = arrays_.emplace_back(static_cast<size_t>(count));
+      for (Py_ssize_t i = 0; i < count; ++i) {
+        PyObject* item = PySequence_Fast_GET_ITEM(sequence.get(), i);
+        if (!Convert(item, &items[static_cast<size_t>(i)])) return false;
+      }
+      sequences_.push_back(std::move(sequence));  // keeps str items' UTF-8 alive
+      value->kind = OROCHI_VALUE_LIST;
+      value->items = items.data();
+      value->item_count = items.size();
+    } else if (PyObject_CheckBuffer(object)) {
+      Py_buffer& view = buffers_.emplace_back();
+      if (PyObject_GetBuffer(object, &view, PyBUF_SIMPLE) < 0) {
+        buffers_.pop_back();
+        return false;
+      }
+      value->kind = OROCHI_VALUE_BYTES;
+      value->data = static_cast<const char*>(view.buf);
+      value->size = static_cast<size_t>(view.len);
+    } else {
+      PyErr_Format(PyExc_TypeError,
+                   "a copy can only hand the host None, bool, int, float, str, bytes-like "
+                   "objects, orochi.Tensor and lists or tuples of these, not %s",
+                   Py_TYPE(object)->tp_name);
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  std::deque<Py_buffer> buffers_;
+  std::deque<engine::Tensor> tensors_;
+  std::deque<std::vector<OrochiValue>> arrays_;
+  std::deque<PyRef> sequences_;
+};
+
 // Converts a Python result to an OrochiValue and hands it to the reply.
 int32_t ReplyObject(OrochiReply* reply, PyObject* object) {
+  AbiConverter converter;
   OrochiValue value{};
-  if (object == Py_None) {
-    value.kind = OROCHI_VALUE_NONE;
-  } else if (PyBool_Check(object)) {
-    value.kind = OROCHI_VALUE_BOOL;
-    value.int_value = object == Py_True ? 1 : 0;
-  } else if (PyLong_Check(object)) {
-    int overflow = 0;
-    value.kind = OROCHI_VALUE_INT;
-    value.int_value = PyLong_AsLongLongAndOverflow(object, &overflow);
-    if (overflow != 0) {
-      return ReplyError(reply, OROCHI_COPY_INVALID_ARGUMENT, "OverflowError",
-                        "the result is an int that does not fit in 64 bits: " + Utf8OrRepr(object));
-    }
-  } else if (PyFloat_Check(object)) {
-    value.kind = OROCHI_VALUE_FLOAT;
-    value.float_value = PyFloat_AS_DOUBLE(object);
-  } else if (PyUnicode_Check(object)) {
-    Py_ssize_t size = 0;
-    const char* data = PyUnicode_AsUTF8AndSize(object, &size);
-    if (data == nullptr) return ReplyPythonError(reply);
-    value.kind = OROCHI_VALUE_STR;
-    value.data = data;
-    value.size = static_cast<size_t>(size);
-  } else if (const engine::Tensor* tensor = TensorFromPython(object)) {
-    // Memory lent by this copy's Python objects must not outlive the copy: copy it out.
-    engine::Tensor shared = tensor->storage()->borrowed() ? tensor->Clone() : *tensor;
-    value.kind = OROCHI_VALUE_TENSOR;
-    value.tensor = shared.handle();
-    reply->set_value(reply, &value);
-    return OROCHI_COPY_OK;
-  } else if (PyObject_CheckBuffer(object)) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(object, &view, PyBUF_SIMPLE) < 0) return ReplyPythonError(reply);
-    value.kind = OROCHI_VALUE_BYTES;
-    value.data = static_cast<const char*>(view.buf);
-    value.size = static_cast<size_t>(view.len);
-    reply->set_value(reply, &value);
-    PyBuffer_Release(&view);
-    return OROCHI_COPY_OK;
-  } else {
-    std::string type_name = Py_TYPE(object)->tp_name;
+  if (!converter.Convert(object, &value)) {
     return ReplyError(reply, OROCHI_COPY_INVALID_ARGUMENT, "TypeError",
-                      "a copy can only return None, bool, int, float, str, an orochi.Tensor "
-                      "or a bytes-like object to the host, not " +
-                          type_name);
+                      "the result cannot be handed to the host: " + DescribeCurrentError());
   }
   reply->set_value(reply, &value);
   return OROCHI_COPY_OK;
@@ -187,6 +245,16 @@ PyObject* ValueToPython(const OrochiValue& value) {
       return PyBytes_FromStringAndSize(value.data, static_cast<Py_ssize_t>(value.size));
     case OROCHI_VALUE_TENSOR:
       return TensorToPython(engine::Tensor::FromHandle(value.tensor));
+    case OROCHI_VALUE_LIST: {
+      PyRef list(PyList_New(static_cast<Py_ssize_t>(value.item_count)));
+      if (!list) return nullptr;
+      for (size_t i = 0; i < value.item_count; ++i) {
+        PyObject* item = ValueToPython(value.items[i]);
+        if (item == nullptr) return nullptr;
+        PyList_SET_ITEM(list.get(), static_cast<Py_ssize_t>(i), item);
+      }
+      return Py_NewRef(list.get());
+    }
     default:
       PyErr_Format(PyExc_TypeError, "unknown argument kind %d", static_cast<int>(value.kind));
       return nullptr;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -16,7 +17,33 @@
 namespace orochi::interpreters {
 namespace {
 
-// Collects what a copy replies, converting to host types while the copy's memory is valid.
+// Copies a value a copy hands over into host types, while the copy's memory is still valid.
+Value FromAbiValue(const OrochiValue& value) {
+  switch (value.kind) {
+    case OROCHI_VALUE_BOOL:
+      return value.int_value != 0;
+    case OROCHI_VALUE_INT:
+      return static_cast<int64_t>(value.int_value);
+    case OROCHI_VALUE_FLOAT:
+      return value.float_value;
+    case OROCHI_VALUE_STR:
+      return std::string(value.data, value.size);
+    case OROCHI_VALUE_BYTES:
+      return Bytes{std::string(value.data, value.size)};
+    case OROCHI_VALUE_TENSOR:
+      return engine::Tensor::FromHandle(value.tensor);
+    case OROCHI_VALUE_LIST: {
+      ValueList list;
+      list.items.reserve(value.item_count);
+      for (size_t i = 0; i < value.item_count; ++i) list.items.push_back(FromAbiValue(value.items[i]));
+      return list;
+    }
+    default:
+      return std::monostate{};
+  }
+}
+
+// Collects what a copy replies.
 struct ReplySink {
   OrochiReply reply{};
   Value value;
@@ -31,29 +58,7 @@ struct ReplySink {
   static ReplySink& Of(OrochiReply* reply) { return *static_cast<ReplySink*>(reply->host_state); }
 
   static void SetValue(OrochiReply* reply, const OrochiValue* value) {
-    ReplySink& sink = Of(reply);
-    switch (value->kind) {
-      case OROCHI_VALUE_BOOL:
-        sink.value = value->int_value != 0;
-        break;
-      case OROCHI_VALUE_INT:
-        sink.value = static_cast<int64_t>(value->int_value);
-        break;
-      case OROCHI_VALUE_FLOAT:
-        sink.value = value->float_value;
-        break;
-      case OROCHI_VALUE_STR:
-        sink.value = std::string(value->data, value->size);
-        break;
-      case OROCHI_VALUE_BYTES:
-        sink.value = Bytes{std::string(value->data, value->size)};
-        break;
-      case OROCHI_VALUE_TENSOR:
-        sink.value = engine::Tensor::FromHandle(value->tensor);
-        break;
-      default:
-        sink.value = std::monostate{};
-    }
+    Of(reply).value = FromAbiValue(*value);
   }
   static void SetError(OrochiReply* reply, const OrochiError* error) {
     ReplySink& sink = Of(reply);
@@ -108,39 +113,54 @@ const OrochiCopyTable kUnloadedTable = {
     Unloaded,
 };
 
-OrochiValue ToAbiValue(const Value& value) {
-  OrochiValue result{};
-  std::visit(
-      [&result](const auto& item) {
-        using T = std::decay_t<decltype(item)>;
-        if constexpr (std::is_same_v<T, std::monostate>) {
-          result.kind = OROCHI_VALUE_NONE;
-        } else if constexpr (std::is_same_v<T, bool>) {
-          result.kind = OROCHI_VALUE_BOOL;
-          result.int_value = item ? 1 : 0;
-        } else if constexpr (std::is_same_v<T, int64_t>) {
-          result.kind = OROCHI_VALUE_INT;
-          result.int_value = item;
-        } else if constexpr (std::is_same_v<T, double>) {
-          result.kind = OROCHI_VALUE_FLOAT;
-          result.float_value = item;
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          result.kind = OROCHI_VALUE_STR;
-          result.data = item.data();
-          result.size = item.size();
-        } else if constexpr (std::is_same_v<T, Bytes>) {
-          result.kind = OROCHI_VALUE_BYTES;
-          result.data = item.data.data();
-          result.size = item.data.size();
-        } else {
-          static_assert(std::is_same_v<T, engine::Tensor>);
-          result.kind = OROCHI_VALUE_TENSOR;
-          result.tensor = item.handle();
-        }
-      },
-      value);
-  return result;
-}
+// Builds OrochiValues for a call, keeping the arrays that nested lists point into alive until
+// the builder goes.
+class AbiValues {
+ public:
+  OrochiValue Convert(const Value& value) {
+    OrochiValue result{};
+    std::visit(
+        [&](const auto& item) {
+          using T = std::decay_t<decltype(item)>;
+          if constexpr (std::is_same_v<T, std::monostate>) {
+            result.kind = OROCHI_VALUE_NONE;
+          } else if constexpr (std::is_same_v<T, bool>) {
+            result.kind = OROCHI_VALUE_BOOL;
+            result.int_value = item ? 1 : 0;
+          } else if constexpr (std::is_same_v<T, int64_t>) {
+            result.kind = OROCHI_VALUE_INT;
+            result.int_value = item;
+          } else if constexpr (std::is_same_v<T, double>) {
+            result.kind = OROCHI_VALUE_FLOAT;
+            result.float_value = item;
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            result.kind = OROCHI_VALUE_STR;
+            result.data = item.data();
+            result.size = item.size();
+          } else if constexpr (std::is_same_v<T, Bytes>) {
+            result.kind = OROCHI_VALUE_BYTES;
+            result.data = item.data.data();
+            result.size = item.data.size();
+          } else if constexpr (std::is_same_v<T, engine::Tensor>) {
+            result.kind = OROCHI_VALUE_TENSOR;
+            result.tensor = item.handle();
+          } else {
+            static_assert(std::is_same_v<T, ValueList>);
+            std::vector<OrochiValue>& items = arrays_.emplace_back();
+            items.reserve(item.items.size());
+            for (const Value& element : item.items) items.push_back(Convert(element));
+            result.kind = OROCHI_VALUE_LIST;
+            result.items = items.data();
+            result.item_count = items.size();
+          }
+        },
+        value);
+    return result;
+  }
+
+ private:
+  std::deque<std::vector<OrochiValue>> arrays_;
+};
 
 // sys.executable: a command that runs Python the way `python` does. The build (and an
 // install) puts an `orochi-python` alias of the binary beside it.
@@ -207,7 +227,8 @@ struct Interpreter::Impl {
       reply->set_error(reply, &error);
       return OROCHI_COPY_INTERNAL;
     }
-    OrochiValue value = ToAbiValue(*result);
+    AbiValues values;
+    OrochiValue value = values.Convert(*result);
     reply->set_value(reply, &value);
     return OROCHI_COPY_OK;
   }
@@ -371,9 +392,10 @@ Result<Value> Interpreter::Eval(std::string_view expression) {
 
 Result<Value> Interpreter::Call(std::string_view target, std::span<const Value> args) {
   std::string target_text(target);
+  AbiValues values;
   std::vector<OrochiValue> abi_args;
   abi_args.reserve(args.size());
-  for (const Value& arg : args) abi_args.push_back(ToAbiValue(arg));
+  for (const Value& arg : args) abi_args.push_back(values.Convert(arg));
   std::lock_guard lock(mutex_);
   ReplySink sink;
   OROCHI_RETURN_IF_ERROR(sink.ToStatus(

@@ -235,7 +235,19 @@ TEST(InterpreterCalls, ValuesCrossInBothDirections) {
   EXPECT_EQ(std::get<int64_t>(*copy->Call("os.path:__name__.__len__")), 9);  // "posixpath"
 
   EXPECT_EQ(copy->Eval("2 ** 70").status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(copy->Eval("[1, 2]").status().message(), HasSubstr("not list"));
+  EXPECT_THAT(copy->Eval("{1: 2}").status().message(), HasSubstr("not dict"));
+  Result<Value> nested = copy->Eval("[1, ('two', [b'3', None])]");
+  ASSERT_TRUE(nested.ok()) << nested.status().ToString();
+  const auto& outer = std::get<ValueList>(*nested).items;
+  ASSERT_EQ(outer.size(), 2U);
+  EXPECT_EQ(std::get<int64_t>(outer[0]), 1);
+  const auto& inner = std::get<ValueList>(outer[1]).items;
+  EXPECT_EQ(std::get<std::string>(inner[0]), "two");
+  const auto& innermost = std::get<ValueList>(inner[1]).items;
+  EXPECT_EQ(std::get<Bytes>(innermost[0]).data, "3");
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(innermost[1]));
+  std::vector<Value> list_argument{ValueList{{int64_t{1}, ValueList{{int64_t{2}, int64_t{3}}}}}};
+  EXPECT_EQ(std::get<std::string>(*copy->Call("builtins:repr", list_argument)), "[1, [2, 3]]");
   EXPECT_EQ(copy->Call("no_such_module:f").status().code(), StatusCode::kPythonError);
   EXPECT_THAT(copy->Call("json").status().message(), HasSubstr("not of the form 'module:name'"));
 }

@@ -27,6 +27,10 @@ OROCHI_ENGINE_API Result<SafetensorsContents> LoadSafetensors(const std::string&
 
 // Parses a safetensors image held in `bytes` (all of it); tensors view `bytes`.
 OROCHI_ENGINE_API Result<SafetensorsContents> ParseSafetensors(const StoragePtr& bytes);
+// Parses the image stored at [offset, offset + size) of `bytes`, e.g. one member of a mapped
+// archive; tensors view `bytes` (copied only where an offset is misaligned for the dtype).
+OROCHI_ENGINE_API Result<SafetensorsContents> ParseSafetensors(const StoragePtr& bytes,
+                                                               size_t offset, size_t size);
 
 // Writes `tensors` (any strides and dtypes) and `metadata` to `path`.
 OROCHI_ENGINE_API Status SaveSafetensors(const std::string& path,

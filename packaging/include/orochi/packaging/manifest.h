@@ -1,0 +1,73 @@
+// manifest.json: what a model package declares about itself (docs/PACKAGE_FORMAT.md).
+//
+// ParseManifest checks the whole schema and reports the first problem with its JSON path, e.g.
+// "$.inputs[0].shape[1]: expected an integer >= 1 or -1, got 0". Unknown keys are errors, so a
+// misspelt key is caught instead of silently ignored.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "orochi/base/status.h"
+#include "orochi/engine/dtype.h"
+
+namespace orochi::packaging {
+
+inline constexpr int kManifestFormatVersion = 1;
+
+// KServe v2 tensor datatypes a package may declare. X(enumerator, v2 name, engine dtype); BYTES
+// has no engine dtype (it travels as a list of byte strings).
+#define OROCHI_PACKAGE_DATATYPES(X)          \
+  X(kBool, "BOOL", engine::DType::kBool)     \
+  X(kUInt8, "UINT8", engine::DType::kUInt8)  \
+  X(kInt8, "INT8", engine::DType::kInt8)     \
+  X(kInt16, "INT16", engine::DType::kInt16)  \
+  X(kInt32, "INT32", engine::DType::kInt32)  \
+  X(kInt64, "INT64", engine::DType::kInt64)  \
+  X(kFp16, "FP16", engine::DType::kFloat16)  \
+  X(kBf16, "BF16", engine::DType::kBFloat16) \
+  X(kFp32, "FP32", engine::DType::kFloat32)  \
+  X(kFp64, "FP64", engine::DType::kFloat64)  \
+  X(kBytes, "BYTES", engine::DType::kUInt8)
+
+enum class DataType : uint8_t {
+#define OROCHI_DATATYPE_ENUM(name, text, dtype) name,
+  OROCHI_PACKAGE_DATATYPES(OROCHI_DATATYPE_ENUM)
+#undef OROCHI_DATATYPE_ENUM
+};
+
+std::string_view DataTypeName(DataType datatype);
+bool ParseDataType(std::string_view text, DataType* datatype);
+// The engine dtype that carries `datatype`; nullopt for BYTES.
+std::optional<engine::DType> EngineDType(DataType datatype);
+
+struct TensorSpec {
+  std::string name;
+  DataType datatype = DataType::kFp32;
+  // -1 marks a variable dim. With max_batch_size > 0 the batch dim is implied and not listed.
+  std::vector<int64_t> shape;
+};
+
+struct Manifest {
+  int format_version = kManifestFormatVersion;
+  std::string name;      // [A-Za-z0-9][A-Za-z0-9_.-]*, at most 128 bytes
+  int64_t version = 1;   // >= 1
+  std::string entry_module;  // dotted module path under code/
+  std::string entry_class;   // (possibly dotted) attribute of that module
+  std::string description;
+  std::vector<TensorSpec> inputs;   // at least one
+  std::vector<TensorSpec> outputs;  // at least one
+  int64_t max_batch_size = 0;       // 0: no batching
+  std::optional<int64_t> instances;  // copies to load into; every copy when absent
+  std::string device = "cpu";        // "cpu", "cuda" or "cuda:N"
+  std::string parameters_json = "{}";  // default parameters: a JSON object
+  std::string json;                    // the whole manifest, as parsed
+};
+
+// Errors are kInvalidArgument, "manifest.json: <path>: <problem>".
+Result<Manifest> ParseManifest(std::string_view text);
+
+}  // namespace orochi::packaging

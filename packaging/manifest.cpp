@@ -1,0 +1,239 @@
+#include "orochi/packaging/manifest.h"
+
+#include <nlohmann/json.hpp>
+
+#include <set>
+#include <string>
+#include <utility>
+
+namespace orochi::packaging {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr size_t kMaxNameBytes = 128;
+
+Status Problem(const std::string& path, const std::string& message) {
+  return InvalidArgument("manifest.json: " + path + ": " + message);
+}
+
+std::string TypeName(const Json& value) { return value.type_name(); }
+
+bool IsName(std::string_view text) {
+  if (text.empty() || text.size() > kMaxNameBytes) return false;
+  auto alnum = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+  };
+  if (!alnum(text.front())) return false;
+  for (char c : text) {
+    if (!alnum(c) && c != '_' && c != '.' && c != '-') return false;
+  }
+  return true;
+}
+
+bool IsIdentifierPath(std::string_view text) {
+  if (text.empty()) return false;
+  bool start = true;
+  for (char c : text) {
+    bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    bool digit = c >= '0' && c <= '9';
+    if (c == '.') {
+      if (start) return false;
+      start = true;
+    } else if (letter || (digit && !start)) {
+      start = false;
+    } else {
+      return false;
+    }
+  }
+  return !start;
+}
+
+Result<std::string> String(const Json& object, const std::string& path, const char* key,
+                           bool required) {
+  auto found = object.find(key);
+  if (found == object.end()) {
+    if (required) return Problem(path, std::string("missing required key '") + key + "'");
+    return std::string();
+  }
+  if (!found->is_string()) {
+    return Problem(path + "." + key, "expected a string, got " + TypeName(*found));
+  }
+  return found->get<std::string>();
+}
+
+Result<std::optional<int64_t>> Integer(const Json& object, const std::string& path,
+                                       const char* key, int64_t minimum) {
+  auto found = object.find(key);
+  if (found == object.end()) return std::optional<int64_t>();
+  if (!found->is_number_integer()) {
+    return Problem(path + "." + key, "expected an integer, got " + TypeName(*found));
+  }
+  auto value = found->get<int64_t>();
+  if (value < minimum) {
+    return Problem(path + "." + key, "expected an integer >= " + std::to_string(minimum) +
+                                         ", got " + std::to_string(value));
+  }
+  return std::optional<int64_t>(value);
+}
+
+Status OnlyKeys(const Json& object, const std::string& path, std::initializer_list<const char*> keys) {
+  for (const auto& [key, value] : object.items()) {
+    bool known = false;
+    for (const char* allowed : keys) known = known || key == allowed;
+    if (!known) return Problem(path + "." + key, "unknown key");
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<TensorSpec>> Tensors(const Json& manifest, const char* key) {
+  const std::string path = std::string("$.") + key;
+  auto found = manifest.find(key);
+  if (found == manifest.end()) return Problem("$", std::string("missing required key '") + key + "'");
+  if (!found->is_array() || found->empty()) {
+    return Problem(path, "expected a non-empty array of tensor descriptions");
+  }
+  std::vector<TensorSpec> specs;
+  std::set<std::string> names;
+  for (size_t i = 0; i < found->size(); ++i) {
+    const Json& entry = (*found)[i];
+    const std::string at = path + "[" + std::to_string(i) + "]";
+    if (!entry.is_object()) return Problem(at, "expected an object, got " + TypeName(entry));
+    OROCHI_RETURN_IF_ERROR(OnlyKeys(entry, at, {"name", "datatype", "shape"}));
+    TensorSpec spec;
+    OROCHI_ASSIGN_OR_RETURN(spec.name, String(entry, at, "name", true));
+    if (!IsName(spec.name)) {
+      return Problem(at + ".name", "'" + spec.name +
+                                       "' is not a valid tensor name (letters, digits, '_', '.', "
+                                       "'-', starting with a letter or digit)");
+    }
+    if (!names.insert(spec.name).second) {
+      return Problem(at + ".name", "duplicate tensor name '" + spec.name + "'");
+    }
+    OROCHI_ASSIGN_OR_RETURN(std::string datatype, String(entry, at, "datatype", true));
+    if (!ParseDataType(datatype, &spec.datatype)) {
+      std::string hint = datatype.rfind("UINT", 0) == 0
+                             ? " (UINT16, UINT32 and UINT64 have no engine dtype)"
+                             : "";
+      return Problem(at + ".datatype", "unknown datatype '" + datatype + "'" + hint +
+                                           "; expected BOOL, UINT8, INT8, INT16, INT32, INT64, "
+                                           "FP16, BF16, FP32, FP64 or BYTES");
+    }
+    auto shape = entry.find("shape");
+    if (shape == entry.end()) return Problem(at, "missing required key 'shape'");
+    if (!shape->is_array()) return Problem(at + ".shape", "expected an array of integers");
+    for (size_t d = 0; d < shape->size(); ++d) {
+      const Json& dim = (*shape)[d];
+      const std::string dim_path = at + ".shape[" + std::to_string(d) + "]";
+      if (!dim.is_number_integer() || (dim.get<int64_t>() < 1 && dim.get<int64_t>() != -1)) {
+        return Problem(dim_path, "expected an integer >= 1 or -1, got " + dim.dump());
+      }
+      spec.shape.push_back(dim.get<int64_t>());
+    }
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+}  // namespace
+
+std::string_view DataTypeName(DataType datatype) {
+  switch (datatype) {
+#define OROCHI_DATATYPE_NAME(name, text, dtype) \
+  case DataType::name:                          \
+    return text;
+    OROCHI_PACKAGE_DATATYPES(OROCHI_DATATYPE_NAME)
+#undef OROCHI_DATATYPE_NAME
+  }
+  return "?";
+}
+
+bool ParseDataType(std::string_view text, DataType* datatype) {
+#define OROCHI_DATATYPE_PARSE(name, spelling, dtype) \
+  if (text == (spelling)) {                          \
+    *datatype = DataType::name;                      \
+    return true;                                     \
+  }
+  OROCHI_PACKAGE_DATATYPES(OROCHI_DATATYPE_PARSE)
+#undef OROCHI_DATATYPE_PARSE
+  return false;
+}
+
+std::optional<engine::DType> EngineDType(DataType datatype) {
+  if (datatype == DataType::kBytes) return std::nullopt;
+  switch (datatype) {
+#define OROCHI_DATATYPE_DTYPE(name, text, dtype) \
+  case DataType::name:                           \
+    return dtype;
+    OROCHI_PACKAGE_DATATYPES(OROCHI_DATATYPE_DTYPE)
+#undef OROCHI_DATATYPE_DTYPE
+  }
+  return std::nullopt;
+}
+
+Result<Manifest> ParseManifest(std::string_view text) {
+  Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return Problem("$", "not valid JSON");
+  if (!json.is_object()) return Problem("$", "expected a JSON object, got " + TypeName(json));
+  OROCHI_RETURN_IF_ERROR(OnlyKeys(json, "$",
+                                  {"format_version", "name", "version", "entry", "description",
+                                   "inputs", "outputs", "max_batch_size", "instances", "device",
+                                   "parameters"}));
+  Manifest manifest;
+  OROCHI_ASSIGN_OR_RETURN(std::optional<int64_t> format, Integer(json, "$", "format_version", 1));
+  if (!format) return Problem("$", "missing required key 'format_version'");
+  if (*format != kManifestFormatVersion) {
+    return Problem("$.format_version", "this Orochi reads format version " +
+                                           std::to_string(kManifestFormatVersion) + ", got " +
+                                           std::to_string(*format));
+  }
+  OROCHI_ASSIGN_OR_RETURN(manifest.name, String(json, "$", "name", true));
+  if (!IsName(manifest.name)) {
+    return Problem("$.name", "'" + manifest.name +
+                                 "' is not a valid model name (1-128 letters, digits, '_', '.', "
+                                 "'-', starting with a letter or digit)");
+  }
+  OROCHI_ASSIGN_OR_RETURN(std::optional<int64_t> version, Integer(json, "$", "version", 1));
+  if (!version) return Problem("$", "missing required key 'version'");
+  manifest.version = *version;
+  OROCHI_ASSIGN_OR_RETURN(std::string entry, String(json, "$", "entry", true));
+  size_t colon = entry.find(':');
+  if (colon == std::string::npos || !IsIdentifierPath(entry.substr(0, colon)) ||
+      !IsIdentifierPath(entry.substr(colon + 1))) {
+    return Problem("$.entry", "expected 'module:Class' (dotted Python names), got '" + entry + "'");
+  }
+  manifest.entry_module = entry.substr(0, colon);
+  manifest.entry_class = entry.substr(colon + 1);
+  OROCHI_ASSIGN_OR_RETURN(manifest.description, String(json, "$", "description", false));
+  OROCHI_ASSIGN_OR_RETURN(manifest.inputs, Tensors(json, "inputs"));
+  OROCHI_ASSIGN_OR_RETURN(manifest.outputs, Tensors(json, "outputs"));
+  OROCHI_ASSIGN_OR_RETURN(std::optional<int64_t> batch, Integer(json, "$", "max_batch_size", 0));
+  manifest.max_batch_size = batch.value_or(0);
+  OROCHI_ASSIGN_OR_RETURN(manifest.instances, Integer(json, "$", "instances", 1));
+  if (json.contains("device")) {
+    OROCHI_ASSIGN_OR_RETURN(manifest.device, String(json, "$", "device", true));
+    bool cuda = manifest.device.rfind("cuda", 0) == 0 &&
+                (manifest.device.size() == 4 ||
+                 (manifest.device[4] == ':' && manifest.device.size() > 5 &&
+                  manifest.device.find_first_not_of("0123456789", 5) == std::string::npos));
+    if (manifest.device != "cpu" && !cuda) {
+      return Problem("$.device", "expected 'cpu', 'cuda' or 'cuda:N', got '" + manifest.device + "'");
+    }
+  }
+  if (auto parameters = json.find("parameters"); parameters != json.end()) {
+    if (!parameters->is_object()) {
+      return Problem("$.parameters", "expected an object, got " + TypeName(*parameters));
+    }
+    for (const auto& [key, value] : parameters->items()) {
+      if (!value.is_string() && !value.is_number() && !value.is_boolean()) {
+        return Problem("$.parameters." + key, "expected a string, number or boolean, got " +
+                                                  TypeName(value));
+      }
+    }
+    manifest.parameters_json = parameters->dump();
+  }
+  manifest.json = json.dump();
+  return manifest;
+}
+
+}  // namespace orochi::packaging

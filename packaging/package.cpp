@@ -1,0 +1,132 @@
+#include "orochi/packaging/package.h"
+
+#include <string>
+#include <utility>
+
+#include "orochi/engine/safetensors.h"
+
+namespace orochi::packaging {
+namespace {
+
+constexpr std::string_view kManifest = "manifest.json";
+constexpr std::string_view kCode = "code/";
+constexpr std::string_view kWeights = "weights/";
+constexpr std::string_view kResources = "resources/";
+constexpr std::string_view kSafetensors = ".safetensors";
+
+bool StartsWith(std::string_view text, std::string_view prefix) {
+  return text.substr(0, prefix.size()) == prefix;
+}
+bool EndsWith(std::string_view text, std::string_view suffix) {
+  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+
+Status BadMember(const std::string& name, const std::string& rule) {
+  return InvalidArgument("member '" + name + "': " + rule);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Package>> Package::Open(const std::string& path,
+                                               const PackageLimits& limits) {
+  auto package = std::unique_ptr<Package>(new Package());
+  package->path_ = path;
+  Result<std::unique_ptr<ZipReader>> archive = ZipReader::Open(path, limits.zip);
+  if (!archive.ok()) {
+    return Status(archive.status().code(), path + ": " + archive.status().message());
+  }
+  package->archive_ = std::move(archive).value();
+  const ZipReader& zip = *package->archive_;
+  auto failed = [&path](const Status& status) {
+    return Status(status.code(), path + ": " + status.message());
+  };
+
+  const ZipMember* manifest_member = nullptr;
+  std::vector<const ZipMember*> weights_members;
+  for (const ZipMember& member : zip.members()) {
+    const std::string& name = member.name;
+    if (name == kManifest) {
+      manifest_member = &member;
+    } else if (StartsWith(name, kCode) || StartsWith(name, kResources)) {
+      continue;
+    } else if (StartsWith(name, kWeights)) {
+      if (member.is_directory()) {
+        if (name != kWeights) return failed(BadMember(name, "weights/ has no subdirectories"));
+        continue;
+      }
+      std::string_view file = std::string_view(name).substr(kWeights.size());
+      if (file.find('/') != std::string_view::npos || !EndsWith(file, kSafetensors)) {
+        return failed(BadMember(name, "weights/ holds only *.safetensors files"));
+      }
+      if (!member.stored) {
+        return failed(BadMember(name, "weights must be stored uncompressed, so that they can be "
+                                      "memory-mapped from the package"));
+      }
+      weights_members.push_back(&member);
+    } else {
+      return failed(BadMember(name, "outside manifest.json, code/, weights/ and resources/"));
+    }
+  }
+  if (manifest_member == nullptr) return failed(InvalidArgument("no manifest.json"));
+  if (manifest_member->size > limits.max_manifest_bytes) {
+    return failed(BadMember("manifest.json", "larger than the limit of " +
+                                                 std::to_string(limits.max_manifest_bytes) +
+                                                 " bytes"));
+  }
+  Result<std::string> manifest_text = zip.Read(*manifest_member);
+  if (!manifest_text.ok()) return failed(manifest_text.status());
+  Result<Manifest> manifest = ParseManifest(*manifest_text);
+  if (!manifest.ok()) return failed(manifest.status());
+  package->manifest_ = std::move(manifest).value();
+
+  for (const ZipMember& member : zip.members()) {
+    if (!StartsWith(member.name, kCode) || member.is_directory()) continue;
+    Result<std::string> source = zip.Read(member);
+    if (!source.ok()) return failed(source.status());
+    package->code_.emplace(member.name.substr(kCode.size()), std::move(source).value());
+  }
+  std::string module_path = package->manifest_.entry_module;
+  for (char& c : module_path) c = c == '.' ? '/' : c;
+  if (package->code_.count(module_path + ".py") == 0 &&
+      package->code_.count(module_path + "/__init__.py") == 0) {
+    return failed(InvalidArgument("the entry module '" + package->manifest_.entry_module +
+                                  "' is not in the package (expected code/" + module_path +
+                                  ".py or code/" + module_path + "/__init__.py)"));
+  }
+
+  for (const ZipMember* member : weights_members) {
+    if (Status crc = zip.VerifyStored(*member); !crc.ok()) return failed(crc);
+    Result<engine::SafetensorsContents> contents =
+        engine::ParseSafetensors(zip.file(), member->data_offset, member->size);
+    if (!contents.ok()) return failed(BadMember(member->name, contents.status().message()));
+    WeightsFile file{member->name, member->size, std::move(contents->tensors)};
+    for (const auto& [name, tensor] : file.tensors) {
+      if (!package->weights_.emplace(name, tensor).second) {
+        return failed(BadMember(member->name, "tensor '" + name +
+                                                  "' is also in another weights file"));
+      }
+    }
+    package->weights_files_.push_back(std::move(file));
+  }
+  return package;
+}
+
+std::vector<std::string> Package::resources() const {
+  std::vector<std::string> paths;
+  for (const ZipMember& member : archive_->members()) {
+    if (StartsWith(member.name, kResources) && !member.is_directory()) {
+      paths.push_back(member.name.substr(kResources.size()));
+    }
+  }
+  return paths;
+}
+
+Result<std::string> Package::ReadResource(std::string_view path) const {
+  const ZipMember* member = archive_->Find(std::string(kResources) + std::string(path));
+  if (member == nullptr || member->is_directory()) {
+    return NotFound("the package has no resource '" + std::string(path) + "'");
+  }
+  return archive_->Read(*member);
+}
+
+}  // namespace orochi::packaging
