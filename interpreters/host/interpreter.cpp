@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "builtin_host_functions.h"
 #include "copy_abi.h"
 #include "copy_threads.h"
 #include "embedded_assets.h"
@@ -208,7 +209,9 @@ struct Interpreter::Impl {
                           OrochiReply* reply) {
     auto* self = static_cast<Impl*>(state);
     auto found = self->host_functions.find(std::string_view(name));
-    if (found == self->host_functions.end()) {
+    const HostFunction* function =
+        found != self->host_functions.end() ? &found->second : FindBuiltinHostFunction(name);
+    if (function == nullptr) {
       std::string message = "no host function is registered as '" + std::string(name) + "'";
       OrochiError error{"LookupError", message.c_str(), ""};
       reply->set_error(reply, &error);
@@ -216,7 +219,7 @@ struct Interpreter::Impl {
     }
     Result<Value> result = [&]() -> Result<Value> {
       try {
-        return found->second(std::string_view(payload != nullptr ? payload : "", size));
+        return (*function)(std::string_view(payload != nullptr ? payload : "", size));
       } catch (const std::exception& exception) {
         return Internal(std::string("host function threw: ") + exception.what());
       }

@@ -107,6 +107,18 @@ InterpreterManager::Lease InterpreterManager::AcquireSlot(size_t slot) {
   return LeaseLocked(slot);
 }
 
+InterpreterManager::Lease InterpreterManager::AcquireAnyOf(std::span<const size_t> slots) {
+  OROCHI_INTERNAL_ASSERT(!slots.empty(), "AcquireAnyOf: no slots given");
+  std::unique_lock lock(mutex_);
+  while (true) {
+    for (size_t slot : slots) {
+      OROCHI_INTERNAL_ASSERT(slot < slots_.size(), "AcquireAnyOf: slot out of range");
+      if (!slots_[slot].leased) return LeaseLocked(slot);
+    }
+    slot_freed_.wait(lock);
+  }
+}
+
 Status InterpreterManager::Replace(size_t slot) {
   OROCHI_INTERNAL_ASSERT(slot < slots_.size(), "Replace: slot out of range");
   std::shared_ptr<Interpreter> old;

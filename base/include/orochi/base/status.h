@@ -59,6 +59,9 @@ inline Status InvalidArgument(std::string message) {
   return {StatusCode::kInvalidArgument, std::move(message)};
 }
 inline Status NotFound(std::string message) { return {StatusCode::kNotFound, std::move(message)}; }
+inline Status AlreadyExists(std::string message) {
+  return {StatusCode::kAlreadyExists, std::move(message)};
+}
 inline Status FailedPrecondition(std::string message) {
   return {StatusCode::kFailedPrecondition, std::move(message)};
 }

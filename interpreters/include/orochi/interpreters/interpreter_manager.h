@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "orochi/base/status.h"
@@ -62,6 +63,8 @@ class InterpreterManager {
   std::optional<Lease> TryAcquire(std::chrono::milliseconds timeout);
   // Waits until copy `slot` is free. Precondition: slot < size().
   Lease AcquireSlot(size_t slot);
+  // Waits until one of `slots` is free. Precondition: `slots` is non-empty, each < size().
+  Lease AcquireAnyOf(std::span<const size_t> slots);
 
   // Waits until copy `slot` is free, unloads it and starts a fresh copy in its place.
   // Precondition: slot < size(), and the caller holds no Lease on that slot.

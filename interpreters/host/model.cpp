@@ -1,0 +1,196 @@
+#include "orochi/interpreters/model.h"
+
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "builtin_host_functions.h"
+
+namespace orochi::interpreters {
+namespace {
+
+constexpr const char* kInputErrorType = "orochi.serving.InputError";
+
+// Resource readers of the loaded models, for the built-in "orochi.model_resource" host
+// function that ModelContext.resource() calls from inside copies.
+class ResourceReaders {
+ public:
+  static ResourceReaders& Instance() {
+    static ResourceReaders readers;
+    return readers;
+  }
+  bool Add(const std::string& key, std::function<Result<std::string>(std::string_view)> reader) {
+    std::lock_guard lock(mutex_);
+    return readers_.emplace(key, std::move(reader)).second;
+  }
+  void Remove(const std::string& key) {
+    std::lock_guard lock(mutex_);
+    readers_.erase(key);
+  }
+  Result<Value> Read(std::string_view payload) {
+    size_t newline = payload.find('\n');
+    if (newline == std::string_view::npos) return InvalidArgument("expected 'key\\npath'");
+    std::string key(payload.substr(0, newline));
+    std::function<Result<std::string>(std::string_view)> reader;
+    {
+      std::lock_guard lock(mutex_);
+      auto found = readers_.find(key);
+      if (found == readers_.end()) return NotFound("model " + key + " is not loaded");
+      reader = found->second;
+    }
+    if (!reader) return NotFound("model " + key + " has no resources");
+    OROCHI_ASSIGN_OR_RETURN(std::string data, reader(payload.substr(newline + 1)));
+    return Value(Bytes{std::move(data)});
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, std::function<Result<std::string>(std::string_view)>, std::less<>>
+      readers_;
+};
+
+Value ToValue(const NamedTensor& input) {
+  ValueList pair;
+  pair.items.emplace_back(input.name);
+  if (const auto* tensor = std::get_if<engine::Tensor>(&input.value)) {
+    pair.items.emplace_back(*tensor);
+  } else {
+    const auto& bytes = std::get<BytesTensor>(input.value);
+    ValueList shape;
+    for (int64_t size : bytes.shape) shape.items.emplace_back(size);
+    ValueList items;
+    for (const std::string& item : bytes.items) items.items.emplace_back(Bytes{item});
+    pair.items.emplace_back(ValueList{{std::move(shape), std::move(items)}});
+  }
+  return pair;
+}
+
+Result<std::vector<NamedTensor>> FromOutputs(const Value& value) {
+  auto malformed = [] { return Internal("orochi.serving returned malformed outputs"); };
+  const auto* outputs = std::get_if<ValueList>(&value);
+  if (outputs == nullptr) return malformed();
+  std::vector<NamedTensor> result;
+  for (const Value& entry : outputs->items) {
+    const auto* pair = std::get_if<ValueList>(&entry);
+    if (pair == nullptr || pair->items.size() != 2) return malformed();
+    const auto* name = std::get_if<std::string>(&pair->items[0]);
+    if (name == nullptr) return malformed();
+    if (const auto* tensor = std::get_if<engine::Tensor>(&pair->items[1])) {
+      result.push_back({*name, *tensor});
+      continue;
+    }
+    const auto* bytes = std::get_if<ValueList>(&pair->items[1]);
+    if (bytes == nullptr || bytes->items.size() != 2) return malformed();
+    const auto* shape = std::get_if<ValueList>(&bytes->items[0]);
+    const auto* items = std::get_if<ValueList>(&bytes->items[1]);
+    if (shape == nullptr || items == nullptr) return malformed();
+    BytesTensor tensor;
+    for (const Value& size : shape->items) tensor.shape.push_back(std::get<int64_t>(size));
+    for (const Value& item : items->items) tensor.items.push_back(std::get<Bytes>(item).data);
+    result.push_back({*name, std::move(tensor)});
+  }
+  return result;
+}
+
+}  // namespace
+
+const HostFunction* FindBuiltinHostFunction(std::string_view name) {
+  static const HostFunction model_resource = [](std::string_view payload) {
+    return ResourceReaders::Instance().Read(payload);
+  };
+  return name == "orochi.model_resource" ? &model_resource : nullptr;
+}
+
+ReplicatedModel::ReplicatedModel(InterpreterManager& manager, std::string key,
+                                 std::vector<size_t> slots)
+    : manager_(manager), key_(std::move(key)), slots_(std::move(slots)) {}
+
+ReplicatedModel::~ReplicatedModel() { (void)Unload(); }
+
+Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManager& manager,
+                                                               ModelSource source,
+                                                               std::vector<size_t> slots) {
+  if (slots.empty()) {
+    for (size_t slot = 0; slot < manager.size(); ++slot) slots.push_back(slot);
+  }
+  for (size_t slot : slots) {
+    if (slot >= manager.size()) {
+      return InvalidArgument("copy " + std::to_string(slot) + " does not exist (the manager has " +
+                             std::to_string(manager.size()) + ")");
+    }
+  }
+  if (!ResourceReaders::Instance().Add(source.key, source.read_resource)) {
+    return AlreadyExists("a model is already loaded as " + source.key);
+  }
+  auto model = std::unique_ptr<ReplicatedModel>(new ReplicatedModel(manager, source.key, slots));
+
+  ValueList code;
+  for (const auto& [path, text] : source.code) {
+    code.items.emplace_back(ValueList{{path, Bytes{text}}});
+  }
+  ValueList weights;
+  for (const auto& [name, tensor] : source.weights) {
+    weights.items.emplace_back(ValueList{{name, tensor}});
+  }
+  const std::vector<Value> arguments{source.key, source.manifest_json, source.config_json,
+                                     std::move(code), std::move(weights)};
+
+  // Each copy builds its own instance; they start together, each on its own thread.
+  std::vector<Status> results(slots.size());
+  std::vector<std::thread> loaders;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    loaders.emplace_back([&, i] {
+      InterpreterManager::Lease lease = manager.AcquireSlot(slots[i]);
+      Result<Value> loaded = lease->Call("orochi.serving:_load", arguments);
+      if (!loaded.ok()) {
+        results[i] = Status(loaded.status().code(),
+                            "loading model " + source.key + " in interpreter copy " +
+                                std::to_string(lease->id()) + ": " + loaded.status().message(),
+                            loaded.status().detail());
+      }
+    });
+  }
+  for (std::thread& loader : loaders) loader.join();
+  for (const Status& result : results) {
+    if (!result.ok()) {
+      (void)model->Unload();  // from the copies that did load it
+      return result;
+    }
+  }
+  return model;
+}
+
+Result<std::vector<NamedTensor>> ReplicatedModel::Predict(const std::vector<NamedTensor>& inputs) {
+  if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
+  ValueList arguments;
+  for (const NamedTensor& input : inputs) arguments.items.push_back(ToValue(input));
+  const std::vector<Value> call{key_, std::move(arguments)};
+  InterpreterManager::Lease lease = manager_.AcquireAnyOf(slots_);
+  if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
+  Result<Value> outputs = lease->Call("orochi.serving:_predict", call);
+  if (!outputs.ok()) {
+    const Status& error = outputs.status();
+    if (error.code() == StatusCode::kPythonError &&
+        error.message().rfind(kInputErrorType, 0) == 0) {
+      return InvalidArgument(error.message().substr(std::string_view(kInputErrorType).size() + 2));
+    }
+    return error;
+  }
+  return FromOutputs(*outputs);
+}
+
+Status ReplicatedModel::Unload() {
+  if (unloaded_.exchange(true)) return Status::Ok();
+  Status first;
+  for (size_t slot : slots_) {
+    InterpreterManager::Lease lease = manager_.AcquireSlot(slot);  // after its running call
+    Result<Value> unloaded = lease->Call("orochi.serving:_unload", std::vector<Value>{key_});
+    if (!unloaded.ok() && first.ok() && unloaded.status().code() != StatusCode::kUnavailable) {
+      first = unloaded.status();
+    }
+  }
+  ResourceReaders::Instance().Remove(key_);
+  return first;
+}
+
+}  // namespace orochi::interpreters

@@ -1,0 +1,89 @@
+// A model (a package's code, weights and manifest) loaded into several interpreter copies.
+//
+// Load() builds the model's entry class once in each chosen copy (in parallel) through
+// orochi.serving: the package's code is imported by its own importer in each copy, and every
+// copy gets the same weight tensors, never copied. Predict() may be called from any number of
+// threads: each call runs in whichever of the model's copies is free first.
+//
+// Thread-safety: Predict and Unload may be called from any thread; Unload waits for the calls
+// that hold a copy to finish and makes later calls fail with kUnavailable. The manager must
+// outlive the model, and its copies must not be replaced while the model is loaded (a fresh
+// copy does not hold the model).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "orochi/base/status.h"
+#include "orochi/engine/tensor.h"
+#include "orochi/interpreters/interpreter_manager.h"
+
+namespace orochi::interpreters {
+
+// A tensor of byte strings (KServe's BYTES): row-major items of `shape`.
+struct BytesTensor {
+  engine::Shape shape;
+  std::vector<std::string> items;
+};
+
+struct NamedTensor {
+  std::string name;
+  std::variant<engine::Tensor, BytesTensor> value;
+};
+
+struct ModelSource {
+  // Unique among the models loaded into one manager, e.g. "digits:1".
+  std::string key;
+  // The package's manifest (already validated) and per-deployment config, both JSON objects.
+  std::string manifest_json;
+  std::string config_json = "{}";
+  // Python sources by their path below code/ ("model.py", "pkg/__init__.py").
+  std::map<std::string, std::string> code;
+  // Read-only tensors shared by every copy.
+  std::map<std::string, engine::Tensor> weights;
+  // Returns the bytes of resources/<path>; called from copies' threads, so thread-safe.
+  std::function<Result<std::string>(std::string_view path)> read_resource;
+};
+
+class ReplicatedModel {
+ public:
+  // Loads `source` into copies `slots` of `manager` (every copy when empty). Fails, with the
+  // Python traceback for errors raised by the package's code, if any copy fails; copies that
+  // had loaded it unload it again.
+  static Result<std::unique_ptr<ReplicatedModel>> Load(InterpreterManager& manager,
+                                                       ModelSource source,
+                                                       std::vector<size_t> slots = {});
+  ~ReplicatedModel();  // unloads
+
+  ReplicatedModel(const ReplicatedModel&) = delete;
+  ReplicatedModel& operator=(const ReplicatedModel&) = delete;
+
+  // Runs predict() in a free copy holding the model. Outputs come in the manifest's order.
+  // Errors: kInvalidArgument for inputs the model's checks refuse (orochi.serving.InputError),
+  // kPythonError (with the traceback as detail) for exceptions raised by the model,
+  // kUnavailable once unloaded.
+  Result<std::vector<NamedTensor>> Predict(const std::vector<NamedTensor>& inputs);
+
+  // Unloads the model from every copy, freeing its Python objects; weights are released when
+  // the last tensor viewing them goes. Idempotent.
+  Status Unload();
+
+  const std::string& key() const { return key_; }
+  const std::vector<size_t>& slots() const { return slots_; }
+
+ private:
+  ReplicatedModel(InterpreterManager& manager, std::string key, std::vector<size_t> slots);
+
+  InterpreterManager& manager_;
+  std::string key_;
+  std::vector<size_t> slots_;
+  std::atomic<bool> unloaded_{false};
+};
+
+}  // namespace orochi::interpreters

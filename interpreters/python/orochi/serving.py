@@ -1,0 +1,304 @@
+"""Model packages inside an interpreter copy: isolated imports, the model context, and the
+functions the host calls to load a package, run predict() and unload it.
+
+A package's code/ is imported by its own importer: its modules never enter sys.modules, and
+their `import` statements find the package's modules first (then the stdlib and orochi), so two
+packages that both have a `model.py` live in one copy without seeing each other.
+"""
+
+import builtins
+import gc
+import json
+import linecache
+import types
+
+import _orochi
+import orochi
+
+__all__ = ["ModelContext", "InputError"]
+
+
+class InputError(ValueError):
+    """Inputs that do not match the manifest; the host answers them as a client error."""
+
+# KServe datatype -> orochi dtype (BYTES travels as Python bytes).
+_DTYPES = {
+    "BOOL": orochi.bool, "UINT8": orochi.uint8, "INT8": orochi.int8, "INT16": orochi.int16,
+    "INT32": orochi.int32, "INT64": orochi.int64, "FP16": orochi.float16,
+    "BF16": orochi.bfloat16, "FP32": orochi.float32, "FP64": orochi.float64,
+}
+
+_loaded = {}  # model key -> _LoadedModel
+
+
+class ModelContext:
+    """What a model's entry class is built with, once per copy.
+
+    Attributes:
+        name, version: the manifest's.
+        manifest: the manifest as a dict.
+        config: per-model configuration (the manifest's `parameters`, overridden by the
+            deployment's), a dict.
+        weights: every tensor of the package's weights/*.safetensors by name, read-only and
+            shared with every other copy (never copied).
+    """
+
+    def __init__(self, key, manifest, config, weights):
+        self._key = key
+        self.manifest = manifest
+        self.name = manifest["name"]
+        self.version = manifest["version"]
+        self.config = config
+        self.weights = weights
+
+    def resource(self, path: str, encoding: str | None = None):
+        """The bytes of resources/<path> in the package, or its text when `encoding` is given."""
+        data = _orochi.call_host("orochi.model_resource", f"{self._key}\n{path}")
+        return data if encoding is None else data.decode(encoding)
+
+    def __repr__(self):
+        return f"ModelContext({self.name!r}, version={self.version}, weights={len(self.weights)})"
+
+
+class _PackageImporter:
+    """Imports a package's code/ modules into a private module table."""
+
+    def __init__(self, label: str, sources: dict):
+        self.label = label
+        self.sources = sources  # "pkg/mod.py" -> bytes
+        self.modules = {}
+        self.builtins = dict(builtins.__dict__)
+        self.builtins["__import__"] = self.import_module
+        self.top_level = set()
+        for path in sources:
+            head, _, rest = path.partition("/")
+            self.top_level.add(head.removesuffix(".py") if not rest else head)
+
+    def _locate(self, name: str):
+        """(path below code/, is_package) for module `name`, or None."""
+        path = name.replace(".", "/")
+        if f"{path}/__init__.py" in self.sources:
+            return f"{path}/__init__.py", True
+        if f"{path}.py" in self.sources:
+            return f"{path}.py", False
+        prefix = path + "/"
+        if any(source.startswith(prefix) for source in self.sources):
+            return None, True  # a directory without __init__.py: a namespace package
+        return None
+
+    def load(self, name: str):
+        if name in self.modules:
+            return self.modules[name]
+        parent, _, child = name.rpartition(".")
+        if parent:
+            self.load(parent)
+        found = self._locate(name)
+        if found is None:
+            raise ModuleNotFoundError(f"No module named '{name}' in package {self.label}",
+                                      name=name)
+        path, is_package = found
+        module = types.ModuleType(name)
+        filename = f"<{self.label}>/code/{path or name.replace('.', '/') + '/'}"
+        module.__file__ = filename
+        module.__builtins__ = self.builtins
+        module.__package__ = name if is_package else parent
+        if is_package:
+            module.__path__ = []
+        self.modules[name] = module  # before running it, so import cycles resolve
+        if path is not None:
+            source = self.sources[path]
+            lines = source.decode("utf-8", "replace").splitlines(True)
+            linecache.cache[filename] = (len(source), None, lines, filename)  # tracebacks
+            try:
+                exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
+            except BaseException:
+                del self.modules[name]
+                raise
+        if parent:
+            setattr(self.modules[parent], child, module)
+        return module
+
+    def import_module(self, name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002
+        if level > 0:
+            package = (globals or {}).get("__package__") or ""
+            base = package.rsplit(".", level - 1)[0] if level > 1 else package
+            if not base:
+                raise ImportError("attempted relative import with no known parent package")
+            name = f"{base}.{name}" if name else base
+        elif name.partition(".")[0] not in self.top_level:
+            return builtins.__import__(name, globals, locals, fromlist, level)
+        module = self.load(name)
+        for item in fromlist or ():
+            if item != "*" and not hasattr(module, item) and hasattr(module, "__path__"):
+                try:
+                    self.load(f"{name}.{item}")
+                except ModuleNotFoundError:
+                    pass  # `from pkg import attribute` that does not exist: Python says so
+        if fromlist:
+            return module
+        if level > 0:
+            return module
+        return self.modules[name.partition(".")[0]]
+
+    def release(self):
+        for module in self.modules.values():
+            linecache.cache.pop(module.__file__, None)
+            module.__dict__.clear()
+        self.modules.clear()
+
+
+class _LoadedModel:
+    def __init__(self, key, manifest, config, sources, weights):
+        self.key = key
+        self.manifest = manifest
+        self.importer = _PackageImporter(f"package {manifest['name']}:{manifest['version']}",
+                                         sources)
+        module_name, _, class_path = manifest["entry"].partition(":")
+        target = self.importer.load(module_name)
+        for part in class_path.split("."):
+            target = getattr(target, part)
+        self.context = ModelContext(key, manifest, config, weights)
+        self.instance = target(self.context)
+        if not callable(getattr(self.instance, "predict", None)):
+            raise TypeError(f"{manifest['entry']} has no predict(inputs) method")
+        self.outputs = manifest["outputs"]
+        self.batched = manifest.get("max_batch_size", 0) > 0
+
+
+def _check_shape(kind, spec, shape, batched):
+    expected = ([-1] if batched else []) + list(spec["shape"])
+    if len(shape) != len(expected) or any(e != -1 and e != s for e, s in zip(expected, shape)):
+        raise ValueError(f"{kind} '{spec['name']}' has shape {list(shape)}, but the manifest "
+                         f"declares {expected} (-1 is any size)")
+
+
+def _nested(items, shape):
+    """A flat list as nested lists of `shape`."""
+    if len(shape) <= 1:
+        return list(items)
+    step = len(items) // shape[0] if shape[0] else 0
+    return [_nested(items[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+
+def _flatten_bytes(value, name):
+    if isinstance(value, (bytes, bytearray, memoryview, str)):
+        return [bytes(value, "utf-8") if isinstance(value, str) else bytes(value)], []
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"output '{name}' is BYTES: return bytes, str or (nested) lists of them, "
+                        f"not {type(value).__name__}")
+    flat, inner = [], None
+    for item in value:
+        items, shape = _flatten_bytes(item, name)
+        if inner is not None and shape != inner:
+            raise ValueError(f"output '{name}': the nested lists are ragged")
+        inner = shape
+        flat.extend(items)
+    return flat, [len(value)] + (inner or [])
+
+
+def _output_value(spec, value, batched):
+    name, datatype = spec["name"], spec["datatype"]
+    if datatype == "BYTES":
+        items, shape = _flatten_bytes(value, name)
+        _check_shape("output", spec, shape, batched)
+        return [list(shape), items]
+    dtype = _DTYPES[datatype]
+    if isinstance(value, orochi.Tensor):
+        if value.dtype is not dtype:
+            raise TypeError(f"output '{name}' is a {value.dtype!r} tensor, but the manifest "
+                            f"declares {datatype}")
+        tensor = value
+    else:
+        try:
+            tensor = orochi.tensor(value, dtype=dtype)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"output '{name}' ({datatype}) cannot be made a tensor: {error}") \
+                from None
+    _check_shape("output", spec, tensor.shape, batched)
+    return tensor
+
+
+# --- called by the host ---------------------------------------------------------------------
+
+def _load(key, manifest_json, config_json, code, weights):
+    """code: [[path below code/, source bytes], ...]; weights: [[name, tensor], ...]."""
+    if key in _loaded:
+        raise RuntimeError(f"model {key} is already loaded in this copy")
+    manifest = json.loads(manifest_json)
+    config = dict(manifest.get("parameters", {}))
+    config.update(json.loads(config_json))
+    sources = {path: bytes(source) for path, source in code}
+    model = _LoadedModel(key, manifest, config, sources, dict(weights))
+    warmup = getattr(model.instance, "warmup", None)
+    if callable(warmup):
+        warmup()
+    _loaded[key] = model
+    return True
+
+
+def _predict(key, inputs):
+    """inputs: [[name, tensor | [shape, [bytes, ...]]], ...] -> outputs in the same form."""
+    model = _loaded.get(key)
+    if model is None:
+        raise LookupError(f"model {key} is not loaded in this copy")
+    arguments = {}
+    specs = {spec["name"]: spec for spec in model.manifest["inputs"]}
+    for name, value in inputs:
+        spec = specs.get(name)
+        if spec is None:
+            raise InputError(f"unknown input '{name}' (the model takes {sorted(specs)})")
+        if name in arguments:
+            raise InputError(f"input '{name}' is given twice")
+        if isinstance(value, orochi.Tensor):
+            if spec["datatype"] == "BYTES" or value.dtype is not _DTYPES[spec["datatype"]]:
+                raise InputError(f"input '{name}' is {value.dtype!r}, but the model expects "
+                                 f"{spec['datatype']}")
+            shape = value.shape
+            arguments[name] = value
+        else:
+            shape, items = value
+            if spec["datatype"] != "BYTES":
+                raise InputError(f"input '{name}' is BYTES, but the model expects "
+                                 f"{spec['datatype']}")
+            arguments[name] = _nested(items, shape)
+        try:
+            _check_shape("input", spec, shape, model.batched)
+        except ValueError as error:
+            raise InputError(str(error)) from None
+    missing = sorted(set(specs) - set(arguments))
+    if missing:
+        raise InputError(f"missing inputs {missing}")
+    result = model.instance.predict(arguments)
+    if not isinstance(result, dict):
+        raise TypeError(f"predict() must return a dict of outputs, not {type(result).__name__}")
+    declared = {spec["name"] for spec in model.outputs}
+    unknown = sorted(set(result) - declared)
+    if unknown:
+        raise ValueError(f"predict() returned outputs {unknown} that the manifest does not "
+                         f"declare (declared: {sorted(declared)})")
+    outputs = []
+    for spec in model.outputs:
+        if spec["name"] not in result:
+            raise ValueError(f"predict() did not return output '{spec['name']}'")
+        outputs.append([spec["name"], _output_value(spec, result[spec["name"]], model.batched)])
+    return outputs
+
+
+def _unload(key):
+    model = _loaded.pop(key, None)
+    if model is None:
+        return False
+    close = getattr(model.instance, "close", None)
+    try:
+        if callable(close):
+            close()
+    finally:
+        model.instance = None
+        model.context = None
+        model.importer.release()
+        gc.collect()
+    return True
+
+
+def _loaded_keys():
+    return sorted(_loaded)
