@@ -10,7 +10,8 @@ namespace {
 
 int64_t OutputSize(int64_t size, int64_t kernel, int64_t stride, int64_t padding,
                    int64_t dilation) {
-  return (size + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
+  int64_t span = size + 2 * padding - dilation * (kernel - 1) - 1;
+  return span < 0 ? 0 : span / stride + 1;  // (C++ division truncates negatives towards zero)
 }
 
 // [N, C, H, W] -> [N, C, kh, kw, oh, ow]

@@ -11,7 +11,11 @@ namespace orochi::engine {
 
 int64_t NumElements(const Shape& shape) {
   int64_t count = 1;
-  for (int64_t size : shape) count *= size;
+  for (int64_t size : shape) {
+    OROCHI_CHECK_ARG(
+        !__builtin_mul_overflow(count, size, &count),
+        "the shape " << ShapeString(shape) << " has more elements than fit in 64 bits");
+  }
   return count;
 }
 
@@ -35,9 +39,10 @@ std::string ShapeString(const Shape& shape) {
 
 int64_t WrapDim(int64_t dim, int64_t rank) {
   int64_t wrapped = dim < 0 ? dim + rank : dim;
-  OROCHI_CHECK_ARG(
-      wrapped >= 0 && wrapped < std::max<int64_t>(rank, 1),
-      "dimension " << dim << " is out of range for a tensor of " << rank << " dimension(s)");
+  OROCHI_CHECK_ARG(wrapped >= 0 && wrapped < rank,
+                   "dimension " << dim << " is out of range for a tensor of " << rank
+                                << " dimension(s)"
+                                << (rank == 0 ? " (a 0-d tensor has no dimensions)" : ""));
   return wrapped;
 }
 
@@ -46,13 +51,22 @@ Tensor::Tensor(StoragePtr storage, Shape shape, Shape strides, int64_t storage_o
       shape_(std::move(shape)),
       strides_(std::move(strides)),
       storage_offset_(storage_offset),
-      dtype_(dtype) {}
+      dtype_(dtype) {
+  OROCHI_CHECK_ARG(shape_.size() <= kMaxDims,
+                   "tensors have at most " << kMaxDims << " dimensions, got " << shape_.size());
+}
 
 Tensor Tensor::Empty(const Shape& shape, DType dtype) {
   for (int64_t size : shape) {
     OROCHI_CHECK_ARG(size >= 0, "negative dimension in shape " << ShapeString(shape));
   }
-  StoragePtr storage = Storage::Allocate(static_cast<size_t>(NumElements(shape)) * ItemSize(dtype));
+  size_t bytes = 0;
+  OROCHI_CHECK(
+      !__builtin_mul_overflow(static_cast<size_t>(NumElements(shape)), ItemSize(dtype), &bytes),
+      StatusCode::kResourceExhausted,
+      "a " << DTypeName(dtype) << " tensor of shape " << ShapeString(shape)
+           << " needs more bytes than fit in 64 bits");
+  StoragePtr storage = Storage::Allocate(bytes);
   return {std::move(storage), shape, ContiguousStrides(shape), 0, dtype};
 }
 
@@ -239,9 +253,10 @@ Tensor Tensor::Flatten(int64_t start_dim, int64_t end_dim) const {
 Tensor Tensor::Narrow(int64_t along, int64_t start, int64_t length) const {
   int64_t d = WrapDim(along, dim());
   if (start < 0) start += shape_[d];
-  OROCHI_CHECK_ARG(start >= 0 && length >= 0 && start + length <= shape_[d],
-                   "narrow: [" << start << ", " << start + length << ") is outside dimension "
-                               << along << " of size " << shape_[d]);
+  OROCHI_CHECK_ARG(start >= 0 && length >= 0 && start <= shape_[d] && length <= shape_[d] - start,
+                   "narrow: start " << start << " and length " << length
+                                    << " are outside dimension " << along << " of size "
+                                    << shape_[d]);
   return Slice(d, start, start + length);
 }
 
@@ -257,7 +272,7 @@ Tensor Tensor::Slice(int64_t along, int64_t start, int64_t end, int64_t step) co
   int64_t last = std::max(first, clamp(end));
   Shape shape = shape_;
   Shape strides = strides_;
-  shape[d] = (last - first + step - 1) / step;
+  shape[d] = last > first ? (last - first - 1) / step + 1 : 0;  // no overflow for huge steps
   strides[d] = strides_[d] * step;
   return {storage_, shape, strides, storage_offset_ + first * strides_[d], dtype_};
 }

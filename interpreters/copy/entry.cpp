@@ -375,8 +375,9 @@ int32_t Initialize(const OrochiCopyConfig* copy_config, OrochiReply* reply) {
   state.boot_module = PyImport_ImportModule("_orochi_boot");
   if (state.boot_module == nullptr) {
     int32_t code = ReplyPythonError(reply);
-    Py_FinalizeEx();
     state.finalized = true;
+    Py_FinalizeEx();
+    ReleaseEngineBindings();
     return code;
   }
   g_interpreter = PyInterpreterState_Get();
@@ -396,6 +397,7 @@ int32_t Finalize(OrochiReply* reply) {
   Py_CLEAR(state.boot_module);
   state.finalized = true;
   int flush_failed = Py_FinalizeEx();
+  ReleaseEngineBindings();
   OrochiValue none{};
   reply->set_value(reply, &none);
   if (flush_failed != 0) {

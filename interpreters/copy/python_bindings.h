@@ -45,6 +45,9 @@ std::vector<int64_t> ParseDims(py::handle dims);
 // A Python number as a 0-dim tensor that takes part in promotion the way PyTorch's "wrapped
 // numbers" do: it never widens a tensor of its own category.
 Tensor ScalarTensor(py::handle number, const Tensor& like);
+// A value to store into a tensor of `dtype`: numbers are converted straight to `dtype` (no
+// detour through float32), tensors and lists as they are.
+Tensor ValueForWrite(py::handle value, DType dtype);
 // `other` as an operand for a binary op with `like`: a tensor as it is, a number as above.
 // Raises TypeError for anything else.
 class Operand {
@@ -68,6 +71,10 @@ Tensor TensorFromBuffer(py::handle object, std::optional<DType> dtype);
 Tensor TensorFromRawBuffer(py::handle buffer, py::handle dtype, int64_t count, int64_t offset);
 py::object TensorToList(const Tensor& tensor);
 py::object ItemToPython(const Tensor& tensor, int64_t flat_index);
+
+// Makes `type(...)` and `type.__new__(type)` raise TypeError(message): for types whose instances
+// only the bindings create.
+void RefuseConstruction(py::handle type, const char* message);
 
 // --- the Tensor type: python_tensor.cpp ---------------------------------------------------------
 void BindTensor(py::module_& module);

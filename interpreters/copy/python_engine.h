@@ -14,7 +14,13 @@ namespace orochi::copy {
 // Creates the module; registered with PyImport_AppendInittab before CPython starts.
 PyObject* InitEngineModule();
 
-// A new Python orochi.Tensor holding `tensor` (a view: no data is copied). Needs the GIL.
+// Frees what the bindings keep beyond CPython's life (pybind11's internals and the thread-local
+// keys they hold, which would otherwise run out after some hundreds of copies). Call after
+// Py_FinalizeEx.
+void ReleaseEngineBindings();
+
+// A new Python orochi.Tensor holding `tensor` (a view: no data is copied), or null with a
+// Python error set. Needs the GIL.
 PyObject* TensorToPython(engine::Tensor tensor);
 
 // The engine tensor inside `object`, or null (no Python error set) when `object` is not an

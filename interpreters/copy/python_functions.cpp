@@ -92,6 +92,16 @@ Tensor Pad(const Tensor& input, const std::vector<int64_t>& pad, double value) {
 Tensor ConvNd(int spatial, const Tensor& input, const Tensor& weight,
               const std::optional<Tensor>& bias, py::handle stride, py::handle padding,
               py::handle dilation, int64_t groups) {
+  const char* name = spatial == 2 ? "conv2d" : "conv1d";
+  if (input.dim() != spatial + 1 && input.dim() != spatial + 2) {
+    throw py::value_error(std::string(name) + ": expected a " + std::to_string(spatial + 2) +
+                          "-D (batched) or " + std::to_string(spatial + 1) +
+                          "-D input, got shape " + engine::ShapeString(input.shape()));
+  }
+  if (weight.dim() != spatial + 2) {
+    throw py::value_error(std::string(name) + ": expected a " + std::to_string(spatial + 2) +
+                          "-D weight, got shape " + engine::ShapeString(weight.shape()));
+  }
   engine::Conv2dOptions options;
   options.groups = groups;
   std::array<int64_t, 2> strides =
@@ -135,6 +145,22 @@ Tensor ConvNd(int spatial, const Tensor& input, const Tensor& weight,
   if (work < (int64_t{1} << 16)) return run();
   py::gil_scoped_release release;
   return run();
+}
+
+// arange over Python ints, exact beyond 2^53 where the engine's double-based Arange is not.
+Tensor IntegerArange(int64_t start, int64_t end, int64_t step, DType dtype) {
+  if (step == 0) throw py::value_error("arange: step must be non-zero");
+  if ((end - start > 0 && step < 0) || (end - start < 0 && step > 0)) {
+    throw py::value_error("arange: the range [" + std::to_string(start) + ", " +
+                          std::to_string(end) + ") and step " + std::to_string(step) +
+                          " have inconsistent signs");
+  }
+  const __int128 span = static_cast<__int128>(end) - start;
+  const auto count = static_cast<int64_t>(span == 0 ? 0 : (span - (step > 0 ? 1 : -1)) / step + 1);
+  Tensor values = Tensor::Empty({count}, DType::kInt64);
+  auto* out = values.mutable_data_as<int64_t>();
+  for (int64_t i = 0; i < count; ++i) out[i] = start + i * step;
+  return dtype == DType::kInt64 ? values : values.To(dtype);
 }
 
 std::map<std::string, Tensor> TensorDict(const py::dict& tensors) {
@@ -210,8 +236,10 @@ void BindCreation(py::module_& module) {
         DType fallback = PyBool_Check(fill_value.ptr())   ? DType::kBool
                          : PyLong_Check(fill_value.ptr()) ? DType::kInt64
                                                           : DType::kFloat32;
-        return engine::Full(ParseShape(size, "full"), fill_value.cast<double>(),
-                            DTypeOr(dtype, fallback));
+        const DType target = DTypeOr(dtype, fallback);
+        Tensor output = Tensor::Empty(ParseShape(size, "full"), target);
+        output.CopyFrom(ValueForWrite(fill_value, target));
+        return output;
       },
       py::arg("size"), py::arg("fill_value"), py::kw_only(), py::arg("dtype") = py::none(),
       py::arg("device") = py::none());
@@ -227,8 +255,11 @@ void BindCreation(py::module_& module) {
   }
   module.def(
       "full_like",
-      [](const Tensor& like, double value, py::handle dtype) {
-        return engine::Full(like.shape(), value, DTypeOr(dtype, like.dtype()));
+      [](const Tensor& like, py::handle value, py::handle dtype) {
+        const DType target = DTypeOr(dtype, like.dtype());
+        Tensor output = Tensor::Empty(like.shape(), target);
+        output.CopyFrom(ValueForWrite(value, target));
+        return output;
       },
       py::arg("input"), py::arg("fill_value"), py::kw_only(), py::arg("dtype") = py::none());
   module.def(
@@ -239,10 +270,15 @@ void BindCreation(py::module_& module) {
         for (py::handle bound : {start, end, step}) {
           integral = integral && (bound.is_none() || PyLong_Check(bound.ptr()) != 0);
         }
+        const DType target = DTypeOr(dtype, integral ? DType::kInt64 : DType::kFloat32);
+        if (integral && engine::IsIntegral(target)) {
+          return IntegerArange(end.is_none() ? 0 : start.cast<int64_t>(),
+                               end.is_none() ? start.cast<int64_t>() : end.cast<int64_t>(),
+                               step.cast<int64_t>(), target);
+        }
         double first = end.is_none() ? 0 : start.cast<double>();
         double last = end.is_none() ? start.cast<double>() : end.cast<double>();
-        return engine::Arange(first, last, step.cast<double>(),
-                              DTypeOr(dtype, integral ? DType::kInt64 : DType::kFloat32));
+        return engine::Arange(first, last, step.cast<double>(), target);
       },
       py::arg("start"), py::arg("end") = py::none(), py::arg("step") = 1, py::kw_only(),
       py::arg("dtype") = py::none(), py::arg("device") = py::none());
@@ -350,6 +386,10 @@ void BindNeuralNetwork(py::module_& module) {
   module.def(
       "adaptive_avg_pool2d",
       [](const Tensor& input, py::handle output_size) {
+        if (input.dim() != 3 && input.dim() != 4) {
+          throw py::value_error("adaptive_avg_pool2d: expected a 3-D or 4-D input, got shape " +
+                                engine::ShapeString(input.shape()));
+        }
         std::array<int64_t, 2> size{};
         if (PyLong_Check(output_size.ptr()) != 0) {
           size = Pair(output_size, "output_size");
@@ -415,6 +455,11 @@ void BindNeuralNetwork(py::module_& module) {
               "scaled_dot_product_attention: dropout_p must be 0 "
               "(Orochi runs inference only)");
         }
+        if (key.dim() < 2 || query.dim() < 2 || value.dim() < 2) {
+          throw py::value_error(
+              "scaled_dot_product_attention: query, key and value need at least 2 dims "
+              "[..., L, E]");
+        }
         std::optional<Tensor> mask = MaybeTensor(attn_mask);
         int64_t work = query.numel() * key.shape()[key.dim() - 2];
         if (work < (int64_t{1} << 16)) {
@@ -445,10 +490,14 @@ void BindSafetensors(py::module_& module) {
         if (PyBytes_Check(source.ptr()) != 0 || PyByteArray_Check(source.ptr()) != 0 ||
             PyMemoryView_Check(source.ptr()) != 0) {
           // An image in memory: copied once into engine memory that outlives this copy.
-          py::buffer_info info = py::reinterpret_borrow<py::buffer>(source).request();
-          size_t size = static_cast<size_t>(info.size * info.itemsize);
+          Py_buffer view;
+          if (PyObject_GetBuffer(source.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) {
+            throw py::error_already_set();
+          }
+          const auto size = static_cast<size_t>(view.len);
           engine::StoragePtr storage = engine::Storage::Allocate(size);
-          if (size > 0) std::memcpy(storage->mutable_data(), info.ptr, size);
+          if (size > 0) std::memcpy(storage->mutable_data(), view.buf, size);
+          PyBuffer_Release(&view);
           storage->MarkReadOnly();
           Result<engine::SafetensorsContents> contents = engine::ParseSafetensors(storage);
           if (!contents.ok()) ThrowStatus(contents.status());
@@ -532,6 +581,22 @@ PyObject* InitEngineModule() {
     PyErr_SetString(PyExc_ImportError, error.what());
   }
   return nullptr;
+}
+
+void ReleaseEngineBindings() {
+  namespace detail = pybind11::detail;
+  detail::internals** internals = detail::get_internals_pp();
+  if (internals == nullptr || *internals == nullptr) return;
+  // pybind11 leaks this key on purpose (extension modules are never unloaded); copies are.
+  auto life_support = (*internals)->shared_data.find("_life_support");
+  if (life_support != (*internals)->shared_data.end()) {
+    auto* data = static_cast<detail::local_internals::shared_loader_life_support_data*>(
+        life_support->second);
+    PyThread_tss_free(data->loader_life_support_tls_key);
+    delete data;
+  }
+  delete *internals;  // its destructor frees the thread-state key
+  *internals = nullptr;
 }
 
 }  // namespace orochi::copy

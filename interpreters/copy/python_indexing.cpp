@@ -30,6 +30,9 @@ struct Indexed {
 
 Tensor AsIndexTensor(py::handle item) {
   if (const Tensor* tensor = TensorFromPython(item.ptr())) return *tensor;
+  if (PyList_Check(item.ptr()) != 0 && PyList_GET_SIZE(item.ptr()) == 0) {
+    return engine::Zeros({0}, engine::DType::kInt64);  // x[[]] selects nothing
+  }
   return TensorFromData(item, std::nullopt);  // a list of ints or bools
 }
 
@@ -230,10 +233,32 @@ void SetItem(Tensor& tensor, py::handle index, py::handle value) {
         "cannot assign into a read-only tensor (weights are shared by every "
         "interpreter copy; clone() it to get a writable copy)");
   }
+  Tensor source = ValueForWrite(value, tensor.dtype());
+  // A source that views the destination's memory is read in full before anything is written.
+  if (source.storage().get() == tensor.storage().get()) source = source.Clone();
+
+  // A bool mask with a single value works on any layout: select with where() and write back.
+  bool single_mask = false;
+  if (PyTuple_Check(index.ptr()) == 0) {
+    const Tensor* mask = TensorFromPython(index.ptr());
+    single_mask = mask != nullptr && mask->dtype() == engine::DType::kBool && source.numel() == 1 &&
+                  mask->dim() <= tensor.dim();
+    if (single_mask) {
+      for (int64_t d = 0; d < mask->dim(); ++d) {
+        single_mask = single_mask && mask->shape()[d] == tensor.shape()[d];
+      }
+    }
+    if (single_mask) {
+      Tensor expanded = *mask;
+      while (expanded.dim() < tensor.dim()) expanded = expanded.Unsqueeze(expanded.dim());
+      tensor.CopyFrom(engine::Where(expanded, source.Reshape({}), tensor));
+      return;
+    }
+  }
+
   Indexed indexed = ApplyIndex(tensor, index, /*for_write=*/true);
-  Operand operand(value, tensor);
   if (indexed.advanced.empty()) {
-    indexed.view.CopyFrom(operand.get());
+    indexed.view.CopyFrom(source);
     return;
   }
   if (indexed.advanced.size() != 1) {
@@ -246,10 +271,10 @@ void SetItem(Tensor& tensor, py::handle index, py::handle value) {
   Tensor flat_index = entry.index.Reshape({-1}).Contiguous();
   Shape target = indexed.view.shape();
   target[entry.dim] = flat_index.numel();
-  Tensor source = operand.get().Expand(target);
+  Tensor expanded_source = source.Expand(target);
   const auto* positions = flat_index.data_as<int64_t>();
   for (int64_t i = 0; i < flat_index.numel(); ++i) {
-    indexed.view.Select(entry.dim, positions[i]).CopyFrom(source.Select(entry.dim, i));
+    indexed.view.Select(entry.dim, positions[i]).CopyFrom(expanded_source.Select(entry.dim, i));
   }
 }
 

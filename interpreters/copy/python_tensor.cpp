@@ -77,7 +77,7 @@ const char* BufferFormat(DType dtype) {
   return nullptr;
 }
 
-int GetBuffer(PyObject* object, Py_buffer* view, int flags) {
+int ExportBuffer(PyObject* object, Py_buffer* view, int flags) {
   view->obj = nullptr;
   const Tensor* tensor = TensorFromPython(object);
   if (tensor == nullptr) {
@@ -122,12 +122,24 @@ int GetBuffer(PyObject* object, Py_buffer* view, int flags) {
   view->itemsize = item;
   view->readonly = tensor->read_only() ? 1 : 0;
   view->format = (flags & PyBUF_FORMAT) == PyBUF_FORMAT ? const_cast<char*>(format) : nullptr;
-  view->ndim = static_cast<int>(tensor->dim());
+  // Without PyBUF_ND the consumer reads plain bytes: one dimension, as CPython's own exporters
+  // report it.
+  view->ndim = (flags & PyBUF_ND) == PyBUF_ND ? static_cast<int>(tensor->dim()) : 1;
   view->shape = (flags & PyBUF_ND) == PyBUF_ND ? exported->shape.data() : nullptr;
   view->strides = wants_strides ? exported->strides.data() : nullptr;
   view->suboffsets = nullptr;
   view->internal = exported;
   return 0;
+}
+
+// A C callback: nothing may propagate out of it.
+int GetBuffer(PyObject* object, Py_buffer* view, int flags) {
+  try {
+    return ExportBuffer(object, view, flags);
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_BufferError, error.what());
+  }
+  return -1;
 }
 
 void ReleaseBuffer(PyObject* /*object*/, Py_buffer* view) {
@@ -179,7 +191,27 @@ py::object SortPair(const engine::SortResult& result) {
   return pair(py::cast(result.values), py::cast(result.indices));
 }
 
+// Several elements of `tensor` at one address (an expanded view): writing it is ambiguous.
+bool HasSelfOverlap(const Tensor& tensor) {
+  for (int64_t d = 0; d < tensor.dim(); ++d) {
+    if (tensor.strides()[d] == 0 && tensor.shape()[d] > 1) return true;
+  }
+  return false;
+}
+
+// Stores an op's result into `self`, with PyTorch's rules for in-place ops: the result's kind
+// (bool < integer < floating) may not be higher than self's, and self may not overlap itself.
 Tensor& InPlace(Tensor& self, const Tensor& result) {
+  if (engine::Category(result.dtype()) > engine::Category(self.dtype())) {
+    throw py::type_error("result type " + std::string(engine::DTypeName(result.dtype())) +
+                         " can't be cast to the in-place output type " +
+                         std::string(engine::DTypeName(self.dtype())));
+  }
+  if (HasSelfOverlap(self)) {
+    throw py::value_error(
+        "in-place write into an expanded tensor: several of its elements "
+        "share one memory location; clone() it first");
+  }
   self.CopyFrom(result);
   return self;
 }
@@ -220,6 +252,19 @@ constexpr BinaryEntry kBinaryOps[] = {
     {"logical_or", "__or__", "__ror__", "__ior__", Op::logical_or},
     {"logical_xor", "__xor__", "__rxor__", "__ixor__", Op::logical_xor},
 };
+
+// &, | and ^ are bitwise in PyTorch; the engine has logical ops only, which agree on bools.
+void RequireBoolForBitwise(Op op, const Tensor& self, py::handle other) {
+  if (op != Op::logical_and && op != Op::logical_or && op != Op::logical_xor) return;
+  const Tensor* other_tensor = TensorFromPython(other.ptr());
+  bool other_bool = other_tensor != nullptr ? other_tensor->dtype() == DType::kBool
+                                            : PyBool_Check(other.ptr()) != 0;
+  if (self.dtype() != DType::kBool || !other_bool) {
+    throw py::type_error(
+        "&, | and ^ are supported on bool tensors only (bitwise operations on "
+        "integers are not implemented); use logical_and/or/xor for truth values");
+  }
+}
 
 bool IsOperand(py::handle other) {
   PyObject* raw = other.ptr();
@@ -263,6 +308,7 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
     if (entry.forward != nullptr) {
       cls.def(entry.forward, [op](const Tensor& self, py::handle other) -> py::object {
         if (!IsOperand(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+        RequireBoolForBitwise(op, self, other);
         Operand operand(other, self);
         return py::cast(engine::Binary(op, self, operand.get()));
       });
@@ -270,6 +316,7 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
     if (entry.reverse != nullptr) {
       cls.def(entry.reverse, [op](const Tensor& self, py::handle other) -> py::object {
         if (!IsOperand(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+        RequireBoolForBitwise(op, self, other);
         Operand operand(other, self);
         return py::cast(engine::Binary(op, operand.get(), self));
       });
@@ -278,6 +325,7 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
       cls.def(entry.inplace, [op](py::object self_object, py::handle other) -> py::object {
         if (!IsOperand(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
         auto& self = self_object.cast<Tensor&>();
+        RequireBoolForBitwise(op, self, other);
         Operand operand(other, self);
         InPlace(self, engine::Binary(op, self, operand.get()));
         return self_object;
@@ -294,9 +342,19 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
       py::arg("other"));
   cls.def("__floordiv__", [](const Tensor& self, py::handle other) {
     Operand operand(other, self);
-    Tensor quotient = engine::Unary(Op::floor, engine::Binary(Op::div, self, operand.get()));
-    DType dtype = engine::ResultType(self, operand.get());
-    return engine::IsFloating(dtype) ? quotient : quotient.To(dtype);
+    const DType dtype = engine::ResultType(self, operand.get());
+    if (engine::IsFloating(dtype)) {
+      return engine::Unary(Op::floor, engine::Binary(Op::div, self, operand.get()));
+    }
+    // Integers divide exactly in float64 up to 2^53; division by zero is an error, as in
+    // PyTorch, not a garbage quotient.
+    if (engine::Any(engine::Binary(Op::eq, operand.get(), engine::Scalar(0, dtype)))
+            .ItemAsDouble() != 0) {
+      throw py::value_error("integer division by zero");
+    }
+    Tensor quotient =
+        engine::Binary(Op::div, self.To(DType::kFloat64), operand.get().To(DType::kFloat64));
+    return engine::Unary(Op::floor, quotient).To(dtype);
   });
   cls.def("__matmul__", [](const Tensor& self, const Tensor& other) {
     return MaybeWithoutGil(MatmulWork(self, other), [&] { return engine::Matmul(self, other); });
@@ -411,13 +469,11 @@ void BindSelection(py::class_<Tensor>& cls, py::module_& module) {
   DefBoth(
       cls, module, "masked_fill",
       [](const Tensor& self, const Tensor& mask, py::handle value) {
-        Operand operand(value, self);
-        return engine::MaskedFill(self, mask, operand.get());
+        return engine::MaskedFill(self, mask, ValueForWrite(value, self.dtype()));
       },
       py::arg("mask"), py::arg("value"));
   cls.def("masked_fill_", [](Tensor& self, const Tensor& mask, py::handle value) -> Tensor& {
-    Operand operand(value, self);
-    return InPlace(self, engine::MaskedFill(self, mask, operand.get()));
+    return InPlace(self, engine::MaskedFill(self, mask, ValueForWrite(value, self.dtype())));
   });
   auto clamp = [](const Tensor& self, py::handle min, py::handle max) {
     if (min.is_none() && max.is_none()) {
@@ -671,9 +727,7 @@ void BindConversions(py::class_<Tensor>& cls) {
           })
       .def("fill_",
            [](Tensor& self, py::handle value) -> Tensor& {
-             Operand operand(value, self);
-             self.CopyFrom(operand.get());
-             return self;
+             return InPlace(self, ValueForWrite(value, self.dtype()));
            })
       .def("zero_", [](Tensor& self) -> Tensor& {
         self.CopyFrom(engine::Scalar(0, self.dtype()));
@@ -693,6 +747,11 @@ void BindTensor(py::module_& module) {
   heap_type->as_buffer.bf_releasebuffer = ReleaseBuffer;
   heap_type->ht_type.tp_as_buffer = &heap_type->as_buffer;
   PyType_Modified(g_tensor_type);
+  // Instances come only from the engine (pybind11 makes them without calling __new__); a bare
+  // Tensor.__new__ would give an object with no tensor inside.
+  RefuseConstruction(cls,
+                     "orochi.Tensor cannot be constructed directly; use orochi.tensor(), "
+                     "orochi.zeros() or another factory function");
 
   BindShapeMethods(cls, module);
   BindConversions(cls);
@@ -706,14 +765,25 @@ void BindTensor(py::module_& module) {
 namespace orochi::copy {
 
 PyObject* TensorToPython(engine::Tensor tensor) {
-  return pybind11::cast(std::move(tensor)).release().ptr();
+  try {
+    return pybind11::cast(std::move(tensor)).release().ptr();
+  } catch (pybind11::error_already_set& error) {
+    error.restore();
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_MemoryError, error.what());
+  }
+  return nullptr;
 }
 
 const engine::Tensor* TensorFromPython(PyObject* object) {
   if (bindings::g_tensor_type == nullptr || !PyObject_TypeCheck(object, bindings::g_tensor_type)) {
     return nullptr;
   }
-  return &pybind11::cast<const engine::Tensor&>(pybind11::handle(object));
+  try {
+    return &pybind11::cast<const engine::Tensor&>(pybind11::handle(object));
+  } catch (const std::exception&) {
+    return nullptr;  // an instance without a tensor inside
+  }
 }
 
 }  // namespace orochi::copy

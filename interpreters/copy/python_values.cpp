@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "copy_state.h"
+#include "orochi/base/check.h"
 #include "orochi/engine/dtype.h"
 #include "orochi/engine/ops.h"
 #include "python_bindings.h"
@@ -131,6 +132,10 @@ struct Leaf {
 class NestedReader {
  public:
   void Walk(py::handle object, size_t depth) {
+    if (depth > engine::kMaxDims) {
+      throw py::value_error("orochi.tensor: the data is nested deeper than " +
+                            std::to_string(engine::kMaxDims) + " levels");
+    }
     if (PyList_Check(object.ptr()) || PyTuple_Check(object.ptr())) {
       auto sequence = py::reinterpret_borrow<py::sequence>(object);
       auto length = static_cast<int64_t>(sequence.size());
@@ -155,18 +160,34 @@ class NestedReader {
           throw py::value_error("orochi.tensor: tensors in a list must have equal shapes");
         }
       }
+      tensor_dtype_ =
+          tensor_dtype_ ? engine::PromoteTypes(*tensor_dtype_, tensor->dtype()) : tensor->dtype();
       Tensor contiguous = tensor->Contiguous();
       for (int64_t i = 0; i < contiguous.numel(); ++i) {
-        AddNumber(ItemToPython(contiguous, i), depth);
+        AddNumber(ItemToPython(contiguous, i), depth, /*from_tensor=*/true);
       }
       return;
     }
     AtLeaf(depth);
-    AddNumber(object, depth);
+    AddNumber(object, depth, /*from_tensor=*/false);
   }
 
   const Shape& shape() const { return shape_; }
   const std::vector<Leaf>& leaves() const { return leaves_; }
+
+  // PyTorch's choice: the dtype of the tensors in the data, else bool, int64 or float32 by the
+  // kinds of its numbers, float32 for no data at all; both promoted together when mixed.
+  DType InferredDType() const {
+    std::optional<DType> numbers;
+    if (number_kind_ >= 0) {
+      numbers = number_kind_ == Leaf::kFloat ? DType::kFloat32
+                : number_kind_ == Leaf::kInt ? DType::kInt64
+                                             : DType::kBool;
+    }
+    if (tensor_dtype_ && numbers) return engine::PromoteTypes(*tensor_dtype_, *numbers);
+    if (tensor_dtype_) return *tensor_dtype_;
+    return numbers.value_or(DType::kFloat32);
+  }
 
  private:
   void AtLeaf(size_t depth) {
@@ -183,7 +204,11 @@ class NestedReader {
         "sequence both appear at dim " +
         std::to_string(depth) + ")");
   }
-  void AddNumber(py::handle object, size_t /*depth*/) {
+  void AddNumber(py::handle object, size_t /*depth*/, bool from_tensor) {
+    AddLeaf(object);
+    if (!from_tensor) number_kind_ = std::max<int>(number_kind_, leaves_.back().kind);
+  }
+  void AddLeaf(py::handle object) {
     PyObject* raw = object.ptr();
     if (PyBool_Check(raw)) {
       leaves_.push_back({Leaf::kBool, raw == Py_True ? 1 : 0, 0});
@@ -207,6 +232,41 @@ class NestedReader {
   Shape shape_;
   std::vector<Leaf> leaves_;
   int64_t leaf_depth_ = -1;
+  int number_kind_ = -1;  // the highest Leaf::Kind among plain numbers
+  std::optional<DType> tensor_dtype_;
+};
+
+// bool elements copied from raw bytes may hold any byte; the engine's kernels need 0 or 1.
+void NormalizeBools(Tensor& tensor) {
+  if (tensor.dtype() != DType::kBool || !tensor.is_contiguous()) return;
+  auto* bytes = static_cast<unsigned char*>(tensor.mutable_data());
+  for (int64_t i = 0; i < tensor.numel(); ++i) bytes[i] = bytes[i] != 0 ? 1 : 0;
+}
+
+// Owns a Python buffer export until it is handed to a borrowed storage.
+class BufferExport {
+ public:
+  BufferExport() : view_(std::make_unique<Py_buffer>()) {}
+  BufferExport(const BufferExport&) = delete;
+  BufferExport& operator=(const BufferExport&) = delete;
+  ~BufferExport() {
+    if (acquired_) PyBuffer_Release(view_.get());
+  }
+  void Acquire(py::handle object, int flags) {
+    if (PyObject_GetBuffer(object.ptr(), view_.get(), flags) != 0) throw py::error_already_set();
+    acquired_ = true;
+  }
+  Py_buffer* operator->() const { return view_.get(); }
+  Py_buffer* get() const { return view_.get(); }
+  // Gives the export to a storage, whose release function (ReleaseBuffer) ends it.
+  void* HandOver() {
+    acquired_ = false;
+    return view_.release();
+  }
+
+ private:
+  std::unique_ptr<Py_buffer> view_;
+  bool acquired_ = false;
 };
 
 template <typename T>
@@ -217,8 +277,17 @@ T LeafAs(const Leaf& leaf) {
 
 }  // namespace
 
+void RefuseConstruction(py::handle type, const char* message) {
+  py::cpp_function refuse(
+      [message](const py::args& /*args*/, const py::kwargs& /*kwargs*/) -> py::object {
+        throw py::type_error(message);
+      });
+  type.attr("__new__") = py::reinterpret_steal<py::object>(PyStaticMethod_New(refuse.ptr()));
+}
+
 void BindValueTypes(py::module_& module) {
-  py::class_<PyDType>(module, "dtype", "An element type, e.g. orochi.float32.")
+  py::class_<PyDType> dtype_type(module, "dtype", "An element type, e.g. orochi.float32.");
+  dtype_type
       .def_property_readonly("itemsize",
                              [](const PyDType& self) { return engine::ItemSize(self.value); })
       .def_property_readonly("is_floating_point",
@@ -226,6 +295,9 @@ void BindValueTypes(py::module_& module) {
       .def("__repr__",
            [](const PyDType& self) { return "orochi." + std::string(DTypeName(self.value)); })
       .def("__reduce__", [](const PyDType& self) { return std::string(DTypeName(self.value)); });
+  RefuseConstruction(dtype_type,
+                     "orochi.dtype cannot be constructed; use orochi.float32 and "
+                     "the other dtype constants");
   for (DType dtype : engine::kAllDTypeList) {
     py::object object = py::cast(PyDType{dtype});
     module.attr(std::string(DTypeName(dtype)).c_str()) = object;
@@ -233,15 +305,23 @@ void BindValueTypes(py::module_& module) {
   }
   for (const DTypeAlias& alias : kDTypeAliases) module.attr(alias.name) = DTypeObject(alias.dtype);
 
-  py::class_<PyDevice>(module, "device", "A device: orochi.device('cpu'), 'cuda:0'.")
-      .def(py::init([](py::handle spec, std::optional<int> index) {
-             Device device = PyUnicode_Check(spec.ptr()) != 0
-                                 ? ParseDeviceText(spec.cast<std::string>())
-                                 : ParseDevice(spec);
-             if (index) device.index = *index;
-             return PyDevice{device};
-           }),
-           py::arg("type"), py::arg("index") = py::none())
+  py::class_<PyDevice> device_type(module, "device",
+                                   "A device: orochi.device('cpu'), orochi.device('cuda', 0).");
+  // Made whole in __new__ (an __init__ would leave `device.__new__(device)` half-built).
+  py::cpp_function make_device(
+      [](py::handle /*cls*/, py::handle spec, std::optional<int> index) {
+        Device device = PyUnicode_Check(spec.ptr()) != 0 ? ParseDeviceText(spec.cast<std::string>())
+                                                         : ParseDevice(spec);
+        if (index) device.index = *index;
+        return py::cast(PyDevice{device});
+      },
+      py::arg("cls"), py::arg("type"), py::arg("index") = py::none());
+  device_type.attr("__new__") =
+      py::reinterpret_steal<py::object>(PyStaticMethod_New(make_device.ptr()));
+  device_type.attr("__init__") = py::cpp_function(
+      [](py::handle /*self*/, const py::args& /*args*/, const py::kwargs& /*kwargs*/) {},
+      py::is_method(device_type));
+  device_type
       .def_property_readonly("type",
                              [](const PyDevice& self) {
                                return self.value.type == engine::DeviceType::kCpu ? "cpu" : "cuda";
@@ -265,7 +345,9 @@ void BindValueTypes(py::module_& module) {
 }
 
 py::object DTypeObject(DType dtype) {
-  return py::reinterpret_borrow<py::object>(g_dtype_objects[static_cast<size_t>(dtype)]);
+  auto index = static_cast<size_t>(dtype);
+  OROCHI_INTERNAL_ASSERT(index < g_dtype_objects.size(), "DTypeObject: not a dtype");
+  return py::reinterpret_borrow<py::object>(g_dtype_objects[index]);
 }
 
 DType ParseDType(py::handle object) {
@@ -323,6 +405,11 @@ Device ParseDevice(py::handle object) {
 
 Shape ParseShape(py::handle sequence, const char* function) {
   if (PyLong_Check(sequence.ptr()) != 0) return {sequence.cast<int64_t>()};
+  if ((PyList_Check(sequence.ptr()) != 0 || PyTuple_Check(sequence.ptr()) != 0) &&
+      static_cast<size_t>(PySequence_Size(sequence.ptr())) > engine::kMaxDims) {
+    throw py::value_error(std::string(function) + ": tensors have at most " +
+                          std::to_string(engine::kMaxDims) + " dimensions");
+  }
   if (PyList_Check(sequence.ptr()) == 0 && PyTuple_Check(sequence.ptr()) == 0) {
     throw py::type_error(std::string(function) + ": expected a sequence of ints as the size, got " +
                          Py_TYPE(sequence.ptr())->tp_name);
@@ -348,28 +435,56 @@ std::vector<int64_t> ParseDims(py::handle dims) {
   return ParseShape(dims, "dim");
 }
 
+namespace {
+
+// A 0-dim tensor of `dtype` holding `value` converted the way C++ converts (integers wrap
+// modulo the width, as PyTorch's wrapped numbers do).
+template <typename Number>
+Tensor TypedScalar(Number value, DType dtype) {
+  Tensor scalar = Tensor::Empty({}, dtype);
+  VisitDType(dtype,
+             [&]<typename T>() { *scalar.mutable_data_as<T>() = engine::Convert<T>(value); });
+  return scalar;
+}
+
+int64_t ExactInt(PyObject* raw) {
+  int overflow = 0;
+  int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
+  if (overflow != 0) throw py::value_error("an int operand does not fit in 64 bits");
+  return value;
+}
+
+}  // namespace
+
 Tensor ScalarTensor(py::handle number, const Tensor& like) {
+  // PyTorch's "wrapped number" rule: a Python number takes the tensor's dtype when its kind
+  // (bool < int < float) is no higher than the tensor's, and otherwise the default dtype of its
+  // kind (int64, float32). Made in that dtype, the 0-dim operand never widens the result, even
+  // when `like` is 0-dim itself.
   PyObject* raw = number.ptr();
-  if (PyBool_Check(raw)) return engine::Scalar(raw == Py_True ? 1 : 0, DType::kBool);
+  const DType dtype = like.dtype();
+  if (PyBool_Check(raw)) return TypedScalar(raw == Py_True, dtype);
   if (PyLong_Check(raw)) {
-    int overflow = 0;
-    int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
-    if (overflow != 0) throw py::value_error("an int operand does not fit in 64 bits");
-    if (engine::IsFloating(like.dtype())) {
-      return engine::Scalar(static_cast<double>(value), like.dtype());
-    }
-    Tensor scalar = Tensor::Empty({}, DType::kInt64);
-    *scalar.mutable_data_as<int64_t>() = value;
-    return scalar;
+    int64_t value = ExactInt(raw);
+    return TypedScalar(value, dtype == DType::kBool ? DType::kInt64 : dtype);
   }
   if (PyFloat_Check(raw)) {
-    // A float keeps full precision against floating tensors (it cannot widen them) and becomes
-    // the default float32 against integral ones, as in PyTorch.
-    DType dtype = engine::IsFloating(like.dtype()) ? DType::kFloat64 : DType::kFloat32;
-    return engine::Scalar(PyFloat_AS_DOUBLE(raw), dtype);
+    double value = PyFloat_AS_DOUBLE(raw);
+    return TypedScalar(value, engine::IsFloating(dtype) ? dtype : DType::kFloat32);
   }
   throw py::type_error("unsupported operand type " + std::string(Py_TYPE(raw)->tp_name) +
                        " for a tensor operation (expected a tensor, int, float or bool)");
+}
+
+Tensor ValueForWrite(py::handle value, DType dtype) {
+  if (const Tensor* tensor = TensorFromPython(value.ptr())) return *tensor;
+  PyObject* raw = value.ptr();
+  if (PyBool_Check(raw)) return TypedScalar(raw == Py_True, dtype);
+  if (PyLong_Check(raw)) return TypedScalar(ExactInt(raw), dtype);
+  if (PyFloat_Check(raw)) return TypedScalar(PyFloat_AS_DOUBLE(raw), dtype);
+  if (PyList_Check(raw) || PyTuple_Check(raw)) return TensorFromData(value, dtype);
+  throw py::type_error("cannot write a " + std::string(Py_TYPE(raw)->tp_name) +
+                       " into a tensor (expected a tensor, a number or a list)");
 }
 
 Operand::Operand(py::handle other, const Tensor& like) : tensor_(TensorFromPython(other.ptr())) {
@@ -389,7 +504,7 @@ Tensor TensorFromData(py::handle data, std::optional<DType> dtype) {
                                static_cast<size_t>(PyBytes_GET_SIZE(data.ptr())))
             : std::string_view(PyByteArray_AS_STRING(data.ptr()),
                                static_cast<size_t>(PyByteArray_GET_SIZE(data.ptr())));
-    size_t item = engine::ItemSize(target);
+    const size_t item = engine::ItemSize(target);
     if (bytes.size() % item != 0) {
       throw py::value_error("orochi.tensor: " + std::to_string(bytes.size()) +
                             " bytes are not a whole number of " + std::string(DTypeName(target)) +
@@ -397,23 +512,17 @@ Tensor TensorFromData(py::handle data, std::optional<DType> dtype) {
     }
     Tensor result = Tensor::Empty({static_cast<int64_t>(bytes.size() / item)}, target);
     if (!bytes.empty()) std::memcpy(result.mutable_data(), bytes.data(), bytes.size());
+    NormalizeBools(result);
     return result;
   }
   if (PyObject_CheckBuffer(data.ptr()) != 0) {
-    Tensor view = TensorFromBuffer(data, std::nullopt);
-    return dtype ? view.To(*dtype).Clone() : view.Clone();
+    Tensor copy = TensorFromBuffer(data, std::nullopt).Clone();
+    NormalizeBools(copy);
+    return dtype ? copy.To(*dtype) : copy;
   }
   NestedReader reader;
   reader.Walk(data, 0);
-  DType target = DType::kBool;
-  for (const Leaf& leaf : reader.leaves()) {
-    if (leaf.kind == Leaf::kFloat) {
-      target = DType::kFloat32;
-      break;
-    }
-    if (leaf.kind == Leaf::kInt) target = DType::kInt64;
-  }
-  if (dtype) target = *dtype;
+  DType target = dtype.value_or(reader.InferredDType());
   Tensor result = Tensor::Empty(reader.shape(), target);
   VisitDType(target, [&]<typename T>() {
     T* out = result.mutable_data_as<T>();
@@ -423,69 +532,81 @@ Tensor TensorFromData(py::handle data, std::optional<DType> dtype) {
 }
 
 Tensor TensorFromBuffer(py::handle object, std::optional<DType> dtype) {
-  auto view = std::make_unique<Py_buffer>();
-  if (PyObject_GetBuffer(object.ptr(), view.get(), PyBUF_RECORDS_RO) != 0) {
-    throw py::error_already_set();
+  BufferExport view;
+  view.Acquire(object, PyBUF_RECORDS_RO);
+  const char* format = view->format != nullptr ? view->format : "B";
+  DType element = DTypeOfFormat(format);
+  if (static_cast<size_t>(view->itemsize) != engine::ItemSize(element)) {
+    throw py::type_error("buffer format '" + std::string(format) + "' has item size " +
+                         std::to_string(view->itemsize) + ", expected " +
+                         std::to_string(engine::ItemSize(element)));
   }
-  DType element;
-  try {
-    element = DTypeOfFormat(view->format);
-    if (static_cast<size_t>(view->itemsize) != engine::ItemSize(element)) {
-      throw py::type_error("buffer format '" + std::string(view->format) + "' has item size " +
-                           std::to_string(view->itemsize) + ", expected " +
-                           std::to_string(engine::ItemSize(element)));
-    }
-  } catch (...) {
-    PyBuffer_Release(view.get());
-    throw;
+  if (view->ndim < 0 || static_cast<size_t>(view->ndim) > engine::kMaxDims) {
+    throw py::value_error("a buffer with " + std::to_string(view->ndim) + " dimensions");
   }
-  Shape shape(view->shape, view->shape + view->ndim);
-  Shape strides(static_cast<size_t>(view->ndim));
-  int64_t extent = view->ndim == 0 || engine::NumElements(shape) > 0 ? 1 : 0;
-  for (int d = 0; d < view->ndim; ++d) {
-    Py_ssize_t stride = view->strides[d];
-    if (stride < 0 || stride % view->itemsize != 0) {
-      PyBuffer_Release(view.get());
-      throw py::value_error(
-          "cannot share a buffer with negative or unaligned strides; copy it "
-          "with orochi.tensor() instead");
+  const auto ndim = static_cast<size_t>(view->ndim);
+  Shape shape = view->shape != nullptr ? Shape(view->shape, view->shape + ndim)
+                                       : Shape{static_cast<int64_t>(view->len / view->itemsize)};
+  if (view->shape == nullptr && ndim == 0) shape.clear();
+  Shape strides = engine::ContiguousStrides(shape);
+  const auto item = static_cast<Py_ssize_t>(engine::ItemSize(element));
+  int64_t extent = engine::NumElements(shape) > 0 ? 1 : 0;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (view->strides != nullptr) {
+      Py_ssize_t stride = view->strides[d];
+      if (stride < 0 || stride % item != 0) {
+        throw py::value_error(
+            "cannot share a buffer with negative or unaligned strides; copy it "
+            "with orochi.tensor() instead");
+      }
+      strides[d] = stride / item;
     }
-    auto at = static_cast<size_t>(d);
-    strides[at] = stride / view->itemsize;
-    if (shape[at] > 0) extent += (shape[at] - 1) * strides[at];
+    if (shape[d] > 0) extent += (shape[d] - 1) * strides[d];
   }
   auto* data = static_cast<std::byte*>(view->buf);
-  size_t bytes = static_cast<size_t>(extent) * engine::ItemSize(element);
-  bool read_only = view->readonly != 0;
+  if (reinterpret_cast<uintptr_t>(data) % static_cast<uintptr_t>(item) != 0) {
+    // Misaligned elements cannot be shared with the engine's kernels: copy them.
+    Tensor copy = Tensor::Empty(shape, element);
+    if (PyBuffer_ToContiguous(copy.mutable_data(), view.get(), view->len, 'C') != 0) {
+      throw py::error_already_set();
+    }
+    NormalizeBools(copy);
+    return dtype ? copy.To(*dtype) : copy;
+  }
+  const size_t bytes = static_cast<size_t>(extent) * static_cast<size_t>(item);
+  const bool read_only = view->readonly != 0;
   engine::StoragePtr storage =
-      engine::Storage::Borrow(data, bytes, read_only, ReleaseBuffer, view.release());
+      engine::Storage::Borrow(data, bytes, read_only, ReleaseBuffer, view.get());
+  view.HandOver();
   Tensor tensor(std::move(storage), std::move(shape), std::move(strides), 0, element);
   if (dtype && *dtype != element) return tensor.To(*dtype);
   return tensor;
 }
 
 Tensor TensorFromRawBuffer(py::handle buffer, py::handle dtype, int64_t count, int64_t offset) {
-  DType element = ParseDType(dtype);
-  auto view = std::make_unique<Py_buffer>();
-  if (PyObject_GetBuffer(buffer.ptr(), view.get(), PyBUF_SIMPLE) != 0) {
-    throw py::error_already_set();
-  }
-  auto item = static_cast<int64_t>(engine::ItemSize(element));
-  int64_t available = static_cast<int64_t>(view->len) - offset;
+  const DType element = ParseDType(dtype);
+  BufferExport view;
+  view.Acquire(buffer, PyBUF_SIMPLE);
+  const auto item = static_cast<int64_t>(engine::ItemSize(element));
+  const int64_t available = static_cast<int64_t>(view->len) - offset;
   if (offset < 0 || available < 0 || (count < 0 && available % item != 0) ||
-      (count >= 0 && count * item > available)) {
-    std::string message =
+      (count >= 0 && count > available / item)) {
+    throw py::value_error(
         "frombuffer: a buffer of " + std::to_string(view->len) + " bytes does not hold " +
         (count < 0 ? std::string("a whole number of") : std::to_string(count)) + " " +
-        std::string(DTypeName(element)) + " elements after offset " + std::to_string(offset);
-    PyBuffer_Release(view.get());
-    throw py::value_error(message);
+        std::string(DTypeName(element)) + " elements after offset " + std::to_string(offset));
   }
-  int64_t elements = count < 0 ? available / item : count;
   auto* data = static_cast<std::byte*>(view->buf) + offset;
-  bool read_only = view->readonly != 0;
+  if (reinterpret_cast<uintptr_t>(data) % static_cast<uintptr_t>(item) != 0) {
+    throw py::value_error("frombuffer: the data at offset " + std::to_string(offset) +
+                          " is not aligned for " + std::string(DTypeName(element)) + " (" +
+                          std::to_string(item) + "-byte items)");
+  }
+  const int64_t elements = count < 0 ? available / item : count;
+  const bool read_only = view->readonly != 0;
   engine::StoragePtr storage = engine::Storage::Borrow(data, static_cast<size_t>(elements * item),
-                                                       read_only, ReleaseBuffer, view.release());
+                                                       read_only, ReleaseBuffer, view.get());
+  view.HandOver();
   return {std::move(storage), {elements}, {1}, 0, element};
 }
 

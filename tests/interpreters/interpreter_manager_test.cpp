@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <malloc.h>
+#include <pthread.h>
 
 #include <chrono>
 #include <cstdio>
@@ -75,6 +76,16 @@ TEST(InterpreterManager, ReplaceGivesAFreshCopyAndStubsTheOldOne) {
 
 // Unload and replace a copy 200 times: every cycle runs Python code that starts and joins a
 // thread, so both the copy's memory and its threads must be fully gone for the counts to hold.
+// pthread keys are a process-wide resource of about a thousand: a copy that leaks one makes the
+// server fail after that many reloads. Counted by taking every free key and giving them back.
+int CountFreePthreadKeys() {
+  std::vector<pthread_key_t> keys;
+  pthread_key_t key;
+  while (pthread_key_create(&key, nullptr) == 0) keys.push_back(key);
+  for (pthread_key_t taken : keys) pthread_key_delete(taken);
+  return static_cast<int>(keys.size());
+}
+
 TEST(InterpreterManager, ReplacingTwoHundredTimesLeaksNoFdsMappingsOrMemory) {
   constexpr int kWarmupCycles = 10;
   constexpr int kCycles = 200;
@@ -97,6 +108,7 @@ TEST(InterpreterManager, ReplacingTwoHundredTimesLeaksNoFdsMappingsOrMemory) {
   };
   for (int i = 0; i < kWarmupCycles; ++i) cycle();
   malloc_trim(0);
+  const int keys_before = CountFreePthreadKeys();
   const int fds_before = CountOpenFds();
   const int mappings_before = CountAllMappings();
   const long resident_before = ResidentBytes();
@@ -105,6 +117,7 @@ TEST(InterpreterManager, ReplacingTwoHundredTimesLeaksNoFdsMappingsOrMemory) {
     if (HasFatalFailure()) return;
   }
   malloc_trim(0);
+  const int keys_after = CountFreePthreadKeys();
   const int fds_after = CountOpenFds();
   const int mappings_after = CountAllMappings();
   const long resident_after = ResidentBytes();
@@ -115,6 +128,7 @@ TEST(InterpreterManager, ReplacingTwoHundredTimesLeaksNoFdsMappingsOrMemory) {
       kCycles, fds_before, fds_after, mappings_before, mappings_after, resident_before / 1024,
       resident_after / 1024, growth_per_cycle);
   EXPECT_EQ(fds_after, fds_before);
+  EXPECT_EQ(keys_after, keys_before) << "thread-local keys leaked by unloaded copies";
   EXPECT_EQ(mappings_after, mappings_before);
   EXPECT_LT(growth_per_cycle, kMaxGrowthPerCycle);
 }

@@ -52,8 +52,11 @@ class FunctionalTest(unittest.TestCase):
             F.conv2d(x, ones, padding="full")
         with self.assertRaisesRegex(RuntimeError, "conv2d"):
             F.conv2d(x, orochi.ones(1, 2, 2, 2))
-        with self.assertRaisesRegex(RuntimeError, "conv2d"):
+        with self.assertRaisesRegex(ValueError, r"conv2d: expected a 4-D \(batched\) or 3-D input, "
+                                                r"got shape \[4, 4\]"):
             F.conv2d(orochi.ones(4, 4), ones)
+        with self.assertRaisesRegex(ValueError, "conv1d: expected a 3-D weight"):
+            F.conv1d(signal, orochi.ones(2, 2))
 
     def test_pad(self):
         x = t([[1.0, 2.0]])
@@ -110,9 +113,12 @@ class FunctionalTest(unittest.TestCase):
         self.assertClose(F.sigmoid(x), [1 / (1 + math.exp(-v)) for v in (-1, 0, 2)])
         self.assertClose(F.softmax(x, dim=0).sum(), 1.0)
         self.assertClose(F.log_softmax(x, 0).exp().sum(), 1.0)
-        self.assertIs(F.dropout(x, 0.3), x)
+        self.assertIs(F.dropout(x, 0.3, training=False), x)
         with self.assertRaisesRegex(NotImplementedError, "inference only"):
-            F.dropout(x, 0.3, training=True)
+            F.dropout(x, 0.3)  # PyTorch's default is training=True
+        y = t([-1.0, 2.0])
+        self.assertIs(F.relu(y, inplace=True), y)
+        self.assertEqual(y.tolist(), [0.0, 2.0])
         with self.assertRaisesRegex(ValueError, "between 0 and 1"):
             F.dropout(x, 2.0)
         with self.assertRaisesRegex(ValueError, "approximate must be 'none' or 'tanh'"):

@@ -642,6 +642,138 @@ class SafetensorsTest(Case):
             orochi.save_safetensors({"a": 1}, "/tmp/unused.safetensors")
 
 
+class HostileInputTest(Case):
+    """Inputs that once crashed a copy or gave wrong numbers; each must now give PyTorch's
+    answer or a clear error."""
+
+    def test_types_cannot_be_instantiated_half_built(self):
+        for make in (lambda: orochi.Tensor.__new__(orochi.Tensor), lambda: orochi.Tensor(),
+                     lambda: orochi.dtype.__new__(orochi.dtype)):
+            with self.assertRaisesRegex(TypeError, "cannot be constructed"):
+                make()
+        with self.assertRaises(TypeError):
+            orochi.device.__new__(orochi.device)
+
+    def test_zero_dim_tensors_have_no_dims(self):
+        scalar = t(3.0)
+        for call in (lambda: scalar.sum(0), lambda: scalar.size(0), lambda: scalar.stride(0),
+                     lambda: scalar.transpose(0, 0), lambda: scalar.split(1),
+                     lambda: orochi.cat([scalar, scalar])):
+            with self.assertRaisesRegex(RuntimeError, "a 0-d tensor has no dimensions|0-d"):
+                call()
+        self.assertEqual(scalar.unsqueeze(0).shape, (1,))
+
+    def test_sizes_that_overflow_are_refused(self):
+        with self.assertRaisesRegex(MemoryError, "more bytes than fit in 64 bits"):
+            orochi.zeros(2**62)
+        with self.assertRaisesRegex(RuntimeError, "more elements than fit in 64 bits"):
+            orochi.zeros(2**31, 2**31, 4)
+        with self.assertRaisesRegex(RuntimeError, "more elements than fit in 64 bits"):
+            orochi.arange(6).expand(2**61, 6).contiguous()
+        with self.assertRaisesRegex(ValueError, "does not hold 4611686018427387904 float32"):
+            orochi.frombuffer(bytearray(16), dtype=orochi.float32, count=2**62)
+        with self.assertRaisesRegex(RuntimeError, "narrow"):
+            orochi.zeros(2, 3).narrow(1, 2**62, 2**62)
+
+    def test_nesting_is_bounded(self):
+        deep = [1.0]
+        for _ in range(200):
+            deep = [deep]
+        with self.assertRaisesRegex(ValueError, "nested deeper than 64"):
+            orochi.tensor(deep)
+        looped = []
+        looped.append(looped)
+        with self.assertRaisesRegex(ValueError, "nested deeper than 64"):
+            orochi.tensor(looped)
+        with self.assertRaisesRegex(ValueError, "at most 64 dimensions"):
+            orochi.zeros(*[1] * 100)
+        with self.assertRaisesRegex(RuntimeError, "at most 64 dimensions"):
+            orochi.zeros(1)[(None,) * 100]
+
+    def test_low_rank_inputs_to_nn_functions(self):
+        import orochi.nn.functional as F
+        with self.assertRaisesRegex(ValueError, "conv2d: expected a 4-D"):
+            F.conv2d(t(1.0), orochi.zeros(1, 1, 1, 1))
+        with self.assertRaisesRegex(ValueError, "at least 2 dims"):
+            F.scaled_dot_product_attention(orochi.ones(1, 2, 2), t(1.0), orochi.ones(1, 2, 2))
+        with self.assertRaisesRegex(ValueError, "adaptive_avg_pool2d: expected a 3-D or 4-D"):
+            F.adaptive_avg_pool2d(orochi.ones(5), (None, 2))
+        with self.assertRaisesRegex(RuntimeError, "too small for the kernel"):
+            F.max_pool2d(orochi.ones(1, 1, 3, 3), 5)
+
+    def test_python_numbers_never_widen_the_tensor(self):
+        self.assertIs((t(2.0) * 0.5).dtype, orochi.float32)
+        self.assertIs((t(3, dtype=orochi.int32) + 1).dtype, orochi.int32)
+        self.assertTensor(t(3, dtype=orochi.uint8) + 1000, 235, orochi.uint8)  # wraps as in torch
+        self.assertIs((t([True]) + True).dtype, orochi.bool)
+
+    def test_writes_convert_numbers_exactly(self):
+        x = orochi.zeros(2, dtype=orochi.int64)
+        x[0] = 123456789.0
+        x[1] = 2**62 + 1
+        self.assertEqual(x.tolist(), [123456789, 2**62 + 1])
+        self.assertEqual(x.fill_(2**53 + 1).tolist(), [2**53 + 1] * 2)
+        self.assertEqual(orochi.full((1,), 2**53 + 1).tolist(), [2**53 + 1])
+        self.assertEqual(orochi.arange(2**53, 2**53 + 3).tolist(), [2**53, 2**53 + 1, 2**53 + 2])
+        self.assertEqual(x.masked_fill(x > 0, 2**60 + 3).tolist(), [2**60 + 3] * 2)
+
+    def test_integer_floor_division_and_bitwise_operators(self):
+        self.assertTensor(t([2**40 + 1, 7, -7]) // 2, [2**39, 3, -4])
+        with self.assertRaisesRegex(ValueError, "integer division by zero"):
+            t([5]) // 0
+        with self.assertRaisesRegex(TypeError, "bool tensors only"):
+            t([1, 2, 3]) & 2
+        self.assertTensor(t([True, False]) | True, [True, True])
+
+    def test_in_place_ops_keep_pytorchs_casting_rules(self):
+        integers = t([1, 3])
+        with self.assertRaisesRegex(TypeError, "float32 can't be cast to the in-place output "
+                                               "type int64"):
+            integers /= 2
+        with self.assertRaisesRegex(TypeError, "can't be cast"):
+            integers.sqrt_()
+        expanded = orochi.zeros(1).expand(3)
+        with self.assertRaisesRegex(ValueError, "expanded tensor"):
+            expanded += t([1.0, 2.0, 3.0])
+        self.assertEqual(integers.tolist(), [1, 3])
+
+    def test_assignment_from_an_overlapping_source(self):
+        y = orochi.arange(4)
+        y[[1, 2, 3]] = y[0:3]
+        self.assertEqual(y.tolist(), [0, 0, 1, 2])
+        x = orochi.arange(6).reshape(2, 3)
+        x[[1, 0]] = x
+        self.assertEqual(x.tolist(), [[3, 4, 5], [0, 1, 2]])
+
+    def test_mask_assignment_on_a_strided_view(self):
+        boxes = orochi.tensor([[-1.0, 2.0, 3.0], [4.0, -5.0, 6.0]])
+        corner = boxes[:, :2]
+        corner[corner < 0] = 0
+        self.assertEqual(boxes.tolist(), [[0.0, 2.0, 3.0], [4.0, 0.0, 6.0]])
+
+    def test_data_inference(self):
+        self.assertIs(t([]).dtype, orochi.float32)
+        self.assertEqual(orochi.arange(4)[[]].tolist(), [])
+        self.assertIs(t([t(0.1, dtype=orochi.float64)]).dtype, orochi.float64)
+        self.assertEqual(t([t(0.1, dtype=orochi.float64)]).tolist(), [0.1])
+        self.assertIs(t([t(1, dtype=orochi.int32)]).dtype, orochi.int32)
+        flags = t(b"\x00\x05", dtype=orochi.bool)
+        self.assertEqual(flags.tolist(), [False, True])
+        self.assertEqual(flags.sum().item(), 1)
+        self.assertTensor(orochi.arange(5)[::2**62], [0])
+
+    def test_buffers_that_cannot_be_shared(self):
+        import sys
+        with self.assertRaisesRegex(ValueError, "not aligned for float64"):
+            orochi.frombuffer(bytearray(17), dtype=orochi.float64, offset=1)
+        misaligned = memoryview(bytearray(17))[1:].cast("d")
+        self.assertEqual(orochi.as_tensor(misaligned).tolist(), [0.0, 0.0])  # copied instead
+        contiguous_bytes = bytes(memoryview(orochi.tensor([1.0])))
+        with self.assertRaises(BufferError):
+            orochi.load_safetensors(memoryview(bytearray(contiguous_bytes * 8))[::2])
+        del sys
+
+
 class GradModeTest(unittest.TestCase):
     def test_no_grad_is_a_context_manager_and_a_decorator(self):
         with orochi.no_grad():

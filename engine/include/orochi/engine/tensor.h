@@ -27,6 +27,9 @@ namespace orochi::engine {
 
 using Shape = std::vector<int64_t>;
 
+// Tensors have at most this many dimensions (PyTorch's limit too); deeper shapes are refused.
+inline constexpr size_t kMaxDims = 64;
+
 OROCHI_ENGINE_API int64_t NumElements(const Shape& shape);
 OROCHI_ENGINE_API Shape ContiguousStrides(const Shape& shape);
 OROCHI_ENGINE_API std::string ShapeString(const Shape& shape);  // "[2, 3]"

@@ -18,15 +18,15 @@ from _orochi_engine import (  # noqa: F401 (re-exported under PyTorch's names)
 )
 
 
-def _no_inplace(name: str, inplace: bool) -> None:
-    if inplace:
-        # The result is the same; in-place only saves memory, which the engine manages itself.
-        del name
+def _result(input, output, inplace: bool):  # noqa: A002
+    """Writes `output` into `input` when the caller asked for in-place (callers may rely on it)."""
+    if not inplace:
+        return output
+    return input.copy_(output)
 
 
 def relu(input, inplace: bool = False):  # noqa: A002 (PyTorch's parameter names)
-    _no_inplace("relu", inplace)
-    return _engine.relu(input)
+    return _result(input, _engine.relu(input), inplace)
 
 
 def gelu(input, approximate: str = "none"):  # noqa: A002
@@ -34,8 +34,7 @@ def gelu(input, approximate: str = "none"):  # noqa: A002
 
 
 def silu(input, inplace: bool = False):  # noqa: A002
-    _no_inplace("silu", inplace)
-    return _engine.silu(input)
+    return _result(input, _engine.silu(input), inplace)
 
 
 def tanh(input):  # noqa: A002
@@ -54,8 +53,9 @@ def log_softmax(input, dim: int, dtype=None):  # noqa: A002
     return _log_softmax(input, dim, dtype)
 
 
-def dropout(input, p: float = 0.5, training: bool = False, inplace: bool = False):  # noqa: A002
-    """Identity at inference; training-mode dropout is refused rather than silently skipped."""
+def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False):  # noqa: A002
+    """Identity at inference (training=False); training-mode dropout is refused rather than
+    silently skipped. The default is PyTorch's (training=True): pass training=self.training."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if training and p > 0:

@@ -960,10 +960,10 @@ class Dropout(Module):
 class ReLU(Module):
     def __init__(self, inplace=False):
         super().__init__()
-        self.inplace = inplace  # accepted; the result is the same either way
+        self.inplace = inplace
 
     def forward(self, input):
-        return F.relu(input)
+        return F.relu(input, inplace=self.inplace)
 
     def extra_repr(self):
         return "inplace=True" if self.inplace else ""
@@ -990,7 +990,7 @@ class SiLU(Module):
         self.inplace = inplace
 
     def forward(self, input):
-        return F.silu(input)
+        return F.silu(input, inplace=self.inplace)
 
     def extra_repr(self):
         return "inplace=True" if self.inplace else ""
