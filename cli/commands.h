@@ -1,8 +1,12 @@
 // Subcommands of the `orochi` binary. Each returns the process exit status.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "orochi/interpreters/model.h"
+#include "orochi/packaging/package.h"
 
 namespace orochi::cli {
 
@@ -11,5 +15,34 @@ int RunPythonCommand(const std::vector<std::string>& args);
 
 // The usage text of `orochi python`, shown by `orochi python --help`.
 extern const char* const kPythonUsage;
+
+struct PackOptions {
+  std::string directory;
+  std::string output;
+  bool no_compile = false;
+};
+struct InspectOptions {
+  std::string path;
+  bool json = false;
+};
+struct RunOptions {
+  std::string path;
+  std::vector<std::string> inputs;  // NAME=JSON or NAME=@FILE
+  std::string config;               // a JSON object
+  size_t copies = 1;
+};
+
+// `orochi pack DIR -o FILE`: validates, compiles the code in a copy, writes a deterministic
+// archive and reads it back with the server's reader.
+int PackCommand(const PackOptions& options);
+// `orochi inspect FILE [--json]`: manifest, members and weights (names, dtypes, shapes).
+int InspectCommand(const InspectOptions& options);
+// `orochi run FILE --input NAME=JSON ...`: loads the package into private copies, runs
+// predict() once and prints the outputs as a KServe v2 style JSON response.
+int RunCommand(const RunOptions& options);
+
+// A package as the interpreters' model source (the package stays alive for resource reads).
+interpreters::ModelSource ModelSourceFrom(const std::shared_ptr<const packaging::Package>& package,
+                                          const std::string& config_json);
 
 }  // namespace orochi::cli

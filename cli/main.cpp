@@ -28,9 +28,35 @@ int Main(int argc, char** argv) {
   python->prefix_command();
   python->footer(orochi::cli::kPythonUsage);
 
+  orochi::cli::PackOptions pack_options;
+  CLI::App* pack = app.add_subcommand("pack", "Build a model package (.orochi) from a directory");
+  pack->add_option("directory", pack_options.directory, "the package directory")->required();
+  pack->add_option("-o,--output", pack_options.output, "the .orochi file to write")->required();
+  pack->add_flag("--no-compile", pack_options.no_compile,
+                 "skip compiling the code in a private copy");
+
+  orochi::cli::InspectOptions inspect_options;
+  CLI::App* inspect =
+      app.add_subcommand("inspect", "Validate a package and describe its contents");
+  inspect->add_option("package", inspect_options.path, "the .orochi file")->required();
+  inspect->add_flag("--json", inspect_options.json, "print the description as JSON");
+
+  orochi::cli::RunOptions run_options;
+  CLI::App* run =
+      app.add_subcommand("run", "Load a package into private copies and run predict() once");
+  run->add_option("package", run_options.path, "the .orochi file")->required();
+  run->add_option("-i,--input", run_options.inputs,
+                  "NAME=JSON or NAME=@FILE.json: nested lists (strings for BYTES)");
+  run->add_option("--config", run_options.config, "per-model config, a JSON object");
+  run->add_option("--copies", run_options.copies, "interpreter copies to load the model into")
+      ->check(CLI::Range(1, 256));
+
   CLI11_PARSE(app, argc, argv);
 
   if (python->parsed()) return orochi::cli::RunPythonCommand(python->remaining());
+  if (pack->parsed()) return orochi::cli::PackCommand(pack_options);
+  if (inspect->parsed()) return orochi::cli::InspectCommand(inspect_options);
+  if (run->parsed()) return orochi::cli::RunCommand(run_options);
   return 2;
 }
 

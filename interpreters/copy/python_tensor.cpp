@@ -765,6 +765,12 @@ void BindTensor(py::module_& module) {
 namespace orochi::copy {
 
 PyObject* TensorToPython(engine::Tensor tensor) {
+  // A tensor may arrive from the host before any code in this copy imported orochi.
+  if (bindings::g_tensor_type == nullptr) {
+    PyObject* module = PyImport_ImportModule("_orochi_engine");
+    if (module == nullptr) return nullptr;
+    Py_DECREF(module);
+  }
   try {
     return pybind11::cast(std::move(tensor)).release().ptr();
   } catch (pybind11::error_already_set& error) {

@@ -1,0 +1,377 @@
+// `orochi pack`, `orochi inspect` and `orochi run`: model packages from the command line.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "commands.h"
+#include "orochi/engine/dtype.h"
+#include "orochi/interpreters/interpreter.h"
+#include "orochi/interpreters/interpreter_manager.h"
+#include "orochi/interpreters/model.h"
+#include "orochi/packaging/manifest.h"
+#include "orochi/packaging/package.h"
+#include "orochi/packaging/zip.h"
+
+namespace orochi::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using packaging::DataType;
+using packaging::Manifest;
+using packaging::Package;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "orochi: %s\n", message.c_str());
+  return 1;
+}
+
+int Fail(const Status& status) {
+  std::fprintf(stderr, "orochi: %s\n", status.message().c_str());
+  if (!status.detail().empty()) std::fprintf(stderr, "%s", status.detail().c_str());
+  return 1;
+}
+
+Result<std::string> ReadFile(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return NotFound("cannot read " + path.string());
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// --- pack --------------------------------------------------------------------------------------
+
+// The files of a package directory, as archive members. Hidden files and Python caches are
+// left out; symlinks and anything outside the four top-level names are errors.
+Result<std::vector<packaging::ZipEntry>> CollectMembers(const fs::path& directory) {
+  std::vector<packaging::ZipEntry> entries;
+  if (!fs::is_directory(directory)) return NotFound(directory.string() + " is not a directory");
+  for (const fs::directory_entry& top : fs::directory_iterator(directory)) {
+    std::string name = top.path().filename().string();
+    if (name.front() == '.') continue;
+    if (name != "manifest.json" && name != "code" && name != "weights" && name != "resources") {
+      return InvalidArgument(top.path().string() +
+                             ": a package directory holds only manifest.json, code/, weights/ "
+                             "and resources/");
+    }
+  }
+  if (!fs::exists(directory / "manifest.json")) {
+    return InvalidArgument(directory.string() + " has no manifest.json");
+  }
+  std::vector<fs::path> files{directory / "manifest.json"};
+  for (const char* folder : {"code", "weights", "resources"}) {
+    if (!fs::exists(directory / folder)) continue;
+    for (auto it = fs::recursive_directory_iterator(directory / folder);
+         it != fs::recursive_directory_iterator(); ++it) {
+      std::string leaf = it->path().filename().string();
+      if (leaf.front() == '.' || leaf == "__pycache__") {
+        if (it->is_directory()) it.disable_recursion_pending();
+        continue;
+      }
+      if (it->is_symlink()) {
+        return InvalidArgument(it->path().string() + " is a symbolic link; packages hold only "
+                                                     "regular files");
+      }
+      if (it->is_regular_file() && it->path().extension() != ".pyc") files.push_back(it->path());
+    }
+  }
+  for (const fs::path& file : files) {
+    OROCHI_ASSIGN_OR_RETURN(std::string data, ReadFile(file));
+    std::string name = fs::relative(file, directory).generic_string();
+    bool weights = name.rfind("weights/", 0) == 0;
+    entries.push_back({name, std::move(data), weights});
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  return entries;
+}
+
+// Compiles every Python file in a private copy, so that a syntax error stops the pack with its
+// file and line instead of surfacing when the server loads the model.
+Status CompileCode(const std::vector<packaging::ZipEntry>& entries) {
+  OROCHI_ASSIGN_OR_RETURN(std::unique_ptr<interpreters::Interpreter> copy,
+                          interpreters::Interpreter::Create({}));
+  OROCHI_RETURN_IF_ERROR(
+      copy->Exec("def _compile(source, name):\n"
+                 "    compile(source, name, 'exec', dont_inherit=True)\n"));
+  for (const packaging::ZipEntry& entry : entries) {
+    if (entry.name.rfind("code/", 0) != 0 || fs::path(entry.name).extension() != ".py") continue;
+    std::vector<interpreters::Value> arguments{interpreters::Bytes{entry.data}, entry.name};
+    Result<interpreters::Value> compiled = copy->Call("__main__:_compile", arguments);
+    if (!compiled.ok()) {
+      return InvalidArgument(entry.name + " does not compile: " + compiled.status().message());
+    }
+  }
+  return Status::Ok();
+}
+
+int Pack(const std::string& directory, const std::string& output, bool compile) {
+  Result<std::vector<packaging::ZipEntry>> entries = CollectMembers(directory);
+  if (!entries.ok()) return Fail(entries.status());
+  auto manifest_entry = std::find_if(entries->begin(), entries->end(),
+                                     [](const auto& entry) { return entry.name == "manifest.json"; });
+  Result<Manifest> manifest = packaging::ParseManifest(manifest_entry->data);
+  if (!manifest.ok()) return Fail(manifest.status());
+  if (compile) {
+    if (Status compiled = CompileCode(*entries); !compiled.ok()) return Fail(compiled);
+  }
+  if (Status written = packaging::WriteZip(output, *entries); !written.ok()) return Fail(written);
+  // Read back with the server's reader: what pack writes, the server accepts.
+  Result<std::unique_ptr<Package>> package = Package::Open(output);
+  if (!package.ok()) {
+    fs::remove(output);
+    return Fail(package.status());
+  }
+  uint64_t weight_bytes = 0;
+  for (const auto& file : (*package)->weights_files()) weight_bytes += file.bytes;
+  std::printf("packed %s version %lld: %zu code files, %zu weight tensors (%llu bytes), %zu "
+              "resources -> %s (%llu bytes)\n",
+              manifest->name.c_str(), static_cast<long long>(manifest->version),
+              (*package)->code().size(), (*package)->weights().size(),
+              static_cast<unsigned long long>(weight_bytes), (*package)->resources().size(),
+              output.c_str(), static_cast<unsigned long long>(fs::file_size(output)));
+  return 0;
+}
+
+// --- inspect -----------------------------------------------------------------------------------
+
+Json ShapeJson(const engine::Shape& shape) {
+  Json array = Json::array();
+  for (int64_t size : shape) array.push_back(size);
+  return array;
+}
+
+int Inspect(const std::string& path, bool as_json) {
+  Result<std::unique_ptr<Package>> opened = Package::Open(path);
+  if (!opened.ok()) return Fail(opened.status());
+  const Package& package = **opened;
+  Json report;
+  report["manifest"] = Json::parse(package.manifest().json);
+  Json members = Json::array();
+  for (const packaging::ZipMember& member : package.archive().members()) {
+    members.push_back({{"name", member.name},
+                       {"size", member.size},
+                       {"compressed_size", member.compressed_size},
+                       {"stored", member.stored}});
+  }
+  report["members"] = members;
+  Json weights = Json::array();
+  for (const packaging::WeightsFile& file : package.weights_files()) {
+    Json tensors = Json::array();
+    for (const auto& [name, tensor] : file.tensors) {
+      tensors.push_back({{"name", name},
+                         {"dtype", std::string(engine::DTypeName(tensor.dtype()))},
+                         {"shape", ShapeJson(tensor.shape())},
+                         {"bytes", tensor.numel() * static_cast<int64_t>(
+                                                        engine::ItemSize(tensor.dtype()))}});
+    }
+    weights.push_back({{"file", file.member}, {"bytes", file.bytes}, {"tensors", tensors}});
+  }
+  report["weights"] = weights;
+  if (as_json) {
+    std::printf("%s\n", report.dump(2).c_str());
+    return 0;
+  }
+  const Manifest& manifest = package.manifest();
+  std::printf("%s version %lld  (entry %s:%s, device %s, max_batch_size %lld)\n",
+              manifest.name.c_str(), static_cast<long long>(manifest.version),
+              manifest.entry_module.c_str(), manifest.entry_class.c_str(),
+              manifest.device.c_str(), static_cast<long long>(manifest.max_batch_size));
+  if (!manifest.description.empty()) std::printf("  %s\n", manifest.description.c_str());
+  for (const auto* group : {&manifest.inputs, &manifest.outputs}) {
+    std::printf("%s:\n", group == &manifest.inputs ? "inputs" : "outputs");
+    for (const packaging::TensorSpec& spec : *group) {
+      std::printf("  %-24s %-6s %s\n", spec.name.c_str(),
+                  std::string(packaging::DataTypeName(spec.datatype)).c_str(),
+                  ShapeJson(spec.shape).dump().c_str());
+    }
+  }
+  std::printf("members:\n");
+  for (const packaging::ZipMember& member : package.archive().members()) {
+    std::printf("  %-48s %12llu bytes  %s\n", member.name.c_str(),
+                static_cast<unsigned long long>(member.size),
+                member.stored ? "stored" : "deflated");
+  }
+  std::printf("weights:\n");
+  for (const packaging::WeightsFile& file : package.weights_files()) {
+    std::printf("  %s (%llu bytes)\n", file.member.c_str(),
+                static_cast<unsigned long long>(file.bytes));
+    for (const auto& [name, tensor] : file.tensors) {
+      std::printf("    %-40s %-9s %s\n", name.c_str(),
+                  std::string(engine::DTypeName(tensor.dtype())).c_str(),
+                  ShapeJson(tensor.shape()).dump().c_str());
+    }
+  }
+  return 0;
+}
+
+// --- run ---------------------------------------------------------------------------------------
+
+// JSON data (nested arrays, or a scalar) as a tensor of the input's declared type.
+Result<interpreters::NamedTensor> InputFromJson(const packaging::TensorSpec& spec,
+                                                const Json& data) {
+  engine::Shape shape;
+  const Json* probe = &data;
+  while (probe->is_array()) {
+    shape.push_back(static_cast<int64_t>(probe->size()));
+    if (probe->empty()) break;
+    probe = &(*probe)[0];
+  }
+  std::vector<const Json*> leaves;
+  std::function<Status(const Json&, size_t)> walk = [&](const Json& node, size_t depth) -> Status {
+    if (depth == shape.size()) {
+      if (node.is_array()) return InvalidArgument("input '" + spec.name + "' is ragged");
+      leaves.push_back(&node);
+      return Status::Ok();
+    }
+    if (!node.is_array() || static_cast<int64_t>(node.size()) != shape[depth]) {
+      return InvalidArgument("input '" + spec.name + "' is ragged");
+    }
+    for (const Json& item : node) OROCHI_RETURN_IF_ERROR(walk(item, depth + 1));
+    return Status::Ok();
+  };
+  OROCHI_RETURN_IF_ERROR(walk(data, 0));
+  if (spec.datatype == DataType::kBytes) {
+    interpreters::BytesTensor bytes{shape, {}};
+    for (const Json* leaf : leaves) {
+      if (!leaf->is_string()) return InvalidArgument("input '" + spec.name + "' is BYTES: give strings");
+      bytes.items.push_back(leaf->get<std::string>());
+    }
+    return interpreters::NamedTensor{spec.name, std::move(bytes)};
+  }
+  const engine::DType dtype = *packaging::EngineDType(spec.datatype);
+  engine::Tensor tensor = engine::Tensor::Empty(shape, dtype);
+  Status status;
+  engine::VisitDType(dtype, [&]<typename T>() {
+    T* out = tensor.mutable_data_as<T>();
+    for (const Json* leaf : leaves) {
+      if (leaf->is_boolean()) {
+        *out++ = engine::Convert<T>(leaf->get<bool>());
+      } else if (leaf->is_number_integer()) {
+        *out++ = engine::Convert<T>(leaf->get<int64_t>());
+      } else if (leaf->is_number()) {
+        *out++ = engine::Convert<T>(leaf->get<double>());
+      } else {
+        status = InvalidArgument("input '" + spec.name + "' must hold numbers, got " + leaf->dump());
+        return;
+      }
+    }
+  });
+  OROCHI_RETURN_IF_ERROR(status);
+  return interpreters::NamedTensor{spec.name, std::move(tensor)};
+}
+
+Json OutputToJson(const packaging::TensorSpec& spec, const interpreters::NamedTensor& output) {
+  Json result{{"name", output.name}, {"datatype", std::string(packaging::DataTypeName(spec.datatype))}};
+  Json data = Json::array();
+  if (const auto* bytes = std::get_if<interpreters::BytesTensor>(&output.value)) {
+    result["shape"] = ShapeJson(bytes->shape);
+    for (const std::string& item : bytes->items) data.push_back(item);
+  } else {
+    const engine::Tensor tensor = std::get<engine::Tensor>(output.value).Contiguous();
+    result["shape"] = ShapeJson(tensor.shape());
+    engine::VisitDType(tensor.dtype(), [&]<typename T>() {
+      const T* values = tensor.data_as<T>();
+      for (int64_t i = 0; i < tensor.numel(); ++i) {
+        if constexpr (std::is_same_v<T, bool>) {
+          data.push_back(values[i]);
+        } else if constexpr (std::is_integral_v<T>) {
+          data.push_back(static_cast<int64_t>(values[i]));
+        } else {
+          data.push_back(engine::Convert<double>(values[i]));
+        }
+      }
+    });
+  }
+  result["data"] = data;
+  return result;
+}
+
+int Run(const std::string& path, const std::vector<std::string>& inputs, const std::string& config,
+        size_t copies) {
+  Result<std::unique_ptr<Package>> opened = Package::Open(path);
+  if (!opened.ok()) return Fail(opened.status());
+  std::shared_ptr<Package> package = std::move(opened).value();
+  const Manifest& manifest = package->manifest();
+
+  std::vector<interpreters::NamedTensor> named;
+  for (const std::string& argument : inputs) {
+    size_t equals = argument.find('=');
+    if (equals == std::string::npos) return Fail("--input takes NAME=JSON or NAME=@FILE, got '" + argument + "'");
+    std::string name = argument.substr(0, equals);
+    std::string text = argument.substr(equals + 1);
+    if (!text.empty() && text[0] == '@') {
+      Result<std::string> file = ReadFile(text.substr(1));
+      if (!file.ok()) return Fail(file.status());
+      text = *file;
+    }
+    auto spec = std::find_if(manifest.inputs.begin(), manifest.inputs.end(),
+                             [&](const auto& input) { return input.name == name; });
+    if (spec == manifest.inputs.end()) return Fail("the model has no input named '" + name + "'");
+    Json data = Json::parse(text, nullptr, false);
+    if (data.is_discarded()) return Fail("--input " + name + ": not valid JSON");
+    Result<interpreters::NamedTensor> tensor = InputFromJson(*spec, data);
+    if (!tensor.ok()) return Fail(tensor.status());
+    named.push_back(std::move(tensor).value());
+  }
+
+  interpreters::ManagerOptions options;
+  options.copies = copies;
+  Result<std::unique_ptr<interpreters::InterpreterManager>> manager =
+      interpreters::InterpreterManager::Create(std::move(options));
+  if (!manager.ok()) return Fail(manager.status());
+  Result<std::unique_ptr<interpreters::ReplicatedModel>> model =
+      interpreters::ReplicatedModel::Load(**manager, ModelSourceFrom(package, config));
+  if (!model.ok()) return Fail(model.status());
+  Result<std::vector<interpreters::NamedTensor>> outputs = (*model)->Predict(named);
+  if (!outputs.ok()) return Fail(outputs.status());
+  Json response{{"model_name", manifest.name}, {"model_version", std::to_string(manifest.version)}};
+  Json listed = Json::array();
+  for (size_t i = 0; i < outputs->size(); ++i) {
+    listed.push_back(OutputToJson(manifest.outputs[i], (*outputs)[i]));
+  }
+  response["outputs"] = listed;
+  std::printf("%s\n", response.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
+  return 0;
+}
+
+}  // namespace
+
+interpreters::ModelSource ModelSourceFrom(const std::shared_ptr<const packaging::Package>& package,
+                                          const std::string& config_json) {
+  const Manifest& manifest = package->manifest();
+  interpreters::ModelSource source;
+  source.key = manifest.name + ":" + std::to_string(manifest.version);
+  source.manifest_json = manifest.json;
+  source.config_json = config_json.empty() ? "{}" : config_json;
+  source.code = package->code();
+  source.weights = package->weights();
+  source.read_resource = [package](std::string_view resource) {
+    return package->ReadResource(resource);
+  };
+  return source;
+}
+
+int PackCommand(const PackOptions& options) {
+  return Pack(options.directory, options.output, !options.no_compile);
+}
+
+int InspectCommand(const InspectOptions& options) { return Inspect(options.path, options.json); }
+
+int RunCommand(const RunOptions& options) {
+  return Run(options.path, options.inputs, options.config, options.copies);
+}
+
+}  // namespace orochi::cli

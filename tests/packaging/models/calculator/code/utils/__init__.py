@@ -1,0 +1,3 @@
+from .text import normalise  # a relative import inside the package
+
+WHICH = "calculator"

@@ -1,0 +1,2 @@
+def normalise(text: str) -> str:
+    return " ".join(text.lower().split())
