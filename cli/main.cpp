@@ -36,8 +36,7 @@ int Main(int argc, char** argv) {
                  "skip compiling the code in a private copy");
 
   orochi::cli::InspectOptions inspect_options;
-  CLI::App* inspect =
-      app.add_subcommand("inspect", "Validate a package and describe its contents");
+  CLI::App* inspect = app.add_subcommand("inspect", "Validate a package and describe its contents");
   inspect->add_option("package", inspect_options.path, "the .orochi file")->required();
   inspect->add_flag("--json", inspect_options.json, "print the description as JSON");
 

@@ -1,6 +1,4 @@
 // `orochi pack`, `orochi inspect` and `orochi run`: model packages from the command line.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +7,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -81,8 +80,9 @@ Result<std::vector<packaging::ZipEntry>> CollectMembers(const fs::path& director
         continue;
       }
       if (it->is_symlink()) {
-        return InvalidArgument(it->path().string() + " is a symbolic link; packages hold only "
-                                                     "regular files");
+        return InvalidArgument(it->path().string() +
+                               " is a symbolic link; packages hold only "
+                               "regular files");
       }
       if (it->is_regular_file() && it->path().extension() != ".pyc") files.push_back(it->path());
     }
@@ -120,8 +120,9 @@ Status CompileCode(const std::vector<packaging::ZipEntry>& entries) {
 int Pack(const std::string& directory, const std::string& output, bool compile) {
   Result<std::vector<packaging::ZipEntry>> entries = CollectMembers(directory);
   if (!entries.ok()) return Fail(entries.status());
-  auto manifest_entry = std::find_if(entries->begin(), entries->end(),
-                                     [](const auto& entry) { return entry.name == "manifest.json"; });
+  auto manifest_entry = std::find_if(entries->begin(), entries->end(), [](const auto& entry) {
+    return entry.name == "manifest.json";
+  });
   Result<Manifest> manifest = packaging::ParseManifest(manifest_entry->data);
   if (!manifest.ok()) return Fail(manifest.status());
   if (compile) {
@@ -136,12 +137,13 @@ int Pack(const std::string& directory, const std::string& output, bool compile) 
   }
   uint64_t weight_bytes = 0;
   for (const auto& file : (*package)->weights_files()) weight_bytes += file.bytes;
-  std::printf("packed %s version %lld: %zu code files, %zu weight tensors (%llu bytes), %zu "
-              "resources -> %s (%llu bytes)\n",
-              manifest->name.c_str(), static_cast<long long>(manifest->version),
-              (*package)->code().size(), (*package)->weights().size(),
-              static_cast<unsigned long long>(weight_bytes), (*package)->resources().size(),
-              output.c_str(), static_cast<unsigned long long>(fs::file_size(output)));
+  std::printf(
+      "packed %s version %lld: %zu code files, %zu weight tensors (%llu bytes), %zu "
+      "resources -> %s (%llu bytes)\n",
+      manifest->name.c_str(), static_cast<long long>(manifest->version), (*package)->code().size(),
+      (*package)->weights().size(), static_cast<unsigned long long>(weight_bytes),
+      (*package)->resources().size(), output.c_str(),
+      static_cast<unsigned long long>(fs::file_size(output)));
   return 0;
 }
 
@@ -171,11 +173,11 @@ int Inspect(const std::string& path, bool as_json) {
   for (const packaging::WeightsFile& file : package.weights_files()) {
     Json tensors = Json::array();
     for (const auto& [name, tensor] : file.tensors) {
-      tensors.push_back({{"name", name},
-                         {"dtype", std::string(engine::DTypeName(tensor.dtype()))},
-                         {"shape", ShapeJson(tensor.shape())},
-                         {"bytes", tensor.numel() * static_cast<int64_t>(
-                                                        engine::ItemSize(tensor.dtype()))}});
+      tensors.push_back(
+          {{"name", name},
+           {"dtype", std::string(engine::DTypeName(tensor.dtype()))},
+           {"shape", ShapeJson(tensor.shape())},
+           {"bytes", tensor.numel() * static_cast<int64_t>(engine::ItemSize(tensor.dtype()))}});
     }
     weights.push_back({{"file", file.member}, {"bytes", file.bytes}, {"tensors", tensors}});
   }
@@ -187,8 +189,8 @@ int Inspect(const std::string& path, bool as_json) {
   const Manifest& manifest = package.manifest();
   std::printf("%s version %lld  (entry %s:%s, device %s, max_batch_size %lld)\n",
               manifest.name.c_str(), static_cast<long long>(manifest.version),
-              manifest.entry_module.c_str(), manifest.entry_class.c_str(),
-              manifest.device.c_str(), static_cast<long long>(manifest.max_batch_size));
+              manifest.entry_module.c_str(), manifest.entry_class.c_str(), manifest.device.c_str(),
+              static_cast<long long>(manifest.max_batch_size));
   if (!manifest.description.empty()) std::printf("  %s\n", manifest.description.c_str());
   for (const auto* group : {&manifest.inputs, &manifest.outputs}) {
     std::printf("%s:\n", group == &manifest.inputs ? "inputs" : "outputs");
@@ -246,7 +248,9 @@ Result<interpreters::NamedTensor> InputFromJson(const packaging::TensorSpec& spe
   if (spec.datatype == DataType::kBytes) {
     interpreters::BytesTensor bytes{shape, {}};
     for (const Json* leaf : leaves) {
-      if (!leaf->is_string()) return InvalidArgument("input '" + spec.name + "' is BYTES: give strings");
+      if (!leaf->is_string()) {
+        return InvalidArgument("input '" + spec.name + "' is BYTES: give strings");
+      }
       bytes.items.push_back(leaf->get<std::string>());
     }
     return interpreters::NamedTensor{spec.name, std::move(bytes)};
@@ -264,7 +268,8 @@ Result<interpreters::NamedTensor> InputFromJson(const packaging::TensorSpec& spe
       } else if (leaf->is_number()) {
         *out++ = engine::Convert<T>(leaf->get<double>());
       } else {
-        status = InvalidArgument("input '" + spec.name + "' must hold numbers, got " + leaf->dump());
+        status =
+            InvalidArgument("input '" + spec.name + "' must hold numbers, got " + leaf->dump());
         return;
       }
     }
@@ -274,7 +279,8 @@ Result<interpreters::NamedTensor> InputFromJson(const packaging::TensorSpec& spe
 }
 
 Json OutputToJson(const packaging::TensorSpec& spec, const interpreters::NamedTensor& output) {
-  Json result{{"name", output.name}, {"datatype", std::string(packaging::DataTypeName(spec.datatype))}};
+  Json result{{"name", output.name},
+              {"datatype", std::string(packaging::DataTypeName(spec.datatype))}};
   Json data = Json::array();
   if (const auto* bytes = std::get_if<interpreters::BytesTensor>(&output.value)) {
     result["shape"] = ShapeJson(bytes->shape);
@@ -309,7 +315,9 @@ int Run(const std::string& path, const std::vector<std::string>& inputs, const s
   std::vector<interpreters::NamedTensor> named;
   for (const std::string& argument : inputs) {
     size_t equals = argument.find('=');
-    if (equals == std::string::npos) return Fail("--input takes NAME=JSON or NAME=@FILE, got '" + argument + "'");
+    if (equals == std::string::npos) {
+      return Fail("--input takes NAME=JSON or NAME=@FILE, got '" + argument + "'");
+    }
     std::string name = argument.substr(0, equals);
     std::string text = argument.substr(equals + 1);
     if (!text.empty() && text[0] == '@') {

@@ -1,7 +1,6 @@
 #include "orochi/packaging/manifest.h"
 
 #include <nlohmann/json.hpp>
-
 #include <set>
 #include <string>
 #include <utility>
@@ -62,8 +61,8 @@ Result<std::string> String(const Json& object, const std::string& path, const ch
   return found->get<std::string>();
 }
 
-Result<std::optional<int64_t>> Integer(const Json& object, const std::string& path,
-                                       const char* key, int64_t minimum) {
+Result<std::optional<int64_t>> Integer(const Json& object, const std::string& path, const char* key,
+                                       int64_t minimum) {
   auto found = object.find(key);
   if (found == object.end()) return std::optional<int64_t>();
   if (!found->is_number_integer()) {
@@ -77,11 +76,12 @@ Result<std::optional<int64_t>> Integer(const Json& object, const std::string& pa
   return std::optional<int64_t>(value);
 }
 
-Status OnlyKeys(const Json& object, const std::string& path, std::initializer_list<const char*> keys) {
+Status OnlyKeys(const Json& object, const std::string& path,
+                std::initializer_list<const char*> keys) {
   for (const auto& [key, value] : object.items()) {
     bool known = false;
     for (const char* allowed : keys) known = known || key == allowed;
-    if (!known) return Problem(path + "." + key, "unknown key");
+    if (!known) return Problem(std::string(path).append(".").append(key), "unknown key");
   }
   return Status::Ok();
 }
@@ -89,7 +89,9 @@ Status OnlyKeys(const Json& object, const std::string& path, std::initializer_li
 Result<std::vector<TensorSpec>> Tensors(const Json& manifest, const char* key) {
   const std::string path = std::string("$.") + key;
   auto found = manifest.find(key);
-  if (found == manifest.end()) return Problem("$", std::string("missing required key '") + key + "'");
+  if (found == manifest.end()) {
+    return Problem("$", std::string("missing required key '") + key + "'");
+  }
   if (!found->is_array() || found->empty()) {
     return Problem(path, "expected a non-empty array of tensor descriptions");
   }
@@ -112,12 +114,14 @@ Result<std::vector<TensorSpec>> Tensors(const Json& manifest, const char* key) {
     }
     OROCHI_ASSIGN_OR_RETURN(std::string datatype, String(entry, at, "datatype", true));
     if (!ParseDataType(datatype, &spec.datatype)) {
-      std::string hint = datatype.rfind("UINT", 0) == 0
-                             ? " (UINT16, UINT32 and UINT64 have no engine dtype)"
-                             : "";
-      return Problem(at + ".datatype", "unknown datatype '" + datatype + "'" + hint +
-                                           "; expected BOOL, UINT8, INT8, INT16, INT32, INT64, "
-                                           "FP16, BF16, FP32, FP64 or BYTES");
+      std::string hint =
+          datatype.rfind("UINT", 0) == 0 ? " (UINT16, UINT32 and UINT64 have no engine dtype)" : "";
+      std::string message = "unknown datatype '" + datatype + "'";
+      message += hint;
+      message +=
+          "; expected BOOL, UINT8, INT8, INT16, INT32, INT64, FP16, BF16, FP32, FP64 or "
+          "BYTES";
+      return Problem(at + ".datatype", message);
     }
     auto shape = entry.find("shape");
     if (shape == entry.end()) return Problem(at, "missing required key 'shape'");
@@ -175,10 +179,10 @@ Result<Manifest> ParseManifest(std::string_view text) {
   Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return Problem("$", "not valid JSON");
   if (!json.is_object()) return Problem("$", "expected a JSON object, got " + TypeName(json));
-  OROCHI_RETURN_IF_ERROR(OnlyKeys(json, "$",
-                                  {"format_version", "name", "version", "entry", "description",
-                                   "inputs", "outputs", "max_batch_size", "instances", "device",
-                                   "parameters"}));
+  OROCHI_RETURN_IF_ERROR(
+      OnlyKeys(json, "$",
+               {"format_version", "name", "version", "entry", "description", "inputs", "outputs",
+                "max_batch_size", "instances", "device", "parameters"}));
   Manifest manifest;
   OROCHI_ASSIGN_OR_RETURN(std::optional<int64_t> format, Integer(json, "$", "format_version", 1));
   if (!format) return Problem("$", "missing required key 'format_version'");
@@ -217,7 +221,8 @@ Result<Manifest> ParseManifest(std::string_view text) {
                  (manifest.device[4] == ':' && manifest.device.size() > 5 &&
                   manifest.device.find_first_not_of("0123456789", 5) == std::string::npos));
     if (manifest.device != "cpu" && !cuda) {
-      return Problem("$.device", "expected 'cpu', 'cuda' or 'cuda:N', got '" + manifest.device + "'");
+      return Problem("$.device",
+                     "expected 'cpu', 'cuda' or 'cuda:N', got '" + manifest.device + "'");
     }
   }
   if (auto parameters = json.find("parameters"); parameters != json.end()) {
@@ -226,8 +231,8 @@ Result<Manifest> ParseManifest(std::string_view text) {
     }
     for (const auto& [key, value] : parameters->items()) {
       if (!value.is_string() && !value.is_number() && !value.is_boolean()) {
-        return Problem("$.parameters." + key, "expected a string, number or boolean, got " +
-                                                  TypeName(value));
+        return Problem("$.parameters." + key,
+                       "expected a string, number or boolean, got " + TypeName(value));
       }
     }
     manifest.parameters_json = parameters->dump();

@@ -59,8 +59,9 @@ Result<std::unique_ptr<Package>> Package::Open(const std::string& path,
         return failed(BadMember(name, "weights/ holds only *.safetensors files"));
       }
       if (!member.stored) {
-        return failed(BadMember(name, "weights must be stored uncompressed, so that they can be "
-                                      "memory-mapped from the package"));
+        return failed(BadMember(name,
+                                "weights must be stored uncompressed, so that they can be "
+                                "memory-mapped from the package"));
       }
       weights_members.push_back(&member);
     } else {
@@ -69,9 +70,9 @@ Result<std::unique_ptr<Package>> Package::Open(const std::string& path,
   }
   if (manifest_member == nullptr) return failed(InvalidArgument("no manifest.json"));
   if (manifest_member->size > limits.max_manifest_bytes) {
-    return failed(BadMember("manifest.json", "larger than the limit of " +
-                                                 std::to_string(limits.max_manifest_bytes) +
-                                                 " bytes"));
+    return failed(BadMember(
+        "manifest.json",
+        "larger than the limit of " + std::to_string(limits.max_manifest_bytes) + " bytes"));
   }
   Result<std::string> manifest_text = zip.Read(*manifest_member);
   if (!manifest_text.ok()) return failed(manifest_text.status());
@@ -102,8 +103,8 @@ Result<std::unique_ptr<Package>> Package::Open(const std::string& path,
     WeightsFile file{member->name, member->size, std::move(contents->tensors)};
     for (const auto& [name, tensor] : file.tensors) {
       if (!package->weights_.emplace(name, tensor).second) {
-        return failed(BadMember(member->name, "tensor '" + name +
-                                                  "' is also in another weights file"));
+        return failed(
+            BadMember(member->name, "tensor '" + name + "' is also in another weights file"));
       }
     }
     package->weights_files_.push_back(std::move(file));

@@ -27,7 +27,7 @@ constexpr size_t kEndSize = 22;
 constexpr uint16_t kUtf8Flag = 0x0800;
 constexpr uint16_t kMethodStored = 0;
 constexpr uint16_t kMethodDeflate = 8;
-constexpr uint64_t kRatioExemptBytes = 64 * 1024;
+constexpr uint64_t kRatioExemptBytes = uint64_t{64} << 10;
 constexpr uint16_t kDosDate1980 = (0 << 9) | (1 << 5) | 1;  // 1980-01-01, the earliest zip date
 constexpr uint16_t kAlignmentExtraId = 0xD935;              // padding, as zipalign writes it
 constexpr uint64_t kStoredAlignment = 64;
@@ -112,9 +112,11 @@ bool IsValidUtf8(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {
     auto lead = static_cast<unsigned char>(text[i]);
-    size_t length = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3
-                                  : (lead >> 3) == 0x1E  ? 4
-                                                         : 0;
+    size_t length = lead < 0x80           ? 1
+                    : (lead >> 5) == 0x6  ? 2
+                    : (lead >> 4) == 0xE  ? 3
+                    : (lead >> 3) == 0x1E ? 4
+                                          : 0;
     if (length == 0 || i + length > text.size()) return false;
     uint32_t code = length == 1 ? lead : lead & (0x7F >> length);
     for (size_t k = 1; k < length; ++k) {
@@ -132,7 +134,7 @@ bool IsValidUtf8(std::string_view text) {
 }
 
 Result<std::unique_ptr<ZipReader>> ZipReader::Open(const std::string& path,
-                                                  const ZipLimits& limits) {
+                                                   const ZipLimits& limits) {
   OROCHI_ASSIGN_OR_RETURN(engine::StoragePtr file, engine::Storage::MapFile(path));
   const std::byte* base = file->data();
   const uint64_t size = file->size();
@@ -158,8 +160,9 @@ Result<std::unique_ptr<ZipReader>> ZipReader::Open(const std::string& path,
   uint32_t directory_size = Read32(record + 12);
   uint32_t directory_offset = Read32(record + 16);
   if (entries == 0xFFFF || directory_size == 0xFFFFFFFF || directory_offset == 0xFFFFFFFF) {
-    return Bad("ZIP64 archives are not supported (packages are limited to 4 GiB and 65535 "
-               "members)");
+    return Bad(
+        "ZIP64 archives are not supported (packages are limited to 4 GiB and 65535 "
+        "members)");
   }
   if (disk != 0 || directory_disk != 0 || entries_here != entries) {
     return Bad("multi-disk (split) archives are not supported");
@@ -200,9 +203,9 @@ Result<std::unique_ptr<ZipReader>> ZipReader::Open(const std::string& path,
     member.name.assign(reinterpret_cast<const char*>(header + kCentralHeaderSize), name_length);
     const std::string& name = member.name;
     if (name_length > limits.max_name_bytes) {
-      return BadMember(name.substr(0, 64) + "...", "the name is longer than " +
-                                                       std::to_string(limits.max_name_bytes) +
-                                                       " bytes");
+      return BadMember(
+          name.substr(0, 64) + "...",
+          "the name is longer than " + std::to_string(limits.max_name_bytes) + " bytes");
     }
     if (std::string problem = PathProblem(name); !problem.empty()) {
       return BadMember(IsValidUtf8(name) ? name : "<non-UTF-8 name>", problem);
@@ -241,11 +244,12 @@ Result<std::unique_ptr<ZipReader>> ZipReader::Open(const std::string& path,
         (member.compressed_size == 0 ||
          static_cast<double>(member.size) / static_cast<double>(member.compressed_size) >
              limits.max_compression_ratio)) {
-      return BadMember(name, "compression ratio " +
-                                 std::to_string(member.size / std::max<uint64_t>(1, member.compressed_size)) +
-                                 ":1 is over the limit of " +
-                                 std::to_string(static_cast<int>(limits.max_compression_ratio)) +
-                                 ":1 (a zip bomb?)");
+      return BadMember(
+          name, "compression ratio " +
+                    std::to_string(member.size / std::max<uint64_t>(1, member.compressed_size)) +
+                    ":1 is over the limit of " +
+                    std::to_string(static_cast<int>(limits.max_compression_ratio)) +
+                    ":1 (a zip bomb?)");
     }
 
     // The local header must agree with the central directory.
@@ -262,8 +266,8 @@ Result<std::unique_ptr<ZipReader>> ZipReader::Open(const std::string& path,
       return BadMember(name, "its local header disagrees with the central directory");
     }
     member.header_offset = local_offset;
-    member.data_offset = uint64_t{local_offset} + kLocalHeaderSize + local_name_length +
-                         local_extra_length;
+    member.data_offset =
+        uint64_t{local_offset} + kLocalHeaderSize + local_name_length + local_extra_length;
     if (member.data_offset + member.compressed_size > directory_offset) {
       return BadMember(name, "its data runs past the central directory (truncated?)");
     }
@@ -277,9 +281,8 @@ Result<std::unique_ptr<ZipReader>> ZipReader::Open(const std::string& path,
   // Members must not share bytes: overlapping entries are another way to build a zip bomb.
   std::vector<const ZipMember*> by_offset;
   for (const ZipMember& member : reader->members_) by_offset.push_back(&member);
-  std::sort(by_offset.begin(), by_offset.end(), [](const ZipMember* a, const ZipMember* b) {
-    return a->data_offset < b->data_offset;
-  });
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const ZipMember* a, const ZipMember* b) { return a->data_offset < b->data_offset; });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const ZipMember& previous = *by_offset[i - 1];
     if (previous.data_offset + previous.compressed_size > by_offset[i]->header_offset) {
@@ -349,7 +352,8 @@ Status WriteZip(const std::string& path, const std::vector<ZipEntry>& entries) {
       return InvalidArgument("the package would need ZIP64 (over 4 GiB)");
     }
     const auto offset = static_cast<uint32_t>(archive.size());
-    const uint32_t crc = Crc32(reinterpret_cast<const std::byte*>(entry.data.data()), entry.data.size());
+    const uint32_t crc =
+        Crc32(reinterpret_cast<const std::byte*>(entry.data.data()), entry.data.size());
     const uint16_t method = entry.store ? kMethodStored : kMethodDeflate;
     std::string extra;
     if (entry.store) {

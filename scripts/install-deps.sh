@@ -16,6 +16,8 @@ packages=(
   libcli11-dev
   # the Python API of the engine, compiled into every copy
   pybind11-dev
+  # model packages: zip (deflate) and the manifest
+  zlib1g-dev
   # the tensor engine: BLAS for GEMM-shaped work
   libopenblas-dev nlohmann-json3-dev
   # tests and benchmarks

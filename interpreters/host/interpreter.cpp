@@ -36,7 +36,9 @@ Value FromAbiValue(const OrochiValue& value) {
     case OROCHI_VALUE_LIST: {
       ValueList list;
       list.items.reserve(value.item_count);
-      for (size_t i = 0; i < value.item_count; ++i) list.items.push_back(FromAbiValue(value.items[i]));
+      for (size_t i = 0; i < value.item_count; ++i) {
+        list.items.push_back(FromAbiValue(value.items[i]));
+      }
       return list;
     }
     default:

@@ -45,8 +45,7 @@ class ResourceReaders {
 
  private:
   std::mutex mutex_;
-  std::map<std::string, std::function<Result<std::string>(std::string_view)>, std::less<>>
-      readers_;
+  std::map<std::string, std::function<Result<std::string>(std::string_view)>, std::less<>> readers_;
 };
 
 Value ToValue(const NamedTensor& input) {

@@ -1,5 +1,7 @@
 // The zip reader and writer, the manifest schema and Package::Open, at the unit level. (The
 // hostile-archive suite drives the real binary: test_package_commands.py.)
+#include "orochi/packaging/package.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -7,7 +9,6 @@
 
 #include "orochi/engine/ops.h"
 #include "orochi/packaging/manifest.h"
-#include "orochi/packaging/package.h"
 #include "orochi/packaging/zip.h"
 #include "package_test_support.h"
 
@@ -49,12 +50,14 @@ TEST(Zip, LimitsAreSettings) {
   ASSERT_TRUE(WriteZip(directory / "a.zip", entries).ok());
   ZipLimits member_limit;
   member_limit.max_member_bytes = 4096;
-  EXPECT_THAT(ZipReader::Open(directory / "a.zip", member_limit).status().message(),
-              HasSubstr("member 'big.bin': uncompressed size 5000 bytes is over the limit of 4096"));
+  EXPECT_THAT(
+      ZipReader::Open(directory / "a.zip", member_limit).status().message(),
+      HasSubstr("member 'big.bin': uncompressed size 5000 bytes is over the limit of 4096"));
   ZipLimits total_limit;
   total_limit.max_total_bytes = 8000;
-  EXPECT_THAT(ZipReader::Open(directory / "a.zip", total_limit).status().message(),
-              HasSubstr("member 'more.bin': the members' total uncompressed size passes the limit"));
+  EXPECT_THAT(
+      ZipReader::Open(directory / "a.zip", total_limit).status().message(),
+      HasSubstr("member 'more.bin': the members' total uncompressed size passes the limit"));
   ZipLimits count_limit;
   count_limit.max_members = 1;
   EXPECT_THAT(ZipReader::Open(directory / "a.zip", count_limit).status().message(),
@@ -122,12 +125,14 @@ TEST(Manifest, EachProblemIsReportedWithItsJsonPath) {
       {"{" + base + R"("inputs": [{"name": "x", "datatype": "FP32", "shape": [1, "2"]}], )" +
            io.substr(io.find("\"outputs\"")) + "}",
        "$.inputs[0].shape[1]: expected an integer >= 1 or -1, got \"2\""},
-      {"{" + base + R"("inputs": [{"name": "x", "datatype": "FP32", "shape": [1]}, )"
-                    R"({"name": "x", "datatype": "FP32", "shape": [1]}], )" +
+      {"{" + base +
+           R"("inputs": [{"name": "x", "datatype": "FP32", "shape": [1]}, )"
+           R"({"name": "x", "datatype": "FP32", "shape": [1]}], )" +
            io.substr(io.find("\"outputs\"")) + "}",
        "$.inputs[1].name: duplicate tensor name 'x'"},
       {"{" + base + io + R"(, "device": "tpu"})", "$.device: expected 'cpu', 'cuda' or 'cuda:N'"},
-      {"{" + base + io + R"(, "max_batch_size": -1})", "$.max_batch_size: expected an integer >= 0"},
+      {"{" + base + io + R"(, "max_batch_size": -1})",
+       "$.max_batch_size: expected an integer >= 0"},
       {"{" + base + io + R"(, "parameters": {"k": [1]}})",
        "$.parameters.k: expected a string, number or boolean, got array"},
   };

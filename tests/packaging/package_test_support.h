@@ -50,10 +50,10 @@ inline std::string SafetensorsBytes(const std::map<std::string, engine::Tensor>&
 }
 
 inline std::string ManifestJson(const std::string& name, const std::string& inputs,
-                            const std::string& outputs, const std::string& extra = "") {
+                                const std::string& outputs, const std::string& extra = "") {
   return R"({"format_version": 1, "name": ")" + name +
-         R"(", "version": 1, "entry": "model:Model", "inputs": )" + inputs +
-         R"(, "outputs": )" + outputs + extra + "}";
+         R"(", "version": 1, "entry": "model:Model", "inputs": )" + inputs + R"(, "outputs": )" +
+         outputs + extra + "}";
 }
 
 // Writes a package from (member name -> bytes); weights/ members are stored.

@@ -56,7 +56,8 @@ class Model:
        {"code/model.py", model},
        {"code/utils/__init__.py", "NAME = '" + name + "'\n"},
        {"code/utils/helpers.py", "FACTOR = " + std::to_string(factor) + "\n"},
-       {"weights/w.safetensors", SafetensorsBytes({{"scale", engine::Scalar(1, engine::DType::kFloat32)}}, directory)}});
+       {"weights/w.safetensors",
+        SafetensorsBytes({{"scale", engine::Scalar(1, engine::DType::kFloat32)}}, directory)}});
 }
 
 interpreters::ModelSource SourceOf(const std::shared_ptr<Package>& package) {
@@ -84,7 +85,8 @@ std::unique_ptr<InterpreterManager> Manager(size_t copies) {
 }
 
 std::vector<NamedTensor> Input(std::vector<float> values) {
-  engine::Tensor x = engine::Tensor::Empty({static_cast<int64_t>(values.size())}, engine::DType::kFloat32);
+  engine::Tensor x =
+      engine::Tensor::Empty({static_cast<int64_t>(values.size())}, engine::DType::kFloat32);
   std::copy(values.begin(), values.end(), x.mutable_data_as<float>());
   return {{"x", x}};
 }
@@ -96,8 +98,10 @@ const engine::Tensor& Output(const std::vector<NamedTensor>& outputs, size_t i) 
 TEST(ReplicatedModel, PackagesWithClashingModuleNamesShareACopy) {
   TempDir directory;
   auto manager = Manager(1);
-  auto alpha = ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "alpha", 2))));
-  auto beta = ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "beta", 3))));
+  auto alpha =
+      ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "alpha", 2))));
+  auto beta =
+      ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "beta", 3))));
   ASSERT_TRUE(alpha.ok()) << alpha.status().ToString() << alpha.status().detail();
   ASSERT_TRUE(beta.ok()) << beta.status().ToString() << beta.status().detail();
   for (int round = 0; round < 3; ++round) {
@@ -115,7 +119,8 @@ TEST(ReplicatedModel, PackagesWithClashingModuleNamesShareACopy) {
 TEST(ReplicatedModel, EightThreadsOverFourCopiesAllGetTheirOwnAnswers) {
   TempDir directory;
   auto manager = Manager(4);
-  auto model = ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "m", 2))));
+  auto model =
+      ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "m", 2))));
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   EXPECT_EQ((*model)->slots().size(), 4U);
   std::atomic<int> wrong{0};
@@ -143,14 +148,17 @@ TEST(ReplicatedModel, EightThreadsOverFourCopiesAllGetTheirOwnAnswers) {
 TEST(ReplicatedModel, AnExceptionInPredictComesBackWithItsTracebackAndTheCopyKeepsServing) {
   TempDir directory;
   auto manager = Manager(1);
-  auto model = ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "m", 2))));
+  auto model =
+      ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "m", 2))));
   ASSERT_TRUE(model.ok());
   auto failed = (*model)->Predict(Input({-1}));
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.status().code(), StatusCode::kPythonError);
   EXPECT_THAT(failed.status().message(), HasSubstr("ValueError: negative input for m"));
-  EXPECT_THAT(failed.status().detail(), HasSubstr("<package m:1>/code/model.py\", line 14, in predict"));
-  EXPECT_THAT(failed.status().detail(), HasSubstr("raise ValueError(\"negative input for \" + NAME)"));
+  EXPECT_THAT(failed.status().detail(),
+              HasSubstr("<package m:1>/code/model.py\", line 14, in predict"));
+  EXPECT_THAT(failed.status().detail(),
+              HasSubstr("raise ValueError(\"negative input for \" + NAME)"));
   auto served = (*model)->Predict(Input({5}));
   ASSERT_TRUE(served.ok());
   EXPECT_EQ(Output(*served, 0).data_as<float>()[0], 10.0F);
@@ -159,13 +167,16 @@ TEST(ReplicatedModel, AnExceptionInPredictComesBackWithItsTracebackAndTheCopyKee
 TEST(ReplicatedModel, InputsAndOutputsAreCheckedAgainstTheManifest) {
   TempDir directory;
   auto manager = Manager(1);
-  auto model = ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "m", 2))));
+  auto model =
+      ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "m", 2))));
   ASSERT_TRUE(model.ok());
   auto wrong_dtype = (*model)->Predict({{"x", engine::Ones({2}, engine::DType::kInt64)}});
   EXPECT_EQ(wrong_dtype.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(wrong_dtype.status().message(), HasSubstr("input 'x' is orochi.int64, but the model expects FP32"));
+  EXPECT_THAT(wrong_dtype.status().message(),
+              HasSubstr("input 'x' is orochi.int64, but the model expects FP32"));
   auto wrong_rank = (*model)->Predict({{"x", engine::Ones({2, 2})}});
-  EXPECT_THAT(wrong_rank.status().message(), HasSubstr("input 'x' has shape [2, 2], but the manifest declares [-1]"));
+  EXPECT_THAT(wrong_rank.status().message(),
+              HasSubstr("input 'x' has shape [2, 2], but the manifest declares [-1]"));
   auto unknown = (*model)->Predict({{"z", engine::Ones({2})}});
   EXPECT_THAT(unknown.status().message(), HasSubstr("unknown input 'z'"));
 }
@@ -181,7 +192,10 @@ TEST(ReplicatedModel, LoadErrorsCarryTheTracebackAndLeaveNothingLoaded) {
   EXPECT_THAT(model.status().message(), HasSubstr("loading model bad:1 in interpreter copy"));
   EXPECT_THAT(model.status().message(), HasSubstr("No module named 'no_such_module'"));
   auto lease = manager->Acquire();
-  EXPECT_EQ(std::get<interpreters::ValueList>(*lease->Eval("__import__('orochi.serving').serving._loaded_keys()")).items.size(), 0U);
+  EXPECT_EQ(std::get<interpreters::ValueList>(
+                *lease->Eval("__import__('orochi.serving').serving._loaded_keys()"))
+                .items.size(),
+            0U);
 }
 
 TEST(ReplicatedModel, UnloadFreesThePythonObjectsAndTheWeightsWithTheLastUser) {
@@ -214,25 +228,25 @@ long ResidentBytes() {
 }
 
 TEST(ReplicatedModel, TwoHundredMegabytesOfWeightsInEightCopiesAreResidentOnce) {
-  constexpr int64_t kFloats = 50'000'000;  // 200 MB of float32
+  constexpr int64_t kFloats = 50'000'000;        // 200 MB of float32
   constexpr long kPerCopyAllowance = 40L << 20;  // a copy with orochi and the model imported
   TempDir directory;
   auto manager = Manager(8);
   const long before = ResidentBytes();
   {
     engine::Tensor big = engine::Full({kFloats}, 0.5);
-    std::string manifest = ManifestJson("big", kScaleIo,
-                                    R"([{"name": "y", "datatype": "FP64", "shape": [1]}])");
-    std::string path = WritePackage(
-        directory, "big.orochi",
-        {{"manifest.json", manifest},
-         {"code/model.py",
-          "class Model:\n"
-          "    def __init__(self, context):\n"
-          "        self.w = context.weights['w']\n"
-          "    def predict(self, inputs):\n"
-          "        return {'y': [float(self.w.double().sum())]}\n"},
-         {"weights/w.safetensors", SafetensorsBytes({{"w", big}}, directory)}});
+    std::string manifest =
+        ManifestJson("big", kScaleIo, R"([{"name": "y", "datatype": "FP64", "shape": [1]}])");
+    std::string path =
+        WritePackage(directory, "big.orochi",
+                     {{"manifest.json", manifest},
+                      {"code/model.py",
+                       "class Model:\n"
+                       "    def __init__(self, context):\n"
+                       "        self.w = context.weights['w']\n"
+                       "    def predict(self, inputs):\n"
+                       "        return {'y': [float(self.w.double().sum())]}\n"},
+                      {"weights/w.safetensors", SafetensorsBytes({{"w", big}}, directory)}});
   }
   const long after_writing = ResidentBytes();
   std::shared_ptr<Package> package = OpenPackage(directory / "big.orochi");
@@ -249,9 +263,10 @@ TEST(ReplicatedModel, TwoHundredMegabytesOfWeightsInEightCopiesAreResidentOnce) 
   for (std::thread& caller : callers) caller.join();
   const long growth = ResidentBytes() - std::max(before, after_writing);
   const long weights = kFloats * 4;
-  std::printf("RSS growth with 200 MB of weights in 8 copies: %ld MB (weights %ld MB, 8x would "
-              "be %ld MB)\n",
-              growth >> 20, weights >> 20, (8 * weights) >> 20);
+  std::printf(
+      "RSS growth with 200 MB of weights in 8 copies: %ld MB (weights %ld MB, 8x would "
+      "be %ld MB)\n",
+      growth >> 20, weights >> 20, (8 * weights) >> 20);
   EXPECT_LT(growth, weights + 8 * kPerCopyAllowance);
   EXPECT_LT(growth, 3 * weights);
 }

@@ -53,16 +53,16 @@ struct TensorSpec {
 
 struct Manifest {
   int format_version = kManifestFormatVersion;
-  std::string name;      // [A-Za-z0-9][A-Za-z0-9_.-]*, at most 128 bytes
-  int64_t version = 1;   // >= 1
+  std::string name;          // [A-Za-z0-9][A-Za-z0-9_.-]*, at most 128 bytes
+  int64_t version = 1;       // >= 1
   std::string entry_module;  // dotted module path under code/
   std::string entry_class;   // (possibly dotted) attribute of that module
   std::string description;
-  std::vector<TensorSpec> inputs;   // at least one
-  std::vector<TensorSpec> outputs;  // at least one
-  int64_t max_batch_size = 0;       // 0: no batching
-  std::optional<int64_t> instances;  // copies to load into; every copy when absent
-  std::string device = "cpu";        // "cpu", "cuda" or "cuda:N"
+  std::vector<TensorSpec> inputs;      // at least one
+  std::vector<TensorSpec> outputs;     // at least one
+  int64_t max_batch_size = 0;          // 0: no batching
+  std::optional<int64_t> instances;    // copies to load into; every copy when absent
+  std::string device = "cpu";          // "cpu", "cuda" or "cuda:N"
   std::string parameters_json = "{}";  // default parameters: a JSON object
   std::string json;                    // the whole manifest, as parsed
 };

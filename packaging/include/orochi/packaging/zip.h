@@ -36,9 +36,9 @@ struct ZipLimits {
 
 struct ZipMember {
   std::string name;
-  bool stored = false;       // method 0; otherwise deflate
+  bool stored = false;  // method 0; otherwise deflate
   uint64_t compressed_size = 0;
-  uint64_t size = 0;         // uncompressed
+  uint64_t size = 0;  // uncompressed
   uint32_t crc32 = 0;
   uint64_t header_offset = 0;  // of the member's local header in the file
   uint64_t data_offset = 0;    // of the (compressed) data in the file
