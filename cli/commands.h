@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,20 @@ int InspectCommand(const InspectOptions& options);
 // `orochi run FILE --input NAME=JSON ...`: loads the package into private copies, runs
 // predict() once and prints the outputs as a KServe v2 style JSON response.
 int RunCommand(const RunOptions& options);
+
+struct ServeOptions {
+  std::string config_path;
+  std::string model_repository;
+  std::vector<std::string> load_models;
+  std::optional<int> http_port;
+  std::optional<int> metrics_port;
+  std::string bind_address;
+  std::optional<int> copies;
+  std::string log_format;
+  std::string log_level;
+};
+// `orochi serve`: the inference server until SIGTERM/SIGINT.
+int ServeCommand(const ServeOptions& options);
 
 // A package as the interpreters' model source (the package stays alive for resource reads).
 interpreters::ModelSource ModelSourceFrom(const std::shared_ptr<const packaging::Package>& package,

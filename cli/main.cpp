@@ -50,12 +50,30 @@ int Main(int argc, char** argv) {
   run->add_option("--copies", run_options.copies, "interpreter copies to load the model into")
       ->check(CLI::Range(1, 256));
 
+  orochi::cli::ServeOptions serve_options;
+  CLI::App* serve = app.add_subcommand("serve", "Serve models over KServe v2 HTTP");
+  serve->add_option("--config", serve_options.config_path, "a config file (see config/orochi.json)");
+  serve->add_option("--model-repository", serve_options.model_repository,
+                    "the model repository: DIR/<name>/<version>/model.orochi");
+  serve->add_option("--load-model", serve_options.load_models,
+                    "a model to load at startup (repeatable; '*' for all, the default)");
+  serve->add_option("--http-port", serve_options.http_port, "inference port (default 8000)");
+  serve->add_option("--metrics-port", serve_options.metrics_port, "metrics port (default 8002)");
+  serve->add_option("--bind", serve_options.bind_address, "address to listen on (default 0.0.0.0)");
+  serve->add_option("--copies", serve_options.copies, "interpreter copies (default: one per core)")
+      ->check(CLI::Range(1, 1024));
+  serve->add_option("--log-format", serve_options.log_format, "text or json")
+      ->check(CLI::IsMember({"text", "json"}));
+  serve->add_option("--log-level", serve_options.log_level, "debug, info, warning or error")
+      ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
+
   CLI11_PARSE(app, argc, argv);
 
   if (python->parsed()) return orochi::cli::RunPythonCommand(python->remaining());
   if (pack->parsed()) return orochi::cli::PackCommand(pack_options);
   if (inspect->parsed()) return orochi::cli::InspectCommand(inspect_options);
   if (run->parsed()) return orochi::cli::RunCommand(run_options);
+  if (serve->parsed()) return orochi::cli::ServeCommand(serve_options);
   return 2;
 }
 

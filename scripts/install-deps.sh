@@ -18,6 +18,8 @@ packages=(
   pybind11-dev
   # model packages: zip (deflate) and the manifest
   zlib1g-dev
+  # the server: Boost.Beast/Asio (1.81), Prometheus metrics; promtool and wrk for tests and bench
+  libboost1.81-dev prometheus-cpp-dev prometheus wrk
   # the tensor engine: BLAS for GEMM-shaped work
   libopenblas-dev nlohmann-json3-dev
   # tests and benchmarks

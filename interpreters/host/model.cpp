@@ -161,12 +161,17 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
 
 Result<std::vector<NamedTensor>> ReplicatedModel::Predict(const std::vector<NamedTensor>& inputs) {
   if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
+  InterpreterManager::Lease lease = manager_.AcquireAnyOf(slots_);
+  return PredictIn(*lease, inputs);
+}
+
+Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(Interpreter& copy,
+                                                            const std::vector<NamedTensor>& inputs) {
+  if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
   ValueList arguments;
   for (const NamedTensor& input : inputs) arguments.items.push_back(ToValue(input));
   const std::vector<Value> call{key_, std::move(arguments)};
-  InterpreterManager::Lease lease = manager_.AcquireAnyOf(slots_);
-  if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
-  Result<Value> outputs = lease->Call("orochi.serving:_predict", call);
+  Result<Value> outputs = copy.Call("orochi.serving:_predict", call);
   if (!outputs.ok()) {
     const Status& error = outputs.status();
     if (error.code() == StatusCode::kPythonError &&

@@ -70,6 +70,11 @@ class ReplicatedModel {
   // kUnavailable once unloaded.
   Result<std::vector<NamedTensor>> Predict(const std::vector<NamedTensor>& inputs);
 
+  // Runs predict() in `copy`, which the caller holds through a Lease on one of slots(). For
+  // schedulers that give each copy its own worker thread.
+  Result<std::vector<NamedTensor>> PredictIn(Interpreter& copy,
+                                             const std::vector<NamedTensor>& inputs);
+
   // Unloads the model from every copy, freeing its Python objects; weights are released when
   // the last tensor viewing them goes. Idempotent.
   Status Unload();

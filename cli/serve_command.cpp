@@ -1,0 +1,41 @@
+// `orochi serve`: configuration from a file (config/orochi.json documents it) and flags, then
+// the server until SIGTERM or SIGINT.
+#include <cstdio>
+
+#include "commands.h"
+#include "orochi/server/server.h"
+
+namespace orochi::cli {
+
+int ServeCommand(const ServeOptions& options) {
+  server::ServerConfig config;
+  if (!options.config_path.empty()) {
+    Result<server::ServerConfig> loaded = server::LoadServerConfig(options.config_path);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "orochi serve: %s\n", loaded.status().message().c_str());
+      return 2;
+    }
+    config = std::move(loaded).value();
+  }
+  // Flags override the file.
+  if (!options.model_repository.empty()) config.models.repository = options.model_repository;
+  if (!options.load_models.empty()) config.models.load = options.load_models;
+  if (options.http_port) config.http.inference_port = *options.http_port;
+  if (options.metrics_port) config.http.metrics_port = *options.metrics_port;
+  if (!options.bind_address.empty()) config.http.bind_address = options.bind_address;
+  if (options.copies) config.copies = *options.copies;
+  if (!options.log_format.empty()) config.log.format = options.log_format;
+  if (!options.log_level.empty()) config.log.level = options.log_level;
+
+  Result<std::unique_ptr<server::Server>> started = server::Server::Start(std::move(config));
+  if (!started.ok()) {
+    std::fprintf(stderr, "orochi serve: %s\n", started.status().message().c_str());
+    if (!started.status().detail().empty()) {
+      std::fprintf(stderr, "%s", started.status().detail().c_str());
+    }
+    return 1;
+  }
+  return (*started)->Run();
+}
+
+}  // namespace orochi::cli

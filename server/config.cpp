@@ -1,0 +1,166 @@
+#include "orochi/server/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace orochi::server {
+namespace {
+
+using Json = nlohmann::json;
+
+Status Problem(const std::string& path, const std::string& message) {
+  return InvalidArgument("config: " + path + ": " + message);
+}
+
+// Reads the keys of one JSON object into fields, refusing unknown keys.
+class ObjectReader {
+ public:
+  ObjectReader(const Json& object, std::string path) : object_(object), path_(std::move(path)) {}
+
+  Status Check(std::initializer_list<const char*> known) const {
+    if (!object_.is_object()) return Problem(path_, "expected an object, got " + std::string(object_.type_name()));
+    for (const auto& [key, value] : object_.items()) {
+      bool found = false;
+      for (const char* name : known) found = found || key == name;
+      if (!found) return Problem(path_ + "." + key, "unknown key");
+    }
+    return Status::Ok();
+  }
+
+  template <typename Int>
+  Status Integer(const char* key, Int* field, int64_t minimum, int64_t maximum) const {
+    auto found = object_.find(key);
+    if (found == object_.end()) return Status::Ok();
+    if (!found->is_number_integer() || found->get<int64_t>() < minimum ||
+        found->get<int64_t>() > maximum) {
+      return Problem(path_ + "." + key, "expected an integer from " + std::to_string(minimum) +
+                                            " to " + std::to_string(maximum) + ", got " +
+                                            found->dump());
+    }
+    *field = static_cast<Int>(found->get<int64_t>());
+    return Status::Ok();
+  }
+
+  Status String(const char* key, std::string* field,
+                std::initializer_list<const char*> choices = {}) const {
+    auto found = object_.find(key);
+    if (found == object_.end()) return Status::Ok();
+    if (!found->is_string()) return Problem(path_ + "." + key, "expected a string, got " + found->dump());
+    std::string value = found->get<std::string>();
+    if (choices.size() > 0) {
+      bool allowed = false;
+      std::string list;
+      for (const char* choice : choices) {
+        allowed = allowed || value == choice;
+        list += (list.empty() ? "" : ", ") + std::string(choice);
+      }
+      if (!allowed) return Problem(path_ + "." + key, "expected one of " + list + ", got '" + value + "'");
+    }
+    *field = std::move(value);
+    return Status::Ok();
+  }
+
+  Status Strings(const char* key, std::vector<std::string>* field) const {
+    auto found = object_.find(key);
+    if (found == object_.end()) return Status::Ok();
+    if (!found->is_array()) return Problem(path_ + "." + key, "expected an array of strings");
+    field->clear();
+    for (const Json& item : *found) {
+      if (!item.is_string()) return Problem(path_ + "." + key, "expected an array of strings");
+      field->push_back(item.get<std::string>());
+    }
+    return Status::Ok();
+  }
+
+  Status Integers(const char* key, std::vector<int64_t>* field, int64_t minimum) const {
+    auto found = object_.find(key);
+    if (found == object_.end()) return Status::Ok();
+    if (!found->is_array()) return Problem(path_ + "." + key, "expected an array of integers");
+    field->clear();
+    for (const Json& item : *found) {
+      if (!item.is_number_integer() || item.get<int64_t>() < minimum) {
+        return Problem(path_ + "." + key, "expected integers >= " + std::to_string(minimum));
+      }
+      field->push_back(item.get<int64_t>());
+    }
+    return Status::Ok();
+  }
+
+  ObjectReader Child(const char* key) const {
+    static const Json kEmpty = Json::object();
+    auto found = object_.find(key);
+    return {found == object_.end() ? kEmpty : *found, path_ + "." + key};
+  }
+
+ private:
+  const Json& object_;
+  std::string path_;
+};
+
+}  // namespace
+
+Result<ServerConfig> ParseServerConfig(std::string_view text) {
+  Json json = Json::parse(text.begin(), text.end(), nullptr, false);
+  if (json.is_discarded()) return Problem("$", "not valid JSON");
+  ServerConfig config;
+  ObjectReader root(json, "$");
+  OROCHI_RETURN_IF_ERROR(root.Check({"http", "models", "log", "copies", "$schema", "_comment"}));
+  OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
+
+  ObjectReader http = root.Child("http");
+  OROCHI_RETURN_IF_ERROR(http.Check({"bind_address", "inference_port", "metrics_port",
+                                     "io_threads", "max_header_bytes", "max_body_bytes",
+                                     "max_json_depth", "idle_timeout_s", "shutdown_grace_s"}));
+  OROCHI_RETURN_IF_ERROR(http.String("bind_address", &config.http.bind_address));
+  OROCHI_RETURN_IF_ERROR(http.Integer("inference_port", &config.http.inference_port, 0, 65535));
+  OROCHI_RETURN_IF_ERROR(http.Integer("metrics_port", &config.http.metrics_port, 0, 65535));
+  OROCHI_RETURN_IF_ERROR(http.Integer("io_threads", &config.http.io_threads, 1, 256));
+  OROCHI_RETURN_IF_ERROR(http.Integer("max_header_bytes", &config.http.max_header_bytes, 1024, int64_t{1} << 30));
+  OROCHI_RETURN_IF_ERROR(http.Integer("max_body_bytes", &config.http.max_body_bytes, 1024, int64_t{1} << 40));
+  OROCHI_RETURN_IF_ERROR(http.Integer("max_json_depth", &config.http.max_json_depth, 2, 10000));
+  OROCHI_RETURN_IF_ERROR(http.Integer("idle_timeout_s", &config.http.idle_timeout_s, 1, 86400));
+  OROCHI_RETURN_IF_ERROR(http.Integer("shutdown_grace_s", &config.http.shutdown_grace_s, 0, 3600));
+
+  ObjectReader models = root.Child("models");
+  OROCHI_RETURN_IF_ERROR(models.Check({"repository", "load", "max_queue_size", "default_timeout_ms",
+                                       "execution_grace_ms", "max_queue_delay_us",
+                                       "preferred_batch_sizes"}));
+  OROCHI_RETURN_IF_ERROR(models.String("repository", &config.models.repository));
+  OROCHI_RETURN_IF_ERROR(models.Strings("load", &config.models.load));
+  OROCHI_RETURN_IF_ERROR(models.Integer("max_queue_size", &config.models.max_queue_size, 1, int64_t{1} << 30));
+  OROCHI_RETURN_IF_ERROR(models.Integer("default_timeout_ms", &config.models.default_timeout_ms, 0, int64_t{1} << 40));
+  OROCHI_RETURN_IF_ERROR(models.Integer("execution_grace_ms", &config.models.execution_grace_ms, 0, int64_t{1} << 40));
+  OROCHI_RETURN_IF_ERROR(models.Integer("max_queue_delay_us", &config.models.max_queue_delay_us, 0, int64_t{1} << 40));
+  OROCHI_RETURN_IF_ERROR(models.Integers("preferred_batch_sizes", &config.models.preferred_batch_sizes, 1));
+
+  ObjectReader log = root.Child("log");
+  OROCHI_RETURN_IF_ERROR(log.Check({"level", "format"}));
+  OROCHI_RETURN_IF_ERROR(log.String("level", &config.log.level, {"debug", "info", "warning", "error"}));
+  OROCHI_RETURN_IF_ERROR(log.String("format", &config.log.format, {"text", "json"}));
+  OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config));
+  return config;
+}
+
+Result<ServerConfig> LoadServerConfig(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return NotFound("cannot read config file " + path);
+  std::ostringstream text;
+  text << file.rdbuf();
+  Result<ServerConfig> config = ParseServerConfig(text.str());
+  if (!config.ok()) return Status(config.status().code(), path + ": " + config.status().message());
+  return config;
+}
+
+Status ValidateServerConfig(const ServerConfig& config) {
+  if (config.http.inference_port != 0 && config.http.inference_port == config.http.metrics_port) {
+    return Problem("$.http.metrics_port", "must differ from inference_port (" +
+                                              std::to_string(config.http.inference_port) + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace orochi::server

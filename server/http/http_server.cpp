@@ -1,0 +1,176 @@
+#include "http_server.h"
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/version.hpp>
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <utility>
+
+namespace orochi::server::http {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = asio::ip::tcp;
+
+constexpr const char* kServerName = "orochi";
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, const Limits& limits, const Handler& handler,
+          std::shared_ptr<std::atomic<int64_t>> in_flight)
+      : stream_(std::move(socket)), limits_(limits), handler_(handler),
+        in_flight_(std::move(in_flight)) {}
+
+  void Start() {
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
+  }
+
+ private:
+  void Read() {
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
+    parser_->body_limit(limits_.max_body_bytes);
+    stream_.expires_after(limits_.idle_timeout);
+    bhttp::async_read(stream_, buffer_, *parser_,
+                      [self = shared_from_this()](beast::error_code error, size_t) {
+                        self->OnRead(error);
+                      });
+  }
+
+  void OnRead(beast::error_code error) {
+    if (error == bhttp::error::end_of_stream || error == beast::error::timeout ||
+        error == asio::error::operation_aborted || error == asio::error::connection_reset ||
+        error == asio::error::eof) {
+      Close();
+      return;
+    }
+    if (error) {
+      // The request cannot be read to its end: answer and close, the stream is out of sync.
+      unsigned status = 400;
+      std::string message = "malformed HTTP request: " + error.message();
+      if (error == bhttp::error::body_limit) {
+        status = 413;
+        message = "the request body is larger than the limit of " +
+                  std::to_string(limits_.max_body_bytes) + " bytes";
+      } else if (error == bhttp::error::header_limit) {
+        status = 431;
+        message = "the request header is larger than the limit of " +
+                  std::to_string(limits_.max_header_bytes) + " bytes";
+      }
+      keep_alive_ = false;
+      in_flight_->fetch_add(1);
+      Write(ErrorResponse(status, message));
+      return;
+    }
+    Request request = parser_->release();
+    keep_alive_ = request.keep_alive();
+    version_ = request.version();
+    in_flight_->fetch_add(1);
+    stream_.expires_never();  // the handler may take as long as the model needs
+    auto executor = stream_.get_executor();
+    std::weak_ptr<Session> weak = weak_from_this();
+    auto answered = std::make_shared<std::atomic<bool>>(false);
+    handler_(std::move(request), [self = shared_from_this(), answered](Response response) {
+      if (answered->exchange(true)) return;  // a handler bug must not write twice
+      asio::dispatch(self->stream_.get_executor(),
+                     [self, response = std::move(response)]() mutable {
+                       self->Write(std::move(response));
+                     });
+    });
+  }
+
+  void Write(Response response) {
+    response.version(version_);
+    response.set(bhttp::field::server, kServerName);
+    response.keep_alive(keep_alive_);
+    response.prepare_payload();
+    auto shared = std::make_shared<Response>(std::move(response));
+    stream_.expires_after(limits_.idle_timeout);
+    bhttp::async_write(stream_, *shared,
+                       [self = shared_from_this(), shared](beast::error_code error, size_t) {
+                         self->in_flight_->fetch_sub(1);
+                         if (error || !self->keep_alive_) {
+                           self->Close();
+                           return;
+                         }
+                         self->Read();
+                       });
+  }
+
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.close();
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  const Limits& limits_;
+  const Handler& handler_;
+  std::shared_ptr<std::atomic<int64_t>> in_flight_;
+  bool keep_alive_ = true;
+  unsigned version_ = 11;
+};
+
+}  // namespace
+
+Response JsonResponse(unsigned status, std::string body) {
+  Response response{static_cast<bhttp::status>(status), 11};
+  response.set(bhttp::field::content_type, "application/json");
+  response.body() = std::move(body);
+  return response;
+}
+
+Response ErrorResponse(unsigned status, const std::string& message) {
+  return JsonResponse(status, nlohmann::json{{"error", message}}.dump(
+                                  -1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+HttpServer::HttpServer(asio::io_context& io, Limits limits, Handler handler)
+    : io_(io), limits_(limits), handler_(std::move(handler)), acceptor_(asio::make_strand(io)) {}
+
+HttpServer::~HttpServer() = default;  // the owner stops the io_context first
+
+Status HttpServer::Listen(const std::string& address, int port) {
+  beast::error_code error;
+  auto ip = asio::ip::make_address(address, error);
+  if (error) return InvalidArgument("'" + address + "' is not an IP address");
+  tcp::endpoint endpoint(ip, static_cast<unsigned short>(port));
+  acceptor_.open(endpoint.protocol(), error);
+  if (!error) acceptor_.set_option(asio::socket_base::reuse_address(true), error);
+  if (!error) acceptor_.bind(endpoint, error);
+  if (!error) acceptor_.listen(asio::socket_base::max_listen_connections, error);
+  if (error) {
+    return Unavailable("cannot listen on " + address + ":" + std::to_string(port) + ": " +
+                       error.message());
+  }
+  port_ = acceptor_.local_endpoint().port();
+  Accept();
+  return Status::Ok();
+}
+
+void HttpServer::StopAccepting() {
+  asio::dispatch(acceptor_.get_executor(), [this] {
+    beast::error_code ignored;
+    acceptor_.close(ignored);
+  });
+}
+
+void HttpServer::Accept() {
+  acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code error, tcp::socket socket) {
+    if (error == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (!error) {
+      socket.set_option(tcp::no_delay(true), error);
+      std::make_shared<Session>(std::move(socket), limits_, handler_, in_flight_)->Start();
+    }
+    Accept();
+  });
+}
+
+}  // namespace orochi::server::http

@@ -1,0 +1,67 @@
+// The HTTP transport: accepts connections and turns bytes into requests and responses
+// (Boost.Beast on Asio). It knows nothing of what the requests mean; a Handler does.
+//
+// HTTP/1.1 with keep-alive; requests on one connection are answered in order (pipelined
+// requests wait in the read buffer). Limits on header size, body size and idle time are
+// answered with 431, 413 and a closed connection, each with a JSON error body.
+//
+// Thread-safety: the server runs on the io_context's threads; a Responder may be called from
+// any thread, once.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/http.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "orochi/base/status.h"
+
+namespace orochi::server::http {
+
+using Request = boost::beast::http::request<boost::beast::http::string_body>;
+using Response = boost::beast::http::response<boost::beast::http::string_body>;
+using Responder = std::function<void(Response)>;
+using Handler = std::function<void(Request&& request, Responder respond)>;
+
+struct Limits {
+  size_t max_header_bytes = 16 * 1024;
+  uint64_t max_body_bytes = 64 * 1024 * 1024;
+  std::chrono::seconds idle_timeout{60};
+};
+
+// A response with a JSON body `{"error": message}`, as KServe v2 clients expect.
+Response ErrorResponse(unsigned status, const std::string& message);
+Response JsonResponse(unsigned status, std::string body);
+
+class HttpServer {
+ public:
+  HttpServer(boost::asio::io_context& io, Limits limits, Handler handler);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds and starts accepting. Port 0 picks a free port (see port()).
+  Status Listen(const std::string& address, int port);
+  int port() const { return port_; }
+  // Stops accepting new connections; requests in flight are still answered.
+  void StopAccepting();
+  // Requests read and not yet answered.
+  int64_t in_flight() const { return in_flight_->load(); }
+
+ private:
+  void Accept();
+
+  boost::asio::io_context& io_;
+  Limits limits_;
+  Handler handler_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  int port_ = 0;
+  std::shared_ptr<std::atomic<int64_t>> in_flight_ = std::make_shared<std::atomic<int64_t>>(0);
+};
+
+}  // namespace orochi::server::http

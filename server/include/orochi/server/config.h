@@ -1,0 +1,56 @@
+// The server's configuration: config/orochi.json documents every key and its default.
+//
+// LoadServerConfig reads a JSON file whose keys mirror these structs; every key is optional,
+// unknown keys are errors, and a bad value is reported with its JSON path
+// ("config: $.http.max_body_bytes: expected an integer >= 1024, got 12").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "orochi/base/status.h"
+
+namespace orochi::server {
+
+struct HttpConfig {
+  std::string bind_address = "0.0.0.0";
+  int inference_port = 8000;
+  int metrics_port = 8002;
+  int io_threads = 2;
+  int64_t max_header_bytes = 16 * 1024;
+  int64_t max_body_bytes = 64 * 1024 * 1024;
+  int max_json_depth = 64;
+  int idle_timeout_s = 60;
+  int shutdown_grace_s = 30;
+};
+
+struct ModelsConfig {
+  std::string repository;           // <repository>/<name>/<version>/model.orochi
+  std::vector<std::string> load;    // names to load at startup; "*" for all
+  int64_t max_queue_size = 1024;    // waiting requests per model; more are refused (503)
+  int64_t default_timeout_ms = 0;   // per-request deadline when the request sets none; 0: none
+  int64_t execution_grace_ms = 5000;  // after an interrupt, before a copy is replaced
+  int64_t max_queue_delay_us = 0;   // dynamic batching: how long a batch may wait to fill
+  std::vector<int64_t> preferred_batch_sizes;
+};
+
+struct LogConfig {
+  std::string level = "info";  // debug, info, warning, error
+  std::string format = "text";  // text or json
+};
+
+struct ServerConfig {
+  HttpConfig http;
+  ModelsConfig models;
+  LogConfig log;
+  int copies = 0;  // interpreter copies; 0: one per core
+};
+
+// Parses `text` (the contents of a config file) over the defaults.
+Result<ServerConfig> ParseServerConfig(std::string_view text);
+Result<ServerConfig> LoadServerConfig(const std::string& path);
+// Checks values that depend on each other (ports distinct, ...).
+Status ValidateServerConfig(const ServerConfig& config);
+
+}  // namespace orochi::server

@@ -1,0 +1,319 @@
+#include "handlers.h"
+
+#include <nlohmann/json.hpp>
+
+#include <utility>
+
+#include "kserve/codec.h"
+
+namespace orochi::server::kserve {
+namespace {
+
+namespace bhttp = boost::beast::http;
+using Json = nlohmann::json;
+using packaging::DataType;
+using packaging::Manifest;
+using packaging::TensorSpec;
+
+http::Response Ok(const Json& body) { return http::JsonResponse(200, body.dump()); }
+
+const char* TritonType(DataType datatype) {
+  switch (datatype) {
+    case DataType::kBool:
+      return "TYPE_BOOL";
+    case DataType::kUInt8:
+      return "TYPE_UINT8";
+    case DataType::kInt8:
+      return "TYPE_INT8";
+    case DataType::kInt16:
+      return "TYPE_INT16";
+    case DataType::kInt32:
+      return "TYPE_INT32";
+    case DataType::kInt64:
+      return "TYPE_INT64";
+    case DataType::kFp16:
+      return "TYPE_FP16";
+    case DataType::kBf16:
+      return "TYPE_BF16";
+    case DataType::kFp32:
+      return "TYPE_FP32";
+    case DataType::kFp64:
+      return "TYPE_FP64";
+    case DataType::kBytes:
+      return "TYPE_STRING";
+  }
+  return "TYPE_INVALID";
+}
+
+// Shapes as clients see them: with the batch dim (-1) first for models that batch.
+Json TensorsMetadata(const Manifest& manifest, const std::vector<TensorSpec>& specs) {
+  Json list = Json::array();
+  for (const TensorSpec& spec : specs) {
+    std::vector<int64_t> shape = spec.shape;
+    if (manifest.max_batch_size > 0) shape.insert(shape.begin(), -1);
+    list.push_back({{"name", spec.name},
+                    {"datatype", std::string(packaging::DataTypeName(spec.datatype))},
+                    {"shape", shape}});
+  }
+  return list;
+}
+
+Json StatJson(const DurationStat& stat) { return {{"count", stat.count}, {"ns", stat.ns}}; }
+
+Json ModelStatsJson(const ServedModel& model) {
+  std::lock_guard lock(model.stats_mutex);
+  const ModelStats& stats = model.stats;
+  Json batches = Json::array();
+  for (const auto& [size, stat] : stats.batches) {
+    batches.push_back({{"batch_size", size},
+                       {"compute_input", StatJson({})},
+                       {"compute_infer", StatJson(stat)},
+                       {"compute_output", StatJson({})}});
+  }
+  return {{"name", model.name},
+          {"version", std::to_string(model.version)},
+          {"last_inference", stats.last_inference_ms},
+          {"inference_count", stats.inference_count},
+          {"execution_count", stats.execution_count},
+          {"inference_stats",
+           {{"success", StatJson(stats.success)},
+            {"fail", StatJson(stats.fail)},
+            {"queue", StatJson(stats.queue)},
+            {"compute_input", StatJson({})},
+            {"compute_infer", StatJson(stats.compute_infer)},
+            {"compute_output", StatJson({})},
+            {"cache_hit", StatJson({})},
+            {"cache_miss", StatJson({})}}},
+          {"batch_stats", batches}};
+}
+
+std::string ReasonOf(StatusCode code) {
+  switch (code) {
+    case StatusCode::kInvalidArgument:
+      return "invalid_argument";
+    case StatusCode::kResourceExhausted:
+      return "queue_full";
+    case StatusCode::kDeadlineExceeded:
+      return "timeout";
+    case StatusCode::kPythonError:
+      return "model_error";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    default:
+      return "internal";
+  }
+}
+
+std::optional<size_t> HeaderLength(const http::Request& request, bool* malformed) {
+  auto found = request.find("Inference-Header-Content-Length");
+  *malformed = false;
+  if (found == request.end()) return std::nullopt;
+  std::string text(found->value());
+  if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos) {
+    *malformed = true;
+    return std::nullopt;
+  }
+  return static_cast<size_t>(std::stoull(text));
+}
+
+}  // namespace
+
+unsigned HttpStatusOf(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return 200;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kAlreadyExists:
+      return 400;
+    case StatusCode::kNotFound:
+      return 404;
+    case StatusCode::kUnavailable:
+    case StatusCode::kResourceExhausted:
+      return 503;
+    case StatusCode::kDeadlineExceeded:
+      return 504;
+    case StatusCode::kUnimplemented:
+      return 501;
+    default:
+      return 500;
+  }
+}
+
+KServeApi::KServeApi(ModelService& models, Metrics& metrics, const ServerConfig& config,
+                     std::function<bool()> ready)
+    : models_(models), metrics_(metrics), config_(config), ready_(std::move(ready)) {}
+
+std::shared_ptr<const ServedModel> KServeApi::Resolve(const http::PathParams& params,
+                                                      http::Responder& respond) const {
+  const std::string& name = params.at("model");
+  std::optional<int64_t> version;
+  if (auto found = params.find("version"); found != params.end()) {
+    const std::string& text = found->second;
+    if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos) {
+      respond(http::ErrorResponse(400, "model version must be a positive integer, got '" + text + "'"));
+      return nullptr;
+    }
+    version = std::stoll(text);
+  }
+  std::shared_ptr<const ServedModel> model = models_.Find(name, version);
+  if (model == nullptr) {
+    respond(http::ErrorResponse(
+        404, version ? "model '" + name + "' version " + std::to_string(*version) + " is not loaded"
+                     : "model '" + name + "' is not loaded"));
+  }
+  return model;
+}
+
+void KServeApi::Register(http::Router& router) {
+  router.Add(bhttp::verb::get, "/v2/health/live",
+             [](http::Request&&, const http::PathParams&, http::Responder respond) {
+               respond(Ok({{"live", true}}));
+             });
+  router.Add(bhttp::verb::get, "/v2/health/ready",
+             [this](http::Request&&, const http::PathParams&, http::Responder respond) {
+               bool ready = ready_();
+               respond(ready ? Ok({{"ready", true}})
+                             : http::ErrorResponse(503, "the server is not ready"));
+             });
+  router.Add(bhttp::verb::get, "/v2",
+             [](http::Request&&, const http::PathParams&, http::Responder respond) {
+               respond(Ok({{"name", "orochi"},
+                           {"version", OROCHI_SERVER_VERSION},
+                           {"extensions", {"binary_tensor_data", "statistics", "model_configuration"}}}));
+             });
+
+  auto metadata = [this](http::Request&&, const http::PathParams& params, http::Responder respond) {
+    std::shared_ptr<const ServedModel> model = Resolve(params, respond);
+    if (model == nullptr) return;
+    const Manifest& manifest = model->manifest();
+    Json versions = Json::array();
+    for (int64_t version : models_.Versions(model->name)) versions.push_back(std::to_string(version));
+    respond(Ok({{"name", model->name},
+                {"versions", versions},
+                {"platform", "orochi_python"},
+                {"inputs", TensorsMetadata(manifest, manifest.inputs)},
+                {"outputs", TensorsMetadata(manifest, manifest.outputs)}}));
+  };
+  router.Add(bhttp::verb::get, "/v2/models/{model}", metadata);
+  router.Add(bhttp::verb::get, "/v2/models/{model}/versions/{version}", metadata);
+
+  auto ready = [this](http::Request&&, const http::PathParams& params, http::Responder respond) {
+    std::shared_ptr<const ServedModel> model = Resolve(params, respond);
+    if (model == nullptr) return;
+    respond(Ok({{"name", model->name}, {"version", std::to_string(model->version)}, {"ready", true}}));
+  };
+  router.Add(bhttp::verb::get, "/v2/models/{model}/ready", ready);
+  router.Add(bhttp::verb::get, "/v2/models/{model}/versions/{version}/ready", ready);
+
+  auto configuration = [this](http::Request&&, const http::PathParams& params,
+                              http::Responder respond) {
+    std::shared_ptr<const ServedModel> model = Resolve(params, respond);
+    if (model == nullptr) return;
+    const Manifest& manifest = model->manifest();
+    auto tensors = [](const std::vector<TensorSpec>& specs) {
+      Json list = Json::array();
+      for (const TensorSpec& spec : specs) {
+        list.push_back({{"name", spec.name}, {"data_type", TritonType(spec.datatype)}, {"dims", spec.shape}});
+      }
+      return list;
+    };
+    Json config{{"name", model->name},
+                {"platform", "orochi_python"},
+                {"backend", "orochi"},
+                {"version_policy", {{"latest", {{"num_versions", 1}}}}},
+                {"max_batch_size", manifest.max_batch_size},
+                {"input", tensors(manifest.inputs)},
+                {"output", tensors(manifest.outputs)},
+                {"instance_group",
+                 {{{"name", model->name}, {"kind", "KIND_CPU"}, {"count", model->replicas->slots().size()}}}},
+                {"parameters", Json::parse(manifest.parameters_json)}};
+    if (manifest.max_batch_size > 0) {
+      config["dynamic_batching"] = {
+          {"preferred_batch_size", model->batching.preferred_batch_sizes},
+          {"max_queue_delay_microseconds", model->batching.max_queue_delay.count()}};
+    }
+    respond(Ok(config));
+  };
+  router.Add(bhttp::verb::get, "/v2/models/{model}/config", configuration);
+  router.Add(bhttp::verb::get, "/v2/models/{model}/versions/{version}/config", configuration);
+
+  router.Add(bhttp::verb::get, "/v2/models/stats",
+             [this](http::Request&&, const http::PathParams&, http::Responder respond) {
+               Json stats = Json::array();
+               for (const auto& model : models_.List()) stats.push_back(ModelStatsJson(*model));
+               respond(Ok({{"model_stats", stats}}));
+             });
+  auto model_stats = [this](http::Request&&, const http::PathParams& params, http::Responder respond) {
+    std::shared_ptr<const ServedModel> model = Resolve(params, respond);
+    if (model == nullptr) return;
+    respond(Ok({{"model_stats", Json::array({ModelStatsJson(*model)})}}));
+  };
+  router.Add(bhttp::verb::get, "/v2/models/{model}/stats", model_stats);
+  router.Add(bhttp::verb::get, "/v2/models/{model}/versions/{version}/stats", model_stats);
+
+  auto infer = [this](http::Request&& request, const http::PathParams& params,
+                      http::Responder respond) { Infer(std::move(request), params, std::move(respond)); };
+  router.Add(bhttp::verb::post, "/v2/models/{model}/infer", infer);
+  router.Add(bhttp::verb::post, "/v2/models/{model}/versions/{version}/infer", infer);
+}
+
+void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
+                      http::Responder respond) {
+  const Clock::time_point received = Clock::now();
+  std::shared_ptr<const ServedModel> model = Resolve(params, respond);
+  if (model == nullptr) return;
+  const std::string version = std::to_string(model->version);
+  auto fail = [&](const Status& status) {
+    metrics_.RequestDone(model->name, version, ReasonOf(status.code()), Clock::now() - received, {}, {});
+    respond(http::ErrorResponse(HttpStatusOf(status.code()), status.message()));
+  };
+  bool malformed = false;
+  std::optional<size_t> json_length = HeaderLength(request, &malformed);
+  if (malformed) {
+    fail(InvalidArgument("Inference-Header-Content-Length must be a byte count"));
+    return;
+  }
+  ParseLimits limits{config_.http.max_json_depth};
+  Result<InferRequest> parsed = ParseInferRequest(model->manifest(), request.body(), json_length, limits);
+  if (!parsed.ok()) {
+    fail(parsed.status());
+    return;
+  }
+  auto infer = std::make_shared<InferRequest>(std::move(parsed).value());
+  std::optional<Clock::time_point> deadline;
+  if (infer->timeout) {
+    deadline = received + *infer->timeout;
+  } else if (config_.models.default_timeout_ms > 0) {
+    deadline = received + std::chrono::milliseconds(config_.models.default_timeout_ms);
+  }
+  std::vector<interpreters::NamedTensor> inputs = std::move(infer->inputs);
+  Status submitted = models_.Submit(
+      model, std::move(inputs), infer->rows, deadline,
+      [this, model, version, infer, received, respond](
+          Result<std::vector<interpreters::NamedTensor>> outputs, const InferTimings& timings) {
+        const std::chrono::nanoseconds total = Clock::now() - received;
+        if (!outputs.ok()) {
+          const Status& error = outputs.status();
+          metrics_.RequestDone(model->name, version, ReasonOf(error.code()), total, timings.queue,
+                               timings.compute);
+          std::string message = error.message();
+          if (error.code() == StatusCode::kPythonError && !error.detail().empty()) {
+            message += "\n" + error.detail();
+          }
+          respond(http::ErrorResponse(HttpStatusOf(error.code()), message));
+          return;
+        }
+        EncodedResponse encoded = EncodeInferResponse(model->manifest(), *infer, *outputs);
+        http::Response response = http::JsonResponse(200, std::move(encoded.body));
+        if (encoded.json_length) {
+          response.set(bhttp::field::content_type, "application/octet-stream");
+          response.set("Inference-Header-Content-Length", std::to_string(*encoded.json_length));
+        }
+        metrics_.RequestDone(model->name, version, "success", total, timings.queue, timings.compute);
+        respond(std::move(response));
+      });
+  if (!submitted.ok()) fail(submitted);
+}
+
+}  // namespace orochi::server::kserve

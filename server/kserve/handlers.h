@@ -1,0 +1,35 @@
+// The KServe v2 (Open Inference Protocol) endpoints, with Triton's extensions for model
+// configuration and statistics. Handlers turn parsed requests into responses through the
+// ModelService; they never touch the engine or the interpreters directly.
+#pragma once
+
+#include <functional>
+
+#include "http/router.h"
+#include "metrics/metrics.h"
+#include "models/model_service.h"
+#include "orochi/server/config.h"
+
+namespace orochi::server::kserve {
+
+// The HTTP status for a library error, with Triton's mapping.
+unsigned HttpStatusOf(StatusCode code);
+
+class KServeApi {
+ public:
+  KServeApi(ModelService& models, Metrics& metrics, const ServerConfig& config,
+            std::function<bool()> ready);
+  void Register(http::Router& router);
+
+ private:
+  void Infer(http::Request&& request, const http::PathParams& params, http::Responder respond);
+  std::shared_ptr<const ServedModel> Resolve(const http::PathParams& params,
+                                             http::Responder& respond) const;
+
+  ModelService& models_;
+  Metrics& metrics_;
+  const ServerConfig& config_;
+  std::function<bool()> ready_;
+};
+
+}  // namespace orochi::server::kserve

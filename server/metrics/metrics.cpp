@@ -1,0 +1,189 @@
+#include "metrics.h"
+
+#include <prometheus/text_serializer.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace orochi::server {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+double Seconds(std::chrono::nanoseconds duration) {
+  return std::chrono::duration<double>(duration).count();
+}
+
+const Histogram::BucketBoundaries& LatencyBuckets() {
+  static const Histogram::BucketBoundaries buckets{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                   0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                                   1,      2.5,     5,      10,    30,     60};
+  return buckets;
+}
+
+const Histogram::BucketBoundaries& BatchBuckets() {
+  static const Histogram::BucketBoundaries buckets{1, 2, 4, 8, 16, 32, 64, 128, 256};
+  return buckets;
+}
+
+}  // namespace
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      requests_(BuildCounter()
+                    .Name("orochi_inference_requests_total")
+                    .Help("Inference requests answered, by model, version and reason "
+                          "(success or the kind of error)")
+                    .Register(*registry_)),
+      request_seconds_(BuildHistogram()
+                           .Name("orochi_request_duration_seconds")
+                           .Help("Time from receiving an inference request to its answer")
+                           .Register(*registry_)),
+      queue_seconds_(BuildHistogram()
+                         .Name("orochi_queue_duration_seconds")
+                         .Help("Time inference requests waited in their model's queue")
+                         .Register(*registry_)),
+      compute_seconds_(BuildHistogram()
+                           .Name("orochi_compute_duration_seconds")
+                           .Help("Time the batch holding a request ran in its interpreter copy")
+                           .Register(*registry_)),
+      batch_size_(BuildHistogram()
+                      .Name("orochi_batch_size")
+                      .Help("Rows per executed batch")
+                      .Register(*registry_)),
+      queue_depth_(BuildGauge()
+                       .Name("orochi_queue_depth")
+                       .Help("Requests waiting in each model's queue")
+                       .Register(*registry_)),
+      copies_(BuildGauge()
+                  .Name("orochi_interpreter_copies")
+                  .Help("Interpreter copies by state")
+                  .Register(*registry_)),
+      copy_busy_seconds_(BuildCounter()
+                             .Name("orochi_copy_busy_seconds_total")
+                             .Help("Time each interpreter copy spent running batches")
+                             .Register(*registry_)),
+      model_loads_(BuildCounter()
+                       .Name("orochi_model_loads_total")
+                       .Help("Model loads by model, version and result")
+                       .Register(*registry_)),
+      model_load_seconds_(BuildHistogram()
+                              .Name("orochi_model_load_duration_seconds")
+                              .Help("Time to load a model into its interpreter copies")
+                              .Register(*registry_)),
+      http_requests_(BuildCounter()
+                         .Name("orochi_http_requests_total")
+                         .Help("HTTP requests by route, method and status code")
+                         .Register(*registry_)),
+      cpu_seconds_(BuildCounter()
+                       .Name("process_cpu_seconds_total")
+                       .Help("User and system CPU time of the server process")
+                       .Register(*registry_)
+                       .Add({})),
+      resident_bytes_(BuildGauge()
+                          .Name("process_resident_memory_bytes")
+                          .Help("Resident memory of the server process")
+                          .Register(*registry_)
+                          .Add({})),
+      open_fds_(BuildGauge()
+                    .Name("process_open_fds")
+                    .Help("Open file descriptors of the server process")
+                    .Register(*registry_)
+                    .Add({})),
+      start_time_(BuildGauge()
+                      .Name("process_start_time_seconds")
+                      .Help("Start time of the server process since the Unix epoch")
+                      .Register(*registry_)
+                      .Add({})) {
+  start_time_.Set(std::chrono::duration<double>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count());
+}
+
+void Metrics::RequestDone(const std::string& model, const std::string& version,
+                          const std::string& reason, std::chrono::nanoseconds total,
+                          std::chrono::nanoseconds queue, std::chrono::nanoseconds compute) {
+  requests_.Add({{"model", model}, {"version", version}, {"reason", reason}}).Increment();
+  const prometheus::Labels labels{{"model", model}, {"version", version}};
+  request_seconds_.Add(labels, LatencyBuckets()).Observe(Seconds(total));
+  queue_seconds_.Add(labels, LatencyBuckets()).Observe(Seconds(queue));
+  if (compute.count() > 0) compute_seconds_.Add(labels, LatencyBuckets()).Observe(Seconds(compute));
+}
+
+void Metrics::BatchRan(const std::string& model, const std::string& version, int64_t rows) {
+  batch_size_.Add({{"model", model}, {"version", version}}, BatchBuckets())
+      .Observe(static_cast<double>(rows));
+}
+
+void Metrics::QueueDepth(const std::string& model, const std::string& version, int64_t depth) {
+  queue_depth_.Add({{"model", model}, {"version", version}}).Set(static_cast<double>(depth));
+}
+
+void Metrics::CopyBusy(size_t slot, std::chrono::nanoseconds busy) {
+  copy_busy_seconds_.Add({{"copy", std::to_string(slot)}}).Increment(Seconds(busy));
+}
+
+void Metrics::Copies(const std::string& state, int64_t count) {
+  copies_.Add({{"state", state}}).Set(static_cast<double>(count));
+}
+
+void Metrics::ModelLoaded(const std::string& model, const std::string& version, bool ok,
+                          std::chrono::nanoseconds duration) {
+  model_loads_.Add({{"model", model}, {"version", version}, {"result", ok ? "success" : "failure"}})
+      .Increment();
+  model_load_seconds_.Add({{"model", model}, {"version", version}}, LatencyBuckets())
+      .Observe(Seconds(duration));
+}
+
+void Metrics::HttpRequest(const std::string& route, const std::string& method, unsigned status) {
+  http_requests_.Add({{"route", route}, {"method", method}, {"status", std::to_string(status)}})
+      .Increment();
+}
+
+std::string Metrics::Render() {
+  std::lock_guard lock(render_mutex_);
+  // Process figures from /proc, read at scrape time.
+  std::ifstream stat("/proc/self/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  size_t after_name = text.rfind(')');
+  if (after_name != std::string::npos) {
+    std::istringstream fields(text.substr(after_name + 2));
+    std::string field;
+    double user_ticks = 0;
+    double system_ticks = 0;
+    for (int index = 3; fields >> field; ++index) {
+      if (index == 14) user_ticks = std::stod(field);
+      if (index == 15) {
+        system_ticks = std::stod(field);
+        break;
+      }
+    }
+    // A counter only grows: add what was used since the last scrape.
+    const double used = (user_ticks + system_ticks) / static_cast<double>(sysconf(_SC_CLK_TCK));
+    if (used > cpu_seconds_reported_) {
+      cpu_seconds_.Increment(used - cpu_seconds_reported_);
+      cpu_seconds_reported_ = used;
+    }
+  }
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) resident_bytes_.Set(std::stod(line.substr(6)) * 1024);
+  }
+  std::error_code error;
+  double fds = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    ++fds;
+  }
+  open_fds_.Set(fds);
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace orochi::server

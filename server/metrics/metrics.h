@@ -1,0 +1,60 @@
+// Prometheus metrics of the server (docs/METRICS.md lists every name). prometheus-cpp's core
+// holds the values; Render() writes the text format for GET /metrics.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace orochi::server {
+
+class Metrics {
+ public:
+  Metrics();
+
+  // One inference request answered: reason is "success" or the error's kind.
+  void RequestDone(const std::string& model, const std::string& version, const std::string& reason,
+                   std::chrono::nanoseconds total, std::chrono::nanoseconds queue,
+                   std::chrono::nanoseconds compute);
+  void BatchRan(const std::string& model, const std::string& version, int64_t rows);
+  void QueueDepth(const std::string& model, const std::string& version, int64_t depth);
+  void CopyBusy(size_t slot, std::chrono::nanoseconds busy);
+  void Copies(const std::string& state, int64_t count);
+  void ModelLoaded(const std::string& model, const std::string& version, bool ok,
+                   std::chrono::nanoseconds duration);
+  void HttpRequest(const std::string& route, const std::string& method, unsigned status);
+
+  // The Prometheus text exposition, with process CPU, memory and FDs read now.
+  std::string Render();
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& request_seconds_;
+  prometheus::Family<prometheus::Histogram>& queue_seconds_;
+  prometheus::Family<prometheus::Histogram>& compute_seconds_;
+  prometheus::Family<prometheus::Histogram>& batch_size_;
+  prometheus::Family<prometheus::Gauge>& queue_depth_;
+  prometheus::Family<prometheus::Gauge>& copies_;
+  prometheus::Family<prometheus::Counter>& copy_busy_seconds_;
+  prometheus::Family<prometheus::Counter>& model_loads_;
+  prometheus::Family<prometheus::Histogram>& model_load_seconds_;
+  prometheus::Family<prometheus::Counter>& http_requests_;
+  prometheus::Counter& cpu_seconds_;
+  double cpu_seconds_reported_ = 0;  // guarded by render_mutex_
+  std::mutex render_mutex_;
+  prometheus::Gauge& resident_bytes_;
+  prometheus::Gauge& open_fds_;
+  prometheus::Gauge& start_time_;
+};
+
+}  // namespace orochi::server

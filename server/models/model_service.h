@@ -1,0 +1,107 @@
+// The models a server serves: loading packages from the repository into interpreter copies,
+// finding them by name and version, queueing inference through the scheduler, and keeping
+// Triton-style statistics.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "metrics/metrics.h"
+#include "scheduler/scheduler.h"
+#include "orochi/interpreters/interpreter_manager.h"
+#include "orochi/interpreters/model.h"
+#include "orochi/packaging/package.h"
+#include "orochi/server/config.h"
+
+namespace orochi::server {
+
+struct DurationStat {
+  int64_t count = 0;
+  int64_t ns = 0;
+  void Add(std::chrono::nanoseconds duration) {
+    ++count;
+    ns += duration.count();
+  }
+};
+
+struct ModelStats {
+  DurationStat success;
+  DurationStat fail;
+  DurationStat queue;
+  DurationStat compute_infer;
+  int64_t inference_count = 0;  // rows (or requests, for models that do not batch)
+  int64_t execution_count = 0;  // batches run
+  int64_t last_inference_ms = 0;  // since the Unix epoch
+  std::map<int64_t, DurationStat> batches;  // by batch size
+};
+
+struct ServedModel {
+  std::string name;
+  int64_t version = 0;
+  std::string key;  // "name:version"
+  std::shared_ptr<const packaging::Package> package;
+  std::shared_ptr<interpreters::ReplicatedModel> replicas;
+  BatchingOptions batching;
+  const packaging::Manifest& manifest() const { return package->manifest(); }
+
+  mutable std::mutex stats_mutex;
+  mutable ModelStats stats;  // guarded by stats_mutex
+};
+
+class ModelService : public SchedulerObserver {
+ public:
+  ModelService(interpreters::InterpreterManager& manager, const ModelsConfig& config,
+               Metrics& metrics);
+  ~ModelService() override;
+
+  // Loads the latest version of each model named in config.load ("*" or empty: every model)
+  // from the repository. Stops at the first failure, naming the model.
+  Status LoadFromRepository();
+  // Loads one package file as a served model.
+  Status Load(const std::string& path, const std::string& expected_name, int64_t expected_version);
+
+  // The model and version (newest when `version` is empty), or null.
+  std::shared_ptr<const ServedModel> Find(const std::string& name,
+                                          std::optional<int64_t> version) const;
+  std::vector<std::shared_ptr<const ServedModel>> List() const;
+  // Versions of `name` that are loaded, newest first.
+  std::vector<int64_t> Versions(const std::string& name) const;
+
+  using Done = std::function<void(Result<std::vector<interpreters::NamedTensor>>,
+                                  const InferTimings&)>;
+  // Queues inference; refusals come back as the Status (and `done` is not called).
+  Status Submit(const std::shared_ptr<const ServedModel>& model,
+                std::vector<interpreters::NamedTensor> inputs, int64_t rows,
+                std::optional<Clock::time_point> deadline, Done done);
+
+  void Stop();  // answers queued requests, stops the workers
+  size_t copies() const { return manager_.size(); }
+
+  // SchedulerObserver
+  void OnBatch(const std::string& model_key, int64_t rows, int64_t requests,
+               std::chrono::nanoseconds compute, bool ok) override;
+  void OnQueueDepth(const std::string& model_key, int64_t depth) override;
+  void OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) override;
+
+ private:
+  std::shared_ptr<ServedModel> FindByKey(const std::string& key) const;
+  std::vector<size_t> SlotsFor(const packaging::Manifest& manifest);
+
+  interpreters::InterpreterManager& manager_;
+  const ModelsConfig& config_;
+  Metrics& metrics_;
+  Scheduler scheduler_;
+  mutable std::mutex mutex_;
+  std::map<std::string, std::map<int64_t, std::shared_ptr<ServedModel>>> models_;
+  size_t next_slot_ = 0;
+};
+
+}  // namespace orochi::server

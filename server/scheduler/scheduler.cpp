@@ -1,0 +1,263 @@
+#include "scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "orochi/engine/ops.h"
+
+namespace orochi::server {
+namespace {
+
+using interpreters::BytesTensor;
+using interpreters::NamedTensor;
+
+// The inputs of several requests as one batch, concatenated along dim 0.
+Result<std::vector<NamedTensor>> Concatenate(const std::vector<InferJob>& batch) {
+  if (batch.size() == 1) return batch.front().inputs;
+  std::vector<NamedTensor> merged;
+  for (size_t i = 0; i < batch.front().inputs.size(); ++i) {
+    const NamedTensor& first = batch.front().inputs[i];
+    if (std::holds_alternative<engine::Tensor>(first.value)) {
+      std::vector<engine::Tensor> parts;
+      for (const InferJob& job : batch) {
+        const NamedTensor* input = nullptr;
+        for (const NamedTensor& candidate : job.inputs) {
+          if (candidate.name == first.name) input = &candidate;
+        }
+        if (input == nullptr) return InvalidArgument("input '" + first.name + "' missing");
+        parts.push_back(std::get<engine::Tensor>(input->value));
+      }
+      merged.push_back({first.name, engine::Cat(parts, 0)});
+    } else {
+      BytesTensor joined{std::get<BytesTensor>(first.value).shape, {}};
+      joined.shape[0] = 0;
+      for (const InferJob& job : batch) {
+        for (const NamedTensor& candidate : job.inputs) {
+          if (candidate.name != first.name) continue;
+          const auto& bytes = std::get<BytesTensor>(candidate.value);
+          joined.shape[0] += bytes.shape.empty() ? 0 : bytes.shape[0];
+          joined.items.insert(joined.items.end(), bytes.items.begin(), bytes.items.end());
+        }
+      }
+      merged.push_back({first.name, std::move(joined)});
+    }
+  }
+  return merged;
+}
+
+// Rows [start, start + rows) of every output.
+Result<std::vector<NamedTensor>> Slice(const std::vector<NamedTensor>& outputs, int64_t start,
+                                       int64_t rows, int64_t total) {
+  std::vector<NamedTensor> part;
+  for (const NamedTensor& output : outputs) {
+    if (const auto* tensor = std::get_if<engine::Tensor>(&output.value)) {
+      if (tensor->dim() == 0 || tensor->shape()[0] != total) {
+        return Internal("output '" + output.name + "' has " +
+                        std::to_string(tensor->dim() == 0 ? 0 : tensor->shape()[0]) +
+                        " rows for a batch of " + std::to_string(total));
+      }
+      part.push_back({output.name, tensor->Narrow(0, start, rows).Contiguous()});
+    } else {
+      const auto& bytes = std::get<BytesTensor>(output.value);
+      if (bytes.shape.empty() || bytes.shape[0] != total) {
+        return Internal("output '" + output.name + "' does not have the batch's " +
+                        std::to_string(total) + " rows");
+      }
+      const auto per_row = static_cast<int64_t>(bytes.items.size()) / total;
+      BytesTensor slice{bytes.shape, {}};
+      slice.shape[0] = rows;
+      slice.items.assign(bytes.items.begin() + start * per_row,
+                         bytes.items.begin() + (start + rows) * per_row);
+      part.push_back({output.name, std::move(slice)});
+    }
+  }
+  return part;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(interpreters::InterpreterManager& manager, size_t max_queue_size,
+                     SchedulerObserver* observer)
+    : manager_(manager), max_queue_size_(max_queue_size), observer_(observer) {
+  for (size_t slot = 0; slot < manager.size(); ++slot) {
+    workers_.emplace_back([this, slot] { Work(slot); });
+  }
+}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::AddModel(std::shared_ptr<interpreters::ReplicatedModel> model,
+                         BatchingOptions batching) {
+  auto queue = std::make_unique<ModelQueue>();
+  queue->held_by.assign(manager_.size(), false);
+  for (size_t slot : model->slots()) queue->held_by[slot] = true;
+  queue->model = std::move(model);
+  queue->batching = std::move(batching);
+  std::lock_guard lock(mutex_);
+  queues_[queue->model->key()] = std::move(queue);
+}
+
+void Scheduler::RemoveModel(const std::string& key) {
+  std::unique_ptr<ModelQueue> removed;
+  {
+    std::unique_lock lock(mutex_);
+    auto found = queues_.find(key);
+    if (found == queues_.end()) return;
+    idle_.wait(lock, [&] { return found->second->running == 0; });
+    removed = std::move(found->second);
+    queues_.erase(found);
+  }
+  for (InferJob& job : removed->jobs) {
+    job.done(Unavailable("model " + key + " was unloaded before the request ran"), {});
+  }
+}
+
+Status Scheduler::Submit(const std::string& model_key, InferJob job) {
+  std::lock_guard lock(mutex_);
+  if (stopping_) return Unavailable("the server is shutting down");
+  auto found = queues_.find(model_key);
+  if (found == queues_.end()) return NotFound("model " + model_key + " is not loaded");
+  ModelQueue& queue = *found->second;
+  if (queue.jobs.size() >= max_queue_size_) {
+    return Status(StatusCode::kResourceExhausted,
+                  "the queue of model " + model_key + " is full (" +
+                      std::to_string(max_queue_size_) + " waiting requests); retry later");
+  }
+  queue.jobs.push_back(std::move(job));
+  if (observer_ != nullptr) observer_->OnQueueDepth(model_key, static_cast<int64_t>(queue.jobs.size()));
+  work_ready_.notify_all();
+  return Status::Ok();
+}
+
+int64_t Scheduler::QueueDepth(const std::string& model_key) const {
+  std::lock_guard lock(mutex_);
+  auto found = queues_.find(model_key);
+  return found == queues_.end() ? 0 : static_cast<int64_t>(found->second->jobs.size());
+}
+
+void Scheduler::Stop() {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ && workers_.empty()) return;
+    stopping_ = true;
+  }
+  work_ready_.notify_all();
+  for (std::thread& worker : workers_) {
+    if (worker.joinable()) worker.join();
+  }
+  workers_.clear();
+}
+
+Scheduler::ModelQueue* Scheduler::Pick(size_t slot) {
+  ModelQueue* oldest = nullptr;
+  for (auto& [key, queue] : queues_) {
+    if (queue->jobs.empty() || !queue->held_by[slot]) continue;
+    if (oldest == nullptr || queue->jobs.front().enqueued < oldest->jobs.front().enqueued) {
+      oldest = queue.get();
+    }
+  }
+  return oldest;
+}
+
+std::vector<InferJob> Scheduler::TakeBatch(std::unique_lock<std::mutex>& lock, ModelQueue& queue) {
+  std::vector<InferJob> batch;
+  const BatchingOptions& batching = queue.batching;
+  int64_t rows = 0;
+  auto take_fitting = [&] {
+    while (!queue.jobs.empty() && batching.max_batch_size > 0 &&
+           rows + queue.jobs.front().rows <= batching.max_batch_size) {
+      rows += queue.jobs.front().rows;
+      batch.push_back(std::move(queue.jobs.front()));
+      queue.jobs.pop_front();
+    }
+  };
+  batch.push_back(std::move(queue.jobs.front()));
+  queue.jobs.pop_front();
+  rows = batch.front().rows;
+  if (batching.max_batch_size <= 0) return batch;
+  take_fitting();
+  auto preferred = [&] {
+    return std::find(batching.preferred_batch_sizes.begin(), batching.preferred_batch_sizes.end(),
+                     rows) != batching.preferred_batch_sizes.end();
+  };
+  // Wait for more requests while the batch can grow and its oldest request may still wait.
+  const Clock::time_point until = batch.front().enqueued + batching.max_queue_delay;
+  while (rows < batching.max_batch_size && !preferred() && !stopping_ && Clock::now() < until) {
+    queue.running++;  // the model must not be removed under the waiting batch
+    work_ready_.wait_until(lock, until);
+    queue.running--;
+    take_fitting();
+  }
+  return batch;
+}
+
+void Scheduler::Work(size_t slot) {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    ModelQueue* queue = Pick(slot);
+    if (queue == nullptr) {
+      if (stopping_) return;
+      work_ready_.wait(lock);
+      continue;
+    }
+    std::vector<InferJob> batch = TakeBatch(lock, *queue);
+    if (observer_ != nullptr) {
+      observer_->OnQueueDepth(queue->model->key(), static_cast<int64_t>(queue->jobs.size()));
+    }
+    queue->running++;
+    lock.unlock();
+    Run(slot, *queue, std::move(batch));
+    lock.lock();
+    queue->running--;
+    idle_.notify_all();
+  }
+}
+
+void Scheduler::Run(size_t slot, ModelQueue& queue, std::vector<InferJob> batch) {
+  const Clock::time_point start = Clock::now();
+  // Requests whose deadline passed in the queue are answered without running.
+  std::vector<InferJob> live;
+  for (InferJob& job : batch) {
+    if (job.deadline && *job.deadline <= start) {
+      InferTimings timings{start - job.enqueued, {}, 0};
+      job.done(Status(StatusCode::kDeadlineExceeded,
+                      "the request's deadline expired after " +
+                          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                             start - job.enqueued)
+                                             .count()) +
+                          " ms in the queue"),
+               timings);
+    } else {
+      live.push_back(std::move(job));
+    }
+  }
+  if (live.empty()) return;
+  int64_t total_rows = 0;
+  for (const InferJob& job : live) total_rows += job.rows;
+
+  Result<std::vector<NamedTensor>> outputs = [&]() -> Result<std::vector<NamedTensor>> {
+    OROCHI_ASSIGN_OR_RETURN(std::vector<NamedTensor> inputs, Concatenate(live));
+    interpreters::InterpreterManager::Lease lease = manager_.AcquireSlot(slot);
+    return queue.model->PredictIn(*lease, inputs);
+  }();
+  const Clock::time_point end = Clock::now();
+  if (observer_ != nullptr) {
+    observer_->OnBatch(queue.model->key(), total_rows, static_cast<int64_t>(live.size()),
+                       end - start, outputs.ok());
+    observer_->OnCopyBusy(slot, end - start);
+  }
+  int64_t start_row = 0;
+  for (InferJob& job : live) {
+    InferTimings timings{start - job.enqueued, end - start, total_rows};
+    if (!outputs.ok()) {
+      job.done(outputs.status(), timings);
+    } else if (live.size() == 1) {
+      job.done(std::move(outputs).value(), timings);
+    } else {
+      job.done(Slice(*outputs, start_row, job.rows, total_rows), timings);
+    }
+    start_row += job.rows;
+  }
+}
+
+}  // namespace orochi::server

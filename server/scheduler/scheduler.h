@@ -1,0 +1,115 @@
+// The scheduler: one worker thread per interpreter copy, a bounded queue per model, dynamic
+// batching and deadlines.
+//
+// A worker takes the oldest waiting request among the models its copy holds. For a model with
+// max_batch_size > 0 it keeps taking that model's requests (waiting up to max_queue_delay_us
+// for more, stopping at a preferred batch size) until the batch is full, concatenates their
+// inputs along dim 0, runs predict() once in its copy and splits the outputs back by rows.
+// Requests whose deadline passes while queued are answered with kDeadlineExceeded and never
+// run.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "orochi/interpreters/interpreter_manager.h"
+#include "orochi/interpreters/model.h"
+
+namespace orochi::server {
+
+using Clock = std::chrono::steady_clock;
+
+struct InferTimings {
+  std::chrono::nanoseconds queue{0};
+  std::chrono::nanoseconds compute{0};
+  int64_t batch_rows = 0;  // rows of the batch the request ran in (1 request = its own rows)
+};
+
+// Called once per request, from a worker thread (or the submitting thread on refusal).
+using InferDone =
+    std::function<void(Result<std::vector<interpreters::NamedTensor>>, const InferTimings&)>;
+
+struct InferJob {
+  std::vector<interpreters::NamedTensor> inputs;
+  int64_t rows = 0;  // the batch dim of every input; 0 for models that do not batch
+  Clock::time_point enqueued = Clock::now();
+  std::optional<Clock::time_point> deadline;
+  InferDone done;
+};
+
+struct BatchingOptions {
+  int64_t max_batch_size = 0;  // 0: requests run one by one
+  std::chrono::microseconds max_queue_delay{0};
+  std::vector<int64_t> preferred_batch_sizes;
+};
+
+// What the scheduler observes, for metrics and statistics.
+class SchedulerObserver {
+ public:
+  virtual ~SchedulerObserver() = default;
+  virtual void OnBatch(const std::string& model_key, int64_t rows, int64_t requests,
+                       std::chrono::nanoseconds compute, bool ok) = 0;
+  virtual void OnQueueDepth(const std::string& model_key, int64_t depth) = 0;
+  virtual void OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(interpreters::InterpreterManager& manager, size_t max_queue_size,
+            SchedulerObserver* observer);
+  ~Scheduler();  // Stop()
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Starts taking requests for `model` (under model->key()). The model must stay loaded until
+  // RemoveModel returns.
+  void AddModel(std::shared_ptr<interpreters::ReplicatedModel> model, BatchingOptions batching);
+  // Stops taking requests for the model, answers its queued ones with kUnavailable and waits
+  // for its running batches.
+  void RemoveModel(const std::string& key);
+
+  // Queues `job`. Refusals (unknown model, queue full, stopping) come back as the Status and
+  // `job.done` is not called; otherwise `job.done` is called exactly once.
+  Status Submit(const std::string& model_key, InferJob job);
+
+  int64_t QueueDepth(const std::string& model_key) const;
+  // Stops the workers after the queued requests are answered.
+  void Stop();
+
+ private:
+  struct ModelQueue {
+    std::shared_ptr<interpreters::ReplicatedModel> model;
+    BatchingOptions batching;
+    std::deque<InferJob> jobs;
+    int running = 0;
+    std::vector<bool> held_by;  // by slot
+  };
+
+  void Work(size_t slot);
+  ModelQueue* Pick(size_t slot);
+  std::vector<InferJob> TakeBatch(std::unique_lock<std::mutex>& lock, ModelQueue& queue);
+  void Run(size_t slot, ModelQueue& queue, std::vector<InferJob> batch);
+
+  interpreters::InterpreterManager& manager_;
+  const size_t max_queue_size_;
+  SchedulerObserver* observer_;
+  mutable std::mutex mutex_;
+  std::condition_variable work_ready_;
+  std::condition_variable idle_;
+  std::map<std::string, std::unique_ptr<ModelQueue>, std::less<>> queues_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace orochi::server

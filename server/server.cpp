@@ -1,0 +1,187 @@
+#include "orochi/server/server.h"
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <csignal>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "http/http_server.h"
+#include "http/router.h"
+#include "kserve/handlers.h"
+#include "log.h"
+#include "metrics/metrics.h"
+#include "models/model_service.h"
+#include "orochi/engine/ops.h"
+#include "orochi/interpreters/interpreter_manager.h"
+
+namespace orochi::server {
+namespace {
+
+namespace asio = boost::asio;
+namespace bhttp = boost::beast::http;
+
+}  // namespace
+
+struct Server::Impl {
+  explicit Impl(ServerConfig server_config) : config(std::move(server_config)) {}
+
+  ServerConfig config;
+  Metrics metrics;
+  std::unique_ptr<interpreters::InterpreterManager> manager;
+  std::unique_ptr<ModelService> models;
+  asio::io_context io;
+  http::Router inference_router;
+  http::Router metrics_router;
+  std::unique_ptr<kserve::KServeApi> api;
+  std::unique_ptr<http::HttpServer> inference;
+  std::unique_ptr<http::HttpServer> metrics_listener;
+  std::unique_ptr<asio::signal_set> signals;
+  std::vector<std::thread> io_threads;
+  std::atomic<bool> ready{false};
+  std::mutex stop_mutex;
+  std::condition_variable stop_requested;
+  bool stop = false;
+
+  // Wraps a router with the per-request log line and HTTP metrics.
+  http::Handler Logged(const http::Router& router, const char* listener) {
+    return [this, &router, listener](http::Request&& request, http::Responder respond) {
+      const auto start = std::chrono::steady_clock::now();
+      std::string method(request.method_string());
+      std::string target(request.target());
+      std::string route(router.PatternOf(request));
+      router.Dispatch(std::move(request), [this, respond = std::move(respond), start, method,
+                                           target, route, listener](http::Response response) {
+        const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
+                                std::chrono::steady_clock::now() - start)
+                                .count();
+        const unsigned status = response.result_int();
+        metrics.HttpRequest(route, method, status);
+        Log(status >= 500 ? LogLevel::kWarning : LogLevel::kInfo, "request",
+            {{"listener", listener},
+             {"method", method},
+             {"target", target},
+             {"status", std::to_string(status), false},
+             {"duration_us", std::to_string(micros), false},
+             {"bytes", std::to_string(response.body().size()), false}});
+        respond(std::move(response));
+      });
+    };
+  }
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  RequestStop();
+  impl_->io.stop();
+  for (std::thread& thread : impl_->io_threads) {
+    if (thread.joinable()) thread.join();
+  }
+}
+
+Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
+  OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config));
+  ConfigureLog(config.log.level, config.log.format);
+  auto impl = std::make_unique<Impl>(std::move(config));
+  Impl& s = *impl;
+  const ServerConfig& cfg = s.config;
+
+  Log(LogLevel::kInfo, "starting",
+      {{"blas_core", std::string(engine::BlasCoreName())},
+       {"blas_core_choice", std::string(engine::BlasCoreChoice())}});
+  interpreters::ManagerOptions manager_options;
+  manager_options.copies = cfg.copies > 0 ? static_cast<size_t>(cfg.copies)
+                                          : std::max(1U, std::thread::hardware_concurrency());
+  OROCHI_ASSIGN_OR_RETURN(s.manager, interpreters::InterpreterManager::Create(std::move(manager_options)));
+  s.metrics.Copies("serving", static_cast<int64_t>(s.manager->size()));
+  s.models = std::make_unique<ModelService>(*s.manager, cfg.models, s.metrics);
+  OROCHI_RETURN_IF_ERROR(s.models->LoadFromRepository());
+  for (const auto& model : s.models->List()) {
+    Log(LogLevel::kInfo, "model loaded",
+        {{"model", model->name},
+         {"version", std::to_string(model->version), false},
+         {"copies", std::to_string(model->replicas->slots().size()), false}});
+  }
+
+  s.api = std::make_unique<kserve::KServeApi>(*s.models, s.metrics, cfg,
+                                              [&s] { return s.ready.load(); });
+  s.api->Register(s.inference_router);
+  s.metrics_router.Add(bhttp::verb::get, "/metrics",
+                       [&s](http::Request&&, const http::PathParams&, http::Responder respond) {
+                         http::Response response{bhttp::status::ok, 11};
+                         response.set(bhttp::field::content_type, "text/plain; version=0.0.4");
+                         response.body() = s.metrics.Render();
+                         respond(std::move(response));
+                       });
+
+  http::Limits limits;
+  limits.max_header_bytes = static_cast<size_t>(cfg.http.max_header_bytes);
+  limits.max_body_bytes = static_cast<uint64_t>(cfg.http.max_body_bytes);
+  limits.idle_timeout = std::chrono::seconds(cfg.http.idle_timeout_s);
+  s.inference = std::make_unique<http::HttpServer>(s.io, limits, s.Logged(s.inference_router, "inference"));
+  OROCHI_RETURN_IF_ERROR(s.inference->Listen(cfg.http.bind_address, cfg.http.inference_port));
+  s.metrics_listener = std::make_unique<http::HttpServer>(s.io, limits, s.Logged(s.metrics_router, "metrics"));
+  OROCHI_RETURN_IF_ERROR(s.metrics_listener->Listen(cfg.http.bind_address, cfg.http.metrics_port));
+
+  s.signals = std::make_unique<asio::signal_set>(s.io, SIGINT, SIGTERM);
+  auto server = std::unique_ptr<Server>(new Server(std::move(impl)));
+  Server* raw = server.get();
+  server->impl_->signals->async_wait([raw](const boost::system::error_code& error, int signal) {
+    if (error) return;
+    Log(LogLevel::kInfo, "signal received; shutting down", {{"signal", std::to_string(signal), false}});
+    raw->RequestStop();
+  });
+  for (int i = 0; i < cfg.http.io_threads; ++i) {
+    server->impl_->io_threads.emplace_back([raw] { raw->impl_->io.run(); });
+  }
+  server->impl_->ready = true;
+  Log(LogLevel::kInfo, "serving",
+      {{"inference", "http://" + cfg.http.bind_address + ":" + std::to_string(server->inference_port())},
+       {"metrics", "http://" + cfg.http.bind_address + ":" + std::to_string(server->metrics_port()) + "/metrics"},
+       {"copies", std::to_string(server->impl_->manager->size()), false},
+       {"models", std::to_string(server->impl_->models->List().size()), false}});
+  return server;
+}
+
+int Server::inference_port() const { return impl_->inference->port(); }
+int Server::metrics_port() const { return impl_->metrics_listener->port(); }
+
+void Server::RequestStop() {
+  {
+    std::lock_guard lock(impl_->stop_mutex);
+    impl_->stop = true;
+  }
+  impl_->stop_requested.notify_all();
+}
+
+int Server::Run() {
+  Impl& s = *impl_;
+  {
+    std::unique_lock lock(s.stop_mutex);
+    s.stop_requested.wait(lock, [&] { return s.stop; });
+  }
+  // Graceful shutdown: no new connections, then the requests in flight get their answers.
+  s.ready = false;
+  s.inference->StopAccepting();
+  s.metrics_listener->StopAccepting();
+  const auto grace_end = std::chrono::steady_clock::now() + std::chrono::seconds(s.config.http.shutdown_grace_s);
+  while (s.inference->in_flight() > 0 && std::chrono::steady_clock::now() < grace_end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const int64_t abandoned = s.inference->in_flight();
+  s.models->Stop();
+  s.io.stop();
+  for (std::thread& thread : s.io_threads) thread.join();
+  s.io_threads.clear();
+  Log(abandoned > 0 ? LogLevel::kWarning : LogLevel::kInfo, "stopped",
+      {{"unanswered_requests", std::to_string(abandoned), false}});
+  return 0;
+}
+
+}  // namespace orochi::server
