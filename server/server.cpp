@@ -1,5 +1,6 @@
 #include "orochi/server/server.h"
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 
@@ -36,6 +37,9 @@ struct Server::Impl {
   std::unique_ptr<interpreters::InterpreterManager> manager;
   std::unique_ptr<ModelService> models;
   asio::io_context io;
+  // Keeps the I/O threads running while no socket operation is pending, e.g. when every
+  // connection waits for a model's answer after the listeners stopped accepting.
+  asio::executor_work_guard<asio::io_context::executor_type> keep_running{io.get_executor()};
   http::Router inference_router;
   http::Router metrics_router;
   std::unique_ptr<kserve::KServeApi> api;

@@ -1,0 +1,14 @@
+"""Echoes every input back, for the server's datatype, binary and batching tests."""
+
+import orochi
+
+
+class Echo:
+    def __init__(self, context):
+        self.names = [spec["name"] for spec in context.manifest["inputs"]]
+
+    def predict(self, inputs):
+        outputs = {name.replace("in_", "out_", 1): value for name, value in inputs.items()}
+        rows = inputs["in_int64"].shape[0]
+        outputs["batch"] = orochi.full((rows, 1), rows)  # how many rows ran together
+        return outputs

@@ -1,0 +1,20 @@
+"""A model that takes its time: for deadlines, interrupts and graceful shutdown."""
+
+import time
+
+
+class Slow:
+    def __init__(self, context):
+        pass
+
+    def predict(self, inputs):
+        mode = inputs["mode"][0].decode()
+        seconds = float(inputs["seconds"][0])
+        if mode == "sleep":  # time.sleep, returns on its own
+            time.sleep(seconds)
+        elif mode == "spin":  # pure Python that never returns unless interrupted
+            while True:
+                pass
+        elif mode == "block":  # C code that holds the GIL and never looks at interrupts
+            sum(range(10**15))
+        return {"done": [True]}

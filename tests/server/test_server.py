@@ -1,0 +1,407 @@
+"""The real `orochi serve`, driven with the real curl: every KServe v2 endpoint, every datatype
+in JSON and with the binary extension, errors and limits, batching, deadlines, metrics (checked
+by promtool), graceful shutdown and many concurrent keep-alive clients.
+
+    OROCHI_BINARY=build/bin/orochi python3.11 -m unittest -v test_server
+"""
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+BINARY = os.environ.get("OROCHI_BINARY", os.path.join(os.path.dirname(__file__), "..", "..",
+                                                      "build", "bin", "orochi"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pack_repository(root: str) -> str:
+    repository = os.path.join(root, "repository")
+    for name in ("echo", "slow"):
+        target = os.path.join(repository, name, "1")
+        os.makedirs(target)
+        subprocess.run([BINARY, "pack", os.path.join(HERE, "models", name), "-o",
+                        os.path.join(target, "model.orochi")], check=True, capture_output=True)
+    return repository
+
+
+class Server:
+    """An `orochi serve` process on free ports."""
+
+    def __init__(self, repository: str, config: dict, copies: int = 2):
+        self.directory = tempfile.mkdtemp(prefix="orochi-serve-")
+        config_path = os.path.join(self.directory, "config.json")
+        with open(config_path, "w") as file:
+            json.dump(config, file)
+        self.log_path = os.path.join(self.directory, "serve.log")
+        self.log = open(self.log_path, "w+")
+        self.process = subprocess.Popen(
+            [BINARY, "serve", "--config", config_path, "--model-repository", repository,
+             "--http-port", "0", "--metrics-port", "0", "--copies", str(copies), "--bind",
+             "127.0.0.1"], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with open(self.log_path) as log:
+                match = re.search(r"serving inference=http://[\d.]+:(\d+) metrics=http://[\d.]+:(\d+)",
+                                  log.read())
+            if match:
+                self.port, self.metrics_port = int(match.group(1)), int(match.group(2))
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError("the server did not start:\n" + open(self.log_path).read())
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=60)
+        self.log.close()
+        shutil.rmtree(self.directory)
+        return code
+
+    def log_text(self) -> str:
+        with open(self.log_path) as log:
+            return log.read()
+
+
+def curl(*args, data: bytes | None = None):
+    """(status, headers text, body bytes) of one curl call."""
+    command = ["curl", "-s", "-S", "-D", "-", "--max-time", "60", *args]
+    if data is not None:
+        command += ["--data-binary", "@-"]
+    result = subprocess.run(command, input=data, capture_output=True, timeout=90)
+    raw = result.stdout
+    # The last header block (curl prints one per response, e.g. after 100-continue).
+    parts = raw.split(b"\r\n\r\n")
+    headers_end = 0
+    while raw.startswith(b"HTTP/", headers_end):
+        headers_end = raw.index(b"\r\n\r\n", headers_end) + 4
+        if not raw.startswith(b"HTTP/", headers_end):
+            break
+    del parts
+    head = raw[:headers_end].decode("latin-1")
+    statuses = re.findall(r"HTTP/1\.1 (\d+)", head)
+    return (int(statuses[-1]) if statuses else 0), head, raw[headers_end:]
+
+
+def post_json(server, path, body):
+    return curl("-X", "POST", "-H", "Content-Type: application/json", server.url(path),
+                data=json.dumps(body).encode())
+
+
+def echo_request(rows=1, values=None):
+    """A JSON request to the echo model with one value per datatype and row."""
+    values = values or {}
+    data = {
+        "BOOL": [True, False], "UINT8": [255, 0], "INT8": [-128, 127], "INT16": [-32768, 5],
+        "INT32": [2**31 - 1, -7], "INT64": [2**62 + 1, -3], "FP16": [1.5, -2.0],
+        "BF16": [2.0, -0.5], "FP32": [0.25, 3.5], "FP64": [0.1, -1e300],
+        "BYTES": ["héllo", ""],
+    }
+    inputs = []
+    for datatype, sample in data.items():
+        column = values.get(datatype, [sample[r % 2] for r in range(rows)])
+        inputs.append({"name": f"in_{datatype.lower()}", "datatype": datatype,
+                       "shape": [rows, 1], "data": column})
+    return {"id": "echo-1", "inputs": inputs}
+
+
+class ServerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="orochi-server-test-")
+        cls.repository = pack_repository(cls.root)
+        cls.server = Server(cls.repository, {"models": {"max_queue_delay_us": 200000}})
+
+    @classmethod
+    def tearDownClass(cls):
+        code = cls.server.stop()
+        shutil.rmtree(cls.root)
+        assert code == 0, f"orochi serve exited with {code}"
+
+    def get(self, path):
+        status, _, body = curl(self.server.url(path))
+        return status, json.loads(body) if body else None
+
+    def test_health_and_server_metadata(self):
+        self.assertEqual(self.get("/v2/health/live"), (200, {"live": True}))
+        self.assertEqual(self.get("/v2/health/ready"), (200, {"ready": True}))
+        status, metadata = self.get("/v2")
+        self.assertEqual(status, 200)
+        self.assertEqual(metadata["name"], "orochi")
+        self.assertIn("binary_tensor_data", metadata["extensions"])
+
+    def test_model_metadata_ready_config(self):
+        for path in ("/v2/models/echo", "/v2/models/echo/versions/1"):
+            status, metadata = self.get(path)
+            self.assertEqual(status, 200)
+            self.assertEqual(metadata["name"], "echo")
+            self.assertEqual(metadata["versions"], ["1"])
+            self.assertIn({"name": "in_bf16", "datatype": "BF16", "shape": [-1, -1]},
+                          metadata["inputs"])
+        self.assertEqual(self.get("/v2/models/echo/ready")[1]["ready"], True)
+        self.assertEqual(self.get("/v2/models/echo/versions/1/ready")[0], 200)
+        status, config = self.get("/v2/models/echo/config")
+        self.assertEqual(status, 200)
+        self.assertEqual(config["max_batch_size"], 64)
+        self.assertEqual(config["input"][0], {"name": "in_bool", "data_type": "TYPE_BOOL",
+                                              "dims": [-1]})
+        self.assertEqual(config["dynamic_batching"]["max_queue_delay_microseconds"], 200000)
+        self.assertEqual(config["instance_group"][0]["count"], 2)
+
+    def test_every_datatype_round_trips_in_json(self):
+        status, _, body = post_json(self.server, "/v2/models/echo/infer", echo_request(rows=2))
+        self.assertEqual(status, 200, body)
+        response = json.loads(body)
+        self.assertEqual(response["id"], "echo-1")
+        self.assertEqual(response["model_name"], "echo")
+        self.assertEqual(response["model_version"], "1")
+        outputs = {output["name"]: output for output in response["outputs"]}
+        request = echo_request(rows=2)
+        for entry in request["inputs"]:
+            name = entry["name"].replace("in_", "out_")
+            self.assertEqual(outputs[name]["shape"], [2, 1], name)
+            self.assertEqual(outputs[name]["datatype"], entry["datatype"])
+            expected = entry["data"]
+            if entry["datatype"] == "FP32":
+                expected = [0.25, 3.5]
+            self.assertEqual(outputs[name]["data"], expected, name)
+
+    def test_nested_data_and_selected_outputs(self):
+        request = echo_request(rows=2)
+        for entry in request["inputs"]:
+            entry["data"] = [[value] for value in entry["data"]]  # nested like the shape
+        request["outputs"] = [{"name": "out_int64"}, {"name": "out_bytes"}]
+        status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
+        self.assertEqual(status, 200, body)
+        names = [output["name"] for output in json.loads(body)["outputs"]]
+        self.assertEqual(names, ["out_int64", "out_bytes"])
+
+    def test_binary_extension_both_ways(self):
+        request = echo_request(rows=2)
+        binary = b""
+        for entry in request["inputs"]:
+            if entry["datatype"] == "FP32":
+                raw = struct.pack("<2f", 1.25, -8.0)
+            elif entry["datatype"] == "BYTES":
+                raw = b"".join(struct.pack("<I", len(item)) + item for item in (b"\x00\xff", b"ab"))
+            else:
+                continue
+            entry.pop("data")
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            binary += raw
+        request["outputs"] = [{"name": "out_fp32", "parameters": {"binary_data": True}},
+                              {"name": "out_bytes", "parameters": {"binary_data": True}},
+                              {"name": "out_int8"}]
+        header = json.dumps(request).encode()
+        status, headers, body = curl(
+            "-X", "POST", "-H", "Content-Type: application/octet-stream",
+            "-H", f"Inference-Header-Content-Length: {len(header)}",
+            self.server.url("/v2/models/echo/infer"), data=header + binary)
+        self.assertEqual(status, 200, body)
+        length = int(re.search(r"Inference-Header-Content-Length: (\d+)", headers, re.I).group(1))
+        response = json.loads(body[:length])
+        rest = body[length:]
+        outputs = {output["name"]: output for output in response["outputs"]}
+        self.assertEqual(outputs["out_fp32"]["parameters"]["binary_data_size"], 8)
+        self.assertEqual(struct.unpack("<2f", rest[:8]), (1.25, -8.0))
+        self.assertEqual(rest[8:], struct.pack("<I", 2) + b"\x00\xff" + struct.pack("<I", 2) + b"ab")
+        self.assertEqual(outputs["out_int8"]["data"], [-128, 127])
+
+        request = echo_request(rows=1)
+        request["parameters"] = {"binary_data_output": True}
+        status, headers, body = post_json(self.server, "/v2/models/echo/infer", request)
+        self.assertEqual(status, 200)
+        self.assertRegex(headers, r"(?i)content-type: application/octet-stream")
+
+    def test_errors_have_triton_statuses_and_messages(self):
+        cases = [
+            ("/v2/models/nope/infer", echo_request(), 404, "model 'nope' is not loaded"),
+            ("/v2/models/echo/versions/7/infer", echo_request(), 404, "version 7 is not loaded"),
+            ("/v2/models/echo/versions/x/infer", echo_request(), 400, "positive integer"),
+        ]
+        for path, body, status, message in cases:
+            got, _, text = post_json(self.server, path, body)
+            self.assertEqual(got, status, text)
+            self.assertIn(message, json.loads(text)["error"])
+        wrong_type = echo_request()
+        wrong_type["inputs"][5]["datatype"] = "FP32"
+        got, _, text = post_json(self.server, "/v2/models/echo/infer", wrong_type)
+        self.assertEqual((got, json.loads(text)["error"]),
+                         (400, "input 'in_int64' has datatype FP32, but the model expects INT64"))
+        wrong_count = echo_request()
+        wrong_count["inputs"][0]["data"] = [True, True]
+        got, _, text = post_json(self.server, "/v2/models/echo/infer", wrong_count)
+        self.assertIn("has 2 values, but shape [1, 1] needs 1", json.loads(text)["error"])
+        missing = echo_request()
+        missing["inputs"].pop()
+        got, _, text = post_json(self.server, "/v2/models/echo/infer", missing)
+        self.assertEqual((got, json.loads(text)["error"]), (400, "input 'in_bytes' is missing"))
+        got, _, text = curl("-X", "POST", self.server.url("/v2/models/echo/infer"), data=b"{nope")
+        self.assertEqual((got, json.loads(text)["error"]), (400, "the request body is not valid JSON"))
+        got, _, text = curl("-X", "POST", self.server.url("/v2/models/echo/infer"),
+                            data=b"[" * 1000 + b"]" * 1000)
+        self.assertEqual(got, 400)
+        self.assertIn("nested deeper than the limit of 64", json.loads(text)["error"])
+        got, _, text = curl("-X", "POST", self.server.url("/v2/models/echo/infer"),
+                            data=b"0" * (65 * 1024 * 1024))
+        self.assertEqual(got, 413)
+        self.assertIn("larger than the limit", json.loads(text)["error"])
+        got, _, text = curl(self.server.url("/v2/models/echo/infer"))
+        self.assertEqual(got, 405)
+        got, _, text = curl(self.server.url("/v3"))
+        self.assertEqual((got, json.loads(text)["error"]), (404, "no such endpoint: GET /v3"))
+        big_header = "X-Big: " + "a" * 20000
+        got, _, text = curl("-H", big_header, self.server.url("/v2/health/live"))
+        self.assertEqual(got, 431)
+
+    def test_model_errors_carry_the_traceback(self):
+        body = {"inputs": [{"name": "mode", "datatype": "BYTES", "shape": [1], "data": ["bad"]},
+                           {"name": "seconds", "datatype": "FP64", "shape": [1], "data": ["x"]}]}
+        got, _, text = post_json(self.server, "/v2/models/slow/infer", body)
+        self.assertEqual(got, 400)
+        self.assertIn("input 'seconds' is FP64: expected numbers", json.loads(text)["error"])
+
+    def test_deadline_in_the_queue(self):
+        sleeper = {"inputs": [{"name": "mode", "datatype": "BYTES", "shape": [1], "data": ["sleep"]},
+                              {"name": "seconds", "datatype": "FP64", "shape": [1], "data": [1.0]}]}
+        threads = [threading.Thread(target=post_json, args=(self.server, "/v2/models/slow/infer",
+                                                            sleeper)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.2)  # both copies are now busy for a second
+        hurried = dict(sleeper, parameters={"timeout": 100000})  # 100 ms
+        got, _, text = post_json(self.server, "/v2/models/slow/infer", hurried)
+        for thread in threads:
+            thread.join()
+        self.assertEqual(got, 504, text)
+        self.assertIn("deadline expired after", json.loads(text)["error"])
+
+    def test_batching_is_observable_and_rows_go_back_to_their_clients(self):
+        results = {}
+
+        def client(index):
+            request = echo_request(rows=1, values={"INT64": [index]})
+            status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
+            outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
+            results[index] = (status, outputs["out_int64"]["data"], outputs["batch"]["data"])
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(len(results), 16)
+        for index, (status, echoed, _) in results.items():
+            self.assertEqual((status, echoed), (200, [index]))
+        self.assertGreater(max(batch[0] for _, _, batch in results.values()), 1)
+        _, stats = self.get("/v2/models/echo/stats")
+        sizes = [entry["batch_size"] for entry in stats["model_stats"][0]["batch_stats"]]
+        self.assertGreater(max(sizes), 1)
+        status, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
+        bucket = re.search(r'orochi_batch_size_bucket\{model="echo",version="1",le="1"\} (\d+)',
+                           metrics.decode())
+        count = re.search(r'orochi_batch_size_count\{model="echo",version="1"\} (\d+)',
+                          metrics.decode())
+        self.assertLess(int(bucket.group(1)), int(count.group(1)), "some batches had > 1 row")
+
+    def test_metrics_pass_promtool(self):
+        post_json(self.server, "/v2/models/echo/infer", echo_request())
+        status, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
+        self.assertEqual(status, 200)
+        text = metrics.decode()
+        for name in ("orochi_inference_requests_total", "orochi_request_duration_seconds_bucket",
+                     "orochi_queue_duration_seconds", "orochi_compute_duration_seconds",
+                     "orochi_batch_size", "orochi_queue_depth", "orochi_interpreter_copies",
+                     "orochi_copy_busy_seconds_total", "orochi_model_loads_total",
+                     "orochi_model_load_duration_seconds", "orochi_http_requests_total",
+                     "process_cpu_seconds_total", "process_resident_memory_bytes",
+                     "process_open_fds"):
+            self.assertIn(name, text)
+        checked = subprocess.run(["promtool", "check", "metrics"], input=metrics,
+                                 capture_output=True)
+        self.assertEqual(checked.returncode, 0, checked.stdout + checked.stderr)
+
+    def test_one_log_line_per_request(self):
+        curl(self.server.url("/v2/health/live?probe=log-line"))
+        time.sleep(0.1)
+        lines = [line for line in self.server.log_text().splitlines() if "probe=log-line" in line]
+        self.assertEqual(len(lines), 1)
+        self.assertRegex(lines[0], r"info request listener=inference method=GET "
+                                   r"target=/v2/health/live\?probe=log-line status=200 "
+                                   r"duration_us=\d+")
+
+    def test_many_keep_alive_clients(self):
+        duration = float(os.environ.get("OROCHI_LOAD_SECONDS", "30"))
+        errors, answered = [], [0]
+        lock = threading.Lock()
+        body = json.dumps(echo_request(rows=1, values={"INT64": [0]}))
+
+        def client(index):
+            connection = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=60)
+            request = body.replace('"data": [0]', f'"data": [{index}]')
+            end = time.time() + duration
+            while time.time() < end:
+                connection.request("POST", "/v2/models/echo/infer", request,
+                                   {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                payload = response.read()
+                outputs = {o["name"]: o for o in json.loads(payload)["outputs"]} \
+                    if response.status == 200 else {}
+                if response.status != 200 or outputs["out_int64"]["data"] != [index]:
+                    with lock:
+                        errors.append((response.status, payload[:200]))
+                with lock:
+                    answered[0] += 1
+            connection.close()
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(100)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(errors, [])
+        self.assertGreater(answered[0], 100)
+        print(f"\n100 keep-alive clients, {duration:.0f} s: {answered[0]} answers, no errors")
+
+
+class ShutdownTest(unittest.TestCase):
+    def test_sigterm_answers_requests_in_flight_then_exits_zero(self):
+        root = tempfile.mkdtemp(prefix="orochi-shutdown-test-")
+        try:
+            server = Server(pack_repository(root), {})
+            sleeper = {"inputs": [{"name": "mode", "datatype": "BYTES", "shape": [1],
+                                   "data": ["sleep"]},
+                                  {"name": "seconds", "datatype": "FP64", "shape": [1],
+                                   "data": [1.0]}]}
+            results = []
+            threads = [threading.Thread(target=lambda: results.append(
+                post_json(server, "/v2/models/slow/infer", sleeper)[0])) for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            time.sleep(0.3)
+            server.process.send_signal(signal.SIGTERM)
+            for thread in threads:
+                thread.join()
+            self.assertEqual(results, [200, 200])
+            self.assertEqual(server.process.wait(timeout=30), 0)
+            self.assertIn("stopped unanswered_requests=0", server.log_text())
+            server.stop()
+        finally:
+            shutil.rmtree(root)
+
+
+if __name__ == "__main__":
+    unittest.main()
