@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change to the structs or functions below. */
-#define OROCHI_COPY_ABI_VERSION 3u
+#define OROCHI_COPY_ABI_VERSION 4u
 #define OROCHI_COPY_ENTRY_SYMBOL "orochi_copy_entry"
 
 typedef enum OrochiCopyCode {
@@ -156,6 +156,11 @@ typedef struct OrochiCopyTable {
    * positionally and replies with its result. */
   int32_t (*call)(const char* target, const OrochiValue* args, size_t arg_count,
                   OrochiReply* reply);
+  /* Raises TimeoutError in the thread running the copy's current call (run, exec, eval or
+   * call), from any host thread; replies True if a call was running. It takes the copy's GIL,
+   * so it waits while the running call holds it in C code: call it from a thread that may
+   * block. An interrupt that arrives as the call ends is dropped, never left for the next. */
+  int32_t (*interrupt)(OrochiReply* reply);
   /* Frees every allocation CPython left behind at finalization; replies with the byte count.
    * Only after finalize, and only once no thread of the copy runs any more. */
   int32_t (*release_memory)(OrochiReply* reply);

@@ -10,6 +10,7 @@
 
 #include <Python.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "copy_abi.h"
@@ -23,6 +24,10 @@ struct CopyState {
   bool finalized = false;
   PyObject* boot_module = nullptr;  // _orochi_boot, owned
   int64_t probe_counter = 0;        // bumped by _orochi._state_probe()
+  // The OS thread running a host call (0 when none), and whether an interrupt was sent to it;
+  // both change only with the GIL held.
+  std::atomic<unsigned long> running_thread{0};
+  bool interrupt_pending = false;
 };
 
 inline CopyState& State() {

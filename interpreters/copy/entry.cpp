@@ -444,6 +444,24 @@ PyObject* StringList(const char* const* items, size_t count) {
   return list;
 }
 
+// Marks the calling thread as the one running this copy's current host call, for interrupt().
+// Constructed and destroyed with the GIL held.
+class RunningCall {
+ public:
+  RunningCall() { State().running_thread.store(PyThread_get_thread_ident()); }
+  RunningCall(const RunningCall&) = delete;
+  RunningCall& operator=(const RunningCall&) = delete;
+  ~RunningCall() {
+    CopyState& state = State();
+    if (state.interrupt_pending) {
+      // Not yet raised (the call ended first): withdraw it, or the next call would get it.
+      PyThreadState_SetAsyncExc(state.running_thread.load(), nullptr);
+      state.interrupt_pending = false;
+    }
+    state.running_thread.store(0);
+  }
+};
+
 int32_t Run(const OrochiRunRequest* request, OrochiReply* reply) {
   if (int32_t code = CheckReady(reply); code != OROCHI_COPY_OK) return code;
   if (request == nullptr || request->struct_size < sizeof(OrochiRunRequest) ||
@@ -452,6 +470,7 @@ int32_t Run(const OrochiRunRequest* request, OrochiReply* reply) {
                       "a run request needs a target (code, file or module)");
   }
   GilScope gil;
+  RunningCall running;
   PyObject* argv = StringList(request->argv, request->argc);
   if (argv == nullptr) return ReplyPythonError(reply);
   const char* target = request->target != nullptr ? request->target : "";
@@ -467,6 +486,7 @@ int32_t Exec(const char* code, const char* filename, OrochiReply* reply) {
     return ReplyError(reply, OROCHI_COPY_INVALID_ARGUMENT, "ValueError", "no code to execute");
   }
   GilScope gil;
+  RunningCall running;
   return CallBoot("exec_main",
                   Py_BuildValue("(ss)", code, filename != nullptr ? filename : "<string>"), reply);
 }
@@ -477,6 +497,7 @@ int32_t Eval(const char* expression, OrochiReply* reply) {
     return ReplyError(reply, OROCHI_COPY_INVALID_ARGUMENT, "ValueError", "no expression");
   }
   GilScope gil;
+  RunningCall running;
   return CallBoot("eval_main", Py_BuildValue("(s)", expression), reply);
 }
 
@@ -487,6 +508,7 @@ int32_t Call(const char* target, const OrochiValue* args, size_t arg_count, Oroc
                       "a call needs a target \"module:name\"");
   }
   GilScope gil;
+  RunningCall running;
   PyRef arguments(PyTuple_New(static_cast<Py_ssize_t>(arg_count)));
   if (!arguments) return ReplyPythonError(reply);
   for (size_t i = 0; i < arg_count; ++i) {
@@ -495,6 +517,23 @@ int32_t Call(const char* target, const OrochiValue* args, size_t arg_count, Oroc
     PyTuple_SET_ITEM(arguments.get(), static_cast<Py_ssize_t>(i), item);
   }
   return CallBoot("call_target", Py_BuildValue("(sO)", target, arguments.get()), reply);
+}
+
+int32_t Interrupt(OrochiReply* reply) {
+  CopyState& state = State();
+  OrochiValue result{};
+  result.kind = OROCHI_VALUE_BOOL;
+  if (state.initialized && !state.finalized && state.running_thread.load() != 0) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    const unsigned long target = state.running_thread.load();
+    if (target != 0 && PyThreadState_SetAsyncExc(target, PyExc_TimeoutError) > 0) {
+      state.interrupt_pending = true;
+      result.int_value = 1;
+    }
+    PyGILState_Release(gil);
+  }
+  reply->set_value(reply, &result);
+  return OROCHI_COPY_OK;
 }
 
 // Wraps a table function so that no C++ exception escapes into the host.
@@ -526,7 +565,8 @@ struct NoThrow<Function> {
 const OrochiCopyTable kCopyTable = {
     OROCHI_COPY_ABI_VERSION, sizeof(OrochiCopyTable), NoThrow<Initialize>::Call,
     NoThrow<Finalize>::Call, NoThrow<Run>::Call,      NoThrow<Exec>::Call,
-    NoThrow<Eval>::Call,     NoThrow<Call>::Call,     NoThrow<ReleaseMemory>::Call,
+    NoThrow<Eval>::Call,     NoThrow<Call>::Call,     NoThrow<Interrupt>::Call,
+    NoThrow<ReleaseMemory>::Call,
 };
 
 }  // namespace

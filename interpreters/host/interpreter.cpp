@@ -114,6 +114,7 @@ const OrochiCopyTable kUnloadedTable = {
     UnloadedEval,
     UnloadedCall,
     Unloaded,
+    Unloaded,
 };
 
 // Builds OrochiValues for a call, keeping the arrays that nested lists point into alive until
@@ -328,7 +329,10 @@ Status Interpreter::Unload(std::chrono::milliseconds thread_grace) {
   Impl& impl = *impl_;
   if (impl.library == nullptr) return Status::Ok();
   const OrochiCopyTable* live = impl.table;
-  impl.table = &kUnloadedTable;  // from now on, late calls meet the stubs
+  {
+    std::lock_guard interrupt_lock(interrupt_mutex_);
+    impl.table = &kUnloadedTable;  // from now on, late calls meet the stubs
+  }
   ReplySink sink;
   Status finalized = sink.ToStatus(live->finalize(&sink.reply), id_);
   // Threads joined by Python may still be on their way out of the copy's code, and daemon
@@ -393,6 +397,16 @@ Result<Value> Interpreter::Eval(std::string_view expression) {
   OROCHI_RETURN_IF_ERROR(
       sink.ToStatus(impl_->table->eval(expression_text.c_str(), &sink.reply), id_));
   return std::move(sink.value);
+}
+
+Result<bool> Interpreter::Interrupt() {
+  // Not under mutex_: the call to interrupt holds it. Unload takes interrupt_mutex_ before it
+  // swaps the table, so the copy cannot go away under an interrupt.
+  std::lock_guard lock(interrupt_mutex_);
+  ReplySink sink;
+  OROCHI_RETURN_IF_ERROR(sink.ToStatus(impl_->table->interrupt(&sink.reply), id_));
+  const bool* delivered = std::get_if<bool>(&sink.value);
+  return delivered != nullptr && *delivered;
 }
 
 Result<Value> Interpreter::Call(std::string_view target, std::span<const Value> args) {

@@ -341,3 +341,30 @@ TEST(InterpreterThreads, EachOsThreadKeepsItsOwnPythonThreadState) {
 
 }  // namespace
 }  // namespace orochi::interpreters
+
+namespace orochi::interpreters {
+namespace {
+
+TEST(InterpreterInterrupt, RaisesTimeoutErrorInTheRunningCallAndTheCopyGoesOn) {
+  auto copy = NewCopy();
+  ASSERT_TRUE(copy);
+  ASSERT_OK(copy->Exec("def spin():\n    while True:\n        pass\n"));
+  EXPECT_FALSE(*copy->Interrupt()) << "nothing runs yet";
+  Result<Value> spun = Internal("not run");
+  std::thread caller([&] { spun = copy->Call("__main__:spin"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Result<bool> delivered = copy->Interrupt();
+  caller.join();
+  ASSERT_TRUE(delivered.ok());
+  EXPECT_TRUE(*delivered);
+  ASSERT_FALSE(spun.ok());
+  EXPECT_EQ(spun.status().code(), StatusCode::kPythonError);
+  EXPECT_THAT(spun.status().message(), HasSubstr("TimeoutError"));
+  EXPECT_EQ(EvalInt(*copy, "21 * 2"), 42) << "the copy serves the next call";
+  // An interrupt that finds no call is not kept for the next one.
+  EXPECT_FALSE(*copy->Interrupt());
+  EXPECT_EQ(EvalInt(*copy, "sum(range(100000))"), 4999950000);
+}
+
+}  // namespace
+}  // namespace orochi::interpreters

@@ -91,6 +91,11 @@ class Interpreter {
   // Imports `module` from "module:qualified.name" and calls the callable with `args`.
   Result<Value> Call(std::string_view target, std::span<const Value> args = {});
 
+  // Raises TimeoutError in the Python code of the call running in this copy, from any thread;
+  // true if a call was running. Waits for the copy's GIL, so a copy stuck in C code that holds
+  // it blocks the caller: call it from a thread that may wait.
+  Result<bool> Interrupt();
+
   // Finalizes CPython (atexit handlers run, non-daemon threads are joined) and unmaps the
   // copy. Idempotent. Daemon threads end when they next reach for the GIL; Unload waits up to
   // `thread_grace` for every thread the copy started to be gone. If some still run, the copy's
@@ -105,6 +110,7 @@ class Interpreter {
 
   int id_;
   mutable std::mutex mutex_;  // serialises calls, guards impl_
+  std::mutex interrupt_mutex_;  // keeps the table in place during Interrupt()
   std::unique_ptr<Impl> impl_;
 };
 
