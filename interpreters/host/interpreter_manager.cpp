@@ -11,6 +11,10 @@ InterpreterManager::InterpreterManager(ManagerOptions options) : options_(std::m
 
 InterpreterManager::~InterpreterManager() {
   std::lock_guard lock(mutex_);
+  // Abandoned copies may still have a thread inside: they are never unloaded (see Abandon).
+  for (std::shared_ptr<Interpreter>& copy : abandoned_) {
+    new std::shared_ptr<Interpreter>(std::move(copy));  // NOLINT: leaked on purpose
+  }
   for (const Slot& slot : slots_) {
     OROCHI_INTERNAL_ASSERT(!slot.leased, "an InterpreterManager was destroyed with a live Lease");
   }
@@ -52,30 +56,52 @@ Result<std::unique_ptr<InterpreterManager>> InterpreterManager::Create(ManagerOp
   return manager;
 }
 
-InterpreterManager::Lease::Lease(InterpreterManager* manager, size_t slot,
+InterpreterManager::Lease::Lease(InterpreterManager* manager, size_t slot, uint64_t generation,
                                  std::shared_ptr<Interpreter> interpreter)
-    : manager_(manager), slot_(slot), interpreter_(std::move(interpreter)) {}
+    : manager_(manager), slot_(slot), generation_(generation), interpreter_(std::move(interpreter)) {}
 
 InterpreterManager::Lease::Lease(Lease&& other) noexcept
     : manager_(std::exchange(other.manager_, nullptr)),
       slot_(other.slot_),
+      generation_(other.generation_),
       interpreter_(std::move(other.interpreter_)) {}
 
 InterpreterManager::Lease::~Lease() {
-  if (manager_ != nullptr) manager_->Release(slot_);
+  if (manager_ != nullptr) manager_->Release(slot_, generation_);
 }
 
 InterpreterManager::Lease InterpreterManager::LeaseLocked(size_t slot) {
   slots_[slot].leased = true;
-  return Lease(this, slot, slots_[slot].interpreter);
+  return Lease(this, slot, slots_[slot].generation, slots_[slot].interpreter);
 }
 
-void InterpreterManager::Release(size_t slot) {
+void InterpreterManager::Release(size_t slot, uint64_t generation) {
   {
     std::lock_guard lock(mutex_);
+    // A lease on an abandoned copy no longer holds the slot.
+    if (slots_[slot].generation == generation) slots_[slot].leased = false;
+  }
+  slot_freed_.notify_all();
+}
+
+Status InterpreterManager::Abandon(size_t slot) {
+  OROCHI_INTERNAL_ASSERT(slot < slots_.size(), "Abandon: slot out of range");
+  int copy_id = 0;
+  {
+    std::lock_guard lock(mutex_);
+    copy_id = next_copy_id_++;
+  }
+  Result<std::unique_ptr<Interpreter>> fresh = Interpreter::Create(OptionsFor(copy_id));
+  if (!fresh.ok()) return fresh.status();
+  {
+    std::lock_guard lock(mutex_);
+    abandoned_.push_back(std::move(slots_[slot].interpreter));
+    slots_[slot].interpreter = std::move(fresh).value();
+    slots_[slot].generation++;
     slots_[slot].leased = false;
   }
   slot_freed_.notify_all();
+  return Status::Ok();
 }
 
 InterpreterManager::Lease InterpreterManager::Acquire() {

@@ -131,8 +131,9 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
   for (const auto& [name, tensor] : source.weights) {
     weights.items.emplace_back(ValueList{{name, tensor}});
   }
-  const std::vector<Value> arguments{source.key, source.manifest_json, source.config_json,
-                                     std::move(code), std::move(weights)};
+  model->load_arguments_ = {source.key, source.manifest_json, source.config_json, std::move(code),
+                            std::move(weights)};
+  const std::vector<Value>& arguments = model->load_arguments_;
 
   // Each copy builds its own instance; they start together, each on its own thread.
   std::vector<Status> results(slots.size());
@@ -181,6 +182,19 @@ Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(Interpreter& copy,
     return error;
   }
   return FromOutputs(*outputs);
+}
+
+Status ReplicatedModel::LoadInto(size_t slot) {
+  if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
+  InterpreterManager::Lease lease = manager_.AcquireSlot(slot);
+  Result<Value> loaded = lease->Call("orochi.serving:_load", load_arguments_);
+  if (!loaded.ok()) {
+    return Status(loaded.status().code(),
+                  "reloading model " + key_ + " in interpreter copy " +
+                      std::to_string(lease->id()) + ": " + loaded.status().message(),
+                  loaded.status().detail());
+  }
+  return Status::Ok();
 }
 
 Status ReplicatedModel::Unload() {

@@ -1,5 +1,7 @@
 #include "model_service.h"
 
+#include "log.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <utility>
@@ -31,7 +33,8 @@ ModelService::ModelService(interpreters::InterpreterManager& manager, const Mode
     : manager_(manager),
       config_(config),
       metrics_(metrics),
-      scheduler_(manager, static_cast<size_t>(config.max_queue_size), this) {}
+      scheduler_(manager, static_cast<size_t>(config.max_queue_size),
+                 std::chrono::milliseconds(config.execution_grace_ms), this) {}
 
 ModelService::~ModelService() { Stop(); }
 
@@ -225,6 +228,19 @@ void ModelService::OnBatch(const std::string& model_key, int64_t rows, int64_t r
 void ModelService::OnQueueDepth(const std::string& model_key, int64_t depth) {
   size_t colon = model_key.rfind(':');
   metrics_.QueueDepth(model_key.substr(0, colon), model_key.substr(colon + 1), depth);
+}
+
+void ModelService::OnCopyReplaced(size_t slot, const Status& result) {
+  replaced_copies_++;
+  metrics_.Copies("replaced", replaced_copies_.load());
+  if (result.ok()) {
+    Log(LogLevel::kWarning, "interpreter copy replaced: it did not stop after an interrupt",
+        {{"copy", std::to_string(slot), false}});
+  } else {
+    metrics_.Copies("failed", 1);
+    Log(LogLevel::kError, "replacing a stuck interpreter copy failed",
+        {{"copy", std::to_string(slot), false}, {"error", result.message()}});
+  }
 }
 
 void ModelService::OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) {

@@ -5,6 +5,7 @@
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -90,6 +91,7 @@ class ModelService : public SchedulerObserver {
                std::chrono::nanoseconds compute, bool ok) override;
   void OnQueueDepth(const std::string& model_key, int64_t depth) override;
   void OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) override;
+  void OnCopyReplaced(size_t slot, const Status& result) override;
 
  private:
   std::shared_ptr<ServedModel> FindByKey(const std::string& key) const;
@@ -102,6 +104,7 @@ class ModelService : public SchedulerObserver {
   mutable std::mutex mutex_;
   std::map<std::string, std::map<int64_t, std::shared_ptr<ServedModel>>> models_;
   size_t next_slot_ = 0;
+  std::atomic<int64_t> replaced_copies_{0};
 };
 
 }  // namespace orochi::server

@@ -77,11 +77,16 @@ Result<std::vector<NamedTensor>> Slice(const std::vector<NamedTensor>& outputs, 
 }  // namespace
 
 Scheduler::Scheduler(interpreters::InterpreterManager& manager, size_t max_queue_size,
-                     SchedulerObserver* observer)
-    : manager_(manager), max_queue_size_(max_queue_size), observer_(observer) {
+                     std::chrono::milliseconds execution_grace, SchedulerObserver* observer)
+    : manager_(manager),
+      max_queue_size_(max_queue_size),
+      execution_grace_(execution_grace),
+      observer_(observer),
+      workers_(manager.size()) {
   for (size_t slot = 0; slot < manager.size(); ++slot) {
-    workers_.emplace_back([this, slot] { Work(slot); });
+    workers_[slot].thread = std::thread([this, slot] { Work(slot, 0); });
   }
+  watchdog_ = std::thread([this] { Watch(); });
 }
 
 Scheduler::~Scheduler() { Stop(); }
@@ -136,16 +141,19 @@ int64_t Scheduler::QueueDepth(const std::string& model_key) const {
 }
 
 void Scheduler::Stop() {
+  std::vector<std::thread> threads;
   {
     std::lock_guard lock(mutex_);
-    if (stopping_ && workers_.empty()) return;
+    if (stopping_ && !watchdog_.joinable()) return;
     stopping_ = true;
+    for (Worker& worker : workers_) {
+      if (worker.thread.joinable()) threads.push_back(std::move(worker.thread));
+    }
+    if (watchdog_.joinable()) threads.push_back(std::move(watchdog_));
   }
   work_ready_.notify_all();
-  for (std::thread& worker : workers_) {
-    if (worker.joinable()) worker.join();
-  }
-  workers_.clear();
+  watch_.notify_all();
+  for (std::thread& thread : threads) thread.join();
 }
 
 Scheduler::ModelQueue* Scheduler::Pick(size_t slot) {
@@ -191,9 +199,9 @@ std::vector<InferJob> Scheduler::TakeBatch(std::unique_lock<std::mutex>& lock, M
   return batch;
 }
 
-void Scheduler::Work(size_t slot) {
+void Scheduler::Work(size_t slot, uint64_t generation) {
   std::unique_lock lock(mutex_);
-  while (true) {
+  while (workers_[slot].generation == generation) {
     ModelQueue* queue = Pick(slot);
     if (queue == nullptr) {
       if (stopping_) return;
@@ -206,18 +214,27 @@ void Scheduler::Work(size_t slot) {
     }
     queue->running++;
     lock.unlock();
-    Run(slot, *queue, std::move(batch));
+    const bool current = Run(slot, generation, *queue, std::move(batch));
     lock.lock();
+    if (!current) return;  // the copy was abandoned under this thread; a new worker took over
     queue->running--;
     idle_.notify_all();
   }
 }
 
-void Scheduler::Run(size_t slot, ModelQueue& queue, std::vector<InferJob> batch) {
+void Scheduler::Answer(Batch& batch, const Status& error, const InferTimings& timings) {
+  if (batch.answered.exchange(true)) return;
+  for (InferJob& job : batch.jobs) job.done(error, timings);
+}
+
+bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
+                    std::vector<InferJob> jobs) {
   const Clock::time_point start = Clock::now();
   // Requests whose deadline passed in the queue are answered without running.
-  std::vector<InferJob> live;
-  for (InferJob& job : batch) {
+  auto batch = std::make_shared<Batch>();
+  batch->started = start;
+  std::optional<Clock::time_point> deadline;
+  for (InferJob& job : jobs) {
     if (job.deadline && *job.deadline <= start) {
       InferTimings timings{start - job.enqueued, {}, 0};
       job.done(Status(StatusCode::kDeadlineExceeded,
@@ -227,37 +244,137 @@ void Scheduler::Run(size_t slot, ModelQueue& queue, std::vector<InferJob> batch)
                                              .count()) +
                           " ms in the queue"),
                timings);
-    } else {
-      live.push_back(std::move(job));
+      continue;
     }
+    if (job.deadline && (!deadline || *job.deadline < *deadline)) deadline = job.deadline;
+    batch->jobs.push_back(std::move(job));
   }
-  if (live.empty()) return;
+  if (batch->jobs.empty()) return true;
   int64_t total_rows = 0;
-  for (const InferJob& job : live) total_rows += job.rows;
+  for (const InferJob& job : batch->jobs) total_rows += job.rows;
 
-  Result<std::vector<NamedTensor>> outputs = [&]() -> Result<std::vector<NamedTensor>> {
-    OROCHI_ASSIGN_OR_RETURN(std::vector<NamedTensor> inputs, Concatenate(live));
-    interpreters::InterpreterManager::Lease lease = manager_.AcquireSlot(slot);
-    return queue.model->PredictIn(*lease, inputs);
-  }();
+  Result<std::vector<NamedTensor>> inputs = Concatenate(batch->jobs);
+  interpreters::InterpreterManager::Lease lease = manager_.AcquireSlot(slot);
+  {
+    std::lock_guard lock(mutex_);
+    Worker& worker = workers_[slot];
+    worker.queue = &queue;
+    worker.batch = batch;
+    worker.copy = lease.shared();
+    worker.deadline = deadline;
+    worker.interrupted = false;
+  }
+  watch_.notify_all();
+  Result<std::vector<NamedTensor>> outputs =
+      inputs.ok() ? queue.model->PredictIn(*lease, *inputs) : inputs.status();
   const Clock::time_point end = Clock::now();
+  bool interrupted = false;
+  {
+    std::lock_guard lock(mutex_);
+    Worker& worker = workers_[slot];
+    if (worker.generation != generation) return false;  // abandoned: the watchdog answered
+    interrupted = worker.interrupted;
+    worker.batch.reset();
+    worker.copy.reset();
+    worker.deadline.reset();
+    worker.queue = nullptr;
+  }
   if (observer_ != nullptr) {
-    observer_->OnBatch(queue.model->key(), total_rows, static_cast<int64_t>(live.size()),
+    observer_->OnBatch(queue.model->key(), total_rows, static_cast<int64_t>(batch->jobs.size()),
                        end - start, outputs.ok());
     observer_->OnCopyBusy(slot, end - start);
   }
+  if (interrupted && !outputs.ok()) {
+    InferTimings timings{{}, end - start, total_rows};
+    Answer(*batch,
+           Status(StatusCode::kDeadlineExceeded,
+                  "the request ran past its deadline and was interrupted after " +
+                      std::to_string(
+                          std::chrono::duration_cast<std::chrono::milliseconds>(end - start)
+                              .count()) +
+                      " ms of execution"),
+           timings);
+    return true;
+  }
+  if (batch->answered.exchange(true)) return true;
   int64_t start_row = 0;
-  for (InferJob& job : live) {
+  for (InferJob& job : batch->jobs) {
     InferTimings timings{start - job.enqueued, end - start, total_rows};
     if (!outputs.ok()) {
       job.done(outputs.status(), timings);
-    } else if (live.size() == 1) {
+    } else if (batch->jobs.size() == 1) {
       job.done(std::move(outputs).value(), timings);
     } else {
       job.done(Slice(*outputs, start_row, job.rows, total_rows), timings);
     }
     start_row += job.rows;
   }
+  return true;
+}
+
+void Scheduler::Watch() {
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    const Clock::time_point now = Clock::now();
+    Clock::time_point next = now + std::chrono::seconds(1);
+    for (size_t slot = 0; slot < workers_.size(); ++slot) {
+      Worker& worker = workers_[slot];
+      if (!worker.batch || !worker.deadline) continue;
+      if (!worker.interrupted) {
+        if (now >= *worker.deadline) {
+          worker.interrupted = true;
+          // Interrupting takes the copy's GIL, which a copy stuck in C never gives up: do it on
+          // a thread of its own, so the watchdog itself never waits on a copy.
+          std::thread([copy = worker.copy] { (void)copy->Interrupt(); }).detach();
+          next = std::min(next, *worker.deadline + execution_grace_);
+        } else {
+          next = std::min(next, *worker.deadline);
+        }
+      } else if (now >= *worker.deadline + execution_grace_) {
+        ReplaceStuckCopy(lock, slot);
+      } else {
+        next = std::min(next, *worker.deadline + execution_grace_);
+      }
+    }
+    watch_.wait_until(lock, next);
+  }
+}
+
+void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot) {
+  Worker& worker = workers_[slot];
+  std::shared_ptr<Batch> batch = std::move(worker.batch);
+  ModelQueue* queue = worker.queue;
+  worker.generation++;
+  worker.copy.reset();
+  worker.deadline.reset();
+  worker.queue = nullptr;
+  worker.thread.detach();  // it may never come back from the copy
+  if (queue != nullptr) queue->running--;
+  idle_.notify_all();
+  const uint64_t generation = worker.generation;
+  std::vector<std::shared_ptr<interpreters::ReplicatedModel>> held;
+  for (auto& [key, candidate] : queues_) {
+    if (candidate->held_by[slot]) held.push_back(candidate->model);
+  }
+  // A fresh copy, with the same models, takes the slot; its worker starts when it is ready.
+  worker.thread = std::thread([this, slot, generation, held = std::move(held)] {
+    Status replaced = manager_.Abandon(slot);
+    for (const auto& model : held) {
+      if (replaced.ok()) replaced = model->LoadInto(slot);
+    }
+    if (observer_ != nullptr) observer_->OnCopyReplaced(slot, replaced);
+    if (replaced.ok()) Work(slot, generation);
+  });
+  lock.unlock();
+  const Clock::time_point now = Clock::now();
+  InferTimings timings{{}, now - batch->started, 0};
+  Answer(*batch,
+         Status(StatusCode::kDeadlineExceeded,
+                "the request ran past its deadline and did not stop within the grace period of " +
+                    std::to_string(execution_grace_.count()) +
+                    " ms; its interpreter copy was replaced"),
+         timings);
+  lock.lock();
 }
 
 }  // namespace orochi::server

@@ -6,12 +6,17 @@
 // for more, stopping at a preferred batch size) until the batch is full, concatenates their
 // inputs along dim 0, runs predict() once in its copy and splits the outputs back by rows.
 // Requests whose deadline passes while queued are answered with kDeadlineExceeded and never
-// run.
+// run. A batch still running at its earliest deadline is interrupted inside its copy
+// (TimeoutError in the model's Python code) and answered with kDeadlineExceeded; if the copy
+// does not return within the execution grace period (stuck in C code), its requests are
+// answered, the copy is abandoned and a fresh one, with the same models loaded, takes its
+// place.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -62,12 +67,13 @@ class SchedulerObserver {
                        std::chrono::nanoseconds compute, bool ok) = 0;
   virtual void OnQueueDepth(const std::string& model_key, int64_t depth) = 0;
   virtual void OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) = 0;
+  virtual void OnCopyReplaced(size_t slot, const Status& result) = 0;
 };
 
 class Scheduler {
  public:
   Scheduler(interpreters::InterpreterManager& manager, size_t max_queue_size,
-            SchedulerObserver* observer);
+            std::chrono::milliseconds execution_grace, SchedulerObserver* observer);
   ~Scheduler();  // Stop()
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -96,20 +102,46 @@ class Scheduler {
     std::vector<bool> held_by;  // by slot
   };
 
-  void Work(size_t slot);
+  // A batch being run; answered once, by its worker or, if the copy is stuck, the watchdog.
+  struct Batch {
+    std::vector<InferJob> jobs;
+    std::atomic<bool> answered{false};
+    Clock::time_point started;
+  };
+
+  // One per copy. generation changes when the copy is abandoned; the worker thread that was
+  // stuck in it then finds itself superseded and leaves without touching anything.
+  struct Worker {
+    uint64_t generation = 0;
+    std::thread thread;
+    ModelQueue* queue = nullptr;  // of the running batch
+    std::shared_ptr<Batch> batch;
+    std::shared_ptr<interpreters::Interpreter> copy;
+    std::optional<Clock::time_point> deadline;
+    bool interrupted = false;
+  };
+
+  void Work(size_t slot, uint64_t generation);
   ModelQueue* Pick(size_t slot);
   std::vector<InferJob> TakeBatch(std::unique_lock<std::mutex>& lock, ModelQueue& queue);
-  void Run(size_t slot, ModelQueue& queue, std::vector<InferJob> batch);
+  // Runs a batch; false when the worker was superseded meanwhile and must exit.
+  bool Run(size_t slot, uint64_t generation, ModelQueue& queue, std::vector<InferJob> jobs);
+  void Watch();
+  void ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot);
+  static void Answer(Batch& batch, const Status& error, const InferTimings& timings);
 
   interpreters::InterpreterManager& manager_;
   const size_t max_queue_size_;
+  const std::chrono::milliseconds execution_grace_;
   SchedulerObserver* observer_;
   mutable std::mutex mutex_;
   std::condition_variable work_ready_;
   std::condition_variable idle_;
   std::map<std::string, std::unique_ptr<ModelQueue>, std::less<>> queues_;
+  std::condition_variable watch_;
   bool stopping_ = false;
-  std::vector<std::thread> workers_;
+  std::vector<Worker> workers_;
+  std::thread watchdog_;
 };
 
 }  // namespace orochi::server

@@ -377,6 +377,61 @@ class ServerTest(unittest.TestCase):
         print(f"\n100 keep-alive clients, {duration:.0f} s: {answered[0]} answers, no errors")
 
 
+def slow_request(mode: str, seconds: float = 0.0, timeout_us: int | None = None) -> dict:
+    body = {"inputs": [{"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]},
+                       {"name": "seconds", "datatype": "FP64", "shape": [1], "data": [seconds]}]}
+    if timeout_us is not None:
+        body["parameters"] = {"timeout": timeout_us}
+    return body
+
+
+class DeadlineTest(unittest.TestCase):
+    """Requests still running at their deadline, in a server with one copy."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="orochi-deadline-test-")
+        cls.server = Server(pack_repository(cls.root), {"models": {"execution_grace_ms": 500}},
+                            copies=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        code = cls.server.stop()
+        shutil.rmtree(cls.root)
+        assert code == 0, f"orochi serve exited with {code}"
+
+    def test_python_that_never_returns_is_interrupted_and_the_copy_goes_on(self):
+        replaced_before = self.server.log_text().count("interpreter copy replaced")
+        start = time.time()
+        status, _, body = post_json(self.server, "/v2/models/slow/infer",
+                                    slow_request("spin", timeout_us=300000))
+        elapsed = time.time() - start
+        self.assertEqual(status, 504, body)
+        self.assertIn("ran past its deadline and was interrupted", json.loads(body)["error"])
+        self.assertLess(elapsed, 0.3 + 0.5 + 0.5)  # deadline + grace + slack
+        status, _, body = post_json(self.server, "/v2/models/slow/infer", slow_request("sleep", 0.01))
+        self.assertEqual(status, 200, body)
+        self.assertEqual(self.server.log_text().count("interpreter copy replaced"), replaced_before,
+                         "an interrupt that works needs no new copy")
+
+    def test_a_copy_stuck_in_c_code_is_replaced(self):
+        start = time.time()
+        status, _, body = post_json(self.server, "/v2/models/slow/infer",
+                                    slow_request("block", timeout_us=300000))
+        elapsed = time.time() - start
+        self.assertEqual(status, 504, body)
+        self.assertIn("did not stop within the grace period of 500 ms; its interpreter copy was "
+                      "replaced", json.loads(body)["error"])
+        self.assertLess(elapsed, 0.3 + 0.5 + 1.0)
+        # The fresh copy has the models loaded and serves.
+        for model, request in (("slow", slow_request("sleep", 0.01)), ("echo", echo_request())):
+            status, _, body = post_json(self.server, f"/v2/models/{model}/infer", request)
+            self.assertEqual(status, 200, body)
+        self.assertIn("interpreter copy replaced", self.server.log_text())
+        _, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
+        self.assertIn('orochi_interpreter_copies{state="replaced"} 1', metrics.decode())
+
+
 class ShutdownTest(unittest.TestCase):
     def test_sigterm_answers_requests_in_flight_then_exits_zero(self):
         root = tempfile.mkdtemp(prefix="orochi-shutdown-test-")

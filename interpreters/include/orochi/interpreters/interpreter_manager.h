@@ -51,9 +51,11 @@ class InterpreterManager {
 
    private:
     friend class InterpreterManager;
-    Lease(InterpreterManager* manager, size_t slot, std::shared_ptr<Interpreter> interpreter);
+    Lease(InterpreterManager* manager, size_t slot, uint64_t generation,
+          std::shared_ptr<Interpreter> interpreter);
     InterpreterManager* manager_;
     size_t slot_;
+    uint64_t generation_;
     std::shared_ptr<Interpreter> interpreter_;
   };
 
@@ -70,21 +72,29 @@ class InterpreterManager {
   // Precondition: slot < size(), and the caller holds no Lease on that slot.
   Status Replace(size_t slot);
 
+  // Puts a fresh copy in `slot` at once, without waiting for the current one: for a copy stuck
+  // in a call that ignores interrupts. The old copy stays loaded for good (a thread is still
+  // inside it; unloading would pull its code from under it), and a Lease on it no longer
+  // holds the slot. Models the old copy held must be loaded into the new one.
+  Status Abandon(size_t slot);
+
  private:
   struct Slot {
     std::shared_ptr<Interpreter> interpreter;
     bool leased = false;
+    uint64_t generation = 0;  // bumped when the slot's copy is abandoned
   };
 
   explicit InterpreterManager(ManagerOptions options);
   InterpreterOptions OptionsFor(int copy_id) const;
   Lease LeaseLocked(size_t slot);
-  void Release(size_t slot);
+  void Release(size_t slot, uint64_t generation);
 
   ManagerOptions options_;
   std::mutex mutex_;
   std::condition_variable slot_freed_;
   std::vector<Slot> slots_;
+  std::vector<std::shared_ptr<Interpreter>> abandoned_;
   int next_copy_id_ = 0;
 };
 

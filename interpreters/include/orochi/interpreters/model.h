@@ -79,6 +79,10 @@ class ReplicatedModel {
   // the last tensor viewing them goes. Idempotent.
   Status Unload();
 
+  // Loads the model again into copy `slot` (one of slots()), e.g. after the manager put a fresh
+  // copy there in place of a stuck one.
+  Status LoadInto(size_t slot);
+
   const std::string& key() const { return key_; }
   const std::vector<size_t>& slots() const { return slots_; }
 
@@ -88,6 +92,7 @@ class ReplicatedModel {
   InterpreterManager& manager_;
   std::string key_;
   std::vector<size_t> slots_;
+  std::vector<Value> load_arguments_;  // what orochi.serving._load got, for LoadInto
   std::atomic<bool> unloaded_{false};
 };
 
