@@ -24,6 +24,7 @@ class ObjectReader {
   Status Check(std::initializer_list<const char*> known) const {
     if (!object_.is_object()) return Problem(path_, "expected an object, got " + std::string(object_.type_name()));
     for (const auto& [key, value] : object_.items()) {
+      if (!key.empty() && key.front() == '_') continue;  // "_comment" and the like: notes
       bool found = false;
       for (const char* name : known) found = found || key == name;
       if (!found) return Problem(path_ + "." + key, "unknown key");
@@ -108,7 +109,7 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   if (json.is_discarded()) return Problem("$", "not valid JSON");
   ServerConfig config;
   ObjectReader root(json, "$");
-  OROCHI_RETURN_IF_ERROR(root.Check({"http", "models", "log", "copies", "$schema", "_comment"}));
+  OROCHI_RETURN_IF_ERROR(root.Check({"http", "models", "log", "copies"}));
   OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
 
   ObjectReader http = root.Child("http");

@@ -1,7 +1,8 @@
 // The server's configuration: config/orochi.json documents every key and its default.
 //
 // LoadServerConfig reads a JSON file whose keys mirror these structs; every key is optional,
-// unknown keys are errors, and a bad value is reported with its JSON path
+// keys starting with "_" are notes and ignored, other unknown keys are errors, and a bad value
+// is reported with its JSON path
 // ("config: $.http.max_body_bytes: expected an integer >= 1024, got 12").
 #pragma once
 

@@ -1,0 +1,79 @@
+// The server's configuration file: the shipped config/orochi.json is exactly the defaults, and
+// every bad value is refused with its JSON path.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "orochi/server/config.h"
+
+namespace orochi::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
+  Result<ServerConfig> shipped = LoadServerConfig(OROCHI_SOURCE_DIR "/config/orochi.json");
+  ASSERT_TRUE(shipped.ok()) << shipped.status().ToString();
+  const ServerConfig defaults;
+  EXPECT_EQ(shipped->copies, defaults.copies);
+  EXPECT_EQ(shipped->http.bind_address, defaults.http.bind_address);
+  EXPECT_EQ(shipped->http.inference_port, defaults.http.inference_port);
+  EXPECT_EQ(shipped->http.metrics_port, defaults.http.metrics_port);
+  EXPECT_EQ(shipped->http.io_threads, defaults.http.io_threads);
+  EXPECT_EQ(shipped->http.max_header_bytes, defaults.http.max_header_bytes);
+  EXPECT_EQ(shipped->http.max_body_bytes, defaults.http.max_body_bytes);
+  EXPECT_EQ(shipped->http.max_json_depth, defaults.http.max_json_depth);
+  EXPECT_EQ(shipped->http.idle_timeout_s, defaults.http.idle_timeout_s);
+  EXPECT_EQ(shipped->http.shutdown_grace_s, defaults.http.shutdown_grace_s);
+  EXPECT_EQ(shipped->models.repository, defaults.models.repository);
+  EXPECT_EQ(shipped->models.load, defaults.models.load);
+  EXPECT_EQ(shipped->models.max_queue_size, defaults.models.max_queue_size);
+  EXPECT_EQ(shipped->models.default_timeout_ms, defaults.models.default_timeout_ms);
+  EXPECT_EQ(shipped->models.execution_grace_ms, defaults.models.execution_grace_ms);
+  EXPECT_EQ(shipped->models.max_queue_delay_us, defaults.models.max_queue_delay_us);
+  EXPECT_EQ(shipped->models.preferred_batch_sizes, defaults.models.preferred_batch_sizes);
+  EXPECT_EQ(shipped->log.level, defaults.log.level);
+  EXPECT_EQ(shipped->log.format, defaults.log.format);
+}
+
+TEST(ServerConfig, ValuesOverrideDefaults) {
+  Result<ServerConfig> config = ParseServerConfig(
+      R"({"copies": 4, "http": {"inference_port": 9000, "_note": "ignored"},
+          "models": {"load": ["a", "b"], "preferred_batch_sizes": [4, 8]},
+          "log": {"format": "json"}})");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->copies, 4);
+  EXPECT_EQ(config->http.inference_port, 9000);
+  EXPECT_EQ(config->http.metrics_port, 8002);
+  EXPECT_EQ(config->models.load, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(config->models.preferred_batch_sizes, (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(config->log.format, "json");
+}
+
+TEST(ServerConfig, EachBadValueNamesItsKey) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"[1]", "config: $: expected an object"},
+      {"{nope", "config: $: not valid JSON"},
+      {R"({"htp": {}})", "config: $.htp: unknown key"},
+      {R"({"http": {"port": 1}})", "config: $.http.port: unknown key"},
+      {R"({"http": {"inference_port": 70000}})",
+       "config: $.http.inference_port: expected an integer from 0 to 65535, got 70000"},
+      {R"({"http": {"max_body_bytes": "big"}})", "config: $.http.max_body_bytes: expected an integer"},
+      {R"({"copies": -1})", "config: $.copies: expected an integer from 0 to 1024, got -1"},
+      {R"({"models": {"load": "all"}})", "config: $.models.load: expected an array of strings"},
+      {R"({"models": {"preferred_batch_sizes": [0]}})",
+       "config: $.models.preferred_batch_sizes: expected integers >= 1"},
+      {R"({"log": {"format": "xml"}})", "config: $.log.format: expected one of text, json, got 'xml'"},
+      {R"({"http": {"inference_port": 9000, "metrics_port": 9000}})",
+       "config: $.http.metrics_port: must differ from inference_port (9000)"},
+  };
+  for (const auto& [text, message] : cases) {
+    Result<ServerConfig> config = ParseServerConfig(text);
+    ASSERT_FALSE(config.ok()) << text;
+    EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(config.status().message(), HasSubstr(message)) << text;
+  }
+  EXPECT_EQ(LoadServerConfig("/nonexistent/orochi.json").status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace orochi::server
