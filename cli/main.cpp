@@ -52,7 +52,8 @@ int Main(int argc, char** argv) {
 
   orochi::cli::ServeOptions serve_options;
   CLI::App* serve = app.add_subcommand("serve", "Serve models over KServe v2 HTTP");
-  serve->add_option("--config", serve_options.config_path, "a config file (see config/orochi.json)");
+  serve->add_option("--config", serve_options.config_path,
+                    "a config file (see config/orochi.json)");
   serve->add_option("--model-repository", serve_options.model_repository,
                     "the model repository: DIR/<name>/<version>/model.orochi");
   serve->add_option("--load-model", serve_options.load_models,

@@ -1,8 +1,7 @@
 #include "orochi/server/config.h"
 
-#include <nlohmann/json.hpp>
-
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
@@ -22,7 +21,9 @@ class ObjectReader {
   ObjectReader(const Json& object, std::string path) : object_(object), path_(std::move(path)) {}
 
   Status Check(std::initializer_list<const char*> known) const {
-    if (!object_.is_object()) return Problem(path_, "expected an object, got " + std::string(object_.type_name()));
+    if (!object_.is_object()) {
+      return Problem(path_, "expected an object, got " + std::string(object_.type_name()));
+    }
     for (const auto& [key, value] : object_.items()) {
       if (!key.empty() && key.front() == '_') continue;  // "_comment" and the like: notes
       bool found = false;
@@ -50,7 +51,9 @@ class ObjectReader {
                 std::initializer_list<const char*> choices = {}) const {
     auto found = object_.find(key);
     if (found == object_.end()) return Status::Ok();
-    if (!found->is_string()) return Problem(path_ + "." + key, "expected a string, got " + found->dump());
+    if (!found->is_string()) {
+      return Problem(path_ + "." + key, "expected a string, got " + found->dump());
+    }
     std::string value = found->get<std::string>();
     if (choices.size() > 0) {
       bool allowed = false;
@@ -59,7 +62,9 @@ class ObjectReader {
         allowed = allowed || value == choice;
         list += (list.empty() ? "" : ", ") + std::string(choice);
       }
-      if (!allowed) return Problem(path_ + "." + key, "expected one of " + list + ", got '" + value + "'");
+      if (!allowed) {
+        return Problem(path_ + "." + key, "expected one of " + list + ", got '" + value + "'");
+      }
     }
     *field = std::move(value);
     return Status::Ok();
@@ -113,34 +118,42 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
 
   ObjectReader http = root.Child("http");
-  OROCHI_RETURN_IF_ERROR(http.Check({"bind_address", "inference_port", "metrics_port",
-                                     "io_threads", "max_header_bytes", "max_body_bytes",
-                                     "max_json_depth", "idle_timeout_s", "shutdown_grace_s"}));
+  OROCHI_RETURN_IF_ERROR(http.Check({"bind_address", "inference_port", "metrics_port", "io_threads",
+                                     "max_header_bytes", "max_body_bytes", "max_json_depth",
+                                     "idle_timeout_s", "shutdown_grace_s"}));
   OROCHI_RETURN_IF_ERROR(http.String("bind_address", &config.http.bind_address));
   OROCHI_RETURN_IF_ERROR(http.Integer("inference_port", &config.http.inference_port, 0, 65535));
   OROCHI_RETURN_IF_ERROR(http.Integer("metrics_port", &config.http.metrics_port, 0, 65535));
   OROCHI_RETURN_IF_ERROR(http.Integer("io_threads", &config.http.io_threads, 1, 256));
-  OROCHI_RETURN_IF_ERROR(http.Integer("max_header_bytes", &config.http.max_header_bytes, 1024, int64_t{1} << 30));
-  OROCHI_RETURN_IF_ERROR(http.Integer("max_body_bytes", &config.http.max_body_bytes, 1024, int64_t{1} << 40));
+  OROCHI_RETURN_IF_ERROR(
+      http.Integer("max_header_bytes", &config.http.max_header_bytes, 1024, int64_t{1} << 30));
+  OROCHI_RETURN_IF_ERROR(
+      http.Integer("max_body_bytes", &config.http.max_body_bytes, 1024, int64_t{1} << 40));
   OROCHI_RETURN_IF_ERROR(http.Integer("max_json_depth", &config.http.max_json_depth, 2, 10000));
   OROCHI_RETURN_IF_ERROR(http.Integer("idle_timeout_s", &config.http.idle_timeout_s, 1, 86400));
   OROCHI_RETURN_IF_ERROR(http.Integer("shutdown_grace_s", &config.http.shutdown_grace_s, 0, 3600));
 
   ObjectReader models = root.Child("models");
-  OROCHI_RETURN_IF_ERROR(models.Check({"repository", "load", "max_queue_size", "default_timeout_ms",
-                                       "execution_grace_ms", "max_queue_delay_us",
-                                       "preferred_batch_sizes"}));
+  OROCHI_RETURN_IF_ERROR(
+      models.Check({"repository", "load", "max_queue_size", "default_timeout_ms",
+                    "execution_grace_ms", "max_queue_delay_us", "preferred_batch_sizes"}));
   OROCHI_RETURN_IF_ERROR(models.String("repository", &config.models.repository));
   OROCHI_RETURN_IF_ERROR(models.Strings("load", &config.models.load));
-  OROCHI_RETURN_IF_ERROR(models.Integer("max_queue_size", &config.models.max_queue_size, 1, int64_t{1} << 30));
-  OROCHI_RETURN_IF_ERROR(models.Integer("default_timeout_ms", &config.models.default_timeout_ms, 0, int64_t{1} << 40));
-  OROCHI_RETURN_IF_ERROR(models.Integer("execution_grace_ms", &config.models.execution_grace_ms, 0, int64_t{1} << 40));
-  OROCHI_RETURN_IF_ERROR(models.Integer("max_queue_delay_us", &config.models.max_queue_delay_us, 0, int64_t{1} << 40));
-  OROCHI_RETURN_IF_ERROR(models.Integers("preferred_batch_sizes", &config.models.preferred_batch_sizes, 1));
+  OROCHI_RETURN_IF_ERROR(
+      models.Integer("max_queue_size", &config.models.max_queue_size, 1, int64_t{1} << 30));
+  OROCHI_RETURN_IF_ERROR(
+      models.Integer("default_timeout_ms", &config.models.default_timeout_ms, 0, int64_t{1} << 40));
+  OROCHI_RETURN_IF_ERROR(
+      models.Integer("execution_grace_ms", &config.models.execution_grace_ms, 0, int64_t{1} << 40));
+  OROCHI_RETURN_IF_ERROR(
+      models.Integer("max_queue_delay_us", &config.models.max_queue_delay_us, 0, int64_t{1} << 40));
+  OROCHI_RETURN_IF_ERROR(
+      models.Integers("preferred_batch_sizes", &config.models.preferred_batch_sizes, 1));
 
   ObjectReader log = root.Child("log");
   OROCHI_RETURN_IF_ERROR(log.Check({"level", "format"}));
-  OROCHI_RETURN_IF_ERROR(log.String("level", &config.log.level, {"debug", "info", "warning", "error"}));
+  OROCHI_RETURN_IF_ERROR(
+      log.String("level", &config.log.level, {"debug", "info", "warning", "error"}));
   OROCHI_RETURN_IF_ERROR(log.String("format", &config.log.format, {"text", "json"}));
   OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config));
   return config;

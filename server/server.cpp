@@ -1,10 +1,9 @@
 #include "orochi/server/server.h"
 
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-
-#include <atomic>
 #include <condition_variable>
 #include <csignal>
 #include <mutex>
@@ -102,7 +101,8 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   interpreters::ManagerOptions manager_options;
   manager_options.copies = cfg.copies > 0 ? static_cast<size_t>(cfg.copies)
                                           : std::max(1U, std::thread::hardware_concurrency());
-  OROCHI_ASSIGN_OR_RETURN(s.manager, interpreters::InterpreterManager::Create(std::move(manager_options)));
+  OROCHI_ASSIGN_OR_RETURN(s.manager,
+                          interpreters::InterpreterManager::Create(std::move(manager_options)));
   s.metrics.Copies("serving", static_cast<int64_t>(s.manager->size()));
   s.models = std::make_unique<ModelService>(*s.manager, cfg.models, s.metrics);
   OROCHI_RETURN_IF_ERROR(s.models->LoadFromRepository());
@@ -116,21 +116,24 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   s.api = std::make_unique<kserve::KServeApi>(*s.models, s.metrics, cfg,
                                               [&s] { return s.ready.load(); });
   s.api->Register(s.inference_router);
-  s.metrics_router.Add(bhttp::verb::get, "/metrics",
-                       [&s](http::Request&&, const http::PathParams&, http::Responder respond) {
-                         http::Response response{bhttp::status::ok, 11};
-                         response.set(bhttp::field::content_type, "text/plain; version=0.0.4");
-                         response.body() = s.metrics.Render();
-                         respond(std::move(response));
-                       });
+  s.metrics_router.Add(
+      bhttp::verb::get, "/metrics",
+      [&s](http::Request&&, const http::PathParams&, const http::Responder& respond) {
+        http::Response response{bhttp::status::ok, 11};
+        response.set(bhttp::field::content_type, "text/plain; version=0.0.4");
+        response.body() = s.metrics.Render();
+        respond(std::move(response));
+      });
 
   http::Limits limits;
   limits.max_header_bytes = static_cast<size_t>(cfg.http.max_header_bytes);
   limits.max_body_bytes = static_cast<uint64_t>(cfg.http.max_body_bytes);
   limits.idle_timeout = std::chrono::seconds(cfg.http.idle_timeout_s);
-  s.inference = std::make_unique<http::HttpServer>(s.io, limits, s.Logged(s.inference_router, "inference"));
+  s.inference =
+      std::make_unique<http::HttpServer>(s.io, limits, s.Logged(s.inference_router, "inference"));
   OROCHI_RETURN_IF_ERROR(s.inference->Listen(cfg.http.bind_address, cfg.http.inference_port));
-  s.metrics_listener = std::make_unique<http::HttpServer>(s.io, limits, s.Logged(s.metrics_router, "metrics"));
+  s.metrics_listener =
+      std::make_unique<http::HttpServer>(s.io, limits, s.Logged(s.metrics_router, "metrics"));
   OROCHI_RETURN_IF_ERROR(s.metrics_listener->Listen(cfg.http.bind_address, cfg.http.metrics_port));
 
   s.signals = std::make_unique<asio::signal_set>(s.io, SIGINT, SIGTERM);
@@ -138,7 +141,8 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   Server* raw = server.get();
   server->impl_->signals->async_wait([raw](const boost::system::error_code& error, int signal) {
     if (error) return;
-    Log(LogLevel::kInfo, "signal received; shutting down", {{"signal", std::to_string(signal), false}});
+    Log(LogLevel::kInfo, "signal received; shutting down",
+        {{"signal", std::to_string(signal), false}});
     raw->RequestStop();
   });
   for (int i = 0; i < cfg.http.io_threads; ++i) {
@@ -146,8 +150,10 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   }
   server->impl_->ready = true;
   Log(LogLevel::kInfo, "serving",
-      {{"inference", "http://" + cfg.http.bind_address + ":" + std::to_string(server->inference_port())},
-       {"metrics", "http://" + cfg.http.bind_address + ":" + std::to_string(server->metrics_port()) + "/metrics"},
+      {{"inference",
+        "http://" + cfg.http.bind_address + ":" + std::to_string(server->inference_port())},
+       {"metrics", "http://" + cfg.http.bind_address + ":" +
+                       std::to_string(server->metrics_port()) + "/metrics"},
        {"copies", std::to_string(server->impl_->manager->size()), false},
        {"models", std::to_string(server->impl_->models->List().size()), false}});
   return server;
@@ -174,7 +180,8 @@ int Server::Run() {
   s.ready = false;
   s.inference->StopAccepting();
   s.metrics_listener->StopAccepting();
-  const auto grace_end = std::chrono::steady_clock::now() + std::chrono::seconds(s.config.http.shutdown_grace_s);
+  const auto grace_end =
+      std::chrono::steady_clock::now() + std::chrono::seconds(s.config.http.shutdown_grace_s);
   while (s.inference->in_flight() > 0 && std::chrono::steady_clock::now() < grace_end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

@@ -563,9 +563,9 @@ struct NoThrow<Function> {
 };
 
 const OrochiCopyTable kCopyTable = {
-    OROCHI_COPY_ABI_VERSION, sizeof(OrochiCopyTable), NoThrow<Initialize>::Call,
-    NoThrow<Finalize>::Call, NoThrow<Run>::Call,      NoThrow<Exec>::Call,
-    NoThrow<Eval>::Call,     NoThrow<Call>::Call,     NoThrow<Interrupt>::Call,
+    OROCHI_COPY_ABI_VERSION,      sizeof(OrochiCopyTable), NoThrow<Initialize>::Call,
+    NoThrow<Finalize>::Call,      NoThrow<Run>::Call,      NoThrow<Exec>::Call,
+    NoThrow<Eval>::Call,          NoThrow<Call>::Call,     NoThrow<Interrupt>::Call,
     NoThrow<ReleaseMemory>::Call,
 };
 

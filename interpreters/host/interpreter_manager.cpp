@@ -58,7 +58,10 @@ Result<std::unique_ptr<InterpreterManager>> InterpreterManager::Create(ManagerOp
 
 InterpreterManager::Lease::Lease(InterpreterManager* manager, size_t slot, uint64_t generation,
                                  std::shared_ptr<Interpreter> interpreter)
-    : manager_(manager), slot_(slot), generation_(generation), interpreter_(std::move(interpreter)) {}
+    : manager_(manager),
+      slot_(slot),
+      generation_(generation),
+      interpreter_(std::move(interpreter)) {}
 
 InterpreterManager::Lease::Lease(Lease&& other) noexcept
     : manager_(std::exchange(other.manager_, nullptr)),

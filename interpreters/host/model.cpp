@@ -166,8 +166,8 @@ Result<std::vector<NamedTensor>> ReplicatedModel::Predict(const std::vector<Name
   return PredictIn(*lease, inputs);
 }
 
-Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(Interpreter& copy,
-                                                            const std::vector<NamedTensor>& inputs) {
+Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(
+    Interpreter& copy, const std::vector<NamedTensor>& inputs) {
   if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
   ValueList arguments;
   for (const NamedTensor& input : inputs) arguments.items.push_back(ToValue(input));

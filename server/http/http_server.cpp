@@ -5,7 +5,6 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/version.hpp>
 #include <nlohmann/json.hpp>
-
 #include <optional>
 #include <utility>
 
@@ -23,7 +22,9 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, const Limits& limits, const Handler& handler,
           std::shared_ptr<std::atomic<int64_t>> in_flight)
-      : stream_(std::move(socket)), limits_(limits), handler_(handler),
+      : stream_(std::move(socket)),
+        limits_(limits),
+        handler_(handler),
         in_flight_(std::move(in_flight)) {}
 
   void Start() {
@@ -36,10 +37,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
     parser_->body_limit(limits_.max_body_bytes);
     stream_.expires_after(limits_.idle_timeout);
-    bhttp::async_read(stream_, buffer_, *parser_,
-                      [self = shared_from_this()](beast::error_code error, size_t) {
-                        self->OnRead(error);
-                      });
+    bhttp::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code error, size_t) { self->OnRead(error); });
   }
 
   void OnRead(beast::error_code error) {
@@ -77,10 +77,9 @@ class Session : public std::enable_shared_from_this<Session> {
     auto answered = std::make_shared<std::atomic<bool>>(false);
     handler_(std::move(request), [self = shared_from_this(), answered](Response response) {
       if (answered->exchange(true)) return;  // a handler bug must not write twice
-      asio::dispatch(self->stream_.get_executor(),
-                     [self, response = std::move(response)]() mutable {
-                       self->Write(std::move(response));
-                     });
+      asio::dispatch(
+          self->stream_.get_executor(),
+          [self, response = std::move(response)]() mutable { self->Write(std::move(response)); });
     });
   }
 
@@ -163,14 +162,15 @@ void HttpServer::StopAccepting() {
 }
 
 void HttpServer::Accept() {
-  acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code error, tcp::socket socket) {
-    if (error == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (!error) {
-      socket.set_option(tcp::no_delay(true), error);
-      std::make_shared<Session>(std::move(socket), limits_, handler_, in_flight_)->Start();
-    }
-    Accept();
-  });
+  acceptor_.async_accept(
+      asio::make_strand(io_), [this](beast::error_code error, tcp::socket socket) {
+        if (error == asio::error::operation_aborted || !acceptor_.is_open()) return;
+        if (!error) {
+          socket.set_option(tcp::no_delay(true), error);
+          std::make_shared<Session>(std::move(socket), limits_, handler_, in_flight_)->Start();
+        }
+        Accept();
+      });
 }
 
 }  // namespace orochi::server::http

@@ -9,11 +9,10 @@
 // any thread, once.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/http.hpp>
-
-#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>

@@ -1,10 +1,9 @@
 #include "codec.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cstring>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "orochi/engine/dtype.h"
@@ -61,7 +60,8 @@ Result<engine::Tensor> TensorFromJson(const TensorSpec& spec, const engine::Shap
     for (const Json* leaf : leaves) {
       if constexpr (std::is_same_v<T, bool>) {
         if (!leaf->is_boolean()) {
-          status = Bad("input '" + spec.name + "' is BOOL: expected true or false, got " + leaf->dump());
+          status =
+              Bad("input '" + spec.name + "' is BOOL: expected true or false, got " + leaf->dump());
           return;
         }
         *out++ = leaf->get<bool>();
@@ -109,11 +109,15 @@ Result<BytesTensor> BytesFromBinary(const TensorSpec& spec, const engine::Shape&
   BytesTensor tensor{shape, {}};
   size_t at = 0;
   while (at < bytes.size()) {
-    if (bytes.size() - at < 4) return Bad("input '" + spec.name + "': truncated BYTES element length");
+    if (bytes.size() - at < 4) {
+      return Bad("input '" + spec.name + "': truncated BYTES element length");
+    }
     uint32_t length = 0;
     std::memcpy(&length, bytes.data() + at, 4);
     at += 4;
-    if (bytes.size() - at < length) return Bad("input '" + spec.name + "': a BYTES element runs past its data");
+    if (bytes.size() - at < length) {
+      return Bad("input '" + spec.name + "': a BYTES element runs past its data");
+    }
     tensor.items.emplace_back(bytes.substr(at, length));
     at += length;
   }
@@ -229,16 +233,20 @@ Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_vie
     }
 
     std::optional<size_t> binary_size;
-    if (auto parameters = input.find("parameters"); parameters != input.end() && parameters->is_object()) {
+    if (auto parameters = input.find("parameters");
+        parameters != input.end() && parameters->is_object()) {
       if (auto size = parameters->find("binary_data_size"); size != parameters->end()) {
-        if (!size->is_number_unsigned()) return Bad("input '" + input_name + "': binary_data_size must be a non-negative integer");
+        if (!size->is_number_unsigned()) {
+          return Bad("input '" + input_name + "': binary_data_size must be a non-negative integer");
+        }
         binary_size = size->get<size_t>();
       }
     }
     NamedTensor tensor{input_name, engine::Tensor()};
     if (binary_size) {
       if (!json_length) {
-        return Bad("input '" + input_name + "' uses binary_data_size, but the request has no "
+        return Bad("input '" + input_name +
+                   "' uses binary_data_size, but the request has no "
                    "Inference-Header-Content-Length header");
       }
       if (*binary_size > binary.size() - binary_at) {
@@ -255,7 +263,9 @@ Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_vie
       }
     } else {
       auto data = input.find("data");
-      if (data == input.end()) return Bad("input '" + input_name + "' has neither 'data' nor binary_data_size");
+      if (data == input.end()) {
+        return Bad("input '" + input_name + "' has neither 'data' nor binary_data_size");
+      }
       std::vector<const Json*> leaves;
       Flatten(*data, &leaves);
       if (static_cast<int64_t>(leaves.size()) != elements) {
@@ -265,7 +275,9 @@ Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_vie
       if (spec.datatype == DataType::kBytes) {
         BytesTensor value{shape, {}};
         for (const Json* leaf : leaves) {
-          if (!leaf->is_string()) return Bad("input '" + input_name + "' is BYTES: expected strings");
+          if (!leaf->is_string()) {
+            return Bad("input '" + input_name + "' is BYTES: expected strings");
+          }
           value.items.push_back(leaf->get<std::string>());
         }
         tensor.value = std::move(value);
@@ -307,7 +319,10 @@ Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_vie
       const std::string output_name = name->get<std::string>();
       bool known = false;
       for (const TensorSpec& spec : manifest.outputs) known = known || spec.name == output_name;
-      if (!known) return Bad("unexpected requested output '" + output_name + "' for model '" + manifest.name + "'");
+      if (!known) {
+        return Bad("unexpected requested output '" + output_name + "' for model '" + manifest.name +
+                   "'");
+      }
       request.outputs.push_back(output_name);
       if (auto parameters = output.find("parameters");
           parameters != output.end() && parameters->is_object() && BinaryRequested(*parameters)) {
@@ -327,11 +342,12 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
   for (size_t i = 0; i < outputs.size() && i < manifest.outputs.size(); ++i) {
     const NamedTensor& output = outputs[i];
     const TensorSpec& spec = manifest.outputs[i];
-    if (!request.outputs.empty() &&
-        std::find(request.outputs.begin(), request.outputs.end(), output.name) == request.outputs.end()) {
+    if (!request.outputs.empty() && std::find(request.outputs.begin(), request.outputs.end(),
+                                              output.name) == request.outputs.end()) {
       continue;
     }
-    const bool as_binary = request.all_outputs_binary || request.binary_outputs.count(output.name) != 0;
+    const bool as_binary =
+        request.all_outputs_binary || request.binary_outputs.count(output.name) != 0;
     Json entry{{"name", output.name}, {"datatype", std::string(DataTypeName(spec.datatype))}};
     size_t binary_before = binary.size();
     Json data = Json::array();

@@ -1,7 +1,6 @@
 #include "handlers.h"
 
 #include <nlohmann/json.hpp>
-
 #include <utility>
 
 #include "kserve/codec.h"
@@ -109,7 +108,8 @@ std::optional<size_t> HeaderLength(const http::Request& request, bool* malformed
   *malformed = false;
   if (found == request.end()) return std::nullopt;
   std::string text(found->value());
-  if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos) {
+  if (text.empty() || text.size() > 18 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
     *malformed = true;
     return std::nullopt;
   }
@@ -145,13 +145,15 @@ KServeApi::KServeApi(ModelService& models, Metrics& metrics, const ServerConfig&
     : models_(models), metrics_(metrics), config_(config), ready_(std::move(ready)) {}
 
 std::shared_ptr<const ServedModel> KServeApi::Resolve(const http::PathParams& params,
-                                                      http::Responder& respond) const {
+                                                      const http::Responder& respond) const {
   const std::string& name = params.at("model");
   std::optional<int64_t> version;
   if (auto found = params.find("version"); found != params.end()) {
     const std::string& text = found->second;
-    if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos) {
-      respond(http::ErrorResponse(400, "model version must be a positive integer, got '" + text + "'"));
+    if (text.empty() || text.size() > 18 ||
+        text.find_first_not_of("0123456789") != std::string::npos) {
+      respond(
+          http::ErrorResponse(400, "model version must be a positive integer, got '" + text + "'"));
       return nullptr;
     }
     version = std::stoll(text);
@@ -167,28 +169,32 @@ std::shared_ptr<const ServedModel> KServeApi::Resolve(const http::PathParams& pa
 
 void KServeApi::Register(http::Router& router) {
   router.Add(bhttp::verb::get, "/v2/health/live",
-             [](http::Request&&, const http::PathParams&, http::Responder respond) {
+             [](http::Request&&, const http::PathParams&, const http::Responder& respond) {
                respond(Ok({{"live", true}}));
              });
   router.Add(bhttp::verb::get, "/v2/health/ready",
-             [this](http::Request&&, const http::PathParams&, http::Responder respond) {
+             [this](http::Request&&, const http::PathParams&, const http::Responder& respond) {
                bool ready = ready_();
                respond(ready ? Ok({{"ready", true}})
                              : http::ErrorResponse(503, "the server is not ready"));
              });
-  router.Add(bhttp::verb::get, "/v2",
-             [](http::Request&&, const http::PathParams&, http::Responder respond) {
-               respond(Ok({{"name", "orochi"},
-                           {"version", OROCHI_SERVER_VERSION},
-                           {"extensions", {"binary_tensor_data", "statistics", "model_configuration"}}}));
-             });
+  router.Add(
+      bhttp::verb::get, "/v2",
+      [](http::Request&&, const http::PathParams&, const http::Responder& respond) {
+        respond(Ok({{"name", "orochi"},
+                    {"version", OROCHI_SERVER_VERSION},
+                    {"extensions", {"binary_tensor_data", "statistics", "model_configuration"}}}));
+      });
 
-  auto metadata = [this](http::Request&&, const http::PathParams& params, http::Responder respond) {
+  auto metadata = [this](http::Request&&, const http::PathParams& params,
+                         const http::Responder& respond) {
     std::shared_ptr<const ServedModel> model = Resolve(params, respond);
     if (model == nullptr) return;
     const Manifest& manifest = model->manifest();
     Json versions = Json::array();
-    for (int64_t version : models_.Versions(model->name)) versions.push_back(std::to_string(version));
+    for (int64_t version : models_.Versions(model->name)) {
+      versions.push_back(std::to_string(version));
+    }
     respond(Ok({{"name", model->name},
                 {"versions", versions},
                 {"platform", "orochi_python"},
@@ -198,23 +204,26 @@ void KServeApi::Register(http::Router& router) {
   router.Add(bhttp::verb::get, "/v2/models/{model}", metadata);
   router.Add(bhttp::verb::get, "/v2/models/{model}/versions/{version}", metadata);
 
-  auto ready = [this](http::Request&&, const http::PathParams& params, http::Responder respond) {
+  auto ready = [this](http::Request&&, const http::PathParams& params,
+                      const http::Responder& respond) {
     std::shared_ptr<const ServedModel> model = Resolve(params, respond);
     if (model == nullptr) return;
-    respond(Ok({{"name", model->name}, {"version", std::to_string(model->version)}, {"ready", true}}));
+    respond(
+        Ok({{"name", model->name}, {"version", std::to_string(model->version)}, {"ready", true}}));
   };
   router.Add(bhttp::verb::get, "/v2/models/{model}/ready", ready);
   router.Add(bhttp::verb::get, "/v2/models/{model}/versions/{version}/ready", ready);
 
   auto configuration = [this](http::Request&&, const http::PathParams& params,
-                              http::Responder respond) {
+                              const http::Responder& respond) {
     std::shared_ptr<const ServedModel> model = Resolve(params, respond);
     if (model == nullptr) return;
     const Manifest& manifest = model->manifest();
     auto tensors = [](const std::vector<TensorSpec>& specs) {
       Json list = Json::array();
       for (const TensorSpec& spec : specs) {
-        list.push_back({{"name", spec.name}, {"data_type", TritonType(spec.datatype)}, {"dims", spec.shape}});
+        list.push_back(
+            {{"name", spec.name}, {"data_type", TritonType(spec.datatype)}, {"dims", spec.shape}});
       }
       return list;
     };
@@ -226,7 +235,9 @@ void KServeApi::Register(http::Router& router) {
                 {"input", tensors(manifest.inputs)},
                 {"output", tensors(manifest.outputs)},
                 {"instance_group",
-                 {{{"name", model->name}, {"kind", "KIND_CPU"}, {"count", model->replicas->slots().size()}}}},
+                 {{{"name", model->name},
+                   {"kind", "KIND_CPU"},
+                   {"count", model->replicas->slots().size()}}}},
                 {"parameters", Json::parse(manifest.parameters_json)}};
     if (manifest.max_batch_size > 0) {
       config["dynamic_batching"] = {
@@ -239,12 +250,13 @@ void KServeApi::Register(http::Router& router) {
   router.Add(bhttp::verb::get, "/v2/models/{model}/versions/{version}/config", configuration);
 
   router.Add(bhttp::verb::get, "/v2/models/stats",
-             [this](http::Request&&, const http::PathParams&, http::Responder respond) {
+             [this](http::Request&&, const http::PathParams&, const http::Responder& respond) {
                Json stats = Json::array();
                for (const auto& model : models_.List()) stats.push_back(ModelStatsJson(*model));
                respond(Ok({{"model_stats", stats}}));
              });
-  auto model_stats = [this](http::Request&&, const http::PathParams& params, http::Responder respond) {
+  auto model_stats = [this](http::Request&&, const http::PathParams& params,
+                            const http::Responder& respond) {
     std::shared_ptr<const ServedModel> model = Resolve(params, respond);
     if (model == nullptr) return;
     respond(Ok({{"model_stats", Json::array({ModelStatsJson(*model)})}}));
@@ -253,7 +265,9 @@ void KServeApi::Register(http::Router& router) {
   router.Add(bhttp::verb::get, "/v2/models/{model}/versions/{version}/stats", model_stats);
 
   auto infer = [this](http::Request&& request, const http::PathParams& params,
-                      http::Responder respond) { Infer(std::move(request), params, std::move(respond)); };
+                      http::Responder respond) {
+    Infer(std::move(request), params, std::move(respond));
+  };
   router.Add(bhttp::verb::post, "/v2/models/{model}/infer", infer);
   router.Add(bhttp::verb::post, "/v2/models/{model}/versions/{version}/infer", infer);
 }
@@ -265,7 +279,8 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
   if (model == nullptr) return;
   const std::string version = std::to_string(model->version);
   auto fail = [&](const Status& status) {
-    metrics_.RequestDone(model->name, version, ReasonOf(status.code()), Clock::now() - received, {}, {});
+    metrics_.RequestDone(model->name, version, ReasonOf(status.code()), Clock::now() - received, {},
+                         {});
     respond(http::ErrorResponse(HttpStatusOf(status.code()), status.message()));
   };
   bool malformed = false;
@@ -275,7 +290,8 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
     return;
   }
   ParseLimits limits{config_.http.max_json_depth};
-  Result<InferRequest> parsed = ParseInferRequest(model->manifest(), request.body(), json_length, limits);
+  Result<InferRequest> parsed =
+      ParseInferRequest(model->manifest(), request.body(), json_length, limits);
   if (!parsed.ok()) {
     fail(parsed.status());
     return;
@@ -310,7 +326,8 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
           response.set(bhttp::field::content_type, "application/octet-stream");
           response.set("Inference-Header-Content-Length", std::to_string(*encoded.json_length));
         }
-        metrics_.RequestDone(model->name, version, "success", total, timings.queue, timings.compute);
+        metrics_.RequestDone(model->name, version, "success", total, timings.queue,
+                             timings.compute);
         respond(std::move(response));
       });
   if (!submitted.ok()) fail(submitted);

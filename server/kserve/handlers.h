@@ -24,7 +24,7 @@ class KServeApi {
  private:
   void Infer(http::Request&& request, const http::PathParams& params, http::Responder respond);
   std::shared_ptr<const ServedModel> Resolve(const http::PathParams& params,
-                                             http::Responder& respond) const;
+                                             const http::Responder& respond) const;
 
   ModelService& models_;
   Metrics& metrics_;

@@ -101,9 +101,8 @@ Metrics::Metrics()
                       .Help("Start time of the server process since the Unix epoch")
                       .Register(*registry_)
                       .Add({})) {
-  start_time_.Set(std::chrono::duration<double>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count());
+  start_time_.Set(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
 void Metrics::RequestDone(const std::string& model, const std::string& version,

@@ -1,10 +1,10 @@
 #include "model_service.h"
 
-#include "log.h"
-
 #include <algorithm>
 #include <filesystem>
 #include <utility>
+
+#include "log.h"
 
 namespace orochi::server {
 namespace {
@@ -19,7 +19,8 @@ int64_t NowMs() {
 
 bool IsVersionDirectory(const fs::path& path, int64_t* version) {
   std::string name = path.filename().string();
-  if (name.empty() || name.size() > 18 || name.find_first_not_of("0123456789") != std::string::npos) {
+  if (name.empty() || name.size() > 18 ||
+      name.find_first_not_of("0123456789") != std::string::npos) {
     return false;
   }
   *version = std::stoll(name);
@@ -67,8 +68,9 @@ Status ModelService::Load(const std::string& path, const std::string& expected_n
   const packaging::Manifest& manifest = package->manifest();
   if (manifest.name != expected_name || manifest.version != expected_version) {
     return fail(InvalidArgument(path + ": the manifest says " + manifest.name + " version " +
-                                std::to_string(manifest.version) + ", but the repository holds it as " +
-                                expected_name + " version " + version_text));
+                                std::to_string(manifest.version) +
+                                ", but the repository holds it as " + expected_name + " version " +
+                                version_text));
   }
   if (manifest.device != "cpu") {
     return fail(Unavailable(path + ": the model wants device '" + manifest.device +
@@ -194,8 +196,7 @@ Status ModelService::Submit(const std::shared_ptr<const ServedModel>& model,
   job.inputs = std::move(inputs);
   job.rows = rows;
   job.deadline = deadline;
-  std::shared_ptr<const ServedModel> holder = model;
-  job.done = [holder, rows, done = std::move(done)](
+  job.done = [holder = model, rows, done = std::move(done)](
                  Result<std::vector<interpreters::NamedTensor>> outputs,
                  const InferTimings& timings) {
     {

@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "metrics/metrics.h"
-#include "scheduler/scheduler.h"
 #include "orochi/interpreters/interpreter_manager.h"
 #include "orochi/interpreters/model.h"
 #include "orochi/packaging/package.h"
 #include "orochi/server/config.h"
+#include "scheduler/scheduler.h"
 
 namespace orochi::server {
 
@@ -38,9 +38,9 @@ struct ModelStats {
   DurationStat fail;
   DurationStat queue;
   DurationStat compute_infer;
-  int64_t inference_count = 0;  // rows (or requests, for models that do not batch)
-  int64_t execution_count = 0;  // batches run
-  int64_t last_inference_ms = 0;  // since the Unix epoch
+  int64_t inference_count = 0;              // rows (or requests, for models that do not batch)
+  int64_t execution_count = 0;              // batches run
+  int64_t last_inference_ms = 0;            // since the Unix epoch
   std::map<int64_t, DurationStat> batches;  // by batch size
 };
 
@@ -76,8 +76,8 @@ class ModelService : public SchedulerObserver {
   // Versions of `name` that are loaded, newest first.
   std::vector<int64_t> Versions(const std::string& name) const;
 
-  using Done = std::function<void(Result<std::vector<interpreters::NamedTensor>>,
-                                  const InferTimings&)>;
+  using Done =
+      std::function<void(Result<std::vector<interpreters::NamedTensor>>, const InferTimings&)>;
   // Queues inference; refusals come back as the Status (and `done` is not called).
   Status Submit(const std::shared_ptr<const ServedModel>& model,
                 std::vector<interpreters::NamedTensor> inputs, int64_t rows,

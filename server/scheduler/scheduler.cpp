@@ -124,12 +124,14 @@ Status Scheduler::Submit(const std::string& model_key, InferJob job) {
   if (found == queues_.end()) return NotFound("model " + model_key + " is not loaded");
   ModelQueue& queue = *found->second;
   if (queue.jobs.size() >= max_queue_size_) {
-    return Status(StatusCode::kResourceExhausted,
-                  "the queue of model " + model_key + " is full (" +
-                      std::to_string(max_queue_size_) + " waiting requests); retry later");
+    return Status(StatusCode::kResourceExhausted, "the queue of model " + model_key + " is full (" +
+                                                      std::to_string(max_queue_size_) +
+                                                      " waiting requests); retry later");
   }
   queue.jobs.push_back(std::move(job));
-  if (observer_ != nullptr) observer_->OnQueueDepth(model_key, static_cast<int64_t>(queue.jobs.size()));
+  if (observer_ != nullptr) {
+    observer_->OnQueueDepth(model_key, static_cast<int64_t>(queue.jobs.size()));
+  }
   work_ready_.notify_all();
   return Status::Ok();
 }
@@ -286,14 +288,14 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
   }
   if (interrupted && !outputs.ok()) {
     InferTimings timings{{}, end - start, total_rows};
-    Answer(*batch,
-           Status(StatusCode::kDeadlineExceeded,
-                  "the request ran past its deadline and was interrupted after " +
-                      std::to_string(
-                          std::chrono::duration_cast<std::chrono::milliseconds>(end - start)
-                              .count()) +
-                      " ms of execution"),
-           timings);
+    Answer(
+        *batch,
+        Status(StatusCode::kDeadlineExceeded,
+               "the request ran past its deadline and was interrupted after " +
+                   std::to_string(
+                       std::chrono::duration_cast<std::chrono::milliseconds>(end - start).count()) +
+                   " ms of execution"),
+        timings);
     return true;
   }
   if (batch->answered.exchange(true)) return true;
@@ -303,7 +305,7 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
     if (!outputs.ok()) {
       job.done(outputs.status(), timings);
     } else if (batch->jobs.size() == 1) {
-      job.done(std::move(outputs).value(), timings);
+      job.done(*outputs, timings);
     } else {
       job.done(Slice(*outputs, start_row, job.rows, total_rows), timings);
     }

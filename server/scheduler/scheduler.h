@@ -15,8 +15,8 @@
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>

@@ -1,9 +1,9 @@
 // The server's configuration file: the shipped config/orochi.json is exactly the defaults, and
 // every bad value is refused with its JSON path.
+#include "orochi/server/config.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
-#include "orochi/server/config.h"
 
 namespace orochi::server {
 namespace {
@@ -57,12 +57,14 @@ TEST(ServerConfig, EachBadValueNamesItsKey) {
       {R"({"http": {"port": 1}})", "config: $.http.port: unknown key"},
       {R"({"http": {"inference_port": 70000}})",
        "config: $.http.inference_port: expected an integer from 0 to 65535, got 70000"},
-      {R"({"http": {"max_body_bytes": "big"}})", "config: $.http.max_body_bytes: expected an integer"},
+      {R"({"http": {"max_body_bytes": "big"}})",
+       "config: $.http.max_body_bytes: expected an integer"},
       {R"({"copies": -1})", "config: $.copies: expected an integer from 0 to 1024, got -1"},
       {R"({"models": {"load": "all"}})", "config: $.models.load: expected an array of strings"},
       {R"({"models": {"preferred_batch_sizes": [0]}})",
        "config: $.models.preferred_batch_sizes: expected integers >= 1"},
-      {R"({"log": {"format": "xml"}})", "config: $.log.format: expected one of text, json, got 'xml'"},
+      {R"({"log": {"format": "xml"}})",
+       "config: $.log.format: expected one of text, json, got 'xml'"},
       {R"({"http": {"inference_port": 9000, "metrics_port": 9000}})",
        "config: $.http.metrics_port: must differ from inference_port (9000)"},
   };

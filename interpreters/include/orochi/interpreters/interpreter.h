@@ -109,7 +109,7 @@ class Interpreter {
   explicit Interpreter(int id);
 
   int id_;
-  mutable std::mutex mutex_;  // serialises calls, guards impl_
+  mutable std::mutex mutex_;    // serialises calls, guards impl_
   std::mutex interrupt_mutex_;  // keeps the table in place during Interrupt()
   std::unique_ptr<Impl> impl_;
 };

@@ -27,17 +27,17 @@ struct HttpConfig {
 };
 
 struct ModelsConfig {
-  std::string repository;           // <repository>/<name>/<version>/model.orochi
-  std::vector<std::string> load;    // names to load at startup; "*" for all
-  int64_t max_queue_size = 1024;    // waiting requests per model; more are refused (503)
-  int64_t default_timeout_ms = 0;   // per-request deadline when the request sets none; 0: none
+  std::string repository;             // <repository>/<name>/<version>/model.orochi
+  std::vector<std::string> load;      // names to load at startup; "*" for all
+  int64_t max_queue_size = 1024;      // waiting requests per model; more are refused (503)
+  int64_t default_timeout_ms = 0;     // per-request deadline when the request sets none; 0: none
   int64_t execution_grace_ms = 5000;  // after an interrupt, before a copy is replaced
-  int64_t max_queue_delay_us = 0;   // dynamic batching: how long a batch may wait to fill
+  int64_t max_queue_delay_us = 0;     // dynamic batching: how long a batch may wait to fill
   std::vector<int64_t> preferred_batch_sizes;
 };
 
 struct LogConfig {
-  std::string level = "info";  // debug, info, warning, error
+  std::string level = "info";   // debug, info, warning, error
   std::string format = "text";  // text or json
 };
 
