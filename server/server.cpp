@@ -58,8 +58,8 @@ struct Server::Impl {
       std::string method(request.method_string());
       std::string target(request.target());
       std::string route(router.PatternOf(request));
-      router.Dispatch(std::move(request), [this, respond = std::move(respond), start, method,
-                                           target, route, listener](http::Response response) {
+      http::Responder logged = respond.Wrap([this, respond, start, method, target, route,
+                                             listener](http::Response response) {
         const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
                                 std::chrono::steady_clock::now() - start)
                                 .count();
@@ -74,6 +74,7 @@ struct Server::Impl {
              {"bytes", std::to_string(response.body().size()), false}});
         respond(std::move(response));
       });
+      router.Dispatch(std::move(request), std::move(logged));
     };
   }
 };

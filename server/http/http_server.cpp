@@ -1,9 +1,12 @@
 #include "http_server.h"
 
+#include <sys/socket.h>
+
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/version.hpp>
+#include <cerrno>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
@@ -33,6 +36,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   void Read() {
+    answering_done_ = false;
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
     parser_->body_limit(limits_.max_body_bytes);
@@ -72,18 +76,40 @@ class Session : public std::enable_shared_from_this<Session> {
     version_ = request.version();
     in_flight_->fetch_add(1);
     stream_.expires_never();  // the handler may take as long as the model needs
-    auto executor = stream_.get_executor();
-    std::weak_ptr<Session> weak = weak_from_this();
     auto answered = std::make_shared<std::atomic<bool>>(false);
-    handler_(std::move(request), [self = shared_from_this(), answered](Response response) {
-      if (answered->exchange(true)) return;  // a handler bug must not write twice
-      asio::dispatch(
-          self->stream_.get_executor(),
-          [self, response = std::move(response)]() mutable { self->Write(std::move(response)); });
+    client_gone_ = std::make_shared<std::atomic<bool>>(false);
+    WatchForHangUp(++request_number_);
+    handler_(std::move(request), Responder(
+                                     [self = shared_from_this(), answered](Response response) {
+                                       if (answered->exchange(true))
+                                         return;  // a handler bug must not write twice
+                                       asio::dispatch(
+                                           self->stream_.get_executor(),
+                                           [self, response = std::move(response)]() mutable {
+                                             self->Write(std::move(response));
+                                           });
+                                     },
+                                     client_gone_));
+  }
+
+  // While a request is handled nothing reads the socket; wait until it is readable and peek:
+  // end of stream means the client hung up (its queued work can be skipped), while bytes mean
+  // a pipelined request, which the next Read takes.
+  void WatchForHangUp(uint64_t request_number) {
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(),
+                                                         request_number](beast::error_code error) {
+      if (error || request_number != self->request_number_ || self->answering_done_) return;
+      char byte = 0;
+      ssize_t peeked =
+          ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (peeked == 0 || (peeked < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        self->client_gone_->store(true);
+      }
     });
   }
 
   void Write(Response response) {
+    answering_done_ = true;
     response.version(version_);
     response.set(bhttp::field::server, kServerName);
     response.keep_alive(keep_alive_);
@@ -115,6 +141,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<std::atomic<int64_t>> in_flight_;
   bool keep_alive_ = true;
   unsigned version_ = 11;
+  uint64_t request_number_ = 0;
+  bool answering_done_ = false;  // the current request's response is being written
+  std::shared_ptr<std::atomic<bool>> client_gone_;
 };
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "orochi/base/status.h"
 
@@ -24,7 +25,23 @@ namespace orochi::server::http {
 
 using Request = boost::beast::http::request<boost::beast::http::string_body>;
 using Response = boost::beast::http::response<boost::beast::http::string_body>;
-using Responder = std::function<void(Response)>;
+// Answers one request; callable from any thread, once (later calls are ignored). It also tells
+// whether the client has gone away meanwhile, so that work for it can be skipped.
+class Responder {
+ public:
+  Responder() = default;
+  Responder(std::function<void(Response)> send, std::shared_ptr<const std::atomic<bool>> gone)
+      : send_(std::move(send)), gone_(std::move(gone)) {}
+  void operator()(Response response) const { send_(std::move(response)); }
+  // True once the connection was closed by the client while its request was being handled.
+  bool client_gone() const { return gone_ != nullptr && gone_->load(); }
+  // The same client, another way to send (e.g. adding a log line).
+  Responder Wrap(std::function<void(Response)> send) const { return {std::move(send), gone_}; }
+
+ private:
+  std::function<void(Response)> send_;
+  std::shared_ptr<const std::atomic<bool>> gone_;
+};
 using Handler = std::function<void(Request&& request, Responder respond)>;
 
 struct Limits {

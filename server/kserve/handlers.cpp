@@ -96,6 +96,8 @@ std::string ReasonOf(StatusCode code) {
       return "timeout";
     case StatusCode::kPythonError:
       return "model_error";
+    case StatusCode::kFailedPrecondition:
+      return "client_gone";
     case StatusCode::kUnavailable:
       return "unavailable";
     default:
@@ -305,7 +307,7 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
   }
   std::vector<interpreters::NamedTensor> inputs = std::move(infer->inputs);
   Status submitted = models_.Submit(
-      model, std::move(inputs), infer->rows, deadline,
+      model, std::move(inputs), infer->rows, deadline, [respond] { return respond.client_gone(); },
       [this, model, version, infer, received, respond](
           Result<std::vector<interpreters::NamedTensor>> outputs, const InferTimings& timings) {
         const std::chrono::nanoseconds total = Clock::now() - received;

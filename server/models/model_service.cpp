@@ -191,8 +191,10 @@ std::shared_ptr<ServedModel> ModelService::FindByKey(const std::string& key) con
 
 Status ModelService::Submit(const std::shared_ptr<const ServedModel>& model,
                             std::vector<interpreters::NamedTensor> inputs, int64_t rows,
-                            std::optional<Clock::time_point> deadline, Done done) {
+                            std::optional<Clock::time_point> deadline,
+                            std::function<bool()> abandoned, Done done) {
   InferJob job;
+  job.abandoned = std::move(abandoned);
   job.inputs = std::move(inputs);
   job.rows = rows;
   job.deadline = deadline;

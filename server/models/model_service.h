@@ -81,7 +81,8 @@ class ModelService : public SchedulerObserver {
   // Queues inference; refusals come back as the Status (and `done` is not called).
   Status Submit(const std::shared_ptr<const ServedModel>& model,
                 std::vector<interpreters::NamedTensor> inputs, int64_t rows,
-                std::optional<Clock::time_point> deadline, Done done);
+                std::optional<Clock::time_point> deadline, std::function<bool()> abandoned,
+                Done done);
 
   void Stop();  // answers queued requests, stops the workers
   size_t copies() const { return manager_.size(); }

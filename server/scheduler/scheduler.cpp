@@ -237,6 +237,12 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
   batch->started = start;
   std::optional<Clock::time_point> deadline;
   for (InferJob& job : jobs) {
+    if (job.abandoned && job.abandoned()) {
+      job.done(
+          Status(StatusCode::kFailedPrecondition, "the client disconnected before the request ran"),
+          InferTimings{start - job.enqueued, {}, 0});
+      continue;
+    }
     if (job.deadline && *job.deadline <= start) {
       InferTimings timings{start - job.enqueued, {}, 0};
       job.done(Status(StatusCode::kDeadlineExceeded,

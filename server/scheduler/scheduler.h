@@ -50,6 +50,8 @@ struct InferJob {
   int64_t rows = 0;  // the batch dim of every input; 0 for models that do not batch
   Clock::time_point enqueued = Clock::now();
   std::optional<Clock::time_point> deadline;
+  // True once nobody waits for the answer any more (the client hung up): the job is skipped.
+  std::function<bool()> abandoned;
   InferDone done;
 };
 

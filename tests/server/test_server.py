@@ -391,8 +391,8 @@ class DeadlineTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.root = tempfile.mkdtemp(prefix="orochi-deadline-test-")
-        cls.server = Server(pack_repository(cls.root), {"models": {"execution_grace_ms": 500}},
-                            copies=1)
+        cls.server = Server(pack_repository(cls.root),
+                            {"models": {"execution_grace_ms": 500, "max_queue_size": 1}}, copies=1)
 
     @classmethod
     def tearDownClass(cls):
@@ -413,6 +413,47 @@ class DeadlineTest(unittest.TestCase):
         self.assertEqual(status, 200, body)
         self.assertEqual(self.server.log_text().count("interpreter copy replaced"), replaced_before,
                          "an interrupt that works needs no new copy")
+
+    def test_a_full_queue_answers_503(self):
+        running = threading.Thread(target=post_json, args=(
+            self.server, "/v2/models/slow/infer", slow_request("sleep", 0.6)))
+        running.start()
+        time.sleep(0.15)  # the one copy is busy
+        waiting = threading.Thread(target=post_json, args=(
+            self.server, "/v2/models/slow/infer", slow_request("sleep", 0.01)))
+        waiting.start()
+        time.sleep(0.15)  # the queue (size 1) is full
+        status, _, body = post_json(self.server, "/v2/models/slow/infer", slow_request("sleep"))
+        running.join()
+        waiting.join()
+        self.assertEqual(status, 503, body)
+        self.assertIn("the queue of model slow:1 is full (1 waiting requests); retry later",
+                      json.loads(body)["error"])
+
+    def test_a_request_whose_client_hung_up_is_not_run(self):
+        running = threading.Thread(target=post_json, args=(
+            self.server, "/v2/models/slow/infer", slow_request("sleep", 0.8)))
+        running.start()
+        time.sleep(0.15)  # the one copy is busy; the next request waits in the queue
+        gone = curl("--max-time", "0.3", "-X", "POST", self.server.url("/v2/models/slow/infer"),
+                    data=json.dumps(slow_request("sleep", 1.0)).encode())
+        self.assertEqual(gone[0], 0, "curl gave up before an answer")
+        running.join()
+        start = time.time()
+        status, _, _ = post_json(self.server, "/v2/models/slow/infer", slow_request("sleep", 0.01))
+        self.assertEqual(status, 200)
+        self.assertLess(time.time() - start, 0.5, "the abandoned 1 s request ran")
+        _, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
+        self.assertRegex(metrics.decode(), r'orochi_inference_requests_total\{model="slow",'
+                                           r'reason="client_gone",version="1"\} 1')
+
+    def test_an_exception_in_the_model_is_a_500_with_the_traceback(self):
+        status, _, body = post_json(self.server, "/v2/models/slow/infer", slow_request("fail", 2))
+        self.assertEqual(status, 500, body)
+        error = json.loads(body)["error"]
+        self.assertIn("ValueError: asked to fail after 2.0 s", error)
+        self.assertIn("<package slow:1>/code/model.py", error)
+        self.assertIn("raise ValueError", error)
 
     def test_a_copy_stuck_in_c_code_is_replaced(self):
         start = time.time()

@@ -15,6 +15,8 @@ class Slow:
         elif mode == "spin":  # pure Python that never returns unless interrupted
             while True:
                 pass
+        elif mode == "fail":
+            raise ValueError(f"asked to fail after {seconds} s")
         elif mode == "block":  # C code that holds the GIL and never looks at interrupts
             sum(range(10**15))
         return {"done": [True]}
