@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import tempfile
@@ -142,6 +143,22 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(status, 200)
         self.assertEqual(metadata["name"], "orochi")
         self.assertIn("binary_tensor_data", metadata["extensions"])
+
+    def test_keep_alive_and_pipelining(self):
+        with socket.create_connection(("127.0.0.1", self.server.port), timeout=30) as connection:
+            # Two requests in one write: answered in order on the same connection.
+            connection.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+                               b"GET /v2/models/echo/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            received = b""
+            while received.count(b"HTTP/1.1 200") < 2 or not received.endswith(b"}"):
+                chunk = connection.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+        first = received.index(b'{"live":true}')
+        second = received.index(b'"ready":true')
+        self.assertLess(first, second)
+        self.assertEqual(received.count(b"HTTP/1.1 200 OK"), 2)
 
     def test_model_metadata_ready_config(self):
         for path in ("/v2/models/echo", "/v2/models/echo/versions/1"):
