@@ -48,6 +48,7 @@ struct ServeOptions {
   std::vector<std::string> load_models;
   std::optional<int> http_port;
   std::optional<int> metrics_port;
+  std::optional<int> management_port;
   std::string bind_address;
   std::optional<int> copies;
   std::string log_format;

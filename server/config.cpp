@@ -96,6 +96,26 @@ class ObjectReader {
     return Status::Ok();
   }
 
+  // {"model": {"policy": "latest" | "all" | "specific", "versions": [1, 2]}}
+  Status Policies(const char* key, std::map<std::string, VersionPolicy>* field) const {
+    auto found = object_.find(key);
+    if (found == object_.end()) return Status::Ok();
+    if (!found->is_object()) return Problem(path_ + "." + key, "expected an object by model name");
+    for (const auto& [model, value] : found->items()) {
+      ObjectReader entry(value, path_ + "." + key + "." + model);
+      OROCHI_RETURN_IF_ERROR(entry.Check({"policy", "versions"}));
+      VersionPolicy policy;
+      OROCHI_RETURN_IF_ERROR(entry.String("policy", &policy.kind, {"latest", "all", "specific"}));
+      OROCHI_RETURN_IF_ERROR(entry.Integers("versions", &policy.versions, 1));
+      if (policy.kind == "specific" && policy.versions.empty()) {
+        return Problem(path_ + "." + key + "." + model + ".versions",
+                       "the 'specific' policy needs a non-empty list of versions");
+      }
+      (*field)[model] = std::move(policy);
+    }
+    return Status::Ok();
+  }
+
   ObjectReader Child(const char* key) const {
     static const Json kEmpty = Json::object();
     auto found = object_.find(key);
@@ -114,14 +134,26 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   if (json.is_discarded()) return Problem("$", "not valid JSON");
   ServerConfig config;
   ObjectReader root(json, "$");
-  OROCHI_RETURN_IF_ERROR(root.Check({"http", "models", "log", "copies"}));
+  OROCHI_RETURN_IF_ERROR(root.Check({"http", "management", "models", "log", "copies"}));
   OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
 
   ObjectReader http = root.Child("http");
-  OROCHI_RETURN_IF_ERROR(http.Check({"bind_address", "inference_port", "metrics_port", "io_threads",
+  OROCHI_RETURN_IF_ERROR(http.Check({"bind_address", "token_file", "token_env", "inference_port", "metrics_port", "io_threads",
                                      "max_header_bytes", "max_body_bytes", "max_json_depth",
                                      "idle_timeout_s", "shutdown_grace_s"}));
   OROCHI_RETURN_IF_ERROR(http.String("bind_address", &config.http.bind_address));
+  OROCHI_RETURN_IF_ERROR(http.String("token_file", &config.http.token_file));
+  OROCHI_RETURN_IF_ERROR(http.String("token_env", &config.http.token_env));
+
+  ObjectReader management = root.Child("management");
+  OROCHI_RETURN_IF_ERROR(management.Check({"bind_address", "port", "token_file", "token_env",
+                                           "max_upload_bytes"}));
+  OROCHI_RETURN_IF_ERROR(management.String("bind_address", &config.management.bind_address));
+  OROCHI_RETURN_IF_ERROR(management.Integer("port", &config.management.port, 0, 65535));
+  OROCHI_RETURN_IF_ERROR(management.String("token_file", &config.management.token_file));
+  OROCHI_RETURN_IF_ERROR(management.String("token_env", &config.management.token_env));
+  OROCHI_RETURN_IF_ERROR(management.Integer("max_upload_bytes", &config.management.max_upload_bytes,
+                                            1024, int64_t{1} << 42));
   OROCHI_RETURN_IF_ERROR(http.Integer("inference_port", &config.http.inference_port, 0, 65535));
   OROCHI_RETURN_IF_ERROR(http.Integer("metrics_port", &config.http.metrics_port, 0, 65535));
   OROCHI_RETURN_IF_ERROR(http.Integer("io_threads", &config.http.io_threads, 1, 256));
@@ -150,6 +182,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(
       models.Integers("preferred_batch_sizes", &config.models.preferred_batch_sizes, 1));
 
+  OROCHI_RETURN_IF_ERROR(models.Policies("version_policies", &config.models.version_policies));
+
   ObjectReader log = root.Child("log");
   OROCHI_RETURN_IF_ERROR(log.Check({"level", "format"}));
   OROCHI_RETURN_IF_ERROR(
@@ -170,9 +204,10 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
 }
 
 Status ValidateServerConfig(const ServerConfig& config) {
-  if (config.http.inference_port != 0 && config.http.inference_port == config.http.metrics_port) {
-    return Problem("$.http.metrics_port", "must differ from inference_port (" +
-                                              std::to_string(config.http.inference_port) + ")");
+  const int ports[] = {config.http.inference_port, config.management.port, config.http.metrics_port};
+  if ((ports[0] != 0 && (ports[0] == ports[1] || ports[0] == ports[2])) ||
+      (ports[1] != 0 && ports[1] == ports[2])) {
+    return Problem("$", "the inference, management and metrics ports must differ");
   }
   return Status::Ok();
 }

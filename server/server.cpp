@@ -6,11 +6,14 @@
 #include <boost/asio/signal_set.hpp>
 #include <condition_variable>
 #include <csignal>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "auth.h"
 #include "http/http_server.h"
 #include "http/router.h"
 #include "kserve/handlers.h"
@@ -19,6 +22,7 @@
 #include "models/model_service.h"
 #include "orochi/engine/ops.h"
 #include "orochi/interpreters/interpreter_manager.h"
+#include "repository/repository_api.h"
 
 namespace orochi::server {
 namespace {
@@ -27,6 +31,48 @@ namespace asio = boost::asio;
 namespace bhttp = boost::beast::http;
 
 }  // namespace
+
+// Runs repository operations (loads take seconds) one at a time off the I/O threads.
+class AdminQueue {
+ public:
+  AdminQueue() : thread_([this] { Run(); }) {}
+  ~AdminQueue() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    thread_.join();
+  }
+  AdminQueue(const AdminQueue&) = delete;
+  AdminQueue& operator=(const AdminQueue&) = delete;
+  void Post(std::function<void()> work) {
+    {
+      std::lock_guard lock(mutex_);
+      work_.push_back(std::move(work));
+    }
+    ready_.notify_all();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      ready_.wait(lock, [&] { return stopping_ || !work_.empty(); });
+      if (work_.empty()) return;
+      std::function<void()> next = std::move(work_.front());
+      work_.pop_front();
+      lock.unlock();
+      next();
+      lock.lock();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> work_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
 
 struct Server::Impl {
   explicit Impl(ServerConfig server_config) : config(std::move(server_config)) {}
@@ -40,7 +86,11 @@ struct Server::Impl {
   // connection waits for a model's answer after the listeners stopped accepting.
   asio::executor_work_guard<asio::io_context::executor_type> keep_running{io.get_executor()};
   http::Router inference_router;
+  http::Router management_router;
   http::Router metrics_router;
+  std::unique_ptr<repository::RepositoryApi> repository_api;
+  std::unique_ptr<http::HttpServer> management;
+  std::unique_ptr<AdminQueue> admin;
   std::unique_ptr<kserve::KServeApi> api;
   std::unique_ptr<http::HttpServer> inference;
   std::unique_ptr<http::HttpServer> metrics_listener;
@@ -96,6 +146,17 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   Impl& s = *impl;
   const ServerConfig& cfg = s.config;
 
+  OROCHI_ASSIGN_OR_RETURN(std::optional<std::string> management_token,
+                          LoadToken(cfg.management.token_file, cfg.management.token_env,
+                                    "management"));
+  if (!management_token && !IsLoopback(cfg.management.bind_address)) {
+    return FailedPrecondition(
+        "the management API would listen on " + cfg.management.bind_address +
+        " without a token: uploading a model runs its code, so set management.token_file or "
+        "management.token_env, or bind it to 127.0.0.1");
+  }
+  OROCHI_ASSIGN_OR_RETURN(std::optional<std::string> inference_token,
+                          LoadToken(cfg.http.token_file, cfg.http.token_env, "inference"));
   Log(LogLevel::kInfo, "starting",
       {{"blas_core", std::string(engine::BlasCoreName())},
        {"blas_core_choice", std::string(engine::BlasCoreChoice())}});
@@ -107,12 +168,6 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   s.metrics.Copies("serving", static_cast<int64_t>(s.manager->size()));
   s.models = std::make_unique<ModelService>(*s.manager, cfg.models, s.metrics);
   OROCHI_RETURN_IF_ERROR(s.models->LoadFromRepository());
-  for (const auto& model : s.models->List()) {
-    Log(LogLevel::kInfo, "model loaded",
-        {{"model", model->name},
-         {"version", std::to_string(model->version), false},
-         {"copies", std::to_string(model->replicas->slots().size()), false}});
-  }
 
   s.api = std::make_unique<kserve::KServeApi>(*s.models, s.metrics, cfg,
                                               [&s] { return s.ready.load(); });
@@ -130,12 +185,39 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   limits.max_header_bytes = static_cast<size_t>(cfg.http.max_header_bytes);
   limits.max_body_bytes = static_cast<uint64_t>(cfg.http.max_body_bytes);
   limits.idle_timeout = std::chrono::seconds(cfg.http.idle_timeout_s);
-  s.inference =
-      std::make_unique<http::HttpServer>(s.io, limits, s.Logged(s.inference_router, "inference"));
+  http::Handler inference_handler = s.Logged(s.inference_router, "inference");
+  if (inference_token) {
+    inference_handler = RequireToken(*inference_token, std::move(inference_handler));
+  }
+  s.inference = std::make_unique<http::HttpServer>(s.io, limits, std::move(inference_handler));
   OROCHI_RETURN_IF_ERROR(s.inference->Listen(cfg.http.bind_address, cfg.http.inference_port));
   s.metrics_listener =
       std::make_unique<http::HttpServer>(s.io, limits, s.Logged(s.metrics_router, "metrics"));
   OROCHI_RETURN_IF_ERROR(s.metrics_listener->Listen(cfg.http.bind_address, cfg.http.metrics_port));
+
+  // The repository API, when there is a repository: closed to the network unless a token is set.
+  s.admin = std::make_unique<AdminQueue>();
+  http::Limits management_limits = limits;
+  if (!cfg.models.repository.empty()) {
+    s.repository_api = std::make_unique<repository::RepositoryApi>(*s.models);
+    s.repository_api->Register(s.management_router);
+    management_limits.stream_body_to_file = repository::IsUpload;
+    management_limits.upload_directory = s.models->upload_directory();
+    management_limits.max_upload_bytes = static_cast<uint64_t>(cfg.management.max_upload_bytes);
+  }
+  http::Handler logged_management = s.Logged(s.management_router, "management");
+  http::Handler management_handler = [&s, logged_management](http::Request&& request,
+                                                             http::Responder respond) {
+    auto shared = std::make_shared<http::Request>(std::move(request));
+    s.admin->Post([logged_management, shared, respond] {
+      logged_management(std::move(*shared), respond);
+    });
+  };
+  if (management_token) {
+    management_handler = RequireToken(*management_token, std::move(management_handler));
+  }
+  s.management = std::make_unique<http::HttpServer>(s.io, management_limits, std::move(management_handler));
+  OROCHI_RETURN_IF_ERROR(s.management->Listen(cfg.management.bind_address, cfg.management.port));
 
   s.signals = std::make_unique<asio::signal_set>(s.io, SIGINT, SIGTERM);
   auto server = std::unique_ptr<Server>(new Server(std::move(impl)));
@@ -155,6 +237,8 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
         "http://" + cfg.http.bind_address + ":" + std::to_string(server->inference_port())},
        {"metrics", "http://" + cfg.http.bind_address + ":" +
                        std::to_string(server->metrics_port()) + "/metrics"},
+       {"management", "http://" + cfg.management.bind_address + ":" +
+                          std::to_string(server->impl_->management->port())},
        {"copies", std::to_string(server->impl_->manager->size()), false},
        {"models", std::to_string(server->impl_->models->List().size()), false}});
   return server;
@@ -180,6 +264,7 @@ int Server::Run() {
   // Graceful shutdown: no new connections, then the requests in flight get their answers.
   s.ready = false;
   s.inference->StopAccepting();
+  s.management->StopAccepting();
   s.metrics_listener->StopAccepting();
   const auto grace_end =
       std::chrono::steady_clock::now() + std::chrono::seconds(s.config.http.shutdown_grace_s);
@@ -187,6 +272,7 @@ int Server::Run() {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const int64_t abandoned = s.inference->in_flight();
+  s.admin.reset();  // finishes the repository operation under way
   s.models->Stop();
   s.io.stop();
   for (std::thread& thread : s.io_threads) thread.join();

@@ -1,12 +1,15 @@
 #include "http_server.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/version.hpp>
 #include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
@@ -41,9 +44,81 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
     parser_->body_limit(limits_.max_body_bytes);
     stream_.expires_after(limits_.idle_timeout);
+    bhttp::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code error, size_t) { self->OnHeader(error); });
+  }
+
+  void OnHeader(beast::error_code error) {
+    if (error) {
+      OnRead(error);
+      return;
+    }
+    if (limits_.stream_body_to_file && limits_.stream_body_to_file(parser_->get())) {
+      StartUpload();
+      return;
+    }
     bhttp::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code error, size_t) { self->OnRead(error); });
+  }
+
+  // The body goes straight to a new file; the request that reaches the handler carries the
+  // file's path as its body.
+  void StartUpload() {
+    std::string pattern = limits_.upload_directory + "/.upload-XXXXXX";
+    int fd = mkstemp(pattern.data());
+    if (fd < 0) {
+      Fail(500, "cannot create an upload file in " + limits_.upload_directory + ": " +
+                    std::strerror(errno));
+      return;
+    }
+    ::fchmod(fd, 0644);  // mkstemp makes it private; a deployed package is an ordinary file
+    ::close(fd);
+    upload_path_ = pattern;
+    upload_parser_.emplace(std::move(*parser_));
+    upload_parser_->body_limit(limits_.max_upload_bytes);
+    beast::error_code opened;
+    upload_parser_->get().body().open(upload_path_.c_str(), beast::file_mode::write, opened);
+    if (opened) {
+      ::unlink(upload_path_.c_str());
+      Fail(500, "cannot open the upload file: " + opened.message());
+      return;
+    }
+    // An upload may take longer than an idle gap; it still has an upper bound.
+    stream_.expires_after(std::max<std::chrono::seconds>(limits_.idle_timeout, std::chrono::hours(1)));
+    bhttp::async_read(stream_, buffer_, *upload_parser_,
+                      [self = shared_from_this()](beast::error_code error, size_t) {
+                        self->OnUploaded(error);
+                      });
+  }
+
+  void OnUploaded(beast::error_code error) {
+    auto message = upload_parser_->release();
+    message.body().close();
+    upload_parser_.reset();
+    if (error) {
+      ::unlink(upload_path_.c_str());  // a broken upload leaves nothing behind
+      if (error == bhttp::error::body_limit) {
+        Fail(413, "the upload is larger than the limit of " +
+                      std::to_string(limits_.max_upload_bytes) + " bytes");
+      } else {
+        Close();
+      }
+      return;
+    }
+    Request request{message.method(), message.target(), message.version()};
+    for (const auto& field : message.base()) request.set(field.name_string(), field.value());
+    request.keep_alive(message.keep_alive());
+    request.body() = upload_path_;
+    Dispatch(std::move(request));
+  }
+
+  // Answers a request that could not be read and closes the connection after the answer.
+  void Fail(unsigned status, const std::string& message) {
+    keep_alive_ = false;
+    in_flight_->fetch_add(1);
+    Write(ErrorResponse(status, message));
   }
 
   void OnRead(beast::error_code error) {
@@ -71,7 +146,10 @@ class Session : public std::enable_shared_from_this<Session> {
       Write(ErrorResponse(status, message));
       return;
     }
-    Request request = parser_->release();
+    Dispatch(parser_->release());
+  }
+
+  void Dispatch(Request request) {
     keep_alive_ = request.keep_alive();
     version_ = request.version();
     in_flight_->fetch_add(1);
@@ -136,6 +214,8 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::optional<bhttp::request_parser<bhttp::file_body>> upload_parser_;
+  std::string upload_path_;
   const Limits& limits_;
   const Handler& handler_;
   std::shared_ptr<std::atomic<int64_t>> in_flight_;

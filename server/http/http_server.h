@@ -48,6 +48,12 @@ struct Limits {
   size_t max_header_bytes = 16 * 1024;
   uint64_t max_body_bytes = 64 * 1024 * 1024;
   std::chrono::seconds idle_timeout{60};
+  // Requests this selects (from their header) have their body streamed to a new file in
+  // upload_directory, up to max_upload_bytes, instead of kept in memory: the handler then gets
+  // the file's path as request.body() and owns the file (it must rename or remove it).
+  std::function<bool(const Request& header)> stream_body_to_file;
+  std::string upload_directory;
+  uint64_t max_upload_bytes = 0;
 };
 
 // A response with a JSON body `{"error": message}`, as KServe v2 clients expect.

@@ -1,7 +1,15 @@
 #include "model_service.h"
 
 #include <algorithm>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <utility>
 
 #include "log.h"
@@ -54,8 +62,8 @@ std::vector<size_t> ModelService::SlotsFor(const packaging::Manifest& manifest) 
   return slots;
 }
 
-Status ModelService::Load(const std::string& path, const std::string& expected_name,
-                          int64_t expected_version) {
+Status ModelService::LoadVersion(const std::string& path, const std::string& expected_name,
+                                 int64_t expected_version) {
   const Clock::time_point start = Clock::now();
   const std::string version_text = std::to_string(expected_version);
   auto fail = [&](const Status& status) {
@@ -103,7 +111,99 @@ Status ModelService::Load(const std::string& path, const std::string& expected_n
     models_[served->name][served->version] = served;
   }
   metrics_.ModelLoaded(served->name, version_text, true, Clock::now() - start);
+  Log(LogLevel::kInfo, "model loaded",
+      {{"model", served->name},
+       {"version", version_text, false},
+       {"copies", std::to_string(served->replicas->slots().size()), false}});
   return Status::Ok();
+}
+
+namespace {
+
+constexpr const char* kStateDirectory = ".orochi";
+
+// Writes `text` to `path` so that readers see the old or the new contents, never a mix: a
+// temporary file, fsync, rename, fsync of the directory.
+Status WriteAtomically(const fs::path& path, const std::string& text) {
+  const fs::path temporary = path.string() + ".tmp";
+  int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Internal("cannot write " + temporary.string() + ": " + std::strerror(errno));
+  bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  written = ::fsync(fd) == 0 && written;
+  written = ::close(fd) == 0 && written;
+  if (!written || ::rename(temporary.c_str(), path.c_str()) != 0) {
+    ::unlink(temporary.c_str());
+    return Internal("cannot write " + path.string() + ": " + std::strerror(errno));
+  }
+  int directory = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (directory >= 0) {
+    ::fsync(directory);
+    ::close(directory);
+  }
+  return Status::Ok();
+}
+
+Status SyncFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    if (fd >= 0) ::close(fd);
+    return Internal("cannot sync " + path + ": " + std::strerror(errno));
+  }
+  ::close(fd);
+  return Status::Ok();
+}
+
+void SyncDirectory(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+std::string ModelService::upload_directory() const {
+  return (fs::path(config_.repository) / kStateDirectory / "uploads").string();
+}
+
+std::string ModelService::PackagePath(const std::string& name, int64_t version) const {
+  return (fs::path(config_.repository) / name / std::to_string(version) / "model.orochi").string();
+}
+
+std::vector<int64_t> ModelService::VersionsOnDisk(const std::string& name) const {
+  std::vector<int64_t> versions;
+  std::error_code error;
+  for (auto it = fs::directory_iterator(fs::path(config_.repository) / name, error);
+       !error && it != fs::directory_iterator(); it.increment(error)) {
+    int64_t version = 0;
+    if (it->is_directory() && IsVersionDirectory(it->path(), &version) &&
+        fs::exists(it->path() / "model.orochi")) {
+      versions.push_back(version);
+    }
+  }
+  std::sort(versions.begin(), versions.end());
+  return versions;
+}
+
+std::vector<int64_t> ModelService::SelectedVersions(const std::string& name) const {
+  std::vector<int64_t> on_disk = VersionsOnDisk(name);
+  auto policy = config_.version_policies.find(name);
+  if (policy == config_.version_policies.end() || policy->second.kind == "latest") {
+    return on_disk.empty() ? on_disk : std::vector<int64_t>{on_disk.back()};
+  }
+  if (policy->second.kind == "all") return on_disk;
+  std::vector<int64_t> selected;
+  for (int64_t version : policy->second.versions) {
+    if (std::binary_search(on_disk.begin(), on_disk.end(), version)) selected.push_back(version);
+  }
+  return selected;
+}
+
+Status ModelService::SaveState() {
+  nlohmann::json state{{"unloaded", unloaded_}};
+  return WriteAtomically(fs::path(config_.repository) / kStateDirectory / "state.json",
+                         state.dump(2) + "\n");
 }
 
 Status ModelService::LoadFromRepository() {
@@ -113,8 +213,20 @@ Status ModelService::LoadFromRepository() {
   if (!fs::is_directory(repository, error)) {
     return NotFound("the model repository " + config_.repository + " is not a directory");
   }
-  const bool all = config_.load.empty() ||
-                   std::find(config_.load.begin(), config_.load.end(), "*") != config_.load.end();
+  // An upload cut short (client gone, server killed) left at most a file here: never a package.
+  fs::remove_all(upload_directory(), error);
+  fs::create_directories(upload_directory(), error);
+  if (error) return Internal("cannot create " + upload_directory() + ": " + error.message());
+  std::ifstream state_file(repository / kStateDirectory / "state.json");
+  if (state_file) {
+    nlohmann::json state = nlohmann::json::parse(state_file, nullptr, false);
+    if (state.is_object() && state.contains("unloaded") && state["unloaded"].is_array()) {
+      for (const auto& name : state["unloaded"]) {
+        if (name.is_string()) unloaded_.insert(name.get<std::string>());
+      }
+    }
+  }
+
   std::vector<std::string> names;
   for (const fs::directory_entry& entry : fs::directory_iterator(repository)) {
     if (entry.is_directory() && entry.path().filename().string().front() != '.') {
@@ -122,7 +234,11 @@ Status ModelService::LoadFromRepository() {
     }
   }
   std::sort(names.begin(), names.end());
-  if (!all) {
+  const bool all = config_.load.empty() ||
+                   std::find(config_.load.begin(), config_.load.end(), "*") != config_.load.end();
+  if (all) {
+    std::erase_if(names, [&](const std::string& name) { return unloaded_.count(name) != 0; });
+  } else {
     for (const std::string& wanted : config_.load) {
       if (std::find(names.begin(), names.end(), wanted) == names.end()) {
         return NotFound("model '" + wanted + "' is not in the repository " + config_.repository);
@@ -131,22 +247,161 @@ Status ModelService::LoadFromRepository() {
     names = config_.load;
   }
   for (const std::string& name : names) {
-    int64_t latest = 0;
-    for (const fs::directory_entry& entry : fs::directory_iterator(repository / name)) {
-      int64_t version = 0;
-      if (entry.is_directory() && IsVersionDirectory(entry.path(), &version) &&
-          fs::exists(entry.path() / "model.orochi")) {
-        latest = std::max(latest, version);
-      }
-    }
-    if (latest == 0) {
+    if (SelectedVersions(name).empty()) {
       return NotFound("model '" + name + "' has no version in the repository (expected " +
                       (repository / name / "<version>" / "model.orochi").string() + ")");
     }
-    const fs::path path = repository / name / std::to_string(latest) / "model.orochi";
-    OROCHI_RETURN_IF_ERROR(Load(path.string(), name, latest));
+    OROCHI_RETURN_IF_ERROR(LoadModel(name));
   }
   return Status::Ok();
+}
+
+Status ModelService::LoadModel(const std::string& name) {
+  std::lock_guard admin(admin_mutex_);
+  std::vector<int64_t> selected = SelectedVersions(name);
+  if (selected.empty()) {
+    return NotFound("model '" + name + "' has no version in the repository that its policy selects");
+  }
+  std::vector<int64_t> loaded = Versions(name);
+  for (int64_t version : selected) {
+    if (std::find(loaded.begin(), loaded.end(), version) == loaded.end()) {
+      OROCHI_RETURN_IF_ERROR(LoadVersion(PackagePath(name, version), name, version));
+    }
+  }
+  // The new versions serve now; the old ones finish what they hold and go.
+  for (int64_t version : loaded) {
+    if (std::find(selected.begin(), selected.end(), version) == selected.end()) {
+      OROCHI_RETURN_IF_ERROR(UnloadVersion(name, version));
+    }
+  }
+  if (unloaded_.erase(name) != 0) return SaveState();
+  return Status::Ok();
+}
+
+Status ModelService::UnloadVersion(const std::string& name, int64_t version) {
+  std::shared_ptr<ServedModel> model;
+  {
+    std::lock_guard lock(mutex_);
+    auto versions = models_.find(name);
+    if (versions == models_.end() || versions->second.count(version) == 0) return Status::Ok();
+    model = versions->second.at(version);
+    // Find() no longer offers it; requests already queued for it are still answered.
+    versions->second.erase(version);
+    if (versions->second.empty()) models_.erase(versions);
+  }
+  scheduler_.RemoveModel(model->key);
+  Status unloaded = model->replicas->Unload();
+  Log(LogLevel::kInfo, "model unloaded", {{"model", name}, {"version", std::to_string(version), false}});
+  return unloaded;
+}
+
+Status ModelService::UnloadModel(const std::string& name) {
+  std::lock_guard admin(admin_mutex_);
+  for (int64_t version : Versions(name)) OROCHI_RETURN_IF_ERROR(UnloadVersion(name, version));
+  unloaded_.insert(name);
+  return SaveState();
+}
+
+Status ModelService::Deploy(const std::string& name, int64_t version,
+                            const std::string& uploaded_file, bool load) {
+  struct RemoveUnlessKept {
+    std::string path;
+    ~RemoveUnlessKept() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  } upload{uploaded_file};
+  {
+    std::lock_guard admin(admin_mutex_);
+    const std::string target = PackagePath(name, version);
+    std::error_code error;
+    if (fs::exists(target, error)) {
+      return AlreadyExists("model '" + name + "' version " + std::to_string(version) +
+                           " is already deployed; delete it first or deploy a new version");
+    }
+    Result<std::unique_ptr<packaging::Package>> package = packaging::Package::Open(uploaded_file);
+    if (!package.ok()) {
+      std::string message = package.status().message();
+      if (message.rfind(uploaded_file, 0) == 0) message = "the package" + message.substr(uploaded_file.size());
+      return Status(package.status().code() == StatusCode::kNotFound ? StatusCode::kInternal
+                                                                      : StatusCode::kInvalidArgument,
+                    message);
+    }
+    const packaging::Manifest& manifest = (*package)->manifest();
+    if (manifest.name != name || manifest.version != version) {
+      return InvalidArgument("the package's manifest says " + manifest.name + " version " +
+                             std::to_string(manifest.version) + ", but it was uploaded as " + name +
+                             " version " + std::to_string(version));
+    }
+    package->reset();
+    OROCHI_RETURN_IF_ERROR(SyncFile(uploaded_file));
+    const fs::path directory = fs::path(target).parent_path();
+    fs::create_directories(directory, error);
+    if (error) return Internal("cannot create " + directory.string() + ": " + error.message());
+    // The rename is the moment the package appears, whole; before it, only the upload file.
+    if (::rename(uploaded_file.c_str(), target.c_str()) != 0) {
+      return Internal("cannot move the upload into " + target + ": " + std::strerror(errno));
+    }
+    upload.path.clear();
+    SyncDirectory(directory);
+    SyncDirectory(directory.parent_path());
+    Log(LogLevel::kInfo, "model deployed", {{"model", name}, {"version", std::to_string(version), false}});
+  }
+  if (!load) {
+    std::lock_guard admin(admin_mutex_);
+    if (Versions(name).empty()) {
+      unloaded_.insert(name);
+      return SaveState();
+    }
+    return Status::Ok();
+  }
+  return LoadModel(name);
+}
+
+Status ModelService::Delete(const std::string& name, std::optional<int64_t> version) {
+  std::lock_guard admin(admin_mutex_);
+  const fs::path model_directory = fs::path(config_.repository) / name;
+  std::error_code error;
+  if (!fs::is_directory(model_directory, error)) return NotFound("model '" + name + "' is not in the repository");
+  std::vector<int64_t> versions = version ? std::vector<int64_t>{*version} : VersionsOnDisk(name);
+  if (version && !fs::exists(PackagePath(name, *version), error)) {
+    return NotFound("model '" + name + "' version " + std::to_string(*version) + " is not in the repository");
+  }
+  for (int64_t each : versions) OROCHI_RETURN_IF_ERROR(UnloadVersion(name, each));
+  // Out of sight first (one rename), then removed: a crash in between leaves only trash.
+  const fs::path doomed = version ? model_directory / std::to_string(*version) : model_directory;
+  const fs::path trash = fs::path(config_.repository) / kStateDirectory /
+                         ("trash-" + name + "-" + std::to_string(NowMs()));
+  fs::rename(doomed, trash, error);
+  if (error) return Internal("cannot remove " + doomed.string() + ": " + error.message());
+  SyncDirectory(doomed.parent_path());
+  fs::remove_all(trash, error);
+  if (!version) {
+    unloaded_.erase(name);
+    return SaveState();
+  }
+  return Status::Ok();
+}
+
+std::vector<ModelService::IndexEntry> ModelService::Index() const {
+  std::vector<IndexEntry> entries;
+  std::error_code error;
+  std::vector<std::string> names;
+  for (auto it = fs::directory_iterator(config_.repository, error);
+       !error && it != fs::directory_iterator(); it.increment(error)) {
+    if (it->is_directory() && it->path().filename().string().front() != '.') {
+      names.push_back(it->path().filename().string());
+    }
+  }
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    std::vector<int64_t> loaded = Versions(name);
+    for (int64_t version : VersionsOnDisk(name)) {
+      bool ready = std::find(loaded.begin(), loaded.end(), version) != loaded.end();
+      entries.push_back({name, version, ready ? "READY" : "UNAVAILABLE",
+                         ready ? "" : "unloaded"});
+    }
+  }
+  return entries;
 }
 
 std::shared_ptr<const ServedModel> ModelService::Find(const std::string& name,

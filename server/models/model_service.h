@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -63,11 +64,37 @@ class ModelService : public SchedulerObserver {
                Metrics& metrics);
   ~ModelService() override;
 
-  // Loads the latest version of each model named in config.load ("*" or empty: every model)
-  // from the repository. Stops at the first failure, naming the model.
+  // Startup: removes stale uploads, then loads the models named in config.load, or, when it is
+  // empty or "*", every model of the repository that was loaded when the server last stopped
+  // (the repository's state file remembers models unloaded through the API). Stops at the
+  // first failure, naming the model.
   Status LoadFromRepository();
-  // Loads one package file as a served model.
-  Status Load(const std::string& path, const std::string& expected_name, int64_t expected_version);
+
+  // The repository API. Each serialises with the others.
+  // Loads the versions of `name` its version policy selects, then drains and unloads the
+  // loaded versions it no longer selects: new requests move to the new version before the
+  // old one goes, and none is lost.
+  Status LoadModel(const std::string& name);
+  // Drains and unloads every loaded version of `name`, and remembers that it is unloaded.
+  Status UnloadModel(const std::string& name);
+  // Moves an uploaded package (a file in upload_directory()) into the repository as
+  // <name>/<version>/model.orochi after validating it, then loads it unless `load` is false.
+  // The file is consumed either way. Errors: kInvalidArgument (not a valid package, or its
+  // manifest names another model or version), kAlreadyExists (the version is deployed).
+  Status Deploy(const std::string& name, int64_t version, const std::string& uploaded_file,
+                bool load);
+  // Unloads and removes one version, or (no version) the whole model, from the repository.
+  Status Delete(const std::string& name, std::optional<int64_t> version);
+
+  struct IndexEntry {
+    std::string name;
+    int64_t version = 0;
+    std::string state;  // READY or UNAVAILABLE
+    std::string reason;
+  };
+  // Every version in the repository with its state, as Triton's repository index lists them.
+  std::vector<IndexEntry> Index() const;
+  std::string upload_directory() const;
 
   // The model and version (newest when `version` is empty), or null.
   std::shared_ptr<const ServedModel> Find(const std::string& name,
@@ -97,7 +124,17 @@ class ModelService : public SchedulerObserver {
  private:
   std::shared_ptr<ServedModel> FindByKey(const std::string& key) const;
   std::vector<size_t> SlotsFor(const packaging::Manifest& manifest);
+  // Loads one package file as a served version.
+  Status LoadVersion(const std::string& path, const std::string& expected_name,
+                     int64_t expected_version);
+  Status UnloadVersion(const std::string& name, int64_t version);
+  std::vector<int64_t> VersionsOnDisk(const std::string& name) const;
+  std::vector<int64_t> SelectedVersions(const std::string& name) const;
+  std::string PackagePath(const std::string& name, int64_t version) const;
+  Status SaveState();
 
+  std::mutex admin_mutex_;  // serialises loads, unloads and deploys
+  std::set<std::string> unloaded_;  // models unloaded through the API; persisted
   interpreters::InterpreterManager& manager_;
   const ModelsConfig& config_;
   Metrics& metrics_;

@@ -108,11 +108,15 @@ void Scheduler::RemoveModel(const std::string& key) {
     std::unique_lock lock(mutex_);
     auto found = queues_.find(key);
     if (found == queues_.end()) return;
-    idle_.wait(lock, [&] { return found->second->running == 0; });
+    // Drain: no new requests, but the queued and running ones are still answered normally.
+    found->second->closing = true;
+    idle_.wait(lock, [&] {
+      return stopping_ || (found->second->running == 0 && found->second->jobs.empty());
+    });
     removed = std::move(found->second);
     queues_.erase(found);
   }
-  for (InferJob& job : removed->jobs) {
+  for (InferJob& job : removed->jobs) {  // only when stopping
     job.done(Unavailable("model " + key + " was unloaded before the request ran"), {});
   }
 }
@@ -123,6 +127,7 @@ Status Scheduler::Submit(const std::string& model_key, InferJob job) {
   auto found = queues_.find(model_key);
   if (found == queues_.end()) return NotFound("model " + model_key + " is not loaded");
   ModelQueue& queue = *found->second;
+  if (queue.closing) return Unavailable("model " + model_key + " is being unloaded");
   if (queue.jobs.size() >= max_queue_size_) {
     return Status(StatusCode::kResourceExhausted, "the queue of model " + model_key + " is full (" +
                                                       std::to_string(max_queue_size_) +
@@ -155,6 +160,7 @@ void Scheduler::Stop() {
   }
   work_ready_.notify_all();
   watch_.notify_all();
+  idle_.notify_all();
   for (std::thread& thread : threads) thread.join();
 }
 

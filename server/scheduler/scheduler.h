@@ -83,8 +83,8 @@ class Scheduler {
   // Starts taking requests for `model` (under model->key()). The model must stay loaded until
   // RemoveModel returns.
   void AddModel(std::shared_ptr<interpreters::ReplicatedModel> model, BatchingOptions batching);
-  // Stops taking requests for the model, answers its queued ones with kUnavailable and waits
-  // for its running batches.
+  // Stops taking requests for the model (Submit answers kUnavailable), waits until its queued
+  // and running requests are answered, then forgets it.
   void RemoveModel(const std::string& key);
 
   // Queues `job`. Refusals (unknown model, queue full, stopping) come back as the Status and
@@ -101,6 +101,7 @@ class Scheduler {
     BatchingOptions batching;
     std::deque<InferJob> jobs;
     int running = 0;
+    bool closing = false;  // being removed: takes no new requests
     std::vector<bool> held_by;  // by slot
   };
 

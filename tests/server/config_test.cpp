@@ -33,6 +33,13 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->models.preferred_batch_sizes, defaults.models.preferred_batch_sizes);
   EXPECT_EQ(shipped->log.level, defaults.log.level);
   EXPECT_EQ(shipped->log.format, defaults.log.format);
+  EXPECT_EQ(shipped->management.bind_address, defaults.management.bind_address);
+  EXPECT_EQ(shipped->management.port, defaults.management.port);
+  EXPECT_EQ(shipped->management.max_upload_bytes, defaults.management.max_upload_bytes);
+  EXPECT_EQ(shipped->management.token_file, defaults.management.token_file);
+  EXPECT_EQ(shipped->management.token_env, defaults.management.token_env);
+  EXPECT_EQ(shipped->http.token_file, defaults.http.token_file);
+  EXPECT_TRUE(shipped->models.version_policies.empty());
 }
 
 TEST(ServerConfig, ValuesOverrideDefaults) {
@@ -66,7 +73,14 @@ TEST(ServerConfig, EachBadValueNamesItsKey) {
       {R"({"log": {"format": "xml"}})",
        "config: $.log.format: expected one of text, json, got 'xml'"},
       {R"({"http": {"inference_port": 9000, "metrics_port": 9000}})",
-       "config: $.http.metrics_port: must differ from inference_port (9000)"},
+       "config: $: the inference, management and metrics ports must differ"},
+      {R"({"management": {"port": 8000}})",
+       "config: $: the inference, management and metrics ports must differ"},
+      {R"({"models": {"version_policies": {"m": {"policy": "specific"}}}})",
+       "config: $.models.version_policies.m.versions: the 'specific' policy needs a non-empty "
+       "list of versions"},
+      {R"({"models": {"version_policies": {"m": {"policy": "newest"}}}})",
+       "config: $.models.version_policies.m.policy: expected one of latest, all, specific"},
   };
   for (const auto& [text, message] : cases) {
     Result<ServerConfig> config = ParseServerConfig(text);

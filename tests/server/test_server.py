@@ -46,7 +46,8 @@ class Server:
         self.log = open(self.log_path, "w+")
         self.process = subprocess.Popen(
             [BINARY, "serve", "--config", config_path, "--model-repository", repository,
-             "--http-port", "0", "--metrics-port", "0", "--copies", str(copies), "--bind",
+             "--http-port", "0", "--metrics-port", "0", "--management-port", "0",
+             "--copies", str(copies), "--bind",
              "127.0.0.1"], stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:

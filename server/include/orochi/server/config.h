@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@ namespace orochi::server {
 
 struct HttpConfig {
   std::string bind_address = "0.0.0.0";
+  // Optional bearer token for the inference port (a file, or an environment variable's name).
+  std::string token_file;
+  std::string token_env;
   int inference_port = 8000;
   int metrics_port = 8002;
   int io_threads = 2;
@@ -26,6 +30,21 @@ struct HttpConfig {
   int shutdown_grace_s = 30;
 };
 
+// The management API (model repository): closed by default. A bearer token is required
+// whenever it listens on anything but loopback; the server refuses to start without one.
+struct ManagementConfig {
+  std::string bind_address = "127.0.0.1";
+  int port = 8001;
+  std::string token_file;  // a file holding the token (whitespace trimmed)
+  std::string token_env;   // or the name of an environment variable holding it
+  int64_t max_upload_bytes = int64_t{4} << 30;
+};
+
+struct VersionPolicy {
+  std::string kind = "latest";   // latest, all or specific
+  std::vector<int64_t> versions;  // for "specific"
+};
+
 struct ModelsConfig {
   std::string repository;             // <repository>/<name>/<version>/model.orochi
   std::vector<std::string> load;      // names to load at startup; "*" for all
@@ -34,6 +53,7 @@ struct ModelsConfig {
   int64_t execution_grace_ms = 5000;  // after an interrupt, before a copy is replaced
   int64_t max_queue_delay_us = 0;     // dynamic batching: how long a batch may wait to fill
   std::vector<int64_t> preferred_batch_sizes;
+  std::map<std::string, VersionPolicy> version_policies;  // by model name; "latest" otherwise
 };
 
 struct LogConfig {
@@ -43,6 +63,7 @@ struct LogConfig {
 
 struct ServerConfig {
   HttpConfig http;
+  ManagementConfig management;
   ModelsConfig models;
   LogConfig log;
   int copies = 0;  // interpreter copies; 0: one per core

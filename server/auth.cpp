@@ -1,0 +1,77 @@
+#include "auth.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+namespace orochi::server {
+namespace {
+
+// Compares without stopping at the first difference, so the time taken says nothing about
+// how much of a guess was right.
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  unsigned char difference = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    difference |= static_cast<unsigned char>(a[i] ^ b[i % (b.empty() ? 1 : b.size())]);
+  }
+  return difference == 0 && !b.empty();
+}
+
+std::string Trim(std::string text) {
+  const char* space = " \t\r\n";
+  text.erase(0, text.find_first_not_of(space));
+  text.erase(text.find_last_not_of(space) + 1);
+  return text;
+}
+
+}  // namespace
+
+Result<std::optional<std::string>> LoadToken(const std::string& file, const std::string& env,
+                                             const std::string& what) {
+  std::string token;
+  if (!file.empty()) {
+    std::ifstream input(file);
+    if (!input) return InvalidArgument("cannot read the " + what + " token file " + file);
+    std::ostringstream text;
+    text << input.rdbuf();
+    token = Trim(text.str());
+  } else if (!env.empty()) {
+    const char* value = std::getenv(env.c_str());
+    if (value == nullptr) {
+      return InvalidArgument("the " + what + " token variable " + env + " is not set");
+    }
+    token = Trim(value);
+  } else {
+    return std::optional<std::string>();
+  }
+  if (token.empty()) return InvalidArgument("the " + what + " token is empty");
+  return std::optional<std::string>(std::move(token));
+}
+
+bool IsLoopback(const std::string& address) {
+  return address.rfind("127.", 0) == 0 || address == "::1" || address == "localhost";
+}
+
+http::Handler RequireToken(std::string token, http::Handler next) {
+  return [token = std::move(token), next = std::move(next)](http::Request&& request,
+                                                            http::Responder respond) {
+    auto header = request.find(boost::beast::http::field::authorization);
+    if (header == request.end()) {
+      http::Response response = http::ErrorResponse(401, "authentication required: send "
+                                                         "'Authorization: Bearer <token>'");
+      response.set(boost::beast::http::field::www_authenticate, "Bearer");
+      respond(std::move(response));
+      return;
+    }
+    std::string value(header->value());
+    const std::string prefix = "Bearer ";
+    if (value.rfind(prefix, 0) != 0 || !ConstantTimeEquals(value.substr(prefix.size()), token)) {
+      respond(http::ErrorResponse(403, "the bearer token is not valid"));
+      return;
+    }
+    next(std::move(request), std::move(respond));
+  };
+}
+
+}  // namespace orochi::server

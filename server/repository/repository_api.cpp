@@ -1,0 +1,136 @@
+#include "repository_api.h"
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "kserve/handlers.h"
+
+namespace orochi::server::repository {
+namespace {
+
+namespace bhttp = boost::beast::http;
+using Json = nlohmann::json;
+
+http::Response Answer(const Status& status, const Json& body = Json::object()) {
+  if (!status.ok()) {
+    std::string message = status.message();
+    if (!status.detail().empty()) message += "\n" + status.detail();
+    return http::ErrorResponse(kserve::HttpStatusOf(status.code()), message);
+  }
+  return http::JsonResponse(200, body.dump());
+}
+
+std::optional<int64_t> ParseVersion(const std::string& text) {
+  if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  int64_t version = std::stoll(text);
+  return version >= 1 ? std::optional<int64_t>(version) : std::nullopt;
+}
+
+bool IsModelName(const std::string& name) {
+  if (name.empty() || name.size() > 128 || !std::isalnum(static_cast<unsigned char>(name[0]))) {
+    return false;
+  }
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') return false;
+  }
+  return true;
+}
+
+// ?load=false in the target.
+bool LoadRequested(const http::Request& request) {
+  std::string_view target = request.target();
+  size_t query = target.find('?');
+  if (query == std::string_view::npos) return true;
+  std::string_view parameters = target.substr(query + 1);
+  return parameters.find("load=false") == std::string_view::npos &&
+         parameters.find("load=0") == std::string_view::npos;
+}
+
+std::vector<std::string> PathSegments(std::string_view target) {
+  target = target.substr(0, target.find('?'));
+  std::vector<std::string> segments;
+  size_t start = 0;
+  while (start < target.size()) {
+    size_t slash = target.find('/', start);
+    if (slash == std::string_view::npos) slash = target.size();
+    if (slash > start) segments.emplace_back(target.substr(start, slash - start));
+    start = slash + 1;
+  }
+  return segments;
+}
+
+}  // namespace
+
+bool IsUpload(const http::Request& header) {
+  if (header.method() != bhttp::verb::put) return false;
+  std::vector<std::string> segments = PathSegments(header.target());
+  return segments.size() == 6 && segments[0] == "v2" && segments[1] == "repository" &&
+         segments[2] == "models" && segments[4] == "versions";
+}
+
+RepositoryApi::RepositoryApi(ModelService& models) : models_(models) {}
+
+void RepositoryApi::Register(http::Router& router) {
+  router.Add(bhttp::verb::put, "/v2/repository/models/{model}/versions/{version}",
+             [this](http::Request&& request, const http::PathParams& params,
+                    const http::Responder& respond) {
+               const std::string uploaded = request.body();  // the file the body was streamed to
+               const std::string& name = params.at("model");
+               std::optional<int64_t> version = ParseVersion(params.at("version"));
+               if (!IsModelName(name) || !version) {
+                 ::unlink(uploaded.c_str());
+                 respond(http::ErrorResponse(400, "deploy to /v2/repository/models/<name>/versions/"
+                                                  "<integer version >= 1>; the name is letters, "
+                                                  "digits, '_', '.', '-'"));
+                 return;
+               }
+               const bool load = LoadRequested(request);
+               Status deployed = models_.Deploy(name, *version, uploaded, load);
+               Json loaded = Json::array();
+               for (int64_t each : models_.Versions(name)) loaded.push_back(std::to_string(each));
+               respond(Answer(deployed, {{"name", name},
+                                         {"version", std::to_string(*version)},
+                                         {"deployed", true},
+                                         {"loaded_versions", loaded}}));
+             });
+  router.Add(bhttp::verb::delete_, "/v2/repository/models/{model}/versions/{version}",
+             [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
+               std::optional<int64_t> version = ParseVersion(params.at("version"));
+               if (!version) {
+                 respond(http::ErrorResponse(400, "the version must be an integer >= 1"));
+                 return;
+               }
+               respond(Answer(models_.Delete(params.at("model"), version)));
+             });
+  router.Add(bhttp::verb::delete_, "/v2/repository/models/{model}",
+             [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
+               respond(Answer(models_.Delete(params.at("model"), std::nullopt)));
+             });
+  router.Add(bhttp::verb::post, "/v2/repository/index",
+             [this](http::Request&&, const http::PathParams&, const http::Responder& respond) {
+               Json index = Json::array();
+               for (const ModelService::IndexEntry& entry : models_.Index()) {
+                 Json item{{"name", entry.name},
+                           {"version", std::to_string(entry.version)},
+                           {"state", entry.state}};
+                 if (!entry.reason.empty()) item["reason"] = entry.reason;
+                 index.push_back(item);
+               }
+               respond(http::JsonResponse(200, index.dump()));
+             });
+  router.Add(bhttp::verb::post, "/v2/repository/models/{model}/load",
+             [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
+               respond(Answer(models_.LoadModel(params.at("model"))));
+             });
+  router.Add(bhttp::verb::post, "/v2/repository/models/{model}/unload",
+             [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
+               respond(Answer(models_.UnloadModel(params.at("model"))));
+             });
+}
+
+}  // namespace orochi::server::repository
