@@ -8,6 +8,7 @@
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/version.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -42,7 +43,8 @@ class Session : public std::enable_shared_from_this<Session> {
     answering_done_ = false;
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
-    parser_->body_limit(limits_.max_body_bytes);
+    // The header decides which limit applies (uploads have their own): checked in OnHeader.
+    parser_->body_limit(std::max(limits_.max_body_bytes, limits_.max_upload_bytes));
     stream_.expires_after(limits_.idle_timeout);
     bhttp::async_read_header(
         stream_, buffer_, *parser_,
@@ -54,10 +56,18 @@ class Session : public std::enable_shared_from_this<Session> {
       OnRead(error);
       return;
     }
-    if (limits_.stream_body_to_file && limits_.stream_body_to_file(parser_->get())) {
+    const bool upload = limits_.stream_body_to_file && limits_.stream_body_to_file(parser_->get());
+    const uint64_t limit = upload ? limits_.max_upload_bytes : limits_.max_body_bytes;
+    if (auto length = parser_->content_length(); length && *length > limit) {
+      Fail(413, std::string(upload ? "the upload" : "the request body") +
+                    " is larger than the limit of " + std::to_string(limit) + " bytes");
+      return;
+    }
+    if (upload) {
       StartUpload();
       return;
     }
+    parser_->body_limit(limits_.max_body_bytes);  // for chunked bodies, counted as they come
     bhttp::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code error, size_t) { self->OnRead(error); });

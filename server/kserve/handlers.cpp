@@ -126,8 +126,9 @@ unsigned HttpStatusOf(StatusCode code) {
       return 200;
     case StatusCode::kInvalidArgument:
     case StatusCode::kFailedPrecondition:
-    case StatusCode::kAlreadyExists:
       return 400;
+    case StatusCode::kAlreadyExists:
+      return 409;
     case StatusCode::kNotFound:
       return 404;
     case StatusCode::kUnavailable:

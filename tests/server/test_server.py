@@ -52,10 +52,10 @@ class Server:
         deadline = time.time() + 60
         while time.time() < deadline:
             with open(self.log_path) as log:
-                match = re.search(r"serving inference=http://[\d.]+:(\d+) metrics=http://[\d.]+:(\d+)",
-                                  log.read())
+                match = re.search(r"serving inference=http://[\d.]+:(\d+) metrics=http://[\d.]+:"
+                                  r"(\d+)/metrics management=http://[\d.]+:(\d+)", log.read())
             if match:
-                self.port, self.metrics_port = int(match.group(1)), int(match.group(2))
+                self.port, self.metrics_port, self.management_port = map(int, match.groups())
                 return
             if self.process.poll() is not None:
                 break

@@ -1,0 +1,292 @@
+"""The model repository API with the real server and curl: deploy, versions, zero-downtime
+switches, persistence across restarts, crash safety of uploads, and authentication.
+
+    OROCHI_BINARY=build/bin/orochi python3.11 -m unittest -v test_repository
+"""
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_server import BINARY, Server, curl  # noqa: E402
+
+CALCULATOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "packaging",
+                          "models", "calculator")
+
+
+def safetensors(tensors: dict) -> bytes:
+    header, data = {}, b""
+    for name, (shape, values) in tensors.items():
+        raw = struct.pack(f"<{len(values)}f", *values)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def make_package(root: str, version: int, bias: float, padding_bytes: int = 0) -> str:
+    """The calculator test model as version `version`; its second score is x[1] + bias."""
+    directory = os.path.join(root, f"calculator-{version}-{bias}")
+    shutil.copytree(CALCULATOR, directory, ignore=shutil.ignore_patterns("__pycache__"))
+    manifest_path = os.path.join(directory, "manifest.json")
+    with open(manifest_path) as file:
+        manifest = json.load(file)
+    manifest["version"] = version
+    with open(manifest_path, "w") as file:
+        json.dump(manifest, file)
+    os.makedirs(os.path.join(directory, "weights"))
+    with open(os.path.join(directory, "weights", "model.safetensors"), "wb") as file:
+        file.write(safetensors({"linear.weight": ([2, 4], [1, 0, 0, 0, 0, 1, 0, 0]),
+                                "linear.bias": ([2], [0.0, bias])}))
+    if padding_bytes:
+        with open(os.path.join(directory, "resources", "padding.bin"), "wb") as file:
+            file.write(os.urandom(padding_bytes))  # incompressible: a big upload
+    path = os.path.join(root, f"calculator-v{version}-{bias}.orochi")
+    subprocess.run([BINARY, "pack", directory, "-o", path], check=True, capture_output=True)
+    return path
+
+
+INFER = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]},
+                    {"name": "text", "datatype": "BYTES", "shape": [1, 1], "data": ["hi"]}]}
+
+
+class RepositoryTest(unittest.TestCase):
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="orochi-repository-test-")
+        self.repository = os.path.join(self.root, "repository")
+        os.makedirs(self.repository)
+        self.servers = []
+
+    def tearDown(self):
+        for server in self.servers:
+            if server.process.poll() is None:
+                server.stop()
+        shutil.rmtree(self.root)
+
+    def start(self, config=None, extra=()):
+        server = Server(self.repository, config or {}, copies=2)
+        self.servers.append(server)
+        return server
+
+    def manage(self, server, method, path, *args, data=None, token=None):
+        headers = ["-H", f"Authorization: Bearer {token}"] if token else []
+        status, _, body = curl("-X", method, *headers, *args,
+                               f"http://127.0.0.1:{server.management_port}{path}", data=data)
+        return status, json.loads(body) if body else None
+
+    def deploy(self, server, package, version, query="", token=None):
+        headers = ["-H", f"Authorization: Bearer {token}"] if token else []
+        status, _, body = curl("-T", package, *headers,
+                               f"http://127.0.0.1:{server.management_port}/v2/repository/models/"
+                               f"calculator/versions/{version}{query}")
+        return status, json.loads(body)
+
+    def infer(self, server, version=None):
+        path = "/v2/models/calculator" + (f"/versions/{version}" if version else "") + "/infer"
+        status, _, body = curl("-X", "POST", server.url(path), data=json.dumps(INFER).encode())
+        return status, json.loads(body)
+
+    def test_deploy_list_infer_switch_unload_delete(self):
+        server = self.start()
+        v1 = make_package(self.root, 1, bias=0.5)
+        v2 = make_package(self.root, 2, bias=100.0)
+        status, answer = self.deploy(server, v1, 1)
+        self.assertEqual((status, answer["loaded_versions"]), (200, ["1"]), answer)
+        self.assertEqual(self.manage(server, "POST", "/v2/repository/index")[1],
+                         [{"name": "calculator", "version": "1", "state": "READY"}])
+        status, answer = self.infer(server)
+        self.assertEqual((status, answer["model_version"], answer["outputs"][0]["data"]),
+                         (200, "1", [1.0, 2.5]))
+        status, answer = self.deploy(server, v2, 2)
+        self.assertEqual((status, answer["loaded_versions"]), (200, ["2"]))  # latest policy
+        status, answer = self.infer(server)
+        self.assertEqual((answer["model_version"], answer["outputs"][0]["data"]), ("2", [1.0, 102.0]))
+        self.assertEqual(self.infer(server, version=1)[0], 404)
+        index = self.manage(server, "POST", "/v2/repository/index")[1]
+        self.assertEqual([(e["version"], e["state"]) for e in index], [("1", "UNAVAILABLE"), ("2", "READY")])
+
+        self.assertEqual(self.manage(server, "POST", "/v2/repository/models/calculator/unload")[0], 200)
+        self.assertEqual(self.infer(server)[0], 404)
+        self.assertEqual(self.manage(server, "POST", "/v2/repository/models/calculator/load")[0], 200)
+        self.assertEqual(self.infer(server)[1]["model_version"], "2")
+
+        self.assertEqual(self.manage(server, "DELETE", "/v2/repository/models/calculator/versions/1")[0], 200)
+        self.assertFalse(os.path.exists(os.path.join(self.repository, "calculator", "1")))
+        self.assertEqual(self.infer(server)[1]["model_version"], "2")
+        self.assertEqual(self.manage(server, "DELETE", "/v2/repository/models/calculator")[0], 200)
+        self.assertFalse(os.path.exists(os.path.join(self.repository, "calculator")))
+        self.assertEqual(self.infer(server)[0], 404)
+        self.assertEqual(self.manage(server, "POST", "/v2/repository/index")[1], [])
+
+    def test_deploy_errors(self):
+        server = self.start()
+        garbage = os.path.join(self.root, "garbage.orochi")
+        with open(garbage, "wb") as file:
+            file.write(b"not a zip" * 100)
+        status, answer = self.deploy(server, garbage, 1)
+        self.assertEqual(status, 400)
+        self.assertIn("not a zip archive", answer["error"])
+        v1 = make_package(self.root, 1, bias=0.5)
+        status, answer = self.deploy(server, v1, 3)
+        self.assertEqual(status, 400)
+        self.assertIn("manifest says calculator version 1, but it was uploaded as calculator "
+                      "version 3", answer["error"])
+        self.assertEqual(self.deploy(server, v1, 1)[0], 200)
+        status, answer = self.deploy(server, v1, 1)
+        self.assertEqual(status, 409)
+        self.assertIn("already deployed", answer["error"])
+        status, _, body = curl("-T", v1, f"http://127.0.0.1:{server.management_port}"
+                                         "/v2/repository/models/../versions/1")
+        self.assertIn(status, (400, 404))
+        self.assertEqual(os.listdir(os.path.join(self.repository, ".orochi", "uploads")), [],
+                         "failed uploads leave no file")
+
+    def test_load_false_and_upload_limit(self):
+        server = self.start({"management": {"max_upload_bytes": 200000}})
+        v1 = make_package(self.root, 1, bias=0.5)
+        status, answer = self.deploy(server, v1, 1, query="?load=false")
+        self.assertEqual((status, answer["loaded_versions"]), (200, []))
+        self.assertEqual(self.manage(server, "POST", "/v2/repository/index")[1][0]["state"], "UNAVAILABLE")
+        self.assertEqual(self.infer(server)[0], 404)
+        big = make_package(self.root, 2, bias=0.5, padding_bytes=300000)
+        status, answer = self.deploy(server, big, 2)
+        self.assertEqual(status, 413)
+        self.assertIn("larger than the limit of 200000 bytes", answer["error"])
+        self.assertFalse(os.path.exists(os.path.join(self.repository, "calculator", "2")))
+        self.assertEqual(os.listdir(os.path.join(self.repository, ".orochi", "uploads")), [])
+
+    def test_zero_downtime_version_switch(self):
+        server = self.start()
+        self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200)
+        v2 = make_package(self.root, 2, bias=100.0)
+        stop = threading.Event()
+        seen, failures = [], []
+
+        def hammer():
+            while not stop.is_set():
+                status, answer = self.infer(server)
+                if status != 200:
+                    failures.append((status, answer))
+                else:
+                    seen.append(answer["model_version"])
+
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+        self.assertEqual(self.deploy(server, v2, 2)[0], 200)
+        time.sleep(0.5)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(failures, [])
+        self.assertIn("1", seen)
+        self.assertEqual(seen[-1], "2")
+        switch = seen.index("2")
+        self.assertNotIn("1", seen[switch + 20:], "once switched, requests stay on version 2")
+
+    def test_models_come_back_after_a_restart_as_they_were(self):
+        server = self.start()
+        self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200)
+        self.assertEqual(self.deploy(server, make_package(self.root, 2, bias=7.0), 2)[0], 200)
+        self.assertEqual(server.stop(), 0)
+        self.servers.remove(server)
+        restarted = self.start()
+        status, answer = self.infer(restarted)
+        self.assertEqual((status, answer["model_version"]), (200, "2"))
+        self.assertEqual(self.manage(restarted, "POST", "/v2/repository/models/calculator/unload")[0], 200)
+        self.assertEqual(restarted.stop(), 0)
+        self.servers.remove(restarted)
+        again = self.start()
+        self.assertEqual(self.infer(again)[0], 404, "an unloaded model stays unloaded")
+        self.assertEqual(self.manage(again, "POST", "/v2/repository/index")[1][1]["state"], "UNAVAILABLE")
+
+    def test_an_upload_cut_short_leaves_the_repository_as_it_was(self):
+        server = self.start()
+        big = make_package(self.root, 1, bias=0.5, padding_bytes=3_000_000)
+        # The client goes away half way: the partial upload is removed at once.
+        subprocess.run(["curl", "-s", "--limit-rate", "1M", "--max-time", "1", "-T", big,
+                        f"http://127.0.0.1:{server.management_port}/v2/repository/models/"
+                        "calculator/versions/1"], capture_output=True)
+        time.sleep(0.3)
+        uploads = os.path.join(self.repository, ".orochi", "uploads")
+        self.assertEqual(os.listdir(uploads), [])
+        # The server is killed half way: nothing visible, and the leftover goes at startup.
+        uploader = subprocess.Popen(["curl", "-s", "--limit-rate", "1M", "-T", big,
+                                     f"http://127.0.0.1:{server.management_port}/v2/repository/"
+                                     "models/calculator/versions/1"], stdout=subprocess.DEVNULL)
+        time.sleep(1.0)
+        self.assertEqual(len(os.listdir(uploads)), 1, "the upload is under way")
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait()
+        uploader.wait()
+        self.assertFalse(os.path.exists(os.path.join(self.repository, "calculator")))
+        server.stop()
+        self.servers.remove(server)
+        restarted = self.start()
+        self.assertEqual(os.listdir(uploads), [])
+        self.assertEqual(self.manage(restarted, "POST", "/v2/repository/index")[1], [])
+        self.assertEqual(self.infer(restarted)[0], 404)
+
+
+class AuthenticationTest(unittest.TestCase):
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="orochi-auth-test-")
+        self.repository = os.path.join(self.root, "repository")
+        os.makedirs(self.repository)
+        self.token_file = os.path.join(self.root, "token")
+        with open(self.token_file, "w") as file:
+            file.write("s3cret-token\n")
+
+    def tearDown(self):
+        shutil.rmtree(self.root)
+
+    def test_tokens_on_the_management_and_inference_ports(self):
+        server = Server(self.repository, {"management": {"token_file": self.token_file},
+                                          "http": {"token_file": self.token_file}})
+        try:
+            index = f"http://127.0.0.1:{server.management_port}/v2/repository/index"
+            status, headers, body = curl("-X", "POST", index)
+            self.assertEqual(status, 401)
+            self.assertRegex(headers, r"(?i)www-authenticate: Bearer")
+            self.assertIn("authentication required", json.loads(body)["error"])
+            status, _, body = curl("-X", "POST", "-H", "Authorization: Bearer wrong", index)
+            self.assertEqual((status, json.loads(body)["error"]), (403, "the bearer token is not valid"))
+            status, _, body = curl("-X", "POST", "-H", "Authorization: Bearer s3cret-token", index)
+            self.assertEqual((status, json.loads(body)), (200, []))
+            # An upload without the token is refused before anything is stored.
+            package = make_package(self.root, 1, bias=0.5)
+            status, _, _ = curl("-T", package, f"http://127.0.0.1:{server.management_port}"
+                                               "/v2/repository/models/calculator/versions/1")
+            self.assertEqual(status, 401)
+            self.assertFalse(os.path.exists(os.path.join(self.repository, "calculator")))
+            self.assertEqual(curl(server.url("/v2/health/live"))[0], 401)
+            self.assertEqual(curl("-H", "Authorization: Bearer s3cret-token",
+                                  server.url("/v2/health/live"))[0], 200)
+            self.assertNotIn("s3cret-token", server.log_text())
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_an_open_management_port_needs_a_token(self):
+        result = subprocess.run([BINARY, "serve", "--model-repository", self.repository,
+                                 "--http-port", "0", "--metrics-port", "0", "--management-port",
+                                 "0", "--copies", "1", "--config", "/dev/stdin"],
+                                input=json.dumps({"management": {"bind_address": "0.0.0.0"}}),
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("the management API would listen on 0.0.0.0 without a token",
+                      result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
