@@ -58,8 +58,9 @@ http::Handler RequireToken(std::string token, http::Handler next) {
                                                             http::Responder respond) {
     auto header = request.find(boost::beast::http::field::authorization);
     if (header == request.end()) {
-      http::Response response = http::ErrorResponse(401, "authentication required: send "
-                                                         "'Authorization: Bearer <token>'");
+      http::Response response = http::ErrorResponse(401,
+                                                    "authentication required: send "
+                                                    "'Authorization: Bearer <token>'");
       response.set(boost::beast::http::field::www_authenticate, "Bearer");
       respond(std::move(response));
       return;

@@ -138,16 +138,17 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
 
   ObjectReader http = root.Child("http");
-  OROCHI_RETURN_IF_ERROR(http.Check({"bind_address", "token_file", "token_env", "inference_port", "metrics_port", "io_threads",
-                                     "max_header_bytes", "max_body_bytes", "max_json_depth",
-                                     "idle_timeout_s", "shutdown_grace_s"}));
+  OROCHI_RETURN_IF_ERROR(
+      http.Check({"bind_address", "token_file", "token_env", "inference_port", "metrics_port",
+                  "io_threads", "max_header_bytes", "max_body_bytes", "max_json_depth",
+                  "idle_timeout_s", "shutdown_grace_s"}));
   OROCHI_RETURN_IF_ERROR(http.String("bind_address", &config.http.bind_address));
   OROCHI_RETURN_IF_ERROR(http.String("token_file", &config.http.token_file));
   OROCHI_RETURN_IF_ERROR(http.String("token_env", &config.http.token_env));
 
   ObjectReader management = root.Child("management");
-  OROCHI_RETURN_IF_ERROR(management.Check({"bind_address", "port", "token_file", "token_env",
-                                           "max_upload_bytes"}));
+  OROCHI_RETURN_IF_ERROR(
+      management.Check({"bind_address", "port", "token_file", "token_env", "max_upload_bytes"}));
   OROCHI_RETURN_IF_ERROR(management.String("bind_address", &config.management.bind_address));
   OROCHI_RETURN_IF_ERROR(management.Integer("port", &config.management.port, 0, 65535));
   OROCHI_RETURN_IF_ERROR(management.String("token_file", &config.management.token_file));
@@ -204,7 +205,8 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
 }
 
 Status ValidateServerConfig(const ServerConfig& config) {
-  const int ports[] = {config.http.inference_port, config.management.port, config.http.metrics_port};
+  const int ports[] = {config.http.inference_port, config.management.port,
+                       config.http.metrics_port};
   if ((ports[0] != 0 && (ports[0] == ports[1] || ports[0] == ports[2])) ||
       (ports[1] != 0 && ports[1] == ports[2])) {
     return Problem("$", "the inference, management and metrics ports must differ");

@@ -103,27 +103,27 @@ struct Server::Impl {
 
   // Wraps a router with the per-request log line and HTTP metrics.
   http::Handler Logged(const http::Router& router, const char* listener) {
-    return [this, &router, listener](http::Request&& request, http::Responder respond) {
+    return [this, &router, listener](http::Request&& request, const http::Responder& respond) {
       const auto start = std::chrono::steady_clock::now();
       std::string method(request.method_string());
       std::string target(request.target());
       std::string route(router.PatternOf(request));
-      http::Responder logged = respond.Wrap([this, respond, start, method, target, route,
-                                             listener](http::Response response) {
-        const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
-                                std::chrono::steady_clock::now() - start)
-                                .count();
-        const unsigned status = response.result_int();
-        metrics.HttpRequest(route, method, status);
-        Log(status >= 500 ? LogLevel::kWarning : LogLevel::kInfo, "request",
-            {{"listener", listener},
-             {"method", method},
-             {"target", target},
-             {"status", std::to_string(status), false},
-             {"duration_us", std::to_string(micros), false},
-             {"bytes", std::to_string(response.body().size()), false}});
-        respond(std::move(response));
-      });
+      http::Responder logged = respond.Wrap(
+          [this, respond, start, method, target, route, listener](http::Response response) {
+            const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
+                                    std::chrono::steady_clock::now() - start)
+                                    .count();
+            const unsigned status = response.result_int();
+            metrics.HttpRequest(route, method, status);
+            Log(status >= 500 ? LogLevel::kWarning : LogLevel::kInfo, "request",
+                {{"listener", listener},
+                 {"method", method},
+                 {"target", target},
+                 {"status", std::to_string(status), false},
+                 {"duration_us", std::to_string(micros), false},
+                 {"bytes", std::to_string(response.body().size()), false}});
+            respond(std::move(response));
+          });
       router.Dispatch(std::move(request), std::move(logged));
     };
   }
@@ -146,9 +146,9 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   Impl& s = *impl;
   const ServerConfig& cfg = s.config;
 
-  OROCHI_ASSIGN_OR_RETURN(std::optional<std::string> management_token,
-                          LoadToken(cfg.management.token_file, cfg.management.token_env,
-                                    "management"));
+  OROCHI_ASSIGN_OR_RETURN(
+      std::optional<std::string> management_token,
+      LoadToken(cfg.management.token_file, cfg.management.token_env, "management"));
   if (!management_token && !IsLoopback(cfg.management.bind_address)) {
     return FailedPrecondition(
         "the management API would listen on " + cfg.management.bind_address +
@@ -207,16 +207,16 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   }
   http::Handler logged_management = s.Logged(s.management_router, "management");
   http::Handler management_handler = [&s, logged_management](http::Request&& request,
-                                                             http::Responder respond) {
+                                                             const http::Responder& respond) {
     auto shared = std::make_shared<http::Request>(std::move(request));
-    s.admin->Post([logged_management, shared, respond] {
-      logged_management(std::move(*shared), respond);
-    });
+    s.admin->Post(
+        [logged_management, shared, respond] { logged_management(std::move(*shared), respond); });
   };
   if (management_token) {
     management_handler = RequireToken(*management_token, std::move(management_handler));
   }
-  s.management = std::make_unique<http::HttpServer>(s.io, management_limits, std::move(management_handler));
+  s.management =
+      std::make_unique<http::HttpServer>(s.io, management_limits, std::move(management_handler));
   OROCHI_RETURN_IF_ERROR(s.management->Listen(cfg.management.bind_address, cfg.management.port));
 
   s.signals = std::make_unique<asio::signal_set>(s.io, SIGINT, SIGTERM);

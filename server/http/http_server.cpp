@@ -4,11 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/version.hpp>
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -96,11 +96,11 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     // An upload may take longer than an idle gap; it still has an upper bound.
-    stream_.expires_after(std::max<std::chrono::seconds>(limits_.idle_timeout, std::chrono::hours(1)));
-    bhttp::async_read(stream_, buffer_, *upload_parser_,
-                      [self = shared_from_this()](beast::error_code error, size_t) {
-                        self->OnUploaded(error);
-                      });
+    stream_.expires_after(
+        std::max<std::chrono::seconds>(limits_.idle_timeout, std::chrono::hours(1)));
+    bhttp::async_read(
+        stream_, buffer_, *upload_parser_,
+        [self = shared_from_this()](beast::error_code error, size_t) { self->OnUploaded(error); });
   }
 
   void OnUploaded(beast::error_code error) {
@@ -169,8 +169,9 @@ class Session : public std::enable_shared_from_this<Session> {
     WatchForHangUp(++request_number_);
     handler_(std::move(request), Responder(
                                      [self = shared_from_this(), answered](Response response) {
-                                       if (answered->exchange(true))
+                                       if (answered->exchange(true)) {
                                          return;  // a handler bug must not write twice
+                                       }
                                        asio::dispatch(
                                            self->stream_.get_executor(),
                                            [self, response = std::move(response)]() mutable {
@@ -251,7 +252,10 @@ Response ErrorResponse(unsigned status, const std::string& message) {
 }
 
 HttpServer::HttpServer(asio::io_context& io, Limits limits, Handler handler)
-    : io_(io), limits_(limits), handler_(std::move(handler)), acceptor_(asio::make_strand(io)) {}
+    : io_(io),
+      limits_(std::move(limits)),
+      handler_(std::move(handler)),
+      acceptor_(asio::make_strand(io)) {}
 
 HttpServer::~HttpServer() = default;  // the owner stops the io_context first
 

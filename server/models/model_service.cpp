@@ -1,15 +1,14 @@
 #include "model_service.h"
 
-#include <algorithm>
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "log.h"
@@ -260,7 +259,8 @@ Status ModelService::LoadModel(const std::string& name) {
   std::lock_guard admin(admin_mutex_);
   std::vector<int64_t> selected = SelectedVersions(name);
   if (selected.empty()) {
-    return NotFound("model '" + name + "' has no version in the repository that its policy selects");
+    return NotFound("model '" + name +
+                    "' has no version in the repository that its policy selects");
   }
   std::vector<int64_t> loaded = Versions(name);
   for (int64_t version : selected) {
@@ -291,7 +291,8 @@ Status ModelService::UnloadVersion(const std::string& name, int64_t version) {
   }
   scheduler_.RemoveModel(model->key);
   Status unloaded = model->replicas->Unload();
-  Log(LogLevel::kInfo, "model unloaded", {{"model", name}, {"version", std::to_string(version), false}});
+  Log(LogLevel::kInfo, "model unloaded",
+      {{"model", name}, {"version", std::to_string(version), false}});
   return unloaded;
 }
 
@@ -321,9 +322,11 @@ Status ModelService::Deploy(const std::string& name, int64_t version,
     Result<std::unique_ptr<packaging::Package>> package = packaging::Package::Open(uploaded_file);
     if (!package.ok()) {
       std::string message = package.status().message();
-      if (message.rfind(uploaded_file, 0) == 0) message = "the package" + message.substr(uploaded_file.size());
+      if (message.rfind(uploaded_file, 0) == 0) {
+        message = "the package" + message.substr(uploaded_file.size());
+      }
       return Status(package.status().code() == StatusCode::kNotFound ? StatusCode::kInternal
-                                                                      : StatusCode::kInvalidArgument,
+                                                                     : StatusCode::kInvalidArgument,
                     message);
     }
     const packaging::Manifest& manifest = (*package)->manifest();
@@ -344,7 +347,8 @@ Status ModelService::Deploy(const std::string& name, int64_t version,
     upload.path.clear();
     SyncDirectory(directory);
     SyncDirectory(directory.parent_path());
-    Log(LogLevel::kInfo, "model deployed", {{"model", name}, {"version", std::to_string(version), false}});
+    Log(LogLevel::kInfo, "model deployed",
+        {{"model", name}, {"version", std::to_string(version), false}});
   }
   if (!load) {
     std::lock_guard admin(admin_mutex_);
@@ -361,10 +365,13 @@ Status ModelService::Delete(const std::string& name, std::optional<int64_t> vers
   std::lock_guard admin(admin_mutex_);
   const fs::path model_directory = fs::path(config_.repository) / name;
   std::error_code error;
-  if (!fs::is_directory(model_directory, error)) return NotFound("model '" + name + "' is not in the repository");
+  if (!fs::is_directory(model_directory, error)) {
+    return NotFound("model '" + name + "' is not in the repository");
+  }
   std::vector<int64_t> versions = version ? std::vector<int64_t>{*version} : VersionsOnDisk(name);
   if (version && !fs::exists(PackagePath(name, *version), error)) {
-    return NotFound("model '" + name + "' version " + std::to_string(*version) + " is not in the repository");
+    return NotFound("model '" + name + "' version " + std::to_string(*version) +
+                    " is not in the repository");
   }
   for (int64_t each : versions) OROCHI_RETURN_IF_ERROR(UnloadVersion(name, each));
   // Out of sight first (one rename), then removed: a crash in between leaves only trash.
@@ -397,8 +404,7 @@ std::vector<ModelService::IndexEntry> ModelService::Index() const {
     std::vector<int64_t> loaded = Versions(name);
     for (int64_t version : VersionsOnDisk(name)) {
       bool ready = std::find(loaded.begin(), loaded.end(), version) != loaded.end();
-      entries.push_back({name, version, ready ? "READY" : "UNAVAILABLE",
-                         ready ? "" : "unloaded"});
+      entries.push_back({name, version, ready ? "READY" : "UNAVAILABLE", ready ? "" : "unloaded"});
     }
   }
   return entries;

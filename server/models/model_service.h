@@ -133,7 +133,7 @@ class ModelService : public SchedulerObserver {
   std::string PackagePath(const std::string& name, int64_t version) const;
   Status SaveState();
 
-  std::mutex admin_mutex_;  // serialises loads, unloads and deploys
+  std::mutex admin_mutex_;          // serialises loads, unloads and deploys
   std::set<std::string> unloaded_;  // models unloaded through the API; persisted
   interpreters::InterpreterManager& manager_;
   const ModelsConfig& config_;

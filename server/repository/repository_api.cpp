@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 
 #include "kserve/handlers.h"
@@ -24,7 +23,8 @@ http::Response Answer(const Status& status, const Json& body = Json::object()) {
 }
 
 std::optional<int64_t> ParseVersion(const std::string& text) {
-  if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos) {
+  if (text.empty() || text.size() > 18 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
     return std::nullopt;
   }
   int64_t version = std::stoll(text);
@@ -36,7 +36,9 @@ bool IsModelName(const std::string& name) {
     return false;
   }
   for (char c : name) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') return false;
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') {
+      return false;
+    }
   }
   return true;
 }
@@ -84,9 +86,10 @@ void RepositoryApi::Register(http::Router& router) {
                std::optional<int64_t> version = ParseVersion(params.at("version"));
                if (!IsModelName(name) || !version) {
                  ::unlink(uploaded.c_str());
-                 respond(http::ErrorResponse(400, "deploy to /v2/repository/models/<name>/versions/"
-                                                  "<integer version >= 1>; the name is letters, "
-                                                  "digits, '_', '.', '-'"));
+                 respond(http::ErrorResponse(400,
+                                             "deploy to /v2/repository/models/<name>/versions/"
+                                             "<integer version >= 1>; the name is letters, "
+                                             "digits, '_', '.', '-'"));
                  return;
                }
                const bool load = LoadRequested(request);
@@ -98,19 +101,21 @@ void RepositoryApi::Register(http::Router& router) {
                                          {"deployed", true},
                                          {"loaded_versions", loaded}}));
              });
-  router.Add(bhttp::verb::delete_, "/v2/repository/models/{model}/versions/{version}",
-             [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
-               std::optional<int64_t> version = ParseVersion(params.at("version"));
-               if (!version) {
-                 respond(http::ErrorResponse(400, "the version must be an integer >= 1"));
-                 return;
-               }
-               respond(Answer(models_.Delete(params.at("model"), version)));
-             });
-  router.Add(bhttp::verb::delete_, "/v2/repository/models/{model}",
-             [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
-               respond(Answer(models_.Delete(params.at("model"), std::nullopt)));
-             });
+  router.Add(
+      bhttp::verb::delete_, "/v2/repository/models/{model}/versions/{version}",
+      [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
+        std::optional<int64_t> version = ParseVersion(params.at("version"));
+        if (!version) {
+          respond(http::ErrorResponse(400, "the version must be an integer >= 1"));
+          return;
+        }
+        respond(Answer(models_.Delete(params.at("model"), version)));
+      });
+  router.Add(
+      bhttp::verb::delete_, "/v2/repository/models/{model}",
+      [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
+        respond(Answer(models_.Delete(params.at("model"), std::nullopt)));
+      });
   router.Add(bhttp::verb::post, "/v2/repository/index",
              [this](http::Request&&, const http::PathParams&, const http::Responder& respond) {
                Json index = Json::array();
@@ -123,14 +128,16 @@ void RepositoryApi::Register(http::Router& router) {
                }
                respond(http::JsonResponse(200, index.dump()));
              });
-  router.Add(bhttp::verb::post, "/v2/repository/models/{model}/load",
-             [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
-               respond(Answer(models_.LoadModel(params.at("model"))));
-             });
-  router.Add(bhttp::verb::post, "/v2/repository/models/{model}/unload",
-             [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
-               respond(Answer(models_.UnloadModel(params.at("model"))));
-             });
+  router.Add(
+      bhttp::verb::post, "/v2/repository/models/{model}/load",
+      [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
+        respond(Answer(models_.LoadModel(params.at("model"))));
+      });
+  router.Add(
+      bhttp::verb::post, "/v2/repository/models/{model}/unload",
+      [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
+        respond(Answer(models_.UnloadModel(params.at("model"))));
+      });
 }
 
 }  // namespace orochi::server::repository

@@ -101,7 +101,7 @@ class Scheduler {
     BatchingOptions batching;
     std::deque<InferJob> jobs;
     int running = 0;
-    bool closing = false;  // being removed: takes no new requests
+    bool closing = false;       // being removed: takes no new requests
     std::vector<bool> held_by;  // by slot
   };
 

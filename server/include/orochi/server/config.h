@@ -41,7 +41,7 @@ struct ManagementConfig {
 };
 
 struct VersionPolicy {
-  std::string kind = "latest";   // latest, all or specific
+  std::string kind = "latest";    // latest, all or specific
   std::vector<int64_t> versions;  // for "specific"
 };
 
