@@ -169,7 +169,7 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   ObjectReader models = root.Child("models");
   OROCHI_RETURN_IF_ERROR(
       models.Check({"repository", "load", "max_queue_size", "default_timeout_ms",
-                    "execution_grace_ms", "max_queue_delay_us", "preferred_batch_sizes"}));
+                    "execution_grace_ms", "max_queue_delay_us", "preferred_batch_sizes", "version_policies"}));
   OROCHI_RETURN_IF_ERROR(models.String("repository", &config.models.repository));
   OROCHI_RETURN_IF_ERROR(models.Strings("load", &config.models.load));
   OROCHI_RETURN_IF_ERROR(
