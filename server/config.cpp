@@ -167,9 +167,9 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(http.Integer("shutdown_grace_s", &config.http.shutdown_grace_s, 0, 3600));
 
   ObjectReader models = root.Child("models");
-  OROCHI_RETURN_IF_ERROR(
-      models.Check({"repository", "load", "max_queue_size", "default_timeout_ms",
-                    "execution_grace_ms", "max_queue_delay_us", "preferred_batch_sizes", "version_policies"}));
+  OROCHI_RETURN_IF_ERROR(models.Check({"repository", "load", "max_queue_size", "default_timeout_ms",
+                                       "execution_grace_ms", "max_queue_delay_us",
+                                       "preferred_batch_sizes", "version_policies"}));
   OROCHI_RETURN_IF_ERROR(models.String("repository", &config.models.repository));
   OROCHI_RETURN_IF_ERROR(models.Strings("load", &config.models.load));
   OROCHI_RETURN_IF_ERROR(
