@@ -142,6 +142,8 @@ Server::~Server() {
 Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config));
   ConfigureLog(config.log.level, config.log.format);
+  // A file-size limit must fail the write (507 for an upload), not kill the server.
+  std::signal(SIGXFSZ, SIG_IGN);
   auto impl = std::make_unique<Impl>(std::move(config));
   Impl& s = *impl;
   const ServerConfig& cfg = s.config;

@@ -112,6 +112,9 @@ class Session : public std::enable_shared_from_this<Session> {
       if (error == bhttp::error::body_limit) {
         Fail(413, "the upload is larger than the limit of " +
                       std::to_string(limits_.max_upload_bytes) + " bytes");
+      } else if (error == boost::system::errc::no_space_on_device ||
+                 error == boost::system::errc::file_too_large) {
+        Fail(507, "the server cannot store the upload: " + error.message());
       } else {
         Close();
       }

@@ -6,6 +6,7 @@ switches, persistence across restarts, crash safety of uploads, and authenticati
 
 import json
 import os
+import resource
 import shutil
 import signal
 import struct
@@ -18,6 +19,9 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_server import BINARY, Server, curl  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "packaging"))
+from test_package_commands import hostile_cases  # noqa: E402
 
 CALCULATOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "packaging",
                           "models", "calculator")
@@ -36,7 +40,7 @@ def safetensors(tensors: dict) -> bytes:
 
 def make_package(root: str, version: int, bias: float, padding_bytes: int = 0) -> str:
     """The calculator test model as version `version`; its second score is x[1] + bias."""
-    directory = os.path.join(root, f"calculator-{version}-{bias}")
+    directory = os.path.join(root, f"calculator-{version}-{bias}-{padding_bytes}")
     shutil.copytree(CALCULATOR, directory, ignore=shutil.ignore_patterns("__pycache__"))
     manifest_path = os.path.join(directory, "manifest.json")
     with open(manifest_path) as file:
@@ -51,7 +55,7 @@ def make_package(root: str, version: int, bias: float, padding_bytes: int = 0) -
     if padding_bytes:
         with open(os.path.join(directory, "resources", "padding.bin"), "wb") as file:
             file.write(os.urandom(padding_bytes))  # incompressible: a big upload
-    path = os.path.join(root, f"calculator-v{version}-{bias}.orochi")
+    path = os.path.join(root, f"calculator-v{version}-{bias}-{padding_bytes}.orochi")
     subprocess.run([BINARY, "pack", directory, "-o", path], check=True, capture_output=True)
     return path
 
@@ -73,8 +77,8 @@ class RepositoryTest(unittest.TestCase):
                 server.stop()
         shutil.rmtree(self.root)
 
-    def start(self, config=None, extra=()):
-        server = Server(self.repository, config or {}, copies=2)
+    def start(self, config=None, preexec_fn=None):
+        server = Server(self.repository, config or {}, copies=2, preexec_fn=preexec_fn)
         self.servers.append(server)
         return server
 
@@ -170,17 +174,18 @@ class RepositoryTest(unittest.TestCase):
         self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200)
         v2 = make_package(self.root, 2, bias=100.0)
         stop = threading.Event()
-        seen, failures = [], []
+        seen, failures = {}, []
 
-        def hammer():
+        def hammer(client):
+            seen[client] = []
             while not stop.is_set():
                 status, answer = self.infer(server)
                 if status != 200:
                     failures.append((status, answer))
                 else:
-                    seen.append(answer["model_version"])
+                    seen[client].append(answer["model_version"])
 
-        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        threads = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
         for thread in threads:
             thread.start()
         time.sleep(0.5)
@@ -190,10 +195,12 @@ class RepositoryTest(unittest.TestCase):
         for thread in threads:
             thread.join()
         self.assertEqual(failures, [])
-        self.assertIn("1", seen)
-        self.assertEqual(seen[-1], "2")
-        switch = seen.index("2")
-        self.assertNotIn("1", seen[switch + 20:], "once switched, requests stay on version 2")
+        for client, versions in seen.items():
+            switch = versions.index("2")
+            # Each client's answers change from version 1's to version 2's exactly once.
+            self.assertGreater(switch, 0, f"client {client} saw version 1")
+            self.assertEqual(set(versions[:switch]), {"1"})
+            self.assertEqual(set(versions[switch:]), {"2"}, f"client {client} went back to v1")
 
     def test_models_come_back_after_a_restart_as_they_were(self):
         server = self.start()
@@ -237,6 +244,60 @@ class RepositoryTest(unittest.TestCase):
         self.assertEqual(os.listdir(uploads), [])
         self.assertEqual(self.manage(restarted, "POST", "/v2/repository/index")[1], [])
         self.assertEqual(self.infer(restarted)[0], 404)
+
+
+    def test_a_full_disk_gives_507_and_nothing_partial(self):
+        # RLIMIT_FSIZE: writes past 30 MB fail as on a full disk (the copies' own files, in
+        # memory, stay under it).
+        limit = 30_000_000
+        server = self.start(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                                   (limit, limit)))
+        big = make_package(self.root, 1, bias=0.5, padding_bytes=40_000_000)
+        status, answer = self.deploy(server, big, 1)
+        self.assertEqual(status, 507, answer)
+        self.assertIn("cannot store the upload", answer["error"])
+        self.assertFalse(os.path.exists(os.path.join(self.repository, "calculator")))
+        self.assertEqual(os.listdir(os.path.join(self.repository, ".orochi", "uploads")), [])
+        self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200,
+                         "the server is healthy and a small package still deploys")
+        self.assertEqual(self.infer(server)[0], 200)
+
+    def test_every_hostile_package_is_refused_over_rest(self):
+        server = self.start()
+        cases = hostile_cases(self.root)
+        for name, path, expected in cases:
+            with self.subTest(name):
+                status, _, body = curl("-T", path, f"http://127.0.0.1:{server.management_port}"
+                                                   "/v2/repository/models/hostile/versions/1")
+                self.assertEqual(status, 400, body)
+                self.assertIn(expected, json.loads(body)["error"])
+        self.assertEqual(sorted(os.listdir(self.repository)), [".orochi"])
+        self.assertEqual(os.listdir(os.path.join(self.repository, ".orochi", "uploads")), [])
+
+    def test_concurrent_uploads_of_one_version_one_wins(self):
+        server = self.start()
+        packages = [make_package(self.root, 1, bias=float(i)) for i in range(4)]
+        results = [None] * 4
+
+        def upload(i):
+            results[i] = self.deploy(server, packages[i], 1)
+
+        threads = [threading.Thread(target=upload, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        statuses = sorted(status for status, _ in results)
+        self.assertEqual(statuses, [200, 409, 409, 409])
+        winner = [i for i, (status, _) in enumerate(results) if status == 200][0]
+        for status, answer in results:
+            if status == 409:
+                self.assertIn("already deployed", answer["error"])
+        with open(packages[winner], "rb") as expected, \
+                open(os.path.join(self.repository, "calculator", "1", "model.orochi"), "rb") as got:
+            self.assertEqual(expected.read(), got.read(), "the repository holds the winner whole")
+        self.assertEqual(self.infer(server)[1]["outputs"][0]["data"], [1.0, 2.0 + winner])
+        self.assertEqual(os.listdir(os.path.join(self.repository, ".orochi", "uploads")), [])
 
 
 class AuthenticationTest(unittest.TestCase):

@@ -37,7 +37,7 @@ def pack_repository(root: str) -> str:
 class Server:
     """An `orochi serve` process on free ports."""
 
-    def __init__(self, repository: str, config: dict, copies: int = 2):
+    def __init__(self, repository: str, config: dict, copies: int = 2, preexec_fn=None):
         self.directory = tempfile.mkdtemp(prefix="orochi-serve-")
         config_path = os.path.join(self.directory, "config.json")
         with open(config_path, "w") as file:
@@ -48,7 +48,7 @@ class Server:
             [BINARY, "serve", "--config", config_path, "--model-repository", repository,
              "--http-port", "0", "--metrics-port", "0", "--management-port", "0",
              "--copies", str(copies), "--bind",
-             "127.0.0.1"], stdout=self.log, stderr=subprocess.STDOUT)
+             "127.0.0.1"], stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
         deadline = time.time() + 60
         while time.time() < deadline:
             with open(self.log_path) as log:
