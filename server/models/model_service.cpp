@@ -507,6 +507,12 @@ void ModelService::OnCopyReplaced(size_t slot, const Status& result) {
   }
 }
 
+void ModelService::OnCopyRunning(size_t /*slot*/, bool running) {
+  const int64_t busy = running ? ++busy_copies_ : --busy_copies_;
+  metrics_.Copies("busy", busy);
+  metrics_.Copies("idle", static_cast<int64_t>(manager_.size()) - busy);
+}
+
 void ModelService::OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) {
   metrics_.CopyBusy(slot, busy);
 }

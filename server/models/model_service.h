@@ -120,6 +120,7 @@ class ModelService : public SchedulerObserver {
   void OnQueueDepth(const std::string& model_key, int64_t depth) override;
   void OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) override;
   void OnCopyReplaced(size_t slot, const Status& result) override;
+  void OnCopyRunning(size_t slot, bool running) override;
 
  private:
   std::shared_ptr<ServedModel> FindByKey(const std::string& key) const;
@@ -143,6 +144,7 @@ class ModelService : public SchedulerObserver {
   std::map<std::string, std::map<int64_t, std::shared_ptr<ServedModel>>> models_;
   size_t next_slot_ = 0;
   std::atomic<int64_t> replaced_copies_{0};
+  std::atomic<int64_t> busy_copies_{0};
 };
 
 }  // namespace orochi::server

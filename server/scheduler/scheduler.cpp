@@ -279,6 +279,7 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
     worker.interrupted = false;
   }
   watch_.notify_all();
+  if (observer_ != nullptr) observer_->OnCopyRunning(slot, true);
   Result<std::vector<NamedTensor>> outputs =
       inputs.ok() ? queue.model->PredictIn(*lease, *inputs) : inputs.status();
   const Clock::time_point end = Clock::now();
@@ -294,6 +295,7 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
     worker.queue = nullptr;
   }
   if (observer_ != nullptr) {
+    observer_->OnCopyRunning(slot, false);
     observer_->OnBatch(queue.model->key(), total_rows, static_cast<int64_t>(batch->jobs.size()),
                        end - start, outputs.ok());
     observer_->OnCopyBusy(slot, end - start);

@@ -69,6 +69,8 @@ class SchedulerObserver {
                        std::chrono::nanoseconds compute, bool ok) = 0;
   virtual void OnQueueDepth(const std::string& model_key, int64_t depth) = 0;
   virtual void OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) = 0;
+  // A copy starts (true) or ends (false) running a batch.
+  virtual void OnCopyRunning(size_t slot, bool running) = 0;
   virtual void OnCopyReplaced(size_t slot, const Status& result) = 0;
 };
 

@@ -348,6 +348,8 @@ class ServerTest(unittest.TestCase):
                      "process_cpu_seconds_total", "process_resident_memory_bytes",
                      "process_open_fds"):
             self.assertIn(name, text)
+        self.assertIn('orochi_interpreter_copies{state="busy"} 0', text)
+        self.assertIn('orochi_interpreter_copies{state="idle"} 2', text)
         checked = subprocess.run(["promtool", "check", "metrics"], input=metrics,
                                  capture_output=True)
         self.assertEqual(checked.returncode, 0, checked.stdout + checked.stderr)
