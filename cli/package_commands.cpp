@@ -21,13 +21,13 @@
 #include "orochi/packaging/manifest.h"
 #include "orochi/packaging/package.h"
 #include "orochi/packaging/zip.h"
+#include "orochi/server/kserve_codec.h"
 
 namespace orochi::cli {
 namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
-using packaging::DataType;
 using packaging::Manifest;
 using packaging::Package;
 
@@ -221,88 +221,17 @@ int Inspect(const std::string& path, bool as_json) {
 
 // --- run ---------------------------------------------------------------------------------------
 
-// JSON data (nested arrays, or a scalar) as a tensor of the input's declared type.
-Result<interpreters::NamedTensor> InputFromJson(const packaging::TensorSpec& spec,
-                                                const Json& data) {
-  engine::Shape shape;
+// The shape of nested JSON arrays, read along their first elements (the codec then checks
+// that the data fills it).
+std::vector<int64_t> NestedShape(const Json& data) {
+  std::vector<int64_t> shape;
   const Json* probe = &data;
   while (probe->is_array()) {
     shape.push_back(static_cast<int64_t>(probe->size()));
     if (probe->empty()) break;
     probe = &(*probe)[0];
   }
-  std::vector<const Json*> leaves;
-  std::function<Status(const Json&, size_t)> walk = [&](const Json& node, size_t depth) -> Status {
-    if (depth == shape.size()) {
-      if (node.is_array()) return InvalidArgument("input '" + spec.name + "' is ragged");
-      leaves.push_back(&node);
-      return Status::Ok();
-    }
-    if (!node.is_array() || static_cast<int64_t>(node.size()) != shape[depth]) {
-      return InvalidArgument("input '" + spec.name + "' is ragged");
-    }
-    for (const Json& item : node) OROCHI_RETURN_IF_ERROR(walk(item, depth + 1));
-    return Status::Ok();
-  };
-  OROCHI_RETURN_IF_ERROR(walk(data, 0));
-  if (spec.datatype == DataType::kBytes) {
-    interpreters::BytesTensor bytes{shape, {}};
-    for (const Json* leaf : leaves) {
-      if (!leaf->is_string()) {
-        return InvalidArgument("input '" + spec.name + "' is BYTES: give strings");
-      }
-      bytes.items.push_back(leaf->get<std::string>());
-    }
-    return interpreters::NamedTensor{spec.name, std::move(bytes)};
-  }
-  const engine::DType dtype = *packaging::EngineDType(spec.datatype);
-  engine::Tensor tensor = engine::Tensor::Empty(shape, dtype);
-  Status status;
-  engine::VisitDType(dtype, [&]<typename T>() {
-    T* out = tensor.mutable_data_as<T>();
-    for (const Json* leaf : leaves) {
-      if (leaf->is_boolean()) {
-        *out++ = engine::Convert<T>(leaf->get<bool>());
-      } else if (leaf->is_number_integer()) {
-        *out++ = engine::Convert<T>(leaf->get<int64_t>());
-      } else if (leaf->is_number()) {
-        *out++ = engine::Convert<T>(leaf->get<double>());
-      } else {
-        status =
-            InvalidArgument("input '" + spec.name + "' must hold numbers, got " + leaf->dump());
-        return;
-      }
-    }
-  });
-  OROCHI_RETURN_IF_ERROR(status);
-  return interpreters::NamedTensor{spec.name, std::move(tensor)};
-}
-
-Json OutputToJson(const packaging::TensorSpec& spec, const interpreters::NamedTensor& output) {
-  Json result{{"name", output.name},
-              {"datatype", std::string(packaging::DataTypeName(spec.datatype))}};
-  Json data = Json::array();
-  if (const auto* bytes = std::get_if<interpreters::BytesTensor>(&output.value)) {
-    result["shape"] = ShapeJson(bytes->shape);
-    for (const std::string& item : bytes->items) data.push_back(item);
-  } else {
-    const engine::Tensor tensor = std::get<engine::Tensor>(output.value).Contiguous();
-    result["shape"] = ShapeJson(tensor.shape());
-    engine::VisitDType(tensor.dtype(), [&]<typename T>() {
-      const T* values = tensor.data_as<T>();
-      for (int64_t i = 0; i < tensor.numel(); ++i) {
-        if constexpr (std::is_same_v<T, bool>) {
-          data.push_back(values[i]);
-        } else if constexpr (std::is_integral_v<T>) {
-          data.push_back(static_cast<int64_t>(values[i]));
-        } else {
-          data.push_back(engine::Convert<double>(values[i]));
-        }
-      }
-    });
-  }
-  result["data"] = data;
-  return result;
+  return shape;
 }
 
 int Run(const std::string& path, const std::vector<std::string>& inputs, const std::string& config,
@@ -312,7 +241,8 @@ int Run(const std::string& path, const std::vector<std::string>& inputs, const s
   std::shared_ptr<Package> package = std::move(opened).value();
   const Manifest& manifest = package->manifest();
 
-  std::vector<interpreters::NamedTensor> named;
+  // The inputs become a KServe v2 request, read by the server's own codec.
+  Json request{{"inputs", Json::array()}};
   for (const std::string& argument : inputs) {
     size_t equals = argument.find('=');
     if (equals == std::string::npos) {
@@ -330,10 +260,14 @@ int Run(const std::string& path, const std::vector<std::string>& inputs, const s
     if (spec == manifest.inputs.end()) return Fail("the model has no input named '" + name + "'");
     Json data = Json::parse(text, nullptr, false);
     if (data.is_discarded()) return Fail("--input " + name + ": not valid JSON");
-    Result<interpreters::NamedTensor> tensor = InputFromJson(*spec, data);
-    if (!tensor.ok()) return Fail(tensor.status());
-    named.push_back(std::move(tensor).value());
+    request["inputs"].push_back({{"name", name},
+                                 {"datatype", std::string(packaging::DataTypeName(spec->datatype))},
+                                 {"shape", NestedShape(data)},
+                                 {"data", data}});
   }
+  Result<server::kserve::InferRequest> parsed =
+      server::kserve::ParseInferRequest(manifest, request.dump(), std::nullopt, {});
+  if (!parsed.ok()) return Fail(parsed.status());
 
   interpreters::ManagerOptions options;
   options.copies = copies;
@@ -343,15 +277,13 @@ int Run(const std::string& path, const std::vector<std::string>& inputs, const s
   Result<std::unique_ptr<interpreters::ReplicatedModel>> model =
       interpreters::ReplicatedModel::Load(**manager, ModelSourceFrom(package, config));
   if (!model.ok()) return Fail(model.status());
-  Result<std::vector<interpreters::NamedTensor>> outputs = (*model)->Predict(named);
+  Result<std::vector<interpreters::NamedTensor>> outputs = (*model)->Predict(parsed->inputs);
   if (!outputs.ok()) return Fail(outputs.status());
-  Json response{{"model_name", manifest.name}, {"model_version", std::to_string(manifest.version)}};
-  Json listed = Json::array();
-  for (size_t i = 0; i < outputs->size(); ++i) {
-    listed.push_back(OutputToJson(manifest.outputs[i], (*outputs)[i]));
-  }
-  response["outputs"] = listed;
-  std::printf("%s\n", response.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
+  server::kserve::EncodedResponse response =
+      server::kserve::EncodeInferResponse(manifest, *parsed, *outputs);
+  std::printf(
+      "%s\n",
+      Json::parse(response.body).dump(2, ' ', false, Json::error_handler_t::replace).c_str());
   return 0;
 }
 

@@ -1,5 +1,3 @@
-#include "codec.h"
-
 #include <cstring>
 #include <functional>
 #include <map>
@@ -7,6 +5,7 @@
 #include <utility>
 
 #include "orochi/engine/dtype.h"
+#include "orochi/server/kserve_codec.h"
 
 namespace orochi::server::kserve {
 namespace {

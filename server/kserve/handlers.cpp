@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
-#include "kserve/codec.h"
+#include "orochi/server/kserve_codec.h"
 
 namespace orochi::server::kserve {
 namespace {

@@ -154,9 +154,9 @@ class PackInspectRunTest(unittest.TestCase):
     def test_inputs_are_checked_against_the_manifest(self):
         orochi("pack", self.directory, "-o", self.package, check=True)
         failed = orochi("run", self.package, "-i", "x=[[1,2,3]]", "-i", 'text=[["x"]]')
-        self.assertIn("input 'x' has shape [1, 3], but the manifest declares [-1, 4]", failed.stderr)
+        self.assertIn("input 'x' has shape [1, 3], but the model expects [-1, 4]", failed.stderr)
         failed = orochi("run", self.package, "-i", "x=[[1,2,3,4]]")
-        self.assertIn("missing inputs ['text']", failed.stderr)
+        self.assertIn("input 'text' is missing", failed.stderr)
         failed = orochi("run", self.package, "-i", "y=[1]")
         self.assertIn("the model has no input named 'y'", failed.stderr)
 

@@ -9,7 +9,6 @@ import os
 import resource
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -21,21 +20,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_server import BINARY, Server, curl  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "packaging"))
-from test_package_commands import hostile_cases  # noqa: E402
+from test_package_commands import hostile_cases, safetensors  # noqa: E402
 
 CALCULATOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "packaging",
                           "models", "calculator")
-
-
-def safetensors(tensors: dict) -> bytes:
-    header, data = {}, b""
-    for name, (shape, values) in tensors.items():
-        raw = struct.pack(f"<{len(values)}f", *values)
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    return struct.pack("<Q", len(text)) + text + data
 
 
 def make_package(root: str, version: int, bias: float, padding_bytes: int = 0) -> str:

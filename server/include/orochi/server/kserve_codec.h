@@ -1,5 +1,8 @@
 // KServe v2 (Open Inference Protocol) inference requests and responses, in JSON and with the
-// binary tensor data extension, checked against a model's manifest.
+// binary tensor data extension, checked against a model's manifest. The server's handlers and
+// `orochi run` share it, so both accept and print exactly the same thing.
+//
+// Thread-safety: pure functions.
 #pragma once
 
 #include <chrono>
