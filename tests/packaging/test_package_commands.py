@@ -270,9 +270,9 @@ def hostile_cases(directory):
          clean_members() + [("weights/w.safetensors", CALCULATOR_WEIGHTS, zipfile.ZIP_STORED)],
          after=corrupt_weights_crc)
     case("encrypted", "member 'code/model.py': encrypted members are not allowed",
-         after=lambda p: set_central_flags(p, b"code/model.py", 0x1))
+         after=lambda p: patch_central(p, b"code/model.py", 8, 0x1))  # flags: encrypted
     case("unsupported_method", "member 'code/model.py': compression method 12 is not supported",
-         after=lambda p: set_central_method(p, b"code/model.py", 12))
+         after=lambda p: patch_central(p, b"code/model.py", 10, 12))  # method 12: bzip2
     return cases
 
 
@@ -285,20 +285,12 @@ def central_header(data: bytes, name: bytes) -> int:
         at = data.index(b"PK\x01\x02", at + 4)
 
 
-def set_central_flags(path, name, flags):
+def patch_central(path, name, offset, value):
+    """Sets the 16-bit field at `offset` of `name`'s central directory header."""
     with open(path, "rb") as file:
         data = bytearray(file.read())
     at = central_header(bytes(data), name)
-    data[at + 8:at + 10] = struct.pack("<H", flags)
-    with open(path, "wb") as file:
-        file.write(bytes(data))
-
-
-def set_central_method(path, name, method):
-    with open(path, "rb") as file:
-        data = bytearray(file.read())
-    at = central_header(bytes(data), name)
-    data[at + 10:at + 12] = struct.pack("<H", method)
+    data[at + offset:at + offset + 2] = struct.pack("<H", value)
     with open(path, "wb") as file:
         file.write(bytes(data))
 
