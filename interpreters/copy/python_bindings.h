@@ -69,6 +69,8 @@ Tensor TensorFromBuffer(py::handle object, std::optional<DType> dtype);
 // torch.frombuffer: the raw bytes of `buffer` from `offset` as `count` elements of `dtype`
 // (all that fit when count is -1), shared, not copied.
 Tensor TensorFromRawBuffer(py::handle buffer, py::handle dtype, int64_t count, int64_t offset);
+// The buffer-protocol format letter of `dtype`, or null for bfloat16 (which has none).
+const char* BufferFormat(DType dtype);
 py::object TensorToList(const Tensor& tensor);
 py::object ItemToPython(const Tensor& tensor, int64_t flat_index);
 

@@ -51,32 +51,6 @@ struct ExportedBuffer {
   std::vector<Py_ssize_t> strides;
 };
 
-const char* BufferFormat(DType dtype) {
-  switch (dtype) {
-    case DType::kBool:
-      return "?";
-    case DType::kUInt8:
-      return "B";
-    case DType::kInt8:
-      return "b";
-    case DType::kInt16:
-      return "h";
-    case DType::kInt32:
-      return "i";
-    case DType::kInt64:
-      return "q";
-    case DType::kFloat16:
-      return "e";
-    case DType::kFloat32:
-      return "f";
-    case DType::kFloat64:
-      return "d";
-    case DType::kBFloat16:
-      return nullptr;  // no struct format letter exists
-  }
-  return nullptr;
-}
-
 int ExportBuffer(PyObject* object, Py_buffer* view, int flags) {
   view->obj = nullptr;
   const Tensor* tensor = TensorFromPython(object);

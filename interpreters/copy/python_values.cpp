@@ -75,35 +75,24 @@ void RequireUsable(Device device) {
   }
 }
 
+// Python buffer format letters (the struct module's) and their dtypes; bfloat16 has none.
+// Exports use the first letter listed for a dtype, imports accept them all.
+struct BufferFormatLetter {
+  const char* letter;
+  DType dtype;
+};
+constexpr BufferFormatLetter kBufferFormats[] = {
+    {"?", DType::kBool},    {"B", DType::kUInt8},   {"c", DType::kUInt8},   {"b", DType::kInt8},
+    {"h", DType::kInt16},   {"i", DType::kInt32},   {"q", DType::kInt64},   {"l", DType::kInt64},
+    {"e", DType::kFloat16}, {"f", DType::kFloat32}, {"d", DType::kFloat64},
+};
+
 // The dtype a buffer's struct format describes; native or little-endian only.
 DType DTypeOfFormat(const char* format) {
   std::string_view text = format == nullptr ? "B" : format;
   if (!text.empty() && (text[0] == '@' || text[0] == '=' || text[0] == '<')) text.remove_prefix(1);
-  if (text.size() == 1) {
-    switch (text[0]) {
-      case '?':
-        return DType::kBool;
-      case 'B':
-      case 'c':
-        return DType::kUInt8;
-      case 'b':
-        return DType::kInt8;
-      case 'h':
-        return DType::kInt16;
-      case 'i':
-        return DType::kInt32;
-      case 'l':
-      case 'q':
-        return DType::kInt64;
-      case 'e':
-        return DType::kFloat16;
-      case 'f':
-        return DType::kFloat32;
-      case 'd':
-        return DType::kFloat64;
-      default:
-        break;
-    }
+  for (const BufferFormatLetter& entry : kBufferFormats) {
+    if (text == entry.letter) return entry.dtype;
   }
   throw py::type_error("cannot make a tensor from a buffer of format '" + std::string(format) +
                        "': Orochi supports bool, uint8, int8, int16, int32, int64, float16, "
@@ -276,6 +265,13 @@ T LeafAs(const Leaf& leaf) {
 }
 
 }  // namespace
+
+const char* BufferFormat(DType dtype) {
+  for (const BufferFormatLetter& entry : kBufferFormats) {
+    if (entry.dtype == dtype) return entry.letter;
+  }
+  return nullptr;
+}
 
 void RefuseConstruction(py::handle type, const char* message) {
   py::cpp_function refuse(

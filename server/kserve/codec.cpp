@@ -399,9 +399,4 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
   return encoded;
 }
 
-Result<std::string> CheckJsonDepth(std::string_view text, int max_depth) {
-  OROCHI_ASSIGN_OR_RETURN(Json json, ParseJson(text, max_depth));
-  return json.dump();
-}
-
 }  // namespace orochi::server::kserve

@@ -141,12 +141,6 @@ Status Scheduler::Submit(const std::string& model_key, InferJob job) {
   return Status::Ok();
 }
 
-int64_t Scheduler::QueueDepth(const std::string& model_key) const {
-  std::lock_guard lock(mutex_);
-  auto found = queues_.find(model_key);
-  return found == queues_.end() ? 0 : static_cast<int64_t>(found->second->jobs.size());
-}
-
 void Scheduler::Stop() {
   std::vector<std::thread> threads;
   {

@@ -93,7 +93,6 @@ class Scheduler {
   // `job.done` is not called; otherwise `job.done` is called exactly once.
   Status Submit(const std::string& model_key, InferJob job);
 
-  int64_t QueueDepth(const std::string& model_key) const;
   // Stops the workers after the queued requests are answered.
   void Stop();
 

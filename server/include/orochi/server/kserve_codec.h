@@ -48,8 +48,4 @@ EncodedResponse EncodeInferResponse(const packaging::Manifest& manifest,
                                     const InferRequest& request,
                                     const std::vector<interpreters::NamedTensor>& outputs);
 
-// A JSON value's nesting depth check without building the document twice: parses `text` and
-// refuses documents nested deeper than `max_depth`.
-Result<std::string> CheckJsonDepth(std::string_view text, int max_depth);
-
 }  // namespace orochi::server::kserve
