@@ -107,7 +107,8 @@ struct Server::Impl {
       const auto start = std::chrono::steady_clock::now();
       std::string method(request.method_string());
       std::string target(request.target());
-      std::string route(router.PatternOf(request));
+      http::Router::Resolved resolved = router.Resolve(request);
+      std::string route(resolved.pattern());
       http::Responder logged = respond.Wrap(
           [this, respond, start, method, target, route, listener](http::Response response) {
             const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -124,7 +125,7 @@ struct Server::Impl {
                  {"bytes", std::to_string(response.body().size()), false}});
             respond(std::move(response));
           });
-      router.Dispatch(std::move(request), std::move(logged));
+      router.Run(resolved, std::move(request), std::move(logged));
     };
   }
 };

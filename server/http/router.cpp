@@ -26,10 +26,9 @@ void Router::Add(boost::beast::http::verb method, std::string_view pattern, Rout
   routes_.push_back({method, std::string(pattern), Split(pattern), std::move(handler)});
 }
 
-const Router::Route* Router::Match(const Request& request, PathParams* params,
-                                   bool* path_matched) const {
+Router::Resolved Router::Resolve(const Request& request) const {
   std::vector<std::string> segments = Split(PathOf(request));
-  *path_matched = false;
+  Resolved resolved;
   for (const Route& route : routes_) {
     if (route.segments.size() != segments.size()) continue;
     PathParams captured;
@@ -43,32 +42,23 @@ const Router::Route* Router::Match(const Request& request, PathParams* params,
       }
     }
     if (!matches) continue;
-    *path_matched = true;
+    resolved.path_matched = true;
     if (route.method != request.method()) continue;
-    *params = std::move(captured);
-    return &route;
+    resolved.route = &route;
+    resolved.params = std::move(captured);
+    return resolved;
   }
-  return nullptr;
+  return resolved;
 }
 
-void Router::Dispatch(Request&& request, Responder respond) const {
-  PathParams params;
-  bool path_matched = false;
-  const Route* route = Match(request, &params, &path_matched);
-  if (route == nullptr) {
+void Router::Run(const Resolved& resolved, Request&& request, Responder respond) const {
+  if (resolved.route == nullptr) {
     std::string what = std::string(request.method_string()) + " " + std::string(PathOf(request));
-    respond(path_matched ? ErrorResponse(405, "method not allowed: " + what)
-                         : ErrorResponse(404, "no such endpoint: " + what));
+    respond(resolved.path_matched ? ErrorResponse(405, "method not allowed: " + what)
+                                  : ErrorResponse(404, "no such endpoint: " + what));
     return;
   }
-  route->handler(std::move(request), params, std::move(respond));
-}
-
-std::string_view Router::PatternOf(const Request& request) const {
-  PathParams params;
-  bool path_matched = false;
-  const Route* route = Match(request, &params, &path_matched);
-  return route != nullptr ? std::string_view(route->pattern) : std::string_view("unmatched");
+  resolved.route->handler(std::move(request), resolved.params, std::move(respond));
 }
 
 }  // namespace orochi::server::http

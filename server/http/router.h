@@ -15,13 +15,6 @@ using PathParams = std::map<std::string, std::string, std::less<>>;
 using RouteHandler = std::function<void(Request&&, const PathParams&, Responder)>;
 
 class Router {
- public:
-  void Add(boost::beast::http::verb method, std::string_view pattern, RouteHandler handler);
-  // Runs the matching route; 404 when no pattern matches, 405 when only the method differs.
-  void Dispatch(Request&& request, Responder respond) const;
-  // The pattern that matches (for metrics labels), or "unmatched".
-  std::string_view PatternOf(const Request& request) const;
-
  private:
   struct Route {
     boost::beast::http::verb method;
@@ -29,7 +22,28 @@ class Router {
     std::vector<std::string> segments;
     RouteHandler handler;
   };
-  const Route* Match(const Request& request, PathParams* params, bool* path_matched) const;
+
+ public:
+  // A request's route, looked up once: its pattern labels metrics and logs, Run answers it.
+  struct Resolved {
+    const Route* route = nullptr;
+    PathParams params;
+    bool path_matched = false;  // some route has this path, with another method
+    std::string_view pattern() const {
+      return route != nullptr ? std::string_view(route->pattern) : std::string_view("unmatched");
+    }
+  };
+
+  void Add(boost::beast::http::verb method, std::string_view pattern, RouteHandler handler);
+  Resolved Resolve(const Request& request) const;
+  // Runs the resolved route; 404 when no pattern matched, 405 when only the method differs.
+  void Run(const Resolved& resolved, Request&& request, Responder respond) const;
+  void Dispatch(Request&& request, Responder respond) const {
+    Resolved resolved = Resolve(request);
+    Run(resolved, std::move(request), std::move(respond));
+  }
+
+ private:
   std::vector<Route> routes_;
 };
 

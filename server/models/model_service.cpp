@@ -108,6 +108,7 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
   {
     std::lock_guard lock(mutex_);
     models_[served->name][served->version] = served;
+    by_key_[served->key] = served;
   }
   metrics_.ModelLoaded(served->name, version_text, true, Clock::now() - start);
   Log(LogLevel::kInfo, "model loaded",
@@ -290,6 +291,10 @@ Status ModelService::UnloadVersion(const std::string& name, int64_t version) {
     if (versions->second.empty()) models_.erase(versions);
   }
   scheduler_.RemoveModel(model->key);
+  {
+    std::lock_guard lock(mutex_);
+    by_key_.erase(model->key);  // only now: the drained batches still count in its statistics
+  }
   Status unloaded = model->replicas->Unload();
   Log(LogLevel::kInfo, "model unloaded",
       {{"model", name}, {"version", std::to_string(version), false}});
@@ -442,12 +447,8 @@ std::vector<int64_t> ModelService::Versions(const std::string& name) const {
 
 std::shared_ptr<ServedModel> ModelService::FindByKey(const std::string& key) const {
   std::lock_guard lock(mutex_);
-  for (const auto& [name, versions] : models_) {
-    for (const auto& [version, model] : versions) {
-      if (model->key == key) return model;
-    }
-  }
-  return nullptr;
+  auto found = by_key_.find(key);
+  return found == by_key_.end() ? nullptr : found->second;
 }
 
 Status ModelService::Submit(const std::shared_ptr<const ServedModel>& model,
