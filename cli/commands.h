@@ -29,6 +29,7 @@ struct InspectOptions {
 struct RunOptions {
   std::string path;
   std::vector<std::string> inputs;  // NAME=JSON or NAME=@FILE
+  std::string request_path;         // a KServe v2 request body instead of inputs
   std::string config;               // a JSON object
   size_t copies = 1;
 };
@@ -38,8 +39,8 @@ struct RunOptions {
 int PackCommand(const PackOptions& options);
 // `orochi inspect FILE [--json]`: manifest, members and weights (names, dtypes, shapes).
 int InspectCommand(const InspectOptions& options);
-// `orochi run FILE --input NAME=JSON ...`: loads the package into private copies, runs
-// predict() once and prints the outputs as a KServe v2 style JSON response.
+// `orochi run FILE --input NAME=JSON ...` (or `--request BODY.json`): loads the package into
+// private copies, runs predict() once and prints the server's KServe v2 JSON response.
 int RunCommand(const RunOptions& options);
 
 struct ServeOptions {

@@ -44,8 +44,12 @@ int Main(int argc, char** argv) {
   CLI::App* run =
       app.add_subcommand("run", "Load a package into private copies and run predict() once");
   run->add_option("package", run_options.path, "the .orochi file")->required();
-  run->add_option("-i,--input", run_options.inputs,
-                  "NAME=JSON or NAME=@FILE.json: nested lists (strings for BYTES)");
+  CLI::Option* run_inputs =
+      run->add_option("-i,--input", run_options.inputs,
+                      "NAME=JSON or NAME=@FILE.json: nested lists (strings for BYTES)");
+  run->add_option("--request", run_options.request_path,
+                  "a whole KServe v2 inference request body (JSON), as sent to the server")
+      ->excludes(run_inputs);
   run->add_option("--config", run_options.config, "per-model config, a JSON object");
   run->add_option("--copies", run_options.copies, "interpreter copies to load the model into")
       ->check(CLI::Range(1, 256));

@@ -31,11 +31,6 @@ using Json = nlohmann::json;
 using packaging::Manifest;
 using packaging::Package;
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "orochi: %s\n", message.c_str());
-  return 1;
-}
-
 int Fail(const Status& status) {
   std::fprintf(stderr, "orochi: %s\n", status.message().c_str());
   if (!status.detail().empty()) std::fprintf(stderr, "%s", status.detail().c_str());
@@ -234,56 +229,74 @@ std::vector<int64_t> NestedShape(const Json& data) {
   return shape;
 }
 
-int Run(const std::string& path, const std::vector<std::string>& inputs, const std::string& config,
-        size_t copies) {
-  Result<std::unique_ptr<Package>> opened = Package::Open(path);
-  if (!opened.ok()) return Fail(opened.status());
-  std::shared_ptr<Package> package = std::move(opened).value();
-  const Manifest& manifest = package->manifest();
-
-  // The inputs become a KServe v2 request, read by the server's own codec.
+// The --input arguments as a KServe v2 request body.
+Result<std::string> RequestFromInputs(const Manifest& manifest,
+                                      const std::vector<std::string>& inputs) {
   Json request{{"inputs", Json::array()}};
   for (const std::string& argument : inputs) {
     size_t equals = argument.find('=');
     if (equals == std::string::npos) {
-      return Fail("--input takes NAME=JSON or NAME=@FILE, got '" + argument + "'");
+      return Status(StatusCode::kInvalidArgument, "--input takes NAME=JSON or NAME=@FILE, got '" + argument +
+                                     "'");
     }
     std::string name = argument.substr(0, equals);
     std::string text = argument.substr(equals + 1);
     if (!text.empty() && text[0] == '@') {
       Result<std::string> file = ReadFile(text.substr(1));
-      if (!file.ok()) return Fail(file.status());
+      if (!file.ok()) return file.status();
       text = *file;
     }
     auto spec = std::find_if(manifest.inputs.begin(), manifest.inputs.end(),
                              [&](const auto& input) { return input.name == name; });
-    if (spec == manifest.inputs.end()) return Fail("the model has no input named '" + name + "'");
+    if (spec == manifest.inputs.end()) {
+      return Status(StatusCode::kInvalidArgument, "the model has no input named '" + name + "'");
+    }
     Json data = Json::parse(text, nullptr, false);
-    if (data.is_discarded()) return Fail("--input " + name + ": not valid JSON");
+    if (data.is_discarded()) return Status(StatusCode::kInvalidArgument, "--input " + name + ": not valid JSON");
     request["inputs"].push_back({{"name", name},
                                  {"datatype", std::string(packaging::DataTypeName(spec->datatype))},
                                  {"shape", NestedShape(data)},
                                  {"data", data}});
   }
+  return request.dump();
+}
+
+int Run(const RunOptions& options) {
+  Result<std::unique_ptr<Package>> opened = Package::Open(options.path);
+  if (!opened.ok()) return Fail(opened.status());
+  std::shared_ptr<Package> package = std::move(opened).value();
+  const Manifest& manifest = package->manifest();
+
+  // The request is read by the server's own codec, so `run` accepts what the server accepts.
+  Result<std::string> body = options.request_path.empty()
+                                 ? RequestFromInputs(manifest, options.inputs)
+                                 : ReadFile(options.request_path);
+  if (!body.ok()) return Fail(body.status());
   Result<server::kserve::InferRequest> parsed =
-      server::kserve::ParseInferRequest(manifest, request.dump(), std::nullopt, {});
+      server::kserve::ParseInferRequest(manifest, *body, std::nullopt, {});
   if (!parsed.ok()) return Fail(parsed.status());
 
-  interpreters::ManagerOptions options;
-  options.copies = copies;
+  interpreters::ManagerOptions manager_options;
+  manager_options.copies = options.copies;
   Result<std::unique_ptr<interpreters::InterpreterManager>> manager =
-      interpreters::InterpreterManager::Create(std::move(options));
+      interpreters::InterpreterManager::Create(std::move(manager_options));
   if (!manager.ok()) return Fail(manager.status());
   Result<std::unique_ptr<interpreters::ReplicatedModel>> model =
-      interpreters::ReplicatedModel::Load(**manager, ModelSourceFrom(package, config));
+      interpreters::ReplicatedModel::Load(**manager, ModelSourceFrom(package, options.config));
   if (!model.ok()) return Fail(model.status());
   Result<std::vector<interpreters::NamedTensor>> outputs = (*model)->Predict(parsed->inputs);
   if (!outputs.ok()) return Fail(outputs.status());
   server::kserve::EncodedResponse response =
       server::kserve::EncodeInferResponse(manifest, *parsed, *outputs);
-  std::printf(
-      "%s\n",
-      Json::parse(response.body).dump(2, ' ', false, Json::error_handler_t::replace).c_str());
+  // Binary outputs (asked for with the binary extension) stay out of the terminal.
+  std::string_view json = response.body;
+  if (response.json_length) json = json.substr(0, *response.json_length);
+  std::printf("%s\n",
+              Json::parse(json).dump(2, ' ', false, Json::error_handler_t::replace).c_str());
+  if (response.json_length) {
+    std::printf("(%zu bytes of binary output data not shown)\n",
+                response.body.size() - *response.json_length);
+  }
   return 0;
 }
 
@@ -310,8 +323,6 @@ int PackCommand(const PackOptions& options) {
 
 int InspectCommand(const InspectOptions& options) { return Inspect(options.path, options.json); }
 
-int RunCommand(const RunOptions& options) {
-  return Run(options.path, options.inputs, options.config, options.copies);
-}
+int RunCommand(const RunOptions& options) { return Run(options); }
 
 }  // namespace orochi::cli

@@ -24,6 +24,10 @@ packages=(
   libopenblas-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps
+  # the example models' build scripts (numpy; scikit-learn's runtime dependencies, see below),
+  # and bench/: the FastAPI + uvicorn baseline and matplotlib's plots
+  python3-numpy python3-joblib python3-threadpoolctl python3-decorator liblbfgsb0
+  python3-matplotlib python3-fastapi python3-uvicorn
 )
 
 if [ "$(id -u)" -eq 0 ]; then
@@ -48,3 +52,25 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo[@]}" apt-get install -y --no-install-recommends "${packages[@]}"
 fi
 echo "install-deps: all ${#packages[@]} packages present"
+
+# scikit-learn (for its digits dataset and train/test split) cannot be installed with apt here:
+# python3-scipy depends on python3-pythran, which pulls in libboost1.74-dev, and that conflicts
+# with the libboost1.81-dev the server needs. Nothing in scipy or scikit-learn uses pythran or
+# Boost at run time, so their Debian packages are unpacked into a prefix of their own, used only
+# through OROCHI_SKLEARN_PATH by models/digits/build.py. Their other dependencies are above.
+sklearn_prefix=${OROCHI_SKLEARN_PREFIX:-/opt/orochi/python-sklearn}
+sklearn_debs=(python3-scipy python3-sklearn python3-sklearn-lib)
+wanted=$(apt-cache policy "${sklearn_debs[@]}" | awk '/Candidate:/ {print $2}' | paste -sd' ')
+if [ "$(cat "$sklearn_prefix/.versions" 2>/dev/null)" != "$wanted" ]; then
+  download=$(mktemp -d)
+  chmod 777 "$download"  # apt downloads as its own _apt user
+  (cd "$download" && apt-get download "${sklearn_debs[@]}")
+  "${sudo[@]}" rm -rf "$sklearn_prefix"
+  "${sudo[@]}" mkdir -p "$sklearn_prefix"
+  for deb in "$download"/*.deb; do
+    "${sudo[@]}" dpkg-deb -x "$deb" "$sklearn_prefix"
+  done
+  echo "$wanted" | "${sudo[@]}" tee "$sklearn_prefix/.versions" >/dev/null
+  rm -rf "$download"
+fi
+echo "install-deps: scikit-learn unpacked in $sklearn_prefix ($wanted)"

@@ -1,0 +1,71 @@
+"""A ResNet-style classifier: images in as 224x224x3 bytes (height, width, RGB), the five most
+likely of 1000 classes out. The layers and state_dict keys are torchvision's resnet18 with half
+its channels, so weights exported from such a PyTorch model load unchanged."""
+
+import orochi
+import orochi.nn as nn
+
+WIDTHS = (32, 64, 128, 256)
+CLASSES = 1000
+TOP = 5
+# ImageNet's per-channel statistics, as torchvision's transforms use them.
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, inputs: int, outputs: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(outputs)
+        self.conv2 = nn.Conv2d(outputs, outputs, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(outputs)
+        self.relu = nn.ReLU()
+        self.downsample = None
+        if stride != 1 or inputs != outputs:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(inputs, outputs, 1, stride=stride, bias=False), nn.BatchNorm2d(outputs))
+
+    def forward(self, x):
+        shortcut = x if self.downsample is None else self.downsample(x)
+        y = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(y)) + shortcut)
+
+
+class ResNet(nn.Module):
+    def __init__(self, widths=WIDTHS, classes=CLASSES):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, widths[0], 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        self.relu = nn.ReLU()
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        stages, previous = [], widths[0]
+        for index, width in enumerate(widths):
+            stride = 1 if index == 0 else 2
+            stages.append(nn.Sequential(BasicBlock(previous, width, stride),
+                                        BasicBlock(width, width, 1)))
+            previous = width
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(widths[-1], classes)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(self.avgpool(x).flatten(1))
+
+
+class ImageClassifier:
+    def __init__(self, context):
+        self.network = ResNet()
+        self.network.load_state_dict(context.weights)
+        self.network.eval()
+        self.mean = orochi.tensor(MEAN).reshape(1, 3, 1, 1) * 255
+        self.std = orochi.tensor(STD).reshape(1, 3, 1, 1) * 255
+
+    def predict(self, inputs):
+        images = inputs["image"].permute(0, 3, 1, 2).float()  # [batch, 3, 224, 224]
+        with orochi.no_grad():
+            probabilities = self.network((images - self.mean) / self.std).softmax(-1)
+            top = probabilities.topk(TOP, dim=-1)
+        return {"classes": top.indices, "probabilities": top.values}
