@@ -21,6 +21,7 @@ struct PackOptions {
   std::string directory;
   std::string output;
   bool no_compile = false;
+  std::optional<int64_t> set_version;  // replaces the manifest's "version" in the package
 };
 struct InspectOptions {
   std::string path;

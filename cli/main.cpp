@@ -32,6 +32,9 @@ int Main(int argc, char** argv) {
   CLI::App* pack = app.add_subcommand("pack", "Build a model package (.orochi) from a directory");
   pack->add_option("directory", pack_options.directory, "the package directory")->required();
   pack->add_option("-o,--output", pack_options.output, "the .orochi file to write")->required();
+  pack->add_option("--set-version", pack_options.set_version,
+                   "package as this version, whatever manifest.json says")
+      ->check(CLI::PositiveNumber);
   pack->add_flag("--no-compile", pack_options.no_compile,
                  "skip compiling the code in a private copy");
 

@@ -112,15 +112,24 @@ Status CompileCode(const std::vector<packaging::ZipEntry>& entries) {
   return Status::Ok();
 }
 
-int Pack(const std::string& directory, const std::string& output, bool compile) {
-  Result<std::vector<packaging::ZipEntry>> entries = CollectMembers(directory);
+int Pack(const PackOptions& options) {
+  const std::string& output = options.output;
+  Result<std::vector<packaging::ZipEntry>> entries = CollectMembers(options.directory);
   if (!entries.ok()) return Fail(entries.status());
   auto manifest_entry = std::find_if(entries->begin(), entries->end(), [](const auto& entry) {
     return entry.name == "manifest.json";
   });
   Result<Manifest> manifest = packaging::ParseManifest(manifest_entry->data);
   if (!manifest.ok()) return Fail(manifest.status());
-  if (compile) {
+  if (options.set_version) {
+    // The manifest is rewritten with its keys in their order, so only the version changes.
+    nlohmann::ordered_json edited = nlohmann::ordered_json::parse(manifest_entry->data);
+    edited["version"] = *options.set_version;
+    manifest_entry->data = edited.dump(2) + "\n";
+    manifest = packaging::ParseManifest(manifest_entry->data);
+    if (!manifest.ok()) return Fail(manifest.status());
+  }
+  if (!options.no_compile) {
     if (Status compiled = CompileCode(*entries); !compiled.ok()) return Fail(compiled);
   }
   if (Status written = packaging::WriteZip(output, *entries); !written.ok()) return Fail(written);
@@ -317,9 +326,7 @@ interpreters::ModelSource ModelSourceFrom(const std::shared_ptr<const packaging:
   return source;
 }
 
-int PackCommand(const PackOptions& options) {
-  return Pack(options.directory, options.output, !options.no_compile);
-}
+int PackCommand(const PackOptions& options) { return Pack(options); }
 
 int InspectCommand(const InspectOptions& options) { return Inspect(options.path, options.json); }
 

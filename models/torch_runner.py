@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import expected as expected_answers
+
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32,
                        "F16": np.float16, "U8": np.uint8}
 _DATATYPES = {"FP32": torch.float32, "FP64": torch.float64, "INT64": torch.int64,
@@ -105,24 +107,6 @@ class TorchModel:
         return outputs
 
 
-def compare(expected: dict, outputs: dict) -> list:
-    """Differences between an expected.json and outputs, as messages (empty when they agree)."""
-    problems = []
-    for name, want in expected["outputs"].items():
-        shape, data = outputs[name]
-        if shape != want["shape"]:
-            problems.append(f"{name}: shape {shape}, expected {want['shape']}")
-            continue
-        tolerance = want.get("tolerance")
-        for index, (got, value) in enumerate(zip(data, want["data"])):
-            if value is None:
-                continue
-            if tolerance is None and got != value or \
-                    tolerance is not None and abs(got - value) > tolerance:
-                problems.append(f"{name}[{index}]: {got}, expected {value}")
-    return problems
-
-
 def format_expected(expected: dict) -> str:
     """expected.json with one line per output."""
     lines = [f' "{key}": {json.dumps(value)},' for key, value in expected.items()
@@ -155,7 +139,7 @@ def main():
                 rounded = [round(v, 6) if isinstance(v, float) else v for v in data]
                 expected["outputs"][name].update(shape=shape, data=rounded)
             expected_path.write_text(format_expected(expected))
-        problems = compare(json.loads(expected_path.read_text()), outputs)
+        problems = expected_answers.differences(expected_answers.load(example), outputs)
         print(f"{example}: {'agrees with expected.json' if not problems else problems[:5]}")
         failed |= bool(problems)
     sys.exit(1 if failed else 0)
