@@ -5,16 +5,17 @@
 #   model repository API     http://127.0.0.1:8001
 #   Prometheus metrics       http://localhost:8002/metrics
 # Arguments go to `orochi serve` (e.g. --copies 4). The docs test starts the server with this
-# script too, with OROCHI_SKIP_SETUP=1 (already built), a copy of the repository in
-# OROCHI_MODEL_REPOSITORY and free ports as arguments.
+# script too, with OROCHI_SKIP_SETUP=1 (already built), its build in OROCHI_BUILD_DIR, a copy of
+# the repository in OROCHI_MODEL_REPOSITORY and free ports as arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repository=${OROCHI_MODEL_REPOSITORY:-build/model-repository}
+build=${OROCHI_BUILD_DIR:-build}
+repository=${OROCHI_MODEL_REPOSITORY:-$build/model-repository}
 
 if [ "${OROCHI_SKIP_SETUP:-0}" != 1 ]; then
   scripts/install-deps.sh
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  cmake --build build --parallel "$(nproc)"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$build" --parallel "$(nproc)"
 fi
 
 models=$(cd "$repository" && for model in */; do [ -d "$model" ] && printf '%s ' "${model%/}"; done)
@@ -28,4 +29,4 @@ When the server logs "serving", try:
 and the rest of the README's quickstart. Ctrl-C stops the server.
 
 MESSAGE
-exec build/bin/orochi serve --model-repository "$repository" "$@"
+exec "$build/bin/orochi" serve --model-repository "$repository" "$@"

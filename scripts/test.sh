@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds Orochi and runs the whole test suite (unit, integration, CPython's regression tests).
+# Installs what is missing, builds Orochi and its example models, and runs the whole test suite
+# (unit, integration, examples and README, CPython's regression tests, lint).
 #   scripts/test.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
+scripts/install-deps.sh
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build" --parallel "$(nproc)"
 ctest --test-dir "$build" --output-on-failure --timeout 1500 --parallel 1
