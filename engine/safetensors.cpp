@@ -1,6 +1,11 @@
 #include "orochi/engine/safetensors.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -192,8 +197,15 @@ Status SaveSafetensors(const std::string& path, const std::map<std::string, Tens
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keep the data 8-byte aligned
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  if (!file) return Internal("cannot write " + path);
+
+  // The file is written beside `path` and renamed over it: tensors loaded from the old file map
+  // it, and truncating a mapped file would make reading them fault (SIGBUS), as saving weights
+  // back to where they were loaded from would. A rename leaves the old file to its mappings.
+  static std::atomic<uint64_t> saves{0};
+  const std::string partial =
+      path + ".partial-" + std::to_string(::getpid()) + "-" + std::to_string(saves++);
+  std::ofstream file(partial, std::ios::binary | std::ios::trunc);
+  if (!file) return Internal("cannot write " + partial + ": " + std::strerror(errno));
   uint64_t length = text.size();
   file.write(reinterpret_cast<const char*>(&length), 8);
   file.write(text.data(), static_cast<std::streamsize>(text.size()));
@@ -202,7 +214,11 @@ Status SaveSafetensors(const std::string& path, const std::map<std::string, Tens
                static_cast<std::streamsize>(tensor.numel() * ItemSize(tensor.dtype())));
   }
   file.close();
-  if (!file) return Internal("writing " + path + " failed");
+  if (!file || std::rename(partial.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(partial.c_str());
+    return Internal("writing " + path + " failed: " + std::strerror(error));
+  }
   return Status::Ok();
 }
 

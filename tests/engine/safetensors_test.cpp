@@ -82,6 +82,29 @@ TEST_F(SafetensorsTest, RoundTripsEveryDTypeAndStridedTensors) {
               2 * weights.ItemAsDouble(0), 1e-6);  // reading is fine
 }
 
+// Saving over the file that loaded tensors map (a script that edits its weights in place) must
+// leave those tensors readable: truncating the mapped file would make reading them SIGBUS.
+TEST_F(SafetensorsTest, SavingOverTheLoadedFileKeepsLoadedTensorsValid) {
+  const std::string path = Path("weights.safetensors");
+  ASSERT_TRUE(SaveSafetensors(path, {{"w", RandomTensor({256, 64}, DType::kFloat32)}}).ok());
+  Result<SafetensorsContents> loaded = LoadSafetensors(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const Tensor old_weights = loaded->tensors.at("w");
+  const double last = old_weights.ItemAsDouble(old_weights.numel() - 1);
+
+  ASSERT_TRUE(SaveSafetensors(path, {{"small", Scalar(1, DType::kInt64)}}).ok());
+  EXPECT_EQ(old_weights.ItemAsDouble(old_weights.numel() - 1), last);
+  Result<SafetensorsContents> reloaded = LoadSafetensors(path);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status().ToString();
+  EXPECT_EQ(reloaded->tensors.size(), 1U);
+  EXPECT_EQ(reloaded->tensors.at("small").ItemAsDouble(0), 1);
+  // Nothing is left beside the file, and a failed save says why and changes nothing.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(directory_), {}), 1);
+  Status failed = SaveSafetensors(Path("missing/weights.safetensors"), {{"w", old_weights}});
+  EXPECT_FALSE(failed.ok());
+  EXPECT_THAT(failed.message(), HasSubstr("No such file or directory"));
+}
+
 TEST_F(SafetensorsTest, RejectsEachMalformedFileByName) {
   {
     std::ofstream(Path("short")) << "abc";

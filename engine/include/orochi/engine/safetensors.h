@@ -32,7 +32,9 @@ OROCHI_ENGINE_API Result<SafetensorsContents> ParseSafetensors(const StoragePtr&
 OROCHI_ENGINE_API Result<SafetensorsContents> ParseSafetensors(const StoragePtr& bytes,
                                                                size_t offset, size_t size);
 
-// Writes `tensors` (any strides and dtypes) and `metadata` to `path`.
+// Writes `tensors` (any strides and dtypes) and `metadata` to `path`, replacing it by a rename:
+// tensors still mapping an earlier file at `path` keep their data, and a failed save leaves
+// the earlier file in place.
 OROCHI_ENGINE_API Status SaveSafetensors(const std::string& path,
                                          const std::map<std::string, Tensor>& tensors,
                                          const std::map<std::string, std::string>& metadata = {});
