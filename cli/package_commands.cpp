@@ -245,8 +245,8 @@ Result<std::string> RequestFromInputs(const Manifest& manifest,
   for (const std::string& argument : inputs) {
     size_t equals = argument.find('=');
     if (equals == std::string::npos) {
-      return Status(StatusCode::kInvalidArgument, "--input takes NAME=JSON or NAME=@FILE, got '" + argument +
-                                     "'");
+      return Status(StatusCode::kInvalidArgument,
+                    "--input takes NAME=JSON or NAME=@FILE, got '" + argument + "'");
     }
     std::string name = argument.substr(0, equals);
     std::string text = argument.substr(equals + 1);
@@ -261,7 +261,9 @@ Result<std::string> RequestFromInputs(const Manifest& manifest,
       return Status(StatusCode::kInvalidArgument, "the model has no input named '" + name + "'");
     }
     Json data = Json::parse(text, nullptr, false);
-    if (data.is_discarded()) return Status(StatusCode::kInvalidArgument, "--input " + name + ": not valid JSON");
+    if (data.is_discarded()) {
+      return Status(StatusCode::kInvalidArgument, "--input " + name + ": not valid JSON");
+    }
     request["inputs"].push_back({{"name", name},
                                  {"datatype", std::string(packaging::DataTypeName(spec->datatype))},
                                  {"shape", NestedShape(data)},
