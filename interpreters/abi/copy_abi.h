@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change to the structs or functions below. */
-#define OROCHI_COPY_ABI_VERSION 4u
+#define OROCHI_COPY_ABI_VERSION 5u
 #define OROCHI_COPY_ENTRY_SYMBOL "orochi_copy_entry"
 
 typedef enum OrochiCopyCode {
@@ -78,6 +78,12 @@ typedef struct OrochiReply {
   void (*set_error)(struct OrochiReply* reply, const OrochiError* error);
 } OrochiReply;
 
+/* A C symbol of a copy: its name and its address in that copy. */
+typedef struct OrochiSymbol {
+  const char* name;
+  void* address;
+} OrochiSymbol;
+
 /* What the host offers a copy. Lives as long as the copy. */
 typedef struct OrochiHostTable {
   uint32_t abi_version;
@@ -93,6 +99,16 @@ typedef struct OrochiHostTable {
    * code for good, so that it never unmaps a copy under a thread still running in it. */
   int (*start_thread)(void* host_state, pthread_t* thread, const pthread_attr_t* attributes,
                       void* (*start_routine)(void*), void* argument);
+  /* Loads the ELF shared object at `path` (a C extension module) for this copy with Orochi's
+   * loader, binding its undefined symbols first to `symbols` (the copy's C API, sorted by name
+   * with strcmp), then to its own definitions, its needed libraries and the process. Sets
+   * *library to a handle that the host owns and releases after the copy is finalized, and
+   * returns OROCHI_COPY_OK; otherwise writes a NUL-terminated message into `error` (at most
+   * error_size bytes) and returns another code. */
+  int32_t (*load_library)(void* host_state, const char* path, const OrochiSymbol* symbols,
+                          size_t symbol_count, void** library, char* error, size_t error_size);
+  /* The address of a symbol that `library` (from load_library) exports, or NULL. */
+  void* (*library_symbol)(void* host_state, void* library, const char* name);
 } OrochiHostTable;
 
 typedef struct OrochiCopyConfig {

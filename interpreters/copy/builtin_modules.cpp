@@ -10,6 +10,7 @@
 #include <string>
 
 #include "copy_state.h"
+#include "extension_modules.h"
 #include "python_engine.h"
 
 namespace orochi::copy {
@@ -94,6 +95,10 @@ PyMethodDef kOrochiMethods[] = {
     {"copy_id", CopyId, METH_NOARGS, "copy_id() -> the number of this interpreter copy"},
     {"_state_probe", StateProbe, METH_NOARGS,
      "_state_probe() -> (address, counter) of this copy's private C++ state; for tests"},
+    {"create_extension", CreateExtension, METH_O,
+     "create_extension(spec) -> module: a C extension module loaded into this copy"},
+    {"exec_extension", ExecExtension, METH_O,
+     "exec_extension(module): runs a multi-phase extension module's exec slots"},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 
 extern "C" {
@@ -72,6 +73,11 @@ Result<std::vector<std::string>> EmbeddedPythonPaths() {
         return;
       }
       result.push_back("/proc/self/fd/" + std::to_string(*fd));
+    }
+    // The system Python's C extension modules (_json, _decimal, _ctypes, ...), which copies load
+    // with Orochi's own loader; the stdlib's Python code always comes from the embedded archive.
+    if (std::filesystem::is_directory(OROCHI_PYTHON_DYNLOAD)) {
+      result.emplace_back(OROCHI_PYTHON_DYNLOAD);
     }
     paths = std::move(result);
   });

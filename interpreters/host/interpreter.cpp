@@ -3,17 +3,22 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
+#include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "builtin_host_functions.h"
 #include "copy_abi.h"
 #include "copy_threads.h"
 #include "embedded_assets.h"
 #include "orochi/base/check.h"
+#include "orochi/interpreters/elf_library.h"
 
 namespace orochi::interpreters {
 namespace {
@@ -195,6 +200,47 @@ struct Interpreter::Impl {
   OrochiHostTable host_table{};
   std::map<std::string, HostFunction, std::less<>> host_functions;
   std::shared_ptr<CopyThreads> threads = std::make_shared<CopyThreads>();
+  // C extension modules the copy imported, mapped by Orochi's loader; released once the copy
+  // is finalized (its objects may point into them until then) and before its heap goes.
+  std::mutex libraries_mutex;
+  std::vector<std::unique_ptr<ElfLibrary>> libraries;
+
+  void ReleaseLibraries() {
+    std::vector<std::unique_ptr<ElfLibrary>> released;
+    {
+      std::lock_guard lock(libraries_mutex);
+      released.swap(libraries);
+    }
+    while (!released.empty()) released.pop_back();  // in reverse order of loading
+  }
+
+  static int32_t LoadLibrary(void* state, const char* path, const OrochiSymbol* symbols,
+                             size_t symbol_count, void** library, char* error,
+                             size_t error_size) {
+    auto* self = static_cast<Impl*>(state);
+    auto resolve = [symbols, symbol_count](const char* name) -> void* {
+      const OrochiSymbol* end = symbols + symbol_count;
+      const OrochiSymbol* found = std::lower_bound(
+          symbols, end, name,
+          [](const OrochiSymbol& symbol, const char* key) { return std::strcmp(symbol.name, key) < 0; });
+      return found != end && std::strcmp(found->name, name) == 0 ? found->address : nullptr;
+    };
+    Result<std::unique_ptr<ElfLibrary>> loaded = ElfLibrary::Load(path, resolve);
+    if (!loaded.ok()) {
+      std::snprintf(error, error_size, "%s", loaded.status().message().c_str());
+      return loaded.status().code() == StatusCode::kInvalidArgument
+                 ? OROCHI_COPY_INVALID_ARGUMENT
+                 : OROCHI_COPY_FAILED_PRECONDITION;
+    }
+    std::lock_guard lock(self->libraries_mutex);
+    *library = loaded->get();
+    self->libraries.push_back(std::move(loaded).value());
+    return OROCHI_COPY_OK;
+  }
+
+  static void* LibrarySymbol(void* /*state*/, void* library, const char* name) {
+    return static_cast<ElfLibrary*>(library)->FindSymbol(name);
+  }
 
   void CloseLibrary() {
     dlclose(library);
@@ -256,7 +302,7 @@ Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions opti
   Impl& impl = *interpreter->impl_;
   impl.host_functions = std::move(options.host_functions);
   impl.host_table = {OROCHI_COPY_ABI_VERSION, sizeof(OrochiHostTable), &impl, &Impl::CallHost,
-                     &Impl::StartThread};
+                     &Impl::StartThread, &Impl::LoadLibrary, &Impl::LibrarySymbol};
 
   // A fresh memfd gives the library a new inode, which makes the dynamic linker load a new
   // copy instead of handing back the one already loaded. The fd is closed once mapped.
@@ -344,6 +390,7 @@ Status Interpreter::Unload(std::chrono::milliseconds thread_grace) {
                               std::to_string(still_running) +
                               " thread(s) running (daemon threads); its memory stays mapped");
   }
+  impl.ReleaseLibraries();
   ReplySink released;
   Status freed = released.ToStatus(live->release_memory(&released.reply), id_);
   impl.CloseLibrary();

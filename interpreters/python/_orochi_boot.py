@@ -5,9 +5,9 @@ C table; they run programs the way the `python` command does, and describe excep
 host gets the type, message and full traceback.
 
 A copy's CPython is private (every C symbol hidden), so a C extension module built as a
-separate .so has no Python to bind its Py* symbols to. Until Orochi has its own loader for
-them, importing one raises an ImportError that says so, and the stdlib's pure-Python
-fallbacks take over (json without _json, decimal through _pydecimal, ...).
+separate .so cannot be loaded by the system's dynamic linker: it would look for Py* symbols
+process-wide and find none. Extension files found on sys.path are loaded instead by Orochi's
+own ELF loader (in the host), which binds them to this copy's CPython.
 """
 
 import sys
@@ -18,47 +18,49 @@ import _orochi
 
 try:
     from _orochi_native_modules import NATIVE_MODULES
-except ImportError:  # a copy built without the list still refuses extension files by suffix
+except ImportError:  # a copy built without the generated list
     NATIVE_MODULES = frozenset()
 
 RUN_CODE, RUN_FILE, RUN_MODULE, RUN_INTERACTIVE = range(4)
 
-_WHY_NOT = ("interpreter copies cannot load C extension modules yet: each copy's CPython is "
-            "private, so the extension's Py* symbols have nothing to bind to")
+
+# Extension modules a copy does not load, and why: their libraries keep state per process,
+# which every copy would share (and fight over).
+_PROCESS_WIDE = {
+    "readline": "GNU readline keeps one terminal state per process, shared by every copy",
+}
 
 
-def _refusal(name, where):
-    return f"cannot import {name!r} ({where}): {_WHY_NOT}"
+class _CopyExtensionLoader(machinery.ExtensionFileLoader):
+    """ExtensionFileLoader, with the module mapped and linked by Orochi's loader for this copy
+    instead of by dlopen (which would bind it to no Python at all)."""
+
+    def create_module(self, spec):
+        reason = _PROCESS_WIDE.get(spec.name)
+        if reason is not None:
+            raise ImportError(f"interpreter copies do not load {spec.name!r}: {reason}",
+                              name=spec.name, path=spec.origin)
+        return _orochi.create_extension(spec)
+
+    def exec_module(self, module):
+        _orochi.exec_extension(module)
 
 
 class _NativeModuleFinder:
-    """Last on sys.meta_path: names a module that the system Python ships as a C extension."""
+    """Last on sys.meta_path: a module the system Python ships as a C extension, not found."""
 
     @staticmethod
     def find_spec(fullname, path=None, target=None):
         if fullname in NATIVE_MODULES:
-            raise ImportError(_refusal(fullname, "a C extension module of the system Python"),
+            raise ImportError(f"cannot import {fullname!r}: a C extension module of the system "
+                              "Python, not found in its lib-dynload directory on sys.path",
                               name=fullname)
         return None
 
 
-class _RefusingExtensionLoader:
-    """Stands in for ExtensionFileLoader when a .so is found on sys.path."""
-
-    def __init__(self, fullname, path):
-        self.name = fullname
-        self.path = path
-
-    def create_module(self, spec):
-        raise ImportError(_refusal(self.name, self.path), name=self.name, path=self.path)
-
-    def exec_module(self, module):
-        raise ImportError(_refusal(self.name, self.path), name=self.name, path=self.path)
-
-
 def _install_import_guards():
     loaders = [
-        (_RefusingExtensionLoader, machinery.EXTENSION_SUFFIXES),
+        (_CopyExtensionLoader, machinery.EXTENSION_SUFFIXES),
         (machinery.SourceFileLoader, machinery.SOURCE_SUFFIXES),
         (machinery.SourcelessFileLoader, machinery.BYTECODE_SUFFIXES),
     ]
