@@ -134,7 +134,7 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   if (json.is_discarded()) return Problem("$", "not valid JSON");
   ServerConfig config;
   ObjectReader root(json, "$");
-  OROCHI_RETURN_IF_ERROR(root.Check({"http", "management", "models", "log", "copies"}));
+  OROCHI_RETURN_IF_ERROR(root.Check({"http", "management", "models", "log", "python", "copies"}));
   OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
 
   ObjectReader http = root.Child("http");
@@ -184,6 +184,10 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
       models.Integers("preferred_batch_sizes", &config.models.preferred_batch_sizes, 1));
 
   OROCHI_RETURN_IF_ERROR(models.Policies("version_policies", &config.models.version_policies));
+
+  ObjectReader python = root.Child("python");
+  OROCHI_RETURN_IF_ERROR(python.Check({"site_packages"}));
+  OROCHI_RETURN_IF_ERROR(python.Strings("site_packages", &config.python.site_packages));
 
   ObjectReader log = root.Child("log");
   OROCHI_RETURN_IF_ERROR(log.Check({"level", "format"}));

@@ -166,6 +166,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   interpreters::ManagerOptions manager_options;
   manager_options.copies = cfg.copies > 0 ? static_cast<size_t>(cfg.copies)
                                           : std::max(1U, std::thread::hardware_concurrency());
+  manager_options.flags.extra_paths = cfg.python.site_packages;
   OROCHI_ASSIGN_OR_RETURN(s.manager,
                           interpreters::InterpreterManager::Create(std::move(manager_options)));
   s.metrics.Copies("serving", static_cast<int64_t>(s.manager->size()));

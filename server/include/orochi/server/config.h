@@ -61,11 +61,18 @@ struct LogConfig {
   std::string format = "text";  // text or json
 };
 
+struct PythonConfig {
+  // Directories put on every copy's sys.path after the embedded stdlib, e.g. Debian's
+  // /usr/lib/python3/dist-packages for numpy; their C extensions load through Orochi's loader.
+  std::vector<std::string> site_packages;
+};
+
 struct ServerConfig {
   HttpConfig http;
   ManagementConfig management;
   ModelsConfig models;
   LogConfig log;
+  PythonConfig python;
   int copies = 0;  // interpreter copies; 0: one per core
 };
 
