@@ -29,8 +29,8 @@ PyObject* CreateExtension(PyObject* /*module*/, PyObject* spec) {
     char error[2048] = "";
     void* library = nullptr;
     int32_t code = state.host->load_library(state.host->host_state, PyBytes_AS_STRING(path_bytes),
-                                            orochi_copy_c_api, orochi_copy_c_api_count,
-                                            &library, error, sizeof(error));
+                                            orochi_copy_c_api, orochi_copy_c_api_count, &library,
+                                            error, sizeof(error));
     std::string short_name = name;
     short_name = short_name.substr(short_name.rfind('.') + 1);
     const std::string init_name = "PyInit_" + short_name;
@@ -57,8 +57,10 @@ PyObject* CreateExtension(PyObject* /*module*/, PyObject* spec) {
       _Py_PackageContext = previous_context;
       if (result == nullptr) {
         if (!PyErr_Occurred()) {
-          PyErr_Format(PyExc_SystemError, "initialization of %s failed without raising an "
-                       "exception", short_name.c_str());
+          PyErr_Format(PyExc_SystemError,
+                       "initialization of %s failed without raising an "
+                       "exception",
+                       short_name.c_str());
         }
       } else if (PyErr_Occurred()) {
         Py_CLEAR(result);

@@ -215,14 +215,14 @@ struct Interpreter::Impl {
   }
 
   static int32_t LoadLibrary(void* state, const char* path, const OrochiSymbol* symbols,
-                             size_t symbol_count, void** library, char* error,
-                             size_t error_size) {
+                             size_t symbol_count, void** library, char* error, size_t error_size) {
     auto* self = static_cast<Impl*>(state);
     auto resolve = [symbols, symbol_count](const char* name) -> void* {
       const OrochiSymbol* end = symbols + symbol_count;
-      const OrochiSymbol* found = std::lower_bound(
-          symbols, end, name,
-          [](const OrochiSymbol& symbol, const char* key) { return std::strcmp(symbol.name, key) < 0; });
+      const OrochiSymbol* found =
+          std::lower_bound(symbols, end, name, [](const OrochiSymbol& symbol, const char* key) {
+            return std::strcmp(symbol.name, key) < 0;
+          });
       return found != end && std::strcmp(found->name, name) == 0 ? found->address : nullptr;
     };
     Result<std::unique_ptr<ElfLibrary>> loaded = ElfLibrary::Load(path, resolve);
@@ -301,8 +301,9 @@ Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions opti
   std::unique_ptr<Interpreter> interpreter(new Interpreter(options.id));
   Impl& impl = *interpreter->impl_;
   impl.host_functions = std::move(options.host_functions);
-  impl.host_table = {OROCHI_COPY_ABI_VERSION, sizeof(OrochiHostTable), &impl, &Impl::CallHost,
-                     &Impl::StartThread, &Impl::LoadLibrary, &Impl::LibrarySymbol};
+  impl.host_table = {OROCHI_COPY_ABI_VERSION, sizeof(OrochiHostTable), &impl,
+                     &Impl::CallHost,         &Impl::StartThread,      &Impl::LoadLibrary,
+                     &Impl::LibrarySymbol};
 
   // A fresh memfd gives the library a new inode, which makes the dynamic linker load a new
   // copy instead of handing back the one already loaded. The fd is closed once mapped.

@@ -149,13 +149,13 @@ TEST(InterpreterManager, HundredCopiesThatImportedNumpyLeaveNothingBehind) {
   auto cycle = [&] {
     {
       auto lease = manager->Acquire();
-      ASSERT_OK(lease->Exec(
-          "import numpy, json, decimal, sqlite3\n"
-          "a = numpy.arange(16.0).reshape(4, 4)\n"
-          "assert float(numpy.linalg.det(a + numpy.eye(4))) != 0\n"
-          "assert numpy.random.default_rng(1).integers(0, 10, 5).shape == (5,)\n"
-          "assert json.encoder.c_make_encoder is not None\n"
-          "assert sqlite3.connect(':memory:').execute('select 2').fetchone() == (2,)"));
+      ASSERT_OK(
+          lease->Exec("import numpy, json, decimal, sqlite3\n"
+                      "a = numpy.arange(16.0).reshape(4, 4)\n"
+                      "assert float(numpy.linalg.det(a + numpy.eye(4))) != 0\n"
+                      "assert numpy.random.default_rng(1).integers(0, 10, 5).shape == (5,)\n"
+                      "assert json.encoder.c_make_encoder is not None\n"
+                      "assert sqlite3.connect(':memory:').execute('select 2').fetchone() == (2,)"));
     }
     ASSERT_OK(manager->Replace(0));
   };

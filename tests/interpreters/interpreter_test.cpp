@@ -193,7 +193,8 @@ TEST(InterpreterImports, AnExtensionTheLoaderRefusesIsAnImportErrorThatSaysWhy) 
   Status status = copy->Exec("import fastthing");
   EXPECT_EQ(status.code(), StatusCode::kPythonError);
   EXPECT_THAT(status.message(), HasSubstr("ImportError"));
-  EXPECT_THAT(status.message(), HasSubstr("fastthing.cpython-311-x86_64-linux-gnu.so: not an ELF file"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("fastthing.cpython-311-x86_64-linux-gnu.so: not an ELF file"));
   // The copy goes on working, with its other extensions.
   ASSERT_OK(copy->Exec("import _json"));
 }

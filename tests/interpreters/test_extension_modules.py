@@ -81,6 +81,23 @@ class ExtensionModulesInEightCopies(unittest.TestCase):
             self.assertEqual(results["asyncio"], 45 * copy)
             self.assertTrue(results["asyncio_c"])
 
+    def test_numpy_arrays_and_tensors_share_memory(self):
+        code = (
+            "import numpy as np, orochi\n"
+            "t = orochi.arange(6.0).reshape(2, 3)\n"
+            "a = np.asarray(t)\n"
+            "assert a.ctypes.data == t.data_ptr() and a.shape == (2, 3) and a.dtype == np.float32\n"
+            "n = np.arange(4, dtype=np.float32)\n"
+            "u = orochi.as_tensor(n)\n"
+            "assert u.data_ptr() == n.ctypes.data\n"
+            "n[0] = 7\n"
+            "assert u.tolist() == [7.0, 1.0, 2.0, 3.0]\n"
+            "assert orochi.tensor(n).data_ptr() != n.ctypes.data  # tensor() copies, as torch's\n"
+            "print('shared')\n")
+        result = subprocess.run([BINARY, "python", "--path", DIST_PACKAGES, "-c", code],
+                                capture_output=True, text=True, timeout=120)
+        self.assertEqual((result.returncode, result.stdout), (0, "shared\n"), result.stderr)
+
     def test_numpy_is_not_on_the_path_unless_configured(self):
         result = subprocess.run([BINARY, "python", "-c", "import numpy"], capture_output=True,
                                 text=True, timeout=120)
