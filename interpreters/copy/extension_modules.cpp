@@ -1,6 +1,8 @@
 // C extension modules in a copy; see extension_modules.h.
 #include "extension_modules.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "copy_state.h"
@@ -93,6 +95,18 @@ PyObject* ExecExtension(PyObject* /*module*/, PyObject* extension) {
   if (PyModule_GetState(extension) != nullptr) Py_RETURN_NONE;
   if (PyModule_ExecDef(extension, definition) < 0) return nullptr;
   Py_RETURN_NONE;
+}
+
+PyObject* CApiAddress(PyObject* /*module*/, PyObject* name) {
+  const char* key = PyUnicode_AsUTF8(name);
+  if (key == nullptr) return nullptr;
+  const OrochiSymbol* end = orochi_copy_c_api + orochi_copy_c_api_count;
+  const OrochiSymbol* found =
+      std::lower_bound(orochi_copy_c_api, end, key, [](const OrochiSymbol& symbol, const char* k) {
+        return std::strcmp(symbol.name, k) < 0;
+      });
+  if (found == end || std::strcmp(found->name, key) != 0) Py_RETURN_NONE;
+  return PyLong_FromVoidPtr(found->address);
 }
 
 }  // namespace orochi::copy

@@ -11,5 +11,8 @@ namespace orochi::copy {
 PyObject* CreateExtension(PyObject* module, PyObject* spec);
 // _orochi.exec_extension(module) -> None: runs a multi-phase module's exec slots.
 PyObject* ExecExtension(PyObject* module, PyObject* extension);
+// _orochi.c_api_address(name) -> int | None: where this copy's C-API symbol `name` is (for
+// ctypes.pythonapi, which would otherwise look in the process and find nothing).
+PyObject* CApiAddress(PyObject* module, PyObject* name);
 
 }  // namespace orochi::copy
