@@ -101,10 +101,9 @@ PyObject* CApiAddress(PyObject* /*module*/, PyObject* name) {
   const char* key = PyUnicode_AsUTF8(name);
   if (key == nullptr) return nullptr;
   const OrochiSymbol* end = orochi_copy_c_api + orochi_copy_c_api_count;
-  const OrochiSymbol* found =
-      std::lower_bound(orochi_copy_c_api, end, key, [](const OrochiSymbol& symbol, const char* k) {
-        return std::strcmp(symbol.name, k) < 0;
-      });
+  const OrochiSymbol* found = std::lower_bound(
+      orochi_copy_c_api, end, key,
+      [](const OrochiSymbol& symbol, const char* k) { return std::strcmp(symbol.name, k) < 0; });
   if (found == end || std::strcmp(found->name, key) != 0) Py_RETURN_NONE;
   return PyLong_FromVoidPtr(found->address);
 }
