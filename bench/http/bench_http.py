@@ -15,8 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +24,8 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.dirname(HERE))
+from load import free_port, stop, wrk  # noqa: E402
 BINARY = os.environ.get("OROCHI_BINARY", os.path.join(ROOT, "build", "bin", "orochi"))
 
 TEXT = ("Orochi serves Python models from many private interpreter copies; each copy has its own "
@@ -35,12 +35,6 @@ BODIES = {
                              "data": [1, 2, 3, 4, 5, 6, 7, 8]}]},
     "wordcount": {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [TEXT]}]},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_ready(url: str, process: subprocess.Popen) -> None:
@@ -60,34 +54,12 @@ def wait_ready(url: str, process: subprocess.Popen) -> None:
     raise SystemExit("the server did not come up")
 
 
-def wrk(url: str, model: str, seconds: int, connections: int, scratch: str) -> dict:
-    script = os.path.join(scratch, f"{model}.lua")
-    with open(script, "w") as file:
-        file.write('wrk.method = "POST"\n')
-        file.write('wrk.headers["Content-Type"] = "application/json"\n')
-        file.write(f"wrk.body = {json.dumps(json.dumps(BODIES[model]))}\n")
-    result = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
-                             "-s", script, f"{url}/v2/models/{model}/infer"],
-                            capture_output=True, text=True, check=True)
-    text = result.stdout
-
-    def latency(label):
-        match = re.search(rf"^\s+{label}%\s+([\d.]+)(us|ms|s)", text, re.M)
-        value, unit = float(match.group(1)), match.group(2)
-        return value * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
-
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1)),
-            "p50_ms": latency("50"), "p99_ms": latency("99"),
-            "errors": int(errors.group(1)) if errors else 0}
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
+def post_model(url: str, model: str, seconds: int, connections: int, scratch: str) -> dict:
+    """wrk POSTing the model's request body (BODIES) to its infer endpoint."""
+    body_path = os.path.join(scratch, f"{model}.json")
+    with open(body_path, "w") as file:
+        json.dump(BODIES[model], file)
+    return wrk(f"{url}/v2/models/{model}/infer", body_path, seconds, connections, 1, scratch)
 
 
 def orochi_server_time(repository: str, workers: int, scratch: str) -> float:
@@ -101,7 +73,7 @@ def orochi_server_time(repository: str, workers: int, scratch: str) -> float:
                                    stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, process)
-        wrk(url, "identity", 3, 1, scratch)
+        post_model(url, "identity", 3, 1, scratch)
         stop(process)
     with open(log_path) as log:
         durations = [int(match) for match in re.findall(
@@ -138,7 +110,7 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, orochi)
         for model in BODIES:
-            results[("orochi", model)] = wrk(url, model, args.seconds, args.connections, scratch)
+            results[("orochi", model)] = post_model(url, model, args.seconds, args.connections, scratch)
         stop(orochi)
 
         port = free_port()
@@ -150,7 +122,7 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, fastapi)
         for model in BODIES:
-            results[("fastapi", model)] = wrk(url, model, args.seconds, args.connections, scratch)
+            results[("fastapi", model)] = post_model(url, model, args.seconds, args.connections, scratch)
         stop(fastapi)
         server_time = orochi_server_time(repository, args.workers, scratch)
 
