@@ -86,98 +86,81 @@ int CountFreePthreadKeys() {
   return static_cast<int>(keys.size());
 }
 
-TEST(InterpreterManager, ReplacingTwoHundredTimesLeaksNoFdsMappingsOrMemory) {
-  constexpr int kWarmupCycles = 10;
-  constexpr int kCycles = 200;
-  constexpr long kMaxGrowthPerCycle = 250 * 1024;
-  auto manager = NewManager(1);
+// Runs `code` in copy 0 of `manager` and replaces the copy, `cycles` times after a warm-up, and
+// checks that descriptors, mappings and pthread keys come back to where they were and that
+// resident memory grows by less than `max_growth_per_cycle`.
+void ExpectReplacingLeavesNothingBehind(InterpreterManager& manager, const std::string& code,
+                                        const char* label, int warmup_cycles, int cycles,
+                                        long max_growth_per_cycle) {
   auto cycle = [&] {
     {
-      auto lease = manager->Acquire();
-      ASSERT_OK(
-          lease->Exec("import json, threading\n"
-                      "box = []\n"
-                      "worker = threading.Thread(target=lambda: box.append(json.dumps({'n': 1})))\n"
-                      "worker.start()\nworker.join()\nassert box == ['{\"n\": 1}']\n"
-                      // The engine bindings too: their types and functions must go with the copy.
-                      "import orochi, orochi.nn as nn\n"
-                      "layer = nn.Linear(4, 2)\n"
-                      "assert layer(orochi.ones(3, 4)).shape == (3, 2)"));
+      auto lease = manager.Acquire();
+      ASSERT_OK(lease->Exec(code));
     }
-    ASSERT_OK(manager->Replace(0));
+    ASSERT_OK(manager.Replace(0));
   };
-  for (int i = 0; i < kWarmupCycles; ++i) cycle();
+  for (int i = 0; i < warmup_cycles; ++i) {
+    cycle();
+    if (testing::Test::HasFatalFailure()) return;
+  }
   malloc_trim(0);
   const int keys_before = CountFreePthreadKeys();
   const int fds_before = CountOpenFds();
   const int mappings_before = CountAllMappings();
   const long resident_before = ResidentBytes();
-  for (int i = 0; i < kCycles; ++i) {
+  for (int i = 0; i < cycles; ++i) {
     cycle();
-    if (HasFatalFailure()) return;
+    if (testing::Test::HasFatalFailure()) return;
   }
   malloc_trim(0);
   const int keys_after = CountFreePthreadKeys();
   const int fds_after = CountOpenFds();
   const int mappings_after = CountAllMappings();
   const long resident_after = ResidentBytes();
-  const long growth_per_cycle = (resident_after - resident_before) / kCycles;
+  const long growth_per_cycle = (resident_after - resident_before) / cycles;
   std::printf(
-      "replace x%d: fds %d -> %d, mappings %d -> %d, RSS %ld KB -> %ld KB "
-      "(%+ld bytes per cycle)\n",
-      kCycles, fds_before, fds_after, mappings_before, mappings_after, resident_before / 1024,
+      "%s x%d: fds %d -> %d, mappings %d -> %d, RSS %ld KB -> %ld KB (%+ld bytes per cycle)\n",
+      label, cycles, fds_before, fds_after, mappings_before, mappings_after, resident_before / 1024,
       resident_after / 1024, growth_per_cycle);
   EXPECT_EQ(fds_after, fds_before);
   EXPECT_EQ(keys_after, keys_before) << "thread-local keys leaked by unloaded copies";
   EXPECT_EQ(mappings_after, mappings_before);
-  EXPECT_LT(growth_per_cycle, kMaxGrowthPerCycle);
+  EXPECT_LT(growth_per_cycle, max_growth_per_cycle);
+}
+
+TEST(InterpreterManager, ReplacingTwoHundredTimesLeaksNoFdsMappingsOrMemory) {
+  auto manager = NewManager(1);
+  ExpectReplacingLeavesNothingBehind(
+      *manager,
+      "import json, threading\n"
+      "box = []\n"
+      "worker = threading.Thread(target=lambda: box.append(json.dumps({'n': 1})))\n"
+      "worker.start()\nworker.join()\nassert box == ['{\"n\": 1}']\n"
+      // The engine bindings too: their types and functions must go with the copy.
+      "import orochi, orochi.nn as nn\n"
+      "layer = nn.Linear(4, 2)\n"
+      "assert layer(orochi.ones(3, 4)).shape == (3, 2)",
+      "replace", /*warmup_cycles=*/10, /*cycles=*/200, /*max_growth_per_cycle=*/250 * 1024);
 }
 
 // The same for copies that imported numpy and the stdlib's C modules through Orochi's ELF
 // loader: each copy maps its own numpy (a dozen objects, thread-local storage included) and
 // must give all of it back.
 TEST(InterpreterManager, HundredCopiesThatImportedNumpyLeaveNothingBehind) {
-  constexpr int kWarmupCycles = 5;
-  constexpr int kCycles = 100;
-  constexpr long kMaxGrowthPerCycle = 512 * 1024;
   ManagerOptions options;
   options.copies = 1;
   options.flags.extra_paths = {"/usr/lib/python3/dist-packages"};
   auto created = InterpreterManager::Create(std::move(options));
   ASSERT_TRUE(created.ok()) << created.status().ToString();
-  std::unique_ptr<InterpreterManager> manager = std::move(created).value();
-  auto cycle = [&] {
-    {
-      auto lease = manager->Acquire();
-      ASSERT_OK(
-          lease->Exec("import numpy, json, decimal, sqlite3\n"
-                      "a = numpy.arange(16.0).reshape(4, 4)\n"
-                      "assert float(numpy.linalg.det(a + numpy.eye(4))) != 0\n"
-                      "assert numpy.random.default_rng(1).integers(0, 10, 5).shape == (5,)\n"
-                      "assert json.encoder.c_make_encoder is not None\n"
-                      "assert sqlite3.connect(':memory:').execute('select 2').fetchone() == (2,)"));
-    }
-    ASSERT_OK(manager->Replace(0));
-  };
-  for (int i = 0; i < kWarmupCycles; ++i) cycle();
-  malloc_trim(0);
-  const int keys_before = CountFreePthreadKeys();
-  const int fds_before = CountOpenFds();
-  const int mappings_before = CountAllMappings();
-  const long resident_before = ResidentBytes();
-  for (int i = 0; i < kCycles; ++i) {
-    cycle();
-    if (HasFatalFailure()) return;
-  }
-  malloc_trim(0);
-  const long growth_per_cycle = (ResidentBytes() - resident_before) / kCycles;
-  std::printf("numpy copies x%d: fds %d -> %d, mappings %d -> %d, %+ld bytes RSS per cycle\n",
-              kCycles, fds_before, CountOpenFds(), mappings_before, CountAllMappings(),
-              growth_per_cycle);
-  EXPECT_EQ(CountOpenFds(), fds_before);
-  EXPECT_EQ(CountFreePthreadKeys(), keys_before) << "thread-local keys leaked";
-  EXPECT_EQ(CountAllMappings(), mappings_before);
-  EXPECT_LT(growth_per_cycle, kMaxGrowthPerCycle);
+  ExpectReplacingLeavesNothingBehind(
+      **created,
+      "import numpy, json, decimal, sqlite3\n"
+      "a = numpy.arange(16.0).reshape(4, 4)\n"
+      "assert float(numpy.linalg.det(a + numpy.eye(4))) != 0\n"
+      "assert numpy.random.default_rng(1).integers(0, 10, 5).shape == (5,)\n"
+      "assert json.encoder.c_make_encoder is not None\n"
+      "assert sqlite3.connect(':memory:').execute('select 2').fetchone() == (2,)",
+      "numpy copies", /*warmup_cycles=*/5, /*cycles=*/100, /*max_growth_per_cycle=*/512 * 1024);
 }
 
 }  // namespace
