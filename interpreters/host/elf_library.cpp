@@ -567,20 +567,23 @@ Result<void*> Bind(const State& state, size_t index, const SymbolResolver& resol
                   ": neither the interpreter copy nor a library provides it"));
 }
 
+// Symbol index -> address, shared by the object's two relocation tables so that a symbol
+// referenced from both (GLOB_DAT and JUMP_SLOT) is looked up once.
+using BoundSymbols = std::unordered_map<uint32_t, void*>;
+
 Status Relocate(State& state, const Elf64_Rela* relocations, size_t bytes,
-                const SymbolResolver& resolve) {
+                const SymbolResolver& resolve, BoundSymbols& bound) {
   if (relocations == nullptr) return Status::Ok();
-  std::unordered_map<uint32_t, void*> bound;  // symbol index -> address, bound once each
+  const auto first = reinterpret_cast<uintptr_t>(state.reservation);
+  const uintptr_t last = first + state.reservation_bytes;
   const size_t count = bytes / sizeof(Elf64_Rela);
   for (size_t i = 0; i < count; ++i) {
     const Elf64_Rela& relocation = relocations[i];
     const uint32_t type = ELF64_R_TYPE(relocation.r_info);
     const uint32_t symbol_index = ELF64_R_SYM(relocation.r_info);
     if (symbol_index >= state.symbol_count) return Malformed(state, "a relocation's symbol index");
-    if (relocation.r_offset + 8 >
-            state.reservation_bytes +
-                (state.base - reinterpret_cast<uintptr_t>(state.reservation)) ||
-        state.base + relocation.r_offset < reinterpret_cast<uintptr_t>(state.reservation)) {
+    const uintptr_t slot = state.base + relocation.r_offset;
+    if (slot < first || slot > last - 8) {
       return Malformed(state, "a relocation outside the object");
     }
     auto* target = state.At<uint64_t>(relocation.r_offset);
@@ -767,8 +770,9 @@ Result<std::unique_ptr<ElfLibrary>> ElfLibrary::Load(const std::string& path,
   }
   OROCHI_RETURN_IF_ERROR(OpenNeeded(*state, info));
   IndexExports(*state);
-  OROCHI_RETURN_IF_ERROR(Relocate(*state, info.rela, info.rela_bytes, resolve));
-  OROCHI_RETURN_IF_ERROR(Relocate(*state, info.plt_rela, info.plt_rela_bytes, resolve));
+  BoundSymbols bound;
+  OROCHI_RETURN_IF_ERROR(Relocate(*state, info.rela, info.rela_bytes, resolve, bound));
+  OROCHI_RETURN_IF_ERROR(Relocate(*state, info.plt_rela, info.plt_rela_bytes, resolve, bound));
   OROCHI_RETURN_IF_ERROR(Protect(*state, loads, relro));
   if (eh_frame_header != nullptr) {
     OROCHI_ASSIGN_OR_RETURN(state->eh_frame, FindEhFrame(*state, *eh_frame_header));
