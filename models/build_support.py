@@ -73,12 +73,13 @@ def json_request(inputs: list, **extra) -> dict:
     return body
 
 
-def binary_request(name: str, datatype: str, array: np.ndarray) -> tuple[bytes, bytes]:
-    """A request with one input sent raw (KServe's binary tensor extension): the JSON header,
-    then the tensor's bytes. Returns (header, body); the header's length goes in the request's
-    `Inference-Header-Content-Length`."""
+def write_binary_request(out: Path, name: str, datatype: str, array: np.ndarray) -> None:
+    """OUT/request.bin: a request with one input sent raw (KServe's binary tensor extension),
+    the JSON header then the tensor's bytes; OUT/request.bin.header-length holds the header's
+    length, for the request's `Inference-Header-Content-Length`."""
     header = json.dumps({"inputs": [{"name": name, "datatype": datatype,
                                      "shape": list(array.shape),
                                      "parameters": {"binary_data_size": array.nbytes}}]},
                         separators=(",", ":")).encode()
-    return header, header + np.ascontiguousarray(array).tobytes()
+    (out / "request.bin").write_bytes(header + np.ascontiguousarray(array).tobytes())
+    (out / "request.bin.header-length").write_text(f"{len(header)}\n")

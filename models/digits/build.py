@@ -121,9 +121,7 @@ def main():
     example = x_test[:2]
     build_support.write_json(args.out / "request.json", build_support.json_request(
         [("image", "FP32", example.shape, example.astype(int).ravel().tolist())]), compact=True)
-    header, body = build_support.binary_request("image", "FP32", example)
-    (args.out / "request.bin").write_bytes(body)
-    (args.out / "request.bin.header-length").write_text(f"{len(header)}\n")
+    build_support.write_binary_request(args.out, "image", "FP32", example)
 
 
 if __name__ == "__main__":

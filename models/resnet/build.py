@@ -76,9 +76,7 @@ def main():
     image = example_image()
     build_support.write_json(args.out / "request.json", build_support.json_request(
         [("image", "UINT8", image.shape, image.ravel().tolist())]), compact=True)
-    header, body = build_support.binary_request("image", "UINT8", image)
-    (args.out / "request.bin").write_bytes(body)
-    (args.out / "request.bin.header-length").write_text(f"{len(header)}\n")
+    build_support.write_binary_request(args.out, "image", "UINT8", image)
 
 
 if __name__ == "__main__":

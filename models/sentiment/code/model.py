@@ -9,7 +9,7 @@ import orochi.nn as nn
 import orochi.nn.functional as F
 from orochi.serving import InputError
 
-from textfeatures import BUCKETS, features, word_feature_ids
+from textfeatures import BUCKETS, analyse, feature_ids
 
 EMBEDDING_DIM = 32
 KEYWORDS = 3  # the manifest's 'keywords' shape
@@ -43,7 +43,8 @@ class SentimentModel:
                 texts.append(raw.decode("utf-8"))
             except UnicodeDecodeError as error:
                 raise InputError(f"'text' must be UTF-8: {error}") from None
-        rows = [features(text) for text in texts]
+        analyses = [analyse(text) for text in texts]  # tokenised and hashed once per text
+        rows = [feature_ids(*analysis) for analysis in analyses]
         longest = max(len(row) for row in rows)
         ids = orochi.tensor([row + [0] * (longest - len(row)) for row in rows])
         counts = orochi.tensor([[float(len(row))] for row in rows])
@@ -52,12 +53,13 @@ class SentimentModel:
         best = scores.argmax(-1).tolist()
         return {"label": [[self.labels[i]] for i in best],
                 "scores": scores,
-                "keywords": [self.explain(text, label) for text, label in zip(texts, best)]}
+                "keywords": [self.explain(per_word, label)
+                             for (per_word, _), label in zip(analyses, best)]}
 
-    def explain(self, text, label):
+    def explain(self, words, label):
         """The words that pushed hardest towards `label`: each word's own features scored by
-        the class's row of the classifier, strongest first, padded with empty strings."""
-        words = word_feature_ids(text)
+        the class's row of the classifier, strongest first, padded with empty strings.
+        `words`: [(word, its feature ids), ...] from analyse()."""
         if not words:
             return [""] * KEYWORDS
         longest = max(len(ids) for _, ids in words)

@@ -62,17 +62,21 @@ def word_features(word: str) -> list:
     return ["w:" + word] + ["c:" + gram for gram in grams]
 
 
+def analyse(text: str) -> tuple:
+    """A text's hashed feature ids, in one pass: ([(word, the ids of the word and its character
+    n-grams), ...], ids of the word pairs)."""
+    words = [w for w in tokenise(text) if w[0].isalnum()]
+    per_word = [(word, [bucket(name) for name in word_features(word)]) for word in words]
+    pairs = [bucket(f"b:{a}|{b}") for a, b in zip(words, words[1:])]
+    return per_word, pairs
+
+
+def feature_ids(per_word: list, pairs: list) -> list:
+    """analyse()'s ids as one list: every word's, then the pairs'."""
+    ids = [i for _, word_ids in per_word for i in word_ids] + pairs
+    return ids or [bucket("w:<empty>")]
+
+
 def features(text: str) -> list:
     """Hashed feature ids of a text: words, word pairs and character n-grams."""
-    words = [w for w in tokenise(text) if w[0].isalnum()]
-    names = []
-    for word in words:
-        names.extend(word_features(word))
-    names.extend(f"b:{a}|{b}" for a, b in zip(words, words[1:]))
-    return [bucket(name) for name in names] or [bucket("w:<empty>")]
-
-
-def word_feature_ids(text: str) -> list:
-    """(word, its feature ids) for each word, for explaining a prediction."""
-    return [(word, [bucket(name) for name in word_features(word)])
-            for word in tokenise(text) if word[0].isalnum()]
+    return feature_ids(*analyse(text))
