@@ -160,7 +160,6 @@ struct ElfLibrary::State {
   size_t strings_bytes = 0;
   const uint16_t* version_indexes = nullptr;
   std::unordered_map<uint16_t, NeededVersion> needed_versions;
-  std::unordered_map<std::string_view, const Elf64_Sym*> exports;
 
   std::vector<std::pair<std::string, void*>> needed;  // soname, dlopen handle
   std::unique_ptr<TlsModule> tls;
@@ -508,22 +507,6 @@ Status OpenNeeded(State& state, const DynamicInfo& info) {
   return Status::Ok();
 }
 
-void IndexExports(State& state) {
-  for (size_t i = 1; i < state.symbol_count; ++i) {
-    const Elf64_Sym& symbol = state.symbols[i];
-    const unsigned binding = ELF64_ST_BIND(symbol.st_info);
-    const unsigned type = ELF64_ST_TYPE(symbol.st_info);
-    if (symbol.st_shndx == SHN_UNDEF || binding == STB_LOCAL || type == STT_TLS ||
-        type == STT_SECTION || type == STT_FILE) {
-      continue;
-    }
-    if (state.version_indexes != nullptr && (state.version_indexes[i] & 0x8000) != 0) {
-      continue;  // a hidden (non-default) version of the name
-    }
-    state.exports.emplace(state.String(symbol.st_name), &symbol);
-  }
-}
-
 // Binds symbol `index` of the object (an undefined reference or an interposable definition).
 Result<void*> Bind(const State& state, size_t index, const SymbolResolver& resolve) {
   const Elf64_Sym& symbol = state.symbols[index];
@@ -769,7 +752,6 @@ Result<std::unique_ptr<ElfLibrary>> ElfLibrary::Load(const std::string& path,
     }
   }
   OROCHI_RETURN_IF_ERROR(OpenNeeded(*state, info));
-  IndexExports(*state);
   BoundSymbols bound;
   OROCHI_RETURN_IF_ERROR(Relocate(*state, info.rela, info.rela_bytes, resolve, bound));
   OROCHI_RETURN_IF_ERROR(Relocate(*state, info.plt_rela, info.plt_rela_bytes, resolve, bound));
@@ -786,8 +768,23 @@ ElfLibrary::ElfLibrary(std::unique_ptr<State> state) : state_(std::move(state)) 
 ElfLibrary::~ElfLibrary() = default;
 
 void* ElfLibrary::FindSymbol(std::string_view name) const {
-  auto found = state_->exports.find(name);
-  return found == state_->exports.end() ? nullptr : state_->DefinedAddress(*found->second);
+  // A linear scan: a module is asked for one symbol (PyInit_<name>), once, so an index of all
+  // its exports would cost more than it saves.
+  const State& state = *state_;
+  for (size_t i = 1; i < state.symbol_count; ++i) {
+    const Elf64_Sym& symbol = state.symbols[i];
+    const unsigned binding = ELF64_ST_BIND(symbol.st_info);
+    const unsigned type = ELF64_ST_TYPE(symbol.st_info);
+    if (symbol.st_shndx == SHN_UNDEF || binding == STB_LOCAL || type == STT_TLS ||
+        type == STT_SECTION || type == STT_FILE) {
+      continue;
+    }
+    if (state.version_indexes != nullptr && (state.version_indexes[i] & 0x8000) != 0) {
+      continue;  // a hidden (non-default) version of the name
+    }
+    if (name == state.String(symbol.st_name)) return state.DefinedAddress(symbol);
+  }
+  return nullptr;
 }
 
 const std::string& ElfLibrary::path() const { return state_->path; }
