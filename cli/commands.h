@@ -33,6 +33,8 @@ struct RunOptions {
   std::string request_path;         // a KServe v2 request body instead of inputs
   std::string config;               // a JSON object
   size_t copies = 1;
+  // Directories on every copy's sys.path, as the server config's python.site_packages.
+  std::vector<std::string> site_packages;
 };
 
 // `orochi pack DIR -o FILE`: validates, compiles the code in a copy, writes a deterministic

@@ -56,6 +56,9 @@ int Main(int argc, char** argv) {
   run->add_option("--config", run_options.config, "per-model config, a JSON object");
   run->add_option("--copies", run_options.copies, "interpreter copies to load the model into")
       ->check(CLI::Range(1, 256));
+  run->add_option("--site-packages", run_options.site_packages,
+                  "a directory of Python packages the model may import (as the server's "
+                  "python.site_packages), e.g. /usr/lib/python3/dist-packages; repeatable");
 
   orochi::cli::ServeOptions serve_options;
   CLI::App* serve = app.add_subcommand("serve", "Serve models over KServe v2 HTTP");

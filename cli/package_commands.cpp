@@ -289,6 +289,7 @@ int Run(const RunOptions& options) {
 
   interpreters::ManagerOptions manager_options;
   manager_options.copies = options.copies;
+  manager_options.flags.extra_paths = options.site_packages;
   Result<std::unique_ptr<interpreters::InterpreterManager>> manager =
       interpreters::InterpreterManager::Create(std::move(manager_options));
   if (!manager.ok()) return Fail(manager.status());

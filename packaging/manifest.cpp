@@ -1,5 +1,6 @@
 #include "orochi/packaging/manifest.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -182,7 +183,7 @@ Result<Manifest> ParseManifest(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(
       OnlyKeys(json, "$",
                {"format_version", "name", "version", "entry", "description", "inputs", "outputs",
-                "max_batch_size", "instances", "device", "parameters"}));
+                "max_batch_size", "instances", "device", "requires", "parameters"}));
   Manifest manifest;
   OROCHI_ASSIGN_OR_RETURN(std::optional<int64_t> format, Integer(json, "$", "format_version", 1));
   if (!format) return Problem("$", "missing required key 'format_version'");
@@ -223,6 +224,25 @@ Result<Manifest> ParseManifest(std::string_view text) {
     if (manifest.device != "cpu" && !cuda) {
       return Problem("$.device",
                      "expected 'cpu', 'cuda' or 'cuda:N', got '" + manifest.device + "'");
+    }
+  }
+  if (auto requires_list = json.find("requires"); requires_list != json.end()) {
+    if (!requires_list->is_array()) {
+      return Problem("$.requires",
+                     "expected an array of Python module names, got " + TypeName(*requires_list));
+    }
+    for (size_t i = 0; i < requires_list->size(); ++i) {
+      const Json& module = (*requires_list)[i];
+      std::string path = "$.requires[" + std::to_string(i) + "]";
+      if (!module.is_string() || !IsIdentifierPath(module.get<std::string>())) {
+        return Problem(path, "expected a Python module name such as 'numpy', got " + module.dump());
+      }
+      const auto& name = module.get_ref<const std::string&>();
+      if (std::find(manifest.required_modules.begin(), manifest.required_modules.end(), name) !=
+          manifest.required_modules.end()) {
+        return Problem(path, "'" + name + "' is listed twice");
+      }
+      manifest.required_modules.push_back(name);
     }
   }
   if (auto parameters = json.find("parameters"); parameters != json.end()) {

@@ -24,6 +24,8 @@ packages=(
   libopenblas-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps
+  # numpy's own test suite, run inside a copy (tests/interpreters/test_numpy_suite.py)
+  python3-pytest python3-hypothesis
   # the example models' build scripts (numpy; scikit-learn's runtime dependencies, see below),
   # and bench/: the FastAPI + uvicorn baseline and matplotlib's plots
   python3-numpy python3-joblib python3-threadpoolctl python3-decorator liblbfgsb0
@@ -74,3 +76,24 @@ if [ "$(cat "$sklearn_prefix/.versions" 2>/dev/null)" != "$wanted" ]; then
   rm -rf "$download"
 fi
 echo "install-deps: scikit-learn unpacked in $sklearn_prefix ($wanted)"
+
+# CPython's sqlite3 regression tests (Lib/test/test_sqlite3), run inside a copy by
+# tests/cpython/run_regrtest.sh: Debian's libpython3.11-testsuite leaves them out, so they come
+# from the upstream source tarball of the same CPython release in Debian's archive, checked
+# against its published digest. Only that one test package is kept.
+cpython_tests=${OROCHI_CPYTHON_TESTS:-/opt/orochi/cpython-tests}
+cpython_release=3.11.2
+cpython_sha256=2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849
+if [ ! -f "$cpython_tests/$cpython_release/test_sqlite3/__init__.py" ]; then
+  mirror=${OROCHI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+  download=$(mktemp -d)
+  curl -fsS -o "$download/cpython.tar.gz" \
+    "$mirror/pool/main/p/python3.11/python3.11_${cpython_release}.orig.tar.gz"
+  echo "$cpython_sha256  $download/cpython.tar.gz" | sha256sum -c --quiet
+  tar -xzf "$download/cpython.tar.gz" -C "$download" "Python-$cpython_release/Lib/test/test_sqlite3"
+  "${sudo[@]}" mkdir -p "$cpython_tests/$cpython_release"
+  "${sudo[@]}" cp -r "$download/Python-$cpython_release/Lib/test/test_sqlite3" \
+    "$cpython_tests/$cpython_release/"
+  rm -rf "$download"
+fi
+echo "install-deps: CPython $cpython_release's test_sqlite3 in $cpython_tests/$cpython_release"

@@ -2,9 +2,11 @@
 //   1. copy creation time (load from memory + CPython start-up), goal <= 30 ms;
 //   2. idle resident memory per copy, goal <= 12 MB;
 //   3. a CPU-bound pure-Python workload on k = 1..N copies at once versus k threads sharing one
-//      interpreter, as throughput relative to one copy; goal >= 0.9 k for copies on k free cores.
+//      interpreter, as throughput relative to one copy; goal >= 0.9 k for copies on k free cores;
+//   4. a numpy workload (small arrays, as in pre- and post-processing, so the GIL is held most of
+//      the time) on k copies, k threads of one interpreter and k python3.11 processes.
 //
-//   bench_interpreters [--max-copies N] [--tasks T] [--work W]
+//   bench_interpreters [--max-copies N] [--tasks T] [--work W] [--numpy-path DIR]
 #include <malloc.h>
 #include <unistd.h>
 
@@ -64,6 +66,22 @@ std::string WorkloadSource(long work) {
          "    return total\n";
 }
 
+// One numpy task: a small recurrent layer stepped in Python, numpy's per-call overhead dominant.
+std::string NumpyWorkloadSource(long work) {
+  return "import numpy as np\n"
+         "_rng = np.random.default_rng(0)\n"
+         "_weights = _rng.standard_normal((16, 16)) / 4\n"
+         "def numpy_task():\n"
+         "    state = np.ones(16)\n"
+         "    total = 0.0\n"
+         "    for _ in range(" +
+         std::to_string(work) +
+         "):\n"
+         "        state = np.tanh(_weights @ state + 0.1)\n"
+         "        total += float(state.sum())\n"
+         "    return total\n";
+}
+
 void BenchCreation(int samples) {
   std::vector<double> milliseconds;
   milliseconds.reserve(static_cast<size_t>(samples));
@@ -91,8 +109,9 @@ void BenchIdleMemory(int copies) {
               per_copy_mb, copies);
 }
 
-// Throughput of `copies` copies running `tasks` tasks each, at the same time.
-double CopiesThroughput(InterpreterManager& manager, int copies, int tasks) {
+// Throughput of `copies` copies running `tasks` calls of `task` each, at the same time.
+double CopiesThroughput(InterpreterManager& manager, int copies, int tasks,
+                        const std::string& task = "task") {
   auto start = Clock::now();
   {
     std::vector<std::jthread> workers;
@@ -100,7 +119,7 @@ double CopiesThroughput(InterpreterManager& manager, int copies, int tasks) {
     for (int slot = 0; slot < copies; ++slot) {
       workers.emplace_back([&, slot] {
         auto lease = manager.AcquireSlot(static_cast<size_t>(slot));
-        Check(lease->Exec("for _ in range(" + std::to_string(tasks) + "): task()"));
+        Check(lease->Exec("for _ in range(" + std::to_string(tasks) + "): " + task + "()"));
       });
     }
   }
@@ -108,13 +127,14 @@ double CopiesThroughput(InterpreterManager& manager, int copies, int tasks) {
 }
 
 // Throughput of `threads` Python threads of one interpreter running `tasks` tasks each.
-double SharedThroughput(Interpreter& copy, int threads, int tasks) {
+double SharedThroughput(Interpreter& copy, int threads, int tasks,
+                        const std::string& task = "task") {
   Check(
       copy.Exec("import threading, time\n"
                 "def worker():\n"
                 "    for _ in range(" +
-                std::to_string(tasks) +
-                "): task()\n"
+                std::to_string(tasks) + "): " + task +
+                "()\n"
                 "pool = [threading.Thread(target=worker) for _ in range(" +
                 std::to_string(threads) +
                 ")]\n"
@@ -126,14 +146,81 @@ double SharedThroughput(Interpreter& copy, int threads, int tasks) {
   return threads * tasks / elapsed;
 }
 
+// Throughput of `processes` python3.11 processes running `tasks` numpy tasks each. They start
+// together at an agreed CLOCK_MONOTONIC time (after numpy's import), and the run ends when the
+// last one does.
+double ProcessesThroughput(const std::string& numpy_path, long work, int processes, int tasks) {
+  std::string script = "import sys, time\nsys.path.insert(0, '" + numpy_path + "')\n" +
+                       NumpyWorkloadSource(work) +
+                       "numpy_task()\n"
+                       "start_at = float(sys.argv[1])\n"
+                       "time.sleep(max(0.0, start_at - time.monotonic()))\n"
+                       "for _ in range(" +
+                       std::to_string(tasks) +
+                       "): numpy_task()\n"
+                       "print(time.monotonic())\n";
+  std::string script_path = "/tmp/orochi-bench-numpy-" + std::to_string(getpid()) + ".py";
+  std::ofstream(script_path) << script;
+  double start_at = Seconds(Clock::now().time_since_epoch()) + 2.0;
+  std::vector<FILE*> children;
+  for (int i = 0; i < processes; ++i) {
+    std::string command = "OPENBLAS_NUM_THREADS=1 /usr/bin/python3.11 " + script_path + " " +
+                          std::to_string(start_at);
+    children.push_back(popen(command.c_str(), "r"));
+  }
+  double last_end = start_at;
+  for (FILE* child : children) {
+    double end = 0;
+    if (child == nullptr || std::fscanf(child, "%lf", &end) != 1) {
+      std::fprintf(stderr, "bench_interpreters: a python3.11 process failed\n");
+      std::exit(1);
+    }
+    pclose(child);
+    last_end = std::max(last_end, end);
+  }
+  std::remove(script_path.c_str());
+  return processes * tasks / (last_end - start_at);
+}
+
+void BenchNumpy(const std::string& numpy_path, int max_copies, int tasks, long work,
+                const std::vector<int>& worker_counts) {
+  orochi::interpreters::ManagerOptions options;
+  options.copies = static_cast<size_t>(max_copies);
+  options.flags.extra_paths = {numpy_path};
+  auto manager = Check(InterpreterManager::Create(std::move(options)));
+  for (size_t slot = 0; slot < manager->size(); ++slot) {
+    Check(manager->AcquireSlot(slot)->Exec(NumpyWorkloadSource(work)));
+  }
+  orochi::interpreters::InterpreterOptions shared_options;
+  shared_options.flags.extra_paths = {numpy_path};
+  auto shared = Check(Interpreter::Create(std::move(shared_options)));
+  Check(shared->Exec(NumpyWorkloadSource(work)));
+
+  CopiesThroughput(*manager, 1, 2, "numpy_task");
+  double one_copy = CopiesThroughput(*manager, 1, tasks, "numpy_task");
+  std::printf("\nnumpy on small arrays, throughput relative to one copy (%.1f tasks/s):\n",
+              one_copy);
+  std::printf("%8s %10s %16s %12s %15s %17s\n", "workers", "k copies", "k threads/1 GIL",
+              "k processes", "copies/threads", "copies/processes");
+  for (int k : worker_counts) {
+    double copies = CopiesThroughput(*manager, k, tasks, "numpy_task");
+    double threads = SharedThroughput(*shared, k, tasks, "numpy_task");
+    double processes = ProcessesThroughput(numpy_path, work, k, tasks);
+    std::printf("%8d %9.2fx %15.2fx %11.2fx %14.2fx %16.2fx\n", k, copies / one_copy,
+                threads / one_copy, processes / one_copy, copies / threads, copies / processes);
+  }
+}
+
 int Main(int argc, char** argv) {
   int max_copies = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
   int tasks = 20;
   long work = 300000;
+  std::string numpy_path = "/usr/lib/python3/dist-packages";  // Debian's python3-numpy
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--max-copies") == 0) max_copies = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--tasks") == 0) tasks = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--work") == 0) work = std::atol(argv[i + 1]);
+    if (std::strcmp(argv[i], "--numpy-path") == 0) numpy_path = argv[i + 1];
   }
   std::printf(
       "bench_interpreters: %u hardware threads, up to %d copies, %d tasks of %ld "
@@ -166,6 +253,9 @@ int Main(int argc, char** argv) {
     std::printf("%8d %13.2fx %15.2fx %15.2fx%s\n", k, copies / one_copy, threads / one_copy,
                 copies / threads, copies / one_copy >= 0.9 * k ? "" : "   (below 0.9 k)");
   }
+
+  // About as long per task as the pure-Python one.
+  BenchNumpy(numpy_path, max_copies, tasks, std::max(1L, work / 60), worker_counts);
   return 0;
 }
 

@@ -1,9 +1,16 @@
 // C extension modules in a copy; see extension_modules.h.
 #include "extension_modules.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
+#include <string_view>
 
 #include "copy_state.h"
 
@@ -14,6 +21,63 @@ extern const size_t orochi_copy_c_api_count;
 }
 
 namespace orochi::copy {
+namespace {
+
+void* FindCApiSymbol(const char* name) {
+  const OrochiSymbol* end = orochi_copy_c_api + orochi_copy_c_api_count;
+  const OrochiSymbol* found = std::lower_bound(orochi_copy_c_api, end, name,
+                                               [](const OrochiSymbol& symbol, const char* key) {
+                                                 return std::strcmp(symbol.name, key) < 0;
+                                               });
+  return found != end && std::strcmp(found->name, name) == 0 ? found->address : nullptr;
+}
+
+// Maps `path` for this copy through the host's loader (the same file gives the same library).
+// Returns null and fills `error` on failure.
+void* MapLibrary(const char* path, std::string* error) {
+  const CopyState& state = State();
+  char message[2048] = "";
+  void* library = nullptr;
+  int32_t code =
+      state.host->load_library(state.host->host_state, path, orochi_copy_c_api,
+                               orochi_copy_c_api_count, &library, message, sizeof(message));
+  if (code == OROCHI_COPY_OK) return library;
+  *error = message;
+  return nullptr;
+}
+
+// Single-phase modules this copy initialised, by name and file. Their PyInit runs once per
+// copy, as in CPython, whose import keeps the same record: modules such as _decimal set up C
+// statics there that a second run breaks.
+std::map<std::string, PyModuleDef*>& SinglePhaseModules() {
+  static std::map<std::string, PyModuleDef*> modules;
+  return modules;
+}
+
+std::string SinglePhaseKey(const char* name, const char* path) {
+  return std::string(name) + '\0' + path;
+}
+
+// Imports a single-phase module again the way CPython's import_find_extension does: a module
+// without per-module state (m_size -1) gets a copy of its first dict; the others run their
+// PyInit again. Returns false when `key` was not imported before or its PyInit must run.
+bool ReuseSinglePhaseModule(PyObject* name, const std::string& key, PyObject** module) {
+  auto found = SinglePhaseModules().find(key);
+  if (found == SinglePhaseModules().end()) return false;
+  PyModuleDef* definition = found->second;
+  if (definition->m_size != -1 || definition->m_base.m_copy == nullptr) return false;
+  PyObject* reused = PyImport_AddModuleObject(name);  // borrowed
+  if (reused == nullptr || PyDict_Update(PyModule_GetDict(reused), definition->m_base.m_copy) < 0 ||
+      PyState_AddModule(reused, definition) < 0) {
+    *module = nullptr;
+    return true;
+  }
+  Py_INCREF(reused);
+  *module = reused;
+  return true;
+}
+
+}  // namespace
 
 PyObject* CreateExtension(PyObject* /*module*/, PyObject* spec) {
   PyObject* name_object = PyObject_GetAttrString(spec, "name");
@@ -26,24 +90,22 @@ PyObject* CreateExtension(PyObject* /*module*/, PyObject* spec) {
   PyObject* path_bytes = nullptr;
   PyObject* result = nullptr;
   const char* name = PyUnicode_AsUTF8(name_object);
-  if (name != nullptr && PyUnicode_FSConverter(origin, &path_bytes) != 0) {
+  if (name != nullptr && PyUnicode_FSConverter(origin, &path_bytes) != 0 &&
+      !ReuseSinglePhaseModule(name_object, SinglePhaseKey(name, PyBytes_AS_STRING(path_bytes)),
+                              &result)) {
     const CopyState& state = State();
-    char error[2048] = "";
-    void* library = nullptr;
-    int32_t code = state.host->load_library(state.host->host_state, PyBytes_AS_STRING(path_bytes),
-                                            orochi_copy_c_api, orochi_copy_c_api_count, &library,
-                                            error, sizeof(error));
+    std::string error;
+    void* library = MapLibrary(PyBytes_AS_STRING(path_bytes), &error);
     std::string short_name = name;
     short_name = short_name.substr(short_name.rfind('.') + 1);
     const std::string init_name = "PyInit_" + short_name;
-    auto init = code == OROCHI_COPY_OK
-                    ? reinterpret_cast<PyObject* (*)()>(state.host->library_symbol(
-                          state.host->host_state, library, init_name.c_str()))
-                    : nullptr;
-    if (code != OROCHI_COPY_OK || init == nullptr) {
+    auto init = library != nullptr ? reinterpret_cast<PyObject* (*)()>(state.host->library_symbol(
+                                         state.host->host_state, library, init_name.c_str()))
+                                   : nullptr;
+    if (init == nullptr) {
       std::string message =
-          code != OROCHI_COPY_OK
-              ? std::string(error)
+          library == nullptr
+              ? error
               : "dynamic module does not define module export function (" + init_name + ")";
       PyObject* text = PyUnicode_FromString(message.c_str());
       if (text != nullptr) {
@@ -72,9 +134,20 @@ PyObject* CreateExtension(PyObject* /*module*/, PyObject* spec) {
         PyObject* definition = result;
         result = PyModule_FromDefAndSpec(reinterpret_cast<PyModuleDef*>(definition), spec);
       } else if (PyModuleDef* definition = PyModule_GetDef(result); definition != nullptr) {
+        // Single-phase: recorded as CPython records it, so that importing it again reuses this
+        // state (see ReuseSinglePhaseModule).
         definition->m_base.m_init = init;
+        if (PyModule_AddObjectRef(result, "__file__", origin) < 0) PyErr_Clear();
+        if (_PyImport_FixupExtensionObject(result, name_object, origin, PyImport_GetModuleDict()) <
+            0) {
+          Py_CLEAR(result);
+        } else {
+          SinglePhaseModules()[SinglePhaseKey(name, PyBytes_AS_STRING(path_bytes))] = definition;
+        }
       } else {
-        PyErr_Clear();
+        Py_CLEAR(result);
+        PyErr_Format(PyExc_SystemError, "initialization of %s did not return an extension module",
+                     short_name.c_str());
       }
     }
   }
@@ -100,12 +173,95 @@ PyObject* ExecExtension(PyObject* /*module*/, PyObject* extension) {
 PyObject* CApiAddress(PyObject* /*module*/, PyObject* name) {
   const char* key = PyUnicode_AsUTF8(name);
   if (key == nullptr) return nullptr;
-  const OrochiSymbol* end = orochi_copy_c_api + orochi_copy_c_api_count;
-  const OrochiSymbol* found = std::lower_bound(
-      orochi_copy_c_api, end, key,
-      [](const OrochiSymbol& symbol, const char* k) { return std::strcmp(symbol.name, k) < 0; });
-  if (found == end || std::strcmp(found->name, key) != 0) Py_RETURN_NONE;
-  return PyLong_FromVoidPtr(found->address);
+  void* address = FindCApiSymbol(key);
+  if (address == nullptr) Py_RETURN_NONE;
+  return PyLong_FromVoidPtr(address);
 }
 
+namespace {
+
+// The libraries orochi_copy_dlopen mapped itself; they stay until the copy is unloaded (the
+// host releases them), so dlclose on them does nothing.
+struct LoaderHandles {
+  std::mutex mutex;
+  std::set<void*> mapped;
+
+  bool Contains(void* handle) {
+    std::lock_guard lock(mutex);
+    return mapped.count(handle) != 0;
+  }
+};
+
+LoaderHandles& Handles() {
+  static LoaderHandles handles;
+  return handles;
+}
+
+// dlerror's contract: the last failure on this thread, reported once. Plain buffers: a
+// thread_local with a destructor would pin the copy's library in memory (glibc does not unload
+// an object while a thread still has its thread-local destructors to run).
+thread_local char pending_error[2048];
+thread_local char reported_error[2048];
+
+void* Fail(const std::string& message) {
+  std::snprintf(pending_error, sizeof(pending_error), "%s", message.c_str());
+  return nullptr;
+}
+
+void* MainProgram() {
+  static void* const program = dlopen(nullptr, RTLD_LAZY);
+  return program;
+}
+
+}  // namespace
 }  // namespace orochi::copy
+
+using orochi::copy::Handles;
+
+extern "C" void* orochi_copy_dlopen(const char* path, int flags) {
+  orochi::copy::pending_error[0] = '\0';
+  void* handle = dlopen(path, flags);
+  if (handle != nullptr || path == nullptr) return handle;
+  const char* system_error = dlerror();
+  std::string message = system_error != nullptr ? system_error : "dlopen failed";
+  // Only a library refused for want of this copy's CPython comes to Orochi's loader; anything
+  // else keeps the system loader's answer.
+  constexpr std::string_view kUndefined = "undefined symbol: ";
+  size_t at = message.rfind(kUndefined);
+  if (at == std::string::npos ||
+      orochi::copy::FindCApiSymbol(message.c_str() + at + kUndefined.size()) == nullptr) {
+    return orochi::copy::Fail(message);
+  }
+  std::string error;
+  void* library = orochi::copy::MapLibrary(path, &error);
+  if (library == nullptr) return orochi::copy::Fail(error);
+  std::lock_guard lock(Handles().mutex);
+  Handles().mapped.insert(library);
+  return library;
+}
+
+extern "C" void* orochi_copy_dlsym(void* handle, const char* name) {
+  orochi::copy::pending_error[0] = '\0';
+  if (Handles().Contains(handle)) {
+    const orochi::copy::CopyState& state = orochi::copy::State();
+    void* address = state.host->library_symbol(state.host->host_state, handle, name);
+    return address != nullptr ? address
+                              : orochi::copy::Fail(std::string("undefined symbol: ") + name);
+  }
+  if (handle == RTLD_DEFAULT || handle == orochi::copy::MainProgram()) {
+    if (void* address = orochi::copy::FindCApiSymbol(name); address != nullptr) return address;
+  }
+  return dlsym(handle, name);
+}
+
+extern "C" int orochi_copy_dlclose(void* handle) {
+  return Handles().Contains(handle) ? 0 : dlclose(handle);
+}
+
+extern "C" char* orochi_copy_dlerror() {
+  if (orochi::copy::pending_error[0] == '\0') return dlerror();
+  std::memcpy(orochi::copy::reported_error, orochi::copy::pending_error,
+              sizeof(orochi::copy::reported_error));
+  orochi::copy::pending_error[0] = '\0';
+  return orochi::copy::reported_error;
+}

@@ -11,8 +11,19 @@ namespace orochi::copy {
 PyObject* CreateExtension(PyObject* module, PyObject* spec);
 // _orochi.exec_extension(module) -> None: runs a multi-phase module's exec slots.
 PyObject* ExecExtension(PyObject* module, PyObject* extension);
-// _orochi.c_api_address(name) -> int | None: where this copy's C-API symbol `name` is (for
-// ctypes.pythonapi, which would otherwise look in the process and find nothing).
+// _orochi.c_api_address(name) -> int | None: where this copy's C-API symbol `name` is.
 PyObject* CApiAddress(PyObject* module, PyObject* name);
 
 }  // namespace orochi::copy
+
+// What extension modules get for dlopen, dlsym, dlclose and dlerror (bound through the copy's
+// symbol table, never used by the copy's own code). A library the system loader refuses because
+// it needs CPython's C API is mapped by Orochi's loader for this copy instead, and a lookup in
+// the program or RTLD_DEFAULT finds this copy's C API first: ctypes.CDLL of an extension module
+// and ctypes.pythonapi then work as in a stock Python.
+extern "C" {
+void* orochi_copy_dlopen(const char* path, int flags);
+void* orochi_copy_dlsym(void* handle, const char* name);
+int orochi_copy_dlclose(void* handle);
+char* orochi_copy_dlerror();
+}

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -204,12 +205,16 @@ struct Interpreter::Impl {
   // is finalized (its objects may point into them until then) and before its heap goes.
   std::mutex libraries_mutex;
   std::vector<std::unique_ptr<ElfLibrary>> libraries;
+  // Each file is mapped once per copy, as dlopen does per process: an extension module that
+  // ctypes later opens by path (CPython's own tests do) shares its globals with the module.
+  std::map<std::string, ElfLibrary*, std::less<>> libraries_by_path;
 
   void ReleaseLibraries() {
     std::vector<std::unique_ptr<ElfLibrary>> released;
     {
       std::lock_guard lock(libraries_mutex);
       released.swap(libraries);
+      libraries_by_path.clear();
     }
     while (!released.empty()) released.pop_back();  // in reverse order of loading
   }
@@ -225,6 +230,13 @@ struct Interpreter::Impl {
           });
       return found != end && std::strcmp(found->name, name) == 0 ? found->address : nullptr;
     };
+    // Keyed by the path as given, as CPython keys its extension records.
+    const std::string key = path;
+    std::lock_guard lock(self->libraries_mutex);
+    if (auto found = self->libraries_by_path.find(key); found != self->libraries_by_path.end()) {
+      *library = found->second;
+      return OROCHI_COPY_OK;
+    }
     Result<std::unique_ptr<ElfLibrary>> loaded = ElfLibrary::Load(path, resolve);
     if (!loaded.ok()) {
       std::snprintf(error, error_size, "%s", loaded.status().message().c_str());
@@ -232,8 +244,8 @@ struct Interpreter::Impl {
                  ? OROCHI_COPY_INVALID_ARGUMENT
                  : OROCHI_COPY_FAILED_PRECONDITION;
     }
-    std::lock_guard lock(self->libraries_mutex);
     *library = loaded->get();
+    self->libraries_by_path.emplace(key, loaded->get());
     self->libraries.push_back(std::move(loaded).value());
     return OROCHI_COPY_OK;
   }

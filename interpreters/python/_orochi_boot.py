@@ -58,53 +58,6 @@ class _NativeModuleFinder:
         return None
 
 
-def _copy_pythonapi(ctypes):
-    """ctypes.pythonapi for this copy: CPython's C API looked up in the copy's own symbol table
-    (the stock one asks dlsym, which sees no Python in an Orochi process)."""
-
-    class PythonAPI(ctypes.PyDLL):
-        def __getitem__(self, name):
-            address = _orochi.c_api_address(name)
-            if address is None:
-                raise AttributeError(f"this interpreter copy's C API has no symbol {name!r}")
-            function = self._FuncPtr(address)
-            function.__name__ = name
-            return function
-
-        def __getattr__(self, name):
-            if name.startswith("__") and name.endswith("__"):
-                raise AttributeError(name)
-            function = self[name]
-            setattr(self, name, function)
-            return function
-
-    return PythonAPI(None)
-
-
-class _CtypesFinder:
-    """First on sys.meta_path: imports ctypes as usual, then gives it the copy's pythonapi."""
-
-    class _Loader:
-        def __init__(self, loader):
-            self._loader = loader
-
-        def create_module(self, spec):
-            return self._loader.create_module(spec)
-
-        def exec_module(self, module):
-            self._loader.exec_module(module)
-            module.pythonapi = _copy_pythonapi(module)
-
-    @classmethod
-    def find_spec(cls, fullname, path=None, target=None):
-        if fullname != "ctypes":
-            return None
-        spec = machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is not None and spec.loader is not None:
-            spec.loader = cls._Loader(spec.loader)
-        return spec
-
-
 def _install_import_guards():
     loaders = [
         (_CopyExtensionLoader, machinery.EXTENSION_SUFFIXES),
@@ -115,7 +68,6 @@ def _install_import_guards():
         if getattr(hook, "__name__", "") == "path_hook_for_FileFinder":
             sys.path_hooks[index] = machinery.FileFinder.path_hook(*loaders)
     sys.path_importer_cache.clear()
-    sys.meta_path.insert(0, _CtypesFinder)
     sys.meta_path.append(_NativeModuleFinder)
 
 

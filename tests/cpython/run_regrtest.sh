@@ -11,19 +11,25 @@ orochi=$(realpath "$1") work=$(realpath -m "$2") copies=$3
 here=$(cd "$(dirname "$0")" && pwd)
 source_tests=/usr/lib/python3.11/test
 
+# Debian leaves test_sqlite3 out of its testsuite package; scripts/install-deps.sh fetches it from
+# the same CPython release's source.
+sqlite_tests=${OROCHI_CPYTHON_TESTS:-/opt/orochi/cpython-tests}/3.11.2/test_sqlite3
 [ -f "$source_tests/test_json/__init__.py" ] ||
   { echo "run_regrtest: $source_tests is missing: install libpython3.11-testsuite" >&2; exit 1; }
+[ -f "$sqlite_tests/__init__.py" ] ||
+  { echo "run_regrtest: $sqlite_tests is missing: run scripts/install-deps.sh" >&2; exit 1; }
 
-rm -rf "$work" && mkdir -p "$work/tmp"
+rm -rf "$work" && mkdir -p "$work/tmp" "$work/ctypes-tests/ctypes"
 cp -r "$source_tests" "$work/test"
+cp -r "$sqlite_tests" "$work/test/test_sqlite3"
 
-# test_json's __init__ dereferences the _json accelerator unconditionally (line 14), so it cannot
-# even be imported without _json; its C-accelerator test classes skip themselves when _json is
-# absent. Guard that one line so the pure-Python json tests run.
-sed -i 's/^cjson\.JSONDecodeError = cjson\.decoder\.JSONDecodeError = json\.JSONDecodeError$/if cjson is not None: &/' \
-  "$work/test/test_json/__init__.py"
-grep -q '^if cjson is not None: cjson.JSONDecodeError' "$work/test/test_json/__init__.py" ||
-  { echo "run_regrtest: test_json/__init__.py changed upstream; revisit the guard" >&2; exit 1; }
+# test_ctypes imports ctypes.test, which the embedded stdlib leaves out (it keeps no tests): the
+# testsuite's copy joins the ctypes package's path for this run.
+cp -r /usr/lib/python3.11/ctypes/test "$work/ctypes-tests/ctypes/test"
+sed -i "s|^ctypes_test = import_module('ctypes.test')$|import ctypes; ctypes.__path__.append('$work/ctypes-tests/ctypes')\n&|" \
+  "$work/test/test_ctypes.py"
+grep -q "^import ctypes; ctypes.__path__.append" "$work/test/test_ctypes.py" ||
+  { echo "run_regrtest: test_ctypes.py changed upstream; revisit the ctypes.test path" >&2; exit 1; }
 
 # skips.txt (and, with several copies, skips-concurrent.txt): "pattern  # reason"; every
 # entry must give its reason.

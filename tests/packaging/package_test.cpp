@@ -79,7 +79,7 @@ TEST(Manifest, ParsesTheFullSchema) {
       R"({"format_version": 1, "name": "resnet-18", "version": 3, "entry": "pkg.model:Net.Inner",
           "description": "d", "inputs": [{"name": "image", "datatype": "FP32", "shape": [3, -1, -1]}],
           "outputs": [{"name": "label", "datatype": "BYTES", "shape": [1]}],
-          "max_batch_size": 16, "instances": 2, "device": "cuda:1",
+          "max_batch_size": 16, "instances": 2, "device": "cuda:1", "requires": ["numpy", "a.b"],
           "parameters": {"top_k": 5, "normalise": true}})");
   ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();
   EXPECT_EQ(manifest->name, "resnet-18");
@@ -91,6 +91,7 @@ TEST(Manifest, ParsesTheFullSchema) {
   EXPECT_EQ(manifest->max_batch_size, 16);
   EXPECT_EQ(manifest->instances, 2);
   EXPECT_EQ(manifest->device, "cuda:1");
+  EXPECT_EQ(manifest->required_modules, (std::vector<std::string>{"numpy", "a.b"}));
   EXPECT_EQ(manifest->parameters_json, R"({"normalise":true,"top_k":5})");
   EXPECT_EQ(EngineDType(DataType::kBf16), engine::DType::kBFloat16);
   EXPECT_EQ(EngineDType(DataType::kBytes), std::nullopt);
@@ -131,6 +132,12 @@ TEST(Manifest, EachProblemIsReportedWithItsJsonPath) {
            io.substr(io.find("\"outputs\"")) + "}",
        "$.inputs[1].name: duplicate tensor name 'x'"},
       {"{" + base + io + R"(, "device": "tpu"})", "$.device: expected 'cpu', 'cuda' or 'cuda:N'"},
+      {"{" + base + io + R"(, "requires": "numpy"})",
+       "$.requires: expected an array of Python module names, got string"},
+      {"{" + base + io + R"(, "requires": ["numpy", "../x"]})",
+       "$.requires[1]: expected a Python module name such as 'numpy', got \"../x\""},
+      {"{" + base + io + R"(, "requires": ["numpy", "numpy"]})",
+       "$.requires[1]: 'numpy' is listed twice"},
       {"{" + base + io + R"(, "max_batch_size": -1})",
        "$.max_batch_size: expected an integer >= 0"},
       {"{" + base + io + R"(, "parameters": {"k": [1]}})",

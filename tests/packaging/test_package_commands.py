@@ -151,6 +151,36 @@ class PackInspectRunTest(unittest.TestCase):
         self.assertIn("code/model.py", failed.stderr)  # the traceback names the package's file
         self.assertIn("raise ValueError", failed.stderr)  # ... and shows its source line
 
+    def test_a_package_that_requires_numpy_loads_only_where_numpy_is_provided(self):
+        directory = os.path.join(self.root, "norm")
+        os.makedirs(os.path.join(directory, "code"))
+        with open(os.path.join(directory, "manifest.json"), "w") as file:
+            json.dump({"format_version": 1, "name": "norm", "version": 1, "entry": "norm:Norm",
+                       "requires": ["numpy"],
+                       "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+                       "outputs": [{"name": "norm", "datatype": "FP64", "shape": [1]}]}, file)
+        with open(os.path.join(directory, "code", "norm.py"), "w") as file:
+            file.write("import numpy as np\nimport orochi\n\n\nclass Norm:\n"
+                       "    def __init__(self, context):\n        pass\n\n"
+                       "    def predict(self, inputs):\n"
+                       "        x = np.asarray(inputs['x'])  # shares the tensor's memory\n"
+                       "        return {'norm': orochi.as_tensor(np.array([np.linalg.norm(x)], dtype=np.float64))}\n")
+        package = os.path.join(self.root, "norm.orochi")
+        orochi("pack", directory, "-o", package, check=True)
+
+        failed = orochi("run", package, "-i", "x=[3, 4]")
+        self.assertEqual(failed.returncode, 1)
+        self.assertIn("the package requires the Python module 'numpy', which this server does "
+                      "not provide: add the directory that holds it to python.site_packages",
+                      failed.stderr)
+        self.assertNotIn("norm.py", failed.stderr)  # refused before the model's code ran
+
+        ran = orochi("run", package, "-i", "x=[3, 4]", "--site-packages",
+                     "/usr/lib/python3/dist-packages", check=True)
+        outputs = json.loads(ran.stdout)["outputs"]
+        self.assertEqual(outputs[0]["data"], [5.0])
+        self.assertEqual(outputs[0]["datatype"], "FP64")
+
     def test_inputs_are_checked_against_the_manifest(self):
         orochi("pack", self.directory, "-o", self.package, check=True)
         failed = orochi("run", self.package, "-i", "x=[[1,2,3]]", "-i", 'text=[["x"]]')

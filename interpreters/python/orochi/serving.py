@@ -8,6 +8,7 @@ packages that both have a `model.py` live in one copy without seeing each other.
 
 import builtins
 import gc
+import importlib.util
 import json
 import linecache
 import types
@@ -147,12 +148,29 @@ class _PackageImporter:
         self.modules.clear()
 
 
+def _check_required_modules(manifest):
+    """The modules a package declares it needs from outside itself ("requires"), checked before
+    its code runs, so that a server without them says which one is missing."""
+    for module in manifest.get("requires", []):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # a missing parent package of a dotted name
+            found = False
+        if not found:
+            raise ModuleNotFoundError(
+                f"the package requires the Python module '{module}', which this server does "
+                "not provide: add the directory that holds it to python.site_packages in the "
+                "server config (for Debian's python3-numpy, /usr/lib/python3/dist-packages)",
+                name=module)
+
+
 class _LoadedModel:
     def __init__(self, key, manifest, config, sources, weights):
         self.key = key
         self.manifest = manifest
         self.importer = _PackageImporter(f"package {manifest['name']}:{manifest['version']}",
                                          sources)
+        _check_required_modules(manifest)
         module_name, _, class_path = manifest["entry"].partition(":")
         target = self.importer.load(module_name)
         for part in class_path.split("."):

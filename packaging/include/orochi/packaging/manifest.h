@@ -63,6 +63,9 @@ struct Manifest {
   int64_t max_batch_size = 0;          // 0: no batching
   std::optional<int64_t> instances;    // copies to load into; every copy when absent
   std::string device = "cpu";          // "cpu", "cuda" or "cuda:N"
+  // Python modules from outside the package ("requires"), e.g. "numpy": the server's
+  // python.site_packages must provide each, or loading fails naming the module.
+  std::vector<std::string> required_modules;
   std::string parameters_json = "{}";  // default parameters: a JSON object
   std::string json;                    // the whole manifest, as parsed
 };
