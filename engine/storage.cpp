@@ -12,7 +12,9 @@
 #include <map>
 #include <mutex>
 
+#include "device_backend.h"
 #include "orochi/base/check.h"
+#include "orochi/engine/device.h"
 #include "orochi/engine/error.h"
 
 namespace orochi::engine {
@@ -96,8 +98,8 @@ std::string DeviceName(Device device) {
   return "cuda:" + std::to_string(device.index);
 }
 
-Storage::Storage(Kind kind, std::byte* data, size_t size, bool read_only)
-    : kind_(kind), data_(data), size_(size), read_only_(read_only) {}
+Storage::Storage(Kind kind, std::byte* data, size_t size, bool read_only, Device device)
+    : kind_(kind), data_(data), size_(size), read_only_(read_only), device_(device) {}
 
 Storage::~Storage() {
   if (kind_ == Kind::kOwned) {
@@ -118,7 +120,18 @@ void Storage::Release() {
   if (references_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
 }
 
-StoragePtr Storage::Allocate(size_t bytes) {
+StoragePtr Storage::Allocate(size_t bytes, Device device) {
+  if (device.type != DeviceType::kCpu) {
+    RequireDevice(device);
+    const DeviceBackend* backend = CudaBackend();
+    void* block = nullptr;
+    auto* data = static_cast<std::byte*>(backend->allocate(device.index, bytes, &block));
+    auto* storage = new Storage(Kind::kDevice, data, bytes, /*read_only=*/false, device);
+    storage->release_ = backend->release;
+    storage->release_context_ = block;
+    return StoragePtr(storage);
+  }
+  RequireDevice(device);
   size_t rounded = RoundedSize(bytes);
   std::byte* data = rounded >= kLargeBlock ? LargeBlockCache::Instance().Take(rounded) : nullptr;
   if (data == nullptr) data = static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded));
