@@ -64,8 +64,8 @@ Tensor ArgReduce(Op op, const Tensor& input, std::optional<int64_t> dim, bool ke
   OROCHI_CHECK_ARG(input.numel() > 0, OpName(op) << ": cannot reduce an empty tensor");
   auto kernel = Kernels().FindAs<ReduceKernel>(op, input.device(), input.dtype());
   if (!dim) {
-    Tensor output = Tensor::Empty(keepdim ? Shape(input.shape().size(), 1) : Shape{},
-                                  DType::kInt64, input.device());
+    Tensor output = Tensor::Empty(keepdim ? Shape(input.shape().size(), 1) : Shape{}, DType::kInt64,
+                                  input.device());
     kernel(op, input.Contiguous().View({1, input.numel()}), output);
     return output;
   }
@@ -368,9 +368,10 @@ Tensor ScaledDotProductAttention(const Tensor& query, const Tensor& key, const T
   const int64_t keys = key.size(-2);
   std::optional<Tensor> allowed;
   if (causal) {  // query i sees keys 0..i
-    allowed = Binary(
-        Op::ge, Arange(0, static_cast<double>(queries), 1, DType::kInt64, device).View({queries, 1}),
-        Arange(0, static_cast<double>(keys), 1, DType::kInt64, device).View({1, keys}));
+    allowed =
+        Binary(Op::ge,
+               Arange(0, static_cast<double>(queries), 1, DType::kInt64, device).View({queries, 1}),
+               Arange(0, static_cast<double>(keys), 1, DType::kInt64, device).View({1, keys}));
   } else if (mask && mask->dtype() == DType::kBool) {
     allowed = *mask;
   } else if (mask) {

@@ -102,9 +102,7 @@ const DeviceBackend* CudaBackend(std::string* reason) {
   return state.loaded ? &state.backend : nullptr;
 }
 
-int DeviceCount(DeviceType type) {
-  return type == DeviceType::kCpu ? 1 : CudaProbe().count;
-}
+int DeviceCount(DeviceType type) { return type == DeviceType::kCpu ? 1 : CudaProbe().count; }
 
 std::string DeviceUnavailableReason(DeviceType type) {
   return type == DeviceType::kCpu ? "" : CudaProbe().reason;

@@ -81,7 +81,9 @@ Tensor Full(const Shape& shape, double value, DType dtype, Device device) {
 Tensor Zeros(const Shape& shape, DType dtype, Device device) {
   return Full(shape, 0, dtype, device);
 }
-Tensor Ones(const Shape& shape, DType dtype, Device device) { return Full(shape, 1, dtype, device); }
+Tensor Ones(const Shape& shape, DType dtype, Device device) {
+  return Full(shape, 1, dtype, device);
+}
 Tensor Scalar(double value, DType dtype, Device device) { return Full({}, value, dtype, device); }
 
 Tensor Arange(double start, double end, double step, DType dtype, Device device) {

@@ -20,7 +20,8 @@ Tensor Sample(const Shape& shape, uint64_t seed, DType dtype, Device device,
 }  // namespace
 
 Tensor Rand(const Shape& shape, uint64_t seed, DType dtype, Device device) {
-  return Sample(shape, seed, dtype, device, std::uniform_real_distribution<double>(0.0, 1.0), "rand");
+  return Sample(shape, seed, dtype, device, std::uniform_real_distribution<double>(0.0, 1.0),
+                "rand");
 }
 
 Tensor Randn(const Shape& shape, uint64_t seed, DType dtype, Device device) {

@@ -143,9 +143,9 @@ Tensor AdaptiveAvgPool2d(const Tensor& input, std::array<int64_t, 2> output_size
                    "adaptive_avg_pool2d: expected [N, C, H, W] and a positive output size");
   const int64_t height = batched.shape()[2];
   const int64_t width = batched.shape()[3];
-  Tensor output = Tensor::Empty(
-      {batched.shape()[0], batched.shape()[1], output_size[0], output_size[1]}, batched.dtype(),
-      batched.device());
+  Tensor output =
+      Tensor::Empty({batched.shape()[0], batched.shape()[1], output_size[0], output_size[1]},
+                    batched.dtype(), batched.device());
   // Window i covers [floor(i * size / out), ceil((i + 1) * size / out)), as PyTorch.
   for (int64_t oy = 0; oy < output_size[0]; ++oy) {
     int64_t y0 = oy * height / output_size[0];

@@ -336,9 +336,9 @@ void Tensor::CopyFrom(const Tensor& source) {
 }
 
 void Tensor::RequireCpu(std::string_view what) const {
-  OROCHI_CHECK(device().type == DeviceType::kCpu, StatusCode::kFailedPrecondition,
-               what << ": the tensor is on " << DeviceName(device())
-                    << "; move it to the CPU first");
+  OROCHI_CHECK(
+      device().type == DeviceType::kCpu, StatusCode::kFailedPrecondition,
+      what << ": the tensor is on " << DeviceName(device()) << "; move it to the CPU first");
 }
 
 double Tensor::ItemAsDouble(int64_t flat_index) const {

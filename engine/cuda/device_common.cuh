@@ -15,60 +15,60 @@ namespace orochi::engine::cuda {
 
 // Calls `body` with `T` bound to the element type of `type` (a macro rather than a generic lambda,
 // which keeps nvcc's front end on plain C++17).
-#define OROCHI_CUDA_DISPATCH(type, T, ...)          \
-  switch (type) {                                   \
-    case ScalarType::kBool: {                       \
-      using T = bool;                               \
-      __VA_ARGS__;                                  \
-      break;                                        \
-    }                                               \
-    case ScalarType::kUInt8: {                      \
-      using T = uint8_t;                            \
-      __VA_ARGS__;                                  \
-      break;                                        \
-    }                                               \
-    case ScalarType::kInt8: {                       \
-      using T = int8_t;                             \
-      __VA_ARGS__;                                  \
-      break;                                        \
-    }                                               \
-    case ScalarType::kInt16: {                      \
-      using T = int16_t;                            \
-      __VA_ARGS__;                                  \
-      break;                                        \
-    }                                               \
-    case ScalarType::kInt32: {                      \
-      using T = int32_t;                            \
-      __VA_ARGS__;                                  \
-      break;                                        \
-    }                                               \
-    case ScalarType::kInt64: {                      \
-      using T = int64_t;                            \
-      __VA_ARGS__;                                  \
-      break;                                        \
-    }                                               \
-    case ScalarType::kFloat16: {                    \
-      using T = __half;                             \
-      __VA_ARGS__;                                  \
-      break;                                        \
-    }                                               \
-    case ScalarType::kBFloat16: {                   \
-      using T = __nv_bfloat16;                      \
-      __VA_ARGS__;                                  \
-      break;                                        \
-    }                                               \
-    case ScalarType::kFloat32: {                    \
-      using T = float;                              \
-      __VA_ARGS__;                                  \
-      break;                                        \
-    }                                               \
-    case ScalarType::kFloat64: {                    \
-      using T = double;                             \
-      __VA_ARGS__;                                  \
-      break;                                        \
-    }                                               \
-    default:                                        \
-      return cudaErrorInvalidValue;                 \
+#define OROCHI_CUDA_DISPATCH(type, T, ...) \
+  switch (type) {                          \
+    case ScalarType::kBool: {              \
+      using T = bool;                      \
+      __VA_ARGS__;                         \
+      break;                               \
+    }                                      \
+    case ScalarType::kUInt8: {             \
+      using T = uint8_t;                   \
+      __VA_ARGS__;                         \
+      break;                               \
+    }                                      \
+    case ScalarType::kInt8: {              \
+      using T = int8_t;                    \
+      __VA_ARGS__;                         \
+      break;                               \
+    }                                      \
+    case ScalarType::kInt16: {             \
+      using T = int16_t;                   \
+      __VA_ARGS__;                         \
+      break;                               \
+    }                                      \
+    case ScalarType::kInt32: {             \
+      using T = int32_t;                   \
+      __VA_ARGS__;                         \
+      break;                               \
+    }                                      \
+    case ScalarType::kInt64: {             \
+      using T = int64_t;                   \
+      __VA_ARGS__;                         \
+      break;                               \
+    }                                      \
+    case ScalarType::kFloat16: {           \
+      using T = __half;                    \
+      __VA_ARGS__;                         \
+      break;                               \
+    }                                      \
+    case ScalarType::kBFloat16: {          \
+      using T = __nv_bfloat16;             \
+      __VA_ARGS__;                         \
+      break;                               \
+    }                                      \
+    case ScalarType::kFloat32: {           \
+      using T = float;                     \
+      __VA_ARGS__;                         \
+      break;                               \
+    }                                      \
+    case ScalarType::kFloat64: {           \
+      using T = double;                    \
+      __VA_ARGS__;                         \
+      break;                               \
+    }                                      \
+    default:                               \
+      return cudaErrorInvalidValue;        \
   }
 
 // Calls `body` with `T` an unsigned integer of `item_size` bytes (for kernels that only move
@@ -125,7 +125,8 @@ inline constexpr bool kIsFloating = kIsHalfType<T> || std::is_floating_point_v<T
 // The type arithmetic happens in, as on the CPU: float for the 16-bit floats, int for bool,
 // the type itself otherwise.
 template <typename T>
-using Compute = std::conditional_t<kIsHalfType<T>, float, std::conditional_t<std::is_same_v<T, bool>, int, T>>;
+using Compute =
+    std::conditional_t<kIsHalfType<T>, float, std::conditional_t<std::is_same_v<T, bool>, int, T>>;
 
 // --- conversions, with the CPU's (C++) semantics -------------------------------------------------
 // Half types go through float; float -> integer truncates; anything -> bool is "!= 0".

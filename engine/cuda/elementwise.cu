@@ -105,9 +105,8 @@ __device__ void Store(ScalarType type, void* base, int64_t offset, const Loaded&
 // Same type: moves items of T's size.
 template <typename T>
 __global__ void CopyKernel(T* out, const T* in, Layout layout, int64_t count) {
-  ForEachElement<2>(layout, count, [&](int64_t, const int64_t(&offsets)[2]) {
-    out[offsets[0]] = in[offsets[1]];
-  });
+  ForEachElement<2>(layout, count,
+                    [&](int64_t, const int64_t(&offsets)[2]) { out[offsets[0]] = in[offsets[1]]; });
 }
 
 __global__ void ConvertKernel(void* out, ScalarType out_type, const void* in, ScalarType in_type,
@@ -126,12 +125,13 @@ __global__ void FillKernel(T* out, T value, int64_t count) {
   }
 }
 
-__global__ void ArangeKernel(void* out, ScalarType type, double start, double step,
-                             int64_t count) {
+__global__ void ArangeKernel(void* out, ScalarType type, double start, double step, int64_t count) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += stride) {
-    Loaded value{Loaded::kDouble, 0.0F, start + static_cast<double>(i) * step, 0};
+    // Rounded twice as on the CPU, not fused into one FMA: truncation to integers must agree.
+    Loaded value{Loaded::kDouble, 0.0F, __dadd_rn(start, __dmul_rn(static_cast<double>(i), step)),
+                 0};
     Store(type, out, i, value);
   }
 }
@@ -347,7 +347,7 @@ cudaError_t LaunchCopy(void* out, ScalarType out_type, const void* in, ScalarTyp
     return cudaGetLastError();
   }
   ConvertKernel<<<GridFor(count), kBlockSize, 0, stream>>>(out, out_type, in, in_type, layout,
-                                                            count);
+                                                           count);
   return cudaGetLastError();
 }
 
@@ -385,10 +385,10 @@ cudaError_t LaunchUnary(UnaryOp op, ScalarType type, void* out, const void* in,
 cudaError_t LaunchBinary(BinaryOp op, ScalarType type, void* out, const void* a, const void* b,
                          const Layout& layout, int64_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  OROCHI_CUDA_DISPATCH(type, T,
-                       BinaryKernel<T><<<GridFor(count), kBlockSize, 0, stream>>>(
-                           op, out, static_cast<const T*>(a), static_cast<const T*>(b), layout,
-                           count));
+  OROCHI_CUDA_DISPATCH(
+      type, T,
+      BinaryKernel<T><<<GridFor(count), kBlockSize, 0, stream>>>(
+          op, out, static_cast<const T*>(a), static_cast<const T*>(b), layout, count));
   return cudaGetLastError();
 }
 

@@ -54,7 +54,7 @@ __global__ void Im2colKernel(const T* in, T* out, Im2colParams p, int64_t total)
 template <typename T>
 __device__ __forceinline__ uint64_t OrderedKey(T value) {
   if constexpr (kIsFloating<T>) {
-    double x = Cast<double>(value);  // exact for every floating type
+    double x = Cast<double>(value);   // exact for every floating type
     if (x != x) return ~uint64_t{0};  // every NaN is the largest value, and equal to the others
     if (x == 0.0) x = 0.0;            // -0.0 == 0.0, as the CPU's comparison says
     const auto bits = static_cast<uint64_t>(__double_as_longlong(x));
@@ -150,8 +150,8 @@ __global__ void SortStepKernel(uint64_t* keys, int32_t* positions, int64_t padde
 }
 
 template <typename T>
-__global__ void SortGatherKernel(const T* in, const int32_t* positions, T* values,
-                                 int64_t* indices, int64_t inner, int64_t padded, int64_t total) {
+__global__ void SortGatherKernel(const T* in, const int32_t* positions, T* values, int64_t* indices,
+                                 int64_t inner, int64_t padded, int64_t total) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {
@@ -165,8 +165,8 @@ __global__ void SortGatherKernel(const T* in, const int32_t* positions, T* value
 // --- integer matmul ------------------------------------------------------------------------------
 
 template <typename T>
-__global__ void IntegerMatmulKernel(const T* a, const T* b, T* out, int64_t m, int64_t k,
-                                    int64_t n, int64_t total) {
+__global__ void IntegerMatmulKernel(const T* a, const T* b, T* out, int64_t m, int64_t k, int64_t n,
+                                    int64_t total) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {
@@ -222,17 +222,17 @@ cudaError_t LaunchIndexSelect(int item_size, const void* in, const int64_t* inde
                               cudaStream_t stream) {
   const int64_t total = outer * count * inner;
   if (total == 0) return cudaSuccess;
-  OROCHI_CUDA_DISPATCH_SIZE(item_size, T,
-                            IndexSelectKernel<T><<<GridFor(total), kBlockSize, 0, stream>>>(
-                                static_cast<const T*>(in), index, static_cast<T*>(out), size,
-                                inner, count, total));
+  OROCHI_CUDA_DISPATCH_SIZE(
+      item_size, T,
+      IndexSelectKernel<T><<<GridFor(total), kBlockSize, 0, stream>>>(
+          static_cast<const T*>(in), index, static_cast<T*>(out), size, inner, count, total));
   return cudaGetLastError();
 }
 
 cudaError_t LaunchIm2col(int item_size, const void* in, void* out, const Im2colParams& params,
                          cudaStream_t stream) {
-  const int64_t total = params.planes * params.kernel[0] * params.kernel[1] * params.out_height *
-                        params.out_width;
+  const int64_t total =
+      params.planes * params.kernel[0] * params.kernel[1] * params.out_height * params.out_width;
   if (total == 0) return cudaSuccess;
   OROCHI_CUDA_DISPATCH_SIZE(item_size, T,
                             Im2colKernel<T><<<GridFor(total), kBlockSize, 0, stream>>>(
@@ -245,9 +245,9 @@ cudaError_t LaunchSortKeys(ScalarType type, const void* in, bool descending, uin
                            cudaStream_t stream) {
   const int64_t total = outer * padded;
   if (total == 0) return cudaSuccess;
-  OROCHI_CUDA_DISPATCH(type, T,
-                       return LaunchSortKeysOf<T>(in, descending, keys, positions, inner, padded,
-                                                  total, stream));
+  OROCHI_CUDA_DISPATCH(
+      type, T,
+      return LaunchSortKeysOf<T>(in, descending, keys, positions, inner, padded, total, stream));
   return cudaErrorInvalidValue;
 }
 
@@ -273,9 +273,9 @@ cudaError_t LaunchSortRows(uint64_t* keys, int32_t* positions, int64_t outer, in
   return cudaSuccess;
 }
 
-cudaError_t LaunchSortGather(int item_size, const void* in, const int32_t* positions,
-                             void* values, int64_t* indices, int64_t outer, int64_t inner,
-                             int64_t padded, cudaStream_t stream) {
+cudaError_t LaunchSortGather(int item_size, const void* in, const int32_t* positions, void* values,
+                             int64_t* indices, int64_t outer, int64_t inner, int64_t padded,
+                             cudaStream_t stream) {
   const int64_t total = outer * inner;
   if (total == 0) return cudaSuccess;
   OROCHI_CUDA_DISPATCH_SIZE(item_size, T,
@@ -290,8 +290,7 @@ cudaError_t LaunchIntegerMatmul(ScalarType type, const void* a, const void* b, v
                                 cudaStream_t stream) {
   const int64_t total = batch * m * n;
   if (total == 0) return cudaSuccess;
-  OROCHI_CUDA_DISPATCH(type, T,
-                       return LaunchIntegerMatmulOf<T>(a, b, out, m, k, n, total, stream));
+  OROCHI_CUDA_DISPATCH(type, T, return LaunchIntegerMatmulOf<T>(a, b, out, m, k, n, total, stream));
   return cudaErrorInvalidValue;
 }
 

@@ -2,12 +2,13 @@
 // front-end left to it, turns tensors into launch parameters (kernels.h), queues the work on the
 // calling thread's stream and throws an Error naming the op if the launch failed. Matmul of
 // floating types goes to cuBLAS.
+#include "kernels.h"
+
 #include <cublas_v2.h>
 
 #include <climits>
 #include <cstring>
 
-#include "kernels.h"
 #include "orochi/base/check.h"
 #include "orochi/engine/device.h"
 #include "orochi/engine/dispatch.h"
@@ -213,8 +214,8 @@ void CudaUnary(Op op, const Tensor& input, Tensor& output) {
   if (count == 0) return;
   StreamScope scope(output, {&input});
   const Layout layout = MakeLayout(OpName(op), output.shape(), {&output, &input});
-  scope.Check(LaunchUnary(UnaryOpOf(op), TypeOf(input), output.mutable_data(), input.data(),
-                          layout, count, scope.stream()),
+  scope.Check(LaunchUnary(UnaryOpOf(op), TypeOf(input), output.mutable_data(), input.data(), layout,
+                          count, scope.stream()),
               OpName(op));
 }
 
@@ -233,10 +234,10 @@ void CudaWhere(const Tensor& condition, const Tensor& a, const Tensor& b, Tensor
   if (count == 0) return;
   StreamScope scope(output, {&condition, &a, &b});
   const Layout layout = MakeLayout("where", output.shape(), {&output, &condition, &a, &b});
-  scope.Check(LaunchWhere(static_cast<int>(ItemSize(output.dtype())), output.mutable_data(),
-                          condition.data_as<bool>(), a.data(), b.data(), layout, count,
-                          scope.stream()),
-              "where");
+  scope.Check(
+      LaunchWhere(static_cast<int>(ItemSize(output.dtype())), output.mutable_data(),
+                  condition.data_as<bool>(), a.data(), b.data(), layout, count, scope.stream()),
+      "where");
 }
 
 // --- rows ----------------------------------------------------------------------------------------
@@ -262,7 +263,7 @@ void CudaSoftmax(Op op, const Tensor& input, Tensor& output) {
 }
 
 void CudaNorm(Op op, const Tensor& input, const Tensor* weight, const Tensor* bias, double eps,
-          Tensor& output) {
+              Tensor& output) {
   const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
   const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
   if (outer == 0) return;
@@ -281,8 +282,7 @@ void CudaIndexSelect(const Tensor& input, const Tensor& index, Tensor& output) {
   StreamScope scope(output, {&input, &index});
   scope.Check(LaunchIndexSelect(static_cast<int>(ItemSize(input.dtype())), input.data(),
                                 index.data_as<int64_t>(), output.mutable_data(), input.shape()[0],
-                                input.shape()[1], input.shape()[2], index.numel(),
-                                scope.stream()),
+                                input.shape()[1], input.shape()[2], index.numel(), scope.stream()),
               "index_select");
 }
 
@@ -311,9 +311,9 @@ void CudaSort(const Tensor& input, bool descending, Tensor& values, Tensor& indi
   const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
   const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
   if (outer == 0) return;
-  OROCHI_CHECK(inner <= INT32_MAX, StatusCode::kUnimplemented,
-               "sort on cuda: rows of more than 2^31 - 1 elements are not supported, got "
-                   << inner);
+  OROCHI_CHECK(
+      inner <= INT32_MAX, StatusCode::kUnimplemented,
+      "sort on cuda: rows of more than 2^31 - 1 elements are not supported, got " << inner);
   int64_t padded = 1;
   while (padded < inner) padded *= 2;
   const Device device = input.device();
@@ -327,11 +327,11 @@ void CudaSort(const Tensor& input, bool descending, Tensor& values, Tensor& indi
                              outer, inner, padded, scope.stream()),
               "sort");
   scope.Check(LaunchSortRows(key_data, position_data, outer, padded, scope.stream()), "sort");
-  scope.Check(LaunchSortGather(static_cast<int>(ItemSize(input.dtype())), input.data(),
-                               position_data, values.mutable_data(),
-                               indices.mutable_data_as<int64_t>(), outer, inner, padded,
-                               scope.stream()),
-              "sort");
+  scope.Check(
+      LaunchSortGather(static_cast<int>(ItemSize(input.dtype())), input.data(), position_data,
+                       values.mutable_data(), indices.mutable_data_as<int64_t>(), outer, inner,
+                       padded, scope.stream()),
+      "sort");
 }
 
 // --- matmul --------------------------------------------------------------------------------------
@@ -345,15 +345,15 @@ void CudaMatmul(const Tensor& a, const Tensor& b, Tensor& output) {
   StreamScope scope(output, {&a, &b});
   const DType dtype = a.dtype();
   if (k == 0) {  // an empty sum
-    scope.Check(cudaMemsetAsync(output.mutable_data(), 0,
-                                static_cast<size_t>(output.numel()) * ItemSize(dtype),
-                                scope.stream()),
-                "matmul");
+    scope.Check(
+        cudaMemsetAsync(output.mutable_data(), 0,
+                        static_cast<size_t>(output.numel()) * ItemSize(dtype), scope.stream()),
+        "matmul");
     return;
   }
   if (!IsFloating(dtype)) {
-    scope.Check(LaunchIntegerMatmul(TypeOf(a), a.data(), b.data(), output.mutable_data(), batch,
-                                    m, k, n, scope.stream()),
+    scope.Check(LaunchIntegerMatmul(TypeOf(a), a.data(), b.data(), output.mutable_data(), batch, m,
+                                    k, n, scope.stream()),
                 "matmul");
     return;
   }
@@ -405,8 +405,8 @@ void RegisterCudaKernels(KernelRegistry& registry) {
   registry.Register<Op::copy>(kCuda, CudaCopy, kAllDTypes);
   registry.Register<Op::fill>(kCuda, CudaFill, kAllDTypes);
   registry.Register<Op::arange>(kCuda, CudaArangeFill, kNumericDTypes);
-  registry.RegisterEach<Op::neg, Op::abs, Op::relu, Op::floor, Op::ceil, Op::round>(kCuda, CudaUnary,
-                                                                                    kNumericDTypes);
+  registry.RegisterEach<Op::neg, Op::abs, Op::relu, Op::floor, Op::ceil, Op::round>(
+      kCuda, CudaUnary, kNumericDTypes);
   registry.RegisterEach<Op::exp, Op::log, Op::sqrt, Op::rsqrt, Op::sin, Op::cos, Op::tanh,
                         Op::sigmoid, Op::silu, Op::gelu, Op::gelu_tanh, Op::erf>(kCuda, CudaUnary,
                                                                                  kFloatingDTypes);

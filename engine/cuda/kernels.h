@@ -135,9 +135,9 @@ cudaError_t LaunchSortKeys(ScalarType type, const void* in, bool descending, uin
 cudaError_t LaunchSortRows(uint64_t* keys, int32_t* positions, int64_t outer, int64_t padded,
                            cudaStream_t stream);
 // values[r][i] = in[r][positions[r][i]], indices[r][i] = positions[r][i] for i < inner.
-cudaError_t LaunchSortGather(int item_size, const void* in, const int32_t* positions,
-                             void* values, int64_t* indices, int64_t outer, int64_t inner,
-                             int64_t padded, cudaStream_t stream);
+cudaError_t LaunchSortGather(int item_size, const void* in, const int32_t* positions, void* values,
+                             int64_t* indices, int64_t outer, int64_t inner, int64_t padded,
+                             cudaStream_t stream);
 
 // Contiguous [batch, m, k] x [batch, k, n] for the types cuBLAS does not multiply (bool and the
 // integers), accumulating in int64 (logical or/and for bool) as the CPU does.

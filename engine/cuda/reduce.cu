@@ -170,9 +170,11 @@ __global__ void SoftmaxKernel(bool log, const T* in, T* out, int64_t outer, int6
     T* y = out + row * inner;
     if (log) {
       const C log_total = LogOf(total);
-      for (int64_t i = lane; i < inner; i += group) y[i] = Cast<T>(Cast<C>(x[i]) - largest - log_total);
+      for (int64_t i = lane; i < inner; i += group)
+        y[i] = Cast<T>(Cast<C>(x[i]) - largest - log_total);
     } else {
-      for (int64_t i = lane; i < inner; i += group) y[i] = Cast<T>(ExpOf(Cast<C>(x[i]) - largest) / total);
+      for (int64_t i = lane; i < inner; i += group)
+        y[i] = Cast<T>(ExpOf(Cast<C>(x[i]) - largest) / total);
     }
   }
 }
@@ -231,16 +233,15 @@ cudaError_t LaunchSoftmaxOf(bool log, const void* in, void* out, int64_t outer, 
 }
 
 template <typename T>
-cudaError_t LaunchNormOf(bool rms, const void* in, const void* weight, const void* bias,
-                         double eps, void* out, int64_t outer, int64_t inner,
-                         cudaStream_t stream) {
+cudaError_t LaunchNormOf(bool rms, const void* in, const void* weight, const void* bias, double eps,
+                         void* out, int64_t outer, int64_t inner, cudaStream_t stream) {
   if constexpr (!kIsFloating<T>) {
     return cudaErrorInvalidValue;  // registered for floating types only
   } else {
     const RowGroups groups = GroupsFor(inner);
     NormKernel<T><<<RowGrid(outer, groups), groups.block, 0, stream>>>(
-        rms, static_cast<const T*>(in), static_cast<const T*>(weight),
-        static_cast<const T*>(bias), eps, static_cast<T*>(out), outer, inner, groups.group);
+        rms, static_cast<const T*>(in), static_cast<const T*>(weight), static_cast<const T*>(bias),
+        eps, static_cast<T*>(out), outer, inner, groups.group);
     return cudaGetLastError();
   }
 }
@@ -252,10 +253,10 @@ cudaError_t LaunchReduce(ReduceOp op, ScalarType in_type, const void* in, Scalar
   if (outer == 0) return cudaSuccess;
   const RowGroups groups = GroupsFor(inner);
   const bool out_int64 = out_type == ScalarType::kInt64;
-  OROCHI_CUDA_DISPATCH(in_type, T,
-                       ReduceKernel<T><<<RowGrid(outer, groups), groups.block, 0, stream>>>(
-                           op, static_cast<const T*>(in), out, out_int64, outer, inner,
-                           groups.group));
+  OROCHI_CUDA_DISPATCH(
+      in_type, T,
+      ReduceKernel<T><<<RowGrid(outer, groups), groups.block, 0, stream>>>(
+          op, static_cast<const T*>(in), out, out_int64, outer, inner, groups.group));
   return cudaGetLastError();
 }
 
@@ -270,9 +271,8 @@ cudaError_t LaunchNorm(bool rms, ScalarType type, const void* in, const void* we
                        const void* bias, double eps, void* out, int64_t outer, int64_t inner,
                        cudaStream_t stream) {
   if (outer == 0 || inner == 0) return cudaSuccess;
-  OROCHI_CUDA_DISPATCH(type, T,
-                       return LaunchNormOf<T>(rms, in, weight, bias, eps, out, outer, inner,
-                                              stream));
+  OROCHI_CUDA_DISPATCH(
+      type, T, return LaunchNormOf<T>(rms, in, weight, bias, eps, out, outer, inner, stream));
   return cudaErrorInvalidValue;
 }
 

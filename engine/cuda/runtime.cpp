@@ -57,10 +57,10 @@ class DeviceGuard {
 struct Block {
   int device = 0;
   void* data = nullptr;
-  size_t size = 0;                    // rounded, what cudaMalloc gave
-  cudaStream_t stream = nullptr;      // home: the stream it was (re)allocated on
-  bool shared = false;                // complete; read by any stream without waiting
-  std::vector<cudaStream_t> users;    // other streams that used it (under the device's mutex)
+  size_t size = 0;                  // rounded, what cudaMalloc gave
+  cudaStream_t stream = nullptr;    // home: the stream it was (re)allocated on
+  bool shared = false;              // complete; read by any stream without waiting
+  std::vector<cudaStream_t> users;  // other streams that used it (under the device's mutex)
 };
 
 // Sizes are rounded so that freed blocks fit later requests: to 512 bytes below 1 MiB, and to a
@@ -491,17 +491,16 @@ class Nvml {
 
 void ThrowCudaError(cudaError_t error, std::string_view what, int device) {
   (void)cudaGetLastError();  // a non-sticky error must not fail the next, unrelated check
-  const StatusCode code = error == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted
-                                                             : StatusCode::kInternal;
+  const StatusCode code =
+      error == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted : StatusCode::kInternal;
   detail::Throw(code, std::string(what) + " failed on cuda:" + std::to_string(device) + ": " +
                           Describe(error));
 }
 
 void ThrowCublasError(cublasStatus_t status, std::string_view what, int device) {
-  detail::Throw(StatusCode::kInternal, std::string(what) + " failed on cuda:" +
-                                           std::to_string(device) + ": " +
-                                           cublasGetStatusName(status) + ": " +
-                                           cublasGetStatusString(status));
+  detail::Throw(StatusCode::kInternal,
+                std::string(what) + " failed on cuda:" + std::to_string(device) + ": " +
+                    cublasGetStatusName(status) + ": " + cublasGetStatusString(status));
 }
 
 // --- streams -------------------------------------------------------------------------------------
@@ -647,8 +646,8 @@ void CopyFromHost(const Tensor& source, Tensor& destination, bool share) {
     const size_t length = std::min(PinnedPool::kChunk, bytes - offset);
     PinnedPool::Buffer buffer = pool.Acquire(length, scope.device());
     std::memcpy(buffer.data, from + offset, length);
-    cudaError_t error = cudaMemcpyAsync(to + offset, buffer.data, length, cudaMemcpyHostToDevice,
-                                        scope.stream());
+    cudaError_t error =
+        cudaMemcpyAsync(to + offset, buffer.data, length, cudaMemcpyHostToDevice, scope.stream());
     if (error != cudaSuccess) {
       pool.Unused(buffer);
       ThrowCudaError(error, "copying " + MiB(bytes) + " to the device", scope.device());

@@ -30,11 +30,15 @@ namespace orochi::engine::cuda {
 // kInternal otherwise).
 [[noreturn]] void ThrowCudaError(cudaError_t error, std::string_view what, int device);
 inline void CheckCuda(cudaError_t error, std::string_view what, int device) {
-  if (error != cudaSuccess) [[unlikely]] ThrowCudaError(error, what, device);
+  if (error != cudaSuccess) [[unlikely]] {
+    ThrowCudaError(error, what, device);
+  }
 }
 [[noreturn]] void ThrowCublasError(cublasStatus_t status, std::string_view what, int device);
 inline void CheckCublas(cublasStatus_t status, std::string_view what, int device) {
-  if (status != CUBLAS_STATUS_SUCCESS) [[unlikely]] ThrowCublasError(status, what, device);
+  if (status != CUBLAS_STATUS_SUCCESS) [[unlikely]] {
+    ThrowCublasError(status, what, device);
+  }
 }
 
 // Makes `device` current for the calling thread (cheap when it already is).

@@ -97,26 +97,25 @@ std::vector<OpCase> Cases() {
                      return out;
                    }});
 
-  const std::vector<Op> unary_ops{Op::neg,  Op::abs,     Op::exp,   Op::log,  Op::sqrt,
-                                  Op::rsqrt, Op::sin,    Op::cos,   Op::tanh, Op::sigmoid,
-                                  Op::relu, Op::silu,    Op::gelu,  Op::gelu_tanh,
-                                  Op::erf,  Op::floor,   Op::ceil,  Op::round};
+  const std::vector<Op> unary_ops{Op::neg,   Op::abs,  Op::exp,  Op::log,       Op::sqrt,
+                                  Op::rsqrt, Op::sin,  Op::cos,  Op::tanh,      Op::sigmoid,
+                                  Op::relu,  Op::silu, Op::gelu, Op::gelu_tanh, Op::erf,
+                                  Op::floor, Op::ceil, Op::round};
   for (Op op : unary_ops) {
     const bool positive = op == Op::log || op == Op::sqrt || op == Op::rsqrt;
-    cases.push_back({std::string(OpName(op)),
-                     {op},
-                     [=](DType dtype) {
-                       return Tensors{Input(shape, dtype, positive ? 0.1 : -3, 3, 2)};
-                     },
-                     [op](const Tensors& in, Device, DType) {
-                       return Tensors{Unary(op, in[0]), Unary(op, in[0].Transpose(0, 2))};
-                     }});
+    cases.push_back(
+        {std::string(OpName(op)),
+         {op},
+         [=](DType dtype) { return Tensors{Input(shape, dtype, positive ? 0.1 : -3, 3, 2)}; },
+         [op](const Tensors& in, Device, DType) {
+           return Tensors{Unary(op, in[0]), Unary(op, in[0].Transpose(0, 2))};
+         }});
   }
 
-  const std::vector<Op> binary_ops{Op::add, Op::sub, Op::mul,        Op::div,        Op::pow,
-                                   Op::maximum, Op::minimum, Op::eq, Op::ne,         Op::lt,
-                                   Op::le,  Op::gt,  Op::ge,         Op::logical_and, Op::logical_or,
-                                   Op::logical_xor};
+  const std::vector<Op> binary_ops{Op::add, Op::sub,         Op::mul,        Op::div,
+                                   Op::pow, Op::maximum,     Op::minimum,    Op::eq,
+                                   Op::ne,  Op::lt,          Op::le,         Op::gt,
+                                   Op::ge,  Op::logical_and, Op::logical_or, Op::logical_xor};
   for (Op op : binary_ops) {
     cases.push_back(
         {std::string(OpName(op)),
@@ -159,28 +158,27 @@ std::vector<OpCase> Cases() {
                        // Products of values near 1 neither overflow nor vanish.
                        return Tensors{
                            Input({4, 5, 6}, dtype, product ? 0.5 : -4, product ? 1.5 : 4, 9),
-                           Input({3, 5000}, dtype, product ? 0.999 : -4, product ? 1.001 : 4,
-                                 10)};
+                           Input({3, 5000}, dtype, product ? 0.999 : -4, product ? 1.001 : 4, 10)};
                      },
                      [op](const Tensors& in, Device, DType) {
-                       return Tensors{Reduce(op, in[0]),       Reduce(op, in[0], {1}),
+                       return Tensors{Reduce(op, in[0]),         Reduce(op, in[0], {1}),
                                       Reduce(op, in[0], {0, 2}), Reduce(op, in[0], {2}, true),
-                                      Reduce(op, in[1], {1}),  Reduce(op, in[1], {0})};
+                                      Reduce(op, in[1], {1}),    Reduce(op, in[1], {0})};
                      },
                      /*tolerance_scale=*/op == Op::prod ? 10.0 : 1.0});
   }
   for (Op op : {Op::argmax, Op::argmin}) {
-    cases.push_back({std::string(OpName(op)),
-                     {op},
-                     [](DType dtype) {
-                       // Integers repeat values: the first extreme must win on both devices.
-                       return Tensors{Input({4, 5, 6}, dtype, -3, 3, 11),
-                                      Input({2, 3000}, dtype, -3, 3, 12)};
-                     },
-                     [op](const Tensors& in, Device, DType) {
-                       return Tensors{ArgReduce(op, in[0]), ArgReduce(op, in[0], 1),
-                                      ArgReduce(op, in[0], 2, true), ArgReduce(op, in[1], 1)};
-                     }});
+    cases.push_back(
+        {std::string(OpName(op)),
+         {op},
+         [](DType dtype) {
+           // Integers repeat values: the first extreme must win on both devices.
+           return Tensors{Input({4, 5, 6}, dtype, -3, 3, 11), Input({2, 3000}, dtype, -3, 3, 12)};
+         },
+         [op](const Tensors& in, Device, DType) {
+           return Tensors{ArgReduce(op, in[0]), ArgReduce(op, in[0], 1),
+                          ArgReduce(op, in[0], 2, true), ArgReduce(op, in[1], 1)};
+         }});
   }
 
   for (Op op : {Op::layer_norm, Op::rms_norm}) {
@@ -194,8 +192,8 @@ std::vector<OpCase> Cases() {
                      },
                      [op](const Tensors& in, Device, DType) {
                        if (op == Op::layer_norm) {
-                         return Tensors{LayerNorm(in[0], {6}, in[1], in[2]), LayerNorm(in[0], {5, 6}),
-                                        LayerNorm(in[3], {700}, in[4])};
+                         return Tensors{LayerNorm(in[0], {6}, in[1], in[2]),
+                                        LayerNorm(in[0], {5, 6}), LayerNorm(in[3], {700}, in[4])};
                        }
                        return Tensors{RmsNorm(in[0], {6}, in[1]), RmsNorm(in[3], {700}, in[4])};
                      },
@@ -203,46 +201,46 @@ std::vector<OpCase> Cases() {
   }
 
   for (Op op : {Op::softmax, Op::log_softmax}) {
-    cases.push_back({std::string(OpName(op)),
-                     {op},
-                     [](DType dtype) {
-                       Tensor with_infinity = Input({3, 9}, dtype, -3, 3, 19);
-                       with_infinity.Narrow(1, 2, 1).CopyFrom(
-                           Scalar(-std::numeric_limits<double>::infinity(), dtype));
-                       return Tensors{Input({4, 5, 6}, dtype, -5, 5, 18), with_infinity,
-                                      Input({2, 1000}, dtype, -5, 5, 20)};
-                     },
-                     [op](const Tensors& in, Device, DType) {
-                       auto apply = [op](const Tensor& x, int64_t dim) {
-                         return op == Op::softmax ? Softmax(x, dim) : LogSoftmax(x, dim);
-                       };
-                       return Tensors{apply(in[0], -1), apply(in[0], 0), apply(in[1], 1),
-                                      apply(in[2], 1)};
-                     },
-                     /*tolerance_scale=*/4});
+    cases.push_back(
+        {std::string(OpName(op)),
+         {op},
+         [](DType dtype) {
+           Tensor with_infinity = Input({3, 9}, dtype, -3, 3, 19);
+           with_infinity.Narrow(1, 2, 1).CopyFrom(
+               Scalar(-std::numeric_limits<double>::infinity(), dtype));
+           return Tensors{Input({4, 5, 6}, dtype, -5, 5, 18), with_infinity,
+                          Input({2, 1000}, dtype, -5, 5, 20)};
+         },
+         [op](const Tensors& in, Device, DType) {
+           auto apply = [op](const Tensor& x, int64_t dim) {
+             return op == Op::softmax ? Softmax(x, dim) : LogSoftmax(x, dim);
+           };
+           return Tensors{apply(in[0], -1), apply(in[0], 0), apply(in[1], 1), apply(in[2], 1)};
+         },
+         /*tolerance_scale=*/4});
   }
 
-  cases.push_back({"index_select, embedding and gather",
-                   {Op::index_select},
-                   [](DType dtype) {
-                     return Tensors{Input({5, 4, 3}, dtype, -4, 4, 21),
-                                    Arange(0, 5, 1, DType::kInt64),
-                                    RandomTensor({7}, DType::kInt64, 0, 3.4, 22),
-                                    RandomTensor({2, 4, 3}, DType::kInt64, 0, 3.4, 23)};
-                   },
-                   [](const Tensors& in, Device, DType) {
-                     return Tensors{IndexSelect(in[0], 0, in[2]), IndexSelect(in[0], 1, in[2]),
-                                    IndexSelect(in[0], 2, in[1].Narrow(0, 0, 2)),
-                                    Embedding(in[3], in[0].Reshape({5, 12})),
-                                    Gather(in[0], 1, in[3])};
-                   }});
+  cases.push_back(
+      {"index_select, embedding and gather",
+       {Op::index_select},
+       [](DType dtype) {
+         return Tensors{Input({5, 4, 3}, dtype, -4, 4, 21), Arange(0, 5, 1, DType::kInt64),
+                        RandomTensor({7}, DType::kInt64, 0, 3.4, 22),
+                        RandomTensor({2, 4, 3}, DType::kInt64, 0, 3.4, 23)};
+       },
+       [](const Tensors& in, Device, DType) {
+         return Tensors{IndexSelect(in[0], 0, in[2]), IndexSelect(in[0], 1, in[2]),
+                        IndexSelect(in[0], 2, in[1].Narrow(0, 0, 2)),
+                        Embedding(in[3], in[0].Reshape({5, 12})), Gather(in[0], 1, in[3])};
+       }});
 
   cases.push_back({"im2col: conv2d and pooling",
                    {Op::im2col, Op::matmul, Op::amax, Op::mean},
                    [](DType dtype) {
                      return Tensors{Input({2, 4, 9, 8}, dtype, -2, 2, 24),
                                     Input({6, 4, 3, 3}, dtype, -1, 1, 25),
-                                    Input({6}, dtype, -1, 1, 26), Input({4, 2, 3, 3}, dtype, -1, 1, 27)};
+                                    Input({6}, dtype, -1, 1, 26),
+                                    Input({4, 2, 3, 3}, dtype, -1, 1, 27)};
                    },
                    [](const Tensors& in, Device, DType dtype) {
                      Tensors out{Conv2d(in[0], in[1], in[2]),
@@ -259,42 +257,44 @@ std::vector<OpCase> Cases() {
                    },
                    /*tolerance_scale=*/4});
 
-  cases.push_back({"sort and topk",
-                   {Op::sort},
-                   [](DType dtype) {
-                     Tensor values = Input({3, 50}, dtype, -5, 5, 28);
-                     if (IsFloating(dtype)) {  // NaN sorts as the largest value; -0.0 == 0.0
-                       values.Narrow(1, 3, 2).CopyFrom(
-                           Scalar(std::numeric_limits<double>::quiet_NaN(), dtype));
-                       values.Narrow(1, 7, 1).CopyFrom(Scalar(-0.0, dtype));
-                       values.Narrow(1, 9, 1).CopyFrom(Scalar(0.0, dtype));
-                     }
-                     return Tensors{values, Input({2, 5000}, dtype, -100, 100, 29),
-                                    Input({6, 5, 4}, dtype, -3, 3, 30)};
-                   },
-                   [](const Tensors& in, Device, DType) {
-                     Tensors out;
-                     for (bool descending : {false, true}) {
-                       for (const SortResult& sorted :
-                            {Sort(in[0], 1, descending), Sort(in[1], -1, descending),
-                             Sort(in[2], 0, descending)}) {
-                         out.push_back(sorted.values);
-                         out.push_back(sorted.indices);
-                       }
-                     }
-                     SortResult top = TopK(in[1], 7);
-                     out.push_back(top.values);
-                     out.push_back(top.indices);
-                     return out;
-                   }});
+  cases.push_back(
+      {"sort and topk",
+       {Op::sort},
+       [](DType dtype) {
+         Tensor values = Input({3, 50}, dtype, -5, 5, 28);
+         if (IsFloating(dtype)) {  // NaN sorts as the largest value; -0.0 == 0.0
+           values.Narrow(1, 3, 2).CopyFrom(Scalar(std::numeric_limits<double>::quiet_NaN(), dtype));
+           values.Narrow(1, 7, 1).CopyFrom(Scalar(-0.0, dtype));
+           values.Narrow(1, 9, 1).CopyFrom(Scalar(0.0, dtype));
+         }
+         return Tensors{values, Input({2, 5000}, dtype, -100, 100, 29),
+                        Input({6, 5, 4}, dtype, -3, 3, 30)};
+       },
+       [](const Tensors& in, Device, DType) {
+         Tensors out;
+         for (bool descending : {false, true}) {
+           for (const SortResult& sorted : {Sort(in[0], 1, descending), Sort(in[1], -1, descending),
+                                            Sort(in[2], 0, descending)}) {
+             out.push_back(sorted.values);
+             out.push_back(sorted.indices);
+           }
+         }
+         SortResult top = TopK(in[1], 7);
+         out.push_back(top.values);
+         out.push_back(top.indices);
+         return out;
+       }});
 
   cases.push_back({"matmul, bmm and linear",
                    {Op::matmul},
                    [](DType dtype) {
-                     return Tensors{Input({5, 64}, dtype, -2, 2, 31), Input({64, 3}, dtype, -2, 2, 32),
+                     return Tensors{Input({5, 64}, dtype, -2, 2, 31),
+                                    Input({64, 3}, dtype, -2, 2, 32),
                                     Input({2, 3, 4, 16}, dtype, -2, 2, 33),
-                                    Input({16, 6}, dtype, -2, 2, 34), Input({2, 1, 16, 5}, dtype, -2, 2, 35),
-                                    Input({64}, dtype, -2, 2, 36), Input({3}, dtype, -2, 2, 37)};
+                                    Input({16, 6}, dtype, -2, 2, 34),
+                                    Input({2, 1, 16, 5}, dtype, -2, 2, 35),
+                                    Input({64}, dtype, -2, 2, 36),
+                                    Input({3}, dtype, -2, 2, 37)};
                    },
                    [](const Tensors& in, Device, DType) {
                      return Tensors{Matmul(in[0], in[1]),

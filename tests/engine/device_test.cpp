@@ -1,5 +1,7 @@
 // Devices: what holds on every machine (the CPU, CUDA reported unavailable with its reason), and,
 // where a CUDA GPU is usable, moving tensors, device rules, the allocator and threads.
+#include "orochi/engine/device.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "engine_test_support.h"
-#include "orochi/engine/device.h"
 #include "orochi/engine/dispatch.h"
 #include "orochi/engine/safetensors.h"
 
@@ -30,8 +31,8 @@ std::string ErrorOf(Body body) {
   return "";
 }
 
-#define SKIP_WITHOUT_GPU()                                                       \
-  if (DeviceCount(DeviceType::kCuda) == 0) {                                     \
+#define SKIP_WITHOUT_GPU()                                                         \
+  if (DeviceCount(DeviceType::kCuda) == 0) {                                       \
     GTEST_SKIP() << "no CUDA GPU: " << DeviceUnavailableReason(DeviceType::kCuda); \
   }
 
@@ -160,7 +161,9 @@ TEST(CudaDevice, MixedDevicesAreRefusedExceptCpuScalars) {
   Tensor device = Ones({3}, DType::kFloat32, kCuda0);
   EXPECT_EQ(ErrorOf([&] { Binary(Op::add, host, device); }),
             "add: expected all tensors on the same device, got cpu and cuda:0");
-  EXPECT_EQ(ErrorOf([&] { Matmul(device.View({1, 3}), host.View({3, 1})); }),
+  EXPECT_EQ(ErrorOf([&] {
+              Matmul(device.View({1, 3}), host.View({3, 1}));
+            }),
             "matmul: expected all tensors on the same device, got cuda:0 and cpu");
   EXPECT_THAT(ErrorOf([&] { Cat({device, host}); }), testing::HasSubstr("cat: expected all"));
   EXPECT_THAT(ErrorOf([&] { IndexSelect(device, 0, Zeros({1}, DType::kInt64)); }),
