@@ -211,6 +211,55 @@ Tensor LogSoftmax(const Tensor& input, int64_t dim) {
   return SoftmaxLike(Op::log_softmax, input, dim);
 }
 
+namespace {
+
+// `matrices` [..., rows, columns], already expanded to the batch shape, as the [batch, rows,
+// columns] operand of a matmul kernel: a view when its batch dims collapse into one stride and
+// its matrices are row- or column-major (see MatmulKernel), else a contiguous copy.
+Tensor GemmOperand(const Tensor& matrices, int64_t batch_count) {
+  const int64_t rank = matrices.dim();
+  const int64_t rows = matrices.shape()[rank - 2];
+  const int64_t columns = matrices.shape()[rank - 1];
+  int64_t row_stride = matrices.strides()[rank - 2];
+  int64_t column_stride = matrices.strides()[rank - 1];
+  // The stride of a size-1 dim is never followed: give it one that reads as the layout below.
+  if (columns == 1) column_stride = row_stride == 1 ? std::max<int64_t>(rows, 1) : 1;
+  if (rows == 1) row_stride = column_stride == 1 ? std::max<int64_t>(columns, 1) : 1;
+  const bool row_major = column_stride == 1 && row_stride >= std::max<int64_t>(columns, 1);
+  const bool column_major = row_stride == 1 && column_stride >= std::max<int64_t>(rows, 1);
+  // Batch dims collapse when each non-1 dim steps over the next ones, or all of them repeat.
+  int64_t batch_stride = 0;
+  int64_t inner_span = -1;  // elements spanned by the batch dims inside the current one
+  bool collapses = true;
+  bool broadcast = true;
+  for (int64_t d = rank - 3; d >= 0; --d) {
+    const int64_t size = matrices.shape()[d];
+    const int64_t stride = matrices.strides()[d];
+    if (size == 1) continue;
+    broadcast = broadcast && stride == 0;
+    if (inner_span < 0) {
+      batch_stride = stride;
+    } else {
+      collapses = collapses && stride == inner_span;
+    }
+    inner_span = stride * size;
+  }
+  if (broadcast) {
+    batch_stride = 0;
+    collapses = true;
+  }
+  if ((row_major || column_major) && collapses) {
+    return {matrices.storage(),
+            {batch_count, rows, columns},
+            {batch_stride, row_stride, column_stride},
+            matrices.storage_offset(),
+            matrices.dtype()};
+  }
+  return matrices.Contiguous().View({batch_count, rows, columns});
+}
+
+}  // namespace
+
 Tensor Matmul(const Tensor& a, const Tensor& b) {
   CommonDevice("matmul", {&a, &b});
   OROCHI_CHECK_ARG(
@@ -238,10 +287,18 @@ Tensor Matmul(const Tensor& a, const Tensor& b) {
     shape.push_back(columns);
     return shape;
   };
-  Tensor x = left.Expand(with(m, k)).Contiguous().View({batch_count, m, k});
-  Tensor y = right.Expand(with(k, n)).Contiguous().View({batch_count, k, n});
-  Tensor output = Tensor::Empty({batch_count, m, n}, a.dtype(), a.device());
-  Kernels().Find<Op::matmul>(a.device(), a.dtype())(x, y, output);
+  auto kernel = Kernels().Find<Op::matmul>(a.device(), a.dtype());
+  Tensor output;
+  if (right.dim() == 2 && left.is_contiguous()) {
+    // One matrix on the right: the batch of the left is one tall matrix, one GEMM.
+    const int64_t rows = batch_count * m;
+    output = Tensor::Empty({1, rows, n}, a.dtype(), a.device());
+    kernel(left.View({1, rows, k}), GemmOperand(right.Unsqueeze(0), 1), output);
+  } else {
+    output = Tensor::Empty({batch_count, m, n}, a.dtype(), a.device());
+    kernel(GemmOperand(left.Expand(with(m, k)), batch_count),
+           GemmOperand(right.Expand(with(k, n)), batch_count), output);
+  }
   Shape result = with(m, n);
   if (b.dim() == 1) result.erase(result.end() - 1);
   if (a.dim() == 1) result.erase(result.end() - (b.dim() == 1 ? 1 : 2));

@@ -165,26 +165,26 @@ __global__ void SortGatherKernel(const T* in, const int32_t* positions, T* value
 // --- integer matmul ------------------------------------------------------------------------------
 
 template <typename T>
-__global__ void IntegerMatmulKernel(const T* a, const T* b, T* out, int64_t m, int64_t k, int64_t n,
-                                    int64_t total) {
+__global__ void IntegerMatmulKernel(const T* a, const T* b, T* out, MatmulShape s, int64_t total) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {
-    const int64_t column = i % n;
-    const int64_t row = (i / n) % m;
-    const int64_t batch = i / (m * n);
-    const T* x = a + (batch * m + row) * k;
-    const T* y = b + batch * k * n + column;
+    const int64_t column = i % s.n;
+    const int64_t row = (i / s.n) % s.m;
+    const int64_t batch = i / (s.m * s.n);
+    const T* x = a + batch * s.a_strides[0] + row * s.a_strides[1];
+    const T* y = b + batch * s.b_strides[0] + column * s.b_strides[2];
     if constexpr (std::is_same_v<T, bool>) {
       bool total_value = false;
-      for (int64_t inner = 0; inner < k && !total_value; ++inner) {
-        total_value = x[inner] && y[inner * n];
+      for (int64_t inner = 0; inner < s.k && !total_value; ++inner) {
+        total_value = x[inner * s.a_strides[2]] && y[inner * s.b_strides[1]];
       }
       out[i] = total_value;
     } else {
       int64_t total_value = 0;
-      for (int64_t inner = 0; inner < k; ++inner) {
-        total_value += static_cast<int64_t>(x[inner]) * static_cast<int64_t>(y[inner * n]);
+      for (int64_t inner = 0; inner < s.k; ++inner) {
+        total_value += static_cast<int64_t>(x[inner * s.a_strides[2]]) *
+                       static_cast<int64_t>(y[inner * s.b_strides[1]]);
       }
       out[i] = static_cast<T>(total_value);
     }
@@ -204,13 +204,13 @@ cudaError_t LaunchSortKeysOf(const void* in, bool descending, uint64_t* keys, in
 }
 
 template <typename T>
-cudaError_t LaunchIntegerMatmulOf(const void* a, const void* b, void* out, int64_t m, int64_t k,
-                                  int64_t n, int64_t total, cudaStream_t stream) {
+cudaError_t LaunchIntegerMatmulOf(const void* a, const void* b, void* out, const MatmulShape& shape,
+                                  int64_t total, cudaStream_t stream) {
   if constexpr (kIsFloating<T>) {
     return cudaErrorInvalidValue;  // floating types go to cuBLAS
   } else {
     IntegerMatmulKernel<T><<<GridFor(total), kBlockSize, 0, stream>>>(
-        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), m, k, n, total);
+        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), shape, total);
     return cudaGetLastError();
   }
 }
@@ -286,11 +286,10 @@ cudaError_t LaunchSortGather(int item_size, const void* in, const int32_t* posit
 }
 
 cudaError_t LaunchIntegerMatmul(ScalarType type, const void* a, const void* b, void* out,
-                                int64_t batch, int64_t m, int64_t k, int64_t n,
-                                cudaStream_t stream) {
-  const int64_t total = batch * m * n;
+                                const MatmulShape& shape, cudaStream_t stream) {
+  const int64_t total = shape.batch * shape.m * shape.n;
   if (total == 0) return cudaSuccess;
-  OROCHI_CUDA_DISPATCH(type, T, return LaunchIntegerMatmulOf<T>(a, b, out, m, k, n, total, stream));
+  OROCHI_CUDA_DISPATCH(type, T, return LaunchIntegerMatmulOf<T>(a, b, out, shape, total, stream));
   return cudaErrorInvalidValue;
 }
 

@@ -336,6 +336,20 @@ void CudaSort(const Tensor& input, bool descending, Tensor& values, Tensor& indi
 
 // --- matmul --------------------------------------------------------------------------------------
 
+// How cuBLAS (column-major) reads one operand of a row-major product: a row-major matrix is, in
+// column-major terms, its own transpose with the row stride as leading dimension; a
+// column-major one is itself, to be transposed.
+struct CublasOperand {
+  cublasOperation_t operation;
+  int64_t leading;
+};
+CublasOperand AsCublasOperand(const Tensor& matrices) {
+  const int64_t row_stride = matrices.strides()[1];
+  const int64_t column_stride = matrices.strides()[2];
+  if (column_stride == 1) return {CUBLAS_OP_N, row_stride};
+  return {CUBLAS_OP_T, column_stride};
+}
+
 void CudaMatmul(const Tensor& a, const Tensor& b, Tensor& output) {
   const int64_t batch = a.shape()[0];
   const int64_t m = a.shape()[1];
@@ -352,12 +366,20 @@ void CudaMatmul(const Tensor& a, const Tensor& b, Tensor& output) {
     return;
   }
   if (!IsFloating(dtype)) {
-    scope.Check(LaunchIntegerMatmul(TypeOf(a), a.data(), b.data(), output.mutable_data(), batch, m,
-                                    k, n, scope.stream()),
+    MatmulShape shape{batch, m, k, n, {}, {}};
+    for (int i = 0; i < 3; ++i) {
+      shape.a_strides[i] = a.strides()[i];
+      shape.b_strides[i] = b.strides()[i];
+    }
+    scope.Check(LaunchIntegerMatmul(TypeOf(a), a.data(), b.data(), output.mutable_data(), shape,
+                                    scope.stream()),
                 "matmul");
     return;
   }
-  OROCHI_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && batch <= INT_MAX,
+  const CublasOperand left = AsCublasOperand(b);  // C^T = B^T A^T: b comes first
+  const CublasOperand right = AsCublasOperand(a);
+  OROCHI_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && batch <= INT_MAX &&
+                   left.leading <= INT_MAX && right.leading <= INT_MAX,
                StatusCode::kUnimplemented,
                "matmul on cuda: cuBLAS takes sizes up to 2^31 - 1, got batch "
                    << batch << ", m " << m << ", k " << k << ", n " << n);
@@ -383,18 +405,20 @@ void CudaMatmul(const Tensor& a, const Tensor& b, Tensor& output) {
   const double one_double = 1.0;
   const double zero_double = 0.0;
   const bool double_scalars = compute == CUBLAS_COMPUTE_64F;
-  // cuBLAS is column-major: the row-major product A[m,k] B[k,n] is, read column-major,
-  // C^T[n,m] = B^T[n,k] A^T[k,m], with every matrix already in the layout that needs.
-  CheckCublas(cublasGemmStridedBatchedEx(
-                  CurrentCublas(scope.device()), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n),
-                  static_cast<int>(m), static_cast<int>(k),
-                  double_scalars ? static_cast<const void*>(&one_double) : &one, b.data(),
-                  data_type, static_cast<int>(n), k * n, a.data(), data_type, static_cast<int>(k),
-                  m * k, double_scalars ? static_cast<const void*>(&zero_double) : &zero,
-                  output.mutable_data(), data_type, static_cast<int>(n), m * n,
-                  static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
-              "matmul (cublasGemmStridedBatchedEx, " + std::string(DTypeName(dtype)) + ")",
-              scope.device());
+  // The row-major product C[m,n] = A[m,k] B[k,n] is, read column-major, C^T[n,m] = B^T A^T.
+  const cublasStatus_t status = cublasGemmStridedBatchedEx(
+      CurrentCublas(scope.device()), left.operation, right.operation, static_cast<int>(n),
+      static_cast<int>(m), static_cast<int>(k),
+      double_scalars ? static_cast<const void*>(&one_double) : &one, b.data(), data_type,
+      static_cast<int>(left.leading), b.strides()[0], a.data(), data_type,
+      static_cast<int>(right.leading), a.strides()[0],
+      double_scalars ? static_cast<const void*>(&zero_double) : &zero, output.mutable_data(),
+      data_type, static_cast<int>(n), m * n, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    ThrowCublasError(status,
+                     "matmul (cublasGemmStridedBatchedEx, " + std::string(DTypeName(dtype)) + ")",
+                     scope.device());
+  }
 }
 
 }  // namespace

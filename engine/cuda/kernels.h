@@ -139,10 +139,15 @@ cudaError_t LaunchSortGather(int item_size, const void* in, const int32_t* posit
                              int64_t* indices, int64_t outer, int64_t inner, int64_t padded,
                              cudaStream_t stream);
 
-// Contiguous [batch, m, k] x [batch, k, n] for the types cuBLAS does not multiply (bool and the
-// integers), accumulating in int64 (logical or/and for bool) as the CPU does.
+// [batch, m, k] x [batch, k, n] -> contiguous out, for the types cuBLAS does not multiply (bool
+// and the integers), accumulating in int64 (logical or/and for bool) as the CPU does. Operands
+// are read through their strides (batch, row, column).
+struct MatmulShape {
+  int64_t batch, m, k, n;
+  int64_t a_strides[3];
+  int64_t b_strides[3];
+};
 cudaError_t LaunchIntegerMatmul(ScalarType type, const void* a, const void* b, void* out,
-                                int64_t batch, int64_t m, int64_t k, int64_t n,
-                                cudaStream_t stream);
+                                const MatmulShape& shape, cudaStream_t stream);
 
 }  // namespace orochi::engine::cuda

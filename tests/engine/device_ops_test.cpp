@@ -304,6 +304,9 @@ std::vector<OpCase> Cases() {
                                     Matmul(in[0], in[5]),
                                     Bmm(in[2].Reshape({6, 4, 16}), in[2].Reshape({6, 16, 4})),
                                     Linear(in[0], in[1].Transpose(0, 1), in[6]),
+                                    Matmul(in[2], in[2].Transpose(-2, -1)),  // q @ k^T
+                                    Matmul(in[0].Transpose(0, 1).Contiguous().Transpose(0, 1),
+                                           in[1]),  // column-major left operand
                                     Matmul(in[0].Narrow(1, 0, 0), in[1].Narrow(0, 0, 0))};
                    },
                    /*tolerance_scale=*/8});
