@@ -406,7 +406,7 @@ void CudaMatmul(const Tensor& a, const Tensor& b, Tensor& output) {
   const double zero_double = 0.0;
   const bool double_scalars = compute == CUBLAS_COMPUTE_64F;
   // The row-major product C[m,n] = A[m,k] B[k,n] is, read column-major, C^T[n,m] = B^T A^T.
-  const cublasStatus_t status = cublasGemmStridedBatchedEx(
+  const cublasStatus_t status = Cublas().gemm_strided_batched(
       CurrentCublas(scope.device()), left.operation, right.operation, static_cast<int>(n),
       static_cast<int>(m), static_cast<int>(k),
       double_scalars ? static_cast<const void*>(&one_double) : &one, b.data(), data_type,

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <type_traits>
 #include <vector>
 
 #include "orochi/base/check.h"
@@ -500,7 +501,45 @@ void ThrowCudaError(cudaError_t error, std::string_view what, int device) {
 void ThrowCublasError(cublasStatus_t status, std::string_view what, int device) {
   detail::Throw(StatusCode::kInternal,
                 std::string(what) + " failed on cuda:" + std::to_string(device) + ": " +
-                    cublasGetStatusName(status) + ": " + cublasGetStatusString(status));
+                    Cublas().status_name(status) + ": " + Cublas().status_string(status));
+}
+
+const CublasLibrary& Cublas() {
+  struct Loaded {
+    CublasLibrary library;
+    std::string error;
+  };
+  static const Loaded loaded = [] {
+    Loaded result;
+    // Found through this library's RUNPATH and the system's paths, else in the toolkit it was
+    // built with.
+    const std::string name = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+    void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      handle = dlopen((OROCHI_CUDA_LIBRARY_DIR "/" + name).c_str(), RTLD_NOW | RTLD_LOCAL);
+    }
+    if (handle == nullptr) {
+      const char* error = dlerror();
+      result.error = "cannot load " + name + ": " + (error != nullptr ? error : "unknown error");
+      return result;
+    }
+    auto symbol = [&](auto& function, const char* symbol_name) {
+      function =
+          reinterpret_cast<std::remove_reference_t<decltype(function)>>(dlsym(handle, symbol_name));
+      if (function == nullptr && result.error.empty()) {
+        result.error = name + " has no " + symbol_name;
+      }
+    };
+    symbol(result.library.create, "cublasCreate_v2");
+    symbol(result.library.set_stream, "cublasSetStream_v2");
+    symbol(result.library.gemm_strided_batched, "cublasGemmStridedBatchedEx");
+    symbol(result.library.status_name, "cublasGetStatusName");
+    symbol(result.library.status_string, "cublasGetStatusString");
+    return result;
+  }();
+  OROCHI_CHECK(loaded.error.empty(), StatusCode::kFailedPrecondition,
+               "matmul on cuda needs cuBLAS: " << loaded.error);
+  return loaded.library;
 }
 
 // --- streams -------------------------------------------------------------------------------------
@@ -517,8 +556,8 @@ cublasHandle_t CurrentCublas(int device) {
   ThreadResources& resources = Resources(device);
   if (resources.cublas == nullptr) {
     cublasHandle_t handle = nullptr;
-    CheckCublas(cublasCreate(&handle), "creating a cuBLAS handle", device);
-    CheckCublas(cublasSetStream(handle, resources.stream), "setting the cuBLAS stream", device);
+    CheckCublas(Cublas().create(&handle), "creating a cuBLAS handle", device);
+    CheckCublas(Cublas().set_stream(handle, resources.stream), "setting the cuBLAS stream", device);
     resources.cublas = handle;
   }
   return resources.cublas;

@@ -41,6 +41,23 @@ inline void CheckCublas(cublasStatus_t status, std::string_view what, int device
   }
 }
 
+// cuBLAS, loaded with dlopen on the first matmul: it is large (libcublasLt alone is half a
+// gigabyte), and a process that never multiplies on a GPU should not map it. Throws Error
+// (kFailedPrecondition) naming the library if it cannot be loaded.
+struct CublasLibrary {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  // (C++ overloads the name with a 64-bit variant, so the C signature is spelled out.)
+  cublasStatus_t (*gemm_strided_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                         int, int, const void*, const void*, cudaDataType, int,
+                                         long long, const void*, cudaDataType, int, long long,
+                                         const void*, void*, cudaDataType, int, long long, int,
+                                         cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  decltype(&cublasGetStatusName) status_name = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+};
+const CublasLibrary& Cublas();
+
 // Makes `device` current for the calling thread (cheap when it already is).
 void SetCurrentDevice(int device);
 // The calling thread's stream and cuBLAS handle on `device` (made current), created on first use.
