@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -165,6 +166,7 @@ class DeviceState {
 
   // Gives every cached block back to the driver, after all work on the device has finished.
   void ReleaseCached() {
+    if (cached_bytes_ == 0) return;  // and never make a context on a device not used yet
     DeviceGuard guard(device_);
     (void)cudaDeviceSynchronize();
     CollectFinished();
@@ -431,6 +433,16 @@ class PinnedPool {
   size_t total_ = 0;
 };
 
+// The memory of each device, recorded when the devices are probed.
+std::array<std::atomic<size_t>, kMaxDevices>& TotalMemories() {
+  static std::array<std::atomic<size_t>, kMaxDevices> totals{};
+  return totals;
+}
+
+size_t TotalMemory(int device) {
+  return device >= 0 && device < kMaxDevices ? TotalMemories()[device].load() : 0;
+}
+
 // --- NVML ----------------------------------------------------------------------------------------
 // Loaded with dlopen: it ships with the driver, not the toolkit, and is optional. Only the few
 // entry points used are declared (NVML's ABI for them is stable).
@@ -611,6 +623,7 @@ int ProbeDevices(std::string* reason) {
       *reason = "cannot query cuda:" + std::to_string(device);
       return 0;
     }
+    TotalMemories()[device].store(properties.totalGlobalMem);
     if (properties.major < 8) {
       *reason = "cuda:" + std::to_string(device) + " (" + properties.name +
                 ") has compute capability " + std::to_string(properties.major) + "." +
@@ -743,14 +756,9 @@ DeviceMemoryStats MemoryStatsOf(int device) {
     std::lock_guard lock(state.mutex);
     stats = state.Stats();
   }
-  DeviceGuard guard(device);
-  size_t free_bytes = 0;
-  size_t total_bytes = 0;
-  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-    stats.total_bytes = total_bytes;
-  } else {
-    (void)cudaGetLastError();
-  }
+  // From the device's properties: cudaMemGetInfo would make a context (hundreds of MiB) on
+  // every GPU that /metrics asks about.
+  stats.total_bytes = TotalMemory(device);
   return stats;
 }
 
