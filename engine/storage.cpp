@@ -11,6 +11,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "device_backend.h"
 #include "orochi/base/check.h"
@@ -101,7 +102,39 @@ std::string DeviceName(Device device) {
 Storage::Storage(Kind kind, std::byte* data, size_t size, bool read_only, Device device)
     : kind_(kind), data_(data), size_(size), read_only_(read_only), device_(device) {}
 
+struct Storage::DeviceReplicas {
+  struct Entry {
+    Device device;
+    size_t begin;
+    size_t end;
+    StoragePtr replica;
+  };
+  std::vector<Entry> entries;
+};
+
+namespace {
+// Uploads of read-only storages are rare (model loading): one lock for all of them.
+std::mutex& ReplicaMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+}  // namespace
+
+StoragePtr Storage::DeviceReplica(Device device, size_t begin, size_t end, Upload upload) {
+  OROCHI_INTERNAL_ASSERT(read_only_ && begin <= end && end <= size_,
+                         "device replicas are of read-only bytes within the storage");
+  std::lock_guard lock(ReplicaMutex());
+  if (replicas_ == nullptr) replicas_ = new DeviceReplicas;
+  for (const DeviceReplicas::Entry& entry : replicas_->entries) {
+    if (entry.device == device && entry.begin == begin && entry.end == end) return entry.replica;
+  }
+  StoragePtr replica = upload(data_ + begin, end - begin, device);  // nothing kept if it throws
+  replicas_->entries.push_back({device, begin, end, replica});
+  return replica;
+}
+
 Storage::~Storage() {
+  delete replicas_;
   if (kind_ == Kind::kOwned) {
     size_t rounded = RoundedSize(size_);
     if (rounded < kLargeBlock || !LargeBlockCache::Instance().Give(data_, rounded)) {

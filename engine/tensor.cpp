@@ -307,10 +307,35 @@ Tensor Tensor::To(DType dtype) const {
   return converted;
 }
 
+namespace {
+
+// A read-only device copy of `size` host bytes, complete when this returns (see
+// Storage::DeviceReplica).
+StoragePtr UploadShared(const std::byte* bytes, size_t size, Device device) {
+  const auto count = static_cast<int64_t>(size);
+  Tensor destination = Tensor::Empty({count}, DType::kUInt8, device);
+  // The bytes belong to a storage that outlives this call: lend them without a release.
+  Tensor source(
+      Storage::Borrow(const_cast<std::byte*>(bytes), size, /*read_only=*/true, nullptr, nullptr),
+      {count}, {1}, 0, DType::kUInt8);
+  if (size > 0) CudaBackend()->copy_from_host(source, destination, /*share=*/true);
+  destination.storage()->MarkReadOnly();
+  return destination.storage();
+}
+
+}  // namespace
+
 Tensor Tensor::To(Device target) const {
   const Device source_device = device();
   if (target == source_device) return *this;
   RequireDevice(target);
+  if (read_only() && source_device.type == DeviceType::kCpu && is_contiguous()) {
+    // Weights: one upload per byte range and device, shared by every caller.
+    const size_t item = ItemSize(dtype_);
+    const size_t begin = static_cast<size_t>(storage_offset_) * item;
+    const size_t end = begin + static_cast<size_t>(numel()) * item;
+    return {storage_->DeviceReplica(target, begin, end, UploadShared), shape_, strides_, 0, dtype_};
+  }
   // Contiguous on the source device first (a device kernel for device tensors), then one copy of
   // the bytes.
   Tensor source = Contiguous();

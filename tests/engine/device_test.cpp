@@ -200,6 +200,13 @@ TEST(CudaDevice, ReadOnlyTensorsStayReadOnlyOnTheDevice) {
   EXPECT_THROW(uploaded.CopyFrom(Zeros({6})), Error);
   EXPECT_EQ(Values(uploaded.To(kCpu)), Values(weights));
   EXPECT_TRUE(uploaded.To(kCpu).read_only());
+  // Uploaded once per byte range: every copy moving the same weights shares the device copy.
+  EXPECT_EQ(weights.To(kCuda0).storage().get(), uploaded.storage().get());
+  Tensor half = weights.Narrow(0, 3, 3);
+  EXPECT_EQ(Values(half.To(kCuda0).To(kCpu)), Values(half));
+  EXPECT_EQ(half.To(kCuda0).storage().get(), half.To(kCuda0).storage().get());
+  Tensor writable = Arange(0, 6, 1, DType::kFloat32);
+  EXPECT_NE(writable.To(kCuda0).storage().get(), writable.To(kCuda0).storage().get());
 }
 
 TEST(CudaDevice, FreedBlocksAreReusedFromTheCache) {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "orochi/engine/export.h"
 #include "orochi/engine/storage.h"

@@ -62,6 +62,13 @@ class OROCHI_ENGINE_API Storage {
   // Makes this storage read-only for good (e.g. weights copied out of a misaligned file).
   void MarkReadOnly() { read_only_ = true; }
 
+  // For Tensor::To: the read-only copy of bytes [begin, end) of this read-only storage on
+  // `device`. The first call makes it with `upload(bytes, size, device)`; later calls, from any
+  // thread, share it, and it lives as long as this storage. So weights that every interpreter
+  // copy moves to a GPU are uploaded once.
+  using Upload = StoragePtr (*)(const std::byte* bytes, size_t size, Device device);
+  StoragePtr DeviceReplica(Device device, size_t begin, size_t end, Upload upload);
+
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
@@ -89,6 +96,8 @@ class OROCHI_ENGINE_API Storage {
   void Retain();
   void Release();
 
+  struct DeviceReplicas;                // storage.cpp
+  DeviceReplicas* replicas_ = nullptr;  // made by DeviceReplica
   std::atomic<int64_t> references_{1};
   Kind kind_;
   BorrowRelease release_ = nullptr;  // kBorrowed and kDevice only
