@@ -96,7 +96,9 @@ class OROCHI_ENGINE_API Tensor {
   Tensor To(DType dtype) const;  // *this if already `dtype`, else a converted copy
   // *this if already on `device`, else a contiguous copy there. A read-only tensor (weights)
   // stays read-only, and on a GPU its copy has fully arrived before To returns, so any thread
-  // may use it at once. Moving to the CPU waits for the work that produces the values.
+  // may use it at once; a contiguous one is uploaded once: moving the same bytes again, from
+  // any thread, gives a view of the same device copy, which lives as long as the CPU storage.
+  // Moving to the CPU waits for the work that produces the values.
   Tensor To(Device device) const;
 
   // Copies `source` (broadcast to this shape, converted to this dtype, moved from its device)
