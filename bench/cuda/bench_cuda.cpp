@@ -53,8 +53,8 @@ double SecondsPerIteration(const Case& bench, double seconds) {
   const double estimate = timed(3);
   const int iterations =
       std::max(3, static_cast<int>(seconds / kTrials / std::max(estimate, 1e-7)));
-  std::vector<double> trials;
-  for (int trial = 0; trial < kTrials; ++trial) trials.push_back(timed(iterations));
+  std::vector<double> trials(kTrials);
+  for (double& trial : trials) trial = timed(iterations);
   std::sort(trials.begin(), trials.end());
   orochi::engine::SetAllowTf32(false);
   return trials[trials.size() / 2];
