@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "front_end.h"
 #include "orochi/engine/dispatch.h"
 #include "orochi/engine/ops.h"
 
@@ -42,6 +43,8 @@ Tensor Normalize(Op op, const Tensor& input, const Shape& normalized_shape,
                  const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
                  double eps) {
   const char* name = op == Op::layer_norm ? "layer_norm" : "rms_norm";
+  const Tensor undefined;
+  CommonDevice(name, {&input, weight ? &*weight : &undefined, bias ? &*bias : &undefined});
   Tensor rows = AsRows(input, normalized_shape, name);
   auto kernel = Kernels().FindAs<NormKernel>(op, input.device(), input.dtype());
   Tensor weight_storage;
@@ -49,7 +52,7 @@ Tensor Normalize(Op op, const Tensor& input, const Shape& normalized_shape,
   const Tensor* gamma =
       Parameter(weight, normalized_shape, input.dtype(), "weight", &weight_storage);
   const Tensor* beta = Parameter(bias, normalized_shape, input.dtype(), "bias", &bias_storage);
-  Tensor output = Tensor::Empty(rows.shape(), input.dtype());
+  Tensor output = Tensor::Empty(rows.shape(), input.dtype(), input.device());
   kernel(op, rows, gamma, beta, eps, output);
   return output.View(input.shape());
 }
@@ -61,8 +64,8 @@ Tensor ArgReduce(Op op, const Tensor& input, std::optional<int64_t> dim, bool ke
   OROCHI_CHECK_ARG(input.numel() > 0, OpName(op) << ": cannot reduce an empty tensor");
   auto kernel = Kernels().FindAs<ReduceKernel>(op, input.device(), input.dtype());
   if (!dim) {
-    Tensor output =
-        Tensor::Empty(keepdim ? Shape(input.shape().size(), 1) : Shape{}, DType::kInt64);
+    Tensor output = Tensor::Empty(keepdim ? Shape(input.shape().size(), 1) : Shape{}, DType::kInt64,
+                                  input.device());
     kernel(op, input.Contiguous().View({1, input.numel()}), output);
     return output;
   }
@@ -70,7 +73,7 @@ Tensor ArgReduce(Op op, const Tensor& input, std::optional<int64_t> dim, bool ke
   OROCHI_CHECK_ARG(input.dim() == 0 || input.shape()[d] > 0,
                    OpName(op) << ": cannot reduce an empty dimension");
   if (input.dim() == 0) {
-    Tensor output = Tensor::Empty({}, DType::kInt64);
+    Tensor output = Tensor::Empty({}, DType::kInt64, input.device());
     kernel(op, input.Contiguous().View({1, 1}), output);
     return output;
   }
@@ -82,7 +85,7 @@ Tensor ArgReduce(Op op, const Tensor& input, std::optional<int64_t> dim, bool ke
   order.push_back(d);
   Tensor moved = input.Permute(order).Contiguous();
   Shape kept(moved.shape().begin(), moved.shape().end() - 1);
-  Tensor output = Tensor::Empty(kept, DType::kInt64);
+  Tensor output = Tensor::Empty(kept, DType::kInt64, input.device());
   kernel(op, moved.View({NumElements(kept), input.shape()[d]}), output);
   return keepdim ? output.Unsqueeze(d) : output;
 }
@@ -105,14 +108,14 @@ Tensor Std(const Tensor& input, const std::vector<int64_t>& dims, double correct
 
 Tensor Any(const Tensor& input, const std::vector<int64_t>& dims, bool keepdim) {
   if (input.numel() == 0) {
-    return Full(Reduce(Op::sum, input, dims, keepdim).shape(), 0, DType::kBool);
+    return Full(Reduce(Op::sum, input, dims, keepdim).shape(), 0, DType::kBool, input.device());
   }
   return Reduce(Op::amax, Bool(input), dims, keepdim);
 }
 
 Tensor All(const Tensor& input, const std::vector<int64_t>& dims, bool keepdim) {
   if (input.numel() == 0) {
-    return Full(Reduce(Op::sum, input, dims, keepdim).shape(), 1, DType::kBool);
+    return Full(Reduce(Op::sum, input, dims, keepdim).shape(), 1, DType::kBool, input.device());
   }
   return Reduce(Op::amin, Bool(input), dims, keepdim);
 }
@@ -120,11 +123,13 @@ Tensor All(const Tensor& input, const std::vector<int64_t>& dims, bool keepdim) 
 Tensor Where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   OROCHI_CHECK_ARG(condition.dtype() == DType::kBool,
                    "where: the condition must be bool, got " << DTypeName(condition.dtype()));
+  const Device device = CommonDevice("where", {&condition, &a, &b}, CpuScalars::kFollow);
   Shape shape = BroadcastShapes(condition.shape(), BroadcastShapes(a.shape(), b.shape()));
   DType dtype = ResultType(a, b);
-  auto kernel = Kernels().Find<Op::where>(a.device(), dtype);
-  Tensor output = Tensor::Empty(shape, dtype);
-  kernel(condition.Expand(shape), a.To(dtype).Expand(shape), b.To(dtype).Expand(shape), output);
+  auto kernel = Kernels().Find<Op::where>(device, dtype);
+  Tensor output = Tensor::Empty(shape, dtype, device);
+  kernel(OnDevice(condition, device).Expand(shape), OnDevice(a, device).To(dtype).Expand(shape),
+         OnDevice(b, device).To(dtype).Expand(shape), output);
   return output;
 }
 
@@ -142,6 +147,7 @@ Tensor LogicalNot(const Tensor& input) { return Binary(Op::eq, input, Scalar(0, 
 Tensor MaskedFill(const Tensor& input, const Tensor& mask, const Tensor& value) {
   OROCHI_CHECK_ARG(value.dim() == 0, "masked_fill: the value must be a 0-dim tensor");
   OROCHI_CHECK_ARG(mask.dtype() == DType::kBool, "masked_fill: the mask must be bool");
+  CommonDevice("masked_fill", {&input, &mask, &value}, CpuScalars::kFollow);
   Shape shape = BroadcastShapes(input.shape(), mask.shape());
   OROCHI_CHECK_ARG(shape == input.shape(), "masked_fill: mask " << ShapeString(mask.shape())
                                                                 << " does not broadcast to "
@@ -157,6 +163,7 @@ Tensor Cat(const std::vector<Tensor>& tensors, int64_t dim) {
   Shape shape = first.shape();
   shape[d] = 0;
   for (const Tensor& tensor : tensors) {
+    CommonDevice("cat", {&first, &tensor});
     OROCHI_CHECK_ARG(tensor.dim() == first.dim(),
                      "cat: tensors must have the same number of dimensions");
     for (int64_t i = 0; i < first.dim(); ++i) {
@@ -168,7 +175,7 @@ Tensor Cat(const std::vector<Tensor>& tensors, int64_t dim) {
     shape[d] += tensor.shape()[d];
     dtype = PromoteTypes(dtype, tensor.dtype());
   }
-  Tensor output = Tensor::Empty(shape, dtype);
+  Tensor output = Tensor::Empty(shape, dtype, first.device());
   int64_t offset = 0;
   for (const Tensor& tensor : tensors) {
     Tensor slot = output.Narrow(d, offset, tensor.shape()[d]);
@@ -211,11 +218,15 @@ std::vector<Tensor> Chunk(const Tensor& input, int64_t chunks, int64_t dim) {
 Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index) {
   OROCHI_CHECK_ARG(index.dim() <= 1 && IsIntegral(index.dtype()),
                    "index_select: the index must be a 1-D integer tensor");
+  const Device device = CommonDevice("index_select", {&input, &index});
   int64_t d = input.dim() == 0 ? 0 : WrapDim(dim, input.dim());
   Tensor picks = index.To(DType::kInt64).Contiguous();
   int64_t size = input.dim() == 0 ? 1 : input.shape()[d];
-  for (int64_t i = 0; i < picks.numel(); ++i) {
-    int64_t pick = picks.data_as<int64_t>()[i];
+  // Checked on the host, so that a bad index is an Error rather than a device fault; a device
+  // index is copied back for it (one wait for the work before).
+  const Tensor host_picks = picks.To(Device{});
+  for (int64_t i = 0; i < host_picks.numel(); ++i) {
+    int64_t pick = host_picks.data_as<int64_t>()[i];
     OROCHI_CHECK_ARG(pick >= 0 && pick < size, "index_select: index "
                                                    << pick << " is out of range for dimension "
                                                    << dim << " of size " << size);
@@ -225,9 +236,9 @@ Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index) {
   int64_t inner = NumElements(Shape(shape.begin() + d + 1, shape.end()));
   Tensor rows = input.Contiguous().View({outer, size, inner});
   if (!shape.empty()) shape[d] = picks.numel();
-  Tensor output = Tensor::Empty(shape, input.dtype());
-  Kernels().Find<Op::index_select>(input.device(), input.dtype())(rows, picks.View({picks.numel()}),
-                                                                  output);
+  Tensor output = Tensor::Empty(shape, input.dtype(), device);
+  Kernels().Find<Op::index_select>(device, input.dtype())(rows, picks.View({picks.numel()}),
+                                                          output);
   return output;
 }
 
@@ -235,6 +246,7 @@ Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index) {
   OROCHI_CHECK_ARG(IsIntegral(index.dtype()), "gather: the index must be an integer tensor");
   OROCHI_CHECK_ARG(index.dim() == input.dim(), "gather: index and input need the same rank, got "
                                                    << index.dim() << " and " << input.dim());
+  const Device device = CommonDevice("gather", {&input, &index});
   const int64_t d = input.dim() == 0 ? 0 : WrapDim(dim, input.dim());
   for (int64_t i = 0; i < input.dim(); ++i) {
     OROCHI_CHECK_ARG(i == d || index.shape()[i] <= input.shape()[i],
@@ -243,8 +255,8 @@ Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index) {
   }
   Tensor picks = index.To(DType::kInt64);
   if (picks.numel() > 0 && input.dim() > 0) {
-    double low = Reduce(Op::amin, picks).ItemAsDouble();
-    double high = Reduce(Op::amax, picks).ItemAsDouble();
+    double low = Reduce(Op::amin, picks).To(Device{}).ItemAsDouble();
+    double high = Reduce(Op::amax, picks).To(Device{}).ItemAsDouble();
     OROCHI_CHECK_ARG(low >= 0 && high < static_cast<double>(input.shape()[d]),
                      "gather: index values must be in [0, " << input.shape()[d] << "), got [" << low
                                                             << ", " << high << "]");
@@ -252,7 +264,7 @@ Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index) {
   // The flat offset of every output element in the contiguous input: its coordinates, with the
   // index in place of the coordinate along `dim`.
   const Shape strides = ContiguousStrides(input.shape());
-  Tensor offsets = Zeros(index.shape(), DType::kInt64);
+  Tensor offsets = Zeros(index.shape(), DType::kInt64, device);
   for (int64_t i = 0; i < input.dim(); ++i) {
     Tensor coordinate;
     if (i == d) {
@@ -260,7 +272,8 @@ Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index) {
     } else {
       Shape position(static_cast<size_t>(input.dim()), 1);
       position[i] = index.shape()[i];
-      coordinate = Arange(0, static_cast<double>(index.shape()[i])).View(position);
+      coordinate =
+          Arange(0, static_cast<double>(index.shape()[i]), 1, DType::kInt64, device).View(position);
     }
     offsets =
         Binary(Op::add, offsets,
@@ -275,26 +288,27 @@ Tensor Embedding(const Tensor& indices, const Tensor& weight) {
                    "embedding: the weight must be 2-D, got " << ShapeString(weight.shape()));
   OROCHI_CHECK_ARG(IsIntegral(indices.dtype()), "embedding: indices must be an integer tensor, got "
                                                     << DTypeName(indices.dtype()));
+  CommonDevice("embedding", {&indices, &weight});
   Tensor rows = IndexSelect(weight, 0, indices.Reshape({indices.numel()}));
   Shape shape = indices.shape();
   shape.push_back(weight.shape()[1]);
   return rows.View(shape);
 }
 
-Tensor Eye(int64_t rows, std::optional<int64_t> columns, DType dtype) {
+Tensor Eye(int64_t rows, std::optional<int64_t> columns, DType dtype, Device device) {
   int64_t width = columns.value_or(rows);
   OROCHI_CHECK_ARG(rows >= 0 && width >= 0, "eye: sizes must be non-negative");
-  Tensor output = Zeros({rows, width}, dtype);
+  Tensor output = Zeros({rows, width}, dtype, device);
   Tensor diagonal(output.storage(), {std::min(rows, width)}, {width + 1}, 0, dtype);
-  diagonal.CopyFrom(Scalar(1, dtype));
+  diagonal.CopyFrom(Scalar(1, dtype, device));
   return output;
 }
 
-Tensor Linspace(double start, double end, int64_t steps, DType dtype) {
+Tensor Linspace(double start, double end, int64_t steps, DType dtype, Device device) {
   OROCHI_CHECK_ARG(steps >= 0, "linspace: steps must be non-negative");
-  Tensor output = Tensor::Empty({steps}, dtype);
+  Tensor output = Tensor::Empty({steps}, dtype, device);
   double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0;
-  Kernels().Find<Op::arange>(output.device(), dtype)(output, start, step);
+  Kernels().Find<Op::arange>(device, dtype)(output, start, step);
   return output;
 }
 
@@ -319,6 +333,8 @@ Tensor Bmm(const Tensor& a, const Tensor& b) {
 Tensor Linear(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias) {
   OROCHI_CHECK_ARG(weight.dim() == 2,
                    "linear: the weight must be 2-D [out, in], got " << ShapeString(weight.shape()));
+  const Tensor undefined;
+  CommonDevice("linear", {&input, &weight, bias ? &*bias : &undefined});
   OROCHI_CHECK_ARG(input.dim() >= 1 && input.size(-1) == weight.shape()[1],
                    "linear: the input's last dim must be in_features = "
                        << weight.shape()[1] << " (weight " << ShapeString(weight.shape())
@@ -337,6 +353,9 @@ Tensor ScaledDotProductAttention(const Tensor& query, const Tensor& key, const T
                    "scaled_dot_product_attention: query, key and value need at least 2 dims");
   OROCHI_CHECK_ARG(!(mask && causal),
                    "scaled_dot_product_attention: give either a mask or causal, not both");
+  const Tensor no_mask;
+  const Device device = CommonDevice("scaled_dot_product_attention",
+                                     {&query, &key, &value, mask ? &*mask : &no_mask});
   OROCHI_CHECK_ARG(query.size(-1) == key.size(-1) && key.size(-2) == value.size(-2),
                    "scaled_dot_product_attention: query [..., L, E], key [..., S, E] and value "
                    "[..., S, Ev] disagree: query "
@@ -349,8 +368,10 @@ Tensor ScaledDotProductAttention(const Tensor& query, const Tensor& key, const T
   const int64_t keys = key.size(-2);
   std::optional<Tensor> allowed;
   if (causal) {  // query i sees keys 0..i
-    allowed = Binary(Op::ge, Arange(0, static_cast<double>(queries)).View({queries, 1}),
-                     Arange(0, static_cast<double>(keys)).View({1, keys}));
+    allowed =
+        Binary(Op::ge,
+               Arange(0, static_cast<double>(queries), 1, DType::kInt64, device).View({queries, 1}),
+               Arange(0, static_cast<double>(keys), 1, DType::kInt64, device).View({1, keys}));
   } else if (mask && mask->dtype() == DType::kBool) {
     allowed = *mask;
   } else if (mask) {
@@ -364,11 +385,11 @@ Tensor ScaledDotProductAttention(const Tensor& query, const Tensor& key, const T
 }
 
 SortResult Sort(const Tensor& input, int64_t dim, bool descending) {
-  if (input.dim() == 0) return {input.Clone(), Zeros({}, DType::kInt64)};
+  if (input.dim() == 0) return {input.Clone(), Zeros({}, DType::kInt64, input.device())};
   int64_t d = WrapDim(dim, input.dim());
   Tensor moved = input.Transpose(d, -1).Contiguous();
-  Tensor values = Tensor::Empty(moved.shape(), input.dtype());
-  Tensor indices = Tensor::Empty(moved.shape(), DType::kInt64);
+  Tensor values = Tensor::Empty(moved.shape(), input.dtype(), input.device());
+  Tensor indices = Tensor::Empty(moved.shape(), DType::kInt64, input.device());
   Kernels().Find<Op::sort>(input.device(), input.dtype())(moved, descending, values, indices);
   return {values.Transpose(d, -1).Contiguous(), indices.Transpose(d, -1).Contiguous()};
 }
@@ -385,10 +406,10 @@ SortResult TopK(const Tensor& input, int64_t k, int64_t dim, bool largest) {
 
 Tensor MaskedSelect(const Tensor& input, const Tensor& mask) {
   OROCHI_CHECK_ARG(mask.dtype() == DType::kBool, "masked_select: the mask must be bool");
+  const Device device = CommonDevice("masked_select", {&input, &mask});
   Shape shape = BroadcastShapes(input.shape(), mask.shape());
-  Tensor flat_mask = mask.Expand(shape).Contiguous();
-  OROCHI_CHECK(flat_mask.device().type == DeviceType::kCpu, StatusCode::kUnimplemented,
-               "masked_select needs its mask on the cpu");
+  // The result's size depends on the mask, so it is read on the host (as PyTorch does).
+  Tensor flat_mask = mask.Expand(shape).Contiguous().To(Device{});
   std::vector<int64_t> positions;
   const bool* flags = flat_mask.data_as<bool>();
   for (int64_t i = 0, n = flat_mask.numel(); i < n; ++i) {
@@ -396,7 +417,7 @@ Tensor MaskedSelect(const Tensor& input, const Tensor& mask) {
   }
   Tensor index = Tensor::Empty({static_cast<int64_t>(positions.size())}, DType::kInt64);
   std::copy(positions.begin(), positions.end(), index.mutable_data_as<int64_t>());
-  return IndexSelect(input.Expand(shape).Reshape({NumElements(shape)}), 0, index);
+  return IndexSelect(input.Expand(shape).Reshape({NumElements(shape)}), 0, index.To(device));
 }
 
 }  // namespace orochi::engine

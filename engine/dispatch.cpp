@@ -7,6 +7,8 @@ namespace orochi::engine {
 
 // Registers the CPU kernels (cpu/register.cpp).
 void RegisterCpuKernels(KernelRegistry& registry);
+// Loads the device libraries that were built (device.cpp); they register their kernels.
+void LoadDeviceLibraries(KernelRegistry& registry);
 
 std::string_view OpName(Op op) {
   switch (op) {
@@ -64,6 +66,7 @@ const KernelRegistry& Kernels() {
   static const KernelRegistry registry = [] {
     KernelRegistry built;
     RegisterCpuKernels(built);
+    LoadDeviceLibraries(built);
     SetIntraOpThreads(1);  // interpreter copies are the parallelism; OpenBLAS follows
     return built;
   }();

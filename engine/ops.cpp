@@ -8,6 +8,8 @@
 #include <numeric>
 
 #include "cpu/blas.h"
+#include "front_end.h"
+#include "orochi/base/check.h"
 #include "orochi/engine/dispatch.h"
 
 namespace orochi::engine {
@@ -33,32 +35,66 @@ DType CombineCategories(DType higher, DType lower) {
   return higher;
 }
 
-void CheckSameDevice(const Tensor& a, const Tensor& b, Op op) {
-  OROCHI_CHECK_ARG(a.device() == b.device(), OpName(op) << ": tensors are on different devices, "
-                                                        << DeviceName(a.device()) << " and "
-                                                        << DeviceName(b.device()));
+bool IsCpuScalar(const Tensor& tensor) {
+  return tensor.dim() == 0 && tensor.device().type == DeviceType::kCpu;
 }
 
 }  // namespace
 
-Tensor Full(const Shape& shape, double value, DType dtype) {
-  Tensor output = Tensor::Empty(shape, dtype);
-  Kernels().Find<Op::fill>(output.device(), dtype)(output, value);
+Device CommonDevice(std::string_view op, std::initializer_list<const Tensor*> tensors,
+                    CpuScalars scalars) {
+  const Tensor* first = nullptr;
+  for (const Tensor* tensor : tensors) {
+    if (!tensor->defined() || (scalars == CpuScalars::kFollow && IsCpuScalar(*tensor))) continue;
+    if (first == nullptr) {
+      first = tensor;
+      continue;
+    }
+    OROCHI_CHECK_ARG(tensor->device() == first->device(),
+                     op << ": expected all tensors on the same device, got "
+                        << DeviceName(first->device()) << " and " << DeviceName(tensor->device()));
+  }
+  if (first != nullptr) return first->device();
+  for (const Tensor* tensor : tensors) {  // only CPU scalars (or undefined tensors)
+    if (tensor->defined()) return tensor->device();
+  }
+  return Device{};
+}
+
+Tensor OnDevice(const Tensor& tensor, Device device) {
+  if (tensor.device() == device) return tensor;
+  OROCHI_INTERNAL_ASSERT(IsCpuScalar(tensor), "only 0-dim CPU tensors follow other devices");
+  // A fill on the device queues behind earlier work like any kernel, where a copy from the host
+  // would wait for a staging buffer. Doubles hold every value but int64s beyond 2^53 exactly.
+  const double value = tensor.ItemAsDouble();
+  if (tensor.dtype() != DType::kInt64 || std::abs(value) <= 0x1p53) {
+    return Full({}, value, tensor.dtype(), device);
+  }
+  return tensor.To(device);
+}
+
+Tensor Full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor output = Tensor::Empty(shape, dtype, device);
+  Kernels().Find<Op::fill>(device, dtype)(output, value);
   return output;
 }
-Tensor Zeros(const Shape& shape, DType dtype) { return Full(shape, 0, dtype); }
-Tensor Ones(const Shape& shape, DType dtype) { return Full(shape, 1, dtype); }
-Tensor Scalar(double value, DType dtype) { return Full({}, value, dtype); }
+Tensor Zeros(const Shape& shape, DType dtype, Device device) {
+  return Full(shape, 0, dtype, device);
+}
+Tensor Ones(const Shape& shape, DType dtype, Device device) {
+  return Full(shape, 1, dtype, device);
+}
+Tensor Scalar(double value, DType dtype, Device device) { return Full({}, value, dtype, device); }
 
-Tensor Arange(double start, double end, double step, DType dtype) {
+Tensor Arange(double start, double end, double step, DType dtype, Device device) {
   OROCHI_CHECK_ARG(step != 0, "arange: step must be non-zero");
   OROCHI_CHECK_ARG(std::isfinite(start) && std::isfinite(end), "arange: bounds must be finite");
   OROCHI_CHECK_ARG((end - start) / step >= 0, "arange: the range [" << start << ", " << end
                                                                     << ") and step " << step
                                                                     << " have inconsistent signs");
   auto count = static_cast<int64_t>(std::ceil((end - start) / step));
-  Tensor output = Tensor::Empty({count}, dtype);
-  Kernels().Find<Op::arange>(output.device(), dtype)(output, start, step);
+  Tensor output = Tensor::Empty({count}, dtype, device);
+  Kernels().Find<Op::arange>(device, dtype)(output, start, step);
   return output;
 }
 
@@ -67,7 +103,7 @@ Tensor Unary(Op op, const Tensor& input) {
   DType dtype = input.dtype();
   if (!IsFloating(dtype) && !KeepsIntegral(op)) dtype = DType::kFloat32;
   auto kernel = Kernels().FindAs<UnaryKernel>(op, input.device(), dtype);
-  Tensor output = Tensor::Empty(input.shape(), dtype);
+  Tensor output = Tensor::Empty(input.shape(), dtype, input.device());
   kernel(op, input.To(dtype), output);
   return output;
 }
@@ -97,13 +133,14 @@ DType ResultType(const Tensor& a, const Tensor& b) {
 
 Tensor Binary(Op op, const Tensor& a, const Tensor& b) {
   OROCHI_CHECK_ARG(a.defined() && b.defined(), OpName(op) << ": undefined tensor");
-  CheckSameDevice(a, b, op);
+  const Device device = CommonDevice(OpName(op), {&a, &b}, CpuScalars::kFollow);
   Shape shape = BroadcastShapes(a.shape(), b.shape());
   DType compute = ResultType(a, b);
   if (op == Op::div && !IsFloating(compute)) compute = DType::kFloat32;  // true division
-  auto kernel = Kernels().FindAs<BinaryKernel>(op, a.device(), compute);
-  Tensor output = Tensor::Empty(shape, IsComparison(op) ? DType::kBool : compute);
-  kernel(op, a.To(compute).Expand(shape), b.To(compute).Expand(shape), output);
+  auto kernel = Kernels().FindAs<BinaryKernel>(op, device, compute);
+  Tensor output = Tensor::Empty(shape, IsComparison(op) ? DType::kBool : compute, device);
+  kernel(op, OnDevice(a, device).To(compute).Expand(shape),
+         OnDevice(b, device).To(compute).Expand(shape), output);
   return output;
 }
 
@@ -145,7 +182,7 @@ Tensor Reduce(Op op, const Tensor& input, const std::vector<int64_t>& dims, bool
   }
   auto kernel = Kernels().FindAs<ReduceKernel>(op, input.device(), input.dtype());
   Tensor arranged = input.Permute(order).Contiguous();
-  Tensor output = Tensor::Empty(output_shape, output_dtype);
+  Tensor output = Tensor::Empty(output_shape, output_dtype, input.device());
   kernel(op, arranged.View({NumElements(kept_shape), inner}), output);
   return output;
 }
@@ -156,13 +193,13 @@ Tensor SoftmaxLike(Op op, const Tensor& input, int64_t dim) {
   int64_t wrapped = WrapDim(dim, input.dim());
   auto kernel = Kernels().FindAs<SoftmaxKernel>(op, input.device(), input.dtype());
   if (input.dim() == 0) {
-    Tensor output = Tensor::Empty({}, input.dtype());
+    Tensor output = Tensor::Empty({}, input.dtype(), input.device());
     kernel(op, input.Contiguous(), output);
     return output;
   }
   int64_t last = input.dim() - 1;
   Tensor moved = input.Transpose(wrapped, last).Contiguous();
-  Tensor output = Tensor::Empty(moved.shape(), moved.dtype());
+  Tensor output = Tensor::Empty(moved.shape(), moved.dtype(), input.device());
   kernel(op, moved, output);
   return output.Transpose(wrapped, last).Contiguous();
 }
@@ -174,8 +211,57 @@ Tensor LogSoftmax(const Tensor& input, int64_t dim) {
   return SoftmaxLike(Op::log_softmax, input, dim);
 }
 
+namespace {
+
+// `matrices` [..., rows, columns], already expanded to the batch shape, as the [batch, rows,
+// columns] operand of a matmul kernel: a view when its batch dims collapse into one stride and
+// its matrices are row- or column-major (see MatmulKernel), else a contiguous copy.
+Tensor GemmOperand(const Tensor& matrices, int64_t batch_count) {
+  const int64_t rank = matrices.dim();
+  const int64_t rows = matrices.shape()[rank - 2];
+  const int64_t columns = matrices.shape()[rank - 1];
+  int64_t row_stride = matrices.strides()[rank - 2];
+  int64_t column_stride = matrices.strides()[rank - 1];
+  // The stride of a size-1 dim is never followed: give it one that reads as the layout below.
+  if (columns == 1) column_stride = row_stride == 1 ? std::max<int64_t>(rows, 1) : 1;
+  if (rows == 1) row_stride = column_stride == 1 ? std::max<int64_t>(columns, 1) : 1;
+  const bool row_major = column_stride == 1 && row_stride >= std::max<int64_t>(columns, 1);
+  const bool column_major = row_stride == 1 && column_stride >= std::max<int64_t>(rows, 1);
+  // Batch dims collapse when each non-1 dim steps over the next ones, or all of them repeat.
+  int64_t batch_stride = 0;
+  int64_t inner_span = -1;  // elements spanned by the batch dims inside the current one
+  bool collapses = true;
+  bool broadcast = true;
+  for (int64_t d = rank - 3; d >= 0; --d) {
+    const int64_t size = matrices.shape()[d];
+    const int64_t stride = matrices.strides()[d];
+    if (size == 1) continue;
+    broadcast = broadcast && stride == 0;
+    if (inner_span < 0) {
+      batch_stride = stride;
+    } else {
+      collapses = collapses && stride == inner_span;
+    }
+    inner_span = stride * size;
+  }
+  if (broadcast) {
+    batch_stride = 0;
+    collapses = true;
+  }
+  if ((row_major || column_major) && collapses) {
+    return {matrices.storage(),
+            {batch_count, rows, columns},
+            {batch_stride, row_stride, column_stride},
+            matrices.storage_offset(),
+            matrices.dtype()};
+  }
+  return matrices.Contiguous().View({batch_count, rows, columns});
+}
+
+}  // namespace
+
 Tensor Matmul(const Tensor& a, const Tensor& b) {
-  CheckSameDevice(a, b, Op::matmul);
+  CommonDevice("matmul", {&a, &b});
   OROCHI_CHECK_ARG(
       a.dim() >= 1 && b.dim() >= 1,
       "matmul: both arguments need at least 1 dimension, got " << a.dim() << " and " << b.dim());
@@ -201,10 +287,18 @@ Tensor Matmul(const Tensor& a, const Tensor& b) {
     shape.push_back(columns);
     return shape;
   };
-  Tensor x = left.Expand(with(m, k)).Contiguous().View({batch_count, m, k});
-  Tensor y = right.Expand(with(k, n)).Contiguous().View({batch_count, k, n});
-  Tensor output = Tensor::Empty({batch_count, m, n}, a.dtype());
-  Kernels().Find<Op::matmul>(a.device(), a.dtype())(x, y, output);
+  auto kernel = Kernels().Find<Op::matmul>(a.device(), a.dtype());
+  Tensor output;
+  if (right.dim() == 2 && left.is_contiguous()) {
+    // One matrix on the right: the batch of the left is one tall matrix, one GEMM.
+    const int64_t rows = batch_count * m;
+    output = Tensor::Empty({1, rows, n}, a.dtype(), a.device());
+    kernel(left.View({1, rows, k}), GemmOperand(right.Unsqueeze(0), 1), output);
+  } else {
+    output = Tensor::Empty({batch_count, m, n}, a.dtype(), a.device());
+    kernel(GemmOperand(left.Expand(with(m, k)), batch_count),
+           GemmOperand(right.Expand(with(k, n)), batch_count), output);
+  }
   Shape result = with(m, n);
   if (b.dim() == 1) result.erase(result.end() - 1);
   if (a.dim() == 1) result.erase(result.end() - (b.dim() == 1 ? 1 : 2));

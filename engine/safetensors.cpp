@@ -180,6 +180,10 @@ Status SaveSafetensors(const std::string& path, const std::map<std::string, Tens
   for (const auto& [name, tensor] : by_alignment) {
     if (name == "__metadata__") return InvalidArgument("'__metadata__' cannot name a tensor");
     if (!tensor.defined()) return InvalidArgument("tensor '" + name + "' is undefined");
+    if (tensor.device().type != DeviceType::kCpu) {
+      return FailedPrecondition("saving tensor '" + name + "': the tensor is on " +
+                                DeviceName(tensor.device()) + "; move it to the CPU first");
+    }
   }
   std::stable_sort(by_alignment.begin(), by_alignment.end(), [](const auto& a, const auto& b) {
     return ItemSize(a.second.dtype()) > ItemSize(b.second.dtype());

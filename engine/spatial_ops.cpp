@@ -2,6 +2,7 @@
 #include <cmath>
 #include <limits>
 
+#include "front_end.h"
 #include "orochi/engine/dispatch.h"
 #include "orochi/engine/ops.h"
 
@@ -32,7 +33,7 @@ Tensor Unfold(const Tensor& input, const Im2colGeometry& geometry, const char* o
                                               << " is too small for the kernel");
   Tensor output = Tensor::Empty(
       {input.shape()[0], input.shape()[1], geometry.kernel[0], geometry.kernel[1], out_h, out_w},
-      input.dtype());
+      input.dtype(), input.device());
   Kernels().Find<Op::im2col>(input.device(), input.dtype())(input.Contiguous(), geometry, output);
   return output;
 }
@@ -69,6 +70,8 @@ Tensor Pool(const Tensor& input, std::array<int64_t, 2> kernel,
 
 Tensor Conv2d(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
               const Conv2dOptions& options) {
+  const Tensor undefined;
+  CommonDevice("conv2d", {&input, &weight, bias ? &*bias : &undefined});
   Tensor batched = WithBatch(input, 4);
   OROCHI_CHECK_ARG(weight.dim() == 4, "conv2d: the weight must be 4-D [O, C/groups, kh, kw], got "
                                           << ShapeString(weight.shape()));
@@ -140,8 +143,9 @@ Tensor AdaptiveAvgPool2d(const Tensor& input, std::array<int64_t, 2> output_size
                    "adaptive_avg_pool2d: expected [N, C, H, W] and a positive output size");
   const int64_t height = batched.shape()[2];
   const int64_t width = batched.shape()[3];
-  Tensor output = Tensor::Empty(
-      {batched.shape()[0], batched.shape()[1], output_size[0], output_size[1]}, batched.dtype());
+  Tensor output =
+      Tensor::Empty({batched.shape()[0], batched.shape()[1], output_size[0], output_size[1]},
+                    batched.dtype(), batched.device());
   // Window i covers [floor(i * size / out), ceil((i + 1) * size / out)), as PyTorch.
   for (int64_t oy = 0; oy < output_size[0]; ++oy) {
     int64_t y0 = oy * height / output_size[0];
@@ -160,6 +164,9 @@ Tensor BatchNorm(const Tensor& input, const Tensor& running_mean, const Tensor& 
                  const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
                  double eps) {
   OROCHI_CHECK_ARG(input.dim() >= 2, "batch_norm: the input needs a channel dimension (dim 1)");
+  const Tensor undefined;
+  CommonDevice("batch_norm", {&input, &running_mean, &running_var, weight ? &*weight : &undefined,
+                              bias ? &*bias : &undefined});
   const int64_t channels = input.shape()[1];
   Shape per_channel(static_cast<size_t>(input.dim() - 1), 1);
   per_channel[0] = channels;

@@ -11,8 +11,11 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <vector>
 
+#include "device_backend.h"
 #include "orochi/base/check.h"
+#include "orochi/engine/device.h"
 #include "orochi/engine/error.h"
 
 namespace orochi::engine {
@@ -96,10 +99,42 @@ std::string DeviceName(Device device) {
   return "cuda:" + std::to_string(device.index);
 }
 
-Storage::Storage(Kind kind, std::byte* data, size_t size, bool read_only)
-    : kind_(kind), data_(data), size_(size), read_only_(read_only) {}
+Storage::Storage(Kind kind, std::byte* data, size_t size, bool read_only, Device device)
+    : kind_(kind), data_(data), size_(size), read_only_(read_only), device_(device) {}
+
+struct Storage::DeviceReplicas {
+  struct Entry {
+    Device device;
+    size_t begin;
+    size_t end;
+    StoragePtr replica;
+  };
+  std::vector<Entry> entries;
+};
+
+namespace {
+// Uploads of read-only storages are rare (model loading): one lock for all of them.
+std::mutex& ReplicaMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+}  // namespace
+
+StoragePtr Storage::DeviceReplica(Device device, size_t begin, size_t end, Upload upload) {
+  OROCHI_INTERNAL_ASSERT(read_only_ && begin <= end && end <= size_,
+                         "device replicas are of read-only bytes within the storage");
+  std::lock_guard lock(ReplicaMutex());
+  if (replicas_ == nullptr) replicas_ = new DeviceReplicas;
+  for (const DeviceReplicas::Entry& entry : replicas_->entries) {
+    if (entry.device == device && entry.begin == begin && entry.end == end) return entry.replica;
+  }
+  StoragePtr replica = upload(data_ + begin, end - begin, device);  // nothing kept if it throws
+  replicas_->entries.push_back({device, begin, end, replica});
+  return replica;
+}
 
 Storage::~Storage() {
+  delete replicas_;
   if (kind_ == Kind::kOwned) {
     size_t rounded = RoundedSize(size_);
     if (rounded < kLargeBlock || !LargeBlockCache::Instance().Give(data_, rounded)) {
@@ -118,7 +153,18 @@ void Storage::Release() {
   if (references_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
 }
 
-StoragePtr Storage::Allocate(size_t bytes) {
+StoragePtr Storage::Allocate(size_t bytes, Device device) {
+  if (device.type != DeviceType::kCpu) {
+    RequireDevice(device);
+    const DeviceBackend* backend = CudaBackend();
+    void* block = nullptr;
+    auto* data = static_cast<std::byte*>(backend->allocate(device.index, bytes, &block));
+    auto* storage = new Storage(Kind::kDevice, data, bytes, /*read_only=*/false, device);
+    storage->release_ = backend->release;
+    storage->release_context_ = block;
+    return StoragePtr(storage);
+  }
+  RequireDevice(device);
   size_t rounded = RoundedSize(bytes);
   std::byte* data = rounded >= kLargeBlock ? LargeBlockCache::Instance().Take(rounded) : nullptr;
   if (data == nullptr) data = static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded));

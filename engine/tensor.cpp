@@ -4,6 +4,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "device_backend.h"
+#include "orochi/engine/device.h"
 #include "orochi/engine/dispatch.h"
 #include "orochi/engine/ops.h"
 
@@ -56,7 +58,7 @@ Tensor::Tensor(StoragePtr storage, Shape shape, Shape strides, int64_t storage_o
                    "tensors have at most " << kMaxDims << " dimensions, got " << shape_.size());
 }
 
-Tensor Tensor::Empty(const Shape& shape, DType dtype) {
+Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t size : shape) {
     OROCHI_CHECK_ARG(size >= 0, "negative dimension in shape " << ShapeString(shape));
   }
@@ -66,7 +68,7 @@ Tensor Tensor::Empty(const Shape& shape, DType dtype) {
       StatusCode::kResourceExhausted,
       "a " << DTypeName(dtype) << " tensor of shape " << ShapeString(shape)
            << " needs more bytes than fit in 64 bits");
-  StoragePtr storage = Storage::Allocate(bytes);
+  StoragePtr storage = Storage::Allocate(bytes, device);
   return {std::move(storage), shape, ContiguousStrides(shape), 0, dtype};
 }
 
@@ -293,25 +295,79 @@ Tensor Tensor::Select(int64_t along, int64_t index) const {
 Tensor Tensor::Contiguous() const { return is_contiguous() ? *this : Clone(); }
 
 Tensor Tensor::Clone() const {
-  Tensor copy = Empty(shape_, dtype_);
+  Tensor copy = Empty(shape_, dtype_, device());
   copy.CopyFrom(*this);
   return copy;
 }
 
 Tensor Tensor::To(DType dtype) const {
   if (dtype == dtype_) return *this;
-  Tensor converted = Empty(shape_, dtype);
+  Tensor converted = Empty(shape_, dtype, device());
   converted.CopyFrom(*this);
   return converted;
 }
 
+namespace {
+
+// A read-only device copy of `size` host bytes, complete when this returns (see
+// Storage::DeviceReplica).
+StoragePtr UploadShared(const std::byte* bytes, size_t size, Device device) {
+  const auto count = static_cast<int64_t>(size);
+  Tensor destination = Tensor::Empty({count}, DType::kUInt8, device);
+  // The bytes belong to a storage that outlives this call: lend them without a release.
+  Tensor source(
+      Storage::Borrow(const_cast<std::byte*>(bytes), size, /*read_only=*/true, nullptr, nullptr),
+      {count}, {1}, 0, DType::kUInt8);
+  if (size > 0) CudaBackend()->copy_from_host(source, destination, /*share=*/true);
+  destination.storage()->MarkReadOnly();
+  return destination.storage();
+}
+
+}  // namespace
+
+Tensor Tensor::To(Device target) const {
+  const Device source_device = device();
+  if (target == source_device) return *this;
+  RequireDevice(target);
+  if (read_only() && source_device.type == DeviceType::kCpu && is_contiguous()) {
+    // Weights: one upload per byte range and device, shared by every caller.
+    const size_t item = ItemSize(dtype_);
+    const size_t begin = static_cast<size_t>(storage_offset_) * item;
+    const size_t end = begin + static_cast<size_t>(numel()) * item;
+    return {storage_->DeviceReplica(target, begin, end, UploadShared), shape_, strides_, 0, dtype_};
+  }
+  // Contiguous on the source device first (a device kernel for device tensors), then one copy of
+  // the bytes.
+  Tensor source = Contiguous();
+  Tensor moved = Empty(shape_, dtype_, target);
+  if (numel() > 0) {
+    if (source_device.type == DeviceType::kCpu) {
+      CudaBackend()->copy_from_host(source, moved, /*share=*/read_only());
+    } else if (target.type == DeviceType::kCpu) {
+      CudaBackend()->copy_to_host(source, moved);
+    } else {
+      CudaBackend()->copy_between_devices(source, moved);
+    }
+  }
+  if (read_only()) moved.storage_->MarkReadOnly();
+  return moved;
+}
+
 void Tensor::CopyFrom(const Tensor& source) {
   OROCHI_CHECK(!read_only(), StatusCode::kFailedPrecondition, kReadOnlyMessage);
-  Tensor expanded = source.shape() == shape_ ? source : source.Expand(shape_);
+  const Tensor& local = source.device() == device() ? source : source.To(device());
+  Tensor expanded = local.shape() == shape_ ? local : local.Expand(shape_);
   Kernels().Find<Op::copy>(device(), dtype_)(expanded, *this);
 }
 
+void Tensor::RequireCpu(std::string_view what) const {
+  OROCHI_CHECK(
+      device().type == DeviceType::kCpu, StatusCode::kFailedPrecondition,
+      what << ": the tensor is on " << DeviceName(device()) << "; move it to the CPU first");
+}
+
 double Tensor::ItemAsDouble(int64_t flat_index) const {
+  RequireCpu("reading an element");
   OROCHI_CHECK_ARG(flat_index >= 0 && flat_index < numel(),
                    "element " << flat_index << " is out of range for " << numel() << " elements");
   int64_t offset = 0;

@@ -1,4 +1,6 @@
 // CPU matrix multiplication: OpenBLAS for float32/float64, plain loops for the other dtypes.
+#include <cstring>
+
 #include "blas.h"
 #include "orochi/engine/dispatch.h"
 
@@ -11,22 +13,39 @@ void Matmul(const Tensor& a, const Tensor& b, Tensor& output) {
   const int64_t k = a.shape()[2];
   const int64_t n = b.shape()[2];
   if (output.numel() == 0) return;
+  if (k == 0) {  // an empty sum, without asking BLAS about zero-width matrices
+    std::memset(output.mutable_data(), 0, output.numel() * ItemSize(output.dtype()));
+    return;
+  }
+  // Row-major matrices have a unit column stride; the others are column-major (see MatmulKernel).
+  const int64_t a_rows = a.strides()[1];
+  const int64_t a_columns = a.strides()[2];
+  const int64_t b_rows = b.strides()[1];
+  const int64_t b_columns = b.strides()[2];
+  const bool a_row_major = a_columns == 1;
+  const bool b_row_major = b_columns == 1;
   VisitDType(a.dtype(), [&]<typename T>() {
     const T* lhs = a.data_as<T>();
     const T* rhs = b.data_as<T>();
     T* out = output.mutable_data_as<T>();
     for (int64_t i = 0; i < batch; ++i) {
-      const T* x = lhs + i * m * k;
-      const T* y = rhs + i * k * n;
+      const T* x = lhs + i * a.strides()[0];
+      const T* y = rhs + i * b.strides()[0];
       T* z = out + i * m * n;
-      if constexpr (std::is_same_v<T, float>) {
-        Blas().sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
-                     static_cast<int>(n), static_cast<int>(k), 1.0F, x, static_cast<int>(k), y,
-                     static_cast<int>(n), 0.0F, z, static_cast<int>(n));
-      } else if constexpr (std::is_same_v<T, double>) {
-        Blas().dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
-                     static_cast<int>(n), static_cast<int>(k), 1.0, x, static_cast<int>(k), y,
-                     static_cast<int>(n), 0.0, z, static_cast<int>(n));
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        const auto transpose_a = a_row_major ? CblasNoTrans : CblasTrans;
+        const auto transpose_b = b_row_major ? CblasNoTrans : CblasTrans;
+        const auto lda = static_cast<int>(a_row_major ? a_rows : a_columns);
+        const auto ldb = static_cast<int>(b_row_major ? b_rows : b_columns);
+        if constexpr (std::is_same_v<T, float>) {
+          Blas().sgemm(CblasRowMajor, transpose_a, transpose_b, static_cast<int>(m),
+                       static_cast<int>(n), static_cast<int>(k), 1.0F, x, lda, y, ldb, 0.0F, z,
+                       static_cast<int>(n));
+        } else {
+          Blas().dgemm(CblasRowMajor, transpose_a, transpose_b, static_cast<int>(m),
+                       static_cast<int>(n), static_cast<int>(k), 1.0, x, lda, y, ldb, 0.0, z,
+                       static_cast<int>(n));
+        }
       } else {
         using A = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float,
                                      std::conditional_t<std::is_same_v<T, bool>, bool, int64_t>>;
@@ -34,10 +53,12 @@ void Matmul(const Tensor& a, const Tensor& b, Tensor& output) {
           for (int64_t column = 0; column < n; ++column) {
             A total{};
             for (int64_t inner = 0; inner < k; ++inner) {
+              const T& left = x[row * a_rows + inner * a_columns];
+              const T& right = y[inner * b_rows + column * b_columns];
               if constexpr (std::is_same_v<A, bool>) {
-                total = total || (x[row * k + inner] && y[inner * n + column]);
+                total = total || (left && right);
               } else {
-                total += Convert<A>(x[row * k + inner]) * Convert<A>(y[inner * n + column]);
+                total += Convert<A>(left) * Convert<A>(right);
               }
             }
             z[row * n + column] = Convert<T>(total);

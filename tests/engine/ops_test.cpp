@@ -345,6 +345,40 @@ TEST(Matmul, CoversVectorMatrixAndBroadcastBatchCases) {
   EXPECT_THROW(Matmul(Zeros({2, 3}), Zeros({3, 2}, DType::kFloat64)), Error);
 }
 
+// Transposed, sliced and broadcast operands are handed to the kernels as strided views (row- or
+// column-major matrices, one batch stride); the results must not depend on the layout.
+TEST(Matmul, ReadsTransposedSlicedAndBroadcastOperands) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kInt64}) {
+    const std::string name(DTypeName(dtype));
+    Tensor query = RandomTensor({2, 3, 5, 8}, dtype, -2, 2, 5);
+    Tensor key = RandomTensor({2, 3, 7, 8}, dtype, -2, 2, 6);
+    Tensor key_t = key.Transpose(-2, -1);  // [2, 3, 8, 7], column-major matrices
+    ExpectNear(Matmul(query, key_t), ReferenceMatmul(query, key_t, {2, 3, 5, 7}),
+               Tolerance(dtype) * 8, "q @ k^T " + name);
+    Tensor weight = RandomTensor({6, 8}, dtype, -2, 2, 7);
+    Tensor weight_t = weight.Transpose(0, 1);  // linear's weight.T: one matrix for every batch
+    ExpectNear(Matmul(query, weight_t), ReferenceMatmul(query, weight_t, {2, 3, 5, 6}),
+               Tolerance(dtype) * 8, "x @ w^T " + name);
+    Tensor query_t = query.Transpose(-2, -1).Contiguous().Transpose(-2, -1);
+    ExpectNear(Matmul(query_t, weight_t), ReferenceMatmul(query_t, weight_t, {2, 3, 5, 6}),
+               Tolerance(dtype) * 8, "column-major x @ w^T " + name);
+    Tensor filters = RandomTensor({4, 5}, dtype, -2, 2, 8);  // conv2d: [O, K] @ [N, K, L]
+    ExpectNear(Matmul(filters, key.Narrow(2, 0, 5)),
+               ReferenceMatmul(filters, key.Narrow(2, 0, 5), {2, 3, 4, 8}), Tolerance(dtype) * 8,
+               "w @ sliced batch " + name);
+    Tensor sliced = query.Slice(3, 1, 8, 2);  // a row stride that is not the width
+    ExpectNear(Matmul(sliced, weight_t.Narrow(0, 0, 4)),
+               ReferenceMatmul(sliced, weight_t.Narrow(0, 0, 4), {2, 3, 5, 6}),
+               Tolerance(dtype) * 8, "strided rows " + name);
+    Tensor column = RandomTensor({8, 1}, dtype, -2, 2, 9);
+    ExpectNear(Matmul(query, column.Expand({8, 3})),
+               ReferenceMatmul(query, column.Expand({8, 3}), {2, 3, 5, 3}), Tolerance(dtype) * 8,
+               "broadcast columns " + name);
+  }
+  ExpectNear(Matmul(Zeros({2, 3, 0}), Zeros({0, 4})), std::vector<double>(24, 0.0), 0,
+             "empty inner dimension");
+}
+
 TEST(Matmul, LargeFloat32GoesThroughBlasCorrectly) {
   Tensor a = RandomTensor({64, 96}, DType::kFloat32, -1, 1, 1);
   Tensor b = RandomTensor({96, 80}, DType::kFloat32, -1, 1, 2);

@@ -54,7 +54,10 @@ struct Im2colGeometry {
 using Im2colKernel = void (*)(const Tensor& input, const Im2colGeometry& geometry, Tensor& output);
 // Sorts each row of contiguous [outer, inner] input (stable) into values and int64 indices.
 using SortKernel = void (*)(const Tensor& input, bool descending, Tensor& values, Tensor& indices);
-// Contiguous [batch, m, k] x [batch, k, n] -> [batch, m, n], one dtype.
+// [batch, m, k] x [batch, k, n] -> contiguous [batch, m, n], one dtype. The matrices of each
+// operand are row-major (column stride 1, row stride >= columns) or column-major (row stride 1,
+// column stride >= rows), at any batch stride (0: one matrix for every batch): transposed and
+// broadcast operands are read where they are, as BLAS reads them.
 using MatmulKernel = void (*)(const Tensor& a, const Tensor& b, Tensor& output);
 
 template <Op O>

@@ -3,7 +3,10 @@
 // Every op works on any device for which a kernel is registered (see dispatch.h) and throws
 // Error (kInvalidArgument) for bad arguments, naming the op, device and dtype when a kernel is
 // missing. Ops never modify their inputs; results are new contiguous tensors unless documented
-// as views. All functions are thread-safe.
+// as views, on the inputs' device. Inputs must share one device ("expected all tensors on the
+// same device"), except that elementwise ops (Binary, Where, Clamp, MaskedFill, ...) accept
+// 0-dim CPU tensors beside tensors of any device, as PyTorch does for Python numbers. Nothing
+// falls back to the CPU. All functions are thread-safe.
 #pragma once
 
 #include <array>
@@ -91,14 +94,18 @@ inline constexpr int kOpCount = static_cast<int>(std::size(kAllOps));
 OROCHI_ENGINE_API std::string_view OpName(Op op);
 
 // --- creation ----------------------------------------------------------------------------------
-OROCHI_ENGINE_API Tensor Zeros(const Shape& shape, DType dtype = DType::kFloat32);
-OROCHI_ENGINE_API Tensor Ones(const Shape& shape, DType dtype = DType::kFloat32);
-OROCHI_ENGINE_API Tensor Full(const Shape& shape, double value, DType dtype = DType::kFloat32);
+// Creation ops take the device to create on (the CPU by default).
+OROCHI_ENGINE_API Tensor Zeros(const Shape& shape, DType dtype = DType::kFloat32,
+                               Device device = {});
+OROCHI_ENGINE_API Tensor Ones(const Shape& shape, DType dtype = DType::kFloat32,
+                              Device device = {});
+OROCHI_ENGINE_API Tensor Full(const Shape& shape, double value, DType dtype = DType::kFloat32,
+                              Device device = {});
 // [start, end) in steps of `step`, like torch.arange.
 OROCHI_ENGINE_API Tensor Arange(double start, double end, double step = 1,
-                                DType dtype = DType::kInt64);
+                                DType dtype = DType::kInt64, Device device = {});
 // A 0-dim tensor holding `value`.
-OROCHI_ENGINE_API Tensor Scalar(double value, DType dtype);
+OROCHI_ENGINE_API Tensor Scalar(double value, DType dtype, Device device = {});
 
 // --- elementwise -------------------------------------------------------------------------------
 // Unary ops keep a floating dtype and compute integral inputs in float32 (exp, log, ...), except
@@ -159,9 +166,9 @@ OROCHI_ENGINE_API Tensor Embedding(const Tensor& indices, const Tensor& weight);
 
 // --- creation, continued -----------------------------------------------------------------------
 OROCHI_ENGINE_API Tensor Eye(int64_t rows, std::optional<int64_t> columns = {},
-                             DType dtype = DType::kFloat32);
+                             DType dtype = DType::kFloat32, Device device = {});
 OROCHI_ENGINE_API Tensor Linspace(double start, double end, int64_t steps,
-                                  DType dtype = DType::kFloat32);
+                                  DType dtype = DType::kFloat32, Device device = {});
 
 // --- normalisation -----------------------------------------------------------------------------
 // Over the trailing dims given by `normalized_shape`; weight and bias (that shape) optional.
@@ -229,8 +236,11 @@ OROCHI_ENGINE_API SortResult TopK(const Tensor& input, int64_t k, int64_t dim = 
 OROCHI_ENGINE_API Tensor MaskedSelect(const Tensor& input, const Tensor& mask);
 
 // --- random numbers (seeded, reproducible; not PyTorch's streams) ------------------------------
-OROCHI_ENGINE_API Tensor Rand(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat32);
-OROCHI_ENGINE_API Tensor Randn(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat32);
+// Drawn on the CPU and copied to `device`: the same seed gives the same values everywhere.
+OROCHI_ENGINE_API Tensor Rand(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat32,
+                              Device device = {});
+OROCHI_ENGINE_API Tensor Randn(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat32,
+                               Device device = {});
 
 // --- threads -----------------------------------------------------------------------------------
 // Intra-op threads for CPU kernels (OpenBLAS included). 1 by default: interpreter copies give

@@ -44,8 +44,10 @@ OROCHI_ENGINE_API size_t CpuCachedBytes();
 
 class OROCHI_ENGINE_API Storage {
  public:
-  // Uninitialised memory for `bytes` bytes (64-byte aligned) on the CPU.
-  static StoragePtr Allocate(size_t bytes);
+  // Uninitialised memory for `bytes` bytes: 64-byte aligned on the CPU; on a CUDA device from
+  // the device's caching allocator, ordered on the calling thread's stream (see device.h).
+  // Throws Error if the device is unavailable or out of memory.
+  static StoragePtr Allocate(size_t bytes, Device device = {});
   // A read-only map of the whole file at `path`: nothing is read
   // until it is touched, and all views of the same region share the page cache.
   static Result<StoragePtr> MapFile(const std::string& path);
@@ -60,6 +62,13 @@ class OROCHI_ENGINE_API Storage {
   // Makes this storage read-only for good (e.g. weights copied out of a misaligned file).
   void MarkReadOnly() { read_only_ = true; }
 
+  // For Tensor::To: the read-only copy of bytes [begin, end) of this read-only storage on
+  // `device`. The first call makes it with `upload(bytes, size, device)`; later calls, from any
+  // thread, share it, and it lives as long as this storage. So weights that every interpreter
+  // copy moves to a GPU are uploaded once.
+  using Upload = StoragePtr (*)(const std::byte* bytes, size_t size, Device device);
+  StoragePtr DeviceReplica(Device device, size_t begin, size_t end, Upload upload);
+
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
@@ -68,7 +77,11 @@ class OROCHI_ENGINE_API Storage {
   size_t size() const { return size_; }
   bool read_only() const { return read_only_; }
   bool borrowed() const { return kind_ == Kind::kBorrowed; }
+  // Where the bytes are. On a CUDA device data() is a device address: only kernels of that
+  // device may dereference it (Tensor::RequireCpu guards host reads).
   Device device() const { return device_; }
+  // The device allocator's handle of this block (null on the CPU), for device libraries only.
+  void* device_block() const { return kind_ == Kind::kDevice ? release_context_ : nullptr; }
 
  private:
   friend class StoragePtr;
@@ -76,15 +89,18 @@ class OROCHI_ENGINE_API Storage {
   // Releases memory lent to a borrowed Storage; called exactly once, with the context given.
   using BorrowRelease = void (*)(void* context);
 
-  enum class Kind : uint8_t { kOwned, kMapped, kBorrowed };
-  Storage(Kind kind, std::byte* data, size_t size, bool read_only);
+  // kDevice memory is returned with release_(release_context_), like kBorrowed memory.
+  enum class Kind : uint8_t { kOwned, kMapped, kBorrowed, kDevice };
+  Storage(Kind kind, std::byte* data, size_t size, bool read_only, Device device = {});
   ~Storage();
   void Retain();
   void Release();
 
+  struct DeviceReplicas;                // storage.cpp
+  DeviceReplicas* replicas_ = nullptr;  // made by DeviceReplica
   std::atomic<int64_t> references_{1};
   Kind kind_;
-  BorrowRelease release_ = nullptr;  // kBorrowed only
+  BorrowRelease release_ = nullptr;  // kBorrowed and kDevice only
   void* release_context_ = nullptr;
   std::byte* data_;
   size_t size_;

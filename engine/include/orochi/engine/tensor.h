@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "orochi/engine/dtype.h"
@@ -39,8 +40,8 @@ class OROCHI_ENGINE_API Tensor {
   Tensor() = default;  // an undefined tensor; defined() is false
   Tensor(StoragePtr storage, Shape shape, Shape strides, int64_t storage_offset, DType dtype);
 
-  // A new contiguous tensor with uninitialised contents.
-  static Tensor Empty(const Shape& shape, DType dtype);
+  // A new contiguous tensor with uninitialised contents on `device`.
+  static Tensor Empty(const Shape& shape, DType dtype, Device device = {});
 
   bool defined() const { return static_cast<bool>(storage_); }
   const Shape& shape() const { return shape_; }
@@ -56,6 +57,8 @@ class OROCHI_ENGINE_API Tensor {
   const StoragePtr& storage() const { return storage_; }
 
   // The first element. data() is always allowed; mutable_data() throws on read-only tensors.
+  // On a CUDA device these are device addresses: code that reads or writes the bytes on the
+  // host calls RequireCpu first.
   const void* data() const { return storage_->data() + storage_offset_ * ItemSize(dtype_); }
   void* mutable_data();
   template <typename T>
@@ -91,12 +94,24 @@ class OROCHI_ENGINE_API Tensor {
   Tensor Contiguous() const;     // *this if already contiguous
   Tensor Clone() const;          // always a new, writable, contiguous copy
   Tensor To(DType dtype) const;  // *this if already `dtype`, else a converted copy
+  // *this if already on `device`, else a contiguous copy there. A read-only tensor (weights)
+  // stays read-only, and on a GPU its copy has fully arrived before To returns, so any thread
+  // may use it at once; a contiguous one is uploaded once: moving the same bytes again, from
+  // any thread, gives a view of the same device copy, which lives as long as the CPU storage.
+  // Moving to the CPU waits for the work that produces the values.
+  Tensor To(Device device) const;
 
-  // Copies `source` (broadcast to this shape, converted to this dtype) into this tensor.
+  // Copies `source` (broadcast to this shape, converted to this dtype, moved from its device)
+  // into this tensor.
   void CopyFrom(const Tensor& source);
 
-  // Element i of the flattened tensor as double (tests, printing, .item()).
+  // Element i of the flattened tensor as double (tests, printing, .item()). CPU tensors only.
   double ItemAsDouble(int64_t flat_index = 0) const;
+
+  // Throws Error (kFailedPrecondition) "<what>: the tensor is on cuda:0; move it to the CPU
+  // first" unless this tensor is on the CPU. Every path that touches the bytes on the host
+  // (printing, buffers, file writes) calls it first.
+  void RequireCpu(std::string_view what) const;
 
  private:
   StoragePtr storage_;

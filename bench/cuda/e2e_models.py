@@ -1,0 +1,121 @@
+"""bench/cuda end to end: the example models' networks on the GPU, from the examples' own code.
+
+Runs in Orochi (`orochi python bench/cuda/e2e_models.py`) or, with --torch, in PyTorch eager
+(`python3 bench/cuda/e2e_models.py --torch`), where `orochi` stands for `torch` as in
+models/torch_runner.py. Both build the same modules with their default (random) weights, move
+them with Module.to(device), and time forward passes on random inputs with the device
+synchronised around each trial (median of 5). Prints one JSON line per model and batch size:
+{"model", "batch", "ms"}; bench_cuda.py --models runs both and compares.
+
+  resnet:  models/resnet's ResNet on [batch, 3, 224, 224] float32 images.
+  encoder: models/encoder's four pre-norm transformer layers and final norm on [batch, 128,
+           256] float32 embeddings with a padding mask (the token and position embeddings are
+           left out: the example makes its position ids with orochi.arange on the CPU).
+
+    orochi python bench/cuda/e2e_models.py [--batches 1,8] [--seconds 3] [--device cuda] [--json]
+
+This is written against Orochi's Python CUDA API (Tensor.to("cuda"), Module.to,
+orochi.cuda.synchronize); until a build has it, the Orochi half fails with that API's error.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = os.path.abspath(os.path.join(HERE, "..", "..", "models"))
+TRIALS = 5
+SEQUENCE = 128
+
+
+def alias_orochi_to_torch():
+    import torch  # noqa: PLC0415
+
+    serving = types.ModuleType("orochi.serving")
+    serving.InputError = ValueError
+    torch.serving = serving
+    sys.modules.update({"orochi": torch, "orochi.nn": torch.nn,
+                        "orochi.nn.functional": torch.nn.functional, "orochi.serving": serving})
+
+
+def load_model_code(example: str):
+    """models/<example>/code/model.py as a module of its own name (both files are model.py)."""
+    path = os.path.join(MODELS, example, "code", "model.py")
+    spec = importlib.util.spec_from_file_location(f"{example}_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def per_call_ms(call, synchronize, seconds: float) -> float:
+    for _ in range(3):  # warm up: handles, allocator caches, clocks
+        call()
+    synchronize()
+
+    def timed(iterations):
+        start = time.perf_counter()
+        for _ in range(iterations):
+            call()
+        synchronize()
+        return (time.perf_counter() - start) / iterations
+
+    iterations = max(3, int(seconds / TRIALS / max(timed(2), 1e-6)))
+    trials = sorted(timed(iterations) for _ in range(TRIALS))
+    return trials[len(trials) // 2] * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--torch", action="store_true", help="run in PyTorch eager instead")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--json", action="store_true", help="JSON lines only")
+    args = parser.parse_args()
+    if args.torch:
+        alias_orochi_to_torch()
+    import orochi  # noqa: PLC0415 (Orochi's own, or PyTorch under its name)
+
+    device = args.device
+    synchronize = orochi.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    resnet = load_model_code("resnet")
+    encoder = load_model_code("encoder")
+    networks = {"resnet": resnet.ResNet().eval().to(device),
+                "encoder": encoder.Encoder().eval().to(device)}
+
+    def resnet_call(batch):
+        images = orochi.randn(batch, 3, 224, 224).to(device)
+        return lambda: networks["resnet"](images)
+
+    def encoder_call(batch):
+        body = networks["encoder"]
+        states = orochi.randn(batch, SEQUENCE, encoder.WIDTH).to(device)
+        padding = orochi.zeros(batch, SEQUENCE, dtype=orochi.bool)
+        padding[:, SEQUENCE - 16:] = True  # some padding, so the mask is used
+        padding = padding.to(device)
+
+        def forward():
+            x = states
+            for layer in body.layers:
+                x = layer(x, src_key_padding_mask=padding)
+            return body.norm(x)
+        return forward
+
+    calls = {"resnet": resnet_call, "encoder": encoder_call}
+    framework = "torch" if args.torch else "orochi"
+    with orochi.no_grad():
+        for model, make_call in calls.items():
+            for batch in (int(text) for text in args.batches.split(",")):
+                ms = per_call_ms(make_call(batch), synchronize, args.seconds)
+                row = {"model": model, "batch": batch, "ms": ms, "framework": framework}
+                print(json.dumps(row) if args.json else
+                      f"{framework:6} {model:8} batch {batch:3}: {ms:8.3f} ms")
+                sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

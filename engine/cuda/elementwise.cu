@@ -1,0 +1,405 @@
+// CUDA kernels for copies, fills, arange, and elementwise unary, binary and where.
+//
+// One kernel per element type, with the op chosen at run time: the branch is the same for every
+// thread, costs little next to the memory traffic, and keeps the number of instantiations (and
+// nvcc's compile time) small. Arithmetic mirrors cpu/elementwise.cpp operation for operation.
+#include <cmath>
+
+#include "device_common.cuh"
+
+namespace orochi::engine::cuda {
+namespace {
+
+// --- copy ----------------------------------------------------------------------------------------
+
+// An element loaded for conversion: half types as float, like the CPU's Convert.
+struct Loaded {
+  enum Kind { kFloat, kDouble, kInteger } kind;
+  float f;
+  double d;
+  int64_t i;
+};
+
+template <typename T>
+__device__ __forceinline__ Loaded LoadAs(const void* base, int64_t offset) {
+  const T value = static_cast<const T*>(base)[offset];
+  Loaded loaded{Loaded::kInteger, 0.0F, 0.0, 0};
+  if constexpr (kIsHalfType<T> || std::is_same_v<T, float>) {
+    loaded.kind = Loaded::kFloat;
+    loaded.f = Cast<float>(value);
+  } else if constexpr (std::is_same_v<T, double>) {
+    loaded.kind = Loaded::kDouble;
+    loaded.d = value;
+  } else {
+    loaded.i = static_cast<int64_t>(value);
+  }
+  return loaded;
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreAs(void* base, int64_t offset, const Loaded& value) {
+  T* out = static_cast<T*>(base) + offset;
+  switch (value.kind) {
+    case Loaded::kFloat:
+      *out = Cast<T>(value.f);
+      break;
+    case Loaded::kDouble:
+      *out = Cast<T>(value.d);
+      break;
+    default:
+      *out = Cast<T>(value.i);
+      break;
+  }
+}
+
+__device__ Loaded Load(ScalarType type, const void* base, int64_t offset) {
+  switch (type) {
+    case ScalarType::kBool:
+      return LoadAs<bool>(base, offset);
+    case ScalarType::kUInt8:
+      return LoadAs<uint8_t>(base, offset);
+    case ScalarType::kInt8:
+      return LoadAs<int8_t>(base, offset);
+    case ScalarType::kInt16:
+      return LoadAs<int16_t>(base, offset);
+    case ScalarType::kInt32:
+      return LoadAs<int32_t>(base, offset);
+    case ScalarType::kInt64:
+      return LoadAs<int64_t>(base, offset);
+    case ScalarType::kFloat16:
+      return LoadAs<__half>(base, offset);
+    case ScalarType::kBFloat16:
+      return LoadAs<__nv_bfloat16>(base, offset);
+    case ScalarType::kFloat32:
+      return LoadAs<float>(base, offset);
+    default:
+      return LoadAs<double>(base, offset);
+  }
+}
+
+__device__ void Store(ScalarType type, void* base, int64_t offset, const Loaded& value) {
+  switch (type) {
+    case ScalarType::kBool:
+      return StoreAs<bool>(base, offset, value);
+    case ScalarType::kUInt8:
+      return StoreAs<uint8_t>(base, offset, value);
+    case ScalarType::kInt8:
+      return StoreAs<int8_t>(base, offset, value);
+    case ScalarType::kInt16:
+      return StoreAs<int16_t>(base, offset, value);
+    case ScalarType::kInt32:
+      return StoreAs<int32_t>(base, offset, value);
+    case ScalarType::kInt64:
+      return StoreAs<int64_t>(base, offset, value);
+    case ScalarType::kFloat16:
+      return StoreAs<__half>(base, offset, value);
+    case ScalarType::kBFloat16:
+      return StoreAs<__nv_bfloat16>(base, offset, value);
+    case ScalarType::kFloat32:
+      return StoreAs<float>(base, offset, value);
+    default:
+      return StoreAs<double>(base, offset, value);
+  }
+}
+
+// Same type: moves items of T's size.
+template <typename T>
+__global__ void CopyKernel(T* out, const T* in, Layout layout, int64_t count) {
+  ForEachElement<2>(layout, count,
+                    [&](int64_t, const int64_t(&offsets)[2]) { out[offsets[0]] = in[offsets[1]]; });
+}
+
+__global__ void ConvertKernel(void* out, ScalarType out_type, const void* in, ScalarType in_type,
+                              Layout layout, int64_t count) {
+  ForEachElement<2>(layout, count, [&](int64_t, const int64_t(&offsets)[2]) {
+    Store(out_type, out, offsets[0], Load(in_type, in, offsets[1]));
+  });
+}
+
+template <typename T>
+__global__ void FillKernel(T* out, T value, int64_t count) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    out[i] = value;
+  }
+}
+
+__global__ void ArangeKernel(void* out, ScalarType type, double start, double step, int64_t count) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    // Rounded twice as on the CPU, not fused into one FMA: truncation to integers must agree.
+    Loaded value{Loaded::kDouble, 0.0F, __dadd_rn(start, __dmul_rn(static_cast<double>(i), step)),
+                 0};
+    Store(type, out, i, value);
+  }
+}
+
+// --- unary ---------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float Fabs(float x) { return fabsf(x); }
+__device__ __forceinline__ double Fabs(double x) { return fabs(x); }
+__device__ __forceinline__ float Exp(float x) { return expf(x); }
+__device__ __forceinline__ double Exp(double x) { return exp(x); }
+__device__ __forceinline__ float Log(float x) { return logf(x); }
+__device__ __forceinline__ double Log(double x) { return log(x); }
+__device__ __forceinline__ float Sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double Sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float Sin(float x) { return sinf(x); }
+__device__ __forceinline__ double Sin(double x) { return sin(x); }
+__device__ __forceinline__ float Cos(float x) { return cosf(x); }
+__device__ __forceinline__ double Cos(double x) { return cos(x); }
+__device__ __forceinline__ float Tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double Tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float Erf(float x) { return erff(x); }
+__device__ __forceinline__ double Erf(double x) { return erf(x); }
+__device__ __forceinline__ float Floor(float x) { return floorf(x); }
+__device__ __forceinline__ double Floor(double x) { return floor(x); }
+__device__ __forceinline__ float Ceil(float x) { return ceilf(x); }
+__device__ __forceinline__ double Ceil(double x) { return ceil(x); }
+__device__ __forceinline__ float Rint(float x) { return rintf(x); }  // half to even
+__device__ __forceinline__ double Rint(double x) { return rint(x); }
+__device__ __forceinline__ float Pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double Pow(double x, double y) { return pow(x, y); }
+
+template <typename C>
+__device__ __forceinline__ C ApplyUnary(UnaryOp op, C x) {
+  if constexpr (std::is_floating_point_v<C>) {
+    switch (op) {
+      case UnaryOp::kNeg:
+        return -x;
+      case UnaryOp::kAbs:
+        return Fabs(x);
+      case UnaryOp::kExp:
+        return Exp(x);
+      case UnaryOp::kLog:
+        return Log(x);
+      case UnaryOp::kSqrt:
+        return Sqrt(x);
+      case UnaryOp::kRsqrt:
+        return C{1} / Sqrt(x);
+      case UnaryOp::kSin:
+        return Sin(x);
+      case UnaryOp::kCos:
+        return Cos(x);
+      case UnaryOp::kTanh:
+        return Tanh(x);
+      case UnaryOp::kSigmoid:
+        return C{1} / (C{1} + Exp(-x));
+      case UnaryOp::kRelu:
+        return x > C{0} ? x : C{0};
+      case UnaryOp::kSilu:
+        return x / (C{1} + Exp(-x));
+      case UnaryOp::kGelu:
+        return C{0.5} * x * (C{1} + Erf(x * C{0.70710678118654752440}));
+      case UnaryOp::kGeluTanh: {
+        const C inner = C{0.79788456080286535588} * (x + C{0.044715} * x * x * x);
+        return C{0.5} * x * (C{1} + Tanh(inner));
+      }
+      case UnaryOp::kErf:
+        return Erf(x);
+      case UnaryOp::kFloor:
+        return Floor(x);
+      case UnaryOp::kCeil:
+        return Ceil(x);
+      case UnaryOp::kRound:
+        return Rint(x);
+      default:
+        return x;
+    }
+  } else {  // integral: the ops that keep integral dtypes
+    switch (op) {
+      case UnaryOp::kNeg:
+        return static_cast<C>(-x);
+      case UnaryOp::kAbs:
+        if constexpr (std::is_signed_v<C>) return x < C{0} ? static_cast<C>(-x) : x;
+        return x;
+      case UnaryOp::kRelu:
+        return x > C{0} ? x : C{0};
+      default:
+        return x;  // floor, ceil and round are the identity on integers
+    }
+  }
+}
+
+template <typename T>
+__global__ void UnaryKernel(UnaryOp op, T* out, const T* in, Layout layout, int64_t count) {
+  using C = Compute<T>;
+  ForEachElement<2>(layout, count, [&](int64_t, const int64_t(&offsets)[2]) {
+    out[offsets[0]] = Cast<T>(ApplyUnary(op, Cast<C>(in[offsets[1]])));
+  });
+}
+
+template <typename T>
+cudaError_t LaunchUnaryOf(UnaryOp op, void* out, const void* in, const Layout& layout,
+                          int64_t count, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return cudaErrorInvalidValue;  // not registered: no unary op is defined on bool
+  } else {
+    UnaryKernel<T><<<GridFor(count), kBlockSize, 0, stream>>>(
+        op, static_cast<T*>(out), static_cast<const T*>(in), layout, count);
+    return cudaGetLastError();
+  }
+}
+
+// --- binary --------------------------------------------------------------------------------------
+
+template <typename C>
+__device__ __forceinline__ C ApplyArithmetic(BinaryOp op, C a, C b) {
+  switch (op) {
+    case BinaryOp::kAdd:
+      return static_cast<C>(a + b);
+    case BinaryOp::kSub:
+      return static_cast<C>(a - b);
+    case BinaryOp::kMul:
+      return static_cast<C>(a * b);
+    case BinaryOp::kDiv:
+      return static_cast<C>(a / b);
+    case BinaryOp::kPow:
+      if constexpr (std::is_floating_point_v<C>) {
+        return Pow(a, b);
+      } else {
+        C result = 1;  // integer power by squaring; negative exponents give 0 as in PyTorch
+        for (C base = a, exponent = b; exponent > 0; exponent >>= 1, base *= base) {
+          if (exponent & 1) result *= base;
+        }
+        if constexpr (std::is_signed_v<C>) return b < 0 ? C{0} : result;
+        return result;
+      }
+    case BinaryOp::kMaximum:
+      if (IsNan(a) || IsNan(b)) return a + b;  // NaN
+      return a > b ? a : b;
+    case BinaryOp::kMinimum:
+      if (IsNan(a) || IsNan(b)) return a + b;
+      return a < b ? a : b;
+    default:
+      return a;
+  }
+}
+
+template <typename C>
+__device__ __forceinline__ bool ApplyComparison(BinaryOp op, C a, C b) {
+  switch (op) {
+    case BinaryOp::kLogicalAnd:
+      return a != C{0} && b != C{0};
+    case BinaryOp::kLogicalOr:
+      return a != C{0} || b != C{0};
+    case BinaryOp::kLogicalXor:
+      return (a != C{0}) != (b != C{0});
+    case BinaryOp::kEq:
+      return a == b;
+    case BinaryOp::kNe:
+      return a != b;
+    case BinaryOp::kLt:
+      return a < b;
+    case BinaryOp::kLe:
+      return a <= b;
+    case BinaryOp::kGt:
+      return a > b;
+    case BinaryOp::kGe:
+      return a >= b;
+    default:
+      return false;
+  }
+}
+
+template <typename T>
+__global__ void BinaryKernel(BinaryOp op, void* out, const T* a, const T* b, Layout layout,
+                             int64_t count) {
+  using C = Compute<T>;
+  if (op >= BinaryOp::kEq) {
+    auto* flags = static_cast<bool*>(out);
+    ForEachElement<3>(layout, count, [&](int64_t, const int64_t(&offsets)[3]) {
+      flags[offsets[0]] = ApplyComparison(op, Cast<C>(a[offsets[1]]), Cast<C>(b[offsets[2]]));
+    });
+    return;
+  }
+  auto* values = static_cast<T*>(out);
+  ForEachElement<3>(layout, count, [&](int64_t, const int64_t(&offsets)[3]) {
+    values[offsets[0]] =
+        Cast<T>(ApplyArithmetic(op, Cast<C>(a[offsets[1]]), Cast<C>(b[offsets[2]])));
+  });
+}
+
+template <typename T>
+__global__ void WhereKernel(T* out, const bool* condition, const T* a, const T* b, Layout layout,
+                            int64_t count) {
+  ForEachElement<4>(layout, count, [&](int64_t, const int64_t(&offsets)[4]) {
+    out[offsets[0]] = condition[offsets[1]] ? a[offsets[2]] : b[offsets[3]];
+  });
+}
+
+}  // namespace
+
+cudaError_t LaunchCopy(void* out, ScalarType out_type, const void* in, ScalarType in_type,
+                       const Layout& layout, int64_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  if (out_type == in_type) {
+    const int item_size = ItemSizeOf(out_type);
+    if (layout.dims == 1 && layout.strides[0][0] == 1 && layout.strides[1][0] == 1) {
+      return cudaMemcpyAsync(out, in, static_cast<size_t>(count) * item_size,
+                             cudaMemcpyDeviceToDevice, stream);
+    }
+    OROCHI_CUDA_DISPATCH_SIZE(item_size, T,
+                              CopyKernel<T><<<GridFor(count), kBlockSize, 0, stream>>>(
+                                  static_cast<T*>(out), static_cast<const T*>(in), layout, count));
+    return cudaGetLastError();
+  }
+  ConvertKernel<<<GridFor(count), kBlockSize, 0, stream>>>(out, out_type, in, in_type, layout,
+                                                           count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFill(void* out, int item_size, uint64_t pattern, int64_t count,
+                       cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  bool bytes_equal = true;  // then a memset does it
+  for (int i = 1; i < item_size; ++i) {
+    bytes_equal = bytes_equal && ((pattern >> (8 * i)) & 0xFFU) == (pattern & 0xFFU);
+  }
+  if (bytes_equal) {
+    return cudaMemsetAsync(out, static_cast<int>(pattern & 0xFFU),
+                           static_cast<size_t>(count) * item_size, stream);
+  }
+  OROCHI_CUDA_DISPATCH_SIZE(item_size, T,
+                            FillKernel<T><<<GridFor(count), kBlockSize, 0, stream>>>(
+                                static_cast<T*>(out), static_cast<T>(pattern), count));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchArange(void* out, ScalarType type, double start, double step, int64_t count,
+                         cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  ArangeKernel<<<GridFor(count), kBlockSize, 0, stream>>>(out, type, start, step, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchUnary(UnaryOp op, ScalarType type, void* out, const void* in,
+                        const Layout& layout, int64_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  OROCHI_CUDA_DISPATCH(type, T, return LaunchUnaryOf<T>(op, out, in, layout, count, stream));
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchBinary(BinaryOp op, ScalarType type, void* out, const void* a, const void* b,
+                         const Layout& layout, int64_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  OROCHI_CUDA_DISPATCH(
+      type, T,
+      BinaryKernel<T><<<GridFor(count), kBlockSize, 0, stream>>>(
+          op, out, static_cast<const T*>(a), static_cast<const T*>(b), layout, count));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchWhere(int item_size, void* out, const bool* condition, const void* a,
+                        const void* b, const Layout& layout, int64_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  OROCHI_CUDA_DISPATCH_SIZE(item_size, T,
+                            WhereKernel<T><<<GridFor(count), kBlockSize, 0, stream>>>(
+                                static_cast<T*>(out), condition, static_cast<const T*>(a),
+                                static_cast<const T*>(b), layout, count));
+  return cudaGetLastError();
+}
+
+}  // namespace orochi::engine::cuda

@@ -1,0 +1,454 @@
+// The CUDA kernels of every engine op, with the registry's signatures: each checks what the
+// front-end left to it, turns tensors into launch parameters (kernels.h), queues the work on the
+// calling thread's stream and throws an Error naming the op if the launch failed. Matmul of
+// floating types goes to cuBLAS.
+#include "kernels.h"
+
+#include <cublas_v2.h>
+
+#include <climits>
+#include <cstring>
+
+#include "orochi/base/check.h"
+#include "orochi/engine/device.h"
+#include "orochi/engine/dispatch.h"
+#include "runtime.h"
+
+namespace orochi::engine::cuda {
+namespace {
+
+#define OROCHI_SAME_ENUMERATOR(name, type, text, code, category) \
+  static_assert(static_cast<int>(DType::name) == static_cast<int>(ScalarType::name));
+OROCHI_ENGINE_DTYPES(OROCHI_SAME_ENUMERATOR)
+#undef OROCHI_SAME_ENUMERATOR
+
+ScalarType TypeOf(const Tensor& tensor) { return static_cast<ScalarType>(tensor.dtype()); }
+
+// The layout of same-shaped `operands` (the output first), with size-1 dims dropped and
+// neighbouring dims merged wherever every operand is contiguous across them.
+Layout MakeLayout(std::string_view op, const Shape& shape,
+                  std::initializer_list<const Tensor*> operands) {
+  OROCHI_INTERNAL_ASSERT(operands.size() <= static_cast<size_t>(kMaxOperands),
+                         "too many operands for a CUDA layout");
+  struct Dim {
+    int64_t size;
+    int64_t strides[kMaxOperands];
+  };
+  std::vector<Dim> dims;  // innermost first
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] == 1) continue;
+    Dim dim{shape[d], {}};
+    int k = 0;
+    for (const Tensor* operand : operands) dim.strides[k++] = operand->strides()[d];
+    if (!dims.empty()) {
+      Dim& inner = dims.back();
+      bool mergeable = true;
+      for (int i = 0; i < k; ++i) {
+        mergeable = mergeable && dim.strides[i] == inner.strides[i] * inner.size;
+      }
+      if (mergeable) {
+        inner.size *= dim.size;
+        continue;
+      }
+    }
+    dims.push_back(dim);
+  }
+  if (dims.empty()) dims.push_back(Dim{1, {}});  // one element
+  OROCHI_CHECK(dims.size() <= static_cast<size_t>(kMaxLayoutDims), StatusCode::kUnimplemented,
+               op << " on cuda: the tensors have " << dims.size()
+                  << " dimensions that cannot be merged; the CUDA kernels take at most "
+                  << kMaxLayoutDims << " (make the inputs contiguous first)");
+  Layout layout;
+  layout.dims = static_cast<int>(dims.size());
+  for (int d = 0; d < layout.dims; ++d) {
+    const Dim& dim = dims[dims.size() - 1 - d];
+    layout.sizes[d] = dim.size;
+    for (int k = 0; k < kMaxOperands; ++k) layout.strides[k][d] = dim.strides[k];
+  }
+  return layout;
+}
+
+uint64_t BitPattern(DType dtype, double value) {
+  uint64_t pattern = 0;
+  VisitDType(dtype, [&]<typename T>() {
+    const T converted = Convert<T>(value);
+    std::memcpy(&pattern, &converted, sizeof(T));
+  });
+  return pattern;
+}
+
+// --- copies and elementwise ----------------------------------------------------------------------
+
+void CudaCopy(const Tensor& source, Tensor& destination) {
+  const int64_t count = destination.numel();
+  if (count == 0) return;
+  StreamScope scope(destination, {&source});
+  const Layout layout = MakeLayout("copy", destination.shape(), {&destination, &source});
+  scope.Check(LaunchCopy(destination.mutable_data(), TypeOf(destination), source.data(),
+                         TypeOf(source), layout, count, scope.stream()),
+              "copy");
+}
+
+void CudaFill(Tensor& output, double value) {
+  OROCHI_INTERNAL_ASSERT(output.is_contiguous(), "fill writes contiguous outputs");
+  if (output.numel() == 0) return;
+  StreamScope scope(output, {});
+  scope.Check(LaunchFill(output.mutable_data(), static_cast<int>(ItemSize(output.dtype())),
+                         BitPattern(output.dtype(), value), output.numel(), scope.stream()),
+              "fill");
+}
+
+void CudaArangeFill(Tensor& output, double start, double step) {
+  if (output.numel() == 0) return;
+  StreamScope scope(output, {});
+  scope.Check(LaunchArange(output.mutable_data(), TypeOf(output), start, step, output.numel(),
+                           scope.stream()),
+              "arange");
+}
+
+UnaryOp UnaryOpOf(Op op) {
+  switch (op) {
+    case Op::neg:
+      return UnaryOp::kNeg;
+    case Op::abs:
+      return UnaryOp::kAbs;
+    case Op::exp:
+      return UnaryOp::kExp;
+    case Op::log:
+      return UnaryOp::kLog;
+    case Op::sqrt:
+      return UnaryOp::kSqrt;
+    case Op::rsqrt:
+      return UnaryOp::kRsqrt;
+    case Op::sin:
+      return UnaryOp::kSin;
+    case Op::cos:
+      return UnaryOp::kCos;
+    case Op::tanh:
+      return UnaryOp::kTanh;
+    case Op::sigmoid:
+      return UnaryOp::kSigmoid;
+    case Op::relu:
+      return UnaryOp::kRelu;
+    case Op::silu:
+      return UnaryOp::kSilu;
+    case Op::gelu:
+      return UnaryOp::kGelu;
+    case Op::gelu_tanh:
+      return UnaryOp::kGeluTanh;
+    case Op::erf:
+      return UnaryOp::kErf;
+    case Op::floor:
+      return UnaryOp::kFloor;
+    case Op::ceil:
+      return UnaryOp::kCeil;
+    case Op::round:
+      return UnaryOp::kRound;
+    default:
+      OROCHI_INTERNAL_ASSERT(false, "not a unary op");
+  }
+}
+
+BinaryOp BinaryOpOf(Op op) {
+  switch (op) {
+    case Op::add:
+      return BinaryOp::kAdd;
+    case Op::sub:
+      return BinaryOp::kSub;
+    case Op::mul:
+      return BinaryOp::kMul;
+    case Op::div:
+      return BinaryOp::kDiv;
+    case Op::pow:
+      return BinaryOp::kPow;
+    case Op::maximum:
+      return BinaryOp::kMaximum;
+    case Op::minimum:
+      return BinaryOp::kMinimum;
+    case Op::eq:
+      return BinaryOp::kEq;
+    case Op::ne:
+      return BinaryOp::kNe;
+    case Op::lt:
+      return BinaryOp::kLt;
+    case Op::le:
+      return BinaryOp::kLe;
+    case Op::gt:
+      return BinaryOp::kGt;
+    case Op::ge:
+      return BinaryOp::kGe;
+    case Op::logical_and:
+      return BinaryOp::kLogicalAnd;
+    case Op::logical_or:
+      return BinaryOp::kLogicalOr;
+    case Op::logical_xor:
+      return BinaryOp::kLogicalXor;
+    default:
+      OROCHI_INTERNAL_ASSERT(false, "not a binary op");
+  }
+}
+
+ReduceOp ReduceOpOf(Op op) {
+  switch (op) {
+    case Op::sum:
+      return ReduceOp::kSum;
+    case Op::mean:
+      return ReduceOp::kMean;
+    case Op::amax:
+      return ReduceOp::kAmax;
+    case Op::amin:
+      return ReduceOp::kAmin;
+    case Op::prod:
+      return ReduceOp::kProd;
+    case Op::argmax:
+      return ReduceOp::kArgmax;
+    case Op::argmin:
+      return ReduceOp::kArgmin;
+    default:
+      OROCHI_INTERNAL_ASSERT(false, "not a reduction");
+  }
+}
+
+void CudaUnary(Op op, const Tensor& input, Tensor& output) {
+  const int64_t count = output.numel();
+  if (count == 0) return;
+  StreamScope scope(output, {&input});
+  const Layout layout = MakeLayout(OpName(op), output.shape(), {&output, &input});
+  scope.Check(LaunchUnary(UnaryOpOf(op), TypeOf(input), output.mutable_data(), input.data(), layout,
+                          count, scope.stream()),
+              OpName(op));
+}
+
+void CudaBinary(Op op, const Tensor& a, const Tensor& b, Tensor& output) {
+  const int64_t count = output.numel();
+  if (count == 0) return;
+  StreamScope scope(output, {&a, &b});
+  const Layout layout = MakeLayout(OpName(op), output.shape(), {&output, &a, &b});
+  scope.Check(LaunchBinary(BinaryOpOf(op), TypeOf(a), output.mutable_data(), a.data(), b.data(),
+                           layout, count, scope.stream()),
+              OpName(op));
+}
+
+void CudaWhere(const Tensor& condition, const Tensor& a, const Tensor& b, Tensor& output) {
+  const int64_t count = output.numel();
+  if (count == 0) return;
+  StreamScope scope(output, {&condition, &a, &b});
+  const Layout layout = MakeLayout("where", output.shape(), {&output, &condition, &a, &b});
+  scope.Check(
+      LaunchWhere(static_cast<int>(ItemSize(output.dtype())), output.mutable_data(),
+                  condition.data_as<bool>(), a.data(), b.data(), layout, count, scope.stream()),
+      "where");
+}
+
+// --- rows ----------------------------------------------------------------------------------------
+
+void CudaReduce(Op op, const Tensor& input, Tensor& output) {
+  const int64_t outer = output.numel();
+  const int64_t inner = outer == 0 ? 0 : input.numel() / outer;
+  if (outer == 0) return;
+  StreamScope scope(output, {&input});
+  scope.Check(LaunchReduce(ReduceOpOf(op), TypeOf(input), input.data(), TypeOf(output),
+                           output.mutable_data(), outer, inner, scope.stream()),
+              OpName(op));
+}
+
+void CudaSoftmax(Op op, const Tensor& input, Tensor& output) {
+  const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
+  const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
+  if (outer == 0) return;
+  StreamScope scope(output, {&input});
+  scope.Check(LaunchSoftmax(op == Op::log_softmax, TypeOf(input), input.data(),
+                            output.mutable_data(), outer, inner, scope.stream()),
+              OpName(op));
+}
+
+void CudaNorm(Op op, const Tensor& input, const Tensor* weight, const Tensor* bias, double eps,
+              Tensor& output) {
+  const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
+  const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
+  if (outer == 0) return;
+  StreamScope scope(output, {&input, weight, bias});
+  scope.Check(LaunchNorm(op == Op::rms_norm, TypeOf(input), input.data(),
+                         weight != nullptr ? weight->data() : nullptr,
+                         bias != nullptr ? bias->data() : nullptr, eps, output.mutable_data(),
+                         outer, inner, scope.stream()),
+              OpName(op));
+}
+
+// --- positions -----------------------------------------------------------------------------------
+
+void CudaIndexSelect(const Tensor& input, const Tensor& index, Tensor& output) {
+  if (output.numel() == 0) return;
+  StreamScope scope(output, {&input, &index});
+  scope.Check(LaunchIndexSelect(static_cast<int>(ItemSize(input.dtype())), input.data(),
+                                index.data_as<int64_t>(), output.mutable_data(), input.shape()[0],
+                                input.shape()[1], input.shape()[2], index.numel(), scope.stream()),
+              "index_select");
+}
+
+void CudaIm2col(const Tensor& input, const Im2colGeometry& geometry, Tensor& output) {
+  if (output.numel() == 0) return;
+  StreamScope scope(output, {&input});
+  Im2colParams params{};
+  params.planes = input.shape()[0] * input.shape()[1];
+  params.height = input.shape()[2];
+  params.width = input.shape()[3];
+  for (int i = 0; i < 2; ++i) {
+    params.kernel[i] = geometry.kernel[i];
+    params.stride[i] = geometry.stride[i];
+    params.padding[i] = geometry.padding[i];
+    params.dilation[i] = geometry.dilation[i];
+  }
+  params.out_height = output.shape()[4];
+  params.out_width = output.shape()[5];
+  params.pad_pattern = BitPattern(input.dtype(), geometry.pad_value);
+  scope.Check(LaunchIm2col(static_cast<int>(ItemSize(input.dtype())), input.data(),
+                           output.mutable_data(), params, scope.stream()),
+              "im2col");
+}
+
+void CudaSort(const Tensor& input, bool descending, Tensor& values, Tensor& indices) {
+  const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
+  const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
+  if (outer == 0) return;
+  OROCHI_CHECK(
+      inner <= INT32_MAX, StatusCode::kUnimplemented,
+      "sort on cuda: rows of more than 2^31 - 1 elements are not supported, got " << inner);
+  int64_t padded = 1;
+  while (padded < inner) padded *= 2;
+  const Device device = input.device();
+  // Scratch: the keys (as int64, the same bytes) and positions, [outer, padded].
+  Tensor keys = Tensor::Empty({outer, padded}, DType::kInt64, device);
+  Tensor positions = Tensor::Empty({outer, padded}, DType::kInt32, device);
+  StreamScope scope(values, {&input, &indices});
+  auto* key_data = static_cast<uint64_t*>(keys.mutable_data());
+  auto* position_data = positions.mutable_data_as<int32_t>();
+  scope.Check(LaunchSortKeys(TypeOf(input), input.data(), descending, key_data, position_data,
+                             outer, inner, padded, scope.stream()),
+              "sort");
+  scope.Check(LaunchSortRows(key_data, position_data, outer, padded, scope.stream()), "sort");
+  scope.Check(
+      LaunchSortGather(static_cast<int>(ItemSize(input.dtype())), input.data(), position_data,
+                       values.mutable_data(), indices.mutable_data_as<int64_t>(), outer, inner,
+                       padded, scope.stream()),
+      "sort");
+}
+
+// --- matmul --------------------------------------------------------------------------------------
+
+// How cuBLAS (column-major) reads one operand of a row-major product: a row-major matrix is, in
+// column-major terms, its own transpose with the row stride as leading dimension; a
+// column-major one is itself, to be transposed.
+struct CublasOperand {
+  cublasOperation_t operation;
+  int64_t leading;
+};
+CublasOperand AsCublasOperand(const Tensor& matrices) {
+  const int64_t row_stride = matrices.strides()[1];
+  const int64_t column_stride = matrices.strides()[2];
+  if (column_stride == 1) return {CUBLAS_OP_N, row_stride};
+  return {CUBLAS_OP_T, column_stride};
+}
+
+void CudaMatmul(const Tensor& a, const Tensor& b, Tensor& output) {
+  const int64_t batch = a.shape()[0];
+  const int64_t m = a.shape()[1];
+  const int64_t k = a.shape()[2];
+  const int64_t n = b.shape()[2];
+  if (output.numel() == 0) return;
+  StreamScope scope(output, {&a, &b});
+  const DType dtype = a.dtype();
+  if (k == 0) {  // an empty sum
+    scope.Check(
+        cudaMemsetAsync(output.mutable_data(), 0,
+                        static_cast<size_t>(output.numel()) * ItemSize(dtype), scope.stream()),
+        "matmul");
+    return;
+  }
+  if (!IsFloating(dtype)) {
+    MatmulShape shape{batch, m, k, n, {}, {}};
+    for (int i = 0; i < 3; ++i) {
+      shape.a_strides[i] = a.strides()[i];
+      shape.b_strides[i] = b.strides()[i];
+    }
+    scope.Check(LaunchIntegerMatmul(TypeOf(a), a.data(), b.data(), output.mutable_data(), shape,
+                                    scope.stream()),
+                "matmul");
+    return;
+  }
+  const CublasOperand left = AsCublasOperand(b);  // C^T = B^T A^T: b comes first
+  const CublasOperand right = AsCublasOperand(a);
+  OROCHI_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && batch <= INT_MAX &&
+                   left.leading <= INT_MAX && right.leading <= INT_MAX,
+               StatusCode::kUnimplemented,
+               "matmul on cuda: cuBLAS takes sizes up to 2^31 - 1, got batch "
+                   << batch << ", m " << m << ", k " << k << ", n " << n);
+  cudaDataType_t data_type = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  switch (dtype) {
+    case DType::kFloat16:
+      data_type = CUDA_R_16F;
+      break;
+    case DType::kBFloat16:
+      data_type = CUDA_R_16BF;
+      break;
+    case DType::kFloat64:
+      data_type = CUDA_R_64F;
+      compute = CUBLAS_COMPUTE_64F;
+      break;
+    default:
+      if (AllowTf32()) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+      break;
+  }
+  const float one = 1.0F;
+  const float zero = 0.0F;
+  const double one_double = 1.0;
+  const double zero_double = 0.0;
+  const bool double_scalars = compute == CUBLAS_COMPUTE_64F;
+  // The row-major product C[m,n] = A[m,k] B[k,n] is, read column-major, C^T[n,m] = B^T A^T.
+  const cublasStatus_t status = Cublas().gemm_strided_batched(
+      CurrentCublas(scope.device()), left.operation, right.operation, static_cast<int>(n),
+      static_cast<int>(m), static_cast<int>(k),
+      double_scalars ? static_cast<const void*>(&one_double) : &one, b.data(), data_type,
+      static_cast<int>(left.leading), b.strides()[0], a.data(), data_type,
+      static_cast<int>(right.leading), a.strides()[0],
+      double_scalars ? static_cast<const void*>(&zero_double) : &zero, output.mutable_data(),
+      data_type, static_cast<int>(n), m * n, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    ThrowCublasError(status,
+                     "matmul (cublasGemmStridedBatchedEx, " + std::string(DTypeName(dtype)) + ")",
+                     scope.device());
+  }
+}
+
+}  // namespace
+
+void RegisterCudaKernels(KernelRegistry& registry) {
+  constexpr DeviceType kCuda = DeviceType::kCuda;
+  // The same dtypes as the CPU kernels (cpu/*.cpp), so that a model runs on either device.
+  registry.Register<Op::copy>(kCuda, CudaCopy, kAllDTypes);
+  registry.Register<Op::fill>(kCuda, CudaFill, kAllDTypes);
+  registry.Register<Op::arange>(kCuda, CudaArangeFill, kNumericDTypes);
+  registry.RegisterEach<Op::neg, Op::abs, Op::relu, Op::floor, Op::ceil, Op::round>(
+      kCuda, CudaUnary, kNumericDTypes);
+  registry.RegisterEach<Op::exp, Op::log, Op::sqrt, Op::rsqrt, Op::sin, Op::cos, Op::tanh,
+                        Op::sigmoid, Op::silu, Op::gelu, Op::gelu_tanh, Op::erf>(kCuda, CudaUnary,
+                                                                                 kFloatingDTypes);
+  registry.RegisterEach<Op::add, Op::sub, Op::mul, Op::div, Op::pow, Op::maximum, Op::minimum,
+                        Op::eq, Op::ne, Op::lt, Op::le, Op::gt, Op::ge, Op::logical_and,
+                        Op::logical_or, Op::logical_xor>(kCuda, CudaBinary, kAllDTypes);
+  registry.Register<Op::where>(kCuda, CudaWhere, kAllDTypes);
+  registry.RegisterEach<Op::sum, Op::amax, Op::amin, Op::prod, Op::argmax, Op::argmin>(
+      kCuda, CudaReduce, kAllDTypes);
+  registry.Register<Op::mean>(kCuda, CudaReduce, kFloatingDTypes);
+  registry.RegisterEach<Op::layer_norm, Op::rms_norm>(kCuda, CudaNorm, kFloatingDTypes);
+  registry.RegisterEach<Op::softmax, Op::log_softmax>(kCuda, CudaSoftmax, kFloatingDTypes);
+  registry.Register<Op::index_select>(kCuda, CudaIndexSelect, kAllDTypes);
+  registry.Register<Op::im2col>(kCuda, CudaIm2col, kNumericDTypes);
+  registry.Register<Op::sort>(kCuda, CudaSort, kNumericDTypes);
+  // float16/bfloat16/float32 (TF32 when allowed)/float64 through cuBLAS; bool and integers with
+  // a plain kernel, as the CPU's loops.
+  registry.Register<Op::matmul>(kCuda, CudaMatmul, kAllDTypes);
+}
+
+}  // namespace orochi::engine::cuda

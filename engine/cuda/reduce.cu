@@ -1,0 +1,279 @@
+// CUDA kernels over the rows of contiguous [outer, inner] tensors: reductions, softmax and
+// layer/RMS norm. Each row gets a group of threads (see GroupsFor): part of a warp for short
+// rows, a whole block for long ones.
+//
+// Accumulation follows cpu/reduce.cpp: reductions in double for floating types and int64 for the
+// rest; softmax and norms in float (double for float64). Sums are added in a different order than
+// on the CPU, so floating results differ by rounding only.
+#include <cfloat>
+
+#include "device_common.cuh"
+
+namespace orochi::engine::cuda {
+namespace {
+
+// --- reductions ----------------------------------------------------------------------------------
+
+template <typename T>
+using Accumulator = std::conditional_t<kIsFloating<T>, double, int64_t>;
+
+// A partial result: the value, and for arg reductions its position (-1: nothing seen yet, which
+// is also the state of an empty amax/amin before its first element).
+template <typename A>
+struct Partial {
+  A value;
+  int64_t index;
+};
+
+template <typename A>
+__device__ __forceinline__ Partial<A> ShuffleXor(Partial<A> partial, int mask, int width) {
+  partial.value = __shfl_xor_sync(0xffffffffU, partial.value, mask, width);
+  partial.index = __shfl_xor_sync(0xffffffffU, partial.index, mask, width);
+  return partial;
+}
+
+template <typename A>
+__device__ __forceinline__ Partial<A> Identity(ReduceOp op) {
+  if (op == ReduceOp::kProd) return {A{1}, 0};
+  if (op == ReduceOp::kSum || op == ReduceOp::kMean) return {A{0}, 0};
+  return {A{0}, -1};
+}
+
+// Associative and commutative, so any grouping gives the CPU's answer: for amax/amin any NaN
+// wins; for argmax/argmin the first NaN, else the first extreme.
+template <typename A>
+__device__ __forceinline__ Partial<A> Combine(ReduceOp op, Partial<A> x, Partial<A> y) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean:
+      return {x.value + y.value, 0};
+    case ReduceOp::kProd:
+      return {x.value * y.value, 0};
+    default:
+      break;
+  }
+  if (x.index < 0) return y;
+  if (y.index < 0) return x;
+  const bool x_nan = IsNan(x.value);
+  const bool y_nan = IsNan(y.value);
+  if (op == ReduceOp::kAmax || op == ReduceOp::kAmin) {
+    if (x_nan) return x;
+    if (y_nan) return y;
+    const bool take_y = op == ReduceOp::kAmax ? y.value > x.value : y.value < x.value;
+    return take_y ? y : x;
+  }
+  if (x_nan || y_nan) {
+    if (x_nan && y_nan) return x.index < y.index ? x : y;
+    return x_nan ? x : y;
+  }
+  const bool y_better = op == ReduceOp::kArgmax ? y.value > x.value : y.value < x.value;
+  const bool x_better = op == ReduceOp::kArgmax ? x.value > y.value : x.value < y.value;
+  if (y_better) return y;
+  if (x_better) return x;
+  return x.index < y.index ? x : y;
+}
+
+template <typename T>
+__global__ void ReduceKernel(ReduceOp op, const T* in, void* out, bool out_int64, int64_t outer,
+                             int64_t inner, int group) {
+  using A = Accumulator<T>;
+  __shared__ Partial<A> shared[32];
+  const int rows_per_block = blockDim.x / group;
+  const int lane = threadIdx.x % group;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block; first < outer;
+       first += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+    const int64_t row = first + threadIdx.x / group;
+    Partial<A> partial = Identity<A>(op);
+    if (row < outer) {
+      const T* values = in + row * inner;
+      for (int64_t i = lane; i < inner; i += group) {
+        partial = Combine(op, partial, Partial<A>{Cast<A>(values[i]), i});
+      }
+    }
+    partial = GroupAllReduce(partial, group, shared,
+                             [op](Partial<A> x, Partial<A> y) { return Combine(op, x, y); });
+    if (row >= outer || lane != 0) continue;
+    if (op == ReduceOp::kArgmax || op == ReduceOp::kArgmin) {
+      static_cast<int64_t*>(out)[row] = partial.index;
+      continue;
+    }
+    A result = partial.value;
+    if constexpr (std::is_floating_point_v<A>) {
+      if (op == ReduceOp::kMean) result /= static_cast<A>(inner);
+    }
+    if (out_int64) {
+      static_cast<int64_t*>(out)[row] = Cast<int64_t>(result);
+    } else {
+      static_cast<T*>(out)[row] = Cast<T>(result);
+    }
+  }
+}
+
+// --- softmax and norms ---------------------------------------------------------------------------
+
+template <typename T>
+using RowCompute = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename C>
+__device__ __forceinline__ C ExpOf(C x) {
+  if constexpr (std::is_same_v<C, double>) {
+    return exp(x);
+  } else {
+    return expf(x);
+  }
+}
+
+template <typename C>
+__device__ __forceinline__ C LogOf(C x) {
+  if constexpr (std::is_same_v<C, double>) {
+    return log(x);
+  } else {
+    return logf(x);
+  }
+}
+
+template <typename C>
+__device__ __forceinline__ C SqrtOf(C x) {
+  if constexpr (std::is_same_v<C, double>) {
+    return sqrt(x);
+  } else {
+    return sqrtf(x);
+  }
+}
+
+template <typename T>
+__global__ void SoftmaxKernel(bool log, const T* in, T* out, int64_t outer, int64_t inner,
+                              int group) {
+  using C = RowCompute<T>;
+  __shared__ C shared[32];
+  const int rows_per_block = blockDim.x / group;
+  const int lane = threadIdx.x % group;
+  auto add = [](C x, C y) { return x + y; };
+  // std::max's rule, as on the CPU: a NaN element does not become the maximum.
+  auto maximum = [](C x, C y) { return x < y ? y : x; };
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block; first < outer;
+       first += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+    const int64_t row = first + threadIdx.x / group;
+    const bool active = row < outer;
+    const T* x = in + (active ? row : 0) * inner;
+    C largest = -INFINITY;
+    if (active) {
+      for (int64_t i = lane; i < inner; i += group) largest = maximum(largest, Cast<C>(x[i]));
+    }
+    largest = GroupAllReduce(largest, group, shared, maximum);
+    C total = 0;
+    if (active) {
+      for (int64_t i = lane; i < inner; i += group) total += ExpOf(Cast<C>(x[i]) - largest);
+    }
+    total = GroupAllReduce(total, group, shared, add);
+    if (!active) continue;
+    T* y = out + row * inner;
+    if (log) {
+      const C log_total = LogOf(total);
+      for (int64_t i = lane; i < inner; i += group)
+        y[i] = Cast<T>(Cast<C>(x[i]) - largest - log_total);
+    } else {
+      for (int64_t i = lane; i < inner; i += group)
+        y[i] = Cast<T>(ExpOf(Cast<C>(x[i]) - largest) / total);
+    }
+  }
+}
+
+template <typename T>
+__global__ void NormKernel(bool rms, const T* in, const T* weight, const T* bias, double eps,
+                           T* out, int64_t outer, int64_t inner, int group) {
+  using C = RowCompute<T>;
+  __shared__ C shared[32];
+  const int rows_per_block = blockDim.x / group;
+  const int lane = threadIdx.x % group;
+  auto add = [](C x, C y) { return x + y; };
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block; first < outer;
+       first += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+    const int64_t row = first + threadIdx.x / group;
+    const bool active = row < outer;
+    const T* x = in + (active ? row : 0) * inner;
+    C mean = 0;
+    if (!rms) {
+      if (active) {
+        for (int64_t i = lane; i < inner; i += group) mean += Cast<C>(x[i]);
+      }
+      mean = GroupAllReduce(mean, group, shared, add) / static_cast<C>(inner);
+    }
+    C square_sum = 0;  // of deviations from the mean (layer_norm) or of values (rms_norm)
+    if (active) {
+      for (int64_t i = lane; i < inner; i += group) {
+        const C deviation = Cast<C>(x[i]) - mean;
+        square_sum += deviation * deviation;
+      }
+    }
+    square_sum = GroupAllReduce(square_sum, group, shared, add);
+    if (!active) continue;
+    const C scale = C{1} / SqrtOf(square_sum / static_cast<C>(inner) + static_cast<C>(eps));
+    T* y = out + row * inner;
+    for (int64_t i = lane; i < inner; i += group) {
+      C value = (Cast<C>(x[i]) - mean) * scale;
+      if (weight != nullptr) value *= Cast<C>(weight[i]);
+      if (bias != nullptr) value += Cast<C>(bias[i]);
+      y[i] = Cast<T>(value);
+    }
+  }
+}
+
+template <typename T>
+cudaError_t LaunchSoftmaxOf(bool log, const void* in, void* out, int64_t outer, int64_t inner,
+                            cudaStream_t stream) {
+  if constexpr (!kIsFloating<T>) {
+    return cudaErrorInvalidValue;  // registered for floating types only
+  } else {
+    const RowGroups groups = GroupsFor(inner);
+    SoftmaxKernel<T><<<RowGrid(outer, groups), groups.block, 0, stream>>>(
+        log, static_cast<const T*>(in), static_cast<T*>(out), outer, inner, groups.group);
+    return cudaGetLastError();
+  }
+}
+
+template <typename T>
+cudaError_t LaunchNormOf(bool rms, const void* in, const void* weight, const void* bias, double eps,
+                         void* out, int64_t outer, int64_t inner, cudaStream_t stream) {
+  if constexpr (!kIsFloating<T>) {
+    return cudaErrorInvalidValue;  // registered for floating types only
+  } else {
+    const RowGroups groups = GroupsFor(inner);
+    NormKernel<T><<<RowGrid(outer, groups), groups.block, 0, stream>>>(
+        rms, static_cast<const T*>(in), static_cast<const T*>(weight), static_cast<const T*>(bias),
+        eps, static_cast<T*>(out), outer, inner, groups.group);
+    return cudaGetLastError();
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchReduce(ReduceOp op, ScalarType in_type, const void* in, ScalarType out_type,
+                         void* out, int64_t outer, int64_t inner, cudaStream_t stream) {
+  if (outer == 0) return cudaSuccess;
+  const RowGroups groups = GroupsFor(inner);
+  const bool out_int64 = out_type == ScalarType::kInt64;
+  OROCHI_CUDA_DISPATCH(
+      in_type, T,
+      ReduceKernel<T><<<RowGrid(outer, groups), groups.block, 0, stream>>>(
+          op, static_cast<const T*>(in), out, out_int64, outer, inner, groups.group));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSoftmax(bool log, ScalarType type, const void* in, void* out, int64_t outer,
+                          int64_t inner, cudaStream_t stream) {
+  if (outer == 0 || inner == 0) return cudaSuccess;
+  OROCHI_CUDA_DISPATCH(type, T, return LaunchSoftmaxOf<T>(log, in, out, outer, inner, stream));
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchNorm(bool rms, ScalarType type, const void* in, const void* weight,
+                       const void* bias, double eps, void* out, int64_t outer, int64_t inner,
+                       cudaStream_t stream) {
+  if (outer == 0 || inner == 0) return cudaSuccess;
+  OROCHI_CUDA_DISPATCH(
+      type, T, return LaunchNormOf<T>(rms, in, weight, bias, eps, out, outer, inner, stream));
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace orochi::engine::cuda

@@ -1,0 +1,95 @@
+// The CUDA runtime side of the backend: errors, per-thread streams and cuBLAS handles, the
+// caching device allocator, host <-> device copies, and device probing.
+//
+// Threads: every thread gets, per device and on first use, its own non-blocking stream, cuBLAS
+// handle and event. They are never destroyed: when a thread exits they go to a pool that the
+// next new thread takes from, so a stream outlives every block allocated on it and nothing is
+// torn down while the CUDA runtime shuts down.
+//
+// Ordering across threads: a block remembers the stream it was allocated on (its "home"). A
+// kernel on another stream that uses it first makes its stream wait for the home stream's work
+// so far (StreamScope), and the block records that stream, so that once freed it is reused only
+// after that work too. Blocks uploaded as shared (read-only weights) are complete before any
+// other thread sees them and need no waits.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "orochi/engine/device.h"
+#include "orochi/engine/tensor.h"
+
+namespace orochi::engine::cuda {
+
+// Throws Error naming `what`, the device and CUDA's error (kResourceExhausted for out of memory,
+// kInternal otherwise).
+[[noreturn]] void ThrowCudaError(cudaError_t error, std::string_view what, int device);
+inline void CheckCuda(cudaError_t error, std::string_view what, int device) {
+  if (error != cudaSuccess) [[unlikely]] {
+    ThrowCudaError(error, what, device);
+  }
+}
+[[noreturn]] void ThrowCublasError(cublasStatus_t status, std::string_view what, int device);
+inline void CheckCublas(cublasStatus_t status, std::string_view what, int device) {
+  if (status != CUBLAS_STATUS_SUCCESS) [[unlikely]] {
+    ThrowCublasError(status, what, device);
+  }
+}
+
+// cuBLAS, loaded with dlopen on the first matmul: it is large (libcublasLt alone is half a
+// gigabyte), and a process that never multiplies on a GPU should not map it. Throws Error
+// (kFailedPrecondition) naming the library if it cannot be loaded.
+struct CublasLibrary {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  // (C++ overloads the name with a 64-bit variant, so the C signature is spelled out.)
+  cublasStatus_t (*gemm_strided_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                         int, int, const void*, const void*, cudaDataType, int,
+                                         long long, const void*, cudaDataType, int, long long,
+                                         const void*, void*, cudaDataType, int, long long, int,
+                                         cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  decltype(&cublasGetStatusName) status_name = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+};
+const CublasLibrary& Cublas();
+
+// Makes `device` current for the calling thread (cheap when it already is).
+void SetCurrentDevice(int device);
+// The calling thread's stream and cuBLAS handle on `device` (made current), created on first use.
+cudaStream_t CurrentStream(int device);
+cublasHandle_t CurrentCublas(int device);
+
+// For work on `tensor` and `others` (one device; null or undefined entries are skipped): makes
+// their device current, orders the calling thread's stream after work on these tensors queued
+// by other threads, and gives that stream.
+class StreamScope {
+ public:
+  StreamScope(const Tensor& tensor, std::initializer_list<const Tensor*> others);
+  cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
+  // Throws an Error naming `what` if a launch failed.
+  void Check(cudaError_t error, std::string_view what) const { CheckCuda(error, what, device_); }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+};
+
+// --- the DeviceBackend functions (see device_backend.h) ------------------------------------------
+int ProbeDevices(std::string* reason);
+void* Allocate(int device, size_t bytes, void** block);
+void Release(void* block) noexcept;
+void CopyFromHost(const Tensor& source, Tensor& destination, bool share);
+void CopyToHost(const Tensor& source, Tensor& destination);
+void CopyBetweenDevices(const Tensor& source, Tensor& destination);
+void SynchronizeDevice(int device);
+DeviceMemoryStats MemoryStatsOf(int device);
+void EmptyCacheOf(int device);
+std::optional<double> UtilisationOf(int device);
+
+}  // namespace orochi::engine::cuda

@@ -1,0 +1,180 @@
+// Devices: loading the CUDA library, probing it once, and the device API of device.h.
+#include "orochi/engine/device.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <charconv>
+
+#include "device_backend.h"
+#include "orochi/engine/error.h"
+#include "orochi/engine/ops.h"
+
+namespace orochi::engine {
+namespace {
+
+constexpr const char* kCudaLibraryName = "liborochi_engine_cuda.so";
+
+struct CudaLibrary {
+  DeviceBackend backend;
+  bool loaded = false;
+  std::string reason;  // why not loaded
+};
+
+// Written once, while Kernels() builds the registry; read only after Kernels() returned.
+CudaLibrary& CudaLibraryState() {
+  static CudaLibrary state;
+  return state;
+}
+
+// The directory this engine library was loaded from, with a trailing '/', or "" if unknown.
+std::string EngineDirectory() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&CudaLibraryState), &info) == 0 || info.dli_fname == nullptr) {
+    return "";
+  }
+  std::string path = info.dli_fname;
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash + 1);
+}
+
+struct DeviceProbe {
+  int count = 0;
+  std::string reason;
+};
+
+const DeviceProbe& CudaProbe() {
+  static const DeviceProbe probe = [] {
+    DeviceProbe result;
+    const DeviceBackend* backend = CudaBackend(&result.reason);
+    if (backend != nullptr) result.count = backend->device_count(&result.reason);
+    if (result.count > 0) result.reason.clear();
+    return result;
+  }();
+  return probe;
+}
+
+std::atomic<bool> allow_tf32{false};
+
+}  // namespace
+
+// Called by Kernels() while it builds the registry (dispatch.cpp), before anyone can look up a
+// kernel: the library registers its kernels into `registry`.
+void LoadDeviceLibraries(KernelRegistry& registry) {
+  CudaLibrary& state = CudaLibraryState();
+  const std::string path = EngineDirectory() + kCudaLibraryName;
+  // A missing file means a build without CUDA; a file that does not load (no cuBLAS on this
+  // machine) is reported with the loader's error.
+  if (access(path.c_str(), F_OK) != 0) {
+    state.reason = "Orochi was built without CUDA (" + path + " does not exist)";
+    return;
+  }
+  void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    const char* error = dlerror();
+    state.reason = "cannot load " + path + ": " + (error != nullptr ? error : "unknown error");
+    return;
+  }
+  auto entry =
+      reinterpret_cast<OrochiRegisterBackend>(dlsym(library, "orochi_register_cuda_backend"));
+  if (entry == nullptr) {
+    state.reason = path + " has no orochi_register_cuda_backend";
+    return;
+  }
+  DeviceBackend backend;
+  KernelRegistry staged = registry;  // a library that fails halfway leaves no kernels behind
+  const int version = entry(&staged, &backend);
+  if (version != kDeviceBackendAbiVersion) {
+    state.reason = path + " was built for another engine (backend ABI " + std::to_string(version) +
+                   ", expected " + std::to_string(kDeviceBackendAbiVersion) + ")";
+    return;
+  }
+  registry = staged;
+  state.backend = backend;
+  state.loaded = true;
+}
+
+const DeviceBackend* CudaBackend(std::string* reason) {
+  Kernels();  // loads the library
+  const CudaLibrary& state = CudaLibraryState();
+  if (!state.loaded && reason != nullptr) *reason = state.reason;
+  return state.loaded ? &state.backend : nullptr;
+}
+
+int DeviceCount(DeviceType type) { return type == DeviceType::kCpu ? 1 : CudaProbe().count; }
+
+std::string DeviceUnavailableReason(DeviceType type) {
+  return type == DeviceType::kCpu ? "" : CudaProbe().reason;
+}
+
+void RequireDevice(Device device) {
+  if (device.type == DeviceType::kCpu) {
+    OROCHI_CHECK(device.index == 0, StatusCode::kFailedPrecondition,
+                 "cpu:" << device.index << " does not exist (the CPU is device cpu)");
+    return;
+  }
+  const DeviceProbe& probe = CudaProbe();
+  OROCHI_CHECK(probe.count > 0, StatusCode::kFailedPrecondition,
+               DeviceName(device) << " is not available: " << probe.reason);
+  OROCHI_CHECK(device.index >= 0 && device.index < probe.count, StatusCode::kFailedPrecondition,
+               DeviceName(device) << " is not available: this machine has " << probe.count
+                                  << " CUDA device(s)");
+}
+
+void Synchronize(Device device) {
+  RequireDevice(device);
+  if (device.type == DeviceType::kCuda) CudaBackend()->synchronize(device.index);
+}
+
+DeviceMemoryStats MemoryStats(Device device) {
+  RequireDevice(device);
+  if (device.type == DeviceType::kCpu) {
+    DeviceMemoryStats stats;
+    stats.cached_bytes = CpuCachedBytes();
+    return stats;
+  }
+  return CudaBackend()->memory_stats(device.index);
+}
+
+void EmptyCache(Device device) {
+  RequireDevice(device);
+  if (device.type == DeviceType::kCpu) {
+    const size_t limit = CpuCacheLimit();
+    SetCpuCacheLimit(0);
+    SetCpuCacheLimit(limit);
+    return;
+  }
+  CudaBackend()->empty_cache(device.index);
+}
+
+std::optional<double> DeviceUtilisation(Device device) {
+  if (device.type == DeviceType::kCpu) return std::nullopt;
+  RequireDevice(device);
+  return CudaBackend()->utilisation(device.index);
+}
+
+void SetAllowTf32(bool allow) { allow_tf32.store(allow, std::memory_order_relaxed); }
+bool AllowTf32() { return allow_tf32.load(std::memory_order_relaxed); }
+
+bool ParseDevice(std::string_view text, Device* device) {
+  if (text == "cpu") {
+    *device = Device{};
+    return true;
+  }
+  constexpr std::string_view kCuda = "cuda";
+  if (text.substr(0, kCuda.size()) != kCuda) return false;
+  std::string_view rest = text.substr(kCuda.size());
+  if (rest.empty()) {
+    *device = Device{DeviceType::kCuda, 0};
+    return true;
+  }
+  if (rest.front() != ':' || rest.size() == 1) return false;
+  int index = 0;
+  auto [end, error] = std::from_chars(rest.data() + 1, rest.data() + rest.size(), index);
+  if (error != std::errc() || end != rest.data() + rest.size() || index < 0) return false;
+  *device = Device{DeviceType::kCuda, index};
+  return true;
+}
+
+}  // namespace orochi::engine
