@@ -20,6 +20,7 @@
 #include "log.h"
 #include "metrics/metrics.h"
 #include "models/model_service.h"
+#include "orochi/engine/device.h"
 #include "orochi/engine/ops.h"
 #include "orochi/interpreters/interpreter_manager.h"
 #include "repository/repository_api.h"
@@ -163,6 +164,14 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   Log(LogLevel::kInfo, "starting",
       {{"blas_core", std::string(engine::BlasCoreName())},
        {"blas_core_choice", std::string(engine::BlasCoreChoice())}});
+  if (int gpus = engine::DeviceCount(engine::DeviceType::kCuda); gpus > 0) {
+    Log(LogLevel::kInfo, "CUDA devices found", {{"gpus", std::to_string(gpus), false}});
+  } else {
+    // Said once, up front: models whose manifest asks for `cuda` will fail to load, CPU
+    // models are served as usual.
+    Log(LogLevel::kWarning, "no GPU available: serving CPU models only",
+        {{"reason", engine::DeviceUnavailableReason(engine::DeviceType::kCuda)}});
+  }
   interpreters::ManagerOptions manager_options;
   manager_options.copies = cfg.copies > 0 ? static_cast<size_t>(cfg.copies)
                                           : std::max(1U, std::thread::hardware_concurrency());

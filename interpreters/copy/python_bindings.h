@@ -31,6 +31,9 @@ py::object DTypeObject(DType dtype);
 DType ParseDType(py::handle object);
 std::optional<DType> ParseOptionalDType(py::handle object);  // None -> nullopt
 py::object DeviceObject(Device device);
+// `tensor` itself on the CPU, else a copy of it there (waiting for the device's work): for
+// reading values on the host (item(), tolist(), bool(), index checks), as PyTorch does.
+inline Tensor OnHost(const Tensor& tensor) { return tensor.To(Device{}); }
 // An orochi.device, "cpu", "cuda", "cuda:N" or an int (CUDA index). Any device that this
 // build cannot use is refused with a message naming it.
 Device ParseDevice(py::handle object);

@@ -1,5 +1,6 @@
 // Module-level functions of `_orochi_engine`: tensor creation, joining, the neural-network
-// primitives behind orochi.nn.functional, safetensors, and the module's initialisation.
+// primitives behind orochi.nn.functional, safetensors, devices (behind orochi.cuda), and the
+// module's initialisation.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "copy_state.h"
+#include "orochi/engine/device.h"
 #include "orochi/engine/error.h"
 #include "orochi/engine/ops.h"
 #include "orochi/engine/safetensors.h"
@@ -58,8 +60,9 @@ DType DTypeOr(py::handle dtype, DType fallback) {
   return ParseOptionalDType(dtype).value_or(fallback);
 }
 
-void CheckDevice(py::handle device) {
-  if (!device.is_none()) ParseDevice(device);
+// The `device=` argument of a creation function; the CPU when None.
+Device DeviceArgument(py::handle device) {
+  return device.is_none() ? Device{} : ParseDevice(device);
 }
 
 // torch.nn.functional.pad with constant padding: (left, right) pairs from the last dim back.
@@ -199,29 +202,29 @@ void BindCreation(py::module_& module) {
   module.def(
       "tensor",
       [](py::handle data, py::handle dtype, py::handle device, bool /*requires_grad*/) {
-        CheckDevice(device);
-        return TensorFromData(data, ParseOptionalDType(dtype));
+        return TensorFromData(data, ParseOptionalDType(dtype)).To(DeviceArgument(device));
       },
       py::arg("data"), py::kw_only(), py::arg("dtype") = py::none(), py::arg("device") = py::none(),
       py::arg("requires_grad") = false);
   module.def(
       "as_tensor",
       [](py::handle data, py::handle dtype, py::handle device) {
-        CheckDevice(device);
         std::optional<DType> as = ParseOptionalDType(dtype);
         if (const Tensor* tensor = TensorFromPython(data.ptr())) {
-          return as ? tensor->To(*as) : *tensor;
+          Tensor converted = as ? tensor->To(*as) : *tensor;
+          return device.is_none() ? converted : converted.To(ParseDevice(device));
         }
-        if (PyObject_CheckBuffer(data.ptr()) != 0) return TensorFromBuffer(data, as);
-        return TensorFromData(data, as);
+        const Device target = DeviceArgument(device);
+        if (PyObject_CheckBuffer(data.ptr()) != 0) return TensorFromBuffer(data, as).To(target);
+        return TensorFromData(data, as).To(target);
       },
       py::arg("data"), py::arg("dtype") = py::none(), py::arg("device") = py::none());
   module.def("frombuffer", &TensorFromRawBuffer, py::arg("buffer"), py::kw_only(), py::arg("dtype"),
              py::arg("count") = -1, py::arg("offset") = 0);
   auto filled = [](double value) {
     return [value](const py::args& sizes, py::handle dtype, py::handle device) {
-      CheckDevice(device);
-      return engine::Full(ParseSizes(sizes, "size"), value, DTypeOr(dtype, DType::kFloat32));
+      return engine::Full(ParseSizes(sizes, "size"), value, DTypeOr(dtype, DType::kFloat32),
+                          DeviceArgument(device));
     };
   };
   for (auto [name, value] :
@@ -232,20 +235,20 @@ void BindCreation(py::module_& module) {
   module.def(
       "full",
       [](py::handle size, py::handle fill_value, py::handle dtype, py::handle device) {
-        CheckDevice(device);
+        const Device on = DeviceArgument(device);
         DType fallback = PyBool_Check(fill_value.ptr())   ? DType::kBool
                          : PyLong_Check(fill_value.ptr()) ? DType::kInt64
                                                           : DType::kFloat32;
         const DType target = DTypeOr(dtype, fallback);
         Tensor output = Tensor::Empty(ParseShape(size, "full"), target);
         output.CopyFrom(ValueForWrite(fill_value, target));
-        return output;
+        return output.To(on);
       },
       py::arg("size"), py::arg("fill_value"), py::kw_only(), py::arg("dtype") = py::none(),
       py::arg("device") = py::none());
   auto filled_like = [](double value) {
     return [value](const Tensor& like, py::handle dtype) {
-      return engine::Full(like.shape(), value, DTypeOr(dtype, like.dtype()));
+      return engine::Full(like.shape(), value, DTypeOr(dtype, like.dtype()), like.device());
     };
   };
   for (auto [name, value] :
@@ -259,13 +262,13 @@ void BindCreation(py::module_& module) {
         const DType target = DTypeOr(dtype, like.dtype());
         Tensor output = Tensor::Empty(like.shape(), target);
         output.CopyFrom(ValueForWrite(value, target));
-        return output;
+        return output.To(like.device());
       },
       py::arg("input"), py::arg("fill_value"), py::kw_only(), py::arg("dtype") = py::none());
   module.def(
       "arange",
       [](py::handle start, py::handle end, py::handle step, py::handle dtype, py::handle device) {
-        CheckDevice(device);
+        const Device on = DeviceArgument(device);
         bool integral = true;
         for (py::handle bound : {start, end, step}) {
           integral = integral && (bound.is_none() || PyLong_Check(bound.ptr()) != 0);
@@ -274,37 +277,44 @@ void BindCreation(py::module_& module) {
         if (integral && engine::IsIntegral(target)) {
           return IntegerArange(end.is_none() ? 0 : start.cast<int64_t>(),
                                end.is_none() ? start.cast<int64_t>() : end.cast<int64_t>(),
-                               step.cast<int64_t>(), target);
+                               step.cast<int64_t>(), target)
+              .To(on);
         }
         double first = end.is_none() ? 0 : start.cast<double>();
         double last = end.is_none() ? start.cast<double>() : end.cast<double>();
-        return engine::Arange(first, last, step.cast<double>(), target);
+        return engine::Arange(first, last, step.cast<double>(), target, on);
       },
       py::arg("start"), py::arg("end") = py::none(), py::arg("step") = 1, py::kw_only(),
       py::arg("dtype") = py::none(), py::arg("device") = py::none());
   module.def(
       "eye",
-      [](int64_t rows, std::optional<int64_t> columns, py::handle dtype) {
-        return engine::Eye(rows, columns, DTypeOr(dtype, DType::kFloat32));
+      [](int64_t rows, std::optional<int64_t> columns, py::handle dtype, py::handle device) {
+        return engine::Eye(rows, columns, DTypeOr(dtype, DType::kFloat32), DeviceArgument(device));
       },
-      py::arg("n"), py::arg("m") = py::none(), py::kw_only(), py::arg("dtype") = py::none());
+      py::arg("n"), py::arg("m") = py::none(), py::kw_only(), py::arg("dtype") = py::none(),
+      py::arg("device") = py::none());
   module.def(
       "linspace",
-      [](double start, double end, int64_t steps, py::handle dtype) {
-        return engine::Linspace(start, end, steps, DTypeOr(dtype, DType::kFloat32));
+      [](double start, double end, int64_t steps, py::handle dtype, py::handle device) {
+        return engine::Linspace(start, end, steps, DTypeOr(dtype, DType::kFloat32),
+                                DeviceArgument(device));
       },
       py::arg("start"), py::arg("end"), py::arg("steps"), py::kw_only(),
-      py::arg("dtype") = py::none());
+      py::arg("dtype") = py::none(), py::arg("device") = py::none());
   for (auto [name, normal] : {std::pair{"rand", false}, std::pair{"randn", true}}) {
     module.def(
         name,
-        [normal = normal](const py::args& sizes, py::handle seed, py::handle dtype) {
+        [normal = normal](const py::args& sizes, py::handle seed, py::handle dtype,
+                          py::handle device) {
           uint64_t chosen = seed.is_none() ? g_next_seed++ : seed.cast<uint64_t>();
           Shape shape = ParseSizes(sizes, "size");
           DType as = DTypeOr(dtype, DType::kFloat32);
-          return normal ? engine::Randn(shape, chosen, as) : engine::Rand(shape, chosen, as);
+          Device on = DeviceArgument(device);
+          return normal ? engine::Randn(shape, chosen, as, on)
+                        : engine::Rand(shape, chosen, as, on);
         },
-        py::kw_only(), py::arg("seed") = py::none(), py::arg("dtype") = py::none());
+        py::kw_only(), py::arg("seed") = py::none(), py::arg("dtype") = py::none(),
+        py::arg("device") = py::none());
   }
   module.def(
       "manual_seed", [](uint64_t seed) { g_next_seed = seed; }, py::arg("seed"));
@@ -549,10 +559,46 @@ void TranslateEngineErrors(
   }
 }
 
+// The engine's device API for orochi.cuda (the Python module keeps PyTorch's names).
+void BindDevices(py::module_& module) {
+  module.def("_cuda_device_count", [] { return engine::DeviceCount(engine::DeviceType::kCuda); });
+  module.def("_cuda_unavailable_reason",
+             [] { return engine::DeviceUnavailableReason(engine::DeviceType::kCuda); });
+  module.def(
+      "_synchronize",
+      [](py::handle device) {
+        Device target = ParseDevice(device);
+        py::gil_scoped_release unlocked;  // other threads of this copy may run meanwhile
+        engine::Synchronize(target);
+      },
+      py::arg("device"));
+  module.def(
+      "_memory_stats",
+      [](py::handle device) {
+        engine::DeviceMemoryStats stats = engine::MemoryStats(ParseDevice(device));
+        py::dict result;
+        result["allocated_bytes"] = stats.allocated_bytes;
+        result["reserved_bytes"] = stats.allocated_bytes + stats.cached_bytes;
+        result["cached_bytes"] = stats.cached_bytes;
+        result["peak_allocated_bytes"] = stats.peak_allocated_bytes;
+        result["total_bytes"] = stats.total_bytes;
+        result["allocations"] = stats.allocations;
+        result["cache_hits"] = stats.cache_hits;
+        return result;
+      },
+      py::arg("device"));
+  module.def(
+      "_empty_cache", [](py::handle device) { engine::EmptyCache(ParseDevice(device)); },
+      py::arg("device"));
+  module.def("_set_allow_tf32", &engine::SetAllowTf32, py::arg("allow"));
+  module.def("_allow_tf32", &engine::AllowTf32);
+}
+
 }  // namespace
 
 void BindFunctions(py::module_& module) {
   BindCreation(module);
+  BindDevices(module);
   BindJoining(module);
   BindNeuralNetwork(module);
   BindSafetensors(module);

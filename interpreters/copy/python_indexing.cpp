@@ -53,11 +53,11 @@ Tensor CheckedIndex(const Tensor& index, int64_t size, int64_t dim) {
       engine::Binary(Op::add, as_long,
                      engine::Scalar(static_cast<double>(size), engine::DType::kInt64)),
       as_long);
-  double low = engine::Reduce(Op::amin, wrapped).ItemAsDouble();
-  double high = engine::Reduce(Op::amax, wrapped).ItemAsDouble();
+  double low = OnHost(engine::Reduce(Op::amin, wrapped)).ItemAsDouble();
+  double high = OnHost(engine::Reduce(Op::amax, wrapped)).ItemAsDouble();
   if (low < 0 || high >= static_cast<double>(size)) {
-    double bad = low < 0 ? engine::Reduce(Op::amin, as_long).ItemAsDouble()
-                         : engine::Reduce(Op::amax, as_long).ItemAsDouble();
+    double bad = low < 0 ? OnHost(engine::Reduce(Op::amin, as_long)).ItemAsDouble()
+                         : OnHost(engine::Reduce(Op::amax, as_long)).ItemAsDouble();
     throw py::index_error("index " + std::to_string(static_cast<int64_t>(bad)) +
                           " is out of bounds for dimension " + std::to_string(dim) + " with size " +
                           std::to_string(size));
@@ -268,7 +268,7 @@ void SetItem(Tensor& tensor, py::handle index, py::handle value) {
   }
   // One index tensor: write each selected slice in turn, so writes land in `tensor` itself.
   const AdvancedIndex& entry = indexed.advanced.front();
-  Tensor flat_index = entry.index.Reshape({-1}).Contiguous();
+  Tensor flat_index = OnHost(entry.index.Reshape({-1}).Contiguous());
   Shape target = indexed.view.shape();
   target[entry.dim] = flat_index.numel();
   Tensor expanded_source = source.Expand(target);

@@ -58,6 +58,12 @@ int ExportBuffer(PyObject* object, Py_buffer* view, int flags) {
     PyErr_SetString(PyExc_BufferError, "not an orochi.Tensor");
     return -1;
   }
+  if (tensor->device().type != engine::DeviceType::kCpu) {
+    PyErr_Format(PyExc_BufferError,
+                 "a tensor on %s has no buffer in host memory; call .cpu() first",
+                 engine::DeviceName(tensor->device()).c_str());
+    return -1;
+  }
   const char* format = BufferFormat(tensor->dtype());
   if (format == nullptr) {
     PyErr_SetString(PyExc_BufferError,
@@ -134,19 +140,24 @@ std::vector<int64_t> IntList(const py::args& args, const char* function) {
 // t.to(dtype), t.to(device), t.to(device, dtype), t.to(other), with dtype=/device= keywords.
 Tensor ToAnything(const Tensor& self, const py::args& args, const py::kwargs& kwargs) {
   std::optional<DType> dtype;
+  std::optional<Device> device;
   for (py::handle arg : args) {
     if (const Tensor* other = TensorFromPython(arg.ptr())) {
       dtype = other->dtype();
+      device = other->device();
     } else if (IsDeviceLike(arg) || PyLong_Check(arg.ptr()) != 0) {
-      ParseDevice(arg);
+      device = ParseDevice(arg);
     } else {
       dtype = ParseDType(arg);
     }
   }
   if (kwargs.contains("dtype")) dtype = ParseOptionalDType(kwargs["dtype"]);
-  if (kwargs.contains("device") && !kwargs["device"].is_none()) ParseDevice(kwargs["device"]);
+  if (kwargs.contains("device") && !kwargs["device"].is_none()) {
+    device = ParseDevice(kwargs["device"]);
+  }
   bool copy = kwargs.contains("copy") && kwargs["copy"].cast<bool>();
-  Tensor result = dtype ? self.To(*dtype) : self;
+  Tensor result = device ? self.To(*device) : self;
+  if (dtype) result = result.To(*dtype);
   return copy && result.storage().get() == self.storage().get() ? result.Clone() : result;
 }
 
@@ -323,6 +334,7 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
     // Integers divide exactly in float64 up to 2^53; division by zero is an error, as in
     // PyTorch, not a garbage quotient.
     if (engine::Any(engine::Binary(Op::eq, operand.get(), engine::Scalar(0, dtype)))
+            .To(Device{})
             .ItemAsDouble() != 0) {
       throw py::value_error("integer division by zero");
     }
@@ -639,12 +651,11 @@ void BindConversions(py::class_<Tensor>& cls) {
       .def("to", &ToAnything)
       .def("type_as",
            [](const Tensor& self, const Tensor& other) { return self.To(other.dtype()); })
-      .def("cpu", [](const Tensor& self) { return self; })
+      .def("cpu", [](const Tensor& self) { return self.To(Device{}); })
       .def(
           "cuda",
-          [](const Tensor& /*self*/, py::handle device) {
-            ParseDevice(device.is_none() ? py::str("cuda") : device);
-            return Tensor();  // unreachable until the engine has a CUDA backend
+          [](const Tensor& self, py::handle device) {
+            return self.To(ParseDevice(device.is_none() ? py::str("cuda") : device));
           },
           py::arg("device") = py::none())
       .def("item",
@@ -653,7 +664,7 @@ void BindConversions(py::class_<Tensor>& cls) {
                throw py::value_error("a tensor with " + std::to_string(self.numel()) +
                                      " elements cannot be converted to a Python scalar");
              }
-             return ItemToPython(self, 0);
+             return ItemToPython(OnHost(self), 0);
            })
       .def("tolist", [](const Tensor& self) { return TensorToList(self); })
       .def("__bool__",
@@ -663,27 +674,27 @@ void BindConversions(py::class_<Tensor>& cls) {
                                      std::to_string(self.numel()) +
                                      " elements is ambiguous; use .any() or .all()");
              }
-             return self.ItemAsDouble() != 0;
+             return OnHost(self).ItemAsDouble() != 0;
            })
       .def("__float__",
            [](const Tensor& self) {
              if (self.numel() != 1) {
                throw py::value_error("only one-element tensors convert to float");
              }
-             return self.ItemAsDouble();
+             return OnHost(self).ItemAsDouble();
            })
       .def("__int__",
            [](const Tensor& self) {
              if (self.numel() != 1) {
                throw py::value_error("only one-element tensors convert to int");
              }
-             return py::int_(ItemToPython(self, 0).attr("__int__")());
+             return py::int_(ItemToPython(OnHost(self), 0).attr("__int__")());
            })
       .def("__index__", [](const Tensor& self) {
         if (self.numel() != 1 || !engine::IsIntegral(self.dtype())) {
           throw py::type_error("only one-element integer tensors can be used as an index");
         }
-        return ItemToPython(self, 0);
+        return ItemToPython(OnHost(self), 0);
       });
   for (auto [name, dtype] :
        {std::pair{"float", DType::kFloat32}, std::pair{"double", DType::kFloat64},

@@ -11,6 +11,7 @@
 
 #include "copy_state.h"
 #include "orochi/base/check.h"
+#include "orochi/engine/device.h"
 #include "orochi/engine/dtype.h"
 #include "orochi/engine/ops.h"
 #include "python_bindings.h"
@@ -68,10 +69,14 @@ Device ParseDeviceText(const std::string& text) {
 }
 
 void RequireUsable(Device device) {
-  if (device.type != engine::DeviceType::kCpu) {
+  if (device.type == engine::DeviceType::kCpu) return;
+  const int count = engine::DeviceCount(device.type);
+  if (device.index < 0 || device.index >= count) {
+    std::string reason = count == 0
+                             ? engine::DeviceUnavailableReason(device.type)
+                             : "this machine has " + std::to_string(count) + " CUDA device(s)";
     throw py::value_error("device '" + engine::DeviceName(device) +
-                          "' is not available: this build of Orochi's engine runs on the CPU "
-                          "only");
+                          "' is not available: " + reason);
   }
 }
 
@@ -151,7 +156,7 @@ class NestedReader {
       }
       tensor_dtype_ =
           tensor_dtype_ ? engine::PromoteTypes(*tensor_dtype_, tensor->dtype()) : tensor->dtype();
-      Tensor contiguous = tensor->Contiguous();
+      Tensor contiguous = OnHost(tensor->Contiguous());
       for (int64_t i = 0; i < contiguous.numel(); ++i) {
         AddNumber(ItemToPython(contiguous, i), depth, /*from_tensor=*/true);
       }
@@ -634,6 +639,6 @@ py::object ListLevel(const Tensor& tensor, int64_t dim, int64_t offset) {
 }
 }  // namespace
 
-py::object TensorToList(const Tensor& tensor) { return ListLevel(tensor, 0, 0); }
+py::object TensorToList(const Tensor& tensor) { return ListLevel(OnHost(tensor), 0, 0); }
 
 }  // namespace orochi::copy::bindings

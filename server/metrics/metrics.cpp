@@ -5,8 +5,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
+
+#include "orochi/engine/device.h"
 
 namespace orochi::server {
 namespace {
@@ -100,7 +104,29 @@ Metrics::Metrics()
                       .Name("process_start_time_seconds")
                       .Help("Start time of the server process since the Unix epoch")
                       .Register(*registry_)
-                      .Add({})) {
+                      .Add({})),
+      gpu_count_(
+          BuildGauge()
+              .Name("orochi_gpus")
+              .Help("CUDA devices the engine can use (0 without a GPU, driver or CUDA build)")
+              .Register(*registry_)
+              .Add({})),
+      gpu_memory_used_(BuildGauge()
+                           .Name("orochi_gpu_memory_used_bytes")
+                           .Help("GPU memory held by live tensors, per device")
+                           .Register(*registry_)),
+      gpu_memory_cached_(BuildGauge()
+                             .Name("orochi_gpu_memory_cached_bytes")
+                             .Help("Freed GPU memory kept by the engine's allocator for reuse")
+                             .Register(*registry_)),
+      gpu_memory_total_(BuildGauge()
+                            .Name("orochi_gpu_memory_total_bytes")
+                            .Help("Memory of each GPU")
+                            .Register(*registry_)),
+      gpu_utilization_(BuildGauge()
+                           .Name("orochi_gpu_utilization_ratio")
+                           .Help("Fraction of the driver's last sample period each GPU was busy")
+                           .Register(*registry_)) {
   start_time_.Set(
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
@@ -182,6 +208,20 @@ std::string Metrics::Render() {
     ++fds;
   }
   open_fds_.Set(fds);
+  // Reading the allocator's figures never creates a CUDA context (device.h).
+  const int gpus = engine::DeviceCount(engine::DeviceType::kCuda);
+  gpu_count_.Set(gpus);
+  for (int index = 0; index < gpus; ++index) {
+    const engine::Device device{engine::DeviceType::kCuda, index};
+    const std::map<std::string, std::string> labels{{"device", engine::DeviceName(device)}};
+    const engine::DeviceMemoryStats stats = engine::MemoryStats(device);
+    gpu_memory_used_.Add(labels).Set(static_cast<double>(stats.allocated_bytes));
+    gpu_memory_cached_.Add(labels).Set(static_cast<double>(stats.cached_bytes));
+    gpu_memory_total_.Add(labels).Set(static_cast<double>(stats.total_bytes));
+    if (std::optional<double> busy = engine::DeviceUtilisation(device)) {
+      gpu_utilization_.Add(labels).Set(*busy / 100);
+    }
+  }
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 

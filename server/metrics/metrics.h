@@ -33,7 +33,8 @@ class Metrics {
                    std::chrono::nanoseconds duration);
   void HttpRequest(const std::string& route, const std::string& method, unsigned status);
 
-  // The Prometheus text exposition, with process CPU, memory and FDs read now.
+  // The Prometheus text exposition, with process CPU, memory and FDs, and each GPU's memory and
+  // utilisation, read now.
   std::string Render();
 
  private:
@@ -55,6 +56,11 @@ class Metrics {
   prometheus::Gauge& resident_bytes_;
   prometheus::Gauge& open_fds_;
   prometheus::Gauge& start_time_;
+  prometheus::Gauge& gpu_count_;
+  prometheus::Family<prometheus::Gauge>& gpu_memory_used_;
+  prometheus::Family<prometheus::Gauge>& gpu_memory_cached_;
+  prometheus::Family<prometheus::Gauge>& gpu_memory_total_;
+  prometheus::Family<prometheus::Gauge>& gpu_utilization_;
 };
 
 }  // namespace orochi::server

@@ -9,9 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
 #include <utility>
 
 #include "log.h"
+#include "orochi/engine/device.h"
 
 namespace orochi::server {
 namespace {
@@ -61,12 +64,39 @@ std::vector<size_t> ModelService::SlotsFor(const packaging::Manifest& manifest) 
   return slots;
 }
 
+namespace {
+
+constexpr std::string_view kDeviceMissing = "the manifest places the model on '";
+
+// Why `device` (a manifest's, already validated) cannot be used here, or nullopt if it can. A
+// GPU model is refused up front, before any copy runs its code: nothing falls back to the CPU.
+std::optional<std::string> MissingDevice(const std::string& device) {
+  engine::Device wanted;
+  if (device == "cpu" || !engine::ParseDevice(device, &wanted)) return std::nullopt;
+  const int count = engine::DeviceCount(wanted.type);
+  if (wanted.index < count) return std::nullopt;
+  return std::string(kDeviceMissing) + device + "', but " + engine::DeviceName(wanted) +
+         " is not available: " +
+         (count == 0 ? engine::DeviceUnavailableReason(wanted.type)
+                     : "it has " + std::to_string(count) + " CUDA device(s)");
+}
+
+bool IsMissingDevice(const Status& status) {
+  return status.code() == StatusCode::kUnavailable &&
+         status.message().find(kDeviceMissing) != std::string::npos;
+}
+
+}  // namespace
+
 Status ModelService::LoadVersion(const std::string& path, const std::string& expected_name,
                                  int64_t expected_version) {
   const Clock::time_point start = Clock::now();
   const std::string version_text = std::to_string(expected_version);
+  const std::string key = expected_name + ":" + version_text;
   auto fail = [&](const Status& status) {
     metrics_.ModelLoaded(expected_name, version_text, false, Clock::now() - start);
+    std::lock_guard lock(mutex_);
+    load_failures_[key] = status.message();
     return status;
   };
   Result<std::unique_ptr<packaging::Package>> opened = packaging::Package::Open(path);
@@ -79,9 +109,8 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
                                 ", but the repository holds it as " + expected_name + " version " +
                                 version_text));
   }
-  if (manifest.device != "cpu") {
-    return fail(Unavailable(path + ": the model wants device '" + manifest.device +
-                            "', but this server's engine runs on the CPU only"));
+  if (std::optional<std::string> missing = MissingDevice(manifest.device)) {
+    return fail(Status(StatusCode::kUnavailable, path + ": " + *missing));
   }
   interpreters::ModelSource source;
   source.key = manifest.name + ":" + version_text;
@@ -95,6 +124,10 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
       interpreters::ReplicatedModel::Load(manager_, std::move(source), SlotsFor(manifest));
   if (!replicas.ok()) return fail(replicas.status());
 
+  {
+    std::lock_guard lock(mutex_);
+    load_failures_.erase(key);
+  }
   auto served = std::make_shared<ServedModel>();
   served->name = manifest.name;
   served->version = manifest.version;
@@ -251,7 +284,14 @@ Status ModelService::LoadFromRepository() {
       return NotFound("model '" + name + "' has no version in the repository (expected " +
                       (repository / name / "<version>" / "model.orochi").string() + ")");
     }
-    OROCHI_RETURN_IF_ERROR(LoadModel(name));
+    Status loaded = LoadModel(name);
+    if (IsMissingDevice(loaded)) {
+      // Startup is strict, except here: a GPU model on a machine without the GPU waits,
+      // UNAVAILABLE with its reason, while the CPU models are served.
+      Log(LogLevel::kWarning, "model not loaded", {{"model", name}, {"reason", loaded.message()}});
+      continue;
+    }
+    OROCHI_RETURN_IF_ERROR(loaded);
   }
   return Status::Ok();
 }
@@ -409,7 +449,13 @@ std::vector<ModelService::IndexEntry> ModelService::Index() const {
     std::vector<int64_t> loaded = Versions(name);
     for (int64_t version : VersionsOnDisk(name)) {
       bool ready = std::find(loaded.begin(), loaded.end(), version) != loaded.end();
-      entries.push_back({name, version, ready ? "READY" : "UNAVAILABLE", ready ? "" : "unloaded"});
+      std::string reason;
+      if (!ready) {
+        std::lock_guard lock(mutex_);
+        auto failure = load_failures_.find(name + ":" + std::to_string(version));
+        reason = failure != load_failures_.end() ? failure->second : "unloaded";
+      }
+      entries.push_back({name, version, ready ? "READY" : "UNAVAILABLE", reason});
     }
   }
   return entries;

@@ -144,6 +144,8 @@ class ModelService : public SchedulerObserver {
   // Served versions by name (what Find offers), and every loaded version by key, including
   // one that is draining before it unloads (what the scheduler reports on).
   std::map<std::string, std::map<int64_t, std::shared_ptr<ServedModel>>> models_;
+  // Why the last load of "name:version" failed, for the repository index; cleared on success.
+  std::map<std::string, std::string> load_failures_;
   std::map<std::string, std::shared_ptr<ServedModel>, std::less<>> by_key_;
   size_t next_slot_ = 0;
   std::atomic<int64_t> replaced_copies_{0};

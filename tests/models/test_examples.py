@@ -45,6 +45,87 @@ class OrochiRunTest(unittest.TestCase):
                 self.assertEqual(expected.differences(expected.load(name), outputs), [])
 
 
+def gpu_count() -> tuple[int, str]:
+    """CUDA devices the engine sees here, and why there are none."""
+    result = subprocess.run(
+        [BINARY, "python", "-c",
+         "import orochi; print(orochi.cuda.device_count()); print(orochi.cuda.unavailable_reason())"],
+        capture_output=True, text=True, timeout=120, check=True)
+    count, _, reason = result.stdout.partition("\n")
+    return int(count), reason.strip()
+
+
+def pack_on_cuda(name: str, directory: Path) -> Path:
+    """The example `name` repacked with `"device": "cuda"`, as `NAME-cuda` version 1."""
+    source = directory / f"{name}-cuda-source"
+    shutil.copytree(EXAMPLES / name / "package", source)
+    manifest = json.loads((source / "manifest.json").read_text())
+    manifest.update(name=f"{name}-cuda", device="cuda")
+    (source / "manifest.json").write_text(json.dumps(manifest))
+    target = directory / "repository" / f"{name}-cuda" / "1" / "model.orochi"
+    target.parent.mkdir(parents=True)
+    subprocess.run([BINARY, "pack", str(source), "-o", str(target)], check=True,
+                   capture_output=True, timeout=300)
+    return target
+
+
+class CudaExamplesTest(unittest.TestCase):
+    """ResNet and the transformer encoder with `device: cuda`: on a GPU they give the CPU's
+    answers, from 8 copies at once; without one, loading fails saying why."""
+
+    CUDA_NAMES = ("resnet", "encoder")
+    COPIES = 8
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = Path(tempfile.mkdtemp(prefix="orochi-cuda-examples-"))
+        for name in cls.CUDA_NAMES:
+            pack_on_cuda(name, cls.root)
+        cls.gpus, cls.reason = gpu_count()
+        cls.server = Server(str(cls.root / "repository"), {}, copies=cls.COPIES)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        shutil.rmtree(cls.root)
+
+    def index(self):
+        status, _, body = curl("-X", "POST", f"http://127.0.0.1:{self.server.management_port}"
+                                             "/v2/repository/index")
+        self.assertEqual(status, 200)
+        return {model["name"]: model for model in json.loads(body)}
+
+    def test_without_a_gpu_the_models_are_refused_with_the_reason(self):
+        if self.gpus:
+            self.skipTest(f"this machine has {self.gpus} GPU(s)")
+        self.assertTrue(self.reason)
+        for name, model in self.index().items():
+            self.assertEqual(model["state"], "UNAVAILABLE", name)
+            self.assertIn("the manifest places the model on 'cuda', but cuda:0 is not available: "
+                          + self.reason, model["reason"])
+        log = Path(self.server.log_path).read_text()
+        self.assertIn("no GPU available: serving CPU models only", log)
+
+    def test_on_a_gpu_eight_copies_at_once_give_the_cpu_answers(self):
+        if not self.gpus:
+            self.skipTest(f"no CUDA GPU: {self.reason}")
+        self.assertEqual({n: m["state"] for n, m in self.index().items()},
+                         {f"{n}-cuda": "READY" for n in self.CUDA_NAMES})
+        from concurrent.futures import ThreadPoolExecutor
+        for name in self.CUDA_NAMES:
+            request = (EXAMPLES / name / "request.json").read_bytes()
+            url = self.server.url(f"/v2/models/{name}-cuda/infer")
+            with ThreadPoolExecutor(self.COPIES) as pool:
+                answers = list(pool.map(lambda _: curl("-X", "POST", url, data=request),
+                                        range(4 * self.COPIES)))
+            for status, _, body in answers:
+                self.assertEqual(status, 200, body)
+                outputs = expected.response_outputs(json.loads(body))
+                self.assertEqual(expected.differences(expected.load(name), outputs), [], name)
+        status, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
+        self.assertIn('orochi_gpu_memory_used_bytes{device="cuda:0"}', metrics.decode())
+
+
 class ServedExamplesTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

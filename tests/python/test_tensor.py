@@ -114,8 +114,9 @@ class CreationTest(Case):
     def test_bad_sizes_and_devices(self):
         with self.assertRaisesRegex(TypeError, "expected a sequence of ints as the size, got float"):
             orochi.zeros(2.5)
-        with self.assertRaisesRegex(ValueError, "'cuda:0' is not available"):
-            orochi.zeros(2, device="cuda:0")
+        absent = f"cuda:{orochi.cuda.device_count()}"  # one past the last GPU, if any
+        with self.assertRaisesRegex(ValueError, f"'{absent}' is not available"):
+            orochi.zeros(2, device=absent)
         with self.assertRaisesRegex(ValueError, "unknown device 'tpu'"):
             orochi.zeros(2, device="tpu")
         with self.assertRaisesRegex(TypeError, "unknown dtype 'complex64'"):
@@ -192,10 +193,11 @@ class PropertiesTest(Case):
         self.assertEqual(x.int().tolist(), [1, -2])
         self.assertIs(x.type_as(t([1])).dtype, orochi.int64)
         self.assertEqual(x.cpu().tolist(), [1.5, -2.5])
-        with self.assertRaisesRegex(ValueError, "'cuda:0' is not available"):
-            x.to("cuda")
-        with self.assertRaisesRegex(ValueError, "'cuda:0' is not available"):
-            x.cuda()
+        absent = orochi.cuda.device_count()  # one past the last GPU, if any
+        with self.assertRaisesRegex(ValueError, f"'cuda:{absent}' is not available"):
+            x.to(f"cuda:{absent}")
+        with self.assertRaisesRegex(ValueError, f"'cuda:{absent}' is not available"):
+            x.cuda(absent)
 
     def test_repr_matches_pytorch(self):
         self.assertEqual(repr(t([1.0, 2.0])), "tensor([1., 2.])")
@@ -795,11 +797,16 @@ class GradModeTest(unittest.TestCase):
         x = orochi.ones(1)
         self.assertIs(x.requires_grad_(), x)
 
+    @unittest.skipIf(orochi.cuda.is_available(), "this machine has a GPU (see test_cuda)")
     def test_cuda_module_reports_no_gpu(self):
         self.assertFalse(orochi.cuda.is_available())
         self.assertEqual(orochi.cuda.device_count(), 0)
-        with self.assertRaisesRegex(RuntimeError, "CPU only"):
+        reason = orochi.cuda.unavailable_reason()
+        self.assertNotEqual(reason, "")
+        with self.assertRaisesRegex(RuntimeError, "CUDA is not available: "):
             orochi.cuda.synchronize()
+        with self.assertRaisesRegex(ValueError, "'cuda:0' is not available: "):
+            orochi.ones(2).cuda()
 
 
 if __name__ == "__main__":

@@ -136,3 +136,13 @@ def iinfo(type: dtype) -> _IntInfo:  # noqa: A002
 
 # Submodules that build on everything above.
 from orochi import cuda, nn  # noqa: E402
+
+
+class _Backends:
+    """orochi.backends.cuda.matmul.allow_tf32, where PyTorch code sets it."""
+
+    class cuda:  # noqa: N801  (PyTorch's name)
+        matmul = cuda.matmul
+
+
+backends = _Backends()

@@ -41,11 +41,13 @@ class ModelContext:
         config: per-model configuration (the manifest's `parameters`, overridden by the
             deployment's), a dict.
         weights: every tensor of the package's weights/*.safetensors by name, read-only and
-            shared with every other copy (never copied).
+            shared with every other copy (never copied), already on `device`.
+        device: where the manifest places the model (orochi.device); inputs arrive there.
     """
 
-    def __init__(self, key, manifest, config, weights):
+    def __init__(self, key, manifest, config, weights, device=None):
         self._key = key
+        self.device = device if device is not None else orochi.device("cpu")
         self.manifest = manifest
         self.name = manifest["name"]
         self.version = manifest["version"]
@@ -148,6 +150,22 @@ class _PackageImporter:
         self.modules.clear()
 
 
+def _model_device(manifest):
+    """The manifest's `device`, checked to exist here before any of the model's code runs."""
+    name = manifest.get("device", "cpu")
+    device = orochi.device(name)
+    if device.type == "cuda":
+        index = device.index or 0
+        count = orochi.cuda.device_count()
+        if index >= count:
+            reason = (orochi.cuda.unavailable_reason() if count == 0 else
+                      f"this server has {count} CUDA device(s)")
+            raise RuntimeError(f"the manifest places the model on '{name}', but cuda:{index} is "
+                               f"not available: {reason}")
+        device = orochi.device("cuda", index)
+    return device
+
+
 def _check_required_modules(manifest):
     """The modules a package declares it needs from outside itself ("requires"), checked before
     its code runs, so that a server without them says which one is missing."""
@@ -171,11 +189,16 @@ class _LoadedModel:
         self.importer = _PackageImporter(f"package {manifest['name']}:{manifest['version']}",
                                          sources)
         _check_required_modules(manifest)
+        self.device = _model_device(manifest)
+        if self.device.type != "cpu":
+            # Read-only weights are uploaded once per process: every copy's .to() of the same
+            # tensor shares that one device copy.
+            weights = {name: tensor.to(self.device) for name, tensor in weights.items()}
         module_name, _, class_path = manifest["entry"].partition(":")
         target = self.importer.load(module_name)
         for part in class_path.split("."):
             target = getattr(target, part)
-        self.context = ModelContext(key, manifest, config, weights)
+        self.context = ModelContext(key, manifest, config, weights, self.device)
         self.instance = target(self.context)
         if not callable(getattr(self.instance, "predict", None)):
             raise TypeError(f"{manifest['entry']} has no predict(inputs) method")
@@ -233,7 +256,7 @@ def _output_value(spec, value, batched):
             raise TypeError(f"output '{name}' ({datatype}) cannot be made a tensor: {error}") \
                 from None
     _check_shape("output", spec, tensor.shape, batched)
-    return tensor
+    return tensor.cpu()  # the host encodes responses from host memory
 
 
 # --- called by the host ---------------------------------------------------------------------
@@ -272,7 +295,7 @@ def _predict(key, inputs):
                 raise InputError(f"input '{name}' is {value.dtype!r}, but the model expects "
                                  f"{spec['datatype']}")
             shape = value.shape
-            arguments[name] = value
+            arguments[name] = value if model.device.type == "cpu" else value.to(model.device)
         else:
             shape, items = value
             if spec["datatype"] != "BYTES":

@@ -29,7 +29,7 @@ class Encoder(nn.Module):
 
     def forward(self, ids, padding):
         """ids: [batch, length] token ids; padding: [batch, length], True where padded."""
-        x = self.tokens(ids) + self.positions(orochi.arange(ids.shape[1]))
+        x = self.tokens(ids) + self.positions(orochi.arange(ids.shape[1], device=ids.device))
         for layer in self.layers:
             x = layer(x, src_key_padding_mask=padding)
         x = self.norm(x)
