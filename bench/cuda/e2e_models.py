@@ -9,13 +9,13 @@ synchronised around each trial (median of 5). Prints one JSON line per model and
 
   resnet:  models/resnet's ResNet on [batch, 3, 224, 224] float32 images.
   encoder: models/encoder's four pre-norm transformer layers and final norm on [batch, 128,
-           256] float32 embeddings with a padding mask (the token and position embeddings are
-           left out: the example makes its position ids with orochi.arange on the CPU).
+           256] float32 embeddings with a padding mask (the token and position embeddings, a
+           lookup, are left out so that both frameworks time the same dense layers).
 
     orochi python bench/cuda/e2e_models.py [--batches 1,8] [--seconds 3] [--device cuda] [--json]
 
-This is written against Orochi's Python CUDA API (Tensor.to("cuda"), Module.to,
-orochi.cuda.synchronize); until a build has it, the Orochi half fails with that API's error.
+It uses Orochi's Python CUDA API (Tensor.to("cuda"), Module.to, orochi.cuda.synchronize); with
+--device cpu it runs anywhere, which checks the script itself.
 """
 
 import argparse
