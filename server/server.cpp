@@ -169,7 +169,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   } else {
     // Said once, up front: models whose manifest asks for `cuda` will fail to load, CPU
     // models are served as usual.
-    Log(LogLevel::kWarning, "no GPU available: serving CPU models only",
+    Log(LogLevel::kWarning, "no GPU available: CPU models only",
         {{"reason", engine::DeviceUnavailableReason(engine::DeviceType::kCuda)}});
   }
   interpreters::ManagerOptions manager_options;

@@ -209,7 +209,7 @@ class ReadmeTest(unittest.TestCase):
     def wait_until_serving(self, server, log_path):
         deadline = time.time() + 120
         while time.time() < deadline:
-            if " serving " in log_path.read_text():
+            if re.search(r" serving inference=http:", log_path.read_text()):
                 return
             self.assertIsNone(server.poll(), "the server exited:\n" + log_path.read_text())
             time.sleep(0.1)

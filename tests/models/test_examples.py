@@ -104,7 +104,7 @@ class CudaExamplesTest(unittest.TestCase):
             self.assertIn("the manifest places the model on 'cuda', but cuda:0 is not available: "
                           + self.reason, model["reason"])
         log = Path(self.server.log_path).read_text()
-        self.assertIn("no GPU available: serving CPU models only", log)
+        self.assertIn("no GPU available: CPU models only", log)
 
     def test_on_a_gpu_eight_copies_at_once_give_the_cpu_answers(self):
         if not self.gpus:
