@@ -58,11 +58,11 @@ struct Manifest {
   std::string entry_module;  // dotted module path under code/
   std::string entry_class;   // (possibly dotted) attribute of that module
   std::string description;
-  std::vector<TensorSpec> inputs;      // at least one
-  std::vector<TensorSpec> outputs;     // at least one
-  int64_t max_batch_size = 0;          // 0: no batching
-  std::optional<int64_t> instances;    // copies to load into; every copy when absent
-  std::string device = "cpu";          // "cpu", "cuda" or "cuda:N"
+  std::vector<TensorSpec> inputs;    // at least one
+  std::vector<TensorSpec> outputs;   // at least one
+  int64_t max_batch_size = 0;        // 0: no batching
+  std::optional<int64_t> instances;  // copies to load into; every copy when absent
+  std::string device = "cpu";        // "cpu", "cuda" or "cuda:N"
   // Python modules from outside the package ("requires"), e.g. "numpy": the server's
   // python.site_packages must provide each, or loading fails naming the module.
   std::vector<std::string> required_modules;
