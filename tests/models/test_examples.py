@@ -105,6 +105,10 @@ class CudaExamplesTest(unittest.TestCase):
                           + self.reason, model["reason"])
         log = Path(self.server.log_path).read_text()
         self.assertIn("no GPU available: CPU models only", log)
+        status, _, body = curl("-X", "POST", f"http://127.0.0.1:{self.server.management_port}"
+                                             "/v2/repository/models/resnet-cuda/load")
+        self.assertEqual(status, 503, body)
+        self.assertIn("cuda:0 is not available: " + self.reason, body.decode())
 
     def test_on_a_gpu_eight_copies_at_once_give_the_cpu_answers(self):
         if not self.gpus:
