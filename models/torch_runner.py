@@ -30,7 +30,8 @@ class InputError(ValueError):
     pass
 
 
-def _alias_orochi_to_torch():
+def alias_orochi_to_torch():
+    """`import orochi` (and orochi.nn, orochi.serving) finds torch from now on."""
     serving = types.ModuleType("orochi.serving")
     serving.InputError = InputError
     torch.serving = serving
@@ -71,7 +72,7 @@ class TorchModel:
     """A staged package directory (build/models/NAME/package) loaded under PyTorch."""
 
     def __init__(self, package: Path):
-        _alias_orochi_to_torch()
+        alias_orochi_to_torch()
         self.manifest = json.loads((package / "manifest.json").read_text())
         module_name, class_name = self.manifest["entry"].split(":")
         sys.path.insert(0, str(package / "code"))

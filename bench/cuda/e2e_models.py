@@ -24,22 +24,11 @@ import json
 import os
 import sys
 import time
-import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.abspath(os.path.join(HERE, "..", "..", "models"))
 TRIALS = 5
 SEQUENCE = 128
-
-
-def alias_orochi_to_torch():
-    import torch  # noqa: PLC0415
-
-    serving = types.ModuleType("orochi.serving")
-    serving.InputError = ValueError
-    torch.serving = serving
-    sys.modules.update({"orochi": torch, "orochi.nn": torch.nn,
-                        "orochi.nn.functional": torch.nn.functional, "orochi.serving": serving})
 
 
 def load_model_code(example: str):
@@ -77,6 +66,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="JSON lines only")
     args = parser.parse_args()
     if args.torch:
+        sys.path.insert(0, MODELS)
+        from torch_runner import alias_orochi_to_torch  # noqa: PLC0415 (imports torch)
+
         alias_orochi_to_torch()
     import orochi  # noqa: PLC0415 (Orochi's own, or PyTorch under its name)
 

@@ -111,6 +111,19 @@ def log_tail(path: str) -> str:
         return "".join(file.readlines()[-20:])
 
 
+def wait_until_ready(process, log_path: str, what: str, ready, seconds: float) -> None:
+    """Polls `ready()` until it holds; stops the run if `process` exits or takes too long."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{what} exited ({process.returncode}):\n" + log_tail(log_path))
+        if ready():
+            return
+        time.sleep(0.1)
+    stop(process)
+    raise SystemExit(f"{what} did not become ready:\n" + log_tail(log_path))
+
+
 class OrochiServer:
     """`orochi serve` on free ports with `copies` copies of every example model."""
 
@@ -138,19 +151,15 @@ class OrochiServer:
                  "--management-port", str(management_port), "--bind", "127.0.0.1",
                  "--log-level", "warning"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit(f"orochi serve exited ({self.process.returncode}):\n"
-                                 + log_tail(self.log_path))
+
+        def ready():
             # The port opens only once every model is loaded into every copy.
             with contextlib.suppress(OSError):
                 with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            time.sleep(0.1)
-        stop(self.process)
-        raise SystemExit("orochi serve did not become ready:\n" + log_tail(self.log_path))
+                    return reply.status == 200
+            return False
+
+        wait_until_ready(self.process, self.log_path, "orochi serve", ready, seconds=120)
 
     def infer_url(self, model: str) -> str:
         return f"{self.url}/v2/models/{model}/infer"
@@ -193,17 +202,12 @@ class UvicornServer:
         # The parent's socket accepts as soon as one worker is up; a run started then would
         # give the others' share to it. Each worker loads the model at import and logs
         # "Application startup complete." after, so wait for one per worker.
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit(f"uvicorn exited ({self.process.returncode}):\n"
-                                 + log_tail(self.log_path))
+
+        def ready():
             with open(self.log_path, errors="replace") as log:
-                if log.read().count("Application startup complete.") >= workers:
-                    return
-            time.sleep(0.2)
-        stop(self.process)
-        raise SystemExit("uvicorn did not start its workers:\n" + log_tail(self.log_path))
+                return log.read().count("Application startup complete.") >= workers
+
+        wait_until_ready(self.process, self.log_path, "uvicorn", ready, seconds=180)
 
     def infer_url(self, model: str) -> str:
         return f"{self.url}/v2/models/{model}/infer"
