@@ -108,18 +108,25 @@ std::string DeviceUnavailableReason(DeviceType type) {
   return type == DeviceType::kCpu ? "" : CudaProbe().reason;
 }
 
+std::string DeviceProblem(Device device) {
+  if (device.type == DeviceType::kCpu) return "";
+  const DeviceProbe& probe = CudaProbe();
+  if (probe.count == 0) return probe.reason;
+  if (device.index < 0 || device.index >= probe.count) {
+    return "this machine has " + std::to_string(probe.count) + " CUDA device(s)";
+  }
+  return "";
+}
+
 void RequireDevice(Device device) {
   if (device.type == DeviceType::kCpu) {
     OROCHI_CHECK(device.index == 0, StatusCode::kFailedPrecondition,
                  "cpu:" << device.index << " does not exist (the CPU is device cpu)");
     return;
   }
-  const DeviceProbe& probe = CudaProbe();
-  OROCHI_CHECK(probe.count > 0, StatusCode::kFailedPrecondition,
-               DeviceName(device) << " is not available: " << probe.reason);
-  OROCHI_CHECK(device.index >= 0 && device.index < probe.count, StatusCode::kFailedPrecondition,
-               DeviceName(device) << " is not available: this machine has " << probe.count
-                                  << " CUDA device(s)");
+  const std::string problem = DeviceProblem(device);
+  OROCHI_CHECK(problem.empty(), StatusCode::kFailedPrecondition,
+               DeviceName(device) << " is not available: " << problem);
 }
 
 void Synchronize(Device device) {

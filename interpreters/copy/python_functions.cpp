@@ -565,6 +565,17 @@ void BindDevices(py::module_& module) {
   module.def("_cuda_unavailable_reason",
              [] { return engine::DeviceUnavailableReason(engine::DeviceType::kCuda); });
   module.def(
+      "_device_problem",
+      [](const std::string& name) {
+        Device device;
+        if (!engine::ParseDevice(name, &device)) {
+          throw py::value_error("unknown device '" + name +
+                                "' (expected 'cpu', 'cuda' or 'cuda:N')");
+        }
+        return engine::DeviceProblem(device);
+      },
+      py::arg("name"));
+  module.def(
       "_synchronize",
       [](py::handle device) {
         Device target = ParseDevice(device);

@@ -69,14 +69,9 @@ Device ParseDeviceText(const std::string& text) {
 }
 
 void RequireUsable(Device device) {
-  if (device.type == engine::DeviceType::kCpu) return;
-  const int count = engine::DeviceCount(device.type);
-  if (device.index < 0 || device.index >= count) {
-    std::string reason = count == 0
-                             ? engine::DeviceUnavailableReason(device.type)
-                             : "this machine has " + std::to_string(count) + " CUDA device(s)";
+  if (std::string problem = engine::DeviceProblem(device); !problem.empty()) {
     throw py::value_error("device '" + engine::DeviceName(device) +
-                          "' is not available: " + reason);
+                          "' is not available: " + problem);
   }
 }
 

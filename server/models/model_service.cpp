@@ -72,13 +72,11 @@ constexpr std::string_view kDeviceMissing = "the manifest places the model on '"
 // GPU model is refused up front, before any copy runs its code: nothing falls back to the CPU.
 std::optional<std::string> MissingDevice(const std::string& device) {
   engine::Device wanted;
-  if (device == "cpu" || !engine::ParseDevice(device, &wanted)) return std::nullopt;
-  const int count = engine::DeviceCount(wanted.type);
-  if (wanted.index < count) return std::nullopt;
+  if (!engine::ParseDevice(device, &wanted)) return std::nullopt;
+  const std::string problem = engine::DeviceProblem(wanted);
+  if (problem.empty()) return std::nullopt;
   return std::string(kDeviceMissing) + device + "', but " + engine::DeviceName(wanted) +
-         " is not available: " +
-         (count == 0 ? engine::DeviceUnavailableReason(wanted.type)
-                     : "it has " + std::to_string(count) + " CUDA device(s)");
+         " is not available: " + problem;
 }
 
 bool IsMissingDevice(const Status& status) {

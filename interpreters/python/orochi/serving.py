@@ -14,6 +14,7 @@ import linecache
 import types
 
 import _orochi
+import _orochi_engine
 import orochi
 
 __all__ = ["ModelContext", "InputError"]
@@ -154,15 +155,10 @@ def _model_device(manifest):
     """The manifest's `device`, checked to exist here before any of the model's code runs."""
     name = manifest.get("device", "cpu")
     device = orochi.device(name)
-    if device.type == "cuda":
-        index = device.index or 0
-        count = orochi.cuda.device_count()
-        if index >= count:
-            reason = (orochi.cuda.unavailable_reason() if count == 0 else
-                      f"this server has {count} CUDA device(s)")
-            raise RuntimeError(f"the manifest places the model on '{name}', but cuda:{index} is "
-                               f"not available: {reason}")
-        device = orochi.device("cuda", index)
+    problem = _orochi_engine._device_problem(name)
+    if problem:
+        raise RuntimeError(f"the manifest places the model on '{name}', but {device} is not "
+                           f"available: {problem}")
     return device
 
 

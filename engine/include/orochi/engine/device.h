@@ -29,7 +29,11 @@ OROCHI_ENGINE_API int DeviceCount(DeviceType type);
 // "" when `type` has at least one device, else why not: "Orochi was built without CUDA (...)",
 // "no CUDA driver: ...", "no CUDA GPU found", ...
 OROCHI_ENGINE_API std::string DeviceUnavailableReason(DeviceType type);
-// Throws Error (kFailedPrecondition) naming `device` and the reason unless it can be used.
+// "" when `device` can be used, else why not: DeviceUnavailableReason of its type, or "this
+// machine has N CUDA device(s)" for an index past the last.
+OROCHI_ENGINE_API std::string DeviceProblem(Device device);
+// Throws Error (kFailedPrecondition) "<device> is not available: <DeviceProblem>" unless it can
+// be used.
 OROCHI_ENGINE_API void RequireDevice(Device device);
 
 // Waits until all work queued on `device`, by every thread, has finished (a no-op on the CPU).
