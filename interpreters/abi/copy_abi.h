@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -83,6 +84,24 @@ typedef struct OrochiSymbol {
   const char* name;
   void* address;
 } OrochiSymbol;
+
+/* The address of `name` in `symbols`, a table sorted by name (strcmp order), or NULL. Used on
+ * both sides of the boundary, so the copy and the host bind names the same way. */
+static inline void* OrochiFindSymbol(const OrochiSymbol* symbols, size_t count, const char* name) {
+  size_t low = 0;
+  size_t high = count;
+  while (low < high) {
+    size_t middle = low + (high - low) / 2;
+    int order = strcmp(symbols[middle].name, name);
+    if (order == 0) return symbols[middle].address;
+    if (order < 0) {
+      low = middle + 1;
+    } else {
+      high = middle;
+    }
+  }
+  return NULL;
+}
 
 /* What the host offers a copy. Lives as long as the copy. */
 typedef struct OrochiHostTable {

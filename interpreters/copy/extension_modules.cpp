@@ -3,7 +3,6 @@
 
 #include <dlfcn.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -24,12 +23,7 @@ namespace orochi::copy {
 namespace {
 
 void* FindCApiSymbol(const char* name) {
-  const OrochiSymbol* end = orochi_copy_c_api + orochi_copy_c_api_count;
-  const OrochiSymbol* found = std::lower_bound(orochi_copy_c_api, end, name,
-                                               [](const OrochiSymbol& symbol, const char* key) {
-                                                 return std::strcmp(symbol.name, key) < 0;
-                                               });
-  return found != end && std::strcmp(found->name, name) == 0 ? found->address : nullptr;
+  return OrochiFindSymbol(orochi_copy_c_api, orochi_copy_c_api_count, name);
 }
 
 // Maps `path` for this copy through the host's loader (the same file gives the same library).

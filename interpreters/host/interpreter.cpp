@@ -3,9 +3,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -222,13 +220,8 @@ struct Interpreter::Impl {
   static int32_t LoadLibrary(void* state, const char* path, const OrochiSymbol* symbols,
                              size_t symbol_count, void** library, char* error, size_t error_size) {
     auto* self = static_cast<Impl*>(state);
-    auto resolve = [symbols, symbol_count](const char* name) -> void* {
-      const OrochiSymbol* end = symbols + symbol_count;
-      const OrochiSymbol* found =
-          std::lower_bound(symbols, end, name, [](const OrochiSymbol& symbol, const char* key) {
-            return std::strcmp(symbol.name, key) < 0;
-          });
-      return found != end && std::strcmp(found->name, name) == 0 ? found->address : nullptr;
+    auto resolve = [symbols, symbol_count](const char* name) {
+      return OrochiFindSymbol(symbols, symbol_count, name);
     };
     // Keyed by the path as given, as CPython keys its extension records.
     const std::string key = path;
