@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <thread>
 
 extern "C" {
 extern const std::byte orochi_asset_copy_library_begin[];
@@ -44,7 +46,15 @@ Result<int> SealedMemfd(const char* name, std::span<const std::byte> bytes, bool
     }
     written += static_cast<size_t>(n);
   }
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+  // F_SEAL_WRITE fails with EBUSY while the kernel still holds a transient reference to one of
+  // the pages just written (seen once under memory-management scans); it clears quickly.
+  int sealed = -1;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    sealed = fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+    if (sealed == 0 || errno != EBUSY) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (sealed != 0) {
     Status error = Internal(ErrnoText("sealing a memfd"));
     close(fd);
     return error;
