@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 #include "front_end.h"
 #include "orochi/engine/dispatch.h"
@@ -215,6 +216,25 @@ std::vector<Tensor> Chunk(const Tensor& input, int64_t chunks, int64_t dim) {
   return Split(input, std::max<int64_t>((size + chunks - 1) / chunks, 1), dim);
 }
 
+namespace {
+
+// The smallest and largest of int64 `picks` (non-empty), read on the host: a CPU tensor is
+// scanned in place; a device tensor is reduced there and only the two values come back (one
+// wait for the work before). Bad indices are refused before a kernel could fault on them.
+std::pair<int64_t, int64_t> IndexBounds(const Tensor& picks) {
+  if (picks.device().type == DeviceType::kCpu) {
+    const Tensor flat = picks.Contiguous();
+    const int64_t* values = flat.data_as<int64_t>();
+    auto [low, high] = std::minmax_element(values, values + flat.numel());
+    return {*low, *high};
+  }
+  const Tensor bounds =
+      Stack({Reduce(Op::amin, picks), Reduce(Op::amax, picks)}).To(Device{}).Contiguous();
+  return {bounds.data_as<int64_t>()[0], bounds.data_as<int64_t>()[1]};
+}
+
+}  // namespace
+
 Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index) {
   OROCHI_CHECK_ARG(index.dim() <= 1 && IsIntegral(index.dtype()),
                    "index_select: the index must be a 1-D integer tensor");
@@ -222,14 +242,17 @@ Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index) {
   int64_t d = input.dim() == 0 ? 0 : WrapDim(dim, input.dim());
   Tensor picks = index.To(DType::kInt64).Contiguous();
   int64_t size = input.dim() == 0 ? 1 : input.shape()[d];
-  // Checked on the host, so that a bad index is an Error rather than a device fault; a device
-  // index is copied back for it (one wait for the work before).
-  const Tensor host_picks = picks.To(Device{});
-  for (int64_t i = 0; i < host_picks.numel(); ++i) {
-    int64_t pick = host_picks.data_as<int64_t>()[i];
-    OROCHI_CHECK_ARG(pick >= 0 && pick < size, "index_select: index "
-                                                   << pick << " is out of range for dimension "
-                                                   << dim << " of size " << size);
+  if (picks.numel() > 0) {
+    auto [low, high] = IndexBounds(picks);
+    if (low < 0 || high >= size) {
+      // The error path only: name the first bad index.
+      const Tensor host_picks = picks.To(Device{});
+      const int64_t* values = host_picks.data_as<int64_t>();
+      const int64_t* bad = std::find_if(values, values + host_picks.numel(),
+                                        [size](int64_t pick) { return pick < 0 || pick >= size; });
+      OROCHI_CHECK_ARG(false, "index_select: index " << *bad << " is out of range for dimension "
+                                                     << dim << " of size " << size);
+    }
   }
   Shape shape = input.shape();
   int64_t outer = NumElements(Shape(shape.begin(), shape.begin() + d));
@@ -255,11 +278,10 @@ Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index) {
   }
   Tensor picks = index.To(DType::kInt64);
   if (picks.numel() > 0 && input.dim() > 0) {
-    double low = Reduce(Op::amin, picks).To(Device{}).ItemAsDouble();
-    double high = Reduce(Op::amax, picks).To(Device{}).ItemAsDouble();
-    OROCHI_CHECK_ARG(low >= 0 && high < static_cast<double>(input.shape()[d]),
-                     "gather: index values must be in [0, " << input.shape()[d] << "), got [" << low
-                                                            << ", " << high << "]");
+    auto [low, high] = IndexBounds(picks);
+    OROCHI_CHECK_ARG(low >= 0 && high < input.shape()[d], "gather: index values must be in [0, "
+                                                              << input.shape()[d] << "), got ["
+                                                              << low << ", " << high << "]");
   }
   // The flat offset of every output element in the contiguous input: its coordinates, with the
   // index in place of the coordinate along `dim`.

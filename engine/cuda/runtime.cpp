@@ -63,6 +63,8 @@ struct Block {
   cudaStream_t stream = nullptr;    // home: the stream it was (re)allocated on
   bool shared = false;              // complete; read by any stream without waiting
   std::vector<cudaStream_t> users;  // other streams that used it (under the device's mutex)
+  // !users.empty(), readable without the mutex: the home stream's fast path in UseOnStream.
+  std::atomic<bool> has_users{false};
 };
 
 // Sizes are rounded so that freed blocks fit later requests: to 512 bytes below 1 MiB, and to a
@@ -110,6 +112,7 @@ class DeviceState {
     block->stream = stream;
     block->shared = false;
     block->users.clear();
+    block->has_users.store(false, std::memory_order_relaxed);
     allocated_bytes_ += block->size;
     peak_allocated_bytes_ = std::max(peak_allocated_bytes_, allocated_bytes_);
     ++allocations_;
@@ -299,23 +302,38 @@ ThreadResources& Resources(int device) {
   return thread_slots.Get(device);
 }
 
-// Orders `resources`' stream after the other-stream work on `tensor`'s block.
+// Orders `resources`' stream after the other-stream work on `tensor`'s block: on its home
+// stream, and on every other stream that used it since (a kernel of another thread may have
+// written it there).
 void UseOnStream(const Tensor& tensor, ThreadResources& resources) {
   auto* block = static_cast<Block*>(tensor.storage()->device_block());
   // `stream` and `shared` were written before the tensor reached any other thread.
-  if (block == nullptr || block->shared || block->stream == resources.stream) return;
+  if (block == nullptr || block->shared) return;
+  const bool home = block->stream == resources.stream;
+  if (home && !block->has_users.load(std::memory_order_acquire)) return;
+  std::vector<cudaStream_t> earlier;
   {
     DeviceState& state = State(block->device);
     std::lock_guard lock(state.mutex);
-    if (std::find(block->users.begin(), block->users.end(), resources.stream) ==
-        block->users.end()) {
+    if (!home) earlier.push_back(block->stream);
+    bool listed = home;
+    for (cudaStream_t user : block->users) {
+      if (user == resources.stream) {
+        listed = true;
+      } else {
+        earlier.push_back(user);
+      }
+    }
+    if (!listed) {
       block->users.push_back(resources.stream);
+      block->has_users.store(true, std::memory_order_release);
     }
   }
-  CheckCuda(cudaEventRecord(resources.order_event, block->stream), "ordering streams",
-            block->device);
-  CheckCuda(cudaStreamWaitEvent(resources.stream, resources.order_event, 0), "ordering streams",
-            block->device);
+  for (cudaStream_t stream : earlier) {
+    CheckCuda(cudaEventRecord(resources.order_event, stream), "ordering streams", block->device);
+    CheckCuda(cudaStreamWaitEvent(resources.stream, resources.order_event, 0), "ordering streams",
+              block->device);
+  }
 }
 
 // --- pinned staging for host -> device copies ----------------------------------------------------

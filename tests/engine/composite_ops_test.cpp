@@ -134,6 +134,15 @@ TEST(Indexing, IndexSelectAndEmbedding) {
   } catch (const Error& error) {
     EXPECT_THAT(error.what(), HasSubstr("index 4 is out of range for dimension 0 of size 4"));
   }
+  try {  // the first bad index is named, not the smallest or largest
+    Tensor bad = Tensor::Empty({4}, DType::kInt64);
+    const int64_t values[] = {1, 6, -1, 9};
+    std::copy(std::begin(values), std::end(values), bad.mutable_data_as<int64_t>());
+    IndexSelect(table, 0, bad);
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_THAT(error.what(), HasSubstr("index 6 is out of range for dimension 0 of size 4"));
+  }
   Tensor tokens = Arange(0, 4).View({2, 2});
   Tensor embedded = Embedding(tokens, table);
   EXPECT_EQ(embedded.shape(), (Shape{2, 2, 3}));
@@ -154,7 +163,12 @@ TEST(Indexing, GatherPicksAlongADim) {
                        .Contiguous();  // [[3, 2, 1]] * 3
   // dim 1: out[i][j] = input[i][columns[i][j]]
   ExpectNear(Gather(input, 1, columns), {3, 2, 1, 7, 6, 5, 11, 10, 9}, 0, "gather dim 1");
-  EXPECT_THROW(Gather(input, 1, Full({3, 1}, 4, DType::kInt64)), Error);
+  try {
+    Gather(input, 1, Full({3, 1}, 4, DType::kInt64));
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_THAT(error.what(), HasSubstr("gather: index values must be in [0, 4), got [4, 4]"));
+  }
   EXPECT_THROW(Gather(input, 1, Zeros({3}, DType::kInt64)), Error);
 }
 
