@@ -138,31 +138,6 @@ __global__ void ArangeKernel(void* out, ScalarType type, double start, double st
 
 // --- unary ---------------------------------------------------------------------------------------
 
-__device__ __forceinline__ float Fabs(float x) { return fabsf(x); }
-__device__ __forceinline__ double Fabs(double x) { return fabs(x); }
-__device__ __forceinline__ float Exp(float x) { return expf(x); }
-__device__ __forceinline__ double Exp(double x) { return exp(x); }
-__device__ __forceinline__ float Log(float x) { return logf(x); }
-__device__ __forceinline__ double Log(double x) { return log(x); }
-__device__ __forceinline__ float Sqrt(float x) { return sqrtf(x); }
-__device__ __forceinline__ double Sqrt(double x) { return sqrt(x); }
-__device__ __forceinline__ float Sin(float x) { return sinf(x); }
-__device__ __forceinline__ double Sin(double x) { return sin(x); }
-__device__ __forceinline__ float Cos(float x) { return cosf(x); }
-__device__ __forceinline__ double Cos(double x) { return cos(x); }
-__device__ __forceinline__ float Tanh(float x) { return tanhf(x); }
-__device__ __forceinline__ double Tanh(double x) { return tanh(x); }
-__device__ __forceinline__ float Erf(float x) { return erff(x); }
-__device__ __forceinline__ double Erf(double x) { return erf(x); }
-__device__ __forceinline__ float Floor(float x) { return floorf(x); }
-__device__ __forceinline__ double Floor(double x) { return floor(x); }
-__device__ __forceinline__ float Ceil(float x) { return ceilf(x); }
-__device__ __forceinline__ double Ceil(double x) { return ceil(x); }
-__device__ __forceinline__ float Rint(float x) { return rintf(x); }  // half to even
-__device__ __forceinline__ double Rint(double x) { return rint(x); }
-__device__ __forceinline__ float Pow(float x, float y) { return powf(x, y); }
-__device__ __forceinline__ double Pow(double x, double y) { return pow(x, y); }
-
 template <typename C>
 __device__ __forceinline__ C ApplyUnary(UnaryOp op, C x) {
   if constexpr (std::is_floating_point_v<C>) {

@@ -114,33 +114,6 @@ __global__ void ReduceKernel(ReduceOp op, const T* in, void* out, bool out_int64
 template <typename T>
 using RowCompute = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-template <typename C>
-__device__ __forceinline__ C ExpOf(C x) {
-  if constexpr (std::is_same_v<C, double>) {
-    return exp(x);
-  } else {
-    return expf(x);
-  }
-}
-
-template <typename C>
-__device__ __forceinline__ C LogOf(C x) {
-  if constexpr (std::is_same_v<C, double>) {
-    return log(x);
-  } else {
-    return logf(x);
-  }
-}
-
-template <typename C>
-__device__ __forceinline__ C SqrtOf(C x) {
-  if constexpr (std::is_same_v<C, double>) {
-    return sqrt(x);
-  } else {
-    return sqrtf(x);
-  }
-}
-
 template <typename T>
 __global__ void SoftmaxKernel(bool log, const T* in, T* out, int64_t outer, int64_t inner,
                               int group) {
@@ -163,18 +136,18 @@ __global__ void SoftmaxKernel(bool log, const T* in, T* out, int64_t outer, int6
     largest = GroupAllReduce(largest, group, shared, maximum);
     C total = 0;
     if (active) {
-      for (int64_t i = lane; i < inner; i += group) total += ExpOf(Cast<C>(x[i]) - largest);
+      for (int64_t i = lane; i < inner; i += group) total += Exp(Cast<C>(x[i]) - largest);
     }
     total = GroupAllReduce(total, group, shared, add);
     if (!active) continue;
     T* y = out + row * inner;
     if (log) {
-      const C log_total = LogOf(total);
+      const C log_total = Log(total);
       for (int64_t i = lane; i < inner; i += group)
         y[i] = Cast<T>(Cast<C>(x[i]) - largest - log_total);
     } else {
       for (int64_t i = lane; i < inner; i += group)
-        y[i] = Cast<T>(ExpOf(Cast<C>(x[i]) - largest) / total);
+        y[i] = Cast<T>(Exp(Cast<C>(x[i]) - largest) / total);
     }
   }
 }
@@ -208,7 +181,7 @@ __global__ void NormKernel(bool rms, const T* in, const T* weight, const T* bias
     }
     square_sum = GroupAllReduce(square_sum, group, shared, add);
     if (!active) continue;
-    const C scale = C{1} / SqrtOf(square_sum / static_cast<C>(inner) + static_cast<C>(eps));
+    const C scale = C{1} / Sqrt(square_sum / static_cast<C>(inner) + static_cast<C>(eps));
     T* y = out + row * inner;
     for (int64_t i = lane; i < inner; i += group) {
       C value = (Cast<C>(x[i]) - mean) * scale;
