@@ -44,8 +44,7 @@ Tensor Normalize(Op op, const Tensor& input, const Shape& normalized_shape,
                  const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
                  double eps) {
   const char* name = op == Op::layer_norm ? "layer_norm" : "rms_norm";
-  const Tensor undefined;
-  CommonDevice(name, {&input, weight ? &*weight : &undefined, bias ? &*bias : &undefined});
+  CommonDevice(name, {&input, Optional(weight), Optional(bias)});
   Tensor rows = AsRows(input, normalized_shape, name);
   auto kernel = Kernels().FindAs<NormKernel>(op, input.device(), input.dtype());
   Tensor weight_storage;
@@ -355,8 +354,7 @@ Tensor Bmm(const Tensor& a, const Tensor& b) {
 Tensor Linear(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias) {
   OROCHI_CHECK_ARG(weight.dim() == 2,
                    "linear: the weight must be 2-D [out, in], got " << ShapeString(weight.shape()));
-  const Tensor undefined;
-  CommonDevice("linear", {&input, &weight, bias ? &*bias : &undefined});
+  CommonDevice("linear", {&input, &weight, Optional(bias)});
   OROCHI_CHECK_ARG(input.dim() >= 1 && input.size(-1) == weight.shape()[1],
                    "linear: the input's last dim must be in_features = "
                        << weight.shape()[1] << " (weight " << ShapeString(weight.shape())

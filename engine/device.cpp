@@ -9,7 +9,6 @@
 
 #include "device_backend.h"
 #include "orochi/engine/error.h"
-#include "orochi/engine/ops.h"
 
 namespace orochi::engine {
 namespace {
@@ -147,9 +146,7 @@ DeviceMemoryStats MemoryStats(Device device) {
 void EmptyCache(Device device) {
   RequireDevice(device);
   if (device.type == DeviceType::kCpu) {
-    const size_t limit = CpuCacheLimit();
-    SetCpuCacheLimit(0);
-    SetCpuCacheLimit(limit);
+    EmptyCpuCache();
     return;
   }
   CudaBackend()->empty_cache(device.index);

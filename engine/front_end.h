@@ -2,6 +2,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <optional>
 #include <string_view>
 
 #include "orochi/engine/tensor.h"
@@ -12,10 +13,15 @@ namespace orochi::engine {
 // elementwise ops: Python numbers become such tensors, and `x + 1` must work for a GPU `x`.
 enum class CpuScalars : bool { kRefuse, kFollow };
 
-// The device all `tensors` are on (undefined ones are skipped), or an Error naming `op`:
+// The device all `tensors` are on (null and undefined ones are skipped), or an Error naming `op`:
 // "add: expected all tensors on the same device, got cpu and cuda:0".
 Device CommonDevice(std::string_view op, std::initializer_list<const Tensor*> tensors,
                     CpuScalars scalars = CpuScalars::kRefuse);
+
+// An optional argument (weight, bias) for CommonDevice: null when absent.
+inline const Tensor* Optional(const std::optional<Tensor>& tensor) {
+  return tensor ? &*tensor : nullptr;
+}
 
 // `tensor` on `device`: a 0-dim CPU tensor is moved there (CommonDevice allowed it); any other
 // tensor is returned as it is.

@@ -45,7 +45,10 @@ Device CommonDevice(std::string_view op, std::initializer_list<const Tensor*> te
                     CpuScalars scalars) {
   const Tensor* first = nullptr;
   for (const Tensor* tensor : tensors) {
-    if (!tensor->defined() || (scalars == CpuScalars::kFollow && IsCpuScalar(*tensor))) continue;
+    if (tensor == nullptr || !tensor->defined() ||
+        (scalars == CpuScalars::kFollow && IsCpuScalar(*tensor))) {
+      continue;
+    }
     if (first == nullptr) {
       first = tensor;
       continue;
@@ -55,8 +58,8 @@ Device CommonDevice(std::string_view op, std::initializer_list<const Tensor*> te
                         << DeviceName(first->device()) << " and " << DeviceName(tensor->device()));
   }
   if (first != nullptr) return first->device();
-  for (const Tensor* tensor : tensors) {  // only CPU scalars (or undefined tensors)
-    if (tensor->defined()) return tensor->device();
+  for (const Tensor* tensor : tensors) {  // only CPU scalars (or absent tensors)
+    if (tensor != nullptr && tensor->defined()) return tensor->device();
   }
   return Device{};
 }

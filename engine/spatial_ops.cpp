@@ -70,8 +70,7 @@ Tensor Pool(const Tensor& input, std::array<int64_t, 2> kernel,
 
 Tensor Conv2d(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
               const Conv2dOptions& options) {
-  const Tensor undefined;
-  CommonDevice("conv2d", {&input, &weight, bias ? &*bias : &undefined});
+  CommonDevice("conv2d", {&input, &weight, Optional(bias)});
   Tensor batched = WithBatch(input, 4);
   OROCHI_CHECK_ARG(weight.dim() == 4, "conv2d: the weight must be 4-D [O, C/groups, kh, kw], got "
                                           << ShapeString(weight.shape()));
@@ -164,9 +163,8 @@ Tensor BatchNorm(const Tensor& input, const Tensor& running_mean, const Tensor& 
                  const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
                  double eps) {
   OROCHI_CHECK_ARG(input.dim() >= 2, "batch_norm: the input needs a channel dimension (dim 1)");
-  const Tensor undefined;
-  CommonDevice("batch_norm", {&input, &running_mean, &running_var, weight ? &*weight : &undefined,
-                              bias ? &*bias : &undefined});
+  CommonDevice("batch_norm",
+               {&input, &running_mean, &running_var, Optional(weight), Optional(bias)});
   const int64_t channels = input.shape()[1];
   Shape per_channel(static_cast<size_t>(input.dim() - 1), 1);
   per_channel[0] = channels;

@@ -57,12 +57,12 @@ class LargeBlockCache {
   void SetLimit(size_t bytes) {
     std::lock_guard lock(mutex_);
     limit_ = bytes;
-    while (cached_bytes_ > limit_ && !blocks_.empty()) {
-      auto largest = std::prev(blocks_.end());
-      cached_bytes_ -= largest->first;
-      std::free(largest->second);
-      blocks_.erase(largest);
-    }
+    FreeAbove(limit_);
+  }
+
+  void Empty() {
+    std::lock_guard lock(mutex_);
+    FreeAbove(0);
   }
 
   size_t limit() {
@@ -76,6 +76,16 @@ class LargeBlockCache {
   }
 
  private:
+  // Frees the largest blocks until at most `bytes` are cached. Needs mutex_.
+  void FreeAbove(size_t bytes) {
+    while (cached_bytes_ > bytes && !blocks_.empty()) {
+      auto largest = std::prev(blocks_.end());
+      cached_bytes_ -= largest->first;
+      std::free(largest->second);
+      blocks_.erase(largest);
+    }
+  }
+
   std::mutex mutex_;
   std::multimap<size_t, std::byte*> blocks_;
   size_t cached_bytes_ = 0;
@@ -93,6 +103,7 @@ size_t RoundedSize(size_t bytes) {
 void SetCpuCacheLimit(size_t bytes) { LargeBlockCache::Instance().SetLimit(bytes); }
 size_t CpuCacheLimit() { return LargeBlockCache::Instance().limit(); }
 size_t CpuCachedBytes() { return LargeBlockCache::Instance().cached_bytes(); }
+void EmptyCpuCache() { LargeBlockCache::Instance().Empty(); }
 
 std::string DeviceName(Device device) {
   if (device.type == DeviceType::kCpu) return "cpu";
@@ -154,8 +165,8 @@ void Storage::Release() {
 }
 
 StoragePtr Storage::Allocate(size_t bytes, Device device) {
+  RequireDevice(device);
   if (device.type != DeviceType::kCpu) {
-    RequireDevice(device);
     const DeviceBackend* backend = CudaBackend();
     void* block = nullptr;
     auto* data = static_cast<std::byte*>(backend->allocate(device.index, bytes, &block));
@@ -164,7 +175,6 @@ StoragePtr Storage::Allocate(size_t bytes, Device device) {
     storage->release_context_ = block;
     return StoragePtr(storage);
   }
-  RequireDevice(device);
   size_t rounded = RoundedSize(bytes);
   std::byte* data = rounded >= kLargeBlock ? LargeBlockCache::Instance().Take(rounded) : nullptr;
   if (data == nullptr) data = static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded));

@@ -242,10 +242,20 @@ void CudaWhere(const Tensor& condition, const Tensor& a, const Tensor& b, Tensor
 
 // --- rows ----------------------------------------------------------------------------------------
 
+struct Rows {
+  int64_t outer;
+  int64_t inner;
+};
+// A contiguous tensor as rows along its last dim (a 0-dim tensor is one row of one).
+Rows RowsOf(const Tensor& input) {
+  const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
+  return {inner == 0 ? 0 : input.numel() / inner, inner};
+}
+
 void CudaReduce(Op op, const Tensor& input, Tensor& output) {
   const int64_t outer = output.numel();
-  const int64_t inner = outer == 0 ? 0 : input.numel() / outer;
   if (outer == 0) return;
+  const int64_t inner = input.numel() / outer;
   StreamScope scope(output, {&input});
   scope.Check(LaunchReduce(ReduceOpOf(op), TypeOf(input), input.data(), TypeOf(output),
                            output.mutable_data(), outer, inner, scope.stream()),
@@ -253,8 +263,7 @@ void CudaReduce(Op op, const Tensor& input, Tensor& output) {
 }
 
 void CudaSoftmax(Op op, const Tensor& input, Tensor& output) {
-  const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
-  const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
+  const auto [outer, inner] = RowsOf(input);
   if (outer == 0) return;
   StreamScope scope(output, {&input});
   scope.Check(LaunchSoftmax(op == Op::log_softmax, TypeOf(input), input.data(),
@@ -264,8 +273,7 @@ void CudaSoftmax(Op op, const Tensor& input, Tensor& output) {
 
 void CudaNorm(Op op, const Tensor& input, const Tensor* weight, const Tensor* bias, double eps,
               Tensor& output) {
-  const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
-  const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
+  const auto [outer, inner] = RowsOf(input);
   if (outer == 0) return;
   StreamScope scope(output, {&input, weight, bias});
   scope.Check(LaunchNorm(op == Op::rms_norm, TypeOf(input), input.data(),
@@ -308,8 +316,7 @@ void CudaIm2col(const Tensor& input, const Im2colGeometry& geometry, Tensor& out
 }
 
 void CudaSort(const Tensor& input, bool descending, Tensor& values, Tensor& indices) {
-  const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
-  const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
+  const auto [outer, inner] = RowsOf(input);
   if (outer == 0) return;
   OROCHI_CHECK(
       inner <= INT32_MAX, StatusCode::kUnimplemented,

@@ -92,7 +92,6 @@ class DeviceState {
   explicit DeviceState(int device) : device_(device) {}
 
   std::mutex mutex;
-  int device() const { return device_; }
 
   // --- allocation (mutex held by the caller) ---
   Block* TakeCached(cudaStream_t stream, size_t size) {
@@ -483,7 +482,8 @@ class Nvml {
     void*& handle = handles_[device];
     if (handle == nullptr) {
       char bus_id[32] = {};
-      if (cudaGetDeviceCount(&count_) != cudaSuccess || device >= count_ ||
+      int count = 0;
+      if (cudaGetDeviceCount(&count) != cudaSuccess || device >= count ||
           cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device) != cudaSuccess ||
           handle_by_bus_id_(bus_id, &handle) != 0) {
         handle = nullptr;
@@ -510,7 +510,6 @@ class Nvml {
 
   std::mutex mutex_;
   bool loaded_ = false;
-  int count_ = 0;
   int (*handle_by_bus_id_)(const char*, void**) = nullptr;
   int (*utilization_rates_)(void*, NvmlUtilization*) = nullptr;
   std::array<void*, kMaxDevices> handles_{};

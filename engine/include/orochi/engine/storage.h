@@ -41,6 +41,8 @@ using BorrowRelease = void (*)(void* context);
 OROCHI_ENGINE_API void SetCpuCacheLimit(size_t bytes);
 OROCHI_ENGINE_API size_t CpuCacheLimit();
 OROCHI_ENGINE_API size_t CpuCachedBytes();
+// Frees every cached block (the limit stays).
+OROCHI_ENGINE_API void EmptyCpuCache();
 
 class OROCHI_ENGINE_API Storage {
  public:
