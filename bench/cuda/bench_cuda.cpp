@@ -69,15 +69,15 @@ std::vector<Case> Cases() {
   static Tensor c;
   constexpr int64_t kSize = 4096;
   const double matmul_flops = 2.0 * kSize * kSize * kSize;
-  struct MatmulType {
+  struct Variant {
     const char* name;
     DType dtype;
     bool tf32;
   };
-  for (const MatmulType& type : {MatmulType{"matmul_fp32_4096", DType::kFloat32, false},
-                                 MatmulType{"matmul_tf32_4096", DType::kFloat32, true},
-                                 MatmulType{"matmul_bf16_4096", DType::kBFloat16, false},
-                                 MatmulType{"matmul_fp16_4096", DType::kFloat16, false}}) {
+  for (const Variant& type : {Variant{"matmul_fp32_4096", DType::kFloat32, false},
+                              Variant{"matmul_tf32_4096", DType::kFloat32, true},
+                              Variant{"matmul_bf16_4096", DType::kBFloat16, false},
+                              Variant{"matmul_fp16_4096", DType::kFloat16, false}}) {
     const DType dtype = type.dtype;
     cases.push_back({type.name, matmul_flops, "TFLOP/s", type.tf32,
                      [dtype] {
@@ -88,14 +88,9 @@ std::vector<Case> Cases() {
   }
   // ResNet-18's stage 2 at batch 32: 3x3, 128 -> 128 channels, 28x28.
   const double conv_flops = 2.0 * 32 * 128 * 28 * 28 * 128 * 3 * 3;
-  struct ConvType {
-    const char* name;
-    DType dtype;
-    bool tf32;
-  };
-  for (const ConvType& type : {ConvType{"conv2d_fp32_resnet", DType::kFloat32, false},
-                               ConvType{"conv2d_tf32_resnet", DType::kFloat32, true},
-                               ConvType{"conv2d_bf16_resnet", DType::kBFloat16, false}}) {
+  for (const Variant& type : {Variant{"conv2d_fp32_resnet", DType::kFloat32, false},
+                              Variant{"conv2d_tf32_resnet", DType::kFloat32, true},
+                              Variant{"conv2d_bf16_resnet", DType::kBFloat16, false}}) {
     const DType dtype = type.dtype;
     cases.push_back({type.name, conv_flops, "TFLOP/s", type.tf32,
                      [dtype] {

@@ -29,10 +29,11 @@ import subprocess
 import sys
 import time
 
+from e2e_models import per_call_ms  # the same timing for both halves
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 BUILD = os.environ.get("OROCHI_BUILD", os.path.join(ROOT, "build"))
-TRIALS = 5
 MATMUL_GOAL = 0.95  # Orochi's throughput over PyTorch's, at least
 MODEL_GOAL = 1.2    # Orochi's latency over PyTorch's, at most
 
@@ -89,23 +90,6 @@ def torch_kernel_cases(torch):
     }
 
 
-def torch_ms(torch, call, seconds: float) -> float:
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-
-    def timed(iterations):
-        start = time.perf_counter()
-        for _ in range(iterations):
-            call()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - start) / iterations
-
-    iterations = max(3, int(seconds / TRIALS / max(timed(3), 1e-7)))
-    trials = sorted(timed(iterations) for _ in range(TRIALS))
-    return trials[len(trials) // 2] * 1e3
-
-
 def run_torch_kernels(torch, names, seconds: float) -> dict:
     results = {}
     with torch.inference_mode():
@@ -114,9 +98,10 @@ def run_torch_kernels(torch, names, seconds: float) -> dict:
                 continue
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.backends.cudnn.allow_tf32 = tf32
-            results[name] = torch_ms(torch, setup(), seconds)
+            results[name] = per_call_ms(setup(), torch.cuda.synchronize, seconds)
             torch.cuda.empty_cache()
     torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     return results
 
 
