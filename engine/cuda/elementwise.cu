@@ -139,58 +139,58 @@ __global__ void ArangeKernel(void* out, ScalarType type, double start, double st
 // --- unary ---------------------------------------------------------------------------------------
 
 template <typename C>
-__device__ __forceinline__ C ApplyUnary(UnaryOp op, C x) {
+__device__ __forceinline__ C ApplyUnary(Op op, C x) {
   if constexpr (std::is_floating_point_v<C>) {
     switch (op) {
-      case UnaryOp::kNeg:
+      case Op::neg:
         return -x;
-      case UnaryOp::kAbs:
+      case Op::abs:
         return Fabs(x);
-      case UnaryOp::kExp:
+      case Op::exp:
         return Exp(x);
-      case UnaryOp::kLog:
+      case Op::log:
         return Log(x);
-      case UnaryOp::kSqrt:
+      case Op::sqrt:
         return Sqrt(x);
-      case UnaryOp::kRsqrt:
+      case Op::rsqrt:
         return C{1} / Sqrt(x);
-      case UnaryOp::kSin:
+      case Op::sin:
         return Sin(x);
-      case UnaryOp::kCos:
+      case Op::cos:
         return Cos(x);
-      case UnaryOp::kTanh:
+      case Op::tanh:
         return Tanh(x);
-      case UnaryOp::kSigmoid:
+      case Op::sigmoid:
         return C{1} / (C{1} + Exp(-x));
-      case UnaryOp::kRelu:
+      case Op::relu:
         return x > C{0} ? x : C{0};
-      case UnaryOp::kSilu:
+      case Op::silu:
         return x / (C{1} + Exp(-x));
-      case UnaryOp::kGelu:
+      case Op::gelu:
         return C{0.5} * x * (C{1} + Erf(x * C{0.70710678118654752440}));
-      case UnaryOp::kGeluTanh: {
+      case Op::gelu_tanh: {
         const C inner = C{0.79788456080286535588} * (x + C{0.044715} * x * x * x);
         return C{0.5} * x * (C{1} + Tanh(inner));
       }
-      case UnaryOp::kErf:
+      case Op::erf:
         return Erf(x);
-      case UnaryOp::kFloor:
+      case Op::floor:
         return Floor(x);
-      case UnaryOp::kCeil:
+      case Op::ceil:
         return Ceil(x);
-      case UnaryOp::kRound:
+      case Op::round:
         return Rint(x);
       default:
         return x;
     }
   } else {  // integral: the ops that keep integral dtypes
     switch (op) {
-      case UnaryOp::kNeg:
+      case Op::neg:
         return static_cast<C>(-x);
-      case UnaryOp::kAbs:
+      case Op::abs:
         if constexpr (std::is_signed_v<C>) return x < C{0} ? static_cast<C>(-x) : x;
         return x;
-      case UnaryOp::kRelu:
+      case Op::relu:
         return x > C{0} ? x : C{0};
       default:
         return x;  // floor, ceil and round are the identity on integers
@@ -199,7 +199,7 @@ __device__ __forceinline__ C ApplyUnary(UnaryOp op, C x) {
 }
 
 template <typename T>
-__global__ void UnaryKernel(UnaryOp op, T* out, const T* in, Layout layout, int64_t count) {
+__global__ void UnaryKernel(Op op, T* out, const T* in, Layout layout, int64_t count) {
   using C = Compute<T>;
   ForEachElement<2>(layout, count, [&](int64_t, const int64_t(&offsets)[2]) {
     out[offsets[0]] = Cast<T>(ApplyUnary(op, Cast<C>(in[offsets[1]])));
@@ -207,8 +207,8 @@ __global__ void UnaryKernel(UnaryOp op, T* out, const T* in, Layout layout, int6
 }
 
 template <typename T>
-cudaError_t LaunchUnaryOf(UnaryOp op, void* out, const void* in, const Layout& layout,
-                          int64_t count, cudaStream_t stream) {
+cudaError_t LaunchUnaryOf(Op op, void* out, const void* in, const Layout& layout, int64_t count,
+                          cudaStream_t stream) {
   if constexpr (std::is_same_v<T, bool>) {
     return cudaErrorInvalidValue;  // not registered: no unary op is defined on bool
   } else {
@@ -221,17 +221,17 @@ cudaError_t LaunchUnaryOf(UnaryOp op, void* out, const void* in, const Layout& l
 // --- binary --------------------------------------------------------------------------------------
 
 template <typename C>
-__device__ __forceinline__ C ApplyArithmetic(BinaryOp op, C a, C b) {
+__device__ __forceinline__ C ApplyArithmetic(Op op, C a, C b) {
   switch (op) {
-    case BinaryOp::kAdd:
+    case Op::add:
       return static_cast<C>(a + b);
-    case BinaryOp::kSub:
+    case Op::sub:
       return static_cast<C>(a - b);
-    case BinaryOp::kMul:
+    case Op::mul:
       return static_cast<C>(a * b);
-    case BinaryOp::kDiv:
+    case Op::div:
       return static_cast<C>(a / b);
-    case BinaryOp::kPow:
+    case Op::pow:
       if constexpr (std::is_floating_point_v<C>) {
         return Pow(a, b);
       } else {
@@ -242,10 +242,10 @@ __device__ __forceinline__ C ApplyArithmetic(BinaryOp op, C a, C b) {
         if constexpr (std::is_signed_v<C>) return b < 0 ? C{0} : result;
         return result;
       }
-    case BinaryOp::kMaximum:
+    case Op::maximum:
       if (IsNan(a) || IsNan(b)) return a + b;  // NaN
       return a > b ? a : b;
-    case BinaryOp::kMinimum:
+    case Op::minimum:
       if (IsNan(a) || IsNan(b)) return a + b;
       return a < b ? a : b;
     default:
@@ -254,36 +254,41 @@ __device__ __forceinline__ C ApplyArithmetic(BinaryOp op, C a, C b) {
 }
 
 template <typename C>
-__device__ __forceinline__ bool ApplyComparison(BinaryOp op, C a, C b) {
+__device__ __forceinline__ bool ApplyComparison(Op op, C a, C b) {
   switch (op) {
-    case BinaryOp::kLogicalAnd:
+    case Op::logical_and:
       return a != C{0} && b != C{0};
-    case BinaryOp::kLogicalOr:
+    case Op::logical_or:
       return a != C{0} || b != C{0};
-    case BinaryOp::kLogicalXor:
+    case Op::logical_xor:
       return (a != C{0}) != (b != C{0});
-    case BinaryOp::kEq:
+    case Op::eq:
       return a == b;
-    case BinaryOp::kNe:
+    case Op::ne:
       return a != b;
-    case BinaryOp::kLt:
+    case Op::lt:
       return a < b;
-    case BinaryOp::kLe:
+    case Op::le:
       return a <= b;
-    case BinaryOp::kGt:
+    case Op::gt:
       return a > b;
-    case BinaryOp::kGe:
+    case Op::ge:
       return a >= b;
     default:
       return false;
   }
 }
 
+// BinaryKernel tells comparisons by their place in the op list: after every arithmetic op.
+static_assert(static_cast<int>(Op::minimum) + 1 == static_cast<int>(Op::eq) &&
+              static_cast<int>(Op::add) < static_cast<int>(Op::minimum) &&
+              static_cast<int>(Op::logical_xor) + 1 == static_cast<int>(Op::where));
+
 template <typename T>
-__global__ void BinaryKernel(BinaryOp op, void* out, const T* a, const T* b, Layout layout,
+__global__ void BinaryKernel(Op op, void* out, const T* a, const T* b, Layout layout,
                              int64_t count) {
   using C = Compute<T>;
-  if (op >= BinaryOp::kEq) {
+  if (op >= Op::eq) {  // comparisons and logical ops, after the arithmetic ones in the list
     auto* flags = static_cast<bool*>(out);
     ForEachElement<3>(layout, count, [&](int64_t, const int64_t(&offsets)[3]) {
       flags[offsets[0]] = ApplyComparison(op, Cast<C>(a[offsets[1]]), Cast<C>(b[offsets[2]]));
@@ -350,14 +355,14 @@ cudaError_t LaunchArange(void* out, ScalarType type, double start, double step, 
   return cudaGetLastError();
 }
 
-cudaError_t LaunchUnary(UnaryOp op, ScalarType type, void* out, const void* in,
-                        const Layout& layout, int64_t count, cudaStream_t stream) {
+cudaError_t LaunchUnary(Op op, ScalarType type, void* out, const void* in, const Layout& layout,
+                        int64_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   OROCHI_CUDA_DISPATCH(type, T, return LaunchUnaryOf<T>(op, out, in, layout, count, stream));
   return cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchBinary(BinaryOp op, ScalarType type, void* out, const void* a, const void* b,
+cudaError_t LaunchBinary(Op op, ScalarType type, void* out, const void* a, const void* b,
                          const Layout& layout, int64_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   OROCHI_CUDA_DISPATCH(

@@ -106,116 +106,13 @@ void CudaArangeFill(Tensor& output, double start, double step) {
               "arange");
 }
 
-UnaryOp UnaryOpOf(Op op) {
-  switch (op) {
-    case Op::neg:
-      return UnaryOp::kNeg;
-    case Op::abs:
-      return UnaryOp::kAbs;
-    case Op::exp:
-      return UnaryOp::kExp;
-    case Op::log:
-      return UnaryOp::kLog;
-    case Op::sqrt:
-      return UnaryOp::kSqrt;
-    case Op::rsqrt:
-      return UnaryOp::kRsqrt;
-    case Op::sin:
-      return UnaryOp::kSin;
-    case Op::cos:
-      return UnaryOp::kCos;
-    case Op::tanh:
-      return UnaryOp::kTanh;
-    case Op::sigmoid:
-      return UnaryOp::kSigmoid;
-    case Op::relu:
-      return UnaryOp::kRelu;
-    case Op::silu:
-      return UnaryOp::kSilu;
-    case Op::gelu:
-      return UnaryOp::kGelu;
-    case Op::gelu_tanh:
-      return UnaryOp::kGeluTanh;
-    case Op::erf:
-      return UnaryOp::kErf;
-    case Op::floor:
-      return UnaryOp::kFloor;
-    case Op::ceil:
-      return UnaryOp::kCeil;
-    case Op::round:
-      return UnaryOp::kRound;
-    default:
-      OROCHI_INTERNAL_ASSERT(false, "not a unary op");
-  }
-}
-
-BinaryOp BinaryOpOf(Op op) {
-  switch (op) {
-    case Op::add:
-      return BinaryOp::kAdd;
-    case Op::sub:
-      return BinaryOp::kSub;
-    case Op::mul:
-      return BinaryOp::kMul;
-    case Op::div:
-      return BinaryOp::kDiv;
-    case Op::pow:
-      return BinaryOp::kPow;
-    case Op::maximum:
-      return BinaryOp::kMaximum;
-    case Op::minimum:
-      return BinaryOp::kMinimum;
-    case Op::eq:
-      return BinaryOp::kEq;
-    case Op::ne:
-      return BinaryOp::kNe;
-    case Op::lt:
-      return BinaryOp::kLt;
-    case Op::le:
-      return BinaryOp::kLe;
-    case Op::gt:
-      return BinaryOp::kGt;
-    case Op::ge:
-      return BinaryOp::kGe;
-    case Op::logical_and:
-      return BinaryOp::kLogicalAnd;
-    case Op::logical_or:
-      return BinaryOp::kLogicalOr;
-    case Op::logical_xor:
-      return BinaryOp::kLogicalXor;
-    default:
-      OROCHI_INTERNAL_ASSERT(false, "not a binary op");
-  }
-}
-
-ReduceOp ReduceOpOf(Op op) {
-  switch (op) {
-    case Op::sum:
-      return ReduceOp::kSum;
-    case Op::mean:
-      return ReduceOp::kMean;
-    case Op::amax:
-      return ReduceOp::kAmax;
-    case Op::amin:
-      return ReduceOp::kAmin;
-    case Op::prod:
-      return ReduceOp::kProd;
-    case Op::argmax:
-      return ReduceOp::kArgmax;
-    case Op::argmin:
-      return ReduceOp::kArgmin;
-    default:
-      OROCHI_INTERNAL_ASSERT(false, "not a reduction");
-  }
-}
-
 void CudaUnary(Op op, const Tensor& input, Tensor& output) {
   const int64_t count = output.numel();
   if (count == 0) return;
   StreamScope scope(output, {&input});
   const Layout layout = MakeLayout(OpName(op), output.shape(), {&output, &input});
-  scope.Check(LaunchUnary(UnaryOpOf(op), TypeOf(input), output.mutable_data(), input.data(), layout,
-                          count, scope.stream()),
+  scope.Check(LaunchUnary(op, TypeOf(input), output.mutable_data(), input.data(), layout, count,
+                          scope.stream()),
               OpName(op));
 }
 
@@ -224,8 +121,8 @@ void CudaBinary(Op op, const Tensor& a, const Tensor& b, Tensor& output) {
   if (count == 0) return;
   StreamScope scope(output, {&a, &b});
   const Layout layout = MakeLayout(OpName(op), output.shape(), {&output, &a, &b});
-  scope.Check(LaunchBinary(BinaryOpOf(op), TypeOf(a), output.mutable_data(), a.data(), b.data(),
-                           layout, count, scope.stream()),
+  scope.Check(LaunchBinary(op, TypeOf(a), output.mutable_data(), a.data(), b.data(), layout, count,
+                           scope.stream()),
               OpName(op));
 }
 
@@ -257,8 +154,8 @@ void CudaReduce(Op op, const Tensor& input, Tensor& output) {
   if (outer == 0) return;
   const int64_t inner = input.numel() / outer;
   StreamScope scope(output, {&input});
-  scope.Check(LaunchReduce(ReduceOpOf(op), TypeOf(input), input.data(), TypeOf(output),
-                           output.mutable_data(), outer, inner, scope.stream()),
+  scope.Check(LaunchReduce(op, TypeOf(input), input.data(), TypeOf(output), output.mutable_data(),
+                           outer, inner, scope.stream()),
               OpName(op));
 }
 

@@ -2,13 +2,16 @@
 //
 // This header is shared by nvcc (the .cu files that define the launchers) and the host compiler
 // (kernels.cpp, which turns engine Tensors into these parameters and checks the errors), so it
-// includes no engine header: the .cu files stay small and quick to compile. Every launcher
-// queues its work on `stream` and returns at once; none launches anything for zero elements.
+// includes no engine header but the op list: the .cu files stay small and quick to compile. Every
+// launcher queues its work on `stream` and returns at once; none launches anything for zero
+// elements.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "orochi/engine/op_list.h"
 
 namespace orochi::engine::cuda {
 
@@ -25,49 +28,6 @@ enum class ScalarType : int {
   kFloat32,
   kFloat64,
 };
-
-enum class UnaryOp : int {
-  kNeg,
-  kAbs,
-  kExp,
-  kLog,
-  kSqrt,
-  kRsqrt,
-  kSin,
-  kCos,
-  kTanh,
-  kSigmoid,
-  kRelu,
-  kSilu,
-  kGelu,
-  kGeluTanh,
-  kErf,
-  kFloor,
-  kCeil,
-  kRound,
-};
-
-enum class BinaryOp : int {
-  kAdd,
-  kSub,
-  kMul,
-  kDiv,
-  kPow,
-  kMaximum,
-  kMinimum,
-  // Comparisons and logical ops write bool.
-  kEq,
-  kNe,
-  kLt,
-  kLe,
-  kGt,
-  kGe,
-  kLogicalAnd,
-  kLogicalOr,
-  kLogicalXor,
-};
-
-enum class ReduceOp : int { kSum, kMean, kAmax, kAmin, kProd, kArgmax, kArgmin };
 
 // Same-shaped strided operands (broadcasting is expressed by stride 0), with dims already merged
 // where every operand allows it. Strides count elements. Operand 0 is the output.
@@ -89,11 +49,11 @@ cudaError_t LaunchFill(void* out, int item_size, uint64_t pattern, int64_t count
 cudaError_t LaunchArange(void* out, ScalarType type, double start, double step, int64_t count,
                          cudaStream_t stream);
 // Unary: contiguous `out`, `in` per layout operand 1; both of `type`.
-cudaError_t LaunchUnary(UnaryOp op, ScalarType type, void* out, const void* in,
-                        const Layout& layout, int64_t count, cudaStream_t stream);
+cudaError_t LaunchUnary(Op op, ScalarType type, void* out, const void* in, const Layout& layout,
+                        int64_t count, cudaStream_t stream);
 // Binary: `a` and `b` (layout operands 1 and 2) of `type`; contiguous `out` of `type`, or bool
 // for comparisons.
-cudaError_t LaunchBinary(BinaryOp op, ScalarType type, void* out, const void* a, const void* b,
+cudaError_t LaunchBinary(Op op, ScalarType type, void* out, const void* a, const void* b,
                          const Layout& layout, int64_t count, cudaStream_t stream);
 // where: out = condition ? a : b (operands 1, 2, 3), items of `item_size` bytes.
 cudaError_t LaunchWhere(int item_size, void* out, const bool* condition, const void* a,
@@ -101,8 +61,8 @@ cudaError_t LaunchWhere(int item_size, void* out, const bool* condition, const v
 
 // Reduces each row of contiguous [outer, inner] `in`; `out` [outer] is of `out_type`, which is
 // `in_type` or int64 (sums and products of integers, arg reductions).
-cudaError_t LaunchReduce(ReduceOp op, ScalarType in_type, const void* in, ScalarType out_type,
-                         void* out, int64_t outer, int64_t inner, cudaStream_t stream);
+cudaError_t LaunchReduce(Op op, ScalarType in_type, const void* in, ScalarType out_type, void* out,
+                         int64_t outer, int64_t inner, cudaStream_t stream);
 // softmax / log_softmax of each row of contiguous [outer, inner], floating types.
 cudaError_t LaunchSoftmax(bool log, ScalarType type, const void* in, void* out, int64_t outer,
                           int64_t inner, cudaStream_t stream);

@@ -33,21 +33,21 @@ __device__ __forceinline__ Partial<A> ShuffleXor(Partial<A> partial, int mask, i
 }
 
 template <typename A>
-__device__ __forceinline__ Partial<A> Identity(ReduceOp op) {
-  if (op == ReduceOp::kProd) return {A{1}, 0};
-  if (op == ReduceOp::kSum || op == ReduceOp::kMean) return {A{0}, 0};
+__device__ __forceinline__ Partial<A> Identity(Op op) {
+  if (op == Op::prod) return {A{1}, 0};
+  if (op == Op::sum || op == Op::mean) return {A{0}, 0};
   return {A{0}, -1};
 }
 
 // Associative and commutative, so any grouping gives the CPU's answer: for amax/amin any NaN
 // wins; for argmax/argmin the first NaN, else the first extreme.
 template <typename A>
-__device__ __forceinline__ Partial<A> Combine(ReduceOp op, Partial<A> x, Partial<A> y) {
+__device__ __forceinline__ Partial<A> Combine(Op op, Partial<A> x, Partial<A> y) {
   switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kMean:
+    case Op::sum:
+    case Op::mean:
       return {x.value + y.value, 0};
-    case ReduceOp::kProd:
+    case Op::prod:
       return {x.value * y.value, 0};
     default:
       break;
@@ -56,25 +56,25 @@ __device__ __forceinline__ Partial<A> Combine(ReduceOp op, Partial<A> x, Partial
   if (y.index < 0) return x;
   const bool x_nan = IsNan(x.value);
   const bool y_nan = IsNan(y.value);
-  if (op == ReduceOp::kAmax || op == ReduceOp::kAmin) {
+  if (op == Op::amax || op == Op::amin) {
     if (x_nan) return x;
     if (y_nan) return y;
-    const bool take_y = op == ReduceOp::kAmax ? y.value > x.value : y.value < x.value;
+    const bool take_y = op == Op::amax ? y.value > x.value : y.value < x.value;
     return take_y ? y : x;
   }
   if (x_nan || y_nan) {
     if (x_nan && y_nan) return x.index < y.index ? x : y;
     return x_nan ? x : y;
   }
-  const bool y_better = op == ReduceOp::kArgmax ? y.value > x.value : y.value < x.value;
-  const bool x_better = op == ReduceOp::kArgmax ? x.value > y.value : x.value < y.value;
+  const bool y_better = op == Op::argmax ? y.value > x.value : y.value < x.value;
+  const bool x_better = op == Op::argmax ? x.value > y.value : x.value < y.value;
   if (y_better) return y;
   if (x_better) return x;
   return x.index < y.index ? x : y;
 }
 
 template <typename T>
-__global__ void ReduceKernel(ReduceOp op, const T* in, void* out, bool out_int64, int64_t outer,
+__global__ void ReduceKernel(Op op, const T* in, void* out, bool out_int64, int64_t outer,
                              int64_t inner, int group) {
   using A = Accumulator<T>;
   __shared__ Partial<A> shared[32];
@@ -93,13 +93,13 @@ __global__ void ReduceKernel(ReduceOp op, const T* in, void* out, bool out_int64
     partial = GroupAllReduce(partial, group, shared,
                              [op](Partial<A> x, Partial<A> y) { return Combine(op, x, y); });
     if (row >= outer || lane != 0) continue;
-    if (op == ReduceOp::kArgmax || op == ReduceOp::kArgmin) {
+    if (op == Op::argmax || op == Op::argmin) {
       static_cast<int64_t*>(out)[row] = partial.index;
       continue;
     }
     A result = partial.value;
     if constexpr (std::is_floating_point_v<A>) {
-      if (op == ReduceOp::kMean) result /= static_cast<A>(inner);
+      if (op == Op::mean) result /= static_cast<A>(inner);
     }
     if (out_int64) {
       static_cast<int64_t*>(out)[row] = Cast<int64_t>(result);
@@ -221,8 +221,8 @@ cudaError_t LaunchNormOf(bool rms, const void* in, const void* weight, const voi
 
 }  // namespace
 
-cudaError_t LaunchReduce(ReduceOp op, ScalarType in_type, const void* in, ScalarType out_type,
-                         void* out, int64_t outer, int64_t inner, cudaStream_t stream) {
+cudaError_t LaunchReduce(Op op, ScalarType in_type, const void* in, ScalarType out_type, void* out,
+                         int64_t outer, int64_t inner, cudaStream_t stream) {
   if (outer == 0) return cudaSuccess;
   const RowGroups groups = GroupsFor(inner);
   const bool out_int64 = out_type == ScalarType::kInt64;
