@@ -99,8 +99,6 @@ PyMethodDef kOrochiMethods[] = {
      "create_extension(spec) -> module: a C extension module loaded into this copy"},
     {"exec_extension", ExecExtension, METH_O,
      "exec_extension(module): runs a multi-phase extension module's exec slots"},
-    {"c_api_address", CApiAddress, METH_O,
-     "c_api_address(name) -> the address of this copy's C-API symbol `name`, or None"},
     {nullptr, nullptr, 0, nullptr},
 };
 

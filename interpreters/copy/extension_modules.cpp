@@ -164,14 +164,6 @@ PyObject* ExecExtension(PyObject* /*module*/, PyObject* extension) {
   Py_RETURN_NONE;
 }
 
-PyObject* CApiAddress(PyObject* /*module*/, PyObject* name) {
-  const char* key = PyUnicode_AsUTF8(name);
-  if (key == nullptr) return nullptr;
-  void* address = FindCApiSymbol(key);
-  if (address == nullptr) Py_RETURN_NONE;
-  return PyLong_FromVoidPtr(address);
-}
-
 namespace {
 
 // The libraries orochi_copy_dlopen mapped itself; they stay until the copy is unloaded (the

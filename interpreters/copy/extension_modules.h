@@ -11,8 +11,6 @@ namespace orochi::copy {
 PyObject* CreateExtension(PyObject* module, PyObject* spec);
 // _orochi.exec_extension(module) -> None: runs a multi-phase module's exec slots.
 PyObject* ExecExtension(PyObject* module, PyObject* extension);
-// _orochi.c_api_address(name) -> int | None: where this copy's C-API symbol `name` is.
-PyObject* CApiAddress(PyObject* module, PyObject* name);
 
 }  // namespace orochi::copy
 
