@@ -196,6 +196,13 @@ int Inspect(const std::string& path, bool as_json) {
               manifest.entry_module.c_str(), manifest.entry_class.c_str(), manifest.device.c_str(),
               static_cast<long long>(manifest.max_batch_size));
   if (!manifest.description.empty()) std::printf("  %s\n", manifest.description.c_str());
+  if (!manifest.required_modules.empty()) {
+    std::string modules;
+    for (const std::string& module : manifest.required_modules) {
+      modules += (modules.empty() ? "" : ", ") + module;
+    }
+    std::printf("requires: %s\n", modules.c_str());
+  }
   for (const auto* group : {&manifest.inputs, &manifest.outputs}) {
     std::printf("%s:\n", group == &manifest.inputs ? "inputs" : "outputs");
     for (const packaging::TensorSpec& spec : *group) {

@@ -167,6 +167,7 @@ class PackInspectRunTest(unittest.TestCase):
                        "        return {'norm': orochi.as_tensor(np.array([np.linalg.norm(x)], dtype=np.float64))}\n")
         package = os.path.join(self.root, "norm.orochi")
         orochi("pack", directory, "-o", package, check=True)
+        self.assertIn("requires: numpy\n", orochi("inspect", package, check=True).stdout)
 
         failed = orochi("run", package, "-i", "x=[3, 4]")
         self.assertEqual(failed.returncode, 1)
