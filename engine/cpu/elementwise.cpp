@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "orochi/engine/dispatch.h"
+#include "scalar_rules.h"
 #include "strided.h"
 
 namespace orochi::engine::cpu {
@@ -187,32 +188,6 @@ C ApplyArithmetic(Op op, C a, C b) {
       return a < b ? a : b;
     default:
       return a;
-  }
-}
-
-template <typename C>
-bool ApplyComparison(Op op, C a, C b) {
-  switch (op) {
-    case Op::logical_and:
-      return a != C{0} && b != C{0};
-    case Op::logical_or:
-      return a != C{0} || b != C{0};
-    case Op::logical_xor:
-      return (a != C{0}) != (b != C{0});
-    case Op::eq:
-      return a == b;
-    case Op::ne:
-      return a != b;
-    case Op::lt:
-      return a < b;
-    case Op::le:
-      return a <= b;
-    case Op::gt:
-      return a > b;
-    case Op::ge:
-      return a >= b;
-    default:
-      return false;
   }
 }
 

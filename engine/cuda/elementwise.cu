@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "device_common.cuh"
+#include "scalar_rules.h"
 
 namespace orochi::engine::cuda {
 namespace {
@@ -250,32 +251,6 @@ __device__ __forceinline__ C ApplyArithmetic(Op op, C a, C b) {
       return a < b ? a : b;
     default:
       return a;
-  }
-}
-
-template <typename C>
-__device__ __forceinline__ bool ApplyComparison(Op op, C a, C b) {
-  switch (op) {
-    case Op::logical_and:
-      return a != C{0} && b != C{0};
-    case Op::logical_or:
-      return a != C{0} || b != C{0};
-    case Op::logical_xor:
-      return (a != C{0}) != (b != C{0});
-    case Op::eq:
-      return a == b;
-    case Op::ne:
-      return a != b;
-    case Op::lt:
-      return a < b;
-    case Op::le:
-      return a <= b;
-    case Op::gt:
-      return a > b;
-    case Op::ge:
-      return a >= b;
-    default:
-      return false;
   }
 }
 
