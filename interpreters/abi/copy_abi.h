@@ -100,7 +100,7 @@ static inline void* OrochiFindSymbol(const OrochiSymbol* symbols, size_t count, 
       high = middle;
     }
   }
-  return NULL;
+  return NULL; /* NOLINT(modernize-use-nullptr): a C header */
 }
 
 /* What the host offers a copy. Lives as long as the copy. */
