@@ -1,4 +1,5 @@
 // Convolution, pooling and batch norm (NCHW).
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -68,10 +69,51 @@ Tensor Pool(const Tensor& input, std::array<int64_t, 2> kernel,
 
 }  // namespace
 
+void Conv2dThroughIm2col(const Tensor& input, const Tensor& weight, const ConvGeometry& geometry,
+                         Tensor& output) {
+  const Device device = input.device();
+  const DType dtype = input.dtype();
+  const int64_t batch = input.shape()[0];
+  const int64_t channels = input.shape()[1];
+  const int64_t out_channels = weight.shape()[0];
+  const int64_t kh = weight.shape()[2];
+  const int64_t kw = weight.shape()[3];
+  const int64_t out_h = output.shape()[2];
+  const int64_t out_w = output.shape()[3];
+  if (output.numel() == 0) return;
+  const Im2colGeometry unfold{{kh, kw},
+                              {geometry.stride[0], geometry.stride[1]},
+                              {geometry.padding[0], geometry.padding[1]},
+                              {geometry.dilation[0], geometry.dilation[1]},
+                              0.0};
+  Tensor columns = Tensor::Empty({batch, channels, kh, kw, out_h, out_w}, dtype, device);
+  Kernels().Find<Op::im2col>(device, dtype)(input, unfold, columns);
+  const auto matmul = Kernels().Find<Op::matmul>(device, dtype);
+  const int64_t groups = geometry.groups;
+  const int64_t depth = channels / groups * kh * kw;  // the reduced dim of one group
+  const int64_t spatial = out_h * out_w;
+  const int64_t filters_per_group = out_channels / groups;
+  if (groups == 1) {
+    // [O, K] (one matrix for every image: batch stride 0) @ [N, K, L] -> [N, O, L]
+    Tensor filters = weight.View({1, out_channels, depth}).Expand({batch, -1, -1});
+    Tensor result = output.View({batch, out_channels, spatial});
+    matmul(filters, columns.View({batch, depth, spatial}), result);
+    return;
+  }
+  // Per image: [g, O/g, K] @ [g, K, L] -> [g, O/g, L]
+  Tensor filters = weight.View({groups, filters_per_group, depth});
+  for (int64_t image = 0; image < batch; ++image) {
+    Tensor result = output.Select(0, image).View({groups, filters_per_group, spatial});
+    matmul(filters, columns.Select(0, image).View({groups, depth, spatial}), result);
+  }
+}
+
 Tensor Conv2d(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
               const Conv2dOptions& options) {
   CommonDevice("conv2d", {&input, &weight, Optional(bias)});
   Tensor batched = WithBatch(input, 4);
+  OROCHI_CHECK_ARG(batched.dim() == 4,
+                   "conv2d: expected a 4-D [N, C, H, W] input, got " << ShapeString(input.shape()));
   OROCHI_CHECK_ARG(weight.dim() == 4, "conv2d: the weight must be 4-D [O, C/groups, kh, kw], got "
                                           << ShapeString(weight.shape()));
   const int64_t groups = options.groups;
@@ -84,29 +126,24 @@ Tensor Conv2d(const Tensor& input, const Tensor& weight, const std::optional<Ten
                    "conv2d: the weight expects " << weight.shape()[1] * groups
                                                  << " input channels, the input has " << channels);
   OROCHI_CHECK_ARG(weight.dtype() == input.dtype(), "conv2d: input and weight dtypes differ");
-  const int64_t kh = weight.shape()[2];
-  const int64_t kw = weight.shape()[3];
-  Im2colGeometry geometry{{kh, kw},
-                          {options.stride[0], options.stride[1]},
-                          {options.padding[0], options.padding[1]},
-                          {options.dilation[0], options.dilation[1]},
-                          0.0};
-  Tensor columns = Unfold(batched, geometry, "conv2d");  // [N, C, kh, kw, oh, ow]
-  const int64_t batch = batched.shape()[0];
-  const int64_t out_h = columns.shape()[4];
-  const int64_t out_w = columns.shape()[5];
-  const int64_t per_group = channels / groups;
-  // Per group: [O/g, C/g*kh*kw] @ [N, C/g*kh*kw, oh*ow] -> [N, O/g, oh*ow]
-  Tensor matrix = columns.View({batch, groups, per_group * kh * kw, out_h * out_w});
-  Tensor filters = weight.Contiguous().View({groups, out_channels / groups, per_group * kh * kw});
-  Tensor output;
-  if (groups == 1) {
-    output = Matmul(filters.Select(0, 0), matrix.Select(1, 0));
-  } else {
-    // [g, O/g, K] @ [N, g, K, L] broadcasts to [N, g, O/g, L]
-    output = Matmul(filters, matrix);
+  std::array<int64_t, 2> out_size{};
+  for (int i = 0; i < 2; ++i) {
+    OROCHI_CHECK_ARG(options.stride[i] > 0 && options.dilation[i] > 0 && options.padding[i] >= 0,
+                     "conv2d: stride and dilation must be positive and padding non-negative");
+    out_size[i] = OutputSize(batched.shape()[2 + i], weight.shape()[2 + i], options.stride[i],
+                             options.padding[i], options.dilation[i]);
   }
-  output = output.Reshape({batch, out_channels, out_h, out_w});
+  OROCHI_CHECK_ARG(out_size[0] > 0 && out_size[1] > 0, "conv2d: the input "
+                                                           << ShapeString(input.shape())
+                                                           << " is too small for the kernel");
+  Tensor output = Tensor::Empty({batched.shape()[0], out_channels, out_size[0], out_size[1]},
+                                input.dtype(), input.device());
+  const ConvGeometry geometry{{options.stride[0], options.stride[1]},
+                              {options.padding[0], options.padding[1]},
+                              {options.dilation[0], options.dilation[1]},
+                              groups};
+  Kernels().Find<Op::conv2d>(input.device(), input.dtype())(batched.Contiguous(),
+                                                            weight.Contiguous(), geometry, output);
   if (bias) {
     OROCHI_CHECK_ARG(bias->dim() == 1 && bias->shape()[0] == out_channels,
                      "conv2d: the bias must be [" << out_channels << "]");
@@ -174,12 +211,14 @@ Tensor BatchNorm(const Tensor& input, const Tensor& running_mean, const Tensor& 
                                     << ShapeString(parameter.shape()));
     return parameter.To(input.dtype()).Reshape(per_channel);
   };
+  // Per channel, y = x * scale + shift: two passes over the input, as PyTorch and cuDNN do in
+  // inference (the per-channel terms are [C], computed first).
   Tensor scale = Unary(
       Op::rsqrt, Binary(Op::add, check(running_var, "running_var"), Scalar(eps, input.dtype())));
   if (weight) scale = Binary(Op::mul, scale, check(*weight, "weight"));
-  Tensor output =
-      Binary(Op::mul, Binary(Op::sub, input, check(running_mean, "running_mean")), scale);
-  return bias ? Binary(Op::add, output, check(*bias, "bias")) : output;
+  Tensor shift = Unary(Op::neg, Binary(Op::mul, check(running_mean, "running_mean"), scale));
+  if (bias) shift = Binary(Op::add, shift, check(*bias, "bias"));
+  return Binary(Op::add, Binary(Op::mul, input, scale), shift);
 }
 
 }  // namespace orochi::engine

@@ -4,7 +4,9 @@ Runs in Orochi (`orochi python bench/cuda/e2e_models.py`) or, with --torch, in P
 (`python3 bench/cuda/e2e_models.py --torch`), where `orochi` stands for `torch` as in
 models/torch_runner.py. Both build the same modules with their default (random) weights, move
 them with Module.to(device), and time forward passes on random inputs with the device
-synchronised around each trial (median of 5). Prints one JSON line per model and batch size:
+synchronised around each trial (median of 5). Both compute in full float32 unless --tf32 allows
+TF32 tensor cores in both (Orochi's one switch; PyTorch's matmul and cuDNN switches, of which
+PyTorch's default turns on only cuDNN's). Prints one JSON line per model and batch size:
 {"model", "batch", "ms"}; bench_cuda.py --models runs both and compares.
 
   resnet:  models/resnet's ResNet on [batch, 3, 224, 224] float32 images.
@@ -12,7 +14,8 @@ synchronised around each trial (median of 5). Prints one JSON line per model and
            256] float32 embeddings with a padding mask (the token and position embeddings, a
            lookup, are left out so that both frameworks time the same dense layers).
 
-    orochi python bench/cuda/e2e_models.py [--batches 1,8] [--seconds 3] [--device cuda] [--json]
+    orochi python bench/cuda/e2e_models.py [--batches 1,8] [--seconds 3] [--device cuda]
+        [--tf32] [--json]
 
 It uses Orochi's Python CUDA API (Tensor.to("cuda"), Module.to, orochi.cuda.synchronize); with
 --device cpu it runs anywhere, which checks the script itself.
@@ -63,6 +66,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tf32", action="store_true", help="allow TF32 for float32 in both")
     parser.add_argument("--json", action="store_true", help="JSON lines only")
     args = parser.parse_args()
     if args.torch:
@@ -71,6 +75,10 @@ def main() -> None:
 
         alias_orochi_to_torch()
     import orochi  # noqa: PLC0415 (Orochi's own, or PyTorch under its name)
+
+    orochi.backends.cuda.matmul.allow_tf32 = args.tf32
+    if args.torch:
+        orochi.backends.cudnn.allow_tf32 = args.tf32
 
     device = args.device
     synchronize = orochi.cuda.synchronize if device.startswith("cuda") else (lambda: None)

@@ -1,4 +1,4 @@
-// CPU kernel for unfolding images, the first half of convolution and pooling.
+// CPU kernels for images: unfolding (im2col), the first half of pooling, and convolution.
 #include "orochi/engine/dispatch.h"
 
 namespace orochi::engine::cpu {
@@ -36,6 +36,8 @@ void Im2col(const Tensor& input, const Im2colGeometry& g, Tensor& output) {
 
 void RegisterSpatialKernels(KernelRegistry& registry) {
   registry.Register<Op::im2col>(DeviceType::kCpu, Im2col, kNumericDTypes);
+  // im2col and the BLAS (or, for integers, loop) matmul kernels.
+  registry.Register<Op::conv2d>(DeviceType::kCpu, Conv2dThroughIm2col, kNumericDTypes);
 }
 
 }  // namespace orochi::engine::cpu

@@ -12,7 +12,6 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
-#include <type_traits>
 #include <vector>
 
 #include "orochi/base/check.h"
@@ -83,6 +82,7 @@ struct ThreadResources {
   cudaStream_t stream = nullptr;
   cudaEvent_t order_event = nullptr;  // for making this stream wait for another
   cublasHandle_t cublas = nullptr;    // created on first matmul
+  cudnnHandle_t cudnn = nullptr;      // created on first convolution
 };
 
 // Everything per device, behind one mutex: the allocator's cache and statistics, the streams of
@@ -527,50 +527,6 @@ void ThrowCudaError(cudaError_t error, std::string_view what, int device) {
                           Describe(error));
 }
 
-void ThrowCublasError(cublasStatus_t status, std::string_view what, int device) {
-  detail::Throw(StatusCode::kInternal,
-                std::string(what) + " failed on cuda:" + std::to_string(device) + ": " +
-                    Cublas().status_name(status) + ": " + Cublas().status_string(status));
-}
-
-const CublasLibrary& Cublas() {
-  struct Loaded {
-    CublasLibrary library;
-    std::string error;
-  };
-  static const Loaded loaded = [] {
-    Loaded result;
-    // Found through this library's RUNPATH and the system's paths, else in the toolkit it was
-    // built with.
-    const std::string name = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
-    void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      handle = dlopen((OROCHI_CUDA_LIBRARY_DIR "/" + name).c_str(), RTLD_NOW | RTLD_LOCAL);
-    }
-    if (handle == nullptr) {
-      const char* error = dlerror();
-      result.error = "cannot load " + name + ": " + (error != nullptr ? error : "unknown error");
-      return result;
-    }
-    auto symbol = [&](auto& function, const char* symbol_name) {
-      function =
-          reinterpret_cast<std::remove_reference_t<decltype(function)>>(dlsym(handle, symbol_name));
-      if (function == nullptr && result.error.empty()) {
-        result.error = name + " has no " + symbol_name;
-      }
-    };
-    symbol(result.library.create, "cublasCreate_v2");
-    symbol(result.library.set_stream, "cublasSetStream_v2");
-    symbol(result.library.gemm_strided_batched, "cublasGemmStridedBatchedEx");
-    symbol(result.library.status_name, "cublasGetStatusName");
-    symbol(result.library.status_string, "cublasGetStatusString");
-    return result;
-  }();
-  OROCHI_CHECK(loaded.error.empty(), StatusCode::kFailedPrecondition,
-               "matmul on cuda needs cuBLAS: " << loaded.error);
-  return loaded.library;
-}
-
 // --- streams -------------------------------------------------------------------------------------
 
 void SetCurrentDevice(int device) {
@@ -590,6 +546,17 @@ cublasHandle_t CurrentCublas(int device) {
     resources.cublas = handle;
   }
   return resources.cublas;
+}
+
+cudnnHandle_t CurrentCudnn(int device) {
+  ThreadResources& resources = Resources(device);
+  if (resources.cudnn == nullptr) {
+    cudnnHandle_t handle = nullptr;
+    CheckCudnn(Cudnn().create(&handle), "creating a cuDNN handle", device);
+    CheckCudnn(Cudnn().set_stream(handle, resources.stream), "setting the cuDNN stream", device);
+    resources.cudnn = handle;
+  }
+  return resources.cudnn;
 }
 
 StreamScope::StreamScope(const Tensor& tensor, std::initializer_list<const Tensor*> others)

@@ -1,10 +1,10 @@
-// The CUDA runtime side of the backend: errors, per-thread streams and cuBLAS handles, the
+// The CUDA runtime side of the backend: errors, per-thread streams and library handles, the
 // caching device allocator, host <-> device copies, and device probing.
 //
-// Threads: every thread gets, per device and on first use, its own non-blocking stream, cuBLAS
-// handle and event. They are never destroyed: when a thread exits they go to a pool that the
-// next new thread takes from, so a stream outlives every block allocated on it and nothing is
-// torn down while the CUDA runtime shuts down.
+// Threads: every thread gets, per device and on first use, its own non-blocking stream, event,
+// and cuBLAS and cuDNN handles. They are never destroyed: when a thread exits they go to a pool
+// that the next new thread takes from, so a stream outlives every block allocated on it and
+// nothing is torn down while the CUDA runtime shuts down.
 //
 // Ordering across threads: a block remembers the stream it was allocated on (its "home"). A
 // kernel on another stream that uses it first makes its stream wait for the home stream's work
@@ -13,7 +13,6 @@
 // other thread sees them and need no waits.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <initializer_list>
@@ -21,6 +20,7 @@
 #include <string>
 #include <string_view>
 
+#include "libraries.h"
 #include "orochi/engine/device.h"
 #include "orochi/engine/tensor.h"
 
@@ -34,35 +34,13 @@ inline void CheckCuda(cudaError_t error, std::string_view what, int device) {
     ThrowCudaError(error, what, device);
   }
 }
-[[noreturn]] void ThrowCublasError(cublasStatus_t status, std::string_view what, int device);
-inline void CheckCublas(cublasStatus_t status, std::string_view what, int device) {
-  if (status != CUBLAS_STATUS_SUCCESS) [[unlikely]] {
-    ThrowCublasError(status, what, device);
-  }
-}
-
-// cuBLAS, loaded with dlopen on the first matmul: it is large (libcublasLt alone is half a
-// gigabyte), and a process that never multiplies on a GPU should not map it. Throws Error
-// (kFailedPrecondition) naming the library if it cannot be loaded.
-struct CublasLibrary {
-  decltype(&cublasCreate_v2) create = nullptr;
-  decltype(&cublasSetStream_v2) set_stream = nullptr;
-  // (C++ overloads the name with a 64-bit variant, so the C signature is spelled out.)
-  cublasStatus_t (*gemm_strided_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
-                                         int, int, const void*, const void*, cudaDataType, int,
-                                         long long, const void*, cudaDataType, int, long long,
-                                         const void*, void*, cudaDataType, int, long long, int,
-                                         cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
-  decltype(&cublasGetStatusName) status_name = nullptr;
-  decltype(&cublasGetStatusString) status_string = nullptr;
-};
-const CublasLibrary& Cublas();
-
 // Makes `device` current for the calling thread (cheap when it already is).
 void SetCurrentDevice(int device);
-// The calling thread's stream and cuBLAS handle on `device` (made current), created on first use.
+// The calling thread's stream, cuBLAS and cuDNN handles on `device` (made current), created on
+// first use; the handles work on that stream.
 cudaStream_t CurrentStream(int device);
 cublasHandle_t CurrentCublas(int device);
+cudnnHandle_t CurrentCudnn(int device);
 
 // For work on `tensor` and `others` (one device; null or undefined entries are skipped): makes
 // their device current, orders the calling thread's stream after work on these tensors queued

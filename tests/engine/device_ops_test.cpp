@@ -234,28 +234,49 @@ std::vector<OpCase> Cases() {
                         Embedding(in[3], in[0].Reshape({5, 12})), Gather(in[0], 1, in[3])};
        }});
 
-  cases.push_back({"im2col: conv2d and pooling",
-                   {Op::im2col, Op::matmul, Op::amax, Op::mean},
-                   [](DType dtype) {
-                     return Tensors{Input({2, 4, 9, 8}, dtype, -2, 2, 24),
-                                    Input({6, 4, 3, 3}, dtype, -1, 1, 25),
-                                    Input({6}, dtype, -1, 1, 26),
-                                    Input({4, 2, 3, 3}, dtype, -1, 1, 27)};
-                   },
-                   [](const Tensors& in, Device, DType dtype) {
-                     Tensors out{Conv2d(in[0], in[1], in[2]),
-                                 Conv2d(in[0], in[1], std::nullopt, {{2, 1}, {1, 2}, {1, 1}, 1}),
-                                 Conv2d(in[0], in[3], std::nullopt, {{1, 1}, {1, 1}, {2, 2}, 2})};
-                     if (IsFloating(dtype)) {
-                       out.push_back(MaxPool2d(in[0], {3, 3}, {{2, 2}}, {1, 1}));
-                       out.push_back(AvgPool2d(in[0], {2, 2}));
-                       out.push_back(AdaptiveAvgPool2d(in[0], {1, 1}));
-                       out.push_back(BatchNorm(in[0], in[2].Narrow(0, 0, 4),
-                                               Unary(Op::abs, in[2].Narrow(0, 2, 4)), {}, {}));
-                     }
-                     return out;
-                   },
-                   /*tolerance_scale=*/4});
+  cases.push_back(
+      {"conv2d: strides, padding, dilation, groups, depthwise and 1x1",
+       {Op::conv2d},
+       [](DType dtype) {
+         return Tensors{Input({2, 4, 9, 8}, dtype, -2, 2, 24),
+                        Input({6, 4, 3, 3}, dtype, -1, 1, 25),
+                        Input({6}, dtype, -1, 1, 26),
+                        Input({4, 2, 3, 3}, dtype, -1, 1, 27),
+                        Input({4, 1, 3, 3}, dtype, -1, 1, 38),
+                        Input({16, 4, 1, 1}, dtype, -1, 1, 39),
+                        Input({1, 32, 14, 14}, dtype, -1, 1, 42),
+                        Input({64, 32, 3, 3}, dtype, -1, 1, 43)};
+       },
+       [](const Tensors& in, Device, DType) {
+         return Tensors{
+             Conv2d(in[0], in[1], in[2]),
+             Conv2d(in[0], in[1], std::nullopt, {{2, 1}, {1, 2}, {1, 1}, 1}),
+             Conv2d(in[0], in[3], std::nullopt, {{1, 1}, {1, 1}, {2, 2}, 2}),
+             Conv2d(in[0], in[4], std::nullopt, {{1, 1}, {1, 1}, {1, 1}, 4}),  // depthwise
+             Conv2d(in[0], in[5]),                                             // 1x1
+             Conv2d(in[0].Select(0, 1), in[1], in[2], {{1, 1}, {1, 1}, {1, 1}, 1}),
+             // Wide enough for cuDNN's tensor-core algorithms; a ResNet layer's shape.
+             Conv2d(in[6], in[7], std::nullopt, {{1, 1}, {1, 1}, {1, 1}, 1}),
+             Conv1d(in[0].Select(2, 0), in[1].Select(2, 1), in[2], 1, 1, 1, 1)};
+       },
+       /*tolerance_scale=*/8});
+  cases.push_back(
+      {"im2col: pooling",
+       {Op::im2col, Op::amax, Op::mean},
+       [](DType dtype) {
+         return Tensors{Input({2, 4, 9, 8}, dtype, -2, 2, 24), Input({4}, dtype, -1, 1, 26)};
+       },
+       [](const Tensors& in, Device, DType dtype) {
+         Tensors out;
+         if (IsFloating(dtype)) {
+           out.push_back(MaxPool2d(in[0], {3, 3}, {{2, 2}}, {1, 1}));
+           out.push_back(AvgPool2d(in[0], {2, 2}));
+           out.push_back(AdaptiveAvgPool2d(in[0], {1, 1}));
+           out.push_back(BatchNorm(in[0], in[1], Unary(Op::abs, in[1]), {}, {}));
+         }
+         return out;
+       },
+       /*tolerance_scale=*/4});
 
   cases.push_back(
       {"sort and topk",
@@ -441,6 +462,24 @@ TEST(DeviceOps, Tf32MatmulIsCloseToTheCpu) {
   SetAllowTf32(false);
   // TF32 keeps 10 mantissa bits of each input: errors of about 2^-11 per product.
   EXPECT_EQ(Compare(actual, expected, 5e-3, "tf32 matmul"), 0);
+}
+
+// float32 convolution with TF32 allowed (cuDNN may then pick tensor-core algorithms): close to
+// the CPU, and the switch is honoured per call (plans are kept per setting).
+TEST(DeviceOps, Tf32ConvolutionIsCloseToTheCpu) {
+  if (DeviceCount(DeviceType::kCuda) == 0) {
+    GTEST_SKIP() << "no CUDA GPU: " << DeviceUnavailableReason(DeviceType::kCuda);
+  }
+  Tensor input = RandomTensor({4, 64, 28, 28}, DType::kFloat32, -1, 1, 44);
+  Tensor weight = RandomTensor({128, 64, 3, 3}, DType::kFloat32, -0.1, 0.1, 45);
+  const Conv2dOptions options{{1, 1}, {1, 1}, {1, 1}, 1};
+  Tensor expected = Conv2d(input, weight, std::nullopt, options);
+  SetAllowTf32(true);
+  Tensor fast = Conv2d(input.To(kCuda0), weight.To(kCuda0), std::nullopt, options);
+  SetAllowTf32(false);
+  Tensor exact = Conv2d(input.To(kCuda0), weight.To(kCuda0), std::nullopt, options);
+  EXPECT_EQ(Compare(fast, expected, 5e-3, "tf32 conv2d"), 0);
+  EXPECT_EQ(Compare(exact, expected, 1e-4, "fp32 conv2d"), 0);
 }
 
 }  // namespace

@@ -52,6 +52,17 @@ struct Im2colGeometry {
   double pad_value;
 };
 using Im2colKernel = void (*)(const Tensor& input, const Im2colGeometry& geometry, Tensor& output);
+// Convolves (cross-correlates, as PyTorch) contiguous input [N, C, H, W] with contiguous weight
+// [O, C/groups, kh, kw] into contiguous output [N, O, oh, ow], all of one dtype; no bias. The
+// geometry is checked and the output sized by the front-end.
+struct ConvGeometry {
+  int64_t stride[2];
+  int64_t padding[2];
+  int64_t dilation[2];
+  int64_t groups;
+};
+using Conv2dKernel = void (*)(const Tensor& input, const Tensor& weight,
+                              const ConvGeometry& geometry, Tensor& output);
 // Sorts each row of contiguous [outer, inner] input (stable) into values and int64 indices.
 using SortKernel = void (*)(const Tensor& input, bool descending, Tensor& values, Tensor& indices);
 // [batch, m, k] x [batch, k, n] -> contiguous [batch, m, n], one dtype. The matrices of each
@@ -121,6 +132,11 @@ class OROCHI_ENGINE_API KernelRegistry {
   };
   Entry entries_[kOpCount][kDeviceTypeCount];
 };
+
+// A conv2d kernel built from the im2col and matmul kernels of the tensors' device: the CPU's
+// convolution, and a device's for the dtypes and shapes its convolution library does not take.
+OROCHI_ENGINE_API void Conv2dThroughIm2col(const Tensor& input, const Tensor& weight,
+                                           const ConvGeometry& geometry, Tensor& output);
 
 // The process's registry, with every compiled-in device's kernels registered on first use.
 OROCHI_ENGINE_API const KernelRegistry& Kernels();

@@ -58,6 +58,7 @@ namespace orochi::engine {
   X(rms_norm, NormKernel)            \
   X(index_select, IndexSelectKernel) \
   X(im2col, Im2colKernel)            \
+  X(conv2d, Conv2dKernel)            \
   X(sort, SortKernel)                \
   X(softmax, SoftmaxKernel)          \
   X(log_softmax, SoftmaxKernel)      \
