@@ -3,12 +3,7 @@
 #pragma once
 
 #include "orochi/engine/op_list.h"
-
-#ifdef __CUDACC__
-#define OROCHI_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define OROCHI_HOST_DEVICE inline
-#endif
+#include "orochi/engine/scalar_conversion.h"  // OROCHI_HOST_DEVICE
 
 namespace orochi::engine {
 

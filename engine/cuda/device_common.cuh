@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "kernels.h"
+#include "orochi/engine/scalar_conversion.h"
 
 namespace orochi::engine::cuda {
 
@@ -129,7 +130,8 @@ using Compute =
     std::conditional_t<kIsHalfType<T>, float, std::conditional_t<std::is_same_v<T, bool>, int, T>>;
 
 // --- conversions, with the CPU's (C++) semantics -------------------------------------------------
-// Half types go through float; float -> integer truncates; anything -> bool is "!= 0".
+// Half types go through float; floating -> integer follows FloatingToInteger (the CPU's rule);
+// anything -> bool is "!= 0".
 template <typename To, typename From>
 __device__ __forceinline__ To Cast(From value) {
   if constexpr (std::is_same_v<From, __half>) {
@@ -142,6 +144,8 @@ __device__ __forceinline__ To Cast(From value) {
     return __float2bfloat16_rn(static_cast<float>(value));
   } else if constexpr (std::is_same_v<To, bool>) {
     return value != From{0};
+  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    return FloatingToInteger<To>(value);
   } else {
     return static_cast<To>(value);
   }

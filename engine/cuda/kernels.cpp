@@ -153,10 +153,15 @@ void CudaReduce(Op op, const Tensor& input, Tensor& output) {
   const int64_t outer = output.numel();
   if (outer == 0) return;
   const int64_t inner = input.numel() / outer;
+  Tensor scratch;
+  if (const int64_t bytes = ReduceScratchBytes(outer, inner); bytes > 0) {
+    scratch = Tensor::Empty({bytes}, DType::kUInt8, output.device());
+  }
   StreamScope scope(output, {&input});
-  scope.Check(LaunchReduce(op, TypeOf(input), input.data(), TypeOf(output), output.mutable_data(),
-                           outer, inner, scope.stream()),
-              OpName(op));
+  scope.Check(
+      LaunchReduce(op, TypeOf(input), input.data(), TypeOf(output), output.mutable_data(), outer,
+                   inner, scratch.defined() ? scratch.mutable_data() : nullptr, scope.stream()),
+      OpName(op));
 }
 
 void CudaSoftmax(Op op, const Tensor& input, Tensor& output) {

@@ -60,9 +60,12 @@ cudaError_t LaunchWhere(int item_size, void* out, const bool* condition, const v
                         const void* b, const Layout& layout, int64_t count, cudaStream_t stream);
 
 // Reduces each row of contiguous [outer, inner] `in`; `out` [outer] is of `out_type`, which is
-// `in_type` or int64 (sums and products of integers, arg reductions).
+// `in_type` or int64 (sums and products of integers, arg reductions). Few long rows are split
+// across blocks through `scratch`, device memory of ReduceScratchBytes(outer, inner) bytes (null
+// when that is 0).
+int64_t ReduceScratchBytes(int64_t outer, int64_t inner);
 cudaError_t LaunchReduce(Op op, ScalarType in_type, const void* in, ScalarType out_type, void* out,
-                         int64_t outer, int64_t inner, cudaStream_t stream);
+                         int64_t outer, int64_t inner, void* scratch, cudaStream_t stream);
 // softmax / log_softmax of each row of contiguous [outer, inner], floating types.
 cudaError_t LaunchSoftmax(bool log, ScalarType type, const void* in, void* out, int64_t outer,
                           int64_t inner, cudaStream_t stream);

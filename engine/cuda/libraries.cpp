@@ -97,9 +97,10 @@ const CudnnLibrary& Cudnn() {
 }
 
 void ThrowCublasError(cublasStatus_t status, std::string_view what, int device) {
-  detail::Throw(StatusCode::kInternal,
-                std::string(what) + " failed on cuda:" + std::to_string(device) + ": " +
-                    Cublas().status_name(status) + ": " + Cublas().status_string(status));
+  const StatusCode code =
+      status == CUBLAS_STATUS_ALLOC_FAILED ? StatusCode::kResourceExhausted : StatusCode::kInternal;
+  detail::Throw(code, std::string(what) + " failed on cuda:" + std::to_string(device) + ": " +
+                          Cublas().status_name(status) + ": " + Cublas().status_string(status));
 }
 
 void ThrowCudnnError(cudnnStatus_t status, std::string_view what, int device) {

@@ -1,6 +1,6 @@
 // CUDA kernels over the rows of contiguous [outer, inner] tensors: reductions, softmax and
 // layer/RMS norm. Each row gets a group of threads (see GroupsFor): part of a warp for short
-// rows, a whole block for long ones.
+// rows, a whole block for long ones; a reduction of few long rows splits each across blocks.
 //
 // Accumulation follows cpu/reduce.cpp: reductions in double for floating types and int64 for the
 // rest; softmax and norms in float (double for float64). Sums are added in a different order than
@@ -73,6 +73,26 @@ __device__ __forceinline__ Partial<A> Combine(Op op, Partial<A> x, Partial<A> y)
   return x.index < y.index ? x : y;
 }
 
+// The result of row `row` from its combined partial: the position for arg reductions, the value
+// (divided by the count for mean) otherwise.
+template <typename T, typename A>
+__device__ __forceinline__ void WriteReduction(Op op, Partial<A> partial, int64_t inner, void* out,
+                                               bool out_int64, int64_t row) {
+  if (op == Op::argmax || op == Op::argmin) {
+    static_cast<int64_t*>(out)[row] = partial.index;
+    return;
+  }
+  A result = partial.value;
+  if constexpr (std::is_floating_point_v<A>) {
+    if (op == Op::mean) result /= static_cast<A>(inner);
+  }
+  if (out_int64) {
+    static_cast<int64_t*>(out)[row] = Cast<int64_t>(result);
+  } else {
+    static_cast<T*>(out)[row] = Cast<T>(result);
+  }
+}
+
 template <typename T>
 __global__ void ReduceKernel(Op op, const T* in, void* out, bool out_int64, int64_t outer,
                              int64_t inner, int group) {
@@ -92,21 +112,59 @@ __global__ void ReduceKernel(Op op, const T* in, void* out, bool out_int64, int6
     }
     partial = GroupAllReduce(partial, group, shared,
                              [op](Partial<A> x, Partial<A> y) { return Combine(op, x, y); });
-    if (row >= outer || lane != 0) continue;
-    if (op == Op::argmax || op == Op::argmin) {
-      static_cast<int64_t*>(out)[row] = partial.index;
-      continue;
-    }
-    A result = partial.value;
-    if constexpr (std::is_floating_point_v<A>) {
-      if (op == Op::mean) result /= static_cast<A>(inner);
-    }
-    if (out_int64) {
-      static_cast<int64_t*>(out)[row] = Cast<int64_t>(result);
-    } else {
-      static_cast<T*>(out)[row] = Cast<T>(result);
-    }
+    if (row < outer && lane == 0) WriteReduction<T>(op, partial, inner, out, out_int64, row);
   }
+}
+
+// Few long rows: a row's single block would leave most of the GPU idle (the mean of a whole
+// tensor is one row), so each row is cut into chunks, one block each, whose partial results go
+// to scratch and are combined by a second kernel. Combine is associative and partials keep
+// their global positions, so the answer is the one-pass answer (sums up to rounding).
+constexpr int64_t kSplitRowsBelow = 128;          // from this many rows, one block per row fills it
+constexpr int64_t kSplitFrom = int64_t{1} << 16;  // shorter rows are quick in one block
+constexpr int64_t kChunkElements = int64_t{1} << 14;
+constexpr int64_t kMaxChunks = 1024;
+constexpr int kSplitBlock = 512;
+
+int64_t ChunksFor(int64_t outer, int64_t inner) {
+  if (outer >= kSplitRowsBelow || inner < kSplitFrom) return 1;
+  const int64_t chunks = (inner + kChunkElements - 1) / kChunkElements;
+  return chunks < kMaxChunks ? chunks : kMaxChunks;
+}
+
+template <typename T>
+__global__ void ReduceChunksKernel(Op op, const T* in, Partial<Accumulator<T>>* partials,
+                                   int64_t inner, int64_t chunks) {
+  using A = Accumulator<T>;
+  __shared__ Partial<A> shared[32];
+  const int64_t row = blockIdx.x / chunks;
+  const int64_t chunk = blockIdx.x % chunks;
+  const int64_t length = (inner + chunks - 1) / chunks;
+  const int64_t begin = chunk * length;
+  const int64_t end = begin + length < inner ? begin + length : inner;
+  const T* values = in + row * inner;
+  Partial<A> partial = Identity<A>(op);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    partial = Combine(op, partial, Partial<A>{Cast<A>(values[i]), i});
+  }
+  partial = GroupAllReduce(partial, blockDim.x, shared,
+                           [op](Partial<A> x, Partial<A> y) { return Combine(op, x, y); });
+  if (threadIdx.x == 0) partials[blockIdx.x] = partial;
+}
+
+template <typename T>
+__global__ void CombineChunksKernel(Op op, const Partial<Accumulator<T>>* partials, int64_t chunks,
+                                    void* out, bool out_int64, int64_t inner) {
+  using A = Accumulator<T>;
+  __shared__ Partial<A> shared[32];
+  const int64_t row = blockIdx.x;
+  Partial<A> partial = Identity<A>(op);
+  for (int64_t i = threadIdx.x; i < chunks; i += blockDim.x) {
+    partial = Combine(op, partial, partials[row * chunks + i]);
+  }
+  partial = GroupAllReduce(partial, blockDim.x, shared,
+                           [op](Partial<A> x, Partial<A> y) { return Combine(op, x, y); });
+  if (threadIdx.x == 0) WriteReduction<T>(op, partial, inner, out, out_int64, row);
 }
 
 // --- softmax and norms ---------------------------------------------------------------------------
@@ -221,11 +279,29 @@ cudaError_t LaunchNormOf(bool rms, const void* in, const void* weight, const voi
 
 }  // namespace
 
+int64_t ReduceScratchBytes(int64_t outer, int64_t inner) {
+  const int64_t chunks = ChunksFor(outer, inner);
+  static_assert(sizeof(Partial<double>) == sizeof(Partial<int64_t>));
+  return chunks == 1 ? 0 : outer * chunks * static_cast<int64_t>(sizeof(Partial<double>));
+}
+
 cudaError_t LaunchReduce(Op op, ScalarType in_type, const void* in, ScalarType out_type, void* out,
-                         int64_t outer, int64_t inner, cudaStream_t stream) {
+                         int64_t outer, int64_t inner, void* scratch, cudaStream_t stream) {
   if (outer == 0) return cudaSuccess;
-  const RowGroups groups = GroupsFor(inner);
   const bool out_int64 = out_type == ScalarType::kInt64;
+  const int64_t chunks = ChunksFor(outer, inner);
+  if (chunks > 1) {
+    if (scratch == nullptr) return cudaErrorInvalidValue;
+    OROCHI_CUDA_DISPATCH(in_type, T, {
+      auto* partials = static_cast<Partial<Accumulator<T>>*>(scratch);
+      ReduceChunksKernel<T><<<static_cast<unsigned>(outer * chunks), kSplitBlock, 0, stream>>>(
+          op, static_cast<const T*>(in), partials, inner, chunks);
+      CombineChunksKernel<T><<<static_cast<unsigned>(outer), kSplitBlock, 0, stream>>>(
+          op, partials, chunks, out, out_int64, inner);
+    });
+    return cudaGetLastError();
+  }
+  const RowGroups groups = GroupsFor(inner);
   OROCHI_CUDA_DISPATCH(
       in_type, T,
       ReduceKernel<T><<<RowGrid(outer, groups), groups.block, 0, stream>>>(

@@ -271,8 +271,6 @@ class ThreadSlots {
     return *slot;
   }
 
-  int current_device = -1;
-
  private:
   static ThreadResources* Make(int device) {
     DeviceState& state = State(device);
@@ -530,9 +528,11 @@ void ThrowCudaError(cudaError_t error, std::string_view what, int device) {
 // --- streams -------------------------------------------------------------------------------------
 
 void SetCurrentDevice(int device) {
-  if (thread_slots.current_device == device) return;
+  // Asked each time (the runtime keeps it per thread, so this is cheap) rather than remembered:
+  // other code on the thread, an extension module say, may select another device.
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device) return;
   CheckCuda(cudaSetDevice(device), "selecting the device", device);
-  thread_slots.current_device = device;
 }
 
 cudaStream_t CurrentStream(int device) { return Resources(device).stream; }
@@ -541,7 +541,12 @@ cublasHandle_t CurrentCublas(int device) {
   ThreadResources& resources = Resources(device);
   if (resources.cublas == nullptr) {
     cublasHandle_t handle = nullptr;
-    CheckCublas(Cublas().create(&handle), "creating a cuBLAS handle", device);
+    cublasStatus_t status = Cublas().create(&handle);
+    if (status == CUBLAS_STATUS_ALLOC_FAILED) {  // its memory is not the allocator's: make room
+      EmptyCacheOf(device);
+      status = Cublas().create(&handle);
+    }
+    CheckCublas(status, "creating a cuBLAS handle", device);
     CheckCublas(Cublas().set_stream(handle, resources.stream), "setting the cuBLAS stream", device);
     resources.cublas = handle;
   }
@@ -552,7 +557,12 @@ cudnnHandle_t CurrentCudnn(int device) {
   ThreadResources& resources = Resources(device);
   if (resources.cudnn == nullptr) {
     cudnnHandle_t handle = nullptr;
-    CheckCudnn(Cudnn().create(&handle), "creating a cuDNN handle", device);
+    cudnnStatus_t status = Cudnn().create(&handle);
+    if (status == CUDNN_STATUS_ALLOC_FAILED) {
+      EmptyCacheOf(device);
+      status = Cudnn().create(&handle);
+    }
+    CheckCudnn(status, "creating a cuDNN handle", device);
     CheckCudnn(Cudnn().set_stream(handle, resources.stream), "setting the cuDNN stream", device);
     resources.cudnn = handle;
   }

@@ -78,6 +78,31 @@ std::vector<OpCase> Cases() {
                      out.push_back(Cat({in[0], in[0].Narrow(0, 1, 2)}, 0));
                      return out;
                    }});
+  cases.push_back(
+      {"copy: floating values outside the integers' range, NaN and infinities to integers",
+       {Op::copy},
+       [](DType dtype) {
+         if (!IsFloating(dtype)) return Tensors{};
+         const double inf = std::numeric_limits<double>::infinity();
+         const std::vector<double> values{
+             -1.5,    -200.75, 300.25,
+             70000.5, -3e9,    5e9,
+             1e30,    -1e30,   std::numeric_limits<double>::quiet_NaN(),
+             inf,     -inf};
+         Tensor tensor = Tensor::Empty({static_cast<int64_t>(values.size())}, dtype);
+         for (size_t i = 0; i < values.size(); ++i) {
+           tensor.Narrow(0, static_cast<int64_t>(i), 1).CopyFrom(Scalar(values[i], dtype));
+         }
+         return Tensors{tensor};
+       },
+       [](const Tensors& in, Device, DType) {
+         Tensors out;
+         if (in.empty()) return out;
+         for (DType to : kAllDTypeList) {
+           if (!IsFloating(to)) out.push_back(in[0].To(to));
+         }
+         return out;
+       }});
   cases.push_back({"fill",
                    {Op::fill},
                    [](DType) { return Tensors{}; },
@@ -151,34 +176,39 @@ std::vector<OpCase> Cases() {
                    }});
 
   for (Op op : {Op::sum, Op::mean, Op::amax, Op::amin, Op::prod}) {
-    cases.push_back({std::string(OpName(op)),
-                     {op},
-                     [op](DType dtype) {
-                       const bool product = op == Op::prod;
-                       // Products of values near 1 neither overflow nor vanish.
-                       return Tensors{
-                           Input({4, 5, 6}, dtype, product ? 0.5 : -4, product ? 1.5 : 4, 9),
-                           Input({3, 5000}, dtype, product ? 0.999 : -4, product ? 1.001 : 4, 10)};
-                     },
-                     [op](const Tensors& in, Device, DType) {
-                       return Tensors{Reduce(op, in[0]),         Reduce(op, in[0], {1}),
-                                      Reduce(op, in[0], {0, 2}), Reduce(op, in[0], {2}, true),
-                                      Reduce(op, in[1], {1}),    Reduce(op, in[1], {0})};
-                     },
-                     /*tolerance_scale=*/op == Op::prod ? 10.0 : 1.0});
-  }
-  for (Op op : {Op::argmax, Op::argmin}) {
     cases.push_back(
         {std::string(OpName(op)),
          {op},
-         [](DType dtype) {
-           // Integers repeat values: the first extreme must win on both devices.
-           return Tensors{Input({4, 5, 6}, dtype, -3, 3, 11), Input({2, 3000}, dtype, -3, 3, 12)};
+         [op](DType dtype) {
+           const bool product = op == Op::prod;
+           // Products of values near 1 neither overflow nor vanish.
+           return Tensors{Input({4, 5, 6}, dtype, product ? 0.5 : -4, product ? 1.5 : 4, 9),
+                          Input({3, 5000}, dtype, product ? 0.999 : -4, product ? 1.001 : 4, 10),
+                          // Few long rows, which the CUDA kernel splits across blocks.
+                          Input({2, 150000}, dtype, product ? 0.999 : -4, product ? 1.001 : 4, 46)};
          },
          [op](const Tensors& in, Device, DType) {
-           return Tensors{ArgReduce(op, in[0]), ArgReduce(op, in[0], 1),
-                          ArgReduce(op, in[0], 2, true), ArgReduce(op, in[1], 1)};
-         }});
+           return Tensors{Reduce(op, in[0]),         Reduce(op, in[0], {1}),
+                          Reduce(op, in[0], {0, 2}), Reduce(op, in[0], {2}, true),
+                          Reduce(op, in[1], {1}),    Reduce(op, in[1], {0}),
+                          Reduce(op, in[2], {1}),    Reduce(op, in[2])};
+         },
+         /*tolerance_scale=*/op == Op::prod ? 10.0 : 1.0});
+  }
+  for (Op op : {Op::argmax, Op::argmin}) {
+    cases.push_back({std::string(OpName(op)),
+                     {op},
+                     [](DType dtype) {
+                       // Integers repeat values: the first extreme must win on both devices.
+                       return Tensors{Input({4, 5, 6}, dtype, -3, 3, 11),
+                                      Input({2, 3000}, dtype, -3, 3, 12),
+                                      Input({200000}, dtype, -3, 3, 47)};
+                     },
+                     [op](const Tensors& in, Device, DType) {
+                       return Tensors{ArgReduce(op, in[0]), ArgReduce(op, in[0], 1),
+                                      ArgReduce(op, in[0], 2, true), ArgReduce(op, in[1], 1),
+                                      ArgReduce(op, in[2], 0)};
+                     }});
   }
 
   for (Op op : {Op::layer_norm, Op::rms_norm}) {

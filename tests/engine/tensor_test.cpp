@@ -1,6 +1,8 @@
 // Dtypes, promotion, broadcasting, views and the kernel registry.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "engine_test_support.h"
 #include "orochi/engine/dispatch.h"
 #include "orochi/engine/error.h"
@@ -48,6 +50,25 @@ TEST(DTypes, HalfAndBFloat16ConvertWithRoundToNearestEven) {
 
 // torch.promote_types for every pair, as PyTorch documents it (b u8 i8 i16 i32 i64 f16 bf16
 // f32 f64).
+// C++ leaves these undefined and the devices differ (x86 wraps, CUDA saturates); the engine's
+// rule is x86's within int32 and defined beyond.
+TEST(DTypes, FloatingToIntegerIsDefinedForEveryValue) {
+  EXPECT_EQ(Convert<uint8_t>(-1.5F), 255);
+  EXPECT_EQ(Convert<uint8_t>(300.0), 44);
+  EXPECT_EQ(Convert<int8_t>(-129.9), 127);
+  EXPECT_EQ(Convert<int32_t>(-2.9F), -2);
+  EXPECT_EQ(Convert<uint8_t>(FloatToHalf(-2.0F)), 254);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(Convert<int64_t>(nan), 0);
+  EXPECT_EQ(Convert<int32_t>(static_cast<float>(nan)), 0);
+  EXPECT_EQ(Convert<int64_t>(inf), INT64_MAX);
+  EXPECT_EQ(Convert<int64_t>(-inf), INT64_MIN);
+  EXPECT_EQ(Convert<int64_t>(1e30), INT64_MAX);
+  EXPECT_EQ(Convert<int64_t>(-9223372036854775808.0), INT64_MIN);
+  EXPECT_EQ(Convert<int64_t>(4611686018427387904.0), int64_t{1} << 62);
+}
+
 TEST(DTypes, PromotionMatchesPyTorch) {
   const char* const kNames[] = {"b", "u8", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64"};
   const char* const kTable[10][10] = {

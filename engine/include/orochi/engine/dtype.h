@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "orochi/engine/export.h"
+#include "orochi/engine/scalar_conversion.h"
 
 namespace orochi::engine {
 
@@ -190,8 +191,9 @@ inline BFloat16 FloatToBFloat16(float value) {  // round to nearest even, NaN st
   return {static_cast<uint16_t>(bits >> 16)};
 }
 
-// Converts between any two engine element types with C++ semantics (float -> int truncates;
-// anything -> bool is "!= 0").
+// Converts between any two engine element types with C++ semantics, except that floating ->
+// integer follows FloatingToInteger (defined for NaN and out-of-range values); anything -> bool
+// is "!= 0".
 template <typename To, typename From>
 inline To Convert(From value) {
   if constexpr (std::is_same_v<From, Half>) {
@@ -204,6 +206,8 @@ inline To Convert(From value) {
     return FloatToBFloat16(static_cast<float>(value));
   } else if constexpr (std::is_same_v<To, bool>) {
     return value != From{0};
+  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    return FloatingToInteger<To>(value);
   } else {
     return static_cast<To>(value);
   }
