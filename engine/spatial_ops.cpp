@@ -126,6 +126,11 @@ Tensor Conv2d(const Tensor& input, const Tensor& weight, const std::optional<Ten
                    "conv2d: the weight expects " << weight.shape()[1] * groups
                                                  << " input channels, the input has " << channels);
   OROCHI_CHECK_ARG(weight.dtype() == input.dtype(), "conv2d: input and weight dtypes differ");
+  OROCHI_CHECK_ARG(weight.shape()[2] > 0 && weight.shape()[3] > 0,
+                   "conv2d: the kernel must be at least 1x1, got " << ShapeString(weight.shape()));
+  OROCHI_CHECK_ARG(!bias || bias->dtype() == input.dtype(),
+                   "conv2d: the bias is " << DTypeName(bias->dtype()) << " but the input is "
+                                          << DTypeName(input.dtype()));
   std::array<int64_t, 2> out_size{};
   for (int i = 0; i < 2; ++i) {
     OROCHI_CHECK_ARG(options.stride[i] > 0 && options.dilation[i] > 0 && options.padding[i] >= 0,

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "orochi/base/check.h"
 #include "orochi/engine/device.h"
@@ -54,6 +55,25 @@ class ConvolutionDescriptors {
   ConvolutionDescriptors(const Tensor& input, const Tensor& weight, const ConvGeometry& geometry,
                          const Tensor& output, cudnnMathType_t math, int device)
       : cudnn_(Cudnn()) {
+    try {
+      Describe(input, weight, geometry, output, math, device);
+    } catch (...) {
+      Destroy();  // the destructor does not run for a constructor that throws
+      throw;
+    }
+  }
+  ~ConvolutionDescriptors() { Destroy(); }
+  ConvolutionDescriptors(const ConvolutionDescriptors&) = delete;
+  ConvolutionDescriptors& operator=(const ConvolutionDescriptors&) = delete;
+
+  cudnnTensorDescriptor_t input() const { return input_; }
+  cudnnTensorDescriptor_t output() const { return output_; }
+  cudnnFilterDescriptor_t filter() const { return filter_; }
+  cudnnConvolutionDescriptor_t convolution() const { return convolution_; }
+
+ private:
+  void Describe(const Tensor& input, const Tensor& weight, const ConvGeometry& geometry,
+                const Tensor& output, cudnnMathType_t math, int device) {
     const cudnnDataType_t data = CudnnDataType(input.dtype());
     const cudnnDataType_t compute =
         input.dtype() == DType::kFloat64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
@@ -82,21 +102,13 @@ class ConvolutionDescriptors {
     CheckCudnn(cudnn_.set_math_type(convolution_, math), "describing the convolution to cuDNN",
                device);
   }
-  ~ConvolutionDescriptors() {
+  void Destroy() noexcept {
     if (convolution_ != nullptr) cudnn_.destroy_convolution(convolution_);
     if (filter_ != nullptr) cudnn_.destroy_filter(filter_);
     if (output_ != nullptr) cudnn_.destroy_tensor(output_);
     if (input_ != nullptr) cudnn_.destroy_tensor(input_);
   }
-  ConvolutionDescriptors(const ConvolutionDescriptors&) = delete;
-  ConvolutionDescriptors& operator=(const ConvolutionDescriptors&) = delete;
 
-  cudnnTensorDescriptor_t input() const { return input_; }
-  cudnnTensorDescriptor_t output() const { return output_; }
-  cudnnFilterDescriptor_t filter() const { return filter_; }
-  cudnnConvolutionDescriptor_t convolution() const { return convolution_; }
-
- private:
   const CudnnLibrary& cudnn_;
   cudnnTensorDescriptor_t input_ = nullptr;
   cudnnTensorDescriptor_t output_ = nullptr;
@@ -104,42 +116,51 @@ class ConvolutionDescriptors {
   cudnnConvolutionDescriptor_t convolution_ = nullptr;
 };
 
-// What cuDNN's heuristics chose for one shape; !usable when it offered nothing that runs.
-struct ConvolutionPlan {
-  bool usable = false;
-  cudnnConvolutionFwdAlgo_t algorithm = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
-  size_t workspace_bytes = 0;
+// An algorithm cuDNN's heuristics offered for one shape, with what it needs.
+struct Candidate {
+  cudnnConvolutionFwdAlgo_t algorithm;
+  cudnnMathType_t math;
+  size_t workspace_bytes;
 };
+// The usable candidates, best first; empty when cuDNN offered nothing that runs.
+using ConvolutionPlan = std::vector<Candidate>;
 
 using PlanKey = std::tuple<int, DType, bool, Shape, Shape, std::array<int64_t, 7>>;
 
 ConvolutionPlan ChoosePlan(const ConvolutionDescriptors& descriptors, DType dtype, bool allow_tf32,
                            int device) {
   constexpr int kRequested = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
-  cudnnConvolutionFwdAlgoPerf_t candidates[kRequested] = {};
+  cudnnConvolutionFwdAlgoPerf_t offered[kRequested] = {};
   int returned = 0;
   CheckCudnn(Cudnn().forward_algorithms(CurrentCudnn(device), descriptors.input(),
                                         descriptors.filter(), descriptors.convolution(),
-                                        descriptors.output(), kRequested, &returned, candidates),
+                                        descriptors.output(), kRequested, &returned, offered),
              "choosing a cuDNN convolution algorithm", device);
-  const bool tensor_cores_allowed = dtype != DType::kFloat32 || allow_tf32;
-  for (int i = 0; i < returned; ++i) {  // best first
-    const cudnnConvolutionFwdAlgoPerf_t& candidate = candidates[i];
-    const bool tensor_cores = candidate.mathType == CUDNN_TENSOR_OP_MATH ||
-                              candidate.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  const bool float32 = dtype == DType::kFloat32;
+  ConvolutionPlan plan;
+  for (int i = 0; i < returned; ++i) {
+    const cudnnConvolutionFwdAlgoPerf_t& candidate = offered[i];
+    // float32 never down-converts to float16, and uses tensor cores (TF32) only when allowed.
+    const bool converts = candidate.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    const bool tensor_cores = candidate.mathType == CUDNN_TENSOR_OP_MATH || converts;
     if (candidate.status != CUDNN_STATUS_SUCCESS || candidate.memory > kMaxWorkspaceBytes ||
-        (tensor_cores && !tensor_cores_allowed)) {
+        (float32 && converts) || (float32 && tensor_cores && !allow_tf32)) {
       continue;
     }
-    ConvolutionPlan plan;
-    plan.usable = true;
-    plan.algorithm = candidate.algo;
-    plan.math = tensor_cores_allowed ? candidate.mathType : CUDNN_FMA_MATH;
-    plan.workspace_bytes = candidate.memory;
-    return plan;
+    const cudnnMathType_t math = float32 && !allow_tf32 ? CUDNN_FMA_MATH : candidate.mathType;
+    plan.push_back({candidate.algo, math, candidate.memory});
   }
-  return {};
+  return plan;
+}
+
+bool IsOutOfMemory(cudnnStatus_t status) {
+  return status == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+         status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED;
+}
+// CUDNN_STATUS_NOT_SUPPORTED and its refinements (3000-3999): this algorithm cannot run this
+// call (an operand's alignment, say); another one may.
+bool IsNotSupported(cudnnStatus_t status) {
+  return status >= CUDNN_STATUS_NOT_SUPPORTED && status < CUDNN_STATUS_NOT_SUPPORTED + 1000;
 }
 
 // Plans by shape, shared by every thread: choosing costs a heuristics query, running does not.
@@ -181,7 +202,8 @@ void CudaConv2d(const Tensor& input, const Tensor& weight, const ConvGeometry& g
                 Tensor& output) {
   if (output.numel() == 0) return;
   const DType dtype = input.dtype();
-  if (!IsFloating(dtype)) {
+  // cuDNN refuses empty operands (no input channels, an empty padded image), which are valid.
+  if (!IsFloating(dtype) || input.numel() == 0 || weight.numel() == 0) {
     Conv2dThroughIm2col(input, weight, geometry, output);
     return;
   }
@@ -201,33 +223,43 @@ void CudaConv2d(const Tensor& input, const Tensor& weight, const ConvGeometry& g
        geometry.dilation[0], geometry.dilation[1], geometry.groups}};
   const ConvolutionPlan plan =
       PlanCache::Instance().Find(key, descriptors, dtype, allow_tf32, device);
-  if (!plan.usable) {
-    Conv2dThroughIm2col(input, weight, geometry, output);
-    return;
-  }
   const CudnnLibrary& cudnn = Cudnn();
-  CheckCudnn(cudnn.set_math_type(descriptors.convolution(), plan.math),
-             "describing the convolution to cuDNN", device);
-  Tensor workspace;
-  if (plan.workspace_bytes > 0) {
-    workspace =
-        Tensor::Empty({static_cast<int64_t>(plan.workspace_bytes)}, DType::kUInt8, input.device());
-  }
   // cuDNN scales by float, except for double data.
   const float one = 1.0F;
   const float zero = 0.0F;
   const double one_double = 1.0;
   const double zero_double = 0.0;
   const bool double_scalars = dtype == DType::kFloat64;
-  CheckCudnn(
-      cudnn.forward(CurrentCudnn(device),
-                    double_scalars ? static_cast<const void*>(&one_double) : &one,
-                    descriptors.input(), input.data(), descriptors.filter(), weight.data(),
-                    descriptors.convolution(), plan.algorithm,
-                    workspace.defined() ? workspace.mutable_data() : nullptr, plan.workspace_bytes,
-                    double_scalars ? static_cast<const void*>(&zero_double) : &zero,
-                    descriptors.output(), output.mutable_data()),
-      "conv2d (cudnnConvolutionForward, " + std::string(DTypeName(dtype)) + ")", device);
+  // Best first; an algorithm whose workspace does not fit, or that refuses this call, gives way
+  // to the next, and im2col + matmul runs when none does (as PyTorch tries its next algorithm).
+  for (const Candidate& candidate : plan) {
+    Tensor workspace;
+    if (candidate.workspace_bytes > 0) {
+      try {
+        workspace = Tensor::Empty({static_cast<int64_t>(candidate.workspace_bytes)}, DType::kUInt8,
+                                  input.device());
+      } catch (const Error& error) {
+        if (error.status().code() != StatusCode::kResourceExhausted) throw;
+        continue;
+      }
+    }
+    CheckCudnn(cudnn.set_math_type(descriptors.convolution(), candidate.math),
+               "describing the convolution to cuDNN", device);
+    const cudnnStatus_t status = cudnn.forward(
+        CurrentCudnn(device), double_scalars ? static_cast<const void*>(&one_double) : &one,
+        descriptors.input(), input.data(), descriptors.filter(), weight.data(),
+        descriptors.convolution(), candidate.algorithm,
+        workspace.defined() ? workspace.mutable_data() : nullptr, candidate.workspace_bytes,
+        double_scalars ? static_cast<const void*>(&zero_double) : &zero, descriptors.output(),
+        output.mutable_data());
+    if (status == CUDNN_STATUS_SUCCESS) return;
+    if (!IsOutOfMemory(status) && !IsNotSupported(status)) {
+      ThrowCudnnError(status,
+                      "conv2d (cudnnConvolutionForward, " + std::string(DTypeName(dtype)) + ")",
+                      device);
+    }
+  }
+  Conv2dThroughIm2col(input, weight, geometry, output);
 }
 
 }  // namespace

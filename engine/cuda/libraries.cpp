@@ -104,8 +104,9 @@ void ThrowCublasError(cublasStatus_t status, std::string_view what, int device) 
 }
 
 void ThrowCudnnError(cudnnStatus_t status, std::string_view what, int device) {
-  const StatusCode code =
-      status == CUDNN_STATUS_ALLOC_FAILED ? StatusCode::kResourceExhausted : StatusCode::kInternal;
+  const bool out_of_memory = status == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+                             status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED;
+  const StatusCode code = out_of_memory ? StatusCode::kResourceExhausted : StatusCode::kInternal;
   detail::Throw(code, std::string(what) + " failed on cuda:" + std::to_string(device) + ": " +
                           Cudnn().error_string(status));
 }

@@ -558,7 +558,7 @@ cudnnHandle_t CurrentCudnn(int device) {
   if (resources.cudnn == nullptr) {
     cudnnHandle_t handle = nullptr;
     cudnnStatus_t status = Cudnn().create(&handle);
-    if (status == CUDNN_STATUS_ALLOC_FAILED) {
+    if (status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) {
       EmptyCacheOf(device);
       status = Cudnn().create(&handle);
     }

@@ -287,7 +287,9 @@ std::vector<OpCase> Cases() {
              Conv2d(in[0].Select(0, 1), in[1], in[2], {{1, 1}, {1, 1}, {1, 1}, 1}),
              // Wide enough for cuDNN's tensor-core algorithms; a ResNet layer's shape.
              Conv2d(in[6], in[7], std::nullopt, {{1, 1}, {1, 1}, {1, 1}, 1}),
-             Conv1d(in[0].Select(2, 0), in[1].Select(2, 1), in[2], 1, 1, 1, 1)};
+             Conv1d(in[0].Select(2, 0), in[1].Select(2, 1), in[2], 1, 1, 1, 1),
+             // No input channels: the bias alone (cuDNN refuses empty operands).
+             Conv2d(in[0].Narrow(1, 0, 0), in[1].Narrow(1, 0, 0), in[2])};
        },
        /*tolerance_scale=*/8});
   cases.push_back(

@@ -77,6 +77,14 @@ TEST(Convolution, Conv2dMatchesTheDefinition) {
   EXPECT_EQ(unbatched.shape(), (Shape{2, 3, 3}));
   EXPECT_THROW(Conv2d(Zeros({1, 3, 5, 5}), Zeros({2, 2, 3, 3})), Error);  // channel mismatch
   EXPECT_THROW(Conv2d(Zeros({1, 3, 2, 2}), Zeros({2, 3, 3, 3})), Error);  // input too small
+  EXPECT_THROW(Conv2d(Zeros({1, 3, 5, 5}), Zeros({2, 3, 0, 3})), Error);  // empty kernel
+  EXPECT_THROW(Conv2d(Zeros({1, 3, 5, 5}, DType::kFloat16), Zeros({2, 3, 3, 3}, DType::kFloat16),
+                      Zeros({2})),  // a float32 bias
+               Error);
+  // No input channels: a valid, empty sum, as in PyTorch.
+  Tensor empty_sum = Conv2d(Zeros({2, 0, 4, 4}), Zeros({3, 0, 3, 3}), Ones({3}));
+  EXPECT_EQ(empty_sum.shape(), (Shape{2, 3, 2, 2}));
+  for (double value : Values(empty_sum)) EXPECT_EQ(value, 1.0);
 }
 
 TEST(Convolution, Conv1dIsConv2dOverOneRow) {

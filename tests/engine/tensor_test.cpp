@@ -51,7 +51,7 @@ TEST(DTypes, HalfAndBFloat16ConvertWithRoundToNearestEven) {
 // torch.promote_types for every pair, as PyTorch documents it (b u8 i8 i16 i32 i64 f16 bf16
 // f32 f64).
 // C++ leaves these undefined and the devices differ (x86 wraps, CUDA saturates); the engine's
-// rule is x86's within int32 and defined beyond.
+// rule is x86's, which PyTorch's CPU gives.
 TEST(DTypes, FloatingToIntegerIsDefinedForEveryValue) {
   EXPECT_EQ(Convert<uint8_t>(-1.5F), 255);
   EXPECT_EQ(Convert<uint8_t>(300.0), 44);
@@ -60,13 +60,18 @@ TEST(DTypes, FloatingToIntegerIsDefinedForEveryValue) {
   EXPECT_EQ(Convert<uint8_t>(FloatToHalf(-2.0F)), 254);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
-  EXPECT_EQ(Convert<int64_t>(nan), 0);
-  EXPECT_EQ(Convert<int32_t>(static_cast<float>(nan)), 0);
-  EXPECT_EQ(Convert<int64_t>(inf), INT64_MAX);
+  EXPECT_EQ(Convert<int64_t>(nan), INT64_MIN);
+  EXPECT_EQ(Convert<int32_t>(static_cast<float>(nan)), INT32_MIN);
+  EXPECT_EQ(Convert<uint8_t>(nan), 0);
+  EXPECT_EQ(Convert<int32_t>(3e9), INT32_MIN);
+  EXPECT_EQ(Convert<int16_t>(inf), 0);
+  EXPECT_EQ(Convert<int64_t>(inf), INT64_MIN);
   EXPECT_EQ(Convert<int64_t>(-inf), INT64_MIN);
-  EXPECT_EQ(Convert<int64_t>(1e30), INT64_MAX);
+  EXPECT_EQ(Convert<int64_t>(1e30), INT64_MIN);
   EXPECT_EQ(Convert<int64_t>(-9223372036854775808.0), INT64_MIN);
   EXPECT_EQ(Convert<int64_t>(4611686018427387904.0), int64_t{1} << 62);
+  EXPECT_EQ(Convert<int32_t>(-2147483648.0), INT32_MIN);
+  EXPECT_EQ(Convert<int32_t>(2147483647.0), INT32_MAX);
 }
 
 TEST(DTypes, PromotionMatchesPyTorch) {

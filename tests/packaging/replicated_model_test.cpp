@@ -30,10 +30,13 @@ constexpr const char* kScaleOutputs =
         {"name": "copy", "datatype": "INT64", "shape": [1]},
         {"name": "leaked", "datatype": "BOOL", "shape": [1]}])";
 
-// A model whose `utils` package says who it is; two of these clash on every module name.
-std::string ScalePackage(const TempDir& directory, const std::string& name, int factor) {
+// A model whose `utils` package says who it is; two of these clash on every module name. Each
+// call takes at least `delay_seconds`.
+std::string ScalePackage(const TempDir& directory, const std::string& name, int factor,
+                         double delay_seconds = 0) {
   const std::string model = R"(
 import sys
+import time
 import orochi
 from utils import NAME
 import utils.helpers as helpers
@@ -47,6 +50,7 @@ class Model:
         if float(x.sum()) < 0:
             raise ValueError("negative input for " + NAME)
         leaked = any(m in sys.modules for m in ("model", "utils", "utils.helpers"))
+        time.sleep(helpers.DELAY)
         return {"y": x * self.scale * helpers.FACTOR, "who": [NAME], "copy": [orochi.copy_id()],
                 "leaked": [leaked]}
 )";
@@ -55,7 +59,8 @@ class Model:
       {{"manifest.json", ManifestJson(name, kScaleIo, kScaleOutputs)},
        {"code/model.py", model},
        {"code/utils/__init__.py", "NAME = '" + name + "'\n"},
-       {"code/utils/helpers.py", "FACTOR = " + std::to_string(factor) + "\n"},
+       {"code/utils/helpers.py",
+        "FACTOR = " + std::to_string(factor) + "\nDELAY = " + std::to_string(delay_seconds) + "\n"},
        {"weights/w.safetensors",
         SafetensorsBytes({{"scale", engine::Scalar(1, engine::DType::kFloat32)}}, directory)}});
 }
@@ -119,8 +124,10 @@ TEST(ReplicatedModel, PackagesWithClashingModuleNamesShareACopy) {
 TEST(ReplicatedModel, EightThreadsOverFourCopiesAllGetTheirOwnAnswers) {
   TempDir directory;
   auto manager = Manager(4);
-  auto model =
-      ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "m", 2))));
+  // Calls of 2 ms from 8 threads overlap however loaded the machine is, so more than one copy
+  // must serve them.
+  auto model = ReplicatedModel::Load(
+      *manager, SourceOf(OpenPackage(ScalePackage(directory, "m", 2, /*delay_seconds=*/0.002))));
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   EXPECT_EQ((*model)->slots().size(), 4U);
   std::atomic<int> wrong{0};
@@ -156,7 +163,7 @@ TEST(ReplicatedModel, AnExceptionInPredictComesBackWithItsTracebackAndTheCopyKee
   EXPECT_EQ(failed.status().code(), StatusCode::kPythonError);
   EXPECT_THAT(failed.status().message(), HasSubstr("ValueError: negative input for m"));
   EXPECT_THAT(failed.status().detail(),
-              HasSubstr("<package m:1>/code/model.py\", line 14, in predict"));
+              HasSubstr("<package m:1>/code/model.py\", line 15, in predict"));
   EXPECT_THAT(failed.status().detail(),
               HasSubstr("raise ValueError(\"negative input for \" + NAME)"));
   auto served = (*model)->Predict(Input({5}));

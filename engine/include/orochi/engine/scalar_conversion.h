@@ -2,9 +2,9 @@
 // the CUDA kernels (compiled by nvcc, which include no other engine header) use this function.
 //
 // C++ leaves a float outside the integer's range undefined, and the devices differ in practice:
-// x86 truncates through a 32-bit signed integer (-1.0 -> uint8 255), CUDA saturates (-> 0). The
-// rule here: NaN gives 0; otherwise truncate toward zero, saturate to int64, and wrap to a
-// narrower type, which is x86's (and so PyTorch's CPU) answer for every value within int32.
+// x86 converts through a signed integer of 32 bits (64 for int64) and gives its smallest value
+// for NaN and anything out of its range, then keeps the low bits (-1.0 -> uint8 255); CUDA
+// saturates (-> 0). The rule here is x86's, so that both devices give PyTorch's CPU answers.
 #pragma once
 
 #include <cstdint>
@@ -19,13 +19,16 @@ namespace orochi::engine {
 
 template <typename To, typename From>
 OROCHI_HOST_DEVICE To FloatingToInteger(From value) {
-  if (value != value) return To{0};                          // NaN
-  constexpr From kTwoToThe63 = From(9223372036854775808.0);  // exactly representable
-  int64_t whole = INT64_MAX;
-  if (value < kTwoToThe63) {
-    whole = value < -kTwoToThe63 ? INT64_MIN : static_cast<int64_t>(value);
+  // (Comparisons with NaN are false, so NaN takes the out-of-range answer.)
+  if constexpr (sizeof(To) == 8) {
+    constexpr From kLimit = From(9223372036854775808.0);  // 2^63
+    const bool in_range = value >= -kLimit && value < kLimit;
+    return static_cast<To>(in_range ? static_cast<int64_t>(value) : INT64_MIN);
+  } else {
+    constexpr From kLimit = From(2147483648.0);  // 2^31
+    const bool in_range = value >= -kLimit && value < kLimit;
+    return static_cast<To>(in_range ? static_cast<int32_t>(value) : INT32_MIN);  // low bits
   }
-  return static_cast<To>(whole);  // modular for narrower types
 }
 
 }  // namespace orochi::engine
