@@ -40,60 +40,63 @@ class LibraryLoader {
   std::string error_;
 };
 
+// The table of `library_name`, filled by `resolve` on the first call; later calls throw the
+// first call's error, prefixed by `needed_for`.
 template <typename Table>
-struct Loaded {
-  Table table;
-  std::string error;
-};
+const Table& LoadOnce(const std::string& library_name, const char* needed_for,
+                      void (*resolve)(LibraryLoader& library, Table& table)) {
+  struct Loaded {
+    Table table;
+    std::string error;
+  };
+  static const Loaded loaded = [&] {
+    Loaded result;
+    LibraryLoader library(library_name);
+    resolve(library, result.table);
+    result.error = library.error();
+    return result;
+  }();
+  OROCHI_CHECK(loaded.error.empty(), StatusCode::kFailedPrecondition,
+               needed_for << ": " << loaded.error);
+  return loaded.table;
+}
 
 }  // namespace
 
 const CublasLibrary& Cublas() {
-  static const Loaded<CublasLibrary> loaded = [] {
-    Loaded<CublasLibrary> result;
-    LibraryLoader library("libcublas.so." + std::to_string(CUBLAS_VER_MAJOR));
-    CublasLibrary& table = result.table;
-    library.Resolve(table.create, "cublasCreate_v2");
-    library.Resolve(table.set_stream, "cublasSetStream_v2");
-    library.Resolve(table.gemm_strided_batched, "cublasGemmStridedBatchedEx");
-    library.Resolve(table.status_name, "cublasGetStatusName");
-    library.Resolve(table.status_string, "cublasGetStatusString");
-    result.error = library.error();
-    return result;
-  }();
-  OROCHI_CHECK(loaded.error.empty(), StatusCode::kFailedPrecondition,
-               "matmul on cuda needs cuBLAS: " << loaded.error);
-  return loaded.table;
+  return LoadOnce<CublasLibrary>(
+      "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR), "matmul on cuda needs cuBLAS",
+      [](LibraryLoader& library, CublasLibrary& table) {
+        library.Resolve(table.create, "cublasCreate_v2");
+        library.Resolve(table.set_stream, "cublasSetStream_v2");
+        library.Resolve(table.gemm_strided_batched, "cublasGemmStridedBatchedEx");
+        library.Resolve(table.status_name, "cublasGetStatusName");
+        library.Resolve(table.status_string, "cublasGetStatusString");
+      });
 }
 
 const CudnnLibrary& Cudnn() {
-  static const Loaded<CudnnLibrary> loaded = [] {
-    Loaded<CudnnLibrary> result;
-    // libcudnn.so.9 is a thin front that loads cudnn_ops and cudnn_cnn itself, on first use.
-    LibraryLoader library("libcudnn.so." + std::to_string(CUDNN_MAJOR));
-    CudnnLibrary& table = result.table;
-    library.Resolve(table.create, "cudnnCreate");
-    library.Resolve(table.set_stream, "cudnnSetStream");
-    library.Resolve(table.error_string, "cudnnGetErrorString");
-    library.Resolve(table.create_tensor, "cudnnCreateTensorDescriptor");
-    library.Resolve(table.set_tensor_4d, "cudnnSetTensor4dDescriptor");
-    library.Resolve(table.destroy_tensor, "cudnnDestroyTensorDescriptor");
-    library.Resolve(table.create_filter, "cudnnCreateFilterDescriptor");
-    library.Resolve(table.set_filter_4d, "cudnnSetFilter4dDescriptor");
-    library.Resolve(table.destroy_filter, "cudnnDestroyFilterDescriptor");
-    library.Resolve(table.create_convolution, "cudnnCreateConvolutionDescriptor");
-    library.Resolve(table.set_convolution_2d, "cudnnSetConvolution2dDescriptor");
-    library.Resolve(table.set_group_count, "cudnnSetConvolutionGroupCount");
-    library.Resolve(table.set_math_type, "cudnnSetConvolutionMathType");
-    library.Resolve(table.destroy_convolution, "cudnnDestroyConvolutionDescriptor");
-    library.Resolve(table.forward_algorithms, "cudnnGetConvolutionForwardAlgorithm_v7");
-    library.Resolve(table.forward, "cudnnConvolutionForward");
-    result.error = library.error();
-    return result;
-  }();
-  OROCHI_CHECK(loaded.error.empty(), StatusCode::kFailedPrecondition,
-               "conv2d on cuda needs cuDNN: " << loaded.error);
-  return loaded.table;
+  // libcudnn.so.9 is a thin front that loads cudnn_ops and cudnn_cnn itself, on first use.
+  return LoadOnce<CudnnLibrary>(
+      "libcudnn.so." + std::to_string(CUDNN_MAJOR), "conv2d on cuda needs cuDNN",
+      [](LibraryLoader& library, CudnnLibrary& table) {
+        library.Resolve(table.create, "cudnnCreate");
+        library.Resolve(table.set_stream, "cudnnSetStream");
+        library.Resolve(table.error_string, "cudnnGetErrorString");
+        library.Resolve(table.create_tensor, "cudnnCreateTensorDescriptor");
+        library.Resolve(table.set_tensor_4d, "cudnnSetTensor4dDescriptor");
+        library.Resolve(table.destroy_tensor, "cudnnDestroyTensorDescriptor");
+        library.Resolve(table.create_filter, "cudnnCreateFilterDescriptor");
+        library.Resolve(table.set_filter_4d, "cudnnSetFilter4dDescriptor");
+        library.Resolve(table.destroy_filter, "cudnnDestroyFilterDescriptor");
+        library.Resolve(table.create_convolution, "cudnnCreateConvolutionDescriptor");
+        library.Resolve(table.set_convolution_2d, "cudnnSetConvolution2dDescriptor");
+        library.Resolve(table.set_group_count, "cudnnSetConvolutionGroupCount");
+        library.Resolve(table.set_math_type, "cudnnSetConvolutionMathType");
+        library.Resolve(table.destroy_convolution, "cudnnDestroyConvolutionDescriptor");
+        library.Resolve(table.forward_algorithms, "cudnnGetConvolutionForwardAlgorithm_v7");
+        library.Resolve(table.forward, "cudnnConvolutionForward");
+      });
 }
 
 void ThrowCublasError(cublasStatus_t status, std::string_view what, int device) {
