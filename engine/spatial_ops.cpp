@@ -16,22 +16,29 @@ int64_t OutputSize(int64_t size, int64_t kernel, int64_t stride, int64_t padding
   return span < 0 ? 0 : span / stride + 1;  // (C++ division truncates negatives towards zero)
 }
 
-// [N, C, H, W] -> [N, C, kh, kw, oh, ow]
-Tensor Unfold(const Tensor& input, const Im2colGeometry& geometry, const char* op) {
+// The [oh, ow] of a window of `geometry` sliding over a 4-D [N, C, H, W] input, after checking
+// the input's rank and the geometry (pad_value is not read).
+std::array<int64_t, 2> WindowOutputSize(const Tensor& input, const Im2colGeometry& geometry,
+                                        const char* op) {
   OROCHI_CHECK_ARG(input.dim() == 4,
                    op << ": expected a 4-D [N, C, H, W] input, got " << ShapeString(input.shape()));
+  std::array<int64_t, 2> size{};
   for (int i = 0; i < 2; ++i) {
     OROCHI_CHECK_ARG(geometry.kernel[i] > 0 && geometry.stride[i] > 0 && geometry.dilation[i] > 0 &&
                          geometry.padding[i] >= 0,
                      op << ": kernel, stride and dilation must be positive and padding "
                            "non-negative");
+    size[i] = OutputSize(input.shape()[2 + i], geometry.kernel[i], geometry.stride[i],
+                         geometry.padding[i], geometry.dilation[i]);
   }
-  int64_t out_h = OutputSize(input.shape()[2], geometry.kernel[0], geometry.stride[0],
-                             geometry.padding[0], geometry.dilation[0]);
-  int64_t out_w = OutputSize(input.shape()[3], geometry.kernel[1], geometry.stride[1],
-                             geometry.padding[1], geometry.dilation[1]);
-  OROCHI_CHECK_ARG(out_h > 0 && out_w > 0, op << ": the input " << ShapeString(input.shape())
-                                              << " is too small for the kernel");
+  OROCHI_CHECK_ARG(size[0] > 0 && size[1] > 0, op << ": the input " << ShapeString(input.shape())
+                                                  << " is too small for the kernel");
+  return size;
+}
+
+// [N, C, H, W] -> [N, C, kh, kw, oh, ow]
+Tensor Unfold(const Tensor& input, const Im2colGeometry& geometry, const char* op) {
+  const auto [out_h, out_w] = WindowOutputSize(input, geometry, op);
   Tensor output = Tensor::Empty(
       {input.shape()[0], input.shape()[1], geometry.kernel[0], geometry.kernel[1], out_h, out_w},
       input.dtype(), input.device());
@@ -112,10 +119,10 @@ Tensor Conv2d(const Tensor& input, const Tensor& weight, const std::optional<Ten
               const Conv2dOptions& options) {
   CommonDevice("conv2d", {&input, &weight, Optional(bias)});
   Tensor batched = WithBatch(input, 4);
-  OROCHI_CHECK_ARG(batched.dim() == 4,
-                   "conv2d: expected a 4-D [N, C, H, W] input, got " << ShapeString(input.shape()));
   OROCHI_CHECK_ARG(weight.dim() == 4, "conv2d: the weight must be 4-D [O, C/groups, kh, kw], got "
                                           << ShapeString(weight.shape()));
+  OROCHI_CHECK_ARG(batched.dim() == 4,
+                   "conv2d: expected a 4-D [N, C, H, W] input, got " << ShapeString(input.shape()));
   const int64_t groups = options.groups;
   const int64_t channels = batched.shape()[1];
   const int64_t out_channels = weight.shape()[0];
@@ -126,34 +133,29 @@ Tensor Conv2d(const Tensor& input, const Tensor& weight, const std::optional<Ten
                    "conv2d: the weight expects " << weight.shape()[1] * groups
                                                  << " input channels, the input has " << channels);
   OROCHI_CHECK_ARG(weight.dtype() == input.dtype(), "conv2d: input and weight dtypes differ");
-  OROCHI_CHECK_ARG(weight.shape()[2] > 0 && weight.shape()[3] > 0,
-                   "conv2d: the kernel must be at least 1x1, got " << ShapeString(weight.shape()));
-  OROCHI_CHECK_ARG(!bias || bias->dtype() == input.dtype(),
-                   "conv2d: the bias is " << DTypeName(bias->dtype()) << " but the input is "
-                                          << DTypeName(input.dtype()));
-  std::array<int64_t, 2> out_size{};
-  for (int i = 0; i < 2; ++i) {
-    OROCHI_CHECK_ARG(options.stride[i] > 0 && options.dilation[i] > 0 && options.padding[i] >= 0,
-                     "conv2d: stride and dilation must be positive and padding non-negative");
-    out_size[i] = OutputSize(batched.shape()[2 + i], weight.shape()[2 + i], options.stride[i],
-                             options.padding[i], options.dilation[i]);
+  if (bias) {
+    OROCHI_CHECK_ARG(bias->dim() == 1 && bias->shape()[0] == out_channels,
+                     "conv2d: the bias must be [" << out_channels << "]");
+    OROCHI_CHECK_ARG(bias->dtype() == input.dtype(),
+                     "conv2d: the bias is " << DTypeName(bias->dtype()) << " but the input is "
+                                            << DTypeName(input.dtype()));
   }
-  OROCHI_CHECK_ARG(out_size[0] > 0 && out_size[1] > 0, "conv2d: the input "
-                                                           << ShapeString(input.shape())
-                                                           << " is too small for the kernel");
-  Tensor output = Tensor::Empty({batched.shape()[0], out_channels, out_size[0], out_size[1]},
-                                input.dtype(), input.device());
+  const auto [out_h, out_w] = WindowOutputSize(batched,
+                                               {{weight.shape()[2], weight.shape()[3]},
+                                                {options.stride[0], options.stride[1]},
+                                                {options.padding[0], options.padding[1]},
+                                                {options.dilation[0], options.dilation[1]},
+                                                0.0},
+                                               "conv2d");
+  Tensor output = Tensor::Empty({batched.shape()[0], out_channels, out_h, out_w}, input.dtype(),
+                                input.device());
   const ConvGeometry geometry{{options.stride[0], options.stride[1]},
                               {options.padding[0], options.padding[1]},
                               {options.dilation[0], options.dilation[1]},
                               groups};
   Kernels().Find<Op::conv2d>(input.device(), input.dtype())(batched.Contiguous(),
                                                             weight.Contiguous(), geometry, output);
-  if (bias) {
-    OROCHI_CHECK_ARG(bias->dim() == 1 && bias->shape()[0] == out_channels,
-                     "conv2d: the bias must be [" << out_channels << "]");
-    output = Binary(Op::add, output, bias->View({out_channels, 1, 1}));
-  }
+  if (bias) output = Binary(Op::add, output, bias->View({out_channels, 1, 1}));
   return input.dim() == 3 ? output.Squeeze(0) : output;
 }
 

@@ -537,18 +537,28 @@ void SetCurrentDevice(int device) {
 
 cudaStream_t CurrentStream(int device) { return Resources(device).stream; }
 
+// A cuBLAS or cuDNN handle on `stream`. The libraries allocate a handle's memory themselves,
+// outside the caching allocator: when that fails, the cache is emptied and creation tried again.
+template <typename Handle, typename Library, typename Status>
+Handle CreateHandle(const Library& library, Status out_of_memory,
+                    void (*check)(Status, std::string_view, int), const char* name,
+                    cudaStream_t stream, int device) {
+  Handle handle = nullptr;
+  Status status = library.create(&handle);
+  if (status == out_of_memory) {
+    EmptyCacheOf(device);
+    status = library.create(&handle);
+  }
+  check(status, std::string("creating a ") + name + " handle", device);
+  check(library.set_stream(handle, stream), std::string("setting the ") + name + " stream", device);
+  return handle;
+}
+
 cublasHandle_t CurrentCublas(int device) {
   ThreadResources& resources = Resources(device);
   if (resources.cublas == nullptr) {
-    cublasHandle_t handle = nullptr;
-    cublasStatus_t status = Cublas().create(&handle);
-    if (status == CUBLAS_STATUS_ALLOC_FAILED) {  // its memory is not the allocator's: make room
-      EmptyCacheOf(device);
-      status = Cublas().create(&handle);
-    }
-    CheckCublas(status, "creating a cuBLAS handle", device);
-    CheckCublas(Cublas().set_stream(handle, resources.stream), "setting the cuBLAS stream", device);
-    resources.cublas = handle;
+    resources.cublas = CreateHandle<cublasHandle_t>(
+        Cublas(), CUBLAS_STATUS_ALLOC_FAILED, CheckCublas, "cuBLAS", resources.stream, device);
   }
   return resources.cublas;
 }
@@ -556,15 +566,9 @@ cublasHandle_t CurrentCublas(int device) {
 cudnnHandle_t CurrentCudnn(int device) {
   ThreadResources& resources = Resources(device);
   if (resources.cudnn == nullptr) {
-    cudnnHandle_t handle = nullptr;
-    cudnnStatus_t status = Cudnn().create(&handle);
-    if (status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) {
-      EmptyCacheOf(device);
-      status = Cudnn().create(&handle);
-    }
-    CheckCudnn(status, "creating a cuDNN handle", device);
-    CheckCudnn(Cudnn().set_stream(handle, resources.stream), "setting the cuDNN stream", device);
-    resources.cudnn = handle;
+    resources.cudnn =
+        CreateHandle<cudnnHandle_t>(Cudnn(), CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED,
+                                    CheckCudnn, "cuDNN", resources.stream, device);
   }
   return resources.cudnn;
 }
