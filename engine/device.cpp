@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <charconv>
+#include <cstdlib>
 
 #include "device_backend.h"
 #include "orochi/engine/error.h"
@@ -62,7 +63,11 @@ std::atomic<bool> allow_tf32{false};
 // kernel: the library registers its kernels into `registry`.
 void LoadDeviceLibraries(KernelRegistry& registry) {
   CudaLibrary& state = CudaLibraryState();
-  const std::string path = EngineDirectory() + kCudaLibraryName;
+  // The variable names another build of the CUDA backend: the tests run the backend on an
+  // emulated device this way (tests/engine/cuda_emulator).
+  const char* chosen = std::getenv("OROCHI_CUDA_BACKEND");
+  const std::string path =
+      chosen != nullptr && *chosen != '\0' ? chosen : EngineDirectory() + kCudaLibraryName;
   // A missing file means a build without CUDA; a file that does not load (no cuBLAS on this
   // machine) is reported with the loader's error.
   if (access(path.c_str(), F_OK) != 0) {

@@ -12,6 +12,14 @@
 #include "kernels.h"
 #include "orochi/engine/scalar_conversion.h"
 
+// kernel<<<grid, block, 0, stream>>>(args...), spelled so that the tests' host emulator of a CUDA
+// device (tests/engine/cuda_emulator/simt.h) can compile the kernels with the host compiler and
+// launch them itself.
+#ifndef OROCHI_LAUNCH
+#define OROCHI_LAUNCH(kernel, grid, block, stream, ...) \
+  kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
+
 namespace orochi::engine::cuda {
 
 // Calls `body` with `T` bound to the element type of `type` (a macro rather than a generic lambda,

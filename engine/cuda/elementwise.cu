@@ -213,8 +213,8 @@ cudaError_t LaunchUnaryOf(Op op, void* out, const void* in, const Layout& layout
   if constexpr (std::is_same_v<T, bool>) {
     return cudaErrorInvalidValue;  // not registered: no unary op is defined on bool
   } else {
-    UnaryKernel<T><<<GridFor(count), kBlockSize, 0, stream>>>(
-        op, static_cast<T*>(out), static_cast<const T*>(in), layout, count);
+    OROCHI_LAUNCH(UnaryKernel<T>, GridFor(count), kBlockSize, stream, op, static_cast<T*>(out),
+                  static_cast<const T*>(in), layout, count);
     return cudaGetLastError();
   }
 }
@@ -296,13 +296,14 @@ cudaError_t LaunchCopy(void* out, ScalarType out_type, const void* in, ScalarTyp
       return cudaMemcpyAsync(out, in, static_cast<size_t>(count) * item_size,
                              cudaMemcpyDeviceToDevice, stream);
     }
-    OROCHI_CUDA_DISPATCH_SIZE(item_size, T,
-                              CopyKernel<T><<<GridFor(count), kBlockSize, 0, stream>>>(
-                                  static_cast<T*>(out), static_cast<const T*>(in), layout, count));
+    OROCHI_CUDA_DISPATCH_SIZE(
+        item_size, T,
+        OROCHI_LAUNCH(CopyKernel<T>, GridFor(count), kBlockSize, stream, static_cast<T*>(out),
+                      static_cast<const T*>(in), layout, count));
     return cudaGetLastError();
   }
-  ConvertKernel<<<GridFor(count), kBlockSize, 0, stream>>>(out, out_type, in, in_type, layout,
-                                                           count);
+  OROCHI_LAUNCH(ConvertKernel, GridFor(count), kBlockSize, stream, out, out_type, in, in_type,
+                layout, count);
   return cudaGetLastError();
 }
 
@@ -318,15 +319,15 @@ cudaError_t LaunchFill(void* out, int item_size, uint64_t pattern, int64_t count
                            static_cast<size_t>(count) * item_size, stream);
   }
   OROCHI_CUDA_DISPATCH_SIZE(item_size, T,
-                            FillKernel<T><<<GridFor(count), kBlockSize, 0, stream>>>(
-                                static_cast<T*>(out), static_cast<T>(pattern), count));
+                            OROCHI_LAUNCH(FillKernel<T>, GridFor(count), kBlockSize, stream,
+                                          static_cast<T*>(out), static_cast<T>(pattern), count));
   return cudaGetLastError();
 }
 
 cudaError_t LaunchArange(void* out, ScalarType type, double start, double step, int64_t count,
                          cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  ArangeKernel<<<GridFor(count), kBlockSize, 0, stream>>>(out, type, start, step, count);
+  OROCHI_LAUNCH(ArangeKernel, GridFor(count), kBlockSize, stream, out, type, start, step, count);
   return cudaGetLastError();
 }
 
@@ -342,18 +343,18 @@ cudaError_t LaunchBinary(Op op, ScalarType type, void* out, const void* a, const
   if (count == 0) return cudaSuccess;
   OROCHI_CUDA_DISPATCH(
       type, T,
-      BinaryKernel<T><<<GridFor(count), kBlockSize, 0, stream>>>(
-          op, out, static_cast<const T*>(a), static_cast<const T*>(b), layout, count));
+      OROCHI_LAUNCH(BinaryKernel<T>, GridFor(count), kBlockSize, stream, op, out,
+                    static_cast<const T*>(a), static_cast<const T*>(b), layout, count));
   return cudaGetLastError();
 }
 
 cudaError_t LaunchWhere(int item_size, void* out, const bool* condition, const void* a,
                         const void* b, const Layout& layout, int64_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  OROCHI_CUDA_DISPATCH_SIZE(item_size, T,
-                            WhereKernel<T><<<GridFor(count), kBlockSize, 0, stream>>>(
-                                static_cast<T*>(out), condition, static_cast<const T*>(a),
-                                static_cast<const T*>(b), layout, count));
+  OROCHI_CUDA_DISPATCH_SIZE(
+      item_size, T,
+      OROCHI_LAUNCH(WhereKernel<T>, GridFor(count), kBlockSize, stream, static_cast<T*>(out),
+                    condition, static_cast<const T*>(a), static_cast<const T*>(b), layout, count));
   return cudaGetLastError();
 }
 

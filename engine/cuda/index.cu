@@ -197,8 +197,8 @@ cudaError_t LaunchSortKeysOf(const void* in, bool descending, uint64_t* keys, in
   if constexpr (std::is_same_v<T, bool>) {
     return cudaErrorInvalidValue;  // not registered, as on the CPU
   } else {
-    SortKeysKernel<T><<<GridFor(total), kBlockSize, 0, stream>>>(
-        static_cast<const T*>(in), descending, keys, positions, inner, padded, total);
+    OROCHI_LAUNCH(SortKeysKernel<T>, GridFor(total), kBlockSize, stream, static_cast<const T*>(in),
+                  descending, keys, positions, inner, padded, total);
     return cudaGetLastError();
   }
 }
@@ -209,8 +209,9 @@ cudaError_t LaunchIntegerMatmulOf(const void* a, const void* b, void* out, const
   if constexpr (kIsFloating<T>) {
     return cudaErrorInvalidValue;  // floating types go to cuBLAS
   } else {
-    IntegerMatmulKernel<T><<<GridFor(total), kBlockSize, 0, stream>>>(
-        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), shape, total);
+    OROCHI_LAUNCH(IntegerMatmulKernel<T>, GridFor(total), kBlockSize, stream,
+                  static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), shape,
+                  total);
     return cudaGetLastError();
   }
 }
@@ -222,10 +223,10 @@ cudaError_t LaunchIndexSelect(int item_size, const void* in, const int64_t* inde
                               cudaStream_t stream) {
   const int64_t total = outer * count * inner;
   if (total == 0) return cudaSuccess;
-  OROCHI_CUDA_DISPATCH_SIZE(
-      item_size, T,
-      IndexSelectKernel<T><<<GridFor(total), kBlockSize, 0, stream>>>(
-          static_cast<const T*>(in), index, static_cast<T*>(out), size, inner, count, total));
+  OROCHI_CUDA_DISPATCH_SIZE(item_size, T,
+                            OROCHI_LAUNCH(IndexSelectKernel<T>, GridFor(total), kBlockSize, stream,
+                                          static_cast<const T*>(in), index, static_cast<T*>(out),
+                                          size, inner, count, total));
   return cudaGetLastError();
 }
 
@@ -234,9 +235,10 @@ cudaError_t LaunchIm2col(int item_size, const void* in, void* out, const Im2colP
   const int64_t total =
       params.planes * params.kernel[0] * params.kernel[1] * params.out_height * params.out_width;
   if (total == 0) return cudaSuccess;
-  OROCHI_CUDA_DISPATCH_SIZE(item_size, T,
-                            Im2colKernel<T><<<GridFor(total), kBlockSize, 0, stream>>>(
-                                static_cast<const T*>(in), static_cast<T*>(out), params, total));
+  OROCHI_CUDA_DISPATCH_SIZE(
+      item_size, T,
+      OROCHI_LAUNCH(Im2colKernel<T>, GridFor(total), kBlockSize, stream, static_cast<const T*>(in),
+                    static_cast<T*>(out), params, total));
   return cudaGetLastError();
 }
 
@@ -258,15 +260,15 @@ cudaError_t LaunchSortRows(uint64_t* keys, int32_t* positions, int64_t outer, in
     // One block per row; the grid's x dimension takes up to 2^31 - 1 blocks.
     if (outer > INT32_MAX) return cudaErrorInvalidConfiguration;
     const int threads = padded < 1024 ? static_cast<int>(padded) : 1024;
-    SortRowsInSharedKernel<<<static_cast<unsigned>(outer), threads, 0, stream>>>(keys, positions,
-                                                                                 padded);
+    OROCHI_LAUNCH(SortRowsInSharedKernel, static_cast<unsigned>(outer), threads, stream, keys,
+                  positions, padded);
     return cudaGetLastError();
   }
   const int64_t pairs = outer * (padded / 2);
   for (int64_t k = 2; k <= padded; k *= 2) {
     for (int64_t j = k / 2; j > 0; j /= 2) {
-      SortStepKernel<<<GridFor(pairs), kBlockSize, 0, stream>>>(keys, positions, padded, k, j,
-                                                                pairs);
+      OROCHI_LAUNCH(SortStepKernel, GridFor(pairs), kBlockSize, stream, keys, positions, padded, k,
+                    j, pairs);
       if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
     }
   }
@@ -279,9 +281,9 @@ cudaError_t LaunchSortGather(int item_size, const void* in, const int32_t* posit
   const int64_t total = outer * inner;
   if (total == 0) return cudaSuccess;
   OROCHI_CUDA_DISPATCH_SIZE(item_size, T,
-                            SortGatherKernel<T><<<GridFor(total), kBlockSize, 0, stream>>>(
-                                static_cast<const T*>(in), positions, static_cast<T*>(values),
-                                indices, inner, padded, total));
+                            OROCHI_LAUNCH(SortGatherKernel<T>, GridFor(total), kBlockSize, stream,
+                                          static_cast<const T*>(in), positions,
+                                          static_cast<T*>(values), indices, inner, padded, total));
   return cudaGetLastError();
 }
 

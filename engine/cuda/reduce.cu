@@ -257,8 +257,8 @@ cudaError_t LaunchSoftmaxOf(bool log, const void* in, void* out, int64_t outer, 
     return cudaErrorInvalidValue;  // registered for floating types only
   } else {
     const RowGroups groups = GroupsFor(inner);
-    SoftmaxKernel<T><<<RowGrid(outer, groups), groups.block, 0, stream>>>(
-        log, static_cast<const T*>(in), static_cast<T*>(out), outer, inner, groups.group);
+    OROCHI_LAUNCH(SoftmaxKernel<T>, RowGrid(outer, groups), groups.block, stream, log,
+                  static_cast<const T*>(in), static_cast<T*>(out), outer, inner, groups.group);
     return cudaGetLastError();
   }
 }
@@ -270,9 +270,10 @@ cudaError_t LaunchNormOf(bool rms, const void* in, const void* weight, const voi
     return cudaErrorInvalidValue;  // registered for floating types only
   } else {
     const RowGroups groups = GroupsFor(inner);
-    NormKernel<T><<<RowGrid(outer, groups), groups.block, 0, stream>>>(
-        rms, static_cast<const T*>(in), static_cast<const T*>(weight), static_cast<const T*>(bias),
-        eps, static_cast<T*>(out), outer, inner, groups.group);
+    OROCHI_LAUNCH(NormKernel<T>, RowGrid(outer, groups), groups.block, stream, rms,
+                  static_cast<const T*>(in), static_cast<const T*>(weight),
+                  static_cast<const T*>(bias), eps, static_cast<T*>(out), outer, inner,
+                  groups.group);
     return cudaGetLastError();
   }
 }
@@ -294,18 +295,18 @@ cudaError_t LaunchReduce(Op op, ScalarType in_type, const void* in, ScalarType o
     if (scratch == nullptr) return cudaErrorInvalidValue;
     OROCHI_CUDA_DISPATCH(in_type, T, {
       auto* partials = static_cast<Partial<Accumulator<T>>*>(scratch);
-      ReduceChunksKernel<T><<<static_cast<unsigned>(outer * chunks), kSplitBlock, 0, stream>>>(
-          op, static_cast<const T*>(in), partials, inner, chunks);
-      CombineChunksKernel<T><<<static_cast<unsigned>(outer), kSplitBlock, 0, stream>>>(
-          op, partials, chunks, out, out_int64, inner);
+      OROCHI_LAUNCH(ReduceChunksKernel<T>, static_cast<unsigned>(outer * chunks), kSplitBlock,
+                    stream, op, static_cast<const T*>(in), partials, inner, chunks);
+      OROCHI_LAUNCH(CombineChunksKernel<T>, static_cast<unsigned>(outer), kSplitBlock, stream, op,
+                    partials, chunks, out, out_int64, inner);
     });
     return cudaGetLastError();
   }
   const RowGroups groups = GroupsFor(inner);
   OROCHI_CUDA_DISPATCH(
       in_type, T,
-      ReduceKernel<T><<<RowGrid(outer, groups), groups.block, 0, stream>>>(
-          op, static_cast<const T*>(in), out, out_int64, outer, inner, groups.group));
+      OROCHI_LAUNCH(ReduceKernel<T>, RowGrid(outer, groups), groups.block, stream, op,
+                    static_cast<const T*>(in), out, out_int64, outer, inner, groups.group));
   return cudaGetLastError();
 }
 

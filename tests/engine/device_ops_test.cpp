@@ -512,6 +512,16 @@ TEST(DeviceOps, Tf32ConvolutionIsCloseToTheCpu) {
   Tensor exact = Conv2d(input.To(kCuda0), weight.To(kCuda0), std::nullopt, options);
   EXPECT_EQ(Compare(fast, expected, 5e-3, "tf32 conv2d"), 0);
   EXPECT_EQ(Compare(exact, expected, 1e-4, "fp32 conv2d"), 0);
+
+  // TF32 keeps float32's range: values far beyond float16's (65504) must not overflow, which
+  // they would under an algorithm that converts float32 to float16.
+  // Scaled back, the result is the first one's, within the same tolerance.
+  Tensor large = Binary(Op::mul, input, Scalar(1e6, DType::kFloat32));
+  SetAllowTf32(true);
+  Tensor large_fast = Conv2d(large.To(kCuda0), weight.To(kCuda0), std::nullopt, options);
+  SetAllowTf32(false);
+  Tensor scaled_back = Binary(Op::mul, large_fast, Scalar(1e-6, DType::kFloat32));
+  EXPECT_EQ(Compare(scaled_back, expected, 5e-3, "tf32 conv2d of large values"), 0);
 }
 
 }  // namespace

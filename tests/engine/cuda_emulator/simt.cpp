@@ -1,0 +1,303 @@
+// Runs kernels: a grid's blocks one after another, each CUDA thread of a block a fiber on the
+// stream's worker thread. A fiber runs until it finishes or waits at a
+// barrier; the scheduler lets waiting fibers go once every thread the barrier waits for is
+// there, and stops the process when none can run while some wait (a divergent barrier).
+#include <signal.h>
+#include <sys/mman.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "emulator_internal.h"
+
+namespace orochi::cuda_emulator {
+namespace {
+
+constexpr unsigned kWarpSize = 32;
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr size_t kStackBytes = size_t{128} << 10;
+
+// --- switching between fibers -------------------------------------------------------------------
+// glibc's swapcontext saves and restores the signal mask with a system call on every switch,
+// which made kernels several times slower to emulate; on x86-64 a switch keeps only what the ABI
+// says a call preserves.
+
+#if defined(__x86_64__)
+
+extern "C" void orochi_emulator_switch(void** save_stack, void* load_stack);
+asm(R"(
+  .text
+  .globl orochi_emulator_switch
+  .hidden orochi_emulator_switch
+  .type orochi_emulator_switch, @function
+orochi_emulator_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size orochi_emulator_switch, .-orochi_emulator_switch
+)");
+
+struct Context {
+  void* stack_pointer = nullptr;
+};
+
+void Switch(Context& from, Context& to) {
+  orochi_emulator_switch(&from.stack_pointer, to.stack_pointer);
+}
+
+// Lays out `stack` as orochi_emulator_switch leaves a suspended one, so that switching to it
+// "returns" into `entry` with the stack aligned as after a call. `entry` must never return.
+void Prepare(Context& context, void* stack, size_t bytes, void (*entry)()) {
+  auto* top = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(stack) + bytes) & ~15ULL);
+  top[-1] = 0;                                           // entry's return address: none
+  top[-2] = reinterpret_cast<uint64_t>(entry);           // where the switch's ret goes
+  for (int slot = 3; slot <= 8; ++slot) top[-slot] = 0;  // rbp, rbx, r12-r15
+  top[-9] = 0x037fULL << 32 | 0x1f80;                    // x87 control word, MXCSR: defaults
+  context.stack_pointer = top - 9;
+}
+
+#else
+
+struct Context {
+  ucontext_t context{};
+};
+
+void Switch(Context& from, Context& to) { swapcontext(&from.context, &to.context); }
+
+void Prepare(Context& context, void* stack, size_t bytes, void (*entry)()) {
+  getcontext(&context.context);
+  context.context.uc_stack.ss_sp = stack;
+  context.context.uc_stack.ss_size = bytes;
+  context.context.uc_link = nullptr;
+  makecontext(&context.context, entry, 0);
+}
+
+#endif
+
+// --- blocks
+// ---------------------------------------------------------------------------------------
+
+enum class FiberState { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kDone };
+
+const char* StateName(FiberState state) {
+  switch (state) {
+    case FiberState::kRunnable:
+      return "running";
+    case FiberState::kAtBlockBarrier:
+      return "at __syncthreads";
+    case FiberState::kAtWarpBarrier:
+      return "at a warp shuffle";
+    case FiberState::kDone:
+      return "finished";
+  }
+  return "?";
+}
+
+struct Fiber {
+  Context context;
+  FiberState state = FiberState::kRunnable;
+  ThreadPosition position{};
+};
+
+// What the running kernel's fibers share. Kernels run one at a time in the process (they keep
+// __shared__ arrays in statics), so one instance serves every worker thread.
+struct Scheduler {
+  std::mutex kernel_mutex;  // held while a kernel runs
+  Context scheduler_context;
+  std::vector<void*> stacks;  // kept for later kernels: mapping them is the slow part
+  std::vector<Fiber> fibers;  // of the running block; fibers[i] is thread i
+  Fiber* current = nullptr;
+  const std::function<void()>* body = nullptr;
+  std::vector<std::array<unsigned char, 16>> lanes;  // shuffle deposits, one per thread
+  const char* kernel_name = nullptr;
+};
+
+Scheduler& TheScheduler() {
+  static auto* scheduler = new Scheduler;  // used by worker threads until the process exits
+  return *scheduler;
+}
+
+[[noreturn]] void KernelFault(const std::string& problem) {
+  Scheduler& scheduler = TheScheduler();
+  const ThreadPosition& position =
+      scheduler.current != nullptr ? scheduler.current->position : ThreadPosition{};
+  std::fprintf(stderr, "cuda emulator: kernel %s, block %u, thread %u: %s\n",
+               scheduler.kernel_name != nullptr ? scheduler.kernel_name : "?", position.block.x,
+               position.thread.x, problem.c_str());
+  std::abort();
+}
+
+// kStackBytes above an inaccessible guard page.
+void* NewStack() {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* mapping = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mapping == MAP_FAILED) KernelFault("cannot map a fiber stack");
+  mprotect(mapping, page, PROT_NONE);  // an overflowing fiber faults instead of corrupting
+  return static_cast<char*>(mapping) + page;
+}
+
+[[noreturn]] void FiberEntry() {
+  Scheduler& scheduler = TheScheduler();
+  (*scheduler.body)();
+  scheduler.current->state = FiberState::kDone;
+  Switch(scheduler.current->context, scheduler.scheduler_context);  // never resumed
+  __builtin_unreachable();
+}
+
+void Yield(FiberState waiting) {
+  Scheduler& scheduler = TheScheduler();
+  Fiber* fiber = scheduler.current;
+  fiber->state = waiting;
+  Switch(fiber->context, scheduler.scheduler_context);
+}
+
+std::string DescribeWaits(const std::vector<Fiber>& fibers) {
+  std::string text;
+  for (size_t i = 0; i < fibers.size(); ++i) {
+    if (i > 0 && fibers[i].state == fibers[i - 1].state) continue;
+    size_t last = i;
+    while (last + 1 < fibers.size() && fibers[last + 1].state == fibers[i].state) ++last;
+    text += "\n  threads " + std::to_string(i) + "-" + std::to_string(last) + " " +
+            StateName(fibers[i].state);
+  }
+  return text;
+}
+
+// Lets waiting fibers go where every thread their barrier waits for has arrived; false if none.
+bool ReleaseBarriers(std::vector<Fiber>& fibers) {
+  bool released = false;
+  for (size_t first = 0; first < fibers.size(); first += kWarpSize) {
+    const size_t end = std::min(fibers.size(), first + kWarpSize);
+    bool all_waiting = true;
+    for (size_t i = first; i < end; ++i) {
+      all_waiting = all_waiting && fibers[i].state == FiberState::kAtWarpBarrier;
+    }
+    if (!all_waiting) continue;
+    for (size_t i = first; i < end; ++i) fibers[i].state = FiberState::kRunnable;
+    released = true;
+  }
+  if (released) return true;
+  for (const Fiber& fiber : fibers) {
+    if (fiber.state != FiberState::kAtBlockBarrier) return false;
+  }
+  for (Fiber& fiber : fibers) fiber.state = FiberState::kRunnable;
+  return true;
+}
+
+void RunBlock(Scheduler& scheduler, dim3 grid, dim3 block, unsigned block_index) {
+  const unsigned threads = block.x;
+  while (scheduler.stacks.size() < threads) scheduler.stacks.push_back(NewStack());
+  if (scheduler.lanes.size() < threads) scheduler.lanes.resize(threads);
+  scheduler.fibers.assign(threads, Fiber{});
+  for (unsigned i = 0; i < threads; ++i) {
+    Fiber& fiber = scheduler.fibers[i];
+    fiber.position = {{i, 0, 0}, {block_index, 0, 0}, block, grid};
+    Prepare(fiber.context, scheduler.stacks[i], kStackBytes, FiberEntry);
+  }
+  std::vector<Fiber>& fibers = scheduler.fibers;
+  for (;;) {
+    bool ran = false;
+    for (Fiber& fiber : fibers) {
+      if (fiber.state != FiberState::kRunnable) continue;
+      scheduler.current = &fiber;
+      Switch(scheduler.scheduler_context, fiber.context);
+      ran = true;
+    }
+    scheduler.current = nullptr;
+    bool all_done = true;
+    for (const Fiber& fiber : fibers) all_done = all_done && fiber.state == FiberState::kDone;
+    if (all_done) return;
+    if (!ReleaseBarriers(fibers) && !ran) {
+      KernelFault("a barrier that not every thread it waits for reaches (the GPU would hang):" +
+                  DescribeWaits(fibers));
+    }
+  }
+}
+
+}  // namespace
+
+const ThreadPosition& Position() {
+  Scheduler& scheduler = TheScheduler();
+  if (scheduler.current == nullptr) {
+    std::fprintf(stderr, "cuda emulator: a thread position was read outside a kernel\n");
+    std::abort();
+  }
+  return scheduler.current->position;
+}
+
+void SyncThreads() { Yield(FiberState::kAtBlockBarrier); }
+
+void ShuffleXor(const void* mine, void* result, size_t bytes, int lane_mask, int width) {
+  Scheduler& scheduler = TheScheduler();
+  const ThreadPosition& position = Position();
+  const unsigned thread = position.thread.x;
+  const unsigned warp_first = thread / kWarpSize * kWarpSize;
+  if (warp_first + kWarpSize > position.block_dim.x) {
+    KernelFault("a full-warp shuffle in a warp of fewer than 32 threads");
+  }
+  if (width < 1 || width > static_cast<int>(kWarpSize) || (width & (width - 1)) != 0) {
+    KernelFault("a shuffle width that is not a power of two up to 32");
+  }
+  std::memcpy(scheduler.lanes[thread].data(), mine, bytes);
+  Yield(FiberState::kAtWarpBarrier);  // every lane has deposited
+  const unsigned lane = thread - warp_first;
+  unsigned source = lane ^ static_cast<unsigned>(lane_mask);
+  // A lane of a later group of `width` is out of reach: the caller keeps its own value.
+  if (source >= kWarpSize || source / width > lane / width) source = lane;
+  std::memcpy(result, scheduler.lanes[warp_first + source].data(), bytes);
+  Yield(FiberState::kAtWarpBarrier);  // every lane has read before the next deposit
+}
+
+cudaError_t LaunchKernel(const char* name, dim3 grid, dim3 block, cudaStream_t stream,
+                         std::function<void()> body) {
+  const bool valid = grid.x >= 1 && grid.x <= 0x7fffffffU && grid.y == 1 && grid.z == 1 &&
+                     block.x >= 1 && block.x <= kMaxThreadsPerBlock && block.y == 1 && block.z == 1;
+  if (!valid) return SetLastError(cudaErrorInvalidConfiguration);
+  if (cudaError_t error = CheckKernelStream(stream); error != cudaSuccess) {
+    return SetLastError(error);
+  }
+  Enqueue(stream, [name, grid, block, body = std::move(body)] {
+    Scheduler& scheduler = TheScheduler();
+    std::lock_guard lock(scheduler.kernel_mutex);
+    scheduler.kernel_name = name;
+    scheduler.body = &body;
+    for (unsigned b = 0; b < grid.x; ++b) {
+      SetRunningKernel(name, b);
+      RunBlock(scheduler, grid, block, b);
+    }
+    SetRunningKernel(nullptr, 0);
+    scheduler.kernel_name = nullptr;
+    scheduler.body = nullptr;
+  });
+  return cudaSuccess;
+}
+
+}  // namespace orochi::cuda_emulator
