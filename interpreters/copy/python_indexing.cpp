@@ -138,7 +138,8 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
           merged.insert(merged.end(), out.view.shape().begin() + dim + k, out.view.shape().end());
           out.view = for_write ? out.view.View(merged) : out.view.Reshape(merged);
         }
-        Tensor positions = engine::Arange(0, static_cast<double>(index.numel()));
+        Tensor positions = engine::Arange(0, static_cast<double>(index.numel()), 1,
+                                          engine::DType::kInt64, index.device());
         out.advanced.push_back({dim, engine::MaskedSelect(positions, index.Reshape({-1}))});
         ++dim;
       } else if (engine::IsIntegral(index.dtype())) {
@@ -183,12 +184,13 @@ Tensor Gather(const Indexed& indexed) {
   }
   Tensor front = view.Permute(order);
   auto count = static_cast<int64_t>(indexed.advanced.size());
-  Tensor linear = engine::Zeros(broadcast, engine::DType::kInt64);
+  // Index tensors and lists may be on the CPU for a tensor on a GPU, as in PyTorch.
+  Tensor linear = engine::Zeros(broadcast, engine::DType::kInt64, view.device());
   int64_t merged_size = 1;
   for (int64_t i = count - 1; i >= 0; --i) {
     const AdvancedIndex& entry = indexed.advanced[static_cast<size_t>(i)];
     Tensor term =
-        engine::Binary(Op::mul, entry.index.Expand(broadcast),
+        engine::Binary(Op::mul, entry.index.To(view.device()).Expand(broadcast),
                        engine::Scalar(static_cast<double>(merged_size), engine::DType::kInt64));
     linear = engine::Binary(Op::add, linear, term);
     merged_size *= view.shape()[entry.dim];

@@ -63,7 +63,7 @@ class OnTheGpu(unittest.TestCase):
         self.assertTrue(on_gpu.is_cuda)
         self.assertEqual(on_gpu.device, orochi.device("cuda", 0))
         self.assertEqual(x.cuda().cpu().tolist(), x.tolist())
-        self.assertIs(on_gpu.to("cuda:0").device.type, "cuda")
+        self.assertEqual(on_gpu.to("cuda:0").device, orochi.device("cuda", 0))
         self.assertEqual(on_gpu.to(orochi.float64).dtype, orochi.float64)
         self.assertTrue(on_gpu.to(orochi.float64).is_cuda)
         self.assertEqual(orochi.zeros(2, 2, device="cuda").cpu().tolist(), [[0, 0], [0, 0]])
@@ -77,6 +77,14 @@ class OnTheGpu(unittest.TestCase):
         self.assertEqual(float(x.max()), 9.0)
         self.assertTrue(bool(x[3] == 3))
         self.assertEqual(x[orochi.tensor([1, -1], device="cuda")].tolist(), [1.0, 9.0])
+        # Indices may live on the CPU (lists, tensors) for a tensor on the GPU, as in PyTorch.
+        self.assertEqual(x[[2, -2]].tolist(), [2.0, 8.0])
+        self.assertEqual(x[orochi.tensor([0, 4])].device.type, "cuda")
+        self.assertEqual(x[x > 6].tolist(), [7.0, 8.0, 9.0])
+        grid = x.reshape(2, 5)
+        self.assertEqual(grid[[0, 1], [4, 0]].tolist(), [4.0, 5.0])
+        self.assertEqual(grid[:, orochi.tensor([True, False, False, False, True])].tolist(),
+                         [[0.0, 4.0], [5.0, 9.0]])
         self.assertIn("device='cuda:0'", repr(x))
         with self.assertRaisesRegex(BufferError, "cuda:0 has no buffer in host memory"):
             memoryview(x)
@@ -108,6 +116,20 @@ class OnTheGpu(unittest.TestCase):
         net.to("cuda")
         self.assertTrue(next(net.parameters()).is_cuda)
         self.assertClose(net(x.cuda()), expected, 1e-4)
+
+    def test_attention_masks_are_made_on_the_inputs_device(self):
+        layer = nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, batch_first=True)
+        x = orochi.randn(2, 5, 16, seed=7)
+        padding = orochi.tensor([[False] * 5, [False, False, False, True, True]])
+        causal = nn.MultiheadAttention(16, 4, batch_first=True)
+        expected = (layer(x, src_key_padding_mask=padding), causal(x, x, x, is_causal=True,
+                                                                    need_weights=False)[0])
+        layer.to("cuda")
+        causal.to("cuda")
+        gx = x.cuda()
+        self.assertClose(layer(gx, src_key_padding_mask=padding.cuda()), expected[0], 1e-4)
+        self.assertClose(causal(gx, gx, gx, is_causal=True, need_weights=False)[0], expected[1],
+                         1e-4)
 
     def test_memory_is_cached_and_counted(self):
         orochi.cuda.synchronize()

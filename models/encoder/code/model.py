@@ -40,10 +40,12 @@ class Encoder(nn.Module):
 
 class SentenceEncoder:
     def __init__(self, context):
-        self.encoder = Encoder()
+        # On the model's device, so that the weights (already there) are bound, not copied.
+        self.encoder = Encoder().to(context.device)
         self.encoder.load_state_dict(context.weights)
         self.encoder.eval()
         self.max_tokens = int(context.config["max_tokens"])
+        self.device = context.device  # the weights' device, where token ids must go too
         if not 1 < self.max_tokens <= POSITIONS:
             raise ValueError(f"max_tokens must be from 2 to {POSITIONS}, got {self.max_tokens}")
 
@@ -57,7 +59,8 @@ class SentenceEncoder:
     def predict(self, inputs):
         rows = [self.tokenize(raw) for (raw,) in inputs["text"]]
         longest = max(len(row) for row in rows)
-        ids = orochi.tensor([row + [PAD] * (longest - len(row)) for row in rows])
+        ids = orochi.tensor([row + [PAD] * (longest - len(row)) for row in rows],
+                            device=self.device)
         with orochi.no_grad():
             embedding = self.encoder(ids, ids == PAD)
         return {"embedding": embedding, "tokens": [[len(row)] for row in rows]}

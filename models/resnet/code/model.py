@@ -57,11 +57,14 @@ class ResNet(nn.Module):
 
 class ImageClassifier:
     def __init__(self, context):
-        self.network = ResNet()
+        # Made on the model's device first, so that the weights (already there, shared by every
+        # copy) are bound as they are rather than copied to where the module was made.
+        self.network = ResNet().to(context.device)
         self.network.load_state_dict(context.weights)
         self.network.eval()
-        self.mean = orochi.tensor(MEAN).reshape(1, 3, 1, 1) * 255
-        self.std = orochi.tensor(STD).reshape(1, 3, 1, 1) * 255
+        # Constants go there too: inputs arrive on the manifest's device.
+        self.mean = orochi.tensor(MEAN, device=context.device).reshape(1, 3, 1, 1) * 255
+        self.std = orochi.tensor(STD, device=context.device).reshape(1, 3, 1, 1) * 255
 
     def predict(self, inputs):
         images = inputs["image"].permute(0, 3, 1, 2).float()  # [batch, 3, 224, 224]

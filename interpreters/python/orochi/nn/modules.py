@@ -1333,16 +1333,18 @@ class ModuleDict(Module):
 def _additive_mask(mask, dtype):
     """PyTorch's MHA masks as an additive float mask: bool True means "may NOT attend"."""
     if mask.dtype == orochi.bool:
-        return orochi.zeros(*mask.shape, dtype=dtype).masked_fill(mask, float("-inf"))
+        return orochi.zeros(*mask.shape, dtype=dtype, device=mask.device).masked_fill(
+            mask, float("-inf"))
     if not _is_floating(mask):
         raise AssertionError("only bool and floating types of masks are supported")
     return mask if mask.dtype == dtype else mask.to(dtype)
 
 
-def _causal_mask(length, source_length):
-    """Bool (L, S), True above the diagonal: the positions a causal query may not see."""
-    rows = orochi.arange(length).reshape(length, 1)
-    cols = orochi.arange(source_length).reshape(1, source_length)
+def _causal_mask(length, source_length, device):
+    """Bool (L, S) on `device`, True above the diagonal: the positions a causal query may not
+    see."""
+    rows = orochi.arange(length, device=device).reshape(length, 1)
+    cols = orochi.arange(source_length, device=device).reshape(1, source_length)
     return cols > rows
 
 
@@ -1426,7 +1428,7 @@ class MultiheadAttention(Module):
         q, k, v = (x.reshape(batch, -1, heads, head_dim).permute(0, 2, 1, 3) for x in (q, k, v))
 
         if attn_mask is None and is_causal:
-            attn_mask = _causal_mask(length, source_length)
+            attn_mask = _causal_mask(length, source_length, q.device)
         mask = None
         if attn_mask is not None:
             mask = _additive_mask(attn_mask, q.dtype)
