@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <future>
@@ -287,6 +288,52 @@ TEST(CudaDevice, ThreadsShareUploadedWeightsAndHandTensorsOver) {
     consumer.join();
     producer.join();
   }
+}
+
+// Two GPUs: each computes, tensors move between them directly, threads switch between them, and
+// neither's work lands on the other's stream (the emulated GPU refuses such a launch).
+TEST(CudaDevice, EveryDeviceComputesAndHandsTensorsToTheOthers) {
+  if (DeviceCount(DeviceType::kCuda) < 2) {
+    GTEST_SKIP() << "needs 2 CUDA GPUs, this machine has " << DeviceCount(DeviceType::kCuda);
+  }
+  constexpr Device kCuda1{DeviceType::kCuda, 1};
+  Tensor a = RandomTensor({64, 32}, DType::kFloat32, -1, 1, 11);
+  Tensor b = RandomTensor({32, 16}, DType::kFloat32, -1, 1, 12);
+  const std::vector<double> expected = Values(Softmax(Matmul(a, b), -1));
+  auto close = [&](const Tensor& actual) {
+    std::vector<double> got = Values(actual.To(kCpu));
+    if (got.size() != expected.size()) return false;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::abs(got[i] - expected[i]) > 1e-5) return false;
+    }
+    return true;
+  };
+  Tensor on_one = Softmax(Matmul(a.To(kCuda1), b.To(kCuda1)), -1);
+  EXPECT_EQ(on_one.device(), kCuda1);
+  EXPECT_TRUE(close(on_one));
+  Tensor on_zero = on_one.To(kCuda0);  // device to device, without the host
+  EXPECT_EQ(on_zero.device(), kCuda0);
+  EXPECT_TRUE(close(on_zero));
+  EXPECT_TRUE(close(Binary(Op::add, on_zero, Scalar(0, DType::kFloat32)).To(kCuda1)));
+  EXPECT_NE(ErrorOf([&] {
+              Binary(Op::add, on_zero, on_one);
+            }).find("expected all tensors on the same device, got cuda:0 and cuda:1"),
+            std::string::npos);
+  EXPECT_GT(MemoryStats(kCuda1).allocated_bytes, 0U);
+
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 6; ++round) {
+        const Device device{DeviceType::kCuda, (t + round) % 2};
+        Tensor result = Softmax(Matmul(a.To(device), b.To(device)), -1);
+        if (result.device() != device || !close(result)) ++failures;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 }  // namespace

@@ -3,14 +3,12 @@
 // cuBLAS's argument checks, column-major operands, host-pointer alpha and beta, and TF32 inputs
 // rounded to 10 mantissa bits under CUBLAS_COMPUTE_32F_FAST_TF32.
 #include <cublas_v2.h>
-#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 
+#include "elements.h"
 #include "emulator.h"
 
 struct cublasContext {
@@ -19,55 +17,19 @@ struct cublasContext {
 
 namespace {
 
-double Load(const void* data, cudaDataType type, int64_t index) {
+namespace emulator = orochi::cuda_emulator;
+using emulator::Element;
+
+Element ElementOf(cudaDataType type) {
   switch (type) {
     case CUDA_R_16F:
-      return __half2float(static_cast<const __half*>(data)[index]);
+      return Element::kHalf;
     case CUDA_R_16BF:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(data)[index]);
+      return Element::kBFloat16;
     case CUDA_R_32F:
-      return static_cast<const float*>(data)[index];
+      return Element::kFloat;
     default:
-      return static_cast<const double*>(data)[index];
-  }
-}
-
-void Store(void* data, cudaDataType type, int64_t index, double value) {
-  switch (type) {
-    case CUDA_R_16F:
-      static_cast<__half*>(data)[index] = __float2half_rn(static_cast<float>(value));
-      break;
-    case CUDA_R_16BF:
-      static_cast<__nv_bfloat16*>(data)[index] = __float2bfloat16_rn(static_cast<float>(value));
-      break;
-    case CUDA_R_32F:
-      static_cast<float*>(data)[index] = static_cast<float>(value);
-      break;
-    default:
-      static_cast<double*>(data)[index] = value;
-      break;
-  }
-}
-
-// TF32 keeps float32's exponent and 10 of its 23 mantissa bits (rounded to nearest).
-double ToTf32(double value) {
-  auto single = static_cast<float>(value);
-  uint32_t bits = 0;
-  std::memcpy(&bits, &single, sizeof(bits));
-  if ((bits & 0x7f800000U) != 0x7f800000U) bits = (bits + 0x1000U) & ~0x1fffU;
-  std::memcpy(&single, &bits, sizeof(bits));
-  return single;
-}
-
-size_t ItemSize(cudaDataType type) {
-  switch (type) {
-    case CUDA_R_16F:
-    case CUDA_R_16BF:
-      return 2;
-    case CUDA_R_32F:
-      return 4;
-    default:
-      return 8;
+      return Element::kDouble;
   }
 }
 
@@ -93,7 +55,7 @@ size_t SpanBytes(int rows, int columns, int leading, long long stride, int batch
   if (rows == 0 || columns == 0 || batch == 0) return 0;
   const auto last = static_cast<int64_t>(columns - 1) * leading + (rows - 1) +
                     static_cast<int64_t>(batch - 1) * stride;
-  return static_cast<size_t>(last + 1) * ItemSize(type);
+  return static_cast<size_t>(last + 1) * emulator::ElementSize(ElementOf(type));
 }
 
 }  // namespace
@@ -154,13 +116,15 @@ cublasStatus_t cublasGemmStridedBatchedEx(
   if (a_type != b_type || a_type != c_type || !Supported(a_type, compute)) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  namespace emulator = orochi::cuda_emulator;
   const int a_columns = transpose_a ? m : k;
   const int b_columns = transpose_b ? k : n;
-  if (!emulator::IsDeviceRange(a, SpanBytes(a_rows, a_columns, lda, stride_a, batch, a_type)) ||
-      !emulator::IsDeviceRange(b, SpanBytes(b_rows, b_columns, ldb, stride_b, batch, b_type)) ||
-      !emulator::IsDeviceRange(c, SpanBytes(m, n, ldc, stride_c, batch, c_type))) {
-    return CUBLAS_STATUS_INVALID_VALUE;  // cuBLAS would fault on the device
+  if (!emulator::IsDeviceRangeOf(handle->stream, a,
+                                 SpanBytes(a_rows, a_columns, lda, stride_a, batch, a_type)) ||
+      !emulator::IsDeviceRangeOf(handle->stream, b,
+                                 SpanBytes(b_rows, b_columns, ldb, stride_b, batch, b_type)) ||
+      !emulator::IsDeviceRangeOf(handle->stream, c,
+                                 SpanBytes(m, n, ldc, stride_c, batch, c_type))) {
+    return CUBLAS_STATUS_INVALID_VALUE;  // the GPU would fault: not memory of the handle's GPU
   }
   // Host pointer mode: alpha and beta are read now, in the compute type.
   const bool double_scalars = compute == CUBLAS_COMPUTE_64F;
@@ -173,6 +137,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(
   const double alpha_value = scalar(alpha);
   const double beta_value = scalar(beta);
   const bool tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+  const Element element = ElementOf(a_type);  // of B and C too
   emulator::Enqueue(handle->stream, [=] {
     for (int p = 0; p < batch; ++p) {
       const int64_t a_base = p * stride_a;
@@ -186,18 +151,19 @@ cublasStatus_t cublasGemmStridedBatchedEx(
                                                 : a_base + i + static_cast<int64_t>(l) * lda;
             const int64_t b_index = transpose_b ? b_base + j + static_cast<int64_t>(l) * ldb
                                                 : b_base + l + static_cast<int64_t>(j) * ldb;
-            double x = Load(a, a_type, a_index);
-            double y = Load(b, b_type, b_index);
+            double x = emulator::LoadElement(a, element, a_index);
+            double y = emulator::LoadElement(b, element, b_index);
             if (tf32) {
-              x = ToTf32(x);
-              y = ToTf32(y);
+              x = emulator::RoundToTf32(x);
+              y = emulator::RoundToTf32(y);
             }
             sum += x * y;
           }
           const int64_t c_index = c_base + i + static_cast<int64_t>(j) * ldc;
           // beta == 0 ignores C, which may hold NaN, as BLAS specifies.
-          const double previous = beta_value == 0 ? 0 : beta_value * Load(c, c_type, c_index);
-          Store(c, c_type, c_index, alpha_value * sum + previous);
+          const double previous =
+              beta_value == 0 ? 0 : beta_value * emulator::LoadElement(c, element, c_index);
+          emulator::StoreElement(c, element, c_index, alpha_value * sum + previous);
         }
       }
     }

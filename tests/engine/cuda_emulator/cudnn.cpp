@@ -12,13 +12,11 @@
 // Math types are honoured as cuDNN does for float data: CUDNN_FMA_MATH computes in float32,
 // CUDNN_DEFAULT_MATH and CUDNN_TENSOR_OP_MATH may round inputs to TF32, and ALLOW_CONVERSION to
 // float16.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cudnn.h>
 
 #include <cstdint>
-#include <cstring>
 
+#include "elements.h"
 #include "emulator.h"
 
 struct cudnnContext {
@@ -54,60 +52,25 @@ constexpr cudnnConvolutionFwdAlgo_t kConverting = CUDNN_CONVOLUTION_FWD_ALGO_WIN
 constexpr cudnnConvolutionFwdAlgo_t kRefusing = CUDNN_CONVOLUTION_FWD_ALGO_GEMM;
 constexpr cudnnConvolutionFwdAlgo_t kWorking = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
 
-size_t ItemSize(cudnnDataType_t type) {
-  switch (type) {
-    case CUDNN_DATA_HALF:
-    case CUDNN_DATA_BFLOAT16:
-      return 2;
-    case CUDNN_DATA_FLOAT:
-      return 4;
-    default:
-      return 8;
-  }
-}
+namespace emulator = orochi::cuda_emulator;
+using emulator::Element;
 
 bool SupportedData(cudnnDataType_t type) {
   return type == CUDNN_DATA_HALF || type == CUDNN_DATA_BFLOAT16 || type == CUDNN_DATA_FLOAT ||
          type == CUDNN_DATA_DOUBLE;
 }
 
-double Load(const void* data, cudnnDataType_t type, int64_t index) {
+Element ElementOf(cudnnDataType_t type) {
   switch (type) {
     case CUDNN_DATA_HALF:
-      return __half2float(static_cast<const __half*>(data)[index]);
+      return Element::kHalf;
     case CUDNN_DATA_BFLOAT16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(data)[index]);
+      return Element::kBFloat16;
     case CUDNN_DATA_FLOAT:
-      return static_cast<const float*>(data)[index];
+      return Element::kFloat;
     default:
-      return static_cast<const double*>(data)[index];
+      return Element::kDouble;
   }
-}
-
-void Store(void* data, cudnnDataType_t type, int64_t index, double value) {
-  switch (type) {
-    case CUDNN_DATA_HALF:
-      static_cast<__half*>(data)[index] = __float2half_rn(static_cast<float>(value));
-      break;
-    case CUDNN_DATA_BFLOAT16:
-      static_cast<__nv_bfloat16*>(data)[index] = __float2bfloat16_rn(static_cast<float>(value));
-      break;
-    case CUDNN_DATA_FLOAT:
-      static_cast<float*>(data)[index] = static_cast<float>(value);
-      break;
-    default:
-      static_cast<double*>(data)[index] = value;
-      break;
-  }
-}
-
-double ToTf32(double value) {
-  auto single = static_cast<float>(value);
-  uint32_t bits = 0;
-  std::memcpy(&bits, &single, sizeof(bits));
-  if ((bits & 0x7f800000U) != 0x7f800000U) bits = (bits + 0x1000U) & ~0x1fffU;
-  std::memcpy(&single, &bits, sizeof(bits));
-  return single;
 }
 
 // How float data is rounded before it is multiplied, under `math`.
@@ -117,9 +80,9 @@ double RoundInput(double value, cudnnDataType_t type, cudnnMathType_t math) {
     case CUDNN_FMA_MATH:
       return value;
     case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
-      return __half2float(__float2half_rn(static_cast<float>(value)));
+      return emulator::RoundToHalf(value);
     default:
-      return ToTf32(value);
+      return emulator::RoundToTf32(value);
   }
 }
 
@@ -144,7 +107,7 @@ cudnnStatus_t CheckShapes(const cudnnTensorStruct& x, const cudnnFilterStruct& w
 }
 
 size_t Bytes(const cudnnTensorStruct& t) {
-  return static_cast<size_t>(t.n) * t.c * t.h * t.w * ItemSize(t.type);
+  return static_cast<size_t>(t.n) * t.c * t.h * t.w * emulator::ElementSize(ElementOf(t.type));
 }
 
 }  // namespace
@@ -302,17 +265,21 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
   if (algorithm == kRefusing) return CUDNN_STATUS_NOT_SUPPORTED;
   const size_t needed = algorithm == kOversized ? kOversizedWorkspace : kWorkingWorkspace;
   if (workspace_bytes < needed ||
-      (workspace_bytes > 0 && !emulator::IsDeviceRange(workspace, workspace_bytes))) {
+      (workspace_bytes > 0 &&
+       !emulator::IsDeviceRangeOf(handle->stream, workspace, workspace_bytes))) {
     return CUDNN_STATUS_BAD_PARAM;
   }
   const cudnnTensorStruct xd = *x_description;
   const cudnnFilterStruct wd = *w_description;
   const cudnnConvolutionStruct cd = *convolution;
   const cudnnTensorStruct yd = *y_description;
-  const size_t filter_bytes = static_cast<size_t>(wd.k) * wd.c * wd.h * wd.w * ItemSize(wd.type);
-  if (!emulator::IsDeviceRange(x, Bytes(xd)) || !emulator::IsDeviceRange(w, filter_bytes) ||
-      !emulator::IsDeviceRange(y, Bytes(yd))) {
-    return CUDNN_STATUS_BAD_PARAM;  // cuDNN would fault on the device
+  const Element element = ElementOf(xd.type);  // of the filter and output too
+  const size_t filter_bytes =
+      static_cast<size_t>(wd.k) * wd.c * wd.h * wd.w * emulator::ElementSize(element);
+  if (!emulator::IsDeviceRangeOf(handle->stream, x, Bytes(xd)) ||
+      !emulator::IsDeviceRangeOf(handle->stream, w, filter_bytes) ||
+      !emulator::IsDeviceRangeOf(handle->stream, y, Bytes(yd))) {
+    return CUDNN_STATUS_BAD_PARAM;  // the GPU would fault: not memory of the handle's GPU
   }
   // Host scalars, read now: double for double data, float otherwise.
   const bool double_scalars = xd.type == CUDNN_DATA_DOUBLE;
@@ -344,14 +311,15 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
                       iw;
                   const int64_t w_index =
                       ((static_cast<int64_t>(k) * wd.c + c) * wd.h + r) * wd.w + s;
-                  sum += RoundInput(Load(x, xd.type, x_index), xd.type, math) *
-                         RoundInput(Load(w, wd.type, w_index), wd.type, math);
+                  sum += RoundInput(emulator::LoadElement(x, element, x_index), xd.type, math) *
+                         RoundInput(emulator::LoadElement(w, element, w_index), xd.type, math);
                 }
               }
             }
             const int64_t y_index = ((static_cast<int64_t>(n) * yd.c + k) * yd.h + oh) * yd.w + ow;
-            const double previous = beta_value == 0 ? 0 : beta_value * Load(y, yd.type, y_index);
-            Store(y, yd.type, y_index, alpha_value * sum + previous);
+            const double previous =
+                beta_value == 0 ? 0 : beta_value * emulator::LoadElement(y, element, y_index);
+            emulator::StoreElement(y, element, y_index, alpha_value * sum + previous);
           }
         }
       }

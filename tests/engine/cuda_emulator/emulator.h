@@ -16,6 +16,9 @@
 //    every such thread reaches stops the process with the kernel's name (hardware would hang or
 //    compute garbage). Launch configurations are checked as the runtime checks them.
 //
+// The machine has two devices of 16 GiB each (OROCHI_CUDA_EMULATOR_DEVICES sets the count); a
+// kernel launched or an event recorded on another device's stream fails, as on real GPUs.
+//
 // Not modelled: timing, the memory model within a kernel (threads of a block interleave only at
 // barriers and shuffles), kernels that read host memory, and floating-point results to the last
 // bit (host math functions differ from CUDA's by a few ulps).
@@ -27,6 +30,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <vector>
 
 namespace orochi::cuda_emulator {
 
@@ -34,8 +38,10 @@ namespace orochi::cuda_emulator {
 // device's streams.
 void Enqueue(cudaStream_t stream, std::function<void()> work);
 
-// Whether [pointer, pointer + bytes) lies within one live device allocation.
+// Whether [pointer, pointer + bytes) lies within one live device allocation, and (the second)
+// one of the device that `stream` belongs to.
 bool IsDeviceRange(const void* pointer, size_t bytes);
+bool IsDeviceRangeOf(cudaStream_t stream, const void* pointer, size_t bytes);
 
 // The position of the running CUDA thread; valid inside a kernel only.
 struct ThreadPosition {
@@ -53,8 +59,10 @@ void SyncThreads();
 void ShuffleXor(const void* mine, void* result, size_t bytes, int lane_mask, int width);
 
 // Checks the configuration as cudaLaunchKernel does (the error is also the thread's last error)
-// and queues `body`, run once per CUDA thread, on `stream`.
+// and queues `body`, run once per CUDA thread, on `stream`. Every non-null pointer among the
+// kernel's arguments (`pointers`) must point into device memory of the stream's device: a GPU
+// would fault on a host pointer or on another GPU's memory, so the process stops naming both.
 cudaError_t LaunchKernel(const char* name, dim3 grid, dim3 block, cudaStream_t stream,
-                         std::function<void()> body);
+                         const std::vector<const void*>& pointers, std::function<void()> body);
 
 }  // namespace orochi::cuda_emulator

@@ -4,7 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -49,10 +49,12 @@ constexpr int kMaxDevices = 8;
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local int current_device = 0;
 
+// Two by default, so that the multi-device paths (current device per thread, peer copies, one
+// device's stream never used for another's work) are exercised too.
 int DeviceCount() {
   static const int count = [] {
     const char* text = std::getenv("OROCHI_CUDA_EMULATOR_DEVICES");
-    const int asked = text != nullptr ? std::atoi(text) : 1;
+    const int asked = text != nullptr ? std::atoi(text) : 2;
     return std::clamp(asked, 0, kMaxDevices);
   }();
   return count;
@@ -236,13 +238,17 @@ class Memory {
     std::lock_guard lock(mutex_);
     return Within(device_, pointer, bytes, [](const Allocation& a) { return a.bytes; });
   }
+  int DeviceOf(const void* pointer) {
+    std::lock_guard lock(mutex_);
+    const auto address = reinterpret_cast<uintptr_t>(pointer);
+    auto found = device_.upper_bound(address);
+    if (found == device_.begin()) return -1;
+    --found;
+    return address < found->first + found->second.bytes ? found->second.device : -1;
+  }
   bool IsPinned(const void* pointer, size_t bytes) {
     std::lock_guard lock(mutex_);
     return Within(pinned_, pointer, bytes, [](size_t size) { return size; });
-  }
-  size_t Used(int device) {
-    std::lock_guard lock(mutex_);
-    return used_[device];
   }
 
  private:
@@ -330,6 +336,12 @@ cudaError_t CheckKernelStream(cudaStream_t stream) {
   return cudaSuccess;
 }
 
+int DeviceOfPointer(const void* pointer) { return Memory::Instance().DeviceOf(pointer); }
+
+int DeviceOfStream(cudaStream_t stream) {
+  return stream != nullptr ? stream->device : current_device;
+}
+
 void SetRunningKernel(const char* name, unsigned block) {
   running_kernel = name;
   running_block = block;
@@ -347,6 +359,10 @@ void Enqueue(cudaStream_t stream, std::function<void()> work) {
 
 bool IsDeviceRange(const void* pointer, size_t bytes) {
   return Memory::Instance().IsDevice(pointer, bytes);
+}
+
+bool IsDeviceRangeOf(cudaStream_t stream, const void* pointer, size_t bytes) {
+  return IsDeviceRange(pointer, bytes) && DeviceOfPointer(pointer) == DeviceOfStream(stream);
 }
 
 }  // namespace orochi::cuda_emulator

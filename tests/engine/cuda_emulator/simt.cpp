@@ -2,13 +2,13 @@
 // stream's worker thread. A fiber runs until it finishes or waits at a
 // barrier; the scheduler lets waiting fibers go once every thread the barrier waits for is
 // there, and stops the process when none can run while some wait (a divergent barrier).
-#include <signal.h>
 #include <sys/mman.h>
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -277,12 +277,23 @@ void ShuffleXor(const void* mine, void* result, size_t bytes, int lane_mask, int
 }
 
 cudaError_t LaunchKernel(const char* name, dim3 grid, dim3 block, cudaStream_t stream,
-                         std::function<void()> body) {
+                         const std::vector<const void*>& pointers, std::function<void()> body) {
   const bool valid = grid.x >= 1 && grid.x <= 0x7fffffffU && grid.y == 1 && grid.z == 1 &&
                      block.x >= 1 && block.x <= kMaxThreadsPerBlock && block.y == 1 && block.z == 1;
   if (!valid) return SetLastError(cudaErrorInvalidConfiguration);
   if (cudaError_t error = CheckKernelStream(stream); error != cudaSuccess) {
     return SetLastError(error);
+  }
+  const int device = DeviceOfStream(stream);
+  for (const void* pointer : pointers) {
+    if (pointer == nullptr) continue;
+    const int owner = DeviceOfPointer(pointer);
+    if (owner == device) continue;
+    std::fprintf(stderr, "cuda emulator: kernel %s on cuda:%d is given %p, %s\n", name, device,
+                 pointer,
+                 owner < 0 ? "which is not device memory"
+                           : ("memory of cuda:" + std::to_string(owner)).c_str());
+    std::abort();
   }
   Enqueue(stream, [name, grid, block, body = std::move(body)] {
     Scheduler& scheduler = TheScheduler();

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "emulator.h"
 
@@ -56,7 +57,18 @@ template <typename... Params, typename... Args>
 void Launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
             Args&&... args) {
   std::tuple<std::decay_t<Params>...> bound(static_cast<Params>(std::forward<Args>(args))...);
-  LaunchKernel(name, grid, block, stream, [kernel, bound] { std::apply(kernel, bound); });
+  std::vector<const void*> pointers;
+  std::apply(
+      [&pointers](const auto&... values) {
+        auto collect = [&pointers](const auto& value) {
+          if constexpr (std::is_pointer_v<std::decay_t<decltype(value)>>) {
+            pointers.push_back(value);
+          }
+        };
+        (collect(values), ...);
+      },
+      bound);
+  LaunchKernel(name, grid, block, stream, pointers, [kernel, bound] { std::apply(kernel, bound); });
 }
 
 }  // namespace orochi::cuda_emulator
