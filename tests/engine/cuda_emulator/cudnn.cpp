@@ -23,17 +23,15 @@ struct cudnnContext {
   cudaStream_t stream = nullptr;
 };
 
-struct cudnnTensorStruct {
+// A tensor or filter description: NCHW sizes (for a filter, n is the output channel count,
+// cuDNN's k).
+struct Described4d {
   bool set = false;
   cudnnDataType_t type = CUDNN_DATA_FLOAT;
   int n = 0, c = 0, h = 0, w = 0;
 };
-
-struct cudnnFilterStruct {
-  bool set = false;
-  cudnnDataType_t type = CUDNN_DATA_FLOAT;
-  int k = 0, c = 0, h = 0, w = 0;
-};
+struct cudnnTensorStruct : Described4d {};
+struct cudnnFilterStruct : Described4d {};
 
 struct cudnnConvolutionStruct {
   bool set = false;
@@ -86,6 +84,14 @@ double RoundInput(double value, cudnnDataType_t type, cudnnMathType_t math) {
   }
 }
 
+cudnnStatus_t Describe4d(Described4d& description, cudnnTensorFormat_t format, cudnnDataType_t type,
+                         int n, int c, int h, int w) {
+  if (format != CUDNN_TENSOR_NCHW || !SupportedData(type)) return CUDNN_STATUS_NOT_SUPPORTED;
+  if (n <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
+  description = {true, type, n, c, h, w};
+  return CUDNN_STATUS_SUCCESS;
+}
+
 int OutputSize(int input, int pad, int filter, int dilation, int stride) {
   return (input + 2 * pad - dilation * (filter - 1) - 1) / stride + 1;
 }
@@ -98,11 +104,11 @@ cudnnStatus_t CheckShapes(const cudnnTensorStruct& x, const cudnnFilterStruct& w
   if ((x.type == CUDNN_DATA_DOUBLE) != (conv.compute == CUDNN_DATA_DOUBLE)) {
     return CUDNN_STATUS_NOT_SUPPORTED;
   }
-  if (x.c != w.c * conv.groups || w.k % conv.groups != 0) return CUDNN_STATUS_BAD_PARAM;
+  if (x.c != w.c * conv.groups || w.n % conv.groups != 0) return CUDNN_STATUS_BAD_PARAM;
   const int out_h = OutputSize(x.h, conv.pad_h, w.h, conv.dilation_h, conv.stride_h);
   const int out_w = OutputSize(x.w, conv.pad_w, w.w, conv.dilation_w, conv.stride_w);
   if (out_h <= 0 || out_w <= 0) return CUDNN_STATUS_BAD_PARAM;
-  if (y.n != x.n || y.c != w.k || y.h != out_h || y.w != out_w) return CUDNN_STATUS_BAD_PARAM;
+  if (y.n != x.n || y.c != w.n || y.h != out_h || y.w != out_w) return CUDNN_STATUS_BAD_PARAM;
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -145,11 +151,7 @@ cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* descriptor) {
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t descriptor,
                                          cudnnTensorFormat_t format, cudnnDataType_t type, int n,
                                          int c, int h, int w) {
-  if (format != CUDNN_TENSOR_NCHW) return CUDNN_STATUS_NOT_SUPPORTED;
-  if (!SupportedData(type)) return CUDNN_STATUS_NOT_SUPPORTED;
-  if (n <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
-  *descriptor = {true, type, n, c, h, w};
-  return CUDNN_STATUS_SUCCESS;
+  return Describe4d(*descriptor, format, type, n, c, h, w);
 }
 
 cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t descriptor) {
@@ -164,11 +166,7 @@ cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* descriptor) {
 
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t descriptor, cudnnDataType_t type,
                                          cudnnTensorFormat_t format, int k, int c, int h, int w) {
-  if (format != CUDNN_TENSOR_NCHW) return CUDNN_STATUS_NOT_SUPPORTED;
-  if (!SupportedData(type)) return CUDNN_STATUS_NOT_SUPPORTED;
-  if (k <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
-  *descriptor = {true, type, k, c, h, w};
-  return CUDNN_STATUS_SUCCESS;
+  return Describe4d(*descriptor, format, type, k, c, h, w);
 }
 
 cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t descriptor) {
@@ -275,7 +273,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
   const cudnnTensorStruct yd = *y_description;
   const Element element = ElementOf(xd.type);  // of the filter and output too
   const size_t filter_bytes =
-      static_cast<size_t>(wd.k) * wd.c * wd.h * wd.w * emulator::ElementSize(element);
+      static_cast<size_t>(wd.n) * wd.c * wd.h * wd.w * emulator::ElementSize(element);
   if (!emulator::IsDeviceRangeOf(handle->stream, x, Bytes(xd)) ||
       !emulator::IsDeviceRangeOf(handle->stream, w, filter_bytes) ||
       !emulator::IsDeviceRangeOf(handle->stream, y, Bytes(yd))) {
@@ -292,7 +290,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
       algorithm == kConverting ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : cd.math;
   emulator::Enqueue(handle->stream, [=] {
     const int group_in = wd.c;
-    const int group_out = wd.k / cd.groups;
+    const int group_out = wd.n / cd.groups;
     for (int n = 0; n < yd.n; ++n) {
       for (int k = 0; k < yd.c; ++k) {
         const int group = k / group_out;

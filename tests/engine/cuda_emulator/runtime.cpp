@@ -324,6 +324,31 @@ void InstallFaultHandler() {
 
 bool ValidDevice(int device) { return device >= 0 && device < DeviceCount(); }
 
+struct ErrorDescription {
+  cudaError_t error;
+  const char* name;
+  const char* text;
+};
+
+// The errors the emulator returns, named and described as the runtime does.
+ErrorDescription Describe(cudaError_t error) {
+  static constexpr ErrorDescription kKnown[] = {
+      {cudaSuccess, "cudaSuccess", "no error"},
+      {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+      {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+      {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+       "invalid configuration argument"},
+      {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+      {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+      {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+      {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+  };
+  for (const ErrorDescription& known : kKnown) {
+    if (known.error == error) return known;
+  }
+  return {error, "cudaErrorUnknown", "unknown error"};
+}
+
 }  // namespace
 
 cudaError_t SetLastError(cudaError_t error) {
@@ -380,47 +405,9 @@ cudaError_t cudaGetLastError() {
 
 cudaError_t cudaPeekAtLastError() { return emulator::last_error; }
 
-const char* cudaGetErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration:
-      return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle:
-      return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady:
-      return "cudaErrorNotReady";
-    default:
-      return "cudaErrorUnknown";
-  }
-}
+const char* cudaGetErrorName(cudaError_t error) { return emulator::Describe(error).name; }
 
-const char* cudaGetErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorMemoryAllocation:
-      return "out of memory";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle:
-      return "invalid resource handle";
-    case cudaErrorNotReady:
-      return "device not ready";
-    default:
-      return "unknown error";
-  }
-}
+const char* cudaGetErrorString(cudaError_t error) { return emulator::Describe(error).text; }
 
 cudaError_t cudaGetDeviceCount(int* count) {
   *count = emulator::DeviceCount();
