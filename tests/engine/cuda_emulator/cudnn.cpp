@@ -304,9 +304,12 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
                 for (int s = 0; s < wd.w; ++s) {
                   const int iw = ow * cd.stride_w - cd.pad_w + s * cd.dilation_w;
                   if (iw < 0 || iw >= xd.w) continue;
-                  const int64_t x_index =
-                      ((static_cast<int64_t>(n) * xd.c + group * group_in + c) * xd.h + ih) * xd.w +
-                      iw;
+                  const int64_t x_index = ((static_cast<int64_t>(n) * xd.c +
+                                            static_cast<int64_t>(group) * group_in + c) *
+                                               xd.h +
+                                           ih) *
+                                              xd.w +
+                                          iw;
                   const int64_t w_index =
                       ((static_cast<int64_t>(k) * wd.c + c) * wd.h + r) * wd.w + s;
                   sum += RoundInput(emulator::LoadElement(x, element, x_index), xd.type, math) *

@@ -45,8 +45,8 @@ bool IsDeviceRangeOf(cudaStream_t stream, const void* pointer, size_t bytes);
 
 // The position of the running CUDA thread; valid inside a kernel only.
 struct ThreadPosition {
-  uint3 thread;
-  uint3 block;
+  uint3 thread{};
+  uint3 block{};
   dim3 block_dim;
   dim3 grid_dim;
 };

@@ -75,7 +75,9 @@ void Switch(Context& from, Context& to) {
 // Lays out `stack` as orochi_emulator_switch leaves a suspended one, so that switching to it
 // "returns" into `entry` with the stack aligned as after a call. `entry` must never return.
 void Prepare(Context& context, void* stack, size_t bytes, void (*entry)()) {
-  auto* top = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(stack) + bytes) & ~15ULL);
+  char* end = static_cast<char*>(stack) + bytes;
+  end -= reinterpret_cast<uintptr_t>(end) % 16;
+  auto* top = reinterpret_cast<uint64_t*>(end);
   top[-1] = 0;                                           // entry's return address: none
   top[-2] = reinterpret_cast<uint64_t>(entry);           // where the switch's ret goes
   for (int slot = 3; slot <= 8; ++slot) top[-slot] = 0;  // rbp, rbx, r12-r15
