@@ -96,6 +96,8 @@ void RunStream(cudaStream_t stream) {
   }
 }
 
+void InstallFaultHandler();  // faults (below)
+
 class Streams {
  public:
   static Streams& Instance() {
@@ -109,6 +111,7 @@ class Streams {
     std::lock_guard lock(mutex_);
     stream->random_state = 0x9e3779b97f4a7c15ULL * (all_.size() + 1);
     all_.push_back(stream);
+    InstallFaultHandler();  // before the first worker can run a kernel
     std::thread(RunStream, stream).detach();
     return stream;
   }
@@ -234,31 +237,29 @@ class Memory {
     return data;
   }
 
-  bool IsDevice(const void* pointer, size_t bytes) {
+  // The device of the live allocation that holds [pointer, pointer + bytes), or -1.
+  int DeviceOf(const void* pointer, size_t bytes) {
     std::lock_guard lock(mutex_);
-    return Within(device_, pointer, bytes, [](const Allocation& a) { return a.bytes; });
+    const Allocation* allocation =
+        Holding(device_, pointer, bytes, [](const Allocation& a) { return a.bytes; });
+    return allocation != nullptr ? allocation->device : -1;
   }
-  int DeviceOf(const void* pointer) {
-    std::lock_guard lock(mutex_);
-    const auto address = reinterpret_cast<uintptr_t>(pointer);
-    auto found = device_.upper_bound(address);
-    if (found == device_.begin()) return -1;
-    --found;
-    return address < found->first + found->second.bytes ? found->second.device : -1;
-  }
+  bool IsDevice(const void* pointer, size_t bytes) { return DeviceOf(pointer, bytes) >= 0; }
   bool IsPinned(const void* pointer, size_t bytes) {
     std::lock_guard lock(mutex_);
-    return Within(pinned_, pointer, bytes, [](size_t size) { return size; });
+    return Holding(pinned_, pointer, bytes, [](size_t size) { return size; }) != nullptr;
   }
 
  private:
+  // The entry of `map` (keyed by start address) whose range holds the given one, or null.
   template <typename Map, typename SizeOf>
-  static bool Within(const Map& map, const void* pointer, size_t bytes, SizeOf size_of) {
+  static const typename Map::mapped_type* Holding(const Map& map, const void* pointer, size_t bytes,
+                                                  SizeOf size_of) {
     const auto address = reinterpret_cast<uintptr_t>(pointer);
     auto found = map.upper_bound(address);
-    if (found == map.begin()) return false;
+    if (found == map.begin()) return nullptr;
     --found;
-    return address + bytes <= found->first + size_of(found->second);
+    return address + bytes <= found->first + size_of(found->second) ? &found->second : nullptr;
   }
 
   std::mutex mutex_;
@@ -361,7 +362,7 @@ cudaError_t CheckKernelStream(cudaStream_t stream) {
   return cudaSuccess;
 }
 
-int DeviceOfPointer(const void* pointer) { return Memory::Instance().DeviceOf(pointer); }
+int DeviceOfPointer(const void* pointer) { return Memory::Instance().DeviceOf(pointer, 1); }
 
 int DeviceOfStream(cudaStream_t stream) {
   return stream != nullptr ? stream->device : current_device;
@@ -373,7 +374,6 @@ void SetRunningKernel(const char* name, unsigned block) {
 }
 
 void Enqueue(cudaStream_t stream, std::function<void()> work) {
-  InstallFaultHandler();
   if (stream == nullptr) {
     SynchronizeDevice(current_device);
     work();
@@ -387,7 +387,7 @@ bool IsDeviceRange(const void* pointer, size_t bytes) {
 }
 
 bool IsDeviceRangeOf(cudaStream_t stream, const void* pointer, size_t bytes) {
-  return IsDeviceRange(pointer, bytes) && DeviceOfPointer(pointer) == DeviceOfStream(stream);
+  return Memory::Instance().DeviceOf(pointer, bytes) == DeviceOfStream(stream);
 }
 
 }  // namespace orochi::cuda_emulator
