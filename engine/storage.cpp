@@ -31,8 +31,10 @@ constexpr size_t kLargeGranule = size_t{2} << 20;
 class LargeBlockCache {
  public:
   static LargeBlockCache& Instance() {
-    static LargeBlockCache cache;  // in the engine library: one per process
-    return cache;
+    // In the engine library: one per process. Never destroyed, because storages may die during
+    // the process's exit, after static destructors have run.
+    static auto* cache = new LargeBlockCache;
+    return *cache;
   }
 
   std::byte* Take(size_t bytes) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -77,6 +78,19 @@ size_t RoundedSize(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+// OROCHI_CUDA_NO_CACHING=1 gives every tensor its own cudaMalloc of exactly its size and frees it
+// with cudaFree when the tensor dies, so that a memory checker (compute-sanitizer, or the
+// emulated GPU under AddressSanitizer) sees a kernel reading past a tensor's end instead of into
+// the rest of a rounded, cached block. cudaFree waits for the device: this is for checking, not
+// for serving.
+bool CachingDisabled() {
+  static const bool disabled = [] {
+    const char* setting = std::getenv("OROCHI_CUDA_NO_CACHING");
+    return setting != nullptr && *setting != '\0' && std::strcmp(setting, "0") != 0;
+  }();
+  return disabled;
+}
+
 struct ThreadResources {
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -106,6 +120,9 @@ class DeviceState {
     }
     return nullptr;
   }
+
+  // A block given back to the driver rather than to the cache (CachingDisabled()).
+  void Dropped(const Block* block) { allocated_bytes_ -= block->size; }
 
   void Handed(Block* block, cudaStream_t stream, bool from_cache) {
     block->stream = stream;
@@ -636,8 +653,9 @@ int ProbeDevices(std::string* reason) {
 void* Allocate(int device, size_t bytes, void** block_handle) {
   DeviceState& state = State(device);
   cudaStream_t stream = CurrentStream(device);
-  const size_t size = RoundedSize(bytes);
-  {
+  const bool exact = CachingDisabled();
+  const size_t size = exact ? std::max<size_t>(bytes, 1) : RoundedSize(bytes);
+  if (!exact) {
     std::lock_guard lock(state.mutex);
     if (Block* block = state.TakeCached(stream, size)) {
       state.Handed(block, stream, /*from_cache=*/true);
@@ -679,6 +697,19 @@ void Release(void* block_handle) noexcept {
   auto* block = static_cast<Block*>(block_handle);
   try {
     DeviceState& state = State(block->device);
+    if (CachingDisabled()) {
+      {
+        std::lock_guard lock(state.mutex);
+        state.Dropped(block);
+      }
+      // Any stream may still be using it, and cudaFree is only documented as *possibly*
+      // waiting for them.
+      DeviceGuard guard(block->device);
+      (void)cudaDeviceSynchronize();
+      (void)cudaFree(block->data);
+      delete block;
+      return;
+    }
     std::lock_guard lock(state.mutex);
     state.Freed(block);
   } catch (const std::exception& error) {

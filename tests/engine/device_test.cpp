@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <string>
@@ -214,6 +215,12 @@ TEST(CudaDevice, ReadOnlyTensorsStayReadOnlyOnTheDevice) {
   EXPECT_NE(writable.To(kCuda0).storage().get(), writable.To(kCuda0).storage().get());
 }
 
+// OROCHI_CUDA_NO_CACHING (a run under a memory checker) gives blocks back to the driver instead.
+bool CachingIsOff() {
+  const char* setting = std::getenv("OROCHI_CUDA_NO_CACHING");
+  return setting != nullptr && *setting != '\0' && std::strcmp(setting, "0") != 0;
+}
+
 TEST(CudaDevice, FreedBlocksAreReusedFromTheCache) {
   SKIP_WITHOUT_GPU();
   Synchronize(kCuda0);
@@ -224,10 +231,15 @@ TEST(CudaDevice, FreedBlocksAreReusedFromTheCache) {
   { Tensor second = Zeros({1 << 20}, DType::kFloat32, kCuda0); }
   const DeviceMemoryStats after = MemoryStats(kCuda0);
   EXPECT_EQ(after.allocations, middle.allocations + 1);
-  EXPECT_EQ(after.cache_hits, middle.cache_hits + 1);
   EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
   EXPECT_GE(after.peak_allocated_bytes, size_t{4} << 20);
-  EXPECT_GE(after.cached_bytes, size_t{4} << 20);
+  if (CachingIsOff()) {
+    EXPECT_EQ(after.cache_hits, middle.cache_hits);
+    EXPECT_EQ(after.cached_bytes, 0U);
+  } else {
+    EXPECT_EQ(after.cache_hits, middle.cache_hits + 1);
+    EXPECT_GE(after.cached_bytes, size_t{4} << 20);
+  }
   EmptyCache(kCuda0);
   EXPECT_EQ(MemoryStats(kCuda0).cached_bytes, 0U);
   std::optional<double> utilisation = DeviceUtilisation(kCuda0);

@@ -28,7 +28,9 @@ if grep -q "^CUDA devices: 0" <<<"$probe"; then
 fi
 [[ -n "$sanitizer" ]] || { echo "compute-sanitizer not found (PATH, /usr/local/cuda)" >&2; exit 1; }
 
-# No --leak-check: the caching allocator keeps freed blocks for the life of the process on
-# purpose, and they would all be reported.
-exec "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+# OROCHI_CUDA_NO_CACHING: every tensor in an allocation of exactly its size, so that an access
+# past its end is outside every allocation rather than in the rest of a rounded, cached block.
+# No --leak-check: per-thread resources (streams, cuBLAS and cuDNN handles and their workspaces)
+# live as long as the process on purpose.
+OROCHI_CUDA_NO_CACHING=1 exec "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 \
   "$test_binary" --gtest_filter='DeviceOps.*:CudaDevice.*'

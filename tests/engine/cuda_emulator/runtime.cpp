@@ -1,4 +1,5 @@
 // The CUDA runtime functions the backend calls, over emulated devices (see emulator.h).
+#include <sanitizer/asan_interface.h>  // its macros do nothing without AddressSanitizer
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -181,7 +182,9 @@ class Memory {
   }
 
   // Ends the allocation on a page boundary followed by an inaccessible page, with another before
-  // it, so that reading or writing past either end faults.
+  // it, so that reading or writing past either end faults. Under AddressSanitizer the bytes
+  // between the requested size and that boundary are poisoned too, which makes the check exact
+  // (to the byte) for code built with it: the emulated kernels and copies.
   cudaError_t Allocate(void** pointer, size_t bytes, int device) {
     if (bytes == 0) {
       *pointer = nullptr;
@@ -207,6 +210,7 @@ class Memory {
     mprotect(usable, pages, PROT_READ | PROT_WRITE);
     char* data = usable + (pages - rounded);
     std::memset(data, 0xff, rounded);  // uninitialised memory reads as NaN or -1, not as zero
+    ASAN_POISON_MEMORY_REGION(data + bytes, rounded - bytes);
     std::lock_guard lock(mutex_);
     device_[reinterpret_cast<uintptr_t>(data)] = {mapping, mapping_bytes, rounded, device};
     *pointer = data;
@@ -225,7 +229,21 @@ class Memory {
       used_[allocation.device] -= allocation.bytes;
     }
     SynchronizeDevice(allocation.device);  // cudaFree waits for the device, as the real one does
-    munmap(allocation.mapping, allocation.mapping_bytes);
+    // Kept mapped but inaccessible for a while (its pages given back), so that a late use faults,
+    // or under AddressSanitizer is reported as a use after free, rather than landing in whatever
+    // is mapped there next.
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    char* usable = static_cast<char*>(allocation.mapping) + page;
+    const size_t usable_bytes = allocation.mapping_bytes - 2 * page;
+    mprotect(usable, usable_bytes, PROT_NONE);
+    madvise(usable, usable_bytes, MADV_DONTNEED);
+    ASAN_POISON_MEMORY_REGION(pointer, allocation.bytes);
+    std::lock_guard lock(mutex_);
+    quarantine_.push_back(allocation);
+    if (quarantine_.size() > kQuarantined) {
+      Unmap(quarantine_.front());
+      quarantine_.pop_front();
+    }
     return cudaSuccess;
   }
 
@@ -262,8 +280,18 @@ class Memory {
     return address + bytes <= found->first + size_of(found->second) ? &found->second : nullptr;
   }
 
+  // Shadow memory outlives the mapping: what is mapped here next must not start out poisoned.
+  static void Unmap(const Allocation& allocation) {
+    ASAN_UNPOISON_MEMORY_REGION(allocation.mapping, allocation.mapping_bytes);
+    munmap(allocation.mapping, allocation.mapping_bytes);
+  }
+
+  // Each is a mapping of its own, and a process may have only about 65000.
+  static constexpr size_t kQuarantined = 4096;
+
   std::mutex mutex_;
   std::map<uintptr_t, Allocation> device_;
+  std::deque<Allocation> quarantine_;  // freed, inaccessible, still mapped
   std::map<uintptr_t, size_t> pinned_;
   std::array<size_t, kMaxDevices> used_{};
 };
@@ -277,6 +305,9 @@ void WriteText(const char* text) {
   ssize_t ignored = write(STDERR_FILENO, text, std::strlen(text));
   (void)ignored;
 }
+
+struct sigaction previous_segv_action {};
+struct sigaction previous_bus_action {};
 
 // Async-signal-safe: formats by hand.
 void OnFault(int signal, siginfo_t* info, void* /*context*/) {
@@ -306,9 +337,11 @@ void OnFault(int signal, siginfo_t* info, void* /*context*/) {
     WriteText(running_kernel);
     WriteText(", block ");
     WriteText(block);
-    WriteText(" (outside every device allocation, or a fiber's stack overflowed)\n");
+    WriteText(" (outside every live device allocation, or a fiber's stack overflowed)\n");
   }
-  ::signal(signal, SIG_DFL);  // the fault repeats on return and ends the process
+  // The fault repeats on return, for the handler that was there before (AddressSanitizer's, or
+  // the default that ends the process).
+  sigaction(signal, signal == SIGBUS ? &previous_bus_action : &previous_segv_action, nullptr);
 }
 
 void InstallFaultHandler() {
@@ -318,8 +351,8 @@ void InstallFaultHandler() {
     action.sa_sigaction = OnFault;
     action.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&action.sa_mask);
-    sigaction(SIGSEGV, &action, nullptr);
-    sigaction(SIGBUS, &action, nullptr);
+    sigaction(SIGSEGV, &action, &previous_segv_action);
+    sigaction(SIGBUS, &action, &previous_bus_action);
   });
 }
 

@@ -3,6 +3,9 @@
 // barrier; the scheduler lets waiting fibers go once every thread the barrier waits for is
 // there, and stops the process when none can run while some wait (a divergent barrier).
 #include <sys/mman.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
@@ -103,6 +106,21 @@ void Prepare(Context& context, void* stack, size_t bytes, void (*entry)()) {
 
 #endif
 
+// AddressSanitizer tracks which stack code runs on (for its stack checks and for frames it must
+// forget when a function does not return); it is told of every switch between stacks.
+#if defined(__SANITIZE_ADDRESS__)
+void StartSwitch(void** saved_fake_stack, const void* stack_bottom, size_t stack_bytes) {
+  __sanitizer_start_switch_fiber(saved_fake_stack, stack_bottom, stack_bytes);
+}
+void FinishSwitch(void* fake_stack, const void** from_bottom, size_t* from_bytes) {
+  __sanitizer_finish_switch_fiber(fake_stack, from_bottom, from_bytes);
+}
+#else
+void StartSwitch(void** /*saved_fake_stack*/, const void* /*stack_bottom*/,
+                 size_t /*stack_bytes*/) {}
+void FinishSwitch(void* /*fake_stack*/, const void** /*from_bottom*/, size_t* /*from_bytes*/) {}
+#endif
+
 // --- blocks
 // ---------------------------------------------------------------------------------------
 
@@ -133,6 +151,9 @@ struct Fiber {
 struct Scheduler {
   std::mutex kernel_mutex;  // held while a kernel runs
   Context scheduler_context;
+  // The stack the scheduler runs on: the running worker thread's (for AddressSanitizer).
+  const void* scheduler_stack = nullptr;
+  size_t scheduler_stack_bytes = 0;
   std::vector<void*> stacks;  // kept for later kernels: mapping them is the slow part
   std::vector<Fiber> fibers;  // of the running block; fibers[i] is thread i
   Fiber* current = nullptr;
@@ -166,19 +187,24 @@ void* NewStack() {
   return static_cast<char*>(mapping) + page;
 }
 
-[[noreturn]] void FiberEntry() {
-  Scheduler& scheduler = TheScheduler();
-  (*scheduler.body)();
-  scheduler.current->state = FiberState::kDone;
-  Switch(scheduler.current->context, scheduler.scheduler_context);  // never resumed
-  __builtin_unreachable();
-}
-
-void Yield(FiberState waiting) {
+// From the running fiber to the scheduler; a finished fiber is never resumed.
+void SwitchToScheduler(FiberState state) {
   Scheduler& scheduler = TheScheduler();
   Fiber* fiber = scheduler.current;
-  fiber->state = waiting;
+  fiber->state = state;
+  void* fake_stack = nullptr;
+  StartSwitch(state == FiberState::kDone ? nullptr : &fake_stack, scheduler.scheduler_stack,
+              scheduler.scheduler_stack_bytes);
   Switch(fiber->context, scheduler.scheduler_context);
+  FinishSwitch(fake_stack, &scheduler.scheduler_stack, &scheduler.scheduler_stack_bytes);
+}
+
+[[noreturn]] void FiberEntry() {
+  Scheduler& scheduler = TheScheduler();
+  FinishSwitch(nullptr, &scheduler.scheduler_stack, &scheduler.scheduler_stack_bytes);
+  (*scheduler.body)();
+  SwitchToScheduler(FiberState::kDone);
+  __builtin_unreachable();
 }
 
 std::string DescribeWaits(const std::vector<Fiber>& fibers) {
@@ -227,10 +253,14 @@ void RunBlock(Scheduler& scheduler, dim3 grid, dim3 block, unsigned block_index)
   std::vector<Fiber>& fibers = scheduler.fibers;
   for (;;) {
     bool ran = false;
-    for (Fiber& fiber : fibers) {
+    for (size_t i = 0; i < fibers.size(); ++i) {
+      Fiber& fiber = fibers[i];
       if (fiber.state != FiberState::kRunnable) continue;
       scheduler.current = &fiber;
+      void* fake_stack = nullptr;
+      StartSwitch(&fake_stack, scheduler.stacks[i], kStackBytes);
       Switch(scheduler.scheduler_context, fiber.context);
+      FinishSwitch(fake_stack, nullptr, nullptr);
       ran = true;
     }
     scheduler.current = nullptr;
@@ -255,7 +285,7 @@ const ThreadPosition& Position() {
   return scheduler.current->position;
 }
 
-void SyncThreads() { Yield(FiberState::kAtBlockBarrier); }
+void SyncThreads() { SwitchToScheduler(FiberState::kAtBlockBarrier); }
 
 void ShuffleXor(const void* mine, void* result, size_t bytes, int lane_mask, int width) {
   Scheduler& scheduler = TheScheduler();
@@ -269,13 +299,13 @@ void ShuffleXor(const void* mine, void* result, size_t bytes, int lane_mask, int
     KernelFault("a shuffle width that is not a power of two up to 32");
   }
   std::memcpy(scheduler.lanes[thread].data(), mine, bytes);
-  Yield(FiberState::kAtWarpBarrier);  // every lane has deposited
+  SwitchToScheduler(FiberState::kAtWarpBarrier);  // every lane has deposited
   const unsigned lane = thread - warp_first;
   unsigned source = lane ^ static_cast<unsigned>(lane_mask);
   // A lane of a later group of `width` is out of reach: the caller keeps its own value.
   if (source >= kWarpSize || source / width > lane / width) source = lane;
   std::memcpy(result, scheduler.lanes[warp_first + source].data(), bytes);
-  Yield(FiberState::kAtWarpBarrier);  // every lane has read before the next deposit
+  SwitchToScheduler(FiberState::kAtWarpBarrier);  // every lane has read before the next deposit
 }
 
 cudaError_t LaunchKernel(const char* name, dim3 grid, dim3 block, cudaStream_t stream,
