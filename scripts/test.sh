@@ -11,31 +11,44 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build" --parallel "$(nproc)"
 ctest --test-dir "$build" --output-on-failure --timeout 1500 --parallel 1
 
-# The engine under ThreadSanitizer: many threads on shared read-only tensors for 10 s.
+# The emulated GPU's own checks (each shown to stop a faulty kernel), then the device tests (every
+# op in every dtype, threads handing tensors over) on it, in sanitizer build BUILD_DIR with the
+# given environment. Skipped where there is no CUDA toolkit, hence no emulated GPU.
+check_on_emulated_gpu() {  # check_on_emulated_gpu BUILD_DIR [VAR=VALUE...]
+  local build_dir=$1
+  shift
+  local emulator="$build_dir/cuda_emulator"
+  cmake --build "$build_dir" --parallel "$(nproc)" --target engine_device_test
+  if [[ ! -e "$emulator" ]]; then
+    echo "no CUDA toolkit, so no emulated GPU: its checks in $build_dir are skipped"
+    return
+  fi
+  cmake --build "$build_dir" --parallel "$(nproc)" --target cuda_emulator_test
+  "$build_dir/bin/cuda_emulator_test"
+  # LD_LIBRARY_PATH: the sanitizers' dlopen wrapper loses the backend's RUNPATH, through which it
+  # finds the stand-in libcuda.so.1.
+  env "$@" LD_LIBRARY_PATH="$emulator" \
+    OROCHI_CUDA_BACKEND="$emulator/liborochi_engine_cuda_emulated.so" \
+    "$build_dir/bin/engine_device_test"
+}
+
+# ThreadSanitizer: the engine's threads on shared read-only tensors for 10 s; on the emulated GPU
+# every warp of every kernel is a thread to it, ordered only as CUDA orders them, so kernels on
+# two streams without an event between them, or a missing barrier, are reported as races
+# (compute-sanitizer's racecheck, without a GPU).
 cmake -S . -B "$build-tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOROCHI_SANITIZER=thread \
   -DOROCHI_BUILD_BENCHMARKS=OFF
 cmake --build "$build-tsan" --parallel "$(nproc)" --target engine_concurrency_test
-TSAN_OPTIONS="halt_on_error=1 exitcode=66" OROCHI_CONCURRENCY_SECONDS=10 \
-  "$build-tsan/bin/engine_concurrency_test"
+export TSAN_OPTIONS="halt_on_error=1 exitcode=66"
+OROCHI_CONCURRENCY_SECONDS=10 "$build-tsan/bin/engine_concurrency_test"
+check_on_emulated_gpu "$build-tsan"
 
-# The engine under AddressSanitizer and LeakSanitizer: its CPU tests, the emulated GPU's own
-# checks, and the device tests (every op in every dtype) on the emulated GPU with every tensor in
-# a device allocation of exactly its size, so that a kernel or copy that strays by one byte is
-# reported, as compute-sanitizer's memcheck would on a GPU.
+# AddressSanitizer and LeakSanitizer: the engine's CPU tests; on the emulated GPU every tensor in
+# a device allocation of exactly its size, so that a kernel, copy, cuBLAS or cuDNN call that
+# strays by one byte is reported (compute-sanitizer's memcheck, without a GPU).
 cmake -S . -B "$build-asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOROCHI_SANITIZER=address \
   -DOROCHI_BUILD_BENCHMARKS=OFF
-cmake --build "$build-asan" --parallel "$(nproc)" --target engine_test engine_device_test
+cmake --build "$build-asan" --parallel "$(nproc)" --target engine_test
 export ASAN_OPTIONS="halt_on_error=1 detect_leaks=1"
 "$build-asan/bin/engine_test"
-emulator="$build-asan/cuda_emulator"
-if [[ -e "$emulator" ]]; then
-  cmake --build "$build-asan" --parallel "$(nproc)" --target cuda_emulator_test
-  "$build-asan/bin/cuda_emulator_test"
-  # LD_LIBRARY_PATH: AddressSanitizer's dlopen wrapper loses the backend's RUNPATH, through which
-  # it finds the stand-in libcuda.so.1.
-  LD_LIBRARY_PATH="$emulator" OROCHI_CUDA_NO_CACHING=1 \
-    OROCHI_CUDA_BACKEND="$emulator/liborochi_engine_cuda_emulated.so" \
-    "$build-asan/bin/engine_device_test"
-else
-  echo "no CUDA toolkit, so no emulated GPU: the device tests under AddressSanitizer are skipped"
-fi
+check_on_emulated_gpu "$build-asan" OROCHI_CUDA_NO_CACHING=1

@@ -10,11 +10,18 @@
 //    Events mark a position in a stream; cudaStreamWaitEvent makes a stream wait for it.
 //  - Device memory is separate pages with inaccessible guard pages around them and is filled
 //    with 0xff bytes (NaN, -1) when allocated, so reads past an allocation fault and reads of
-//    never-written memory show. Copies check that their device side lies in a live allocation.
+//    never-written memory show; freed memory stays mapped but inaccessible for a while, so a
+//    late use faults too. Copies check that their device side lies in a live allocation.
 //  - Kernels run block by block, every CUDA thread a fiber: __syncthreads and warp shuffles wait
 //    for exactly the threads that real hardware waits for, and a barrier or shuffle that not
 //    every such thread reaches stops the process with the kernel's name (hardware would hang or
-//    compute garbage). Launch configurations are checked as the runtime checks them.
+//    compute garbage). Launch configurations are checked as the runtime checks them. Kernels on
+//    different streams run at the same time.
+//  - Built with AddressSanitizer, every access a kernel or copy makes is checked to the byte
+//    against the allocation's requested size, and freed memory is poisoned. Built with
+//    ThreadSanitizer, every CUDA thread is a thread to it, ordered only by barriers, kernel
+//    boundaries on a stream and events: what compute-sanitizer's memcheck and racecheck find on
+//    a GPU, these find here (simt.cpp says what is not seen).
 //
 // The machine has two devices of 16 GiB each (OROCHI_CUDA_EMULATOR_DEVICES sets the count); a
 // kernel launched or an event recorded on another device's stream fails, as on real GPUs.
@@ -58,11 +65,19 @@ void SyncThreads();
 // receives into `result` those of lane (lane ^ lane_mask) within its group of `width` lanes.
 void ShuffleXor(const void* mine, void* result, size_t bytes, int lane_mask, int width);
 
+// The __shared__ arrays of the module that launches a kernel, where the scheduler must know them
+// (under ThreadSanitizer, see simt.h); otherwise empty.
+struct SharedArrays {
+  char* begin = nullptr;
+  size_t bytes = 0;
+};
+
 // Checks the configuration as cudaLaunchKernel does (the error is also the thread's last error)
 // and queues `body`, run once per CUDA thread, on `stream`. Every non-null pointer among the
 // kernel's arguments (`pointers`) must point into device memory of the stream's device: a GPU
 // would fault on a host pointer or on another GPU's memory, so the process stops naming both.
 cudaError_t LaunchKernel(const char* name, dim3 grid, dim3 block, cudaStream_t stream,
-                         const std::vector<const void*>& pointers, std::function<void()> body);
+                         const std::vector<const void*>& pointers, SharedArrays shared,
+                         std::function<void()> body);
 
 }  // namespace orochi::cuda_emulator

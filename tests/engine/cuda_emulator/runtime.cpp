@@ -513,6 +513,13 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int /*flags*/)
   return cudaSuccess;
 }
 
+// Like the runtime's, safe while work that the event marks is still queued: the event holds a
+// position, not a reference from the stream.
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (stream == nullptr) return SetLastError(cudaErrorInvalidResourceHandle);  // not used
   // Recording an event into another device's stream fails, as on the GPU.

@@ -6,6 +6,15 @@
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
 #endif
+#if defined(OROCHI_EMULATOR_THREAD_SANITIZER)
+#include <sanitizer/tsan_interface.h>
+#include <sched.h>
+
+#include <atomic>
+// ThreadSanitizer's (legacy, still exported) annotation that a range is new memory.
+extern "C" void AnnotateNewMemory(const char* file, int line, const volatile void* memory,
+                                  size_t bytes);
+#endif
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
@@ -16,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -144,14 +154,20 @@ struct Fiber {
   Context context;
   FiberState state = FiberState::kRunnable;
   ThreadPosition position{};
+  unsigned block_barriers_passed = 0;
+  unsigned warp_barriers_passed = 0;
 };
 
-// What the running kernel's fibers share. Kernels run one at a time in the process (they keep
-// __shared__ arrays in statics), so one instance serves every worker thread.
+// What the fibers of the kernel running on this thread share: one per worker thread (a
+// stream's), so kernels on different streams run at the same time, as on a GPU.
 struct Scheduler {
-  std::mutex kernel_mutex;  // held while a kernel runs
+  Scheduler() = default;
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+  ~Scheduler();
+
   Context scheduler_context;
-  // The stack the scheduler runs on: the running worker thread's (for AddressSanitizer).
+  // The stack the scheduler runs on: the worker thread's (for AddressSanitizer).
   const void* scheduler_stack = nullptr;
   size_t scheduler_stack_bytes = 0;
   std::vector<void*> stacks;  // kept for later kernels: mapping them is the slow part
@@ -160,12 +176,131 @@ struct Scheduler {
   const std::function<void()>* body = nullptr;
   std::vector<std::array<unsigned char, 16>> lanes;  // shuffle deposits, one per thread
   const char* kernel_name = nullptr;
+  SharedArrays shared;  // of the running kernel's module, where known
+#if defined(OROCHI_EMULATOR_THREAD_SANITIZER)
+  void* scheduler_fiber = nullptr;  // ThreadSanitizer's state of the worker thread itself
+  std::vector<void*> warp_fibers;   // ThreadSanitizer's state of each warp
+  // The scheduler releases block_start and the fibers acquire it as they start; the fibers
+  // release block_end as they finish and the scheduler acquires it once all have.
+  char block_start = 0;
+  char block_end = 0;
+  // Per block, so that blocks do not order each other through them: two for __syncthreads, two
+  // for each warp's shuffles, used by turns, so that a thread already past a barrier does not
+  // order a thread still leaving the one before.
+  std::unique_ptr<char[]> barriers;
+#endif
 };
 
 Scheduler& TheScheduler() {
-  static auto* scheduler = new Scheduler;  // used by worker threads until the process exits
-  return *scheduler;
+  // Asked on every threadIdx and blockIdx: the initial-exec model reads a fixed offset from the
+  // thread pointer, where the general one calls __tls_get_addr (which ThreadSanitizer intercepts).
+  static thread_local Scheduler* known __attribute__((tls_model("initial-exec"))) = nullptr;
+  if (known == nullptr) {
+    thread_local Scheduler scheduler;
+    known = &scheduler;
+  }
+  return *known;
 }
+
+// --- ThreadSanitizer as racecheck ---------------------------------------------------------------
+// Built with OROCHI_SANITIZER=thread, the kernels are instrumented (this file is not, so that the
+// scheduler's bookkeeping is not taken for theirs), every warp is a ThreadSanitizer fiber, a
+// thread to it, and switching between fibers orders nothing. The only happens-before edges are
+// the ones CUDA guarantees, so warps of a kernel touching the same memory without a barrier
+// between them, or kernels on two streams without an event between them, are reported as data
+// races:
+//  - a block's threads start after the work before the kernel on its stream, and the work after
+//    it on the stream starts after every thread has finished;
+//  - a barrier orders what each of its threads did before it against what all of them do after
+//    (release on arrival, acquire on leaving);
+//  - blocks run one after another, ordered like the start and end of a kernel: stronger than
+//    CUDA, whose blocks are unordered, so races between blocks go unseen;
+//  - a block's __shared__ arrays start without a history (simt.h), and kernels take turns with
+//    a lock ThreadSanitizer does not see, which orders nothing.
+// Races between the lanes of one warp go unseen too: a fiber per CUDA thread would find them, but
+// this ThreadSanitizer's cost grows with the number of threads it has ever seen, and lanes mostly
+// exchange values through shuffles.
+#if defined(OROCHI_EMULATOR_THREAD_SANITIZER)
+// A stream's kernels run in order, so warp w of each can be the same fiber: fibers are made once
+// per worker thread and kept.
+void RaceLaunchStarts(Scheduler& scheduler, unsigned threads) {
+  scheduler.scheduler_fiber = __tsan_get_current_fiber();
+  while (scheduler.warp_fibers.size() < (threads + kWarpSize - 1) / kWarpSize) {
+    scheduler.warp_fibers.push_back(__tsan_create_fiber(0));
+  }
+}
+void RaceForget(Scheduler& scheduler) {
+  for (void* fiber : scheduler.warp_fibers) __tsan_destroy_fiber(fiber);
+}
+void RaceBlockStarts(Scheduler& scheduler, unsigned threads) {
+  if (scheduler.shared.bytes > 0) {
+    AnnotateNewMemory(__FILE__, __LINE__, scheduler.shared.begin, scheduler.shared.bytes);
+  }
+  scheduler.barriers = std::make_unique<char[]>(2 * (1 + (threads + kWarpSize - 1) / kWarpSize));
+  __tsan_release(&scheduler.block_start);
+}
+void RaceBlockEnds(Scheduler& scheduler) { __tsan_acquire(&scheduler.block_end); }
+void RaceFiberStarts(Scheduler& scheduler) { __tsan_acquire(&scheduler.block_start); }
+void* RaceTokenOf(Scheduler& scheduler, FiberState waiting) {
+  const Fiber& fiber = *scheduler.current;
+  if (waiting == FiberState::kDone) return &scheduler.block_end;
+  if (waiting == FiberState::kAtBlockBarrier) {
+    return &scheduler.barriers[fiber.block_barriers_passed % 2];
+  }
+  const unsigned warp = fiber.position.thread.x / kWarpSize;
+  return &scheduler.barriers[2 * (1 + warp) + fiber.warp_barriers_passed % 2];
+}
+void RaceArrives(Scheduler& scheduler, FiberState waiting) {
+  __tsan_release(RaceTokenOf(scheduler, waiting));
+}
+void RaceLeaves(Scheduler& scheduler, FiberState waited) {
+  __tsan_acquire(RaceTokenOf(scheduler, waited));
+}
+void RaceSwitchesToFiber(Scheduler& scheduler, size_t thread) {
+  __tsan_switch_to_fiber(scheduler.warp_fibers[thread / kWarpSize], __tsan_switch_to_fiber_no_sync);
+}
+void RaceSwitchesToScheduler(Scheduler& scheduler) {
+  __tsan_switch_to_fiber(scheduler.scheduler_fiber, __tsan_switch_to_fiber_no_sync);
+}
+#else
+void RaceLaunchStarts(Scheduler& /*scheduler*/, unsigned /*threads*/) {}
+void RaceForget(Scheduler& /*scheduler*/) {}
+void RaceBlockStarts(Scheduler& /*scheduler*/, unsigned /*threads*/) {}
+void RaceBlockEnds(Scheduler& /*scheduler*/) {}
+void RaceFiberStarts(Scheduler& /*scheduler*/) {}
+void RaceArrives(Scheduler& /*scheduler*/, FiberState /*waiting*/) {}
+void RaceLeaves(Scheduler& /*scheduler*/, FiberState /*waited*/) {}
+void RaceSwitchesToFiber(Scheduler& /*scheduler*/, size_t /*thread*/) {}
+void RaceSwitchesToScheduler(Scheduler& /*scheduler*/) {}
+#endif
+
+// Under the sanitizers __shared__ arrays are statics of the process (simt.h): one kernel runs at
+// a time. Otherwise they are per worker thread, and kernels on different streams run at once.
+#if defined(__SANITIZE_ADDRESS__)
+std::unique_lock<std::mutex> SharedMemoryTurn() {
+  static std::mutex turn;
+  return std::unique_lock(turn);
+}
+#elif defined(OROCHI_EMULATOR_THREAD_SANITIZER)
+// A mutex would order every kernel after the one before it, whatever their streams: a spin lock
+// in this uninstrumented file orders nothing that ThreadSanitizer sees.
+class InvisibleLock {
+ public:
+  void lock() {
+    while (held_.test_and_set(std::memory_order_acquire)) sched_yield();
+  }
+  void unlock() { held_.clear(std::memory_order_release); }
+
+ private:
+  std::atomic_flag held_ = ATOMIC_FLAG_INIT;
+};
+std::unique_lock<InvisibleLock> SharedMemoryTurn() {
+  static InvisibleLock turn;
+  return std::unique_lock(turn);
+}
+#else
+std::unique_lock<std::mutex> SharedMemoryTurn() { return {}; }
+#endif
 
 [[noreturn]] void KernelFault(const std::string& problem) {
   Scheduler& scheduler = TheScheduler();
@@ -187,21 +322,33 @@ void* NewStack() {
   return static_cast<char*>(mapping) + page;
 }
 
+Scheduler::~Scheduler() {
+  RaceForget(*this);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  for (void* stack : stacks) munmap(static_cast<char*>(stack) - page, kStackBytes + page);
+}
+
 // From the running fiber to the scheduler; a finished fiber is never resumed.
 void SwitchToScheduler(FiberState state) {
   Scheduler& scheduler = TheScheduler();
   Fiber* fiber = scheduler.current;
   fiber->state = state;
+  RaceArrives(scheduler, state);
   void* fake_stack = nullptr;
   StartSwitch(state == FiberState::kDone ? nullptr : &fake_stack, scheduler.scheduler_stack,
               scheduler.scheduler_stack_bytes);
+  RaceSwitchesToScheduler(scheduler);
   Switch(fiber->context, scheduler.scheduler_context);
   FinishSwitch(fake_stack, &scheduler.scheduler_stack, &scheduler.scheduler_stack_bytes);
+  RaceLeaves(scheduler, state);
+  if (state == FiberState::kAtBlockBarrier) ++fiber->block_barriers_passed;
+  if (state == FiberState::kAtWarpBarrier) ++fiber->warp_barriers_passed;
 }
 
 [[noreturn]] void FiberEntry() {
   Scheduler& scheduler = TheScheduler();
   FinishSwitch(nullptr, &scheduler.scheduler_stack, &scheduler.scheduler_stack_bytes);
+  RaceFiberStarts(scheduler);
   (*scheduler.body)();
   SwitchToScheduler(FiberState::kDone);
   __builtin_unreachable();
@@ -245,6 +392,7 @@ void RunBlock(Scheduler& scheduler, dim3 grid, dim3 block, unsigned block_index)
   while (scheduler.stacks.size() < threads) scheduler.stacks.push_back(NewStack());
   if (scheduler.lanes.size() < threads) scheduler.lanes.resize(threads);
   scheduler.fibers.assign(threads, Fiber{});
+  RaceBlockStarts(scheduler, threads);
   for (unsigned i = 0; i < threads; ++i) {
     Fiber& fiber = scheduler.fibers[i];
     fiber.position = {{i, 0, 0}, {block_index, 0, 0}, block, grid};
@@ -259,6 +407,7 @@ void RunBlock(Scheduler& scheduler, dim3 grid, dim3 block, unsigned block_index)
       scheduler.current = &fiber;
       void* fake_stack = nullptr;
       StartSwitch(&fake_stack, scheduler.stacks[i], kStackBytes);
+      RaceSwitchesToFiber(scheduler, i);
       Switch(scheduler.scheduler_context, fiber.context);
       FinishSwitch(fake_stack, nullptr, nullptr);
       ran = true;
@@ -266,7 +415,10 @@ void RunBlock(Scheduler& scheduler, dim3 grid, dim3 block, unsigned block_index)
     scheduler.current = nullptr;
     bool all_done = true;
     for (const Fiber& fiber : fibers) all_done = all_done && fiber.state == FiberState::kDone;
-    if (all_done) return;
+    if (all_done) {
+      RaceBlockEnds(scheduler);
+      return;
+    }
     if (!ReleaseBarriers(fibers) && !ran) {
       KernelFault("a barrier that not every thread it waits for reaches (the GPU would hang):" +
                   DescribeWaits(fibers));
@@ -309,7 +461,8 @@ void ShuffleXor(const void* mine, void* result, size_t bytes, int lane_mask, int
 }
 
 cudaError_t LaunchKernel(const char* name, dim3 grid, dim3 block, cudaStream_t stream,
-                         const std::vector<const void*>& pointers, std::function<void()> body) {
+                         const std::vector<const void*>& pointers, SharedArrays shared,
+                         std::function<void()> body) {
   const bool valid = grid.x >= 1 && grid.x <= 0x7fffffffU && grid.y == 1 && grid.z == 1 &&
                      block.x >= 1 && block.x <= kMaxThreadsPerBlock && block.y == 1 && block.z == 1;
   if (!valid) return SetLastError(cudaErrorInvalidConfiguration);
@@ -327,11 +480,13 @@ cudaError_t LaunchKernel(const char* name, dim3 grid, dim3 block, cudaStream_t s
                            : ("memory of cuda:" + std::to_string(owner)).c_str());
     std::abort();
   }
-  Enqueue(stream, [name, grid, block, body = std::move(body)] {
+  Enqueue(stream, [name, grid, block, shared, body = std::move(body)] {
+    auto turn = SharedMemoryTurn();
     Scheduler& scheduler = TheScheduler();
-    std::lock_guard lock(scheduler.kernel_mutex);
     scheduler.kernel_name = name;
+    scheduler.shared = shared;
     scheduler.body = &body;
+    RaceLaunchStarts(scheduler, block.x);
     for (unsigned b = 0; b < grid.x; ++b) {
       SetRunningKernel(name, b);
       RunBlock(scheduler, grid, block, b);

@@ -2,9 +2,9 @@
 // emulated backend (see emulator.h). Force-included (-include) ahead of each .cu file.
 //
 // Outside nvcc the CUDA headers already make __global__, __device__ and __host__ empty. This adds
-// what kernels use beyond that: the thread position built-ins, __shared__ (one static per kernel
-// instance: blocks run one at a time), barriers and shuffles, the few device intrinsics the
-// kernels call, and OROCHI_LAUNCH, which device_common.cuh uses in place of <<<...>>>.
+// what kernels use beyond that: the thread position built-ins, __shared__, barriers and shuffles,
+// the few device intrinsics the kernels call, and OROCHI_LAUNCH, which device_common.cuh uses in
+// place of <<<...>>>.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,8 +21,20 @@
 
 #include "emulator.h"
 
+// A block's shared memory: one instance per worker thread (stream), where its blocks run one
+// after another. The sanitizers do not check thread-locals, so under them these are statics and
+// kernels take turns (simt.cpp); under ThreadSanitizer they are gathered in one section, whose
+// race history the scheduler clears as each block starts, as a block's shared memory is new.
 #undef __shared__
+#if defined(__SANITIZE_ADDRESS__)
 #define __shared__ static
+#elif defined(__SANITIZE_THREAD__)
+#define __shared__ static __attribute__((section("orochi_shared")))
+extern "C" char __start_orochi_shared[] __attribute__((weak, visibility("hidden")));
+extern "C" char __stop_orochi_shared[] __attribute__((weak, visibility("hidden")));
+#else
+#define __shared__ static thread_local
+#endif
 
 #define threadIdx (::orochi::cuda_emulator::Position().thread)
 #define blockIdx (::orochi::cuda_emulator::Position().block)
@@ -68,7 +80,15 @@ void Launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
         (collect(values), ...);
       },
       bound);
-  LaunchKernel(name, grid, block, stream, pointers, [kernel, bound] { std::apply(kernel, bound); });
+  SharedArrays shared;
+#if defined(__SANITIZE_THREAD__)
+  if (__start_orochi_shared != nullptr) {
+    shared = {__start_orochi_shared,
+              static_cast<size_t>(__stop_orochi_shared - __start_orochi_shared)};
+  }
+#endif
+  LaunchKernel(name, grid, block, stream, pointers, shared,
+               [kernel, bound] { std::apply(kernel, bound); });
 }
 
 }  // namespace orochi::cuda_emulator
