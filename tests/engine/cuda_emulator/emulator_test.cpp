@@ -89,6 +89,14 @@ class Emulator : public ::testing::Test {
     return static_cast<T*>(pointer);
   }
 
+  // An address that was device memory, freed since.
+  static float* FreedAllocation() {
+    void* freed = nullptr;
+    EXPECT_EQ(cudaMalloc(&freed, 4096), cudaSuccess);
+    EXPECT_EQ(cudaFree(freed), cudaSuccess);
+    return static_cast<float*>(freed);
+  }
+
   void Synchronize() { ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess); }
 
   std::vector<float> Read(const float* data, size_t count) {
@@ -159,28 +167,22 @@ TEST_F(Emulator, AnOverrunWithinTheAllocationsRoundingNeedsAddressSanitizer) {
 }
 
 TEST_F(Emulator, AKernelGivenFreedMemoryStops) {
-  void* freed = nullptr;
-  ASSERT_EQ(cudaMalloc(&freed, 4096), cudaSuccess);
-  ASSERT_EQ(cudaFree(freed), cudaSuccess);
+  float* freed = FreedAllocation();
   float* destination = DeviceArray<float>(1);
   EXPECT_DEATH(
       {
-        OROCHI_LAUNCH(CopyElements, dim3(1), dim3(32), stream_, static_cast<float*>(freed),
-                      destination, 1);
+        OROCHI_LAUNCH(CopyElements, dim3(1), dim3(32), stream_, freed, destination, 1);
         Synchronize();
       },
       "kernel CopyElements on cuda:0 is given 0x[0-9a-f]+, which is not device memory");
 }
 
 TEST_F(Emulator, AKernelReadingFreedMemoryStopsNamingTheKernel) {
-  void* freed = nullptr;
-  ASSERT_EQ(cudaMalloc(&freed, 4096), cudaSuccess);
-  ASSERT_EQ(cudaFree(freed), cudaSuccess);
+  const float* freed = FreedAllocation();
   float* destination = DeviceArray<float>(32);
   EXPECT_DEATH(
       {
-        OROCHI_LAUNCH(CopyFromSource, dim3(1), dim3(32), stream_,
-                      Source{static_cast<const float*>(freed)}, destination);
+        OROCHI_LAUNCH(CopyFromSource, dim3(1), dim3(32), stream_, Source{freed}, destination);
         Synchronize();
       },
       "CopyFromSource");
