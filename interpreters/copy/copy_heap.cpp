@@ -13,6 +13,7 @@
 
 #include <Python.h>
 #include <pthread.h>
+#include <sanitizer/asan_interface.h>
 #include <sys/mman.h>
 
 #include <cstdint>
@@ -79,8 +80,14 @@ void Unlink(Heap& heap, BlockHeader* header) {
   header->tag = 0;
 }
 
+// Reads the 8 bytes before `pointer`: for a block of libc's, the end of its chunk header, which
+// never holds the tag. AddressSanitizer's malloc keeps a guard zone there instead, which the
+// check asks about rather than read.
 BlockHeader* HeaderOf(void* pointer) {
   auto* header = reinterpret_cast<BlockHeader*>(static_cast<char*>(pointer) - sizeof(BlockHeader));
+#if defined(__SANITIZE_ADDRESS__)
+  if (__asan_region_is_poisoned(&header->tag, sizeof(header->tag)) != nullptr) return nullptr;
+#endif
   return header->tag == kBlockTag ? header : nullptr;
 }
 
