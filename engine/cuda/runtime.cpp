@@ -78,15 +78,14 @@ size_t RoundedSize(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
-// OROCHI_CUDA_NO_CACHING=1 gives every tensor its own cudaMalloc of exactly its size and frees it
-// with cudaFree when the tensor dies, so that a memory checker (compute-sanitizer, or the
-// emulated GPU under AddressSanitizer) sees a kernel reading past a tensor's end instead of into
-// the rest of a rounded, cached block. cudaFree waits for the device: this is for checking, not
-// for serving.
+// OROCHI_CUDA_NO_CACHING=1 gives every tensor its own cudaMalloc of exactly its size, freed when
+// the tensor dies, so that a memory checker (compute-sanitizer, or the emulated GPU under
+// AddressSanitizer) sees a kernel reading past a tensor's end instead of into the rest of a
+// rounded, cached block. Each free waits for the device: this is for checking, not for serving.
 bool CachingDisabled() {
   static const bool disabled = [] {
     const char* setting = std::getenv("OROCHI_CUDA_NO_CACHING");
-    return setting != nullptr && *setting != '\0' && std::strcmp(setting, "0") != 0;
+    return setting != nullptr && std::strcmp(setting, "1") == 0;
   }();
   return disabled;
 }

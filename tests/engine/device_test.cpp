@@ -218,7 +218,7 @@ TEST(CudaDevice, ReadOnlyTensorsStayReadOnlyOnTheDevice) {
 // OROCHI_CUDA_NO_CACHING (a run under a memory checker) gives blocks back to the driver instead.
 bool CachingIsOff() {
   const char* setting = std::getenv("OROCHI_CUDA_NO_CACHING");
-  return setting != nullptr && *setting != '\0' && std::strcmp(setting, "0") != 0;
+  return setting != nullptr && std::strcmp(setting, "1") == 0;
 }
 
 TEST(CudaDevice, FreedBlocksAreReusedFromTheCache) {

@@ -58,24 +58,16 @@ size_t SpanBytes(int rows, int columns, int leading, long long stride, int batch
   return static_cast<size_t>(last + 1) * emulator::ElementSize(ElementOf(type));
 }
 
-struct StatusDescription {
-  cublasStatus_t status;
-  const char* name;
-  const char* text;
-};
-
-StatusDescription Describe(cublasStatus_t status) {
-  static constexpr StatusDescription kKnown[] = {
+emulator::CodeDescription<cublasStatus_t> DescribeStatus(cublasStatus_t status) {
+  static constexpr emulator::CodeDescription<cublasStatus_t> kKnown[] = {
       {CUBLAS_STATUS_SUCCESS, "CUBLAS_STATUS_SUCCESS", "success"},
       {CUBLAS_STATUS_INVALID_VALUE, "CUBLAS_STATUS_INVALID_VALUE",
        "an invalid numeric value was used as an argument"},
       {CUBLAS_STATUS_NOT_SUPPORTED, "CUBLAS_STATUS_NOT_SUPPORTED",
        "the functionality requested is not supported"},
   };
-  for (const StatusDescription& known : kKnown) {
-    if (known.status == status) return known;
-  }
-  return {status, "CUBLAS_STATUS_INTERNAL_ERROR", "an internal operation failed"};
+  return emulator::Describe(
+      kKnown, status, {status, "CUBLAS_STATUS_INTERNAL_ERROR", "an internal operation failed"});
 }
 
 }  // namespace
@@ -92,9 +84,9 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
-const char* cublasGetStatusName(cublasStatus_t status) { return Describe(status).name; }
+const char* cublasGetStatusName(cublasStatus_t status) { return DescribeStatus(status).name; }
 
-const char* cublasGetStatusString(cublasStatus_t status) { return Describe(status).text; }
+const char* cublasGetStatusString(cublasStatus_t status) { return DescribeStatus(status).text; }
 
 cublasStatus_t cublasGemmStridedBatchedEx(
     cublasHandle_t handle, cublasOperation_t trans_a, cublasOperation_t trans_b, int m, int n,

@@ -72,6 +72,25 @@ struct SharedArrays {
   size_t bytes = 0;
 };
 
+// A status code with the name and text its library gives it (cudaGetErrorName and
+// cudaGetErrorString, cublasGetStatusName and cublasGetStatusString).
+template <typename Code>
+struct CodeDescription {
+  Code code;
+  const char* name;
+  const char* text;
+};
+
+// The entry of `known` for `code`, or `otherwise` for a code the table does not list.
+template <typename Code, size_t kCount>
+CodeDescription<Code> Describe(const CodeDescription<Code> (&known)[kCount], Code code,
+                               CodeDescription<Code> otherwise) {
+  for (const CodeDescription<Code>& entry : known) {
+    if (entry.code == code) return entry;
+  }
+  return otherwise;
+}
+
 // Checks the configuration as cudaLaunchKernel does (the error is also the thread's last error)
 // and queues `body`, run once per CUDA thread, on `stream`. Every non-null pointer among the
 // kernel's arguments (`pointers`) must point into device memory of the stream's device: a GPU

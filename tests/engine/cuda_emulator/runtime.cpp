@@ -358,15 +358,9 @@ void InstallFaultHandler() {
 
 bool ValidDevice(int device) { return device >= 0 && device < DeviceCount(); }
 
-struct ErrorDescription {
-  cudaError_t error;
-  const char* name;
-  const char* text;
-};
-
 // The errors the emulator returns, named and described as the runtime does.
-ErrorDescription Describe(cudaError_t error) {
-  static constexpr ErrorDescription kKnown[] = {
+CodeDescription<cudaError_t> DescribeError(cudaError_t error) {
+  static constexpr CodeDescription<cudaError_t> kKnown[] = {
       {cudaSuccess, "cudaSuccess", "no error"},
       {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
       {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
@@ -377,10 +371,7 @@ ErrorDescription Describe(cudaError_t error) {
       {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
       {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
   };
-  for (const ErrorDescription& known : kKnown) {
-    if (known.error == error) return known;
-  }
-  return {error, "cudaErrorUnknown", "unknown error"};
+  return Describe(kKnown, error, {error, "cudaErrorUnknown", "unknown error"});
 }
 
 }  // namespace
@@ -438,9 +429,9 @@ cudaError_t cudaGetLastError() {
 
 cudaError_t cudaPeekAtLastError() { return emulator::last_error; }
 
-const char* cudaGetErrorName(cudaError_t error) { return emulator::Describe(error).name; }
+const char* cudaGetErrorName(cudaError_t error) { return emulator::DescribeError(error).name; }
 
-const char* cudaGetErrorString(cudaError_t error) { return emulator::Describe(error).text; }
+const char* cudaGetErrorString(cudaError_t error) { return emulator::DescribeError(error).text; }
 
 cudaError_t cudaGetDeviceCount(int* count) {
   *count = emulator::DeviceCount();
