@@ -5,8 +5,8 @@
 // process exits. A copy is unloaded and replaced while the process lives on, so every block and
 // arena the copy allocates is tracked here and released when the copy is unloaded.
 //
-// The interpreter library is linked with --wrap=malloc,calloc,realloc,free, so every call from
-// CPython (and from this library) lands here; obmalloc's arenas come through the arena
+// The interpreter library is linked with --wrap=malloc,calloc,realloc,free,strdup, so every call
+// from CPython (and from this library) lands here; obmalloc's arenas come through the arena
 // allocator installed below. A block handed to free() that libc allocated (realpath(), ...)
 // has no header tag and goes straight to libc.
 #include "copy_heap.h"
@@ -198,6 +198,16 @@ void __wrap_free(void* pointer) {
     orochi::copy::Unlink(heap, header);
   }
   __real_free(header);
+}
+
+// pybind11 names and documents each bound function with strdup() and frees the strings with
+// free(); the records of methods of its classes outlive finalization, so their strings must be
+// the copy's.
+char* __wrap_strdup(const char* text) {
+  size_t bytes = strlen(text) + 1;
+  auto* copy = static_cast<char*>(__wrap_malloc(bytes));
+  if (copy != nullptr) memcpy(copy, text, bytes);
+  return copy;
 }
 
 void* __wrap_realloc(void* pointer, size_t size) {
