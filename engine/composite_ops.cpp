@@ -61,15 +61,15 @@ Tensor Normalize(Op op, const Tensor& input, const Shape& normalized_shape,
 
 Tensor ArgReduce(Op op, const Tensor& input, std::optional<int64_t> dim, bool keepdim) {
   OROCHI_CHECK_ARG(op == Op::argmax || op == Op::argmin, OpName(op) << " is not argmax/argmin");
-  OROCHI_CHECK_ARG(input.numel() > 0, OpName(op) << ": cannot reduce an empty tensor");
   auto kernel = Kernels().FindAs<ReduceKernel>(op, input.device(), input.dtype());
   if (!dim) {
+    OROCHI_CHECK_ARG(input.numel() > 0, OpName(op) << ": cannot reduce an empty tensor");
     Tensor output = Tensor::Empty(keepdim ? Shape(input.shape().size(), 1) : Shape{}, DType::kInt64,
                                   input.device());
     kernel(op, input.Contiguous().View({1, input.numel()}), output);
     return output;
   }
-  int64_t d = WrapDim(*dim, input.dim());
+  int64_t d = WrapScalarDim(*dim, input.dim());
   OROCHI_CHECK_ARG(input.dim() == 0 || input.shape()[d] > 0,
                    OpName(op) << ": cannot reduce an empty dimension");
   if (input.dim() == 0) {
@@ -86,7 +86,8 @@ Tensor ArgReduce(Op op, const Tensor& input, std::optional<int64_t> dim, bool ke
   Tensor moved = input.Permute(order).Contiguous();
   Shape kept(moved.shape().begin(), moved.shape().end() - 1);
   Tensor output = Tensor::Empty(kept, DType::kInt64, input.device());
-  kernel(op, moved.View({NumElements(kept), input.shape()[d]}), output);
+  // An empty batch (rows of a 0-row tensor) has an empty answer, and nothing to launch.
+  if (output.numel() > 0) kernel(op, moved.View({NumElements(kept), input.shape()[d]}), output);
   return keepdim ? output.Unsqueeze(d) : output;
 }
 
@@ -238,7 +239,7 @@ Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index) {
   OROCHI_CHECK_ARG(index.dim() <= 1 && IsIntegral(index.dtype()),
                    "index_select: the index must be a 1-D integer tensor");
   const Device device = CommonDevice("index_select", {&input, &index});
-  int64_t d = input.dim() == 0 ? 0 : WrapDim(dim, input.dim());
+  const int64_t d = WrapScalarDim(dim, input.dim());
   Tensor picks = index.To(DType::kInt64).Contiguous();
   int64_t size = input.dim() == 0 ? 1 : input.shape()[d];
   if (picks.numel() > 0) {
@@ -254,8 +255,9 @@ Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index) {
     }
   }
   Shape shape = input.shape();
-  int64_t outer = NumElements(Shape(shape.begin(), shape.begin() + d));
-  int64_t inner = NumElements(Shape(shape.begin() + d + 1, shape.end()));
+  const bool scalar = shape.empty();  // one element: one row of one
+  int64_t outer = scalar ? 1 : NumElements(Shape(shape.begin(), shape.begin() + d));
+  int64_t inner = scalar ? 1 : NumElements(Shape(shape.begin() + d + 1, shape.end()));
   Tensor rows = input.Contiguous().View({outer, size, inner});
   if (!shape.empty()) shape[d] = picks.numel();
   Tensor output = Tensor::Empty(shape, input.dtype(), device);
@@ -269,7 +271,7 @@ Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index) {
   OROCHI_CHECK_ARG(index.dim() == input.dim(), "gather: index and input need the same rank, got "
                                                    << index.dim() << " and " << input.dim());
   const Device device = CommonDevice("gather", {&input, &index});
-  const int64_t d = input.dim() == 0 ? 0 : WrapDim(dim, input.dim());
+  const int64_t d = WrapScalarDim(dim, input.dim());
   for (int64_t i = 0; i < input.dim(); ++i) {
     OROCHI_CHECK_ARG(i == d || index.shape()[i] <= input.shape()[i],
                      "gather: index " << ShapeString(index.shape()) << " is larger than input "
@@ -405,8 +407,12 @@ Tensor ScaledDotProductAttention(const Tensor& query, const Tensor& key, const T
 }
 
 SortResult Sort(const Tensor& input, int64_t dim, bool descending) {
+  const int64_t d = WrapScalarDim(dim, input.dim());
   if (input.dim() == 0) return {input.Clone(), Zeros({}, DType::kInt64, input.device())};
-  int64_t d = WrapDim(dim, input.dim());
+  if (input.dtype() == DType::kBool) {  // as bytes: false before true
+    SortResult bytes = Sort(input.To(DType::kUInt8), dim, descending);
+    return {bytes.values.To(DType::kBool), bytes.indices};
+  }
   Tensor moved = input.Transpose(d, -1).Contiguous();
   Tensor values = Tensor::Empty(moved.shape(), input.dtype(), input.device());
   Tensor indices = Tensor::Empty(moved.shape(), DType::kInt64, input.device());
@@ -415,7 +421,7 @@ SortResult Sort(const Tensor& input, int64_t dim, bool descending) {
 }
 
 SortResult TopK(const Tensor& input, int64_t k, int64_t dim, bool largest) {
-  int64_t d = input.dim() == 0 ? 0 : WrapDim(dim, input.dim());
+  int64_t d = WrapScalarDim(dim, input.dim());
   int64_t size = input.dim() == 0 ? 1 : input.shape()[d];
   OROCHI_CHECK_ARG(k >= 0 && k <= size, "topk: k=" << k << " is out of range for dimension " << dim
                                                    << " of size " << size);

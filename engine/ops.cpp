@@ -151,6 +151,10 @@ Tensor Reduce(Op op, const Tensor& input, const std::vector<int64_t>& dims, bool
   OROCHI_CHECK_ARG(
       op == Op::sum || op == Op::mean || op == Op::amax || op == Op::amin || op == Op::prod,
       OpName(op) << " is not a reduction (argmax/argmin: ArgReduce)");
+  if (input.dim() == 0 && !dims.empty()) {  // dim 0 or -1 of a 0-d tensor: its one element
+    for (int64_t dim : dims) WrapScalarDim(dim, 0);
+    return Reduce(op, input, {}, keepdim);
+  }
   std::vector<bool> reduced(static_cast<size_t>(input.dim()), dims.empty());
   for (int64_t dim : dims) {
     int64_t wrapped = WrapDim(dim, input.dim());
@@ -184,8 +188,9 @@ Tensor Reduce(Op op, const Tensor& input, const std::vector<int64_t>& dims, bool
     output_dtype = DType::kInt64;
   }
   auto kernel = Kernels().FindAs<ReduceKernel>(op, input.device(), input.dtype());
-  Tensor arranged = input.Permute(order).Contiguous();
   Tensor output = Tensor::Empty(output_shape, output_dtype, input.device());
+  if (output.numel() == 0) return output;  // an empty batch: nothing to reduce, nothing to launch
+  Tensor arranged = input.Permute(order).Contiguous();
   kernel(op, arranged.View({NumElements(kept_shape), inner}), output);
   return output;
 }
@@ -193,7 +198,7 @@ Tensor Reduce(Op op, const Tensor& input, const std::vector<int64_t>& dims, bool
 namespace {
 
 Tensor SoftmaxLike(Op op, const Tensor& input, int64_t dim) {
-  int64_t wrapped = WrapDim(dim, input.dim());
+  int64_t wrapped = WrapScalarDim(dim, input.dim());
   auto kernel = Kernels().FindAs<SoftmaxKernel>(op, input.device(), input.dtype());
   if (input.dim() == 0) {
     Tensor output = Tensor::Empty({}, input.dtype(), input.device());

@@ -48,6 +48,14 @@ int64_t WrapDim(int64_t dim, int64_t rank) {
   return wrapped;
 }
 
+int64_t WrapScalarDim(int64_t dim, int64_t rank) {
+  if (rank > 0) return WrapDim(dim, rank);
+  OROCHI_CHECK_ARG(dim == 0 || dim == -1, "dimension " << dim
+                                                       << " is out of range for a 0-d tensor "
+                                                          "(only 0 and -1 name its one element)");
+  return 0;
+}
+
 Tensor::Tensor(StoragePtr storage, Shape shape, Shape strides, int64_t storage_offset, DType dtype)
     : storage_(std::move(storage)),
       shape_(std::move(shape)),
@@ -194,7 +202,7 @@ Tensor Tensor::Transpose(int64_t dim0, int64_t dim1) const {
 Tensor Tensor::Squeeze(std::optional<int64_t> squeezed) const {
   Shape shape;
   Shape strides;
-  const int64_t only = squeezed ? WrapDim(*squeezed, dim()) : -1;  // -1: every size-1 dim
+  const int64_t only = squeezed ? WrapScalarDim(*squeezed, dim()) : -1;  // -1: every size-1 dim
   for (int64_t d = 0; d < dim(); ++d) {
     bool drop = shape_[d] == 1 && (only < 0 || only == d);
     if (!drop) {

@@ -76,7 +76,7 @@ C ApplyUnary(Op op, C x) {
       case Op::sigmoid:
         return C{1} / (C{1} + std::exp(-x));
       case Op::relu:
-        return x > C{0} ? x : C{0};
+        return !(x <= C{0}) ? x : C{0};  // NaN stays NaN, as in PyTorch
       case Op::silu:
         return x / (C{1} + std::exp(-x));
       case Op::gelu:
@@ -170,12 +170,10 @@ C ApplyArithmetic(Op op, C a, C b) {
       if constexpr (std::is_floating_point_v<C>) {
         return std::pow(a, b);
       } else {
-        C result = 1;  // integer power by squaring; negative exponents give 0 as in PyTorch
-        for (C base = a, exponent = b; exponent > 0; exponent >>= 1, base *= base) {
-          if (exponent & 1) result *= base;
-        }
-        return b < 0 ? C{0} : result;
+        return IntegerPower(a, b);
       }
+    case Op::floor_divide:
+      return FloorDivide(a, b);
     case Op::maximum:
       if constexpr (std::is_floating_point_v<C>) {
         if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<C>::quiet_NaN();
@@ -252,9 +250,10 @@ void RegisterElementwiseKernels(KernelRegistry& registry) {
   registry.RegisterEach<Op::exp, Op::log, Op::sqrt, Op::rsqrt, Op::sin, Op::cos, Op::tanh,
                         Op::sigmoid, Op::silu, Op::gelu, Op::gelu_tanh, Op::erf>(kCpu, UnaryOp,
                                                                                  kFloatingDTypes);
-  registry.RegisterEach<Op::add, Op::sub, Op::mul, Op::div, Op::pow, Op::maximum, Op::minimum,
-                        Op::eq, Op::ne, Op::lt, Op::le, Op::gt, Op::ge, Op::logical_and,
-                        Op::logical_or, Op::logical_xor>(kCpu, BinaryOp, kAllDTypes);
+  registry.RegisterEach<Op::add, Op::sub, Op::mul, Op::div, Op::pow, Op::floor_divide, Op::maximum,
+                        Op::minimum, Op::eq, Op::ne, Op::lt, Op::le, Op::gt, Op::ge,
+                        Op::logical_and, Op::logical_or, Op::logical_xor>(kCpu, BinaryOp,
+                                                                          kAllDTypes);
   registry.Register<Op::where>(kCpu, WhereOp, kAllDTypes);
 }
 

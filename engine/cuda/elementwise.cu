@@ -164,7 +164,7 @@ __device__ __forceinline__ C ApplyUnary(Op op, C x) {
       case Op::sigmoid:
         return C{1} / (C{1} + Exp(-x));
       case Op::relu:
-        return x > C{0} ? x : C{0};
+        return !(x <= C{0}) ? x : C{0};  // NaN stays NaN, as in PyTorch
       case Op::silu:
         return x / (C{1} + Exp(-x));
       case Op::gelu:
@@ -236,13 +236,10 @@ __device__ __forceinline__ C ApplyArithmetic(Op op, C a, C b) {
       if constexpr (std::is_floating_point_v<C>) {
         return Pow(a, b);
       } else {
-        C result = 1;  // integer power by squaring; negative exponents give 0 as in PyTorch
-        for (C base = a, exponent = b; exponent > 0; exponent >>= 1, base *= base) {
-          if (exponent & 1) result *= base;
-        }
-        if constexpr (std::is_signed_v<C>) return b < 0 ? C{0} : result;
-        return result;
+        return IntegerPower(a, b);
       }
+    case Op::floor_divide:
+      return FloorDivide(a, b);
     case Op::maximum:
       if (IsNan(a) || IsNan(b)) return a + b;  // NaN
       return a > b ? a : b;

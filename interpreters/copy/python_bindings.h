@@ -19,6 +19,7 @@ namespace orochi::copy::bindings {
 namespace py = pybind11;
 using engine::Device;
 using engine::DType;
+using engine::Op;
 using engine::Shape;
 using engine::Tensor;
 
@@ -45,17 +46,24 @@ Shape ParseShape(py::handle sequence, const char* function);
 // dim=None -> all dims (empty), an int, or a sequence of ints.
 std::vector<int64_t> ParseDims(py::handle dims);
 
-// A Python number as a 0-dim tensor that takes part in promotion the way PyTorch's "wrapped
-// numbers" do: it never widens a tensor of its own category.
-Tensor ScalarTensor(py::handle number, const Tensor& like);
+// A Python number as a 0-dim operand of `op` with `like` that takes part in promotion the way
+// PyTorch's "wrapped numbers" do: it never widens a tensor of its own category, and an int
+// converted to an integer dtype wraps as it does there.
+Tensor ScalarTensor(py::handle number, const Tensor& like, Op op = Op::add);
+// A numpy scalar (numpy.float32(2), numpy.int64(1), numpy.bool_): an operand or value like the
+// Python number its item() gives.
+bool IsNumpyScalar(py::handle object);
+// Raises RuntimeError when an int stored into a tensor of integer `dtype` would not fit
+// (creation, fills, writes and clamp bounds check; arithmetic operands wrap).
+void RequireFits(int64_t value, DType dtype);
 // A value to store into a tensor of `dtype`: numbers are converted straight to `dtype` (no
-// detour through float32), tensors and lists as they are.
+// detour through float32) and must fit it, tensors and lists as they are.
 Tensor ValueForWrite(py::handle value, DType dtype);
-// `other` as an operand for a binary op with `like`: a tensor as it is, a number as above.
+// `other` as an operand of `op` with `like`: a tensor as it is, a number as above.
 // Raises TypeError for anything else.
 class Operand {
  public:
-  Operand(py::handle other, const Tensor& like);
+  Operand(py::handle other, const Tensor& like, Op op = Op::add);
   const Tensor& get() const { return tensor_ != nullptr ? *tensor_ : scalar_; }
 
  private:

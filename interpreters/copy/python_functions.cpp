@@ -22,8 +22,6 @@
 namespace orochi::copy::bindings {
 namespace {
 
-using engine::Op;
-
 // Seeds for orochi.rand/randn when none is given: manual_seed() sets the base, and each call
 // takes the next one, so a copy's sequence of tensors is reproducible.
 uint64_t g_next_seed = 0x5EED;

@@ -15,8 +15,6 @@
 namespace orochi::copy::bindings {
 namespace {
 
-using engine::Op;
-
 struct AdvancedIndex {
   int64_t dim;
   Tensor index;  // int64, in range
@@ -103,14 +101,17 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
   }
 
   Indexed out{tensor, {}};
-  int64_t dim = 0;
+  int64_t dim = 0;         // in out.view
+  int64_t tensor_dim = 0;  // in `tensor`, for messages
   for (size_t i = 0; i < items.size(); ++i) {
     PyObject* raw = items[i].ptr();
     if (raw == Py_None) {
       out.view = out.view.Unsqueeze(dim++);
     } else if (raw == Py_Ellipsis) {
       dim += tensor.dim() - consumed;
+      tensor_dim += tensor.dim() - consumed;
     } else if (PySlice_Check(raw) != 0) {
+      ++tensor_dim;
       Py_ssize_t start = 0;
       Py_ssize_t stop = 0;
       Py_ssize_t step = 0;
@@ -121,6 +122,7 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
       out.view = out.view.Slice(dim++, start, std::max(start, stop), step);
     } else if (tensors[i].defined()) {
       Tensor index = tensors[i];
+      tensor_dim += index.dtype() == engine::DType::kBool ? index.dim() : 1;
       if (index.dtype() == engine::DType::kBool) {
         // A mask over k dims: merge them and pick the positions where it is true.
         int64_t k = index.dim();
@@ -154,9 +156,10 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
       int64_t size = out.view.shape()[dim];
       if (value < -size || value >= size) {
         throw py::index_error("index " + std::to_string(value) + " is out of range for dimension " +
-                              std::to_string(dim) + " with size " + std::to_string(size));
+                              std::to_string(tensor_dim) + " with size " + std::to_string(size));
       }
       out.view = out.view.Select(dim, value);
+      ++tensor_dim;
     }
   }
   return out;
@@ -229,6 +232,13 @@ Tensor GetItem(const Tensor& tensor, py::handle index) {
   return Gather(ApplyIndex(tensor, index, /*for_write=*/false));
 }
 
+// A value's leading size-1 dims are dropped before it is broadcast into the indexed place, as
+// PyTorch does: z[rows] = v.unsqueeze(0) writes v.
+Tensor WithoutLeadingOnes(Tensor value, int64_t rank) {
+  while (value.dim() > rank && value.shape()[0] == 1) value = value.Squeeze(0);
+  return value;
+}
+
 void SetItem(Tensor& tensor, py::handle index, py::handle value) {
   if (tensor.read_only()) {
     throw py::value_error(
@@ -260,7 +270,7 @@ void SetItem(Tensor& tensor, py::handle index, py::handle value) {
 
   Indexed indexed = ApplyIndex(tensor, index, /*for_write=*/true);
   if (indexed.advanced.empty()) {
-    indexed.view.CopyFrom(source);
+    indexed.view.CopyFrom(WithoutLeadingOnes(source, indexed.view.dim()));
     return;
   }
   if (indexed.advanced.size() != 1) {
@@ -273,7 +283,8 @@ void SetItem(Tensor& tensor, py::handle index, py::handle value) {
   Tensor flat_index = OnHost(entry.index.Reshape({-1}).Contiguous());
   Shape target = indexed.view.shape();
   target[entry.dim] = flat_index.numel();
-  Tensor expanded_source = source.Expand(target);
+  Tensor expanded_source =
+      WithoutLeadingOnes(source, static_cast<int64_t>(target.size())).Expand(target);
   const auto* positions = flat_index.data_as<int64_t>();
   for (int64_t i = 0; i < flat_index.numel(); ++i) {
     indexed.view.Select(entry.dim, positions[i]).CopyFrom(expanded_source.Select(entry.dim, i));

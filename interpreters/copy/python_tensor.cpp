@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <array>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,8 +16,6 @@
 
 namespace orochi::copy::bindings {
 namespace {
-
-using engine::Op;
 
 // Above this many multiply-adds an op runs with the GIL released, so other Python threads of
 // the copy run meanwhile; below it the release costs more than it gives.
@@ -128,8 +127,15 @@ void ReleaseBuffer(PyObject* /*object*/, Py_buffer* view) {
 
 // --- arguments --------------------------------------------------------------------------------
 
-std::optional<Tensor> OptionalTensor(py::handle object, const Tensor& like) {
+// A clamp bound: a tensor, or a number that must fit `like`'s integer dtype, as in PyTorch.
+std::optional<Tensor> ClampBound(py::handle object, const Tensor& like) {
   if (object.is_none()) return std::nullopt;
+  if (PyLong_Check(object.ptr()) != 0 && PyBool_Check(object.ptr()) == 0) {
+    int overflow = 0;
+    const int64_t value = PyLong_AsLongLongAndOverflow(object.ptr(), &overflow);
+    if (overflow != 0) throw py::value_error("clamp: the bound does not fit in 64 bits");
+    RequireFits(value, like.dtype());
+  }
   return Operand(object, like).get();
 }
 
@@ -169,6 +175,29 @@ py::object ReduceWithIndices(Op values_op, Op index_op, const Tensor& self, py::
   Tensor indices = engine::ArgReduce(index_op, self, d, keepdim);
   py::object pair = py::module_::import("orochi").attr("_values_indices");
   return pair(py::cast(std::move(values)), py::cast(std::move(indices)));
+}
+
+// split([3, 7]): consecutive pieces of the given sizes, which must add up to the dim's size.
+std::vector<Tensor> SplitWithSizes(const Tensor& self, const std::vector<int64_t>& sizes,
+                                   int64_t dim) {
+  const int64_t length = self.size(dim);
+  int64_t total = 0;
+  for (int64_t size : sizes) {
+    if (size < 0) throw py::value_error("split: section sizes must be non-negative");
+    total += size;
+  }
+  if (total != length) {
+    throw py::value_error("split: the section sizes add up to " + std::to_string(total) +
+                          ", but dimension " + std::to_string(dim) + " has size " +
+                          std::to_string(length));
+  }
+  std::vector<Tensor> pieces;
+  int64_t start = 0;
+  for (int64_t size : sizes) {
+    pieces.push_back(self.Narrow(dim, start, size));
+    start += size;
+  }
+  return pieces;
 }
 
 py::object SortPair(const engine::SortResult& result) {
@@ -225,6 +254,7 @@ constexpr BinaryEntry kBinaryOps[] = {
     {"mul", "__mul__", "__rmul__", "__imul__", Op::mul},
     {"div", "__truediv__", "__rtruediv__", "__itruediv__", Op::div},
     {"pow", "__pow__", "__rpow__", "__ipow__", Op::pow},
+    {"floor_divide", "__floordiv__", "__rfloordiv__", "__ifloordiv__", Op::floor_divide},
     {"maximum", nullptr, nullptr, nullptr, Op::maximum},
     {"minimum", nullptr, nullptr, nullptr, Op::minimum},
     {"eq", "__eq__", nullptr, nullptr, Op::eq},
@@ -253,7 +283,32 @@ void RequireBoolForBitwise(Op op, const Tensor& self, py::handle other) {
 
 bool IsOperand(py::handle other) {
   PyObject* raw = other.ptr();
-  return TensorFromPython(raw) != nullptr || PyFloat_Check(raw) != 0 || PyLong_Check(raw) != 0;
+  return TensorFromPython(raw) != nullptr || PyFloat_Check(raw) != 0 || PyLong_Check(raw) != 0 ||
+         IsNumpyScalar(other);
+}
+
+// An integer tensor to a negative int power is refused, as in PyTorch (a tensor of exponents
+// gives 0 instead, see IntegerPower).
+void RefuseNegativeIntegerPower(Op op, const Tensor& self, py::handle exponent) {
+  if (op != Op::pow || engine::IsFloating(self.dtype())) return;
+  PyObject* raw = exponent.ptr();
+  if (PyLong_Check(raw) == 0 || PyBool_Check(raw) != 0) return;
+  int overflow = 0;
+  if (PyLong_AsLongLongAndOverflow(raw, &overflow) < 0 || overflow < 0) {
+    throw std::runtime_error("Integers to negative integer powers are not allowed.");
+  }
+}
+
+// engine::Binary, after the refusal that depends on the values: integer floor division by zero
+// (PyTorch raises ZeroDivisionError's text as a RuntimeError).
+Tensor BinaryOf(Op op, const Tensor& a, const Tensor& b) {
+  if (op == Op::floor_divide && !engine::IsFloating(engine::ResultType(a, b)) &&
+      engine::Any(engine::Binary(Op::eq, b, engine::Scalar(0, b.dtype())))
+              .To(Device{})
+              .ItemAsDouble() != 0) {
+    throw std::runtime_error("ZeroDivisionError: integer floor division by zero");
+  }
+  return engine::Binary(op, a, b);
 }
 
 void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
@@ -281,29 +336,32 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
     DefBoth(
         cls, module, entry.name,
         [op](const Tensor& self, py::handle other) {
-          Operand operand(other, self);
-          return engine::Binary(op, self, operand.get());
+          RefuseNegativeIntegerPower(op, self, other);
+          Operand operand(other, self, op);
+          return BinaryOf(op, self, operand.get());
         },
         py::arg("other"));
     std::string inplace_method = std::string(entry.name) + "_";
     cls.def(inplace_method.c_str(), [op](Tensor& self, py::handle other) -> Tensor& {
-      Operand operand(other, self);
-      return InPlace(self, engine::Binary(op, self, operand.get()));
+      RefuseNegativeIntegerPower(op, self, other);
+      Operand operand(other, self, op);
+      return InPlace(self, BinaryOf(op, self, operand.get()));
     });
     if (entry.forward != nullptr) {
       cls.def(entry.forward, [op](const Tensor& self, py::handle other) -> py::object {
         if (!IsOperand(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
         RequireBoolForBitwise(op, self, other);
-        Operand operand(other, self);
-        return py::cast(engine::Binary(op, self, operand.get()));
+        RefuseNegativeIntegerPower(op, self, other);
+        Operand operand(other, self, op);
+        return py::cast(BinaryOf(op, self, operand.get()));
       });
     }
     if (entry.reverse != nullptr) {
       cls.def(entry.reverse, [op](const Tensor& self, py::handle other) -> py::object {
         if (!IsOperand(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
         RequireBoolForBitwise(op, self, other);
-        Operand operand(other, self);
-        return py::cast(engine::Binary(op, operand.get(), self));
+        Operand operand(other, self, op);
+        return py::cast(BinaryOf(op, operand.get(), self));
       });
     }
     if (entry.inplace != nullptr) {
@@ -311,37 +369,33 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
         if (!IsOperand(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
         auto& self = self_object.cast<Tensor&>();
         RequireBoolForBitwise(op, self, other);
-        Operand operand(other, self);
-        InPlace(self, engine::Binary(op, self, operand.get()));
+        RefuseNegativeIntegerPower(op, self, other);
+        Operand operand(other, self, op);
+        InPlace(self, BinaryOf(op, self, operand.get()));
         return self_object;
       });
     }
   }
+  // orochi.pow(2, t): a number raised to a tensor of exponents.
+  module.def(
+      "pow",
+      [](py::handle base, const Tensor& exponent) {
+        if (!IsOperand(base)) {
+          throw py::type_error("pow: the base must be a tensor or a number, not " +
+                               std::string(Py_TYPE(base.ptr())->tp_name));
+        }
+        Operand operand(base, exponent, Op::pow);
+        return BinaryOf(Op::pow, operand.get(), exponent);
+      },
+      py::arg("self"), py::arg("exponent"));
   // Aliases with PyTorch's other spellings.
   DefBoth(
       cls, module, "true_divide",
       [](const Tensor& self, py::handle other) {
-        Operand operand(other, self);
+        Operand operand(other, self, Op::div);
         return engine::Binary(Op::div, self, operand.get());
       },
       py::arg("other"));
-  cls.def("__floordiv__", [](const Tensor& self, py::handle other) {
-    Operand operand(other, self);
-    const DType dtype = engine::ResultType(self, operand.get());
-    if (engine::IsFloating(dtype)) {
-      return engine::Unary(Op::floor, engine::Binary(Op::div, self, operand.get()));
-    }
-    // Integers divide exactly in float64 up to 2^53; division by zero is an error, as in
-    // PyTorch, not a garbage quotient.
-    if (engine::Any(engine::Binary(Op::eq, operand.get(), engine::Scalar(0, dtype)))
-            .To(Device{})
-            .ItemAsDouble() != 0) {
-      throw py::value_error("integer division by zero");
-    }
-    Tensor quotient =
-        engine::Binary(Op::div, self.To(DType::kFloat64), operand.get().To(DType::kFloat64));
-    return engine::Unary(Op::floor, quotient).To(dtype);
-  });
   cls.def("__matmul__", [](const Tensor& self, const Tensor& other) {
     return MaybeWithoutGil(MatmulWork(self, other), [&] { return engine::Matmul(self, other); });
   });
@@ -368,7 +422,9 @@ void BindReductions(py::class_<Tensor>& cls, py::module_& module) {
   auto reduce = [](Op op) {
     return [op](const Tensor& self, py::handle dim, bool keepdim, py::handle dtype) {
       std::optional<DType> as = ParseOptionalDType(dtype);
-      return engine::Reduce(op, as ? self.To(*as) : self, ParseDims(dim), keepdim);
+      Tensor result = engine::Reduce(op, as ? self.To(*as) : self, ParseDims(dim), keepdim);
+      // The engine sums integers into int64; dtype= asks for that dtype itself (wrapping).
+      return as ? result.To(*as) : result;
     };
   };
   for (auto [name, op] :
@@ -465,7 +521,7 @@ void BindSelection(py::class_<Tensor>& cls, py::module_& module) {
     if (min.is_none() && max.is_none()) {
       throw py::value_error("clamp: at least one of min and max must be given");
     }
-    return engine::Clamp(self, OptionalTensor(min, self), OptionalTensor(max, self));
+    return engine::Clamp(self, ClampBound(min, self), ClampBound(max, self));
   };
   DefBoth(cls, module, "clamp", clamp, py::arg("min") = py::none(), py::arg("max") = py::none());
   DefBoth(cls, module, "clip", clamp, py::arg("min") = py::none(), py::arg("max") = py::none());
@@ -477,10 +533,11 @@ void BindSelection(py::class_<Tensor>& cls, py::module_& module) {
       py::arg("min") = py::none(), py::arg("max") = py::none());
   DefBoth(
       cls, module, "sort",
-      [](const Tensor& self, int64_t dim, bool descending) {
+      // The engine's sorts are stable on every device, so stable=True asks for nothing more.
+      [](const Tensor& self, int64_t dim, bool descending, bool /*stable*/) {
         return SortPair(engine::Sort(self, dim, descending));
       },
-      py::arg("dim") = -1, py::arg("descending") = false);
+      py::arg("dim") = -1, py::arg("descending") = false, py::kw_only(), py::arg("stable") = false);
   DefBoth(
       cls, module, "topk",
       [](const Tensor& self, int64_t k, int64_t dim, bool largest, bool /*sorted*/) {
@@ -489,10 +546,10 @@ void BindSelection(py::class_<Tensor>& cls, py::module_& module) {
       py::arg("k"), py::arg("dim") = -1, py::arg("largest") = true, py::arg("sorted") = true);
   DefBoth(
       cls, module, "argsort",
-      [](const Tensor& self, int64_t dim, bool descending) {
+      [](const Tensor& self, int64_t dim, bool descending, bool /*stable*/) {
         return engine::Sort(self, dim, descending).indices;
       },
-      py::arg("dim") = -1, py::arg("descending") = false);
+      py::arg("dim") = -1, py::arg("descending") = false, py::kw_only(), py::arg("stable") = false);
   DefBoth(
       cls, module, "gather",
       [](const Tensor& self, int64_t dim, const Tensor& index) {
@@ -511,12 +568,25 @@ void BindSelection(py::class_<Tensor>& cls, py::module_& module) {
       py::arg("mask"));
   DefBoth(
       cls, module, "split",
-      [](const Tensor& self, int64_t size, int64_t dim) { return engine::Split(self, size, dim); },
-      py::arg("split_size"), py::arg("dim") = 0);
+      [](const Tensor& self, py::handle split_size, int64_t dim) {
+        if (PyLong_Check(split_size.ptr()) != 0) {
+          return py::tuple(py::cast(engine::Split(self, split_size.cast<int64_t>(), dim)));
+        }
+        if (PyList_Check(split_size.ptr()) == 0 && PyTuple_Check(split_size.ptr()) == 0) {
+          throw py::type_error("split: expected an int or a list of ints, got " +
+                               std::string(Py_TYPE(split_size.ptr())->tp_name));
+        }
+        std::vector<int64_t> sizes;
+        for (py::handle size : py::reinterpret_borrow<py::sequence>(split_size)) {
+          sizes.push_back(size.cast<int64_t>());
+        }
+        return py::tuple(py::cast(SplitWithSizes(self, sizes, dim)));
+      },
+      py::arg("split_size_or_sections"), py::arg("dim") = 0);
   DefBoth(
       cls, module, "chunk",
       [](const Tensor& self, int64_t chunks, int64_t dim) {
-        return engine::Chunk(self, chunks, dim);
+        return py::tuple(py::cast(engine::Chunk(self, chunks, dim)));
       },
       py::arg("chunks"), py::arg("dim") = 0);
 }
@@ -543,7 +613,7 @@ void BindShapeMethods(py::class_<Tensor>& cls, py::module_& module) {
       .def(
           "stride",
           [](const Tensor& self, py::handle dim) -> py::object {
-            if (dim.is_none()) return py::cast(std::vector<int64_t>(self.strides()));
+            if (dim.is_none()) return py::tuple(py::cast(std::vector<int64_t>(self.strides())));
             return py::int_(self.strides()[engine::WrapDim(dim.cast<int64_t>(), self.dim())]);
           },
           py::arg("dim") = py::none())

@@ -5,7 +5,10 @@
 
 #include <array>
 #include <cstring>
+#include <limits>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -259,8 +262,9 @@ class BufferExport {
 };
 
 template <typename T>
-T LeafAs(const Leaf& leaf) {
+T LeafAs(const Leaf& leaf, DType dtype) {
   if (leaf.kind == Leaf::kFloat) return engine::Convert<T>(leaf.floating);
+  if (leaf.kind == Leaf::kInt) RequireFits(leaf.integer, dtype);
   return engine::Convert<T>(leaf.integer);
 }
 
@@ -452,7 +456,33 @@ int64_t ExactInt(PyObject* raw) {
 
 }  // namespace
 
-Tensor ScalarTensor(py::handle number, const Tensor& like) {
+void RequireFits(int64_t value, DType dtype) {
+  if (!engine::IsIntegral(dtype)) return;
+  VisitDType(dtype, [&]<typename T>() {
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      if (!std::in_range<T>(value)) {
+        throw std::runtime_error("value " + std::to_string(value) + " cannot be converted to " +
+                                 std::string(DTypeName(dtype)) + " without overflow (range " +
+                                 std::to_string(std::numeric_limits<T>::min()) + " to " +
+                                 std::to_string(std::numeric_limits<T>::max()) + ")");
+      }
+    }
+  });
+}
+
+bool IsNumpyScalar(py::handle object) {
+  // Only when the model's code has imported numpy: the check never imports it.
+  PyObject* numpy = PyImport_GetModule(py::str("numpy").ptr());
+  if (numpy == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  auto module = py::reinterpret_steal<py::object>(numpy);
+  py::object generic = py::getattr(module, "generic", py::none());
+  return !generic.is_none() && PyObject_IsInstance(object.ptr(), generic.ptr()) == 1;
+}
+
+Tensor ScalarTensor(py::handle number, const Tensor& like, Op op) {
   // PyTorch's "wrapped number" rule: a Python number takes the tensor's dtype when its kind
   // (bool < int < float) is no higher than the tensor's, and otherwise the default dtype of its
   // kind (int64, float32). Made in that dtype, the 0-dim operand never widens the result, even
@@ -462,12 +492,16 @@ Tensor ScalarTensor(py::handle number, const Tensor& like) {
   if (PyBool_Check(raw)) return TypedScalar(raw == Py_True, dtype);
   if (PyLong_Check(raw)) {
     int64_t value = ExactInt(raw);
+    // True division of integers computes in float32, so the int keeps its value (int16 / 32768
+    // is not int16 / -32768), as PyTorch's does.
+    if (op == Op::div && !engine::IsFloating(dtype)) return TypedScalar(value, DType::kFloat32);
     return TypedScalar(value, dtype == DType::kBool ? DType::kInt64 : dtype);
   }
   if (PyFloat_Check(raw)) {
     double value = PyFloat_AS_DOUBLE(raw);
     return TypedScalar(value, engine::IsFloating(dtype) ? dtype : DType::kFloat32);
   }
+  if (IsNumpyScalar(number)) return ScalarTensor(number.attr("item")(), like, op);
   throw py::type_error("unsupported operand type " + std::string(Py_TYPE(raw)->tp_name) +
                        " for a tensor operation (expected a tensor, int, float or bool)");
 }
@@ -476,15 +510,21 @@ Tensor ValueForWrite(py::handle value, DType dtype) {
   if (const Tensor* tensor = TensorFromPython(value.ptr())) return *tensor;
   PyObject* raw = value.ptr();
   if (PyBool_Check(raw)) return TypedScalar(raw == Py_True, dtype);
-  if (PyLong_Check(raw)) return TypedScalar(ExactInt(raw), dtype);
+  if (PyLong_Check(raw)) {
+    const int64_t integer = ExactInt(raw);
+    RequireFits(integer, dtype);
+    return TypedScalar(integer, dtype);
+  }
   if (PyFloat_Check(raw)) return TypedScalar(PyFloat_AS_DOUBLE(raw), dtype);
   if (PyList_Check(raw) || PyTuple_Check(raw)) return TensorFromData(value, dtype);
+  if (IsNumpyScalar(value)) return ValueForWrite(value.attr("item")(), dtype);
   throw py::type_error("cannot write a " + std::string(Py_TYPE(raw)->tp_name) +
                        " into a tensor (expected a tensor, a number or a list)");
 }
 
-Operand::Operand(py::handle other, const Tensor& like) : tensor_(TensorFromPython(other.ptr())) {
-  if (tensor_ == nullptr) scalar_ = ScalarTensor(other, like);
+Operand::Operand(py::handle other, const Tensor& like, Op op)
+    : tensor_(TensorFromPython(other.ptr())) {
+  if (tensor_ == nullptr) scalar_ = ScalarTensor(other, like, op);
 }
 
 Tensor TensorFromData(py::handle data, std::optional<DType> dtype) {
@@ -522,7 +562,7 @@ Tensor TensorFromData(py::handle data, std::optional<DType> dtype) {
   Tensor result = Tensor::Empty(reader.shape(), target);
   VisitDType(target, [&]<typename T>() {
     T* out = result.mutable_data_as<T>();
-    for (const Leaf& leaf : reader.leaves()) *out++ = LeafAs<T>(leaf);
+    for (const Leaf& leaf : reader.leaves()) *out++ = LeafAs<T>(leaf, target);
   });
   return result;
 }

@@ -55,8 +55,11 @@ _values_indices = _collections.namedtuple("values_indices", ["values", "indices"
 Tensor.__repr__ = _format.tensor_repr
 Tensor.__str__ = _format.tensor_repr
 Tensor.__module__ = "orochi"
+# A 0-d tensor formats as its number (f"{loss}" gives "0.25", f"{loss:.2f}" too), as in PyTorch.
 Tensor.__format__ = lambda self, spec: (
-    format(self.item(), spec) if self.dim() == 0 and spec else _format.tensor_repr(self))
+    format(self.item(), spec) if self.dim() == 0 else format(_format.tensor_repr(self), spec))
+# numpy defers to the tensor's reflected operators (numpy.float32(2) * t is a tensor).
+Tensor.__array_priority__ = 1000
 
 
 class _GradMode(_contextlib.ContextDecorator):

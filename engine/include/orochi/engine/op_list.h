@@ -35,6 +35,7 @@ namespace orochi::engine {
   X(mul, BinaryKernel)               \
   X(div, BinaryKernel)               \
   X(pow, BinaryKernel)               \
+  X(floor_divide, BinaryKernel)      \
   X(maximum, BinaryKernel)           \
   X(minimum, BinaryKernel)           \
   X(eq, BinaryKernel)                \

@@ -123,5 +123,9 @@ class OROCHI_ENGINE_API Tensor {
 
 // Wraps a negative dim and checks it against `rank` (`rank + 1` positions when inserting).
 OROCHI_ENGINE_API int64_t WrapDim(int64_t dim, int64_t rank);
+// WrapDim for ops that, as in PyTorch, take a dim on a 0-d tensor too (reductions, softmax,
+// squeeze, sort, selection): there 0 and -1 name its one element and give 0, which the caller
+// must not use to index the (empty) shape.
+OROCHI_ENGINE_API int64_t WrapScalarDim(int64_t dim, int64_t rank);
 
 }  // namespace orochi::engine
