@@ -143,6 +143,56 @@ class RepositoryTest(unittest.TestCase):
         self.assertEqual(os.listdir(os.path.join(self.repository, ".orochi", "uploads")), [],
                          "failed uploads leave no file")
 
+    def test_names_that_leave_the_repository_are_refused(self):
+        server = self.start()
+        # What `..` would reach from the repository: <root>/1 and <root> itself.
+        outside = os.path.join(self.root, "1")
+        os.makedirs(outside)
+        with open(os.path.join(outside, "model.orochi"), "wb") as file:
+            file.write(b"not ours")
+        for method, path in (("DELETE", "/v2/repository/models/../versions/1"),
+                             ("DELETE", "/v2/repository/models/.."),
+                             ("POST", "/v2/repository/models/../load"),
+                             ("POST", "/v2/repository/models/../unload"),
+                             ("POST", "/v2/repository/models/.orochi/unload"),
+                             ("DELETE", "/v2/repository/models/a%2F..")):
+            with self.subTest(method=method, path=path):
+                status, answer = self.manage(server, method, path, "--path-as-is")
+                self.assertEqual(status, 400, answer)
+                self.assertIn("is not a valid model name", answer["error"])
+        self.assertTrue(os.path.exists(os.path.join(outside, "model.orochi")))
+        self.assertTrue(os.path.isdir(os.path.join(self.repository, ".orochi")))
+        # Unloading a model the server has never heard of is a 404 and is not remembered.
+        status, answer = self.manage(server, "POST", "/v2/repository/models/nope/unload")
+        self.assertEqual(status, 404, answer)
+        self.assertIn("model 'nope' is not in the repository", answer["error"])
+        state = os.path.join(self.repository, ".orochi", "state.json")
+        if os.path.exists(state):
+            with open(state) as file:
+                self.assertNotIn("nope", json.load(file)["unloaded"])
+
+    def test_deleting_the_served_version_serves_the_next_one(self):
+        server = self.start()
+        self.assertEqual(self.deploy(server, make_package(self.root, 2, bias=2.0), 2)[0], 200)
+        self.assertEqual(self.deploy(server, make_package(self.root, 3, bias=3.0), 3)[0], 200)
+        self.assertEqual(self.infer(server)[1]["model_version"], "3")
+        status, answer = self.manage(server, "DELETE", "/v2/repository/models/calculator/versions/3")
+        self.assertEqual(status, 200, answer)
+        # The latest policy picks version 2 again: the model stays served.
+        status, answer = self.infer(server)
+        self.assertEqual((status, answer.get("model_version")), (200, "2"), answer)
+        self.assertEqual(self.manage(server, "POST", "/v2/repository/index")[1],
+                         [{"name": "calculator", "version": "2", "state": "READY"}])
+        self.assertEqual(server.stop(), 0)
+        self.servers.remove(server)
+        restarted = self.start()
+        self.assertEqual(self.infer(restarted)[1]["model_version"], "2", "the same after a restart")
+        # An unloaded model stays unloaded when one of its versions goes.
+        self.assertEqual(self.deploy(restarted, make_package(self.root, 4, bias=4.0), 4)[0], 200)
+        self.assertEqual(self.manage(restarted, "POST", "/v2/repository/models/calculator/unload")[0], 200)
+        self.assertEqual(self.manage(restarted, "DELETE", "/v2/repository/models/calculator/versions/4")[0], 200)
+        self.assertEqual(self.infer(restarted)[0], 404)
+
     def test_load_false_and_upload_limit(self):
         server = self.start({"management": {"max_upload_bytes": 200000}})
         v1 = make_package(self.root, 1, bias=0.5)
