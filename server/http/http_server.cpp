@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
@@ -39,8 +40,17 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
  private:
+  // The method and target of the request being read, for Limits::observe.
+  void Remember(const Request& header) {
+    current_ = Request{header.method(), header.target(), header.version()};
+    if (header.method() == bhttp::verb::unknown) current_.method_string(header.method_string());
+    current_set_ = true;
+  }
+
   void Read() {
     answering_done_ = false;
+    current_set_ = false;
+    current_ = Request{};
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
     // The header decides which limit applies (uploads have their own): checked in OnHeader.
@@ -56,7 +66,19 @@ class Session : public std::enable_shared_from_this<Session> {
       OnRead(error);
       return;
     }
-    const bool upload = limits_.stream_body_to_file && limits_.stream_body_to_file(parser_->get());
+    const Request& header = parser_->get();
+    version_ = header.version();
+    Remember(header);
+    // Decided on the header alone, before the body is read: a refused request costs the
+    // server no reading and no disk, and a client that sent `Expect: 100-continue` learns the
+    // answer without sending its body.
+    if (limits_.screen) {
+      if (std::optional<Response> refused = limits_.screen(header)) {
+        Refuse(std::move(*refused));
+        return;
+      }
+    }
+    const bool upload = limits_.stream_body_to_file && limits_.stream_body_to_file(header);
     const uint64_t limit = upload ? limits_.max_upload_bytes : limits_.max_body_bytes;
     if (auto length = parser_->content_length(); length && *length > limit) {
       Fail(413, std::string(upload ? "the upload" : "the request body") +
@@ -68,9 +90,35 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     parser_->body_limit(limits_.max_body_bytes);  // for chunked bodies, counted as they come
-    bhttp::async_read(
-        stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code error, size_t) { self->OnRead(error); });
+    ContinueThen([self = shared_from_this()] {
+      bhttp::async_read(self->stream_, self->buffer_, *self->parser_,
+                        [self](beast::error_code error, size_t) { self->OnRead(error); });
+    });
+  }
+
+  // Sends `100 Continue` first when the client waits for it (curl does for bodies over 1 KB,
+  // for a second), then reads on.
+  void ContinueThen(std::function<void()> read_body) {
+    const Request& header = parser_->get();
+    auto expect = header.find(bhttp::field::expect);
+    if (header.version() < 11 || expect == header.end() ||
+        !beast::iequals(expect->value(), "100-continue") || parser_->is_done()) {
+      read_body();
+      return;
+    }
+    static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    stream_.expires_after(limits_.idle_timeout);
+    asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
+                      [self = shared_from_this(), read_body = std::move(read_body)](
+                          beast::error_code error, size_t) {
+                        if (error) {
+                          self->RemoveUpload();
+                          self->Close();
+                          return;
+                        }
+                        self->stream_.expires_after(self->limits_.idle_timeout);
+                        read_body();
+                      });
   }
 
   // The body goes straight to a new file; the request that reaches the handler carries the
@@ -84,23 +132,38 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     ::fchmod(fd, 0644);  // mkstemp makes it private; a deployed package is an ordinary file
+    struct stat created {};
+    ::fstat(fd, &created);
     ::close(fd);
     upload_path_ = pattern;
+    upload_inode_ = created.st_ino;
     upload_parser_.emplace(std::move(*parser_));
     upload_parser_->body_limit(limits_.max_upload_bytes);
     beast::error_code opened;
     upload_parser_->get().body().open(upload_path_.c_str(), beast::file_mode::write, opened);
     if (opened) {
-      ::unlink(upload_path_.c_str());
+      RemoveUpload();
       Fail(500, "cannot open the upload file: " + opened.message());
       return;
     }
-    // An upload may take longer than an idle gap; it still has an upper bound.
-    stream_.expires_after(
-        std::max<std::chrono::seconds>(limits_.idle_timeout, std::chrono::hours(1)));
-    bhttp::async_read(
-        stream_, buffer_, *upload_parser_,
-        [self = shared_from_this()](beast::error_code error, size_t) { self->OnUploaded(error); });
+    ContinueThen([self = shared_from_this()] {
+      // An upload may take longer than an idle gap; it still has an upper bound.
+      self->stream_.expires_after(
+          std::max<std::chrono::seconds>(self->limits_.idle_timeout, std::chrono::hours(1)));
+      bhttp::async_read(self->stream_, self->buffer_, *self->upload_parser_,
+                        [self](beast::error_code error, size_t) { self->OnUploaded(error); });
+    });
+  }
+
+  // The upload file, unless the handler has renamed it away: a handler that refuses a
+  // request without looking at its body leaves nothing behind either.
+  void RemoveUpload() {
+    if (upload_path_.empty()) return;
+    struct stat now {};
+    if (::stat(upload_path_.c_str(), &now) == 0 && now.st_ino == upload_inode_) {
+      ::unlink(upload_path_.c_str());
+    }
+    upload_path_.clear();
   }
 
   void OnUploaded(beast::error_code error) {
@@ -108,7 +171,7 @@ class Session : public std::enable_shared_from_this<Session> {
     message.body().close();
     upload_parser_.reset();
     if (error) {
-      ::unlink(upload_path_.c_str());  // a broken upload leaves nothing behind
+      RemoveUpload();  // a broken upload leaves nothing behind
       if (error == bhttp::error::body_limit) {
         Fail(413, "the upload is larger than the limit of " +
                       std::to_string(limits_.max_upload_bytes) + " bytes");
@@ -128,10 +191,16 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Answers a request that could not be read and closes the connection after the answer.
-  void Fail(unsigned status, const std::string& message) {
+  void Fail(unsigned status, const std::string& message) { Refuse(ErrorResponse(status, message)); }
+
+  // Answers a request whose body stays unread; the connection closes after the answer, since
+  // the unread body stands between it and the next request.
+  void Refuse(Response response) {
     keep_alive_ = false;
+    body_unread_ = true;
     in_flight_->fetch_add(1);
-    Write(ErrorResponse(status, message));
+    if (limits_.observe) limits_.observe(current_, response);
+    Write(std::move(response));
   }
 
   void OnRead(beast::error_code error) {
@@ -143,6 +212,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (error) {
       // The request cannot be read to its end: answer and close, the stream is out of sync.
+      if (!current_set_) Remember(parser_->get());
       unsigned status = 400;
       std::string message = "malformed HTTP request: " + error.message();
       if (error == bhttp::error::body_limit) {
@@ -154,9 +224,7 @@ class Session : public std::enable_shared_from_this<Session> {
         message = "the request header is larger than the limit of " +
                   std::to_string(limits_.max_header_bytes) + " bytes";
       }
-      keep_alive_ = false;
-      in_flight_->fetch_add(1);
-      Write(ErrorResponse(status, message));
+      Fail(status, message);
       return;
     }
     Dispatch(parser_->release());
@@ -202,6 +270,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Write(Response response) {
     answering_done_ = true;
+    RemoveUpload();
     response.version(version_);
     response.set(bhttp::field::server, kServerName);
     response.keep_alive(keep_alive_);
@@ -211,12 +280,37 @@ class Session : public std::enable_shared_from_this<Session> {
     bhttp::async_write(stream_, *shared,
                        [self = shared_from_this(), shared](beast::error_code error, size_t) {
                          self->in_flight_->fetch_sub(1);
+                         if (!error && self->body_unread_) {
+                           self->LingerThenClose();
+                           return;
+                         }
                          if (error || !self->keep_alive_) {
                            self->Close();
                            return;
                          }
                          self->Read();
                        });
+  }
+
+  // Closing with the client's body still arriving would reset the connection, and the reset
+  // can destroy the answer before the client reads it: stop sending, then read and drop what
+  // comes for a moment (as nginx's lingering close does) before closing.
+  void LingerThenClose() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(std::chrono::seconds(2));
+    Discard();
+  }
+
+  void Discard() {
+    stream_.async_read_some(asio::buffer(discarded_),
+                            [self = shared_from_this()](beast::error_code error, size_t) {
+                              if (error) {
+                                self->stream_.close();
+                                return;
+                              }
+                              self->Discard();
+                            });
   }
 
   void Close() {
@@ -229,11 +323,16 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::optional<bhttp::request_parser<bhttp::file_body>> upload_parser_;
-  std::string upload_path_;
+  std::string upload_path_;  // while an upload file is this session's to remove
+  ino_t upload_inode_ = 0;
   const Limits& limits_;
   const Handler& handler_;
   std::shared_ptr<std::atomic<int64_t>> in_flight_;
   bool keep_alive_ = true;
+  bool body_unread_ = false;
+  Request current_;
+  bool current_set_ = false;  // the answer went out before the request's body was read
+  std::array<char, 16384> discarded_{};
   unsigned version_ = 11;
   uint64_t request_number_ = 0;
   bool answering_done_ = false;  // the current request's response is being written

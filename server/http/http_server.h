@@ -2,8 +2,10 @@
 // (Boost.Beast on Asio). It knows nothing of what the requests mean; a Handler does.
 //
 // HTTP/1.1 with keep-alive; requests on one connection are answered in order (pipelined
-// requests wait in the read buffer). Limits on header size, body size and idle time are
-// answered with 431, 413 and a closed connection, each with a JSON error body.
+// requests wait in the read buffer). `Expect: 100-continue` is answered with 100 once the
+// header has passed the limits and Limits::screen, or with the final status right away. Limits on
+// header size, body size and idle time are answered with 431, 413 and a closed connection, each
+// with a JSON error body.
 //
 // Thread-safety: the server runs on the io_context's threads; a Responder may be called from
 // any thread, once.
@@ -16,6 +18,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -50,10 +53,19 @@ struct Limits {
   std::chrono::seconds idle_timeout{60};
   // Requests this selects (from their header) have their body streamed to a new file in
   // upload_directory, up to max_upload_bytes, instead of kept in memory: the handler then gets
-  // the file's path as request.body() and owns the file (it must rename or remove it).
+  // the file's path as request.body() and may rename it away before it answers; whatever is
+  // still at that path when the answer goes out is removed.
   std::function<bool(const Request& header)> stream_body_to_file;
   std::string upload_directory;
   uint64_t max_upload_bytes = 0;
+  // Looks at each request's header before its body is read: a response refuses the request
+  // there, before a byte of the body is read or stored, and the connection closes after it
+  // (e.g. a missing token, so that an unauthenticated upload never reaches the disk).
+  std::function<std::optional<Response>(const Request& header)> screen;
+  // Told of each answer the transport gives by itself (a request it cannot read, a limit, a
+  // refusal by screen), with the request's method and target as far as they were read: the
+  // handler never sees these requests, yet they belong in the logs and metrics.
+  std::function<void(const Request& header, const Response& response)> observe;
 };
 
 // A response with a JSON body `{"error": message}`, as KServe v2 clients expect.

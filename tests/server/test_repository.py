@@ -376,6 +376,45 @@ class AuthenticationTest(unittest.TestCase):
         finally:
             self.assertEqual(server.stop(), 0)
 
+    def test_an_unauthenticated_upload_is_refused_before_its_body_is_read(self):
+        os.environ["OROCHI_TEST_MGMT_TOKEN"] = "s3cret-token"
+        server = Server(self.repository, {"management": {"token_env": "OROCHI_TEST_MGMT_TOKEN"}})
+        try:
+            big = os.path.join(self.root, "5mb.bin")
+            with open(big, "wb") as file:
+                file.write(os.urandom(5_000_000))
+            uploads = os.path.join(self.repository, ".orochi", "uploads")
+            url = (f"http://127.0.0.1:{server.management_port}/v2/repository/models/evil/"
+                   "versions/1")
+            # Without `Expect: 100-continue` the body follows the header at once: still nothing
+            # of it is stored, and the 401 arrives.
+            for token, expected in ((None, 401), ("wrong", 403)):
+                headers = ["-H", f"Authorization: Bearer {token}"] if token else []
+                start = time.time()
+                status, _, body = curl("-T", big, "-H", "Expect:", *headers, url)
+                self.assertEqual(status, expected, body)
+                self.assertEqual(os.listdir(uploads), [], "no upload file, not even for a moment")
+                self.assertLess(time.time() - start, 3)
+            # With it (curl's default), the answer comes before the body is sent.
+            start = time.time()
+            status, headers, _ = curl("-T", big, url)
+            self.assertEqual(status, 401)
+            self.assertNotIn("100 Continue", headers)
+            self.assertLess(time.time() - start, 0.9, "curl waits 1 s for a 100 that never comes")
+            self.assertEqual(os.listdir(uploads), [])
+            self.assertFalse(os.path.exists(os.path.join(self.repository, "evil")))
+            # Refusals are logged and counted like any answer.
+            self.assertRegex(server.log_text(), r"request listener=management method=PUT "
+                                                r"target=/v2/repository/models/evil/versions/1 "
+                                                r"status=401")
+            _, _, metrics = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
+            self.assertRegex(metrics.decode(), r'orochi_http_requests_total\{method="PUT",'
+                                               r'route="/v2/repository/models/\{model\}/versions/'
+                                               r'\{version\}",status="403"\} 1')
+        finally:
+            del os.environ["OROCHI_TEST_MGMT_TOKEN"]
+            self.assertEqual(server.stop(), 0)
+
     def test_an_open_management_port_needs_a_token(self):
         result = subprocess.run([BINARY, "serve", "--model-repository", self.repository,
                                  "--http-port", "0", "--metrics-port", "0", "--management-port",

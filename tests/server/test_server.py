@@ -363,6 +363,50 @@ class ServerTest(unittest.TestCase):
                                    r"target=/v2/health/live\?probe=log-line status=200 "
                                    r"duration_us=\d+")
 
+    def test_expect_100_continue_is_answered_at_once(self):
+        body = json.dumps(echo_request(rows=40)).encode()
+        self.assertGreater(len(body), 1024)
+        start = time.time()
+        status, headers, text = curl("-X", "POST", "-H", "Expect: 100-continue",
+                                     self.server.url("/v2/models/echo/infer"), data=body)
+        self.assertEqual(status, 200, text)
+        self.assertIn("HTTP/1.1 100 Continue", headers)
+        self.assertLess(time.time() - start, 0.9, "curl waited 1 s for the 100")
+        # Over the limit: the final answer instead of the 100, before the body is sent.
+        status, headers, text = curl("-X", "POST", "-H", "Expect: 100-continue",
+                                     "-H", f"Content-Length: {65 * 1024 * 1024}",
+                                     self.server.url("/v2/models/echo/infer"), data=b"{}")
+        self.assertEqual(status, 413, text)
+        self.assertNotIn("100 Continue", headers)
+
+    def test_transport_answers_are_logged_and_counted_and_methods_are_bounded(self):
+        def raw(request):
+            with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as sock:
+                sock.sendall(request)
+                received = b""
+                while chunk := sock.recv(65536):
+                    received += chunk
+                return received
+
+        for i in range(3):
+            answer = raw(b"M%05dX /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+                         b"Connection: close\r\n\r\n" % i)
+            self.assertTrue(answer.startswith(b"HTTP/1.1 4"), answer)
+        answer = raw(b"GET /v2/health/live?probe=431 HTTP/1.1\r\nX-Big: " + b"a" * 20000 +
+                     b"\r\n\r\n")
+        self.assertTrue(answer.startswith(b"HTTP/1.1 431"), answer)
+        time.sleep(0.1)
+        self.assertRegex(self.server.log_text(),
+                         r"request listener=inference method=GET target=/v2/health/live\?"
+                         r"probe=431 status=431")
+        _, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
+        text = metrics.decode()
+        self.assertNotIn("M00001X", text)
+        self.assertRegex(text, r'orochi_http_requests_total\{method="other",'
+                               r'route="unmatched",status="405"\} [3-9]')
+        self.assertRegex(text, r'orochi_http_requests_total\{method="GET",'
+                               r'route="/v2/health/live",status="431"\} [1-9]')
+
     def test_many_keep_alive_clients(self):
         duration = float(os.environ.get("OROCHI_LOAD_SECONDS", "30"))
         errors, answered = [], [0]
