@@ -233,6 +233,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   limits.max_header_bytes = static_cast<size_t>(cfg.http.max_header_bytes);
   limits.max_body_bytes = static_cast<uint64_t>(cfg.http.max_body_bytes);
   limits.idle_timeout = std::chrono::seconds(cfg.http.idle_timeout_s);
+  limits.max_connections = static_cast<size_t>(cfg.http.max_connections);
   http::Limits inference_limits = limits;
   inference_limits.observe = s.Observer(s.inference_router, "inference");
   if (inference_token) {

@@ -16,6 +16,8 @@
 #include <optional>
 #include <utility>
 
+#include "log.h"
+
 namespace orochi::server::http {
 namespace {
 
@@ -29,11 +31,16 @@ constexpr const char* kServerName = "orochi";
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, const Limits& limits, const Handler& handler,
-          std::shared_ptr<std::atomic<int64_t>> in_flight)
+          std::shared_ptr<std::atomic<int64_t>> in_flight,
+          std::shared_ptr<std::atomic<int64_t>> connections)
       : stream_(std::move(socket)),
         limits_(limits),
         handler_(handler),
-        in_flight_(std::move(in_flight)) {}
+        in_flight_(std::move(in_flight)),
+        connections_(std::move(connections)) {}
+  ~Session() { connections_->fetch_sub(1); }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
   void Start() {
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
@@ -328,6 +335,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const Limits& limits_;
   const Handler& handler_;
   std::shared_ptr<std::atomic<int64_t>> in_flight_;
+  std::shared_ptr<std::atomic<int64_t>> connections_;  // counted by the acceptor, one is ours
   bool keep_alive_ = true;
   bool body_unread_ = false;
   Request current_;
@@ -357,7 +365,8 @@ HttpServer::HttpServer(asio::io_context& io, Limits limits, Handler handler)
     : io_(io),
       limits_(std::move(limits)),
       handler_(std::move(handler)),
-      acceptor_(asio::make_strand(io)) {}
+      acceptor_(asio::make_strand(io)),
+      accept_pause_(acceptor_.get_executor()) {}
 
 HttpServer::~HttpServer() = default;  // the owner stops the io_context first
 
@@ -383,19 +392,65 @@ void HttpServer::StopAccepting() {
   asio::dispatch(acceptor_.get_executor(), [this] {
     beast::error_code ignored;
     acceptor_.close(ignored);
+    accept_pause_.cancel();
   });
 }
 
 void HttpServer::Accept() {
-  acceptor_.async_accept(
-      asio::make_strand(io_), [this](beast::error_code error, tcp::socket socket) {
-        if (error == asio::error::operation_aborted || !acceptor_.is_open()) return;
-        if (!error) {
-          socket.set_option(tcp::no_delay(true), error);
-          std::make_shared<Session>(std::move(socket), limits_, handler_, in_flight_)->Start();
-        }
-        Accept();
+  acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code error,
+                                                        tcp::socket socket) {
+    if (error == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (error) {
+      // Out of descriptors (EMFILE, ENFILE) or memory: the connection stays in the
+      // backlog, so accepting again at once fails again at once, at full CPU, and starves
+      // every other listener. Pause; connections that close meanwhile free descriptors.
+      if (!accept_failing_) {
+        Log(LogLevel::kWarning, "cannot accept connections; retrying every 100 ms",
+            {{"port", std::to_string(port_), false}, {"error", error.message()}});
+      }
+      accept_failing_ = true;
+      accept_pause_.expires_after(std::chrono::milliseconds(100));
+      accept_pause_.async_wait([this](beast::error_code waited) {
+        if (!waited && acceptor_.is_open()) Accept();
       });
+      return;
+    }
+    if (accept_failing_) {
+      Log(LogLevel::kInfo, "accepting connections again", {{"port", std::to_string(port_), false}});
+      accept_failing_ = false;
+    }
+    if (connections_->load() >= static_cast<int64_t>(limits_.max_connections)) {
+      RefuseConnection(std::move(socket));
+    } else {
+      at_capacity_ = false;
+      connections_->fetch_add(1);
+      socket.set_option(tcp::no_delay(true), error);
+      std::make_shared<Session>(std::move(socket), limits_, handler_, in_flight_, connections_)
+          ->Start();
+    }
+    Accept();
+  });
+}
+
+void HttpServer::RefuseConnection(tcp::socket socket) {
+  if (!at_capacity_) {
+    Log(LogLevel::kWarning, "too many connections; refusing new ones with 503",
+        {{"port", std::to_string(port_), false},
+         {"max_connections", std::to_string(limits_.max_connections), false}});
+    at_capacity_ = true;
+  }
+  // Best effort, without waiting: the client learns why instead of seeing a bare close.
+  static const std::string kAnswer = [] {
+    const std::string body = R"({"error":"the server has too many open connections; retry later"})";
+    return "HTTP/1.1 503 Service Unavailable\r\nServer: orochi\r\nContent-Type: "
+           "application/json\r\nConnection: close\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  }();
+  [[maybe_unused]] ssize_t sent =
+      ::send(socket.native_handle(), kAnswer.data(), kAnswer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  beast::error_code ignored;
+  socket.shutdown(tcp::socket::shutdown_send, ignored);
+  socket.close(ignored);
 }
 
 }  // namespace orochi::server::http

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <functional>
@@ -51,6 +52,9 @@ struct Limits {
   size_t max_header_bytes = 16 * 1024;
   uint64_t max_body_bytes = 64 * 1024 * 1024;
   std::chrono::seconds idle_timeout{60};
+  // Open connections per listener; past it a new connection gets a 503 and is closed at once,
+  // so that a flood of idle connections cannot take every file descriptor of the process.
+  size_t max_connections = 4096;
   // Requests this selects (from their header) have their body streamed to a new file in
   // upload_directory, up to max_upload_bytes, instead of kept in memory: the handler then gets
   // the file's path as request.body() and may rename it away before it answers; whatever is
@@ -89,11 +93,16 @@ class HttpServer {
 
  private:
   void Accept();
+  void RefuseConnection(boost::asio::ip::tcp::socket socket);
 
   boost::asio::io_context& io_;
   Limits limits_;
   Handler handler_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer accept_pause_;  // after a failed accept (out of descriptors)
+  bool accept_failing_ = false;             // logged once per episode; on the acceptor's strand
+  bool at_capacity_ = false;
+  std::shared_ptr<std::atomic<int64_t>> connections_ = std::make_shared<std::atomic<int64_t>>(0);
   int port_ = 0;
   std::shared_ptr<std::atomic<int64_t>> in_flight_ = std::make_shared<std::atomic<int64_t>>(0);
 };

@@ -537,6 +537,82 @@ class DeadlineTest(unittest.TestCase):
         self.assertIn('orochi_interpreter_copies{state="replaced"} 1', metrics.decode())
 
 
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ConnectionFloodTest(unittest.TestCase):
+    """Many idle connections: the server neither spins nor stops answering once they go."""
+
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="orochi-flood-test-")
+        self.repository = pack_repository(self.root)
+        self.sockets = []
+
+    def tearDown(self):
+        for sock in self.sockets:
+            sock.close()
+        shutil.rmtree(self.root)
+
+    def open_connections(self, port, count):
+        for _ in range(count):
+            self.sockets.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+
+    def assert_not_spinning(self, server):
+        before = cpu_seconds(server.process.pid)
+        time.sleep(1.0)
+        used = cpu_seconds(server.process.pid) - before
+        self.assertLess(used, 0.3, f"the server used {used:.2f} s of CPU in 1 s while idle")
+
+    def assert_answers_health_soon(self, server):
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if curl("--max-time", "2", server.url("/v2/health/live"))[0] == 200:
+                return
+            time.sleep(0.1)
+        self.fail("the server does not answer health after the clients went away")
+
+    def test_out_of_file_descriptors_backs_off_and_recovers(self):
+        import resource
+        server = Server(self.repository, {}, copies=1, preexec_fn=lambda: resource.setrlimit(
+            resource.RLIMIT_NOFILE, (80, 80)))
+        try:
+            self.open_connections(server.port, 150)  # more than the server has descriptors
+            time.sleep(0.3)
+            self.assert_not_spinning(server)
+            self.assertIn("cannot accept connections; retrying every 100 ms", server.log_text())
+            for sock in self.sockets:
+                sock.close()
+            self.sockets = []
+            self.assert_answers_health_soon(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_connections_past_max_connections_get_503_and_close(self):
+        server = Server(self.repository, {"http": {"max_connections": 20}}, copies=1)
+        try:
+            self.open_connections(server.port, 20)
+            time.sleep(0.2)
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as extra:
+                answer = b""
+                while chunk := extra.recv(4096):  # closed promptly, not left hanging
+                    answer += chunk
+            self.assertTrue(answer.startswith(b"HTTP/1.1 503"), answer)
+            self.assertIn(b"too many open connections", answer)
+            self.assert_not_spinning(server)
+            # Another listener has its own connections.
+            status, _, _ = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
+            self.assertEqual(status, 200)
+            for sock in self.sockets:
+                sock.close()
+            self.sockets = []
+            self.assert_answers_health_soon(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
 class ShutdownTest(unittest.TestCase):
     def test_sigterm_answers_requests_in_flight_then_exits_zero(self):
         root = tempfile.mkdtemp(prefix="orochi-shutdown-test-")
