@@ -301,8 +301,12 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
   }
   auto infer = std::make_shared<InferRequest>(std::move(parsed).value());
   std::optional<Clock::time_point> deadline;
+  // Longer than this is no deadline at all: INT64_MAX microseconds would overflow the
+  // nanosecond clock (and the watchdog adds its grace on top), wrapping into a deadline that
+  // has already passed.
+  constexpr std::chrono::microseconds kNoDeadlineFrom = std::chrono::hours(24 * 365 * 100);
   if (infer->timeout) {
-    deadline = received + *infer->timeout;
+    if (*infer->timeout < kNoDeadlineFrom) deadline = received + *infer->timeout;
   } else if (config_.models.default_timeout_ms > 0) {
     deadline = received + std::chrono::milliseconds(config_.models.default_timeout_ms);
   }

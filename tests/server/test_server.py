@@ -285,6 +285,12 @@ class ServerTest(unittest.TestCase):
         got, _, text = curl("-H", big_header, self.server.url("/v2/health/live"))
         self.assertEqual(got, 431)
 
+    def test_a_timeout_too_long_for_the_clock_means_no_deadline(self):
+        for timeout in (2**63 - 1, 2**62):
+            request = dict(echo_request(), parameters={"timeout": timeout})
+            got, _, text = post_json(self.server, "/v2/models/echo/infer", request)
+            self.assertEqual(got, 200, text)
+
     def test_model_errors_carry_the_traceback(self):
         body = {"inputs": [{"name": "mode", "datatype": "BYTES", "shape": [1], "data": ["bad"]},
                            {"name": "seconds", "datatype": "FP64", "shape": [1], "data": ["x"]}]}
