@@ -285,6 +285,26 @@ class ServerTest(unittest.TestCase):
         got, _, text = curl("-H", big_header, self.server.url("/v2/health/live"))
         self.assertEqual(got, 431)
 
+    def test_integers_out_of_their_datatypes_range_are_refused(self):
+        cases = [("UINT8", 300, "[0, 255]"), ("UINT8", -1, "[0, 255]"), ("INT8", 128, "[-128, 127]"),
+                 ("INT16", -32769, "[-32768, 32767]"),
+                 ("INT32", 2**31, "[-2147483648, 2147483647]"),
+                 ("INT64", 2**64 - 1, "[-9223372036854775808, 9223372036854775807]")]
+        for datatype, value, limits in cases:
+            with self.subTest(datatype=datatype, value=value):
+                request = echo_request(values={datatype: [value]})
+                got, _, text = post_json(self.server, "/v2/models/echo/infer", request)
+                self.assertEqual(got, 400, text)
+                self.assertEqual(json.loads(text)["error"],
+                                 f"input 'in_{datatype.lower()}' is {datatype}: {value} is out of "
+                                 f"its range {limits}")
+        edges = {"UINT8": [255], "INT8": [-128], "INT64": [-2**63]}
+        got, _, text = post_json(self.server, "/v2/models/echo/infer", echo_request(values=edges))
+        self.assertEqual(got, 200, text)
+        outputs = {o["name"]: o["data"] for o in json.loads(text)["outputs"]}
+        self.assertEqual((outputs["out_uint8"], outputs["out_int8"], outputs["out_int64"]),
+                         ([255], [-128], [-2**63]))
+
     def test_a_timeout_too_long_for_the_clock_means_no_deadline(self):
         for timeout in (2**63 - 1, 2**62):
             request = dict(echo_request(), parameters={"timeout": timeout})
