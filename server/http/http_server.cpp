@@ -34,6 +34,7 @@ class Session : public std::enable_shared_from_this<Session> {
           std::shared_ptr<std::atomic<int64_t>> in_flight,
           std::shared_ptr<std::atomic<int64_t>> connections)
       : stream_(std::move(socket)),
+        read_timer_(stream_.get_executor()),
         limits_(limits),
         handler_(handler),
         in_flight_(std::move(in_flight)),
@@ -52,20 +53,90 @@ class Session : public std::enable_shared_from_this<Session> {
     current_ = Request{header.method(), header.target(), header.version()};
     if (header.method() == bhttp::verb::unknown) current_.method_string(header.method_string());
     current_set_ = true;
+    head_ = header.method() == bhttp::verb::head;
+    auto expect = header.find(bhttp::field::expect);
+    expects_continue_ = header.version() >= 11 && expect != header.end() &&
+                        beast::iequals(expect->value(), "100-continue");
   }
 
   void Read() {
     answering_done_ = false;
     current_set_ = false;
     current_ = Request{};
+    head_ = false;
+    expects_continue_ = false;
+    probed_ = false;
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
     // The header decides which limit applies (uploads have their own): checked in OnHeader.
     parser_->body_limit(std::max(limits_.max_body_bytes, limits_.max_upload_bytes));
-    stream_.expires_after(limits_.idle_timeout);
-    bhttp::async_read_header(
-        stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code error, size_t) { self->OnHeader(error); });
+    reading_body_ = false;
+    // The idle timeout covers waiting for the next request and reading its header.
+    ArmReadTimer();
+    bhttp::async_read_header(stream_, buffer_, *parser_,
+                             [self = shared_from_this()](beast::error_code error, size_t) {
+                               self->DisarmReadTimer();
+                               self->OnHeader(error);
+                             });
+  }
+
+  // Beast's own stream timeout closes the socket when it fires, which leaves no way to answer
+  // 408: this timer cancels the pending read instead. A generation tells a stale expiry
+  // (already queued when its read completed) from the current one.
+  void ArmReadTimer() {
+    stream_.expires_never();
+    read_timed_out_ = false;
+    const uint64_t generation = ++read_timer_generation_;
+    read_timer_.expires_after(limits_.idle_timeout);
+    read_timer_.async_wait([self = shared_from_this(), generation](beast::error_code error) {
+      if (error || generation != self->read_timer_generation_) return;
+      self->read_timed_out_ = true;
+      beast::error_code ignored;
+      self->stream_.socket().cancel(ignored);
+    });
+  }
+
+  void DisarmReadTimer() {
+    ++read_timer_generation_;
+    read_timer_.cancel();
+  }
+
+  // Reads the rest of a body with the idle timeout applying to each wait for more data, not
+  // to the whole body: a slow upload is fine as long as its data keeps coming.
+  template <class Parser, class Done>
+  void ReadBody(Parser& parser, Done done) {
+    reading_body_ = true;
+    if (parser.is_done()) {
+      done(beast::error_code{});
+      return;
+    }
+    ArmReadTimer();
+    bhttp::async_read_some(stream_, buffer_, parser,
+                           [self = shared_from_this(), &parser, done = std::move(done)](
+                               beast::error_code error, size_t) mutable {
+                             self->DisarmReadTimer();
+                             if (error) {
+                               done(error);
+                               return;
+                             }
+                             self->ReadBody(parser, std::move(done));
+                           });
+  }
+
+  // The answer when the idle timeout cut a read: 408 once something of a request has come,
+  // a quiet close for a keep-alive connection that simply stayed idle. False if no timeout.
+  bool OnReadTimeout(beast::error_code error) {
+    if (error != asio::error::operation_aborted || !read_timed_out_) return false;
+    const std::string seconds = std::to_string(limits_.idle_timeout.count());
+    if (reading_body_) {
+      Fail(408, "no data of the request body arrived for " + seconds + " s");
+    } else if (buffer_.size() > 0 || (parser_ && parser_->got_some())) {
+      if (!current_set_ && parser_) Remember(parser_->get());
+      Fail(408, "the request header was not complete within " + seconds + " s");
+    } else {
+      Close();
+    }
+    return true;
   }
 
   void OnHeader(beast::error_code error) {
@@ -76,6 +147,13 @@ class Session : public std::enable_shared_from_this<Session> {
     const Request& header = parser_->get();
     version_ = header.version();
     Remember(header);
+    if (header.count(bhttp::field::transfer_encoding) != 0 && !parser_->chunked()) {
+      // Without chunked last the body's length is unknowable (RFC 9112, 6.3): reading none
+      // would take the body for the next request on the connection.
+      Fail(400, "Transfer-Encoding '" + std::string(header[bhttp::field::transfer_encoding]) +
+                    "' is not supported: only a body ending in chunked, or Content-Length");
+      return;
+    }
     // Decided on the header alone, before the body is read: a refused request costs the
     // server no reading and no disk, and a client that sent `Expect: 100-continue` learns the
     // answer without sending its body.
@@ -98,18 +176,14 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     parser_->body_limit(limits_.max_body_bytes);  // for chunked bodies, counted as they come
     ContinueThen([self = shared_from_this()] {
-      bhttp::async_read(self->stream_, self->buffer_, *self->parser_,
-                        [self](beast::error_code error, size_t) { self->OnRead(error); });
+      self->ReadBody(*self->parser_, [self](beast::error_code error) { self->OnRead(error); });
     });
   }
 
   // Sends `100 Continue` first when the client waits for it (curl does for bodies over 1 KB,
   // for a second), then reads on.
   void ContinueThen(std::function<void()> read_body) {
-    const Request& header = parser_->get();
-    auto expect = header.find(bhttp::field::expect);
-    if (header.version() < 11 || expect == header.end() ||
-        !beast::iequals(expect->value(), "100-continue") || parser_->is_done()) {
+    if (!expects_continue_) {
       read_body();
       return;
     }
@@ -154,11 +228,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     ContinueThen([self = shared_from_this()] {
-      // An upload may take longer than an idle gap; it still has an upper bound.
-      self->stream_.expires_after(
-          std::max<std::chrono::seconds>(self->limits_.idle_timeout, std::chrono::hours(1)));
-      bhttp::async_read(self->stream_, self->buffer_, *self->upload_parser_,
-                        [self](beast::error_code error, size_t) { self->OnUploaded(error); });
+      self->ReadBody(*self->upload_parser_,
+                     [self](beast::error_code error) { self->OnUploaded(error); });
     });
   }
 
@@ -179,6 +250,7 @@ class Session : public std::enable_shared_from_this<Session> {
     upload_parser_.reset();
     if (error) {
       RemoveUpload();  // a broken upload leaves nothing behind
+      if (OnReadTimeout(error)) return;
       if (error == bhttp::error::body_limit) {
         Fail(413, "the upload is larger than the limit of " +
                       std::to_string(limits_.max_upload_bytes) + " bytes");
@@ -211,6 +283,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnRead(beast::error_code error) {
+    if (OnReadTimeout(error)) return;
     if (error == bhttp::error::end_of_stream || error == beast::error::timeout ||
         error == asio::error::operation_aborted || error == asio::error::connection_reset ||
         error == asio::error::eof) {
@@ -259,19 +332,40 @@ class Session : public std::enable_shared_from_this<Session> {
                                      client_gone_));
   }
 
-  // While a request is handled nothing reads the socket; wait until it is readable and peek:
-  // end of stream means the client hung up (its queued work can be skipped), while bytes mean
-  // a pipelined request, which the next Read takes.
+  // While a request is handled nothing reads the socket; wait until it is readable and peek.
+  // Bytes are a pipelined request, which the next Read takes. An error (a reset) means the
+  // client is gone, and its queued work can be skipped. End of stream is ambiguous: a client
+  // that closed, or one that only shut down its sending side after a complete request
+  // (shutdown(SHUT_WR)), which is legitimate and still waits for the answer. To tell them
+  // apart, an HTTP/1.1 client gets an interim `100 Continue`, which every HTTP/1.1 client must
+  // accept before the final answer: a closed socket answers it with a reset, seen by the wait
+  // for an error that follows. An HTTP/1.0 client cannot be asked, so its request runs.
   void WatchForHangUp(uint64_t request_number) {
     stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(),
                                                          request_number](beast::error_code error) {
       if (error || request_number != self->request_number_ || self->answering_done_) return;
+      const int fd = self->stream_.socket().native_handle();
       char byte = 0;
-      ssize_t peeked =
-          ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (peeked == 0 || (peeked < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      ssize_t peeked = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (peeked < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
         self->client_gone_->store(true);
+        return;
       }
+      if (peeked != 0 || self->version_ < 11 || self->probed_) return;
+      self->probed_ = true;
+      static constexpr std::string_view kProbe = "HTTP/1.1 100 Continue\r\n\r\n";
+      if (::send(fd, kProbe.data(), kProbe.size(), MSG_DONTWAIT | MSG_NOSIGNAL) < 0 &&
+          errno != EAGAIN && errno != EWOULDBLOCK) {
+        self->client_gone_->store(true);
+        return;
+      }
+      self->stream_.socket().async_wait(
+          tcp::socket::wait_error, [self, request_number](beast::error_code waited) {
+            if (waited || request_number != self->request_number_ || self->answering_done_) {
+              return;
+            }
+            self->client_gone_->store(true);
+          });
     });
   }
 
@@ -282,6 +376,7 @@ class Session : public std::enable_shared_from_this<Session> {
     response.set(bhttp::field::server, kServerName);
     response.keep_alive(keep_alive_);
     response.prepare_payload();
+    if (head_) response.body().clear();  // Content-Length stays that of the GET
     auto shared = std::make_shared<Response>(std::move(response));
     stream_.expires_after(limits_.idle_timeout);
     bhttp::async_write(stream_, *shared,
@@ -327,6 +422,13 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   beast::tcp_stream stream_;
+  asio::steady_timer read_timer_;  // see ArmReadTimer
+  uint64_t read_timer_generation_ = 0;
+  bool read_timed_out_ = false;
+  bool reading_body_ = false;
+  bool expects_continue_ = false;
+  bool head_ = false;    // the request is a HEAD: its answer goes without the body
+  bool probed_ = false;  // see WatchForHangUp
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::optional<bhttp::request_parser<bhttp::file_body>> upload_parser_;

@@ -3,9 +3,11 @@
 //
 // HTTP/1.1 with keep-alive; requests on one connection are answered in order (pipelined
 // requests wait in the read buffer). `Expect: 100-continue` is answered with 100 once the
-// header has passed the limits and Limits::screen, or with the final status right away. Limits on
-// header size, body size and idle time are answered with 431, 413 and a closed connection, each
-// with a JSON error body.
+// header has passed the limits and Limits::screen, or with the final status right away.
+// Header and body sizes over their limits get 431 and 413; a request whose header is not
+// complete within the idle timeout, or whose body stops arriving for that long, gets 408; a
+// Transfer-Encoding not ending in chunked gets 400. Each with a JSON error body, then the
+// connection closes. HEAD requests are answered without the body.
 //
 // Thread-safety: the server runs on the io_context's threads; a Responder may be called from
 // any thread, once.
@@ -51,6 +53,7 @@ using Handler = std::function<void(Request&& request, Responder respond)>;
 struct Limits {
   size_t max_header_bytes = 16 * 1024;
   uint64_t max_body_bytes = 64 * 1024 * 1024;
+  // Waiting for a request and its header; while a body is read, the longest wait for more.
   std::chrono::seconds idle_timeout{60};
   // Open connections per listener; past it a new connection gets a 503 and is closed at once,
   // so that a flood of idle connections cannot take every file descriptor of the process.

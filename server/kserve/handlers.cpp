@@ -324,6 +324,14 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
           if (error.code() == StatusCode::kPythonError && !error.detail().empty()) {
             message += "\n" + error.detail();
           }
+          if (ReasonOf(error.code()) == "client_gone") {
+            // Not a client error: nginx's 499, so that a vanished client is not counted as a
+            // 400 (the answer itself reaches no one).
+            http::Response response = http::ErrorResponse(499, message);
+            response.reason("Client Closed Request");
+            respond(std::move(response));
+            return;
+          }
           respond(http::ErrorResponse(HttpStatusOf(error.code()), message));
           return;
         }

@@ -193,6 +193,17 @@ class RepositoryTest(unittest.TestCase):
         self.assertEqual(self.manage(restarted, "DELETE", "/v2/repository/models/calculator/versions/4")[0], 200)
         self.assertEqual(self.infer(restarted)[0], 404)
 
+    def test_an_upload_gets_100_continue_at_once(self):
+        server = self.start()
+        package = make_package(self.root, 1, bias=0.5)
+        self.assertGreater(os.path.getsize(package), 1024)  # curl sends Expect: 100-continue
+        start = time.time()
+        status, headers, body = curl("-T", package, f"http://127.0.0.1:{server.management_port}"
+                                                    "/v2/repository/models/calculator/versions/1")
+        self.assertEqual(status, 200, body)
+        self.assertIn("HTTP/1.1 100 Continue", headers)
+        self.assertLess(time.time() - start, 0.9, "curl waited 1 s for the 100")
+
     def test_load_false_and_upload_limit(self):
         server = self.start({"management": {"max_upload_bytes": 200000}})
         v1 = make_package(self.root, 1, bias=0.5)

@@ -433,6 +433,37 @@ class ServerTest(unittest.TestCase):
         self.assertRegex(text, r'orochi_http_requests_total\{method="GET",'
                                r'route="/v2/health/live",status="431"\} [1-9]')
 
+    def test_head_runs_get_routes_and_405_says_allow(self):
+        with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as sock:
+            sock.sendall(b"HEAD /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+        head, _, body = received.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 200"), received)
+        self.assertRegex(head.decode(), r"(?i)content-length: 13")  # that of {"live":true}
+        self.assertEqual(body, b"")
+        status, headers, _ = curl("-X", "DELETE", self.server.url("/v2/health/live"))
+        self.assertEqual(status, 405)
+        self.assertRegex(headers, r"(?i)\r\nallow: GET, HEAD\r\n")
+        status, headers, _ = curl(self.server.url("/v2/models/echo/infer"))
+        self.assertEqual(status, 405)
+        self.assertRegex(headers, r"(?i)\r\nallow: POST\r\n")
+
+    def test_a_transfer_encoding_not_ending_in_chunked_is_refused_and_closes(self):
+        smuggled = (b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+                    b"Transfer-Encoding: gzip\r\n\r\n"
+                    b"GET /v2/health/live?probe=smuggled HTTP/1.1\r\nHost: x\r\n\r\n")
+        with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as sock:
+            sock.sendall(smuggled)
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+        self.assertTrue(received.startswith(b"HTTP/1.1 400"), received)
+        self.assertIn(b"Transfer-Encoding 'gzip' is not supported", received)
+        self.assertEqual(received.count(b"HTTP/1.1"), 1, "the rest was not read as a request")
+        self.assertNotIn("probe=smuggled", self.server.log_text())
+
     def test_many_keep_alive_clients(self):
         duration = float(os.environ.get("OROCHI_LOAD_SECONDS", "30"))
         errors, answered = [], [0]
@@ -536,6 +567,22 @@ class DeadlineTest(unittest.TestCase):
         _, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
         self.assertRegex(metrics.decode(), r'orochi_inference_requests_total\{model="slow",'
                                            r'reason="client_gone",version="1"\} 1')
+        # Not counted as a client error: nginx's 499.
+        self.assertRegex(metrics.decode(), r'orochi_http_requests_total\{method="POST",'
+                                           r'route="/v2/models/\{model\}/infer",status="499"\} 1')
+
+    def test_a_client_that_half_closes_after_its_request_gets_the_answer(self):
+        body = json.dumps(slow_request("sleep", 0.5)).encode()
+        with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as sock:
+            sock.sendall(b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            sock.shutdown(socket.SHUT_WR)  # done sending; still reading
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+        final = received[received.rindex(b"HTTP/1.1 "):]
+        self.assertTrue(final.startswith(b"HTTP/1.1 200"), received)
+        self.assertIn(b'"model_name":"slow"', final)
 
     def test_an_exception_in_the_model_is_a_500_with_the_traceback(self):
         status, _, body = post_json(self.server, "/v2/models/slow/infer", slow_request("fail", 2))
@@ -637,6 +684,64 @@ class ConnectionFloodTest(unittest.TestCase):
             self.assert_answers_health_soon(server)
         finally:
             self.assertEqual(server.stop(), 0)
+
+
+class IdleTimeoutTest(unittest.TestCase):
+    """http.idle_timeout_s = 1: for idle connections and stalled bodies, not slow ones."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="orochi-idle-test-")
+        cls.server = Server(pack_repository(cls.root), {"http": {"idle_timeout_s": 1}}, copies=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        code = cls.server.stop()
+        shutil.rmtree(cls.root)
+        assert code == 0, f"orochi serve exited with {code}"
+
+    def connect(self):
+        return socket.create_connection(("127.0.0.1", self.server.port), timeout=10)
+
+    @staticmethod
+    def read_all(sock):
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        return received
+
+    def test_a_body_that_keeps_coming_may_take_longer_than_the_idle_timeout(self):
+        body = json.dumps(echo_request()).encode()
+        with self.connect() as sock:
+            sock.sendall(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nConnection: close"
+                         b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+            start = time.time()
+            step = len(body) // 10 + 1
+            for at in range(0, len(body), step):  # 2.5 s in all, 0.25 s between pieces
+                sock.sendall(body[at:at + step])
+                time.sleep(0.25)
+            received = self.read_all(sock)
+        self.assertGreater(time.time() - start, 2.0)
+        self.assertTrue(received.startswith(b"HTTP/1.1 200"), received[:300])
+
+    def test_a_stalled_body_gets_408(self):
+        with self.connect() as sock:
+            sock.sendall(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"inputs\"")
+            start = time.time()
+            received = self.read_all(sock)
+        self.assertTrue(received.startswith(b"HTTP/1.1 408"), received)
+        self.assertIn(b"no data of the request body arrived for 1 s", received)
+        self.assertLess(time.time() - start, 3)
+
+    def test_an_idle_connection_is_closed_quietly(self):
+        with self.connect() as sock:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = sock.recv(65536)
+            self.assertTrue(first.startswith(b"HTTP/1.1 200"), first)
+            start = time.time()
+            self.assertEqual(self.read_all(sock), b"", "closed without an answer")
+            self.assertLess(time.time() - start, 3)
 
 
 class ShutdownTest(unittest.TestCase):
