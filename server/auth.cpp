@@ -53,26 +53,21 @@ bool IsLoopback(const std::string& address) {
   return address.rfind("127.", 0) == 0 || address == "::1" || address == "localhost";
 }
 
-http::Handler RequireToken(std::string token, http::Handler next) {
-  return [token = std::move(token), next = std::move(next)](http::Request&& request,
-                                                            http::Responder respond) {
-    auto header = request.find(boost::beast::http::field::authorization);
-    if (header == request.end()) {
-      http::Response response = http::ErrorResponse(401,
-                                                    "authentication required: send "
-                                                    "'Authorization: Bearer <token>'");
-      response.set(boost::beast::http::field::www_authenticate, "Bearer");
-      respond(std::move(response));
-      return;
-    }
-    std::string value(header->value());
-    const std::string prefix = "Bearer ";
-    if (value.rfind(prefix, 0) != 0 || !ConstantTimeEquals(value.substr(prefix.size()), token)) {
-      respond(http::ErrorResponse(403, "the bearer token is not valid"));
-      return;
-    }
-    next(std::move(request), std::move(respond));
-  };
+std::optional<http::Response> CheckToken(const std::string& token, const http::Request& header) {
+  auto authorization = header.find(boost::beast::http::field::authorization);
+  if (authorization == header.end()) {
+    http::Response response = http::ErrorResponse(401,
+                                                  "authentication required: send "
+                                                  "'Authorization: Bearer <token>'");
+    response.set(boost::beast::http::field::www_authenticate, "Bearer");
+    return response;
+  }
+  std::string value(authorization->value());
+  const std::string prefix = "Bearer ";
+  if (value.rfind(prefix, 0) != 0 || !ConstantTimeEquals(value.substr(prefix.size()), token)) {
+    return http::ErrorResponse(403, "the bearer token is not valid");
+  }
+  return std::nullopt;
 }
 
 }  // namespace orochi::server

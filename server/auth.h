@@ -18,7 +18,9 @@ Result<std::optional<std::string>> LoadToken(const std::string& file, const std:
 // Whether `address` is a loopback address (127.0.0.0/8, ::1).
 bool IsLoopback(const std::string& address);
 
-// A handler that requires `Authorization: Bearer <token>` before calling `next`.
-http::Handler RequireToken(std::string token, http::Handler next);
+// The refusal of a request whose header lacks `Authorization: Bearer <token>` (401) or carries
+// another token (403); nullopt when it carries `token`. It needs only the header, so the
+// transport asks it before reading a body (http::Limits::screen).
+std::optional<http::Response> CheckToken(const std::string& token, const http::Request& header);
 
 }  // namespace orochi::server

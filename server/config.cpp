@@ -141,7 +141,7 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(
       http.Check({"bind_address", "token_file", "token_env", "inference_port", "metrics_port",
                   "io_threads", "max_header_bytes", "max_body_bytes", "max_json_depth",
-                  "idle_timeout_s", "shutdown_grace_s"}));
+                  "idle_timeout_s", "shutdown_grace_s", "max_connections"}));
   OROCHI_RETURN_IF_ERROR(http.String("bind_address", &config.http.bind_address));
   OROCHI_RETURN_IF_ERROR(http.String("token_file", &config.http.token_file));
   OROCHI_RETURN_IF_ERROR(http.String("token_env", &config.http.token_env));
@@ -164,6 +164,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
       http.Integer("max_body_bytes", &config.http.max_body_bytes, 1024, int64_t{1} << 40));
   OROCHI_RETURN_IF_ERROR(http.Integer("max_json_depth", &config.http.max_json_depth, 2, 10000));
   OROCHI_RETURN_IF_ERROR(http.Integer("idle_timeout_s", &config.http.idle_timeout_s, 1, 86400));
+  OROCHI_RETURN_IF_ERROR(
+      http.Integer("max_connections", &config.http.max_connections, 1, 1'000'000));
   OROCHI_RETURN_IF_ERROR(http.Integer("shutdown_grace_s", &config.http.shutdown_grace_s, 0, 3600));
 
   ObjectReader models = root.Child("models");

@@ -31,6 +31,25 @@ namespace {
 namespace asio = boost::asio;
 namespace bhttp = boost::beast::http;
 
+// A metric label per method: anything but the standard methods is "other", since a label
+// value per made-up method would grow the series without bound.
+std::string MethodLabel(const http::Request& request) {
+  switch (request.method()) {
+    case bhttp::verb::get:
+    case bhttp::verb::head:
+    case bhttp::verb::post:
+    case bhttp::verb::put:
+    case bhttp::verb::delete_:
+    case bhttp::verb::options:
+    case bhttp::verb::patch:
+    case bhttp::verb::connect:
+    case bhttp::verb::trace:
+      return std::string(request.method_string());
+    default:
+      return "other";
+  }
+}
+
 }  // namespace
 
 // Runs repository operations (loads take seconds) one at a time off the I/O threads.
@@ -102,31 +121,45 @@ struct Server::Impl {
   std::condition_variable stop_requested;
   bool stop = false;
 
-  // Wraps a router with the per-request log line and HTTP metrics.
+  // The per-request log line and HTTP metrics, for handlers' answers and the transport's own.
+  void Record(const http::Router& router, const char* listener, const http::Request& request,
+              const http::Response& response, int64_t micros) {
+    const unsigned status = response.result_int();
+    metrics.HttpRequest(std::string(router.Resolve(request).pattern()), MethodLabel(request),
+                        status);
+    Log(status >= 500 ? LogLevel::kWarning : LogLevel::kInfo, "request",
+        {{"listener", listener},
+         {"method", std::string(request.method_string())},
+         {"target", std::string(request.target())},
+         {"status", std::to_string(status), false},
+         {"duration_us", std::to_string(micros), false},
+         {"bytes", std::to_string(response.body().size()), false}});
+  }
+
+  // Wraps a router with Record.
   http::Handler Logged(const http::Router& router, const char* listener) {
     return [this, &router, listener](http::Request&& request, const http::Responder& respond) {
       const auto start = std::chrono::steady_clock::now();
-      std::string method(request.method_string());
-      std::string target(request.target());
+      http::Request header{request.method(), request.target(), request.version()};
+      if (request.method() == bhttp::verb::unknown) header.method_string(request.method_string());
       http::Router::Resolved resolved = router.Resolve(request);
-      std::string route(resolved.pattern());
-      http::Responder logged = respond.Wrap(
-          [this, respond, start, method, target, route, listener](http::Response response) {
-            const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
-                                    std::chrono::steady_clock::now() - start)
-                                    .count();
-            const unsigned status = response.result_int();
-            metrics.HttpRequest(route, method, status);
-            Log(status >= 500 ? LogLevel::kWarning : LogLevel::kInfo, "request",
-                {{"listener", listener},
-                 {"method", method},
-                 {"target", target},
-                 {"status", std::to_string(status), false},
-                 {"duration_us", std::to_string(micros), false},
-                 {"bytes", std::to_string(response.body().size()), false}});
-            respond(std::move(response));
-          });
+      http::Responder logged = respond.Wrap([this, respond, start, header = std::move(header),
+                                             &router, listener](http::Response response) {
+        Record(router, listener, header, response,
+               std::chrono::duration_cast<std::chrono::microseconds>(
+                   std::chrono::steady_clock::now() - start)
+                   .count());
+        respond(std::move(response));
+      });
       router.Run(resolved, std::move(request), std::move(logged));
+    };
+  }
+
+  // The transport's own answers (unreadable requests, limits, refused tokens) for Record.
+  std::function<void(const http::Request&, const http::Response&)> Observer(
+      const http::Router& router, const char* listener) {
+    return [this, &router, listener](const http::Request& header, const http::Response& response) {
+      Record(router, listener, header, response, 0);
     };
   }
 };
@@ -200,19 +233,27 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   limits.max_header_bytes = static_cast<size_t>(cfg.http.max_header_bytes);
   limits.max_body_bytes = static_cast<uint64_t>(cfg.http.max_body_bytes);
   limits.idle_timeout = std::chrono::seconds(cfg.http.idle_timeout_s);
-  http::Handler inference_handler = s.Logged(s.inference_router, "inference");
+  limits.max_connections = static_cast<size_t>(cfg.http.max_connections);
+  http::Limits inference_limits = limits;
+  inference_limits.observe = s.Observer(s.inference_router, "inference");
   if (inference_token) {
-    inference_handler = RequireToken(*inference_token, std::move(inference_handler));
+    inference_limits.screen = [token = *inference_token](const http::Request& header) {
+      return CheckToken(token, header);
+    };
   }
-  s.inference = std::make_unique<http::HttpServer>(s.io, limits, std::move(inference_handler));
+  s.inference = std::make_unique<http::HttpServer>(s.io, inference_limits,
+                                                   s.Logged(s.inference_router, "inference"));
   OROCHI_RETURN_IF_ERROR(s.inference->Listen(cfg.http.bind_address, cfg.http.inference_port));
-  s.metrics_listener =
-      std::make_unique<http::HttpServer>(s.io, limits, s.Logged(s.metrics_router, "metrics"));
+  http::Limits metrics_limits = limits;
+  metrics_limits.observe = s.Observer(s.metrics_router, "metrics");
+  s.metrics_listener = std::make_unique<http::HttpServer>(s.io, metrics_limits,
+                                                          s.Logged(s.metrics_router, "metrics"));
   OROCHI_RETURN_IF_ERROR(s.metrics_listener->Listen(cfg.http.bind_address, cfg.http.metrics_port));
 
   // The repository API, when there is a repository: closed to the network unless a token is set.
   s.admin = std::make_unique<AdminQueue>();
   http::Limits management_limits = limits;
+  management_limits.observe = s.Observer(s.management_router, "management");
   if (!cfg.models.repository.empty()) {
     s.repository_api = std::make_unique<repository::RepositoryApi>(*s.models);
     s.repository_api->Register(s.management_router);
@@ -228,7 +269,10 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
         [logged_management, shared, respond] { logged_management(std::move(*shared), respond); });
   };
   if (management_token) {
-    management_handler = RequireToken(*management_token, std::move(management_handler));
+    // Checked on the header, before an upload's body is streamed to disk.
+    management_limits.screen = [token = *management_token](const http::Request& header) {
+      return CheckToken(token, header);
+    };
   }
   s.management =
       std::make_unique<http::HttpServer>(s.io, management_limits, std::move(management_handler));

@@ -2,8 +2,12 @@
 // (Boost.Beast on Asio). It knows nothing of what the requests mean; a Handler does.
 //
 // HTTP/1.1 with keep-alive; requests on one connection are answered in order (pipelined
-// requests wait in the read buffer). Limits on header size, body size and idle time are
-// answered with 431, 413 and a closed connection, each with a JSON error body.
+// requests wait in the read buffer). `Expect: 100-continue` is answered with 100 once the
+// header has passed the limits and Limits::screen, or with the final status right away.
+// Header and body sizes over their limits get 431 and 413; a request whose header is not
+// complete within the idle timeout, or whose body stops arriving for that long, gets 408; a
+// Transfer-Encoding not ending in chunked gets 400. Each with a JSON error body, then the
+// connection closes. HEAD requests are answered without the body.
 //
 // Thread-safety: the server runs on the io_context's threads; a Responder may be called from
 // any thread, once.
@@ -12,10 +16,12 @@
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -47,13 +53,26 @@ using Handler = std::function<void(Request&& request, Responder respond)>;
 struct Limits {
   size_t max_header_bytes = 16 * 1024;
   uint64_t max_body_bytes = 64 * 1024 * 1024;
+  // Waiting for a request and its header; while a body is read, the longest wait for more.
   std::chrono::seconds idle_timeout{60};
+  // Open connections per listener; past it a new connection gets a 503 and is closed at once,
+  // so that a flood of idle connections cannot take every file descriptor of the process.
+  size_t max_connections = 4096;
   // Requests this selects (from their header) have their body streamed to a new file in
   // upload_directory, up to max_upload_bytes, instead of kept in memory: the handler then gets
-  // the file's path as request.body() and owns the file (it must rename or remove it).
+  // the file's path as request.body() and may rename it away before it answers; whatever is
+  // still at that path when the answer goes out is removed.
   std::function<bool(const Request& header)> stream_body_to_file;
   std::string upload_directory;
   uint64_t max_upload_bytes = 0;
+  // Looks at each request's header before its body is read: a response refuses the request
+  // there, before a byte of the body is read or stored, and the connection closes after it
+  // (e.g. a missing token, so that an unauthenticated upload never reaches the disk).
+  std::function<std::optional<Response>(const Request& header)> screen;
+  // Told of each answer the transport gives by itself (a request it cannot read, a limit, a
+  // refusal by screen), with the request's method and target as far as they were read: the
+  // handler never sees these requests, yet they belong in the logs and metrics.
+  std::function<void(const Request& header, const Response& response)> observe;
 };
 
 // A response with a JSON body `{"error": message}`, as KServe v2 clients expect.
@@ -77,11 +96,16 @@ class HttpServer {
 
  private:
   void Accept();
+  void RefuseConnection(boost::asio::ip::tcp::socket socket);
 
   boost::asio::io_context& io_;
   Limits limits_;
   Handler handler_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer accept_pause_;  // after a failed accept (out of descriptors)
+  bool accept_failing_ = false;             // logged once per episode; on the acceptor's strand
+  bool at_capacity_ = false;
+  std::shared_ptr<std::atomic<int64_t>> connections_ = std::make_shared<std::atomic<int64_t>>(0);
   int port_ = 0;
   std::shared_ptr<std::atomic<int64_t>> in_flight_ = std::make_shared<std::atomic<int64_t>>(0);
 };

@@ -43,7 +43,12 @@ Router::Resolved Router::Resolve(const Request& request) const {
     }
     if (!matches) continue;
     resolved.path_matched = true;
-    if (route.method != request.method()) continue;
+    const std::string method(boost::beast::http::to_string(route.method));
+    resolved.allowed += (resolved.allowed.empty() ? "" : ", ") + method;
+    if (route.method == boost::beast::http::verb::get) resolved.allowed += ", HEAD";
+    const bool head_of_get = request.method() == boost::beast::http::verb::head &&
+                             route.method == boost::beast::http::verb::get;
+    if (route.method != request.method() && !head_of_get) continue;
     resolved.route = &route;
     resolved.params = std::move(captured);
     return resolved;
@@ -54,8 +59,13 @@ Router::Resolved Router::Resolve(const Request& request) const {
 void Router::Run(const Resolved& resolved, Request&& request, Responder respond) const {
   if (resolved.route == nullptr) {
     std::string what = std::string(request.method_string()) + " " + std::string(PathOf(request));
-    respond(resolved.path_matched ? ErrorResponse(405, "method not allowed: " + what)
-                                  : ErrorResponse(404, "no such endpoint: " + what));
+    if (!resolved.path_matched) {
+      respond(ErrorResponse(404, "no such endpoint: " + what));
+      return;
+    }
+    Response response = ErrorResponse(405, "method not allowed: " + what);
+    response.set(boost::beast::http::field::allow, resolved.allowed);
+    respond(std::move(response));
     return;
   }
   resolved.route->handler(std::move(request), resolved.params, std::move(respond));

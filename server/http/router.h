@@ -29,6 +29,7 @@ class Router {
     const Route* route = nullptr;
     PathParams params;
     bool path_matched = false;  // some route has this path, with another method
+    std::string allowed;        // the methods of the routes with this path, for 405's Allow
     std::string_view pattern() const {
       return route != nullptr ? std::string_view(route->pattern) : std::string_view("unmatched");
     }
@@ -36,7 +37,8 @@ class Router {
 
   void Add(boost::beast::http::verb method, std::string_view pattern, RouteHandler handler);
   Resolved Resolve(const Request& request) const;
-  // Runs the resolved route; 404 when no pattern matched, 405 when only the method differs.
+  // Runs the resolved route; 404 when no pattern matched, 405 (with Allow) when only the
+  // method differs. HEAD runs the GET route; the transport sends its answer without the body.
   void Run(const Resolved& resolved, Request&& request, Responder respond) const;
   void Dispatch(Request&& request, Responder respond) const {
     Resolved resolved = Resolve(request);

@@ -1,5 +1,6 @@
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -70,7 +71,25 @@ Result<engine::Tensor> TensorFromJson(const TensorSpec& spec, const engine::Shap
                        ": expected integers, got " + leaf->dump());
           return;
         }
-        *out++ = engine::Convert<T>(leaf->get<int64_t>());
+        // Compared in the value's own signedness (nlohmann keeps non-negative integers
+        // unsigned, up to 2^64-1) before narrowing: 300 for UINT8 or 2^64-1 for INT64 must
+        // not wrap into another number the model would silently use.
+        using Limits = std::numeric_limits<T>;
+        const bool in_range =
+            leaf->is_number_unsigned()
+                ? leaf->get<uint64_t>() <= static_cast<uint64_t>(Limits::max())
+                : leaf->get<int64_t>() >= static_cast<int64_t>(Limits::min()) &&
+                      (leaf->get<int64_t>() < 0 || static_cast<uint64_t>(leaf->get<int64_t>()) <=
+                                                       static_cast<uint64_t>(Limits::max()));
+        if (!in_range) {
+          status =
+              Bad("input '" + spec.name + "' is " + std::string(DataTypeName(spec.datatype)) +
+                  ": " + leaf->dump() + " is out of its range [" + std::to_string(+Limits::min()) +
+                  ", " + std::to_string(+Limits::max()) + "]");
+          return;
+        }
+        *out++ = leaf->is_number_unsigned() ? static_cast<T>(leaf->get<uint64_t>())
+                                            : static_cast<T>(leaf->get<int64_t>());
       } else {
         if (!leaf->is_number()) {
           status = Bad("input '" + spec.name + "' is " + std::string(DataTypeName(spec.datatype)) +

@@ -301,8 +301,12 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
   }
   auto infer = std::make_shared<InferRequest>(std::move(parsed).value());
   std::optional<Clock::time_point> deadline;
+  // Longer than this is no deadline at all: INT64_MAX microseconds would overflow the
+  // nanosecond clock (and the watchdog adds its grace on top), wrapping into a deadline that
+  // has already passed.
+  constexpr std::chrono::microseconds kNoDeadlineFrom = std::chrono::hours(24 * 365 * 100);
   if (infer->timeout) {
-    deadline = received + *infer->timeout;
+    if (*infer->timeout < kNoDeadlineFrom) deadline = received + *infer->timeout;
   } else if (config_.models.default_timeout_ms > 0) {
     deadline = received + std::chrono::milliseconds(config_.models.default_timeout_ms);
   }
@@ -319,6 +323,14 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
           std::string message = error.message();
           if (error.code() == StatusCode::kPythonError && !error.detail().empty()) {
             message += "\n" + error.detail();
+          }
+          if (ReasonOf(error.code()) == "client_gone") {
+            // Not a client error: nginx's 499, so that a vanished client is not counted as a
+            // 400 (the answer itself reaches no one).
+            http::Response response = http::ErrorResponse(499, message);
+            response.reason("Client Closed Request");
+            respond(std::move(response));
+            return;
           }
           respond(http::ErrorResponse(HttpStatusOf(error.code()), message));
           return;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -294,8 +295,26 @@ Status ModelService::LoadFromRepository() {
   return Status::Ok();
 }
 
+Status ModelService::CheckModelName(const std::string& name) {
+  bool valid =
+      !name.empty() && name.size() <= 128 && std::isalnum(static_cast<unsigned char>(name[0]));
+  for (char c : name) {
+    valid =
+        valid && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-');
+  }
+  if (valid) return Status::Ok();
+  return InvalidArgument("'" + name +
+                         "' is not a valid model name (1-128 letters, digits, '_', '.', '-', "
+                         "starting with a letter or digit)");
+}
+
 Status ModelService::LoadModel(const std::string& name) {
+  OROCHI_RETURN_IF_ERROR(CheckModelName(name));
   std::lock_guard admin(admin_mutex_);
+  return LoadModelLocked(name);
+}
+
+Status ModelService::LoadModelLocked(const std::string& name) {
   std::vector<int64_t> selected = SelectedVersions(name);
   if (selected.empty()) {
     return NotFound("model '" + name +
@@ -340,7 +359,14 @@ Status ModelService::UnloadVersion(const std::string& name, int64_t version) {
 }
 
 Status ModelService::UnloadModel(const std::string& name) {
+  OROCHI_RETURN_IF_ERROR(CheckModelName(name));
   std::lock_guard admin(admin_mutex_);
+  std::error_code error;
+  // Remembering an unknown name would keep a model of that name from loading at startup once
+  // it is deployed, with no trace of why.
+  if (Versions(name).empty() && !fs::is_directory(fs::path(config_.repository) / name, error)) {
+    return NotFound("model '" + name + "' is not in the repository");
+  }
   for (int64_t version : Versions(name)) OROCHI_RETURN_IF_ERROR(UnloadVersion(name, version));
   unloaded_.insert(name);
   return SaveState();
@@ -354,6 +380,7 @@ Status ModelService::Deploy(const std::string& name, int64_t version,
       if (!path.empty()) ::unlink(path.c_str());
     }
   } upload{uploaded_file};
+  OROCHI_RETURN_IF_ERROR(CheckModelName(name));
   {
     std::lock_guard admin(admin_mutex_);
     const std::string target = PackagePath(name, version);
@@ -405,18 +432,25 @@ Status ModelService::Deploy(const std::string& name, int64_t version,
 }
 
 Status ModelService::Delete(const std::string& name, std::optional<int64_t> version) {
+  // The name is joined onto the repository's path: "..", or anything that is not one path
+  // component, would reach outside it.
+  OROCHI_RETURN_IF_ERROR(CheckModelName(name));
   std::lock_guard admin(admin_mutex_);
   const fs::path model_directory = fs::path(config_.repository) / name;
   std::error_code error;
   if (!fs::is_directory(model_directory, error)) {
     return NotFound("model '" + name + "' is not in the repository");
   }
-  std::vector<int64_t> versions = version ? std::vector<int64_t>{*version} : VersionsOnDisk(name);
   if (version && !fs::exists(PackagePath(name, *version), error)) {
     return NotFound("model '" + name + "' version " + std::to_string(*version) +
                     " is not in the repository");
   }
-  for (int64_t each : versions) OROCHI_RETURN_IF_ERROR(UnloadVersion(name, each));
+  const bool served = !Versions(name).empty() && unloaded_.count(name) == 0;
+  const std::vector<int64_t> versions =
+      version ? std::vector<int64_t>{*version} : VersionsOnDisk(name);
+  if (!version) {
+    for (int64_t each : versions) OROCHI_RETURN_IF_ERROR(UnloadVersion(name, each));
+  }
   // Out of sight first (one rename), then removed: a crash in between leaves only trash.
   const fs::path doomed = version ? model_directory / std::to_string(*version) : model_directory;
   const fs::path trash = fs::path(config_.repository) / kStateDirectory /
@@ -424,7 +458,24 @@ Status ModelService::Delete(const std::string& name, std::optional<int64_t> vers
   fs::rename(doomed, trash, error);
   if (error) return Internal("cannot remove " + doomed.string() + ": " + error.message());
   SyncDirectory(doomed.parent_path());
+  Status reloaded;
+  if (version && served && !SelectedVersions(name).empty()) {
+    // The policy chooses again among the versions left (`latest`: the next newest), which
+    // load beside the deleted one before it drains and goes, as in a deploy: a served model
+    // stays served. Its package is mapped, so it keeps running from the trash meanwhile.
+    reloaded = LoadModelLocked(name);
+  }
+  if (version) {
+    Status unloaded = UnloadVersion(name, *version);
+    if (reloaded.ok()) reloaded = unloaded;
+  }
   fs::remove_all(trash, error);
+  if (!reloaded.ok()) {
+    return Status(reloaded.code(),
+                  "model '" + name + "' version " + std::to_string(*version) +
+                      " was deleted, but loading the versions left failed: " + reloaded.message(),
+                  reloaded.detail());
+  }
   if (!version) {
     unloaded_.erase(name);
     return SaveState();

@@ -70,12 +70,19 @@ class ModelService : public SchedulerObserver {
   // first failure, naming the model.
   Status LoadFromRepository();
 
-  // The repository API. Each serialises with the others.
+  // Whether `name` can name a model: what a manifest allows (1-128 letters, digits, '_', '.',
+  // '-', starting with a letter or digit), so it is always one path component inside the
+  // repository. kInvalidArgument naming the problem otherwise.
+  static Status CheckModelName(const std::string& name);
+
+  // The repository API. Each serialises with the others, and each refuses a name that
+  // CheckModelName refuses before touching the repository.
   // Loads the versions of `name` its version policy selects, then drains and unloads the
   // loaded versions it no longer selects: new requests move to the new version before the
   // old one goes, and none is lost.
   Status LoadModel(const std::string& name);
   // Drains and unloads every loaded version of `name`, and remembers that it is unloaded.
+  // kNotFound when the model is neither loaded nor in the repository.
   Status UnloadModel(const std::string& name);
   // Moves an uploaded package (a file in upload_directory()) into the repository as
   // <name>/<version>/model.orochi after validating it, then loads it unless `load` is false.
@@ -84,6 +91,8 @@ class ModelService : public SchedulerObserver {
   Status Deploy(const std::string& name, int64_t version, const std::string& uploaded_file,
                 bool load);
   // Unloads and removes one version, or (no version) the whole model, from the repository.
+  // Deleting a loaded version of a model that is served re-applies its version policy to the
+  // versions left, so that `latest` falls back to the next newest one.
   Status Delete(const std::string& name, std::optional<int64_t> version);
 
   struct IndexEntry {
@@ -129,6 +138,7 @@ class ModelService : public SchedulerObserver {
   Status LoadVersion(const std::string& path, const std::string& expected_name,
                      int64_t expected_version);
   Status UnloadVersion(const std::string& name, int64_t version);
+  Status LoadModelLocked(const std::string& name);  // LoadModel with admin_mutex_ held
   std::vector<int64_t> VersionsOnDisk(const std::string& name) const;
   std::vector<int64_t> SelectedVersions(const std::string& name) const;
   std::string PackagePath(const std::string& name, int64_t version) const;

@@ -31,18 +31,6 @@ std::optional<int64_t> ParseVersion(const std::string& text) {
   return version >= 1 ? std::optional<int64_t>(version) : std::nullopt;
 }
 
-bool IsModelName(const std::string& name) {
-  if (name.empty() || name.size() > 128 || !std::isalnum(static_cast<unsigned char>(name[0]))) {
-    return false;
-  }
-  for (char c : name) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') {
-      return false;
-    }
-  }
-  return true;
-}
-
 // ?load=false in the target.
 bool LoadRequested(const http::Request& request) {
   std::string_view target = request.target();
@@ -51,6 +39,15 @@ bool LoadRequested(const http::Request& request) {
   std::string_view parameters = target.substr(query + 1);
   return parameters.find("load=false") == std::string_view::npos &&
          parameters.find("load=0") == std::string_view::npos;
+}
+
+// Every route's {model} is checked here, before the ModelService (which checks again): the
+// name becomes a directory of the repository. True when it answered 400.
+bool RefuseBadName(const http::PathParams& params, const http::Responder& respond) {
+  Status checked = ModelService::CheckModelName(params.at("model"));
+  if (checked.ok()) return false;
+  respond(http::ErrorResponse(400, checked.message()));
+  return true;
 }
 
 std::vector<std::string> PathSegments(std::string_view target) {
@@ -78,32 +75,35 @@ bool IsUpload(const http::Request& header) {
 RepositoryApi::RepositoryApi(ModelService& models) : models_(models) {}
 
 void RepositoryApi::Register(http::Router& router) {
-  router.Add(bhttp::verb::put, "/v2/repository/models/{model}/versions/{version}",
-             [this](http::Request&& request, const http::PathParams& params,
-                    const http::Responder& respond) {
-               const std::string uploaded = request.body();  // the file the body was streamed to
-               const std::string& name = params.at("model");
-               std::optional<int64_t> version = ParseVersion(params.at("version"));
-               if (!IsModelName(name) || !version) {
-                 ::unlink(uploaded.c_str());
-                 respond(http::ErrorResponse(400,
-                                             "deploy to /v2/repository/models/<name>/versions/"
-                                             "<integer version >= 1>; the name is letters, "
-                                             "digits, '_', '.', '-'"));
-                 return;
-               }
-               const bool load = LoadRequested(request);
-               Status deployed = models_.Deploy(name, *version, uploaded, load);
-               Json loaded = Json::array();
-               for (int64_t each : models_.Versions(name)) loaded.push_back(std::to_string(each));
-               respond(Answer(deployed, {{"name", name},
-                                         {"version", std::to_string(*version)},
-                                         {"deployed", true},
-                                         {"loaded_versions", loaded}}));
-             });
+  router.Add(
+      bhttp::verb::put, "/v2/repository/models/{model}/versions/{version}",
+      [this](http::Request&& request, const http::PathParams& params,
+             const http::Responder& respond) {
+        const std::string uploaded = request.body();  // the file the body was streamed to
+        const std::string& name = params.at("model");
+        std::optional<int64_t> version = ParseVersion(params.at("version"));
+        if (Status checked = ModelService::CheckModelName(name); !checked.ok() || !version) {
+          ::unlink(uploaded.c_str());
+          respond(http::ErrorResponse(
+              400,
+              "deploy to /v2/repository/models/<name>/versions/<integer version >= "
+              "1>: " +
+                  (checked.ok() ? "the version must be an integer >= 1" : checked.message())));
+          return;
+        }
+        const bool load = LoadRequested(request);
+        Status deployed = models_.Deploy(name, *version, uploaded, load);
+        Json loaded = Json::array();
+        for (int64_t each : models_.Versions(name)) loaded.push_back(std::to_string(each));
+        respond(Answer(deployed, {{"name", name},
+                                  {"version", std::to_string(*version)},
+                                  {"deployed", true},
+                                  {"loaded_versions", loaded}}));
+      });
   router.Add(
       bhttp::verb::delete_, "/v2/repository/models/{model}/versions/{version}",
       [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
+        if (RefuseBadName(params, respond)) return;
         std::optional<int64_t> version = ParseVersion(params.at("version"));
         if (!version) {
           respond(http::ErrorResponse(400, "the version must be an integer >= 1"));
@@ -114,6 +114,7 @@ void RepositoryApi::Register(http::Router& router) {
   router.Add(
       bhttp::verb::delete_, "/v2/repository/models/{model}",
       [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
+        if (RefuseBadName(params, respond)) return;
         respond(Answer(models_.Delete(params.at("model"), std::nullopt)));
       });
   router.Add(bhttp::verb::post, "/v2/repository/index",
@@ -131,11 +132,13 @@ void RepositoryApi::Register(http::Router& router) {
   router.Add(
       bhttp::verb::post, "/v2/repository/models/{model}/load",
       [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
+        if (RefuseBadName(params, respond)) return;
         respond(Answer(models_.LoadModel(params.at("model"))));
       });
   router.Add(
       bhttp::verb::post, "/v2/repository/models/{model}/unload",
       [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
+        if (RefuseBadName(params, respond)) return;
         respond(Answer(models_.UnloadModel(params.at("model"))));
       });
 }

@@ -24,6 +24,7 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->http.max_json_depth, defaults.http.max_json_depth);
   EXPECT_EQ(shipped->http.idle_timeout_s, defaults.http.idle_timeout_s);
   EXPECT_EQ(shipped->http.shutdown_grace_s, defaults.http.shutdown_grace_s);
+  EXPECT_EQ(shipped->http.max_connections, defaults.http.max_connections);
   EXPECT_EQ(shipped->models.repository, defaults.models.repository);
   EXPECT_EQ(shipped->models.load, defaults.models.load);
   EXPECT_EQ(shipped->models.max_queue_size, defaults.models.max_queue_size);
@@ -66,6 +67,8 @@ TEST(ServerConfig, EachBadValueNamesItsKey) {
        "config: $.http.inference_port: expected an integer from 0 to 65535, got 70000"},
       {R"({"http": {"max_body_bytes": "big"}})",
        "config: $.http.max_body_bytes: expected an integer"},
+      {R"({"http": {"max_connections": 0}})",
+       "config: $.http.max_connections: expected an integer from 1 to 1000000, got 0"},
       {R"({"copies": -1})", "config: $.copies: expected an integer from 0 to 1024, got -1"},
       {R"({"models": {"load": "all"}})", "config: $.models.load: expected an array of strings"},
       {R"({"models": {"preferred_batch_sizes": [0]}})",

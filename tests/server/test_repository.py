@@ -143,6 +143,67 @@ class RepositoryTest(unittest.TestCase):
         self.assertEqual(os.listdir(os.path.join(self.repository, ".orochi", "uploads")), [],
                          "failed uploads leave no file")
 
+    def test_names_that_leave_the_repository_are_refused(self):
+        server = self.start()
+        # What `..` would reach from the repository: <root>/1 and <root> itself.
+        outside = os.path.join(self.root, "1")
+        os.makedirs(outside)
+        with open(os.path.join(outside, "model.orochi"), "wb") as file:
+            file.write(b"not ours")
+        for method, path in (("DELETE", "/v2/repository/models/../versions/1"),
+                             ("DELETE", "/v2/repository/models/.."),
+                             ("POST", "/v2/repository/models/../load"),
+                             ("POST", "/v2/repository/models/../unload"),
+                             ("POST", "/v2/repository/models/.orochi/unload"),
+                             ("DELETE", "/v2/repository/models/a%2F..")):
+            with self.subTest(method=method, path=path):
+                status, answer = self.manage(server, method, path, "--path-as-is")
+                self.assertEqual(status, 400, answer)
+                self.assertIn("is not a valid model name", answer["error"])
+        self.assertTrue(os.path.exists(os.path.join(outside, "model.orochi")))
+        self.assertTrue(os.path.isdir(os.path.join(self.repository, ".orochi")))
+        # Unloading a model the server has never heard of is a 404 and is not remembered.
+        status, answer = self.manage(server, "POST", "/v2/repository/models/nope/unload")
+        self.assertEqual(status, 404, answer)
+        self.assertIn("model 'nope' is not in the repository", answer["error"])
+        state = os.path.join(self.repository, ".orochi", "state.json")
+        if os.path.exists(state):
+            with open(state) as file:
+                self.assertNotIn("nope", json.load(file)["unloaded"])
+
+    def test_deleting_the_served_version_serves_the_next_one(self):
+        server = self.start()
+        self.assertEqual(self.deploy(server, make_package(self.root, 2, bias=2.0), 2)[0], 200)
+        self.assertEqual(self.deploy(server, make_package(self.root, 3, bias=3.0), 3)[0], 200)
+        self.assertEqual(self.infer(server)[1]["model_version"], "3")
+        status, answer = self.manage(server, "DELETE", "/v2/repository/models/calculator/versions/3")
+        self.assertEqual(status, 200, answer)
+        # The latest policy picks version 2 again: the model stays served.
+        status, answer = self.infer(server)
+        self.assertEqual((status, answer.get("model_version")), (200, "2"), answer)
+        self.assertEqual(self.manage(server, "POST", "/v2/repository/index")[1],
+                         [{"name": "calculator", "version": "2", "state": "READY"}])
+        self.assertEqual(server.stop(), 0)
+        self.servers.remove(server)
+        restarted = self.start()
+        self.assertEqual(self.infer(restarted)[1]["model_version"], "2", "the same after a restart")
+        # An unloaded model stays unloaded when one of its versions goes.
+        self.assertEqual(self.deploy(restarted, make_package(self.root, 4, bias=4.0), 4)[0], 200)
+        self.assertEqual(self.manage(restarted, "POST", "/v2/repository/models/calculator/unload")[0], 200)
+        self.assertEqual(self.manage(restarted, "DELETE", "/v2/repository/models/calculator/versions/4")[0], 200)
+        self.assertEqual(self.infer(restarted)[0], 404)
+
+    def test_an_upload_gets_100_continue_at_once(self):
+        server = self.start()
+        package = make_package(self.root, 1, bias=0.5)
+        self.assertGreater(os.path.getsize(package), 1024)  # curl sends Expect: 100-continue
+        start = time.time()
+        status, headers, body = curl("-T", package, f"http://127.0.0.1:{server.management_port}"
+                                                    "/v2/repository/models/calculator/versions/1")
+        self.assertEqual(status, 200, body)
+        self.assertIn("HTTP/1.1 100 Continue", headers)
+        self.assertLess(time.time() - start, 0.9, "curl waited 1 s for the 100")
+
     def test_load_false_and_upload_limit(self):
         server = self.start({"management": {"max_upload_bytes": 200000}})
         v1 = make_package(self.root, 1, bias=0.5)
@@ -324,6 +385,45 @@ class AuthenticationTest(unittest.TestCase):
                                   server.url("/v2/health/live"))[0], 200)
             self.assertNotIn("s3cret-token", server.log_text())
         finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_an_unauthenticated_upload_is_refused_before_its_body_is_read(self):
+        os.environ["OROCHI_TEST_MGMT_TOKEN"] = "s3cret-token"
+        server = Server(self.repository, {"management": {"token_env": "OROCHI_TEST_MGMT_TOKEN"}})
+        try:
+            big = os.path.join(self.root, "5mb.bin")
+            with open(big, "wb") as file:
+                file.write(os.urandom(5_000_000))
+            uploads = os.path.join(self.repository, ".orochi", "uploads")
+            url = (f"http://127.0.0.1:{server.management_port}/v2/repository/models/evil/"
+                   "versions/1")
+            # Without `Expect: 100-continue` the body follows the header at once: still nothing
+            # of it is stored, and the 401 arrives.
+            for token, expected in ((None, 401), ("wrong", 403)):
+                headers = ["-H", f"Authorization: Bearer {token}"] if token else []
+                start = time.time()
+                status, _, body = curl("-T", big, "-H", "Expect:", *headers, url)
+                self.assertEqual(status, expected, body)
+                self.assertEqual(os.listdir(uploads), [], "no upload file, not even for a moment")
+                self.assertLess(time.time() - start, 3)
+            # With it (curl's default), the answer comes before the body is sent.
+            start = time.time()
+            status, headers, _ = curl("-T", big, url)
+            self.assertEqual(status, 401)
+            self.assertNotIn("100 Continue", headers)
+            self.assertLess(time.time() - start, 0.9, "curl waits 1 s for a 100 that never comes")
+            self.assertEqual(os.listdir(uploads), [])
+            self.assertFalse(os.path.exists(os.path.join(self.repository, "evil")))
+            # Refusals are logged and counted like any answer.
+            self.assertRegex(server.log_text(), r"request listener=management method=PUT "
+                                                r"target=/v2/repository/models/evil/versions/1 "
+                                                r"status=401")
+            _, _, metrics = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
+            self.assertRegex(metrics.decode(), r'orochi_http_requests_total\{method="PUT",'
+                                               r'route="/v2/repository/models/\{model\}/versions/'
+                                               r'\{version\}",status="403"\} 1')
+        finally:
+            del os.environ["OROCHI_TEST_MGMT_TOKEN"]
             self.assertEqual(server.stop(), 0)
 
     def test_an_open_management_port_needs_a_token(self):

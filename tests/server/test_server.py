@@ -285,6 +285,32 @@ class ServerTest(unittest.TestCase):
         got, _, text = curl("-H", big_header, self.server.url("/v2/health/live"))
         self.assertEqual(got, 431)
 
+    def test_integers_out_of_their_datatypes_range_are_refused(self):
+        cases = [("UINT8", 300, "[0, 255]"), ("UINT8", -1, "[0, 255]"), ("INT8", 128, "[-128, 127]"),
+                 ("INT16", -32769, "[-32768, 32767]"),
+                 ("INT32", 2**31, "[-2147483648, 2147483647]"),
+                 ("INT64", 2**64 - 1, "[-9223372036854775808, 9223372036854775807]")]
+        for datatype, value, limits in cases:
+            with self.subTest(datatype=datatype, value=value):
+                request = echo_request(values={datatype: [value]})
+                got, _, text = post_json(self.server, "/v2/models/echo/infer", request)
+                self.assertEqual(got, 400, text)
+                self.assertEqual(json.loads(text)["error"],
+                                 f"input 'in_{datatype.lower()}' is {datatype}: {value} is out of "
+                                 f"its range {limits}")
+        edges = {"UINT8": [255], "INT8": [-128], "INT64": [-2**63]}
+        got, _, text = post_json(self.server, "/v2/models/echo/infer", echo_request(values=edges))
+        self.assertEqual(got, 200, text)
+        outputs = {o["name"]: o["data"] for o in json.loads(text)["outputs"]}
+        self.assertEqual((outputs["out_uint8"], outputs["out_int8"], outputs["out_int64"]),
+                         ([255], [-128], [-2**63]))
+
+    def test_a_timeout_too_long_for_the_clock_means_no_deadline(self):
+        for timeout in (2**63 - 1, 2**62):
+            request = dict(echo_request(), parameters={"timeout": timeout})
+            got, _, text = post_json(self.server, "/v2/models/echo/infer", request)
+            self.assertEqual(got, 200, text)
+
     def test_model_errors_carry_the_traceback(self):
         body = {"inputs": [{"name": "mode", "datatype": "BYTES", "shape": [1], "data": ["bad"]},
                            {"name": "seconds", "datatype": "FP64", "shape": [1], "data": ["x"]}]}
@@ -362,6 +388,81 @@ class ServerTest(unittest.TestCase):
         self.assertRegex(lines[0], r"info request listener=inference method=GET "
                                    r"target=/v2/health/live\?probe=log-line status=200 "
                                    r"duration_us=\d+")
+
+    def test_expect_100_continue_is_answered_at_once(self):
+        body = json.dumps(echo_request(rows=40)).encode()
+        self.assertGreater(len(body), 1024)
+        start = time.time()
+        status, headers, text = curl("-X", "POST", "-H", "Expect: 100-continue",
+                                     self.server.url("/v2/models/echo/infer"), data=body)
+        self.assertEqual(status, 200, text)
+        self.assertIn("HTTP/1.1 100 Continue", headers)
+        self.assertLess(time.time() - start, 0.9, "curl waited 1 s for the 100")
+        # Over the limit: the final answer instead of the 100, before the body is sent.
+        status, headers, text = curl("-X", "POST", "-H", "Expect: 100-continue",
+                                     "-H", f"Content-Length: {65 * 1024 * 1024}",
+                                     self.server.url("/v2/models/echo/infer"), data=b"{}")
+        self.assertEqual(status, 413, text)
+        self.assertNotIn("100 Continue", headers)
+
+    def test_transport_answers_are_logged_and_counted_and_methods_are_bounded(self):
+        def raw(request):
+            with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as sock:
+                sock.sendall(request)
+                received = b""
+                while chunk := sock.recv(65536):
+                    received += chunk
+                return received
+
+        for i in range(3):
+            answer = raw(b"M%05dX /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+                         b"Connection: close\r\n\r\n" % i)
+            self.assertTrue(answer.startswith(b"HTTP/1.1 4"), answer)
+        answer = raw(b"GET /v2/health/live?probe=431 HTTP/1.1\r\nX-Big: " + b"a" * 20000 +
+                     b"\r\n\r\n")
+        self.assertTrue(answer.startswith(b"HTTP/1.1 431"), answer)
+        time.sleep(0.1)
+        self.assertRegex(self.server.log_text(),
+                         r"request listener=inference method=GET target=/v2/health/live\?"
+                         r"probe=431 status=431")
+        _, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
+        text = metrics.decode()
+        self.assertNotIn("M00001X", text)
+        self.assertRegex(text, r'orochi_http_requests_total\{method="other",'
+                               r'route="unmatched",status="405"\} [3-9]')
+        self.assertRegex(text, r'orochi_http_requests_total\{method="GET",'
+                               r'route="/v2/health/live",status="431"\} [1-9]')
+
+    def test_head_runs_get_routes_and_405_says_allow(self):
+        with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as sock:
+            sock.sendall(b"HEAD /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+        head, _, body = received.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 200"), received)
+        self.assertRegex(head.decode(), r"(?i)content-length: 13")  # that of {"live":true}
+        self.assertEqual(body, b"")
+        status, headers, _ = curl("-X", "DELETE", self.server.url("/v2/health/live"))
+        self.assertEqual(status, 405)
+        self.assertRegex(headers, r"(?i)\r\nallow: GET, HEAD\r\n")
+        status, headers, _ = curl(self.server.url("/v2/models/echo/infer"))
+        self.assertEqual(status, 405)
+        self.assertRegex(headers, r"(?i)\r\nallow: POST\r\n")
+
+    def test_a_transfer_encoding_not_ending_in_chunked_is_refused_and_closes(self):
+        smuggled = (b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+                    b"Transfer-Encoding: gzip\r\n\r\n"
+                    b"GET /v2/health/live?probe=smuggled HTTP/1.1\r\nHost: x\r\n\r\n")
+        with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as sock:
+            sock.sendall(smuggled)
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+        self.assertTrue(received.startswith(b"HTTP/1.1 400"), received)
+        self.assertIn(b"Transfer-Encoding 'gzip' is not supported", received)
+        self.assertEqual(received.count(b"HTTP/1.1"), 1, "the rest was not read as a request")
+        self.assertNotIn("probe=smuggled", self.server.log_text())
 
     def test_many_keep_alive_clients(self):
         duration = float(os.environ.get("OROCHI_LOAD_SECONDS", "30"))
@@ -466,6 +567,22 @@ class DeadlineTest(unittest.TestCase):
         _, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
         self.assertRegex(metrics.decode(), r'orochi_inference_requests_total\{model="slow",'
                                            r'reason="client_gone",version="1"\} 1')
+        # Not counted as a client error: nginx's 499.
+        self.assertRegex(metrics.decode(), r'orochi_http_requests_total\{method="POST",'
+                                           r'route="/v2/models/\{model\}/infer",status="499"\} 1')
+
+    def test_a_client_that_half_closes_after_its_request_gets_the_answer(self):
+        body = json.dumps(slow_request("sleep", 0.5)).encode()
+        with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as sock:
+            sock.sendall(b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            sock.shutdown(socket.SHUT_WR)  # done sending; still reading
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+        final = received[received.rindex(b"HTTP/1.1 "):]
+        self.assertTrue(final.startswith(b"HTTP/1.1 200"), received)
+        self.assertIn(b'"model_name":"slow"', final)
 
     def test_an_exception_in_the_model_is_a_500_with_the_traceback(self):
         status, _, body = post_json(self.server, "/v2/models/slow/infer", slow_request("fail", 2))
@@ -491,6 +608,140 @@ class DeadlineTest(unittest.TestCase):
         self.assertIn("interpreter copy replaced", self.server.log_text())
         _, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
         self.assertIn('orochi_interpreter_copies{state="replaced"} 1', metrics.decode())
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ConnectionFloodTest(unittest.TestCase):
+    """Many idle connections: the server neither spins nor stops answering once they go."""
+
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="orochi-flood-test-")
+        self.repository = pack_repository(self.root)
+        self.sockets = []
+
+    def tearDown(self):
+        for sock in self.sockets:
+            sock.close()
+        shutil.rmtree(self.root)
+
+    def open_connections(self, port, count):
+        for _ in range(count):
+            self.sockets.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+
+    def assert_not_spinning(self, server):
+        before = cpu_seconds(server.process.pid)
+        time.sleep(1.0)
+        used = cpu_seconds(server.process.pid) - before
+        self.assertLess(used, 0.3, f"the server used {used:.2f} s of CPU in 1 s while idle")
+
+    def assert_answers_health_soon(self, server):
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if curl("--max-time", "2", server.url("/v2/health/live"))[0] == 200:
+                return
+            time.sleep(0.1)
+        self.fail("the server does not answer health after the clients went away")
+
+    def test_out_of_file_descriptors_backs_off_and_recovers(self):
+        import resource
+        server = Server(self.repository, {}, copies=1, preexec_fn=lambda: resource.setrlimit(
+            resource.RLIMIT_NOFILE, (80, 80)))
+        try:
+            self.open_connections(server.port, 150)  # more than the server has descriptors
+            time.sleep(0.3)
+            self.assert_not_spinning(server)
+            self.assertIn("cannot accept connections; retrying every 100 ms", server.log_text())
+            for sock in self.sockets:
+                sock.close()
+            self.sockets = []
+            self.assert_answers_health_soon(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_connections_past_max_connections_get_503_and_close(self):
+        server = Server(self.repository, {"http": {"max_connections": 20}}, copies=1)
+        try:
+            self.open_connections(server.port, 20)
+            time.sleep(0.2)
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as extra:
+                answer = b""
+                while chunk := extra.recv(4096):  # closed promptly, not left hanging
+                    answer += chunk
+            self.assertTrue(answer.startswith(b"HTTP/1.1 503"), answer)
+            self.assertIn(b"too many open connections", answer)
+            self.assert_not_spinning(server)
+            # Another listener has its own connections.
+            status, _, _ = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
+            self.assertEqual(status, 200)
+            for sock in self.sockets:
+                sock.close()
+            self.sockets = []
+            self.assert_answers_health_soon(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class IdleTimeoutTest(unittest.TestCase):
+    """http.idle_timeout_s = 1: for idle connections and stalled bodies, not slow ones."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="orochi-idle-test-")
+        cls.server = Server(pack_repository(cls.root), {"http": {"idle_timeout_s": 1}}, copies=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        code = cls.server.stop()
+        shutil.rmtree(cls.root)
+        assert code == 0, f"orochi serve exited with {code}"
+
+    def connect(self):
+        return socket.create_connection(("127.0.0.1", self.server.port), timeout=10)
+
+    @staticmethod
+    def read_all(sock):
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        return received
+
+    def test_a_body_that_keeps_coming_may_take_longer_than_the_idle_timeout(self):
+        body = json.dumps(echo_request()).encode()
+        with self.connect() as sock:
+            sock.sendall(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nConnection: close"
+                         b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+            start = time.time()
+            step = len(body) // 10 + 1
+            for at in range(0, len(body), step):  # 2.5 s in all, 0.25 s between pieces
+                sock.sendall(body[at:at + step])
+                time.sleep(0.25)
+            received = self.read_all(sock)
+        self.assertGreater(time.time() - start, 2.0)
+        self.assertTrue(received.startswith(b"HTTP/1.1 200"), received[:300])
+
+    def test_a_stalled_body_gets_408(self):
+        with self.connect() as sock:
+            sock.sendall(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"inputs\"")
+            start = time.time()
+            received = self.read_all(sock)
+        self.assertTrue(received.startswith(b"HTTP/1.1 408"), received)
+        self.assertIn(b"no data of the request body arrived for 1 s", received)
+        self.assertLess(time.time() - start, 3)
+
+    def test_an_idle_connection_is_closed_quietly(self):
+        with self.connect() as sock:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = sock.recv(65536)
+            self.assertTrue(first.startswith(b"HTTP/1.1 200"), first)
+            start = time.time()
+            self.assertEqual(self.read_all(sock), b"", "closed without an answer")
+            self.assertLess(time.time() - start, 3)
 
 
 class ShutdownTest(unittest.TestCase):

@@ -27,6 +27,7 @@ struct HttpConfig {
   int64_t max_body_bytes = 64 * 1024 * 1024;
   int max_json_depth = 64;
   int idle_timeout_s = 60;
+  int64_t max_connections = 4096;  // open connections per listener; more get 503 and close
   int shutdown_grace_s = 30;
 };
 
