@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -47,9 +48,25 @@ Result<Entry> ParseEntry(const std::string& name, const nlohmann::json& value) {
   if (shape_field == value.end() || !shape_field->is_array()) {
     return Malformed(where + " has no \"shape\" array");
   }
+  if (shape_field->size() > kMaxDims) {
+    return Malformed(where + " has " + std::to_string(shape_field->size()) +
+                     " dimensions, more than the " + std::to_string(kMaxDims) +
+                     " a tensor can have");
+  }
+  // The byte count is built with every product checked: a shape whose size wraps around 64
+  // bits must not pass as a small tensor (its reads would leave the file).
+  uint64_t expected = ItemSize(entry.dtype);
+  int64_t elements = 1;
   for (const auto& size : *shape_field) {
-    if (!size.is_number_unsigned()) return Malformed(where + " has a shape that is not all sizes");
+    if (!size.is_number_unsigned() ||
+        size.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Malformed(where + " has a shape that is not all sizes");
+    }
     entry.shape.push_back(size.get<int64_t>());
+    if (__builtin_mul_overflow(elements, entry.shape.back(), &elements) ||
+        __builtin_mul_overflow(expected, size.get<uint64_t>(), &expected)) {
+      return Malformed(where + " has a shape whose size does not fit in 64 bits");
+    }
   }
   if (offsets_field == value.end() || !offsets_field->is_array() || offsets_field->size() != 2 ||
       !(*offsets_field)[0].is_number_unsigned() || !(*offsets_field)[1].is_number_unsigned()) {
@@ -58,7 +75,6 @@ Result<Entry> ParseEntry(const std::string& name, const nlohmann::json& value) {
   entry.begin = (*offsets_field)[0].get<uint64_t>();
   entry.end = (*offsets_field)[1].get<uint64_t>();
   if (entry.begin > entry.end) return Malformed(where + " has data_offsets with begin > end");
-  uint64_t expected = static_cast<uint64_t>(NumElements(entry.shape)) * ItemSize(entry.dtype);
   if (entry.end - entry.begin != expected) {
     return Malformed(where + ": shape " + ShapeString(entry.shape) + " of " +
                      std::string(DTypeName(entry.dtype)) + " needs " + std::to_string(expected) +

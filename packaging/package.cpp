@@ -80,6 +80,16 @@ Result<std::unique_ptr<Package>> Package::Open(const std::string& path,
   if (!manifest.ok()) return failed(manifest.status());
   package->manifest_ = std::move(manifest).value();
 
+  uint64_t code_bytes = 0;
+  for (const ZipMember& member : zip.members()) {
+    if (StartsWith(member.name, kCode)) code_bytes += member.size;
+  }
+  if (code_bytes > limits.max_code_bytes) {
+    return failed(InvalidArgument("code/ holds " + std::to_string(code_bytes) +
+                                  " bytes uncompressed, over the limit of " +
+                                  std::to_string(limits.max_code_bytes) +
+                                  " (code is held in memory by every interpreter copy)"));
+  }
   for (const ZipMember& member : zip.members()) {
     if (!StartsWith(member.name, kCode) || member.is_directory()) continue;
     Result<std::string> source = zip.Read(member);

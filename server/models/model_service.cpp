@@ -381,9 +381,9 @@ Status ModelService::Deploy(const std::string& name, int64_t version,
     }
   } upload{uploaded_file};
   OROCHI_RETURN_IF_ERROR(CheckModelName(name));
+  std::lock_guard admin(admin_mutex_);
+  const std::string target = PackagePath(name, version);
   {
-    std::lock_guard admin(admin_mutex_);
-    const std::string target = PackagePath(name, version);
     std::error_code error;
     if (fs::exists(target, error)) {
       return AlreadyExists("model '" + name + "' version " + std::to_string(version) +
@@ -421,14 +421,29 @@ Status ModelService::Deploy(const std::string& name, int64_t version,
         {{"model", name}, {"version", std::to_string(version), false}});
   }
   if (!load) {
-    std::lock_guard admin(admin_mutex_);
     if (Versions(name).empty()) {
       unloaded_.insert(name);
       return SaveState();
     }
     return Status::Ok();
   }
-  return LoadModel(name);
+  Status loaded = LoadModelLocked(name);
+  const std::vector<int64_t> serving = Versions(name);
+  if (loaded.ok() || std::find(serving.begin(), serving.end(), version) != serving.end()) {
+    return loaded;
+  }
+  // A package that cannot load is not kept: on disk, the version policy would select it again
+  // at every restart, where a model that fails to load stops the server from starting. What
+  // served before goes on serving (LoadModelLocked unloads nothing when a load fails).
+  std::error_code error;
+  const fs::path version_directory = fs::path(target).parent_path();
+  fs::remove(target, error);
+  fs::remove(version_directory, error);                // only if now empty
+  fs::remove(version_directory.parent_path(), error);  // likewise
+  SyncDirectory(version_directory.parent_path().parent_path());
+  Log(LogLevel::kWarning, "deployed package removed: it does not load",
+      {{"model", name}, {"version", std::to_string(version), false}, {"error", loaded.message()}});
+  return Status(loaded.code(), loaded.message() + " (the package was not kept)");
 }
 
 Status ModelService::Delete(const std::string& name, std::optional<int64_t> version) {

@@ -142,6 +142,28 @@ TEST_F(SafetensorsTest, RejectsEachMalformedFileByName) {
       LoadError(WriteRaw("negative",
                          R"({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", 4)),
       HasSubstr("shape that is not all sizes"));
+  // Sizes whose byte count wraps around 64 bits (2^62 float32s are "0 bytes") or that do not
+  // fit int64 are refused, not taken as small tensors whose reads leave the file.
+  EXPECT_THAT(LoadError(WriteRaw("wraps", R"({
+      "w": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]},
+      "x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+                                 4)),
+              HasSubstr("tensor 'w' has a shape whose size does not fit in 64 bits"));
+  EXPECT_THAT(LoadError(WriteRaw("square", R"({"w": {"dtype": "F32",
+      "shape": [1099511627776, 1099511627776], "data_offsets": [0, 4]}})",
+                                 4)),
+              HasSubstr("tensor 'w' has a shape whose size does not fit in 64 bits"));
+  EXPECT_THAT(LoadError(WriteRaw("unsigned", R"({"w": {"dtype": "F32",
+      "shape": [18446744073709551615], "data_offsets": [0, 4]}})",
+                                 4)),
+              HasSubstr("shape that is not all sizes"));
+  std::string ones = "1";
+  for (int i = 0; i < 64; ++i) ones += ", 1";  // 65 dims
+  EXPECT_THAT(
+      LoadError(WriteRaw(
+          "rank", R"({"w": {"dtype": "F32", "shape": [)" + ones + R"(], "data_offsets": [0, 4]}})",
+          4)),
+      HasSubstr("tensor 'w' has 65 dimensions, more than the 64"));
   Result<SafetensorsContents> missing = LoadSafetensors(Path("does-not-exist"));
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
 }

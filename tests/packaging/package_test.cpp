@@ -200,5 +200,31 @@ TEST(Package, EntryModuleMayBeAPackage) {
   EXPECT_TRUE(Package::Open(path).ok());
 }
 
+// Code is held in memory by every interpreter copy: a code/ that inflates to a lot is refused
+// at open, before any of it is read, even where each member is far from the archive's limits.
+TEST(Package, CodeIsBoundedAllTogether) {
+  TempDir directory;
+  std::string padding(600 * 1024, ' ');
+  uint32_t state = 1;  // incompressible text: deflate would otherwise trip the ratio check
+  for (char& c : padding) {
+    state = state * 1664525U + 1013904223U;
+    c = static_cast<char>('!' + (state >> 24) % 90);
+  }
+  std::map<std::string, std::string> members{{"manifest.json", ManifestJson("m", kIo, kIo)},
+                                             {"code/model.py", kModel}};
+  for (int i = 0; i < 4; ++i) members["code/padding" + std::to_string(i) + ".py"] = padding;
+  std::string path = WritePackage(directory, "m.orochi", members);
+  PackageLimits limits;
+  limits.max_code_bytes = 2 << 20;
+  Result<std::unique_ptr<Package>> refused = Package::Open(path, limits);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      refused.status().message(),
+      HasSubstr("code/ holds " + std::to_string(4 * padding.size() + std::string(kModel).size()) +
+                " bytes uncompressed, over the limit of 2097152"));
+  limits.max_code_bytes = 4 << 20;
+  EXPECT_TRUE(Package::Open(path, limits).ok());
+}
+
 }  // namespace
 }  // namespace orochi::packaging

@@ -26,10 +26,15 @@ CALCULATOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pac
                           "models", "calculator")
 
 
-def make_package(root: str, version: int, bias: float, padding_bytes: int = 0) -> str:
-    """The calculator test model as version `version`; its second score is x[1] + bias."""
-    directory = os.path.join(root, f"calculator-{version}-{bias}-{padding_bytes}")
+def make_package(root: str, version: int, bias: float, padding_bytes: int = 0,
+                 broken: bool = False) -> str:
+    """The calculator test model as version `version`; its second score is x[1] + bias.
+    A broken one packs and validates, but its code raises on import."""
+    directory = os.path.join(root, f"calculator-{version}-{bias}-{padding_bytes}-{broken}")
     shutil.copytree(CALCULATOR, directory, ignore=shutil.ignore_patterns("__pycache__"))
+    if broken:
+        with open(os.path.join(directory, "code", "model.py"), "a") as file:
+            file.write("\nraise RuntimeError('broken on purpose')\n")
     manifest_path = os.path.join(directory, "manifest.json")
     with open(manifest_path) as file:
         manifest = json.load(file)
@@ -43,7 +48,7 @@ def make_package(root: str, version: int, bias: float, padding_bytes: int = 0) -
     if padding_bytes:
         with open(os.path.join(directory, "resources", "padding.bin"), "wb") as file:
             file.write(os.urandom(padding_bytes))  # incompressible: a big upload
-    path = os.path.join(root, f"calculator-v{version}-{bias}-{padding_bytes}.orochi")
+    path = os.path.join(root, f"calculator-v{version}-{bias}-{padding_bytes}-{broken}.orochi")
     subprocess.run([BINARY, "pack", directory, "-o", path], check=True, capture_output=True)
     return path
 
@@ -250,6 +255,23 @@ class RepositoryTest(unittest.TestCase):
             self.assertGreater(switch, 0, f"client {client} saw version 1")
             self.assertEqual(set(versions[:switch]), {"1"})
             self.assertEqual(set(versions[switch:]), {"2"}, f"client {client} went back to v1")
+
+    def test_a_package_that_does_not_load_is_not_kept(self):
+        server = self.start()
+        self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200)
+        status, answer = self.deploy(server, make_package(self.root, 2, bias=0, broken=True), 2)
+        self.assertEqual(status, 500, answer)
+        self.assertIn("broken on purpose", answer["error"])
+        self.assertIn("the package was not kept", answer["error"])
+        self.assertFalse(os.path.exists(os.path.join(self.repository, "calculator", "2")))
+        status, answer = self.infer(server)
+        self.assertEqual((status, answer["model_version"]), (200, "1"), "version 1 goes on serving")
+        # Kept, the broken version would be selected at startup and stop the server starting.
+        self.assertEqual(server.stop(), 0)
+        self.servers.remove(server)
+        restarted = self.start()
+        status, answer = self.infer(restarted)
+        self.assertEqual((status, answer["model_version"]), (200, "1"))
 
     def test_models_come_back_after_a_restart_as_they_were(self):
         server = self.start()

@@ -26,6 +26,9 @@ namespace orochi::packaging {
 struct PackageLimits {
   ZipLimits zip;
   size_t max_manifest_bytes = 1 << 20;
+  // Uncompressed bytes of code/ all together: the code is read into memory and every
+  // interpreter copy compiles its own, so it is bounded far below the archive's limits.
+  uint64_t max_code_bytes = uint64_t{64} << 20;
 };
 
 struct WeightsFile {
