@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -48,6 +49,20 @@ void Flatten(const Json& data, std::vector<const Json*>* leaves) {
   } else {
     leaves->push_back(&data);
   }
+}
+
+// Nested `data` must follow the shape exactly (flat data is the other accepted form): a ragged
+// or differently nested list with the right number of values is a mistake, not a layout.
+bool NestedAsShaped(const Json& data, const engine::Shape& shape, size_t depth) {
+  if (depth == shape.size()) return !data.is_array();
+  if (!data.is_array() || static_cast<int64_t>(data.size()) != shape[depth]) return false;
+  return std::all_of(data.begin(), data.end(),
+                     [&](const Json& item) { return NestedAsShaped(item, shape, depth + 1); });
+}
+
+bool IsNested(const Json& data) {
+  return data.is_array() &&
+         std::any_of(data.begin(), data.end(), [](const Json& item) { return item.is_array(); });
 }
 
 Result<engine::Tensor> TensorFromJson(const TensorSpec& spec, const engine::Shape& shape,
@@ -283,6 +298,10 @@ Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_vie
       auto data = input.find("data");
       if (data == input.end()) {
         return Bad("input '" + input_name + "' has neither 'data' nor binary_data_size");
+      }
+      if (IsNested(*data) && !NestedAsShaped(*data, shape, 0)) {
+        return Bad("input '" + input_name + "' has nested data that does not follow its shape " +
+                   ShapeText(shape) + " (send it flat, or nested exactly as the shape)");
       }
       std::vector<const Json*> leaves;
       Flatten(*data, &leaves);

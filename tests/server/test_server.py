@@ -285,6 +285,19 @@ class ServerTest(unittest.TestCase):
         got, _, text = curl("-H", big_header, self.server.url("/v2/health/live"))
         self.assertEqual(got, 431)
 
+    def test_nested_data_must_follow_the_shape(self):
+        for data in ([[1.0], [2.0]], [[1.0, 2.0]], [[[1.0]], [2.0]]):
+            with self.subTest(data=data):
+                request = echo_request(rows=2, values={"FP32": data})
+                got, _, text = post_json(self.server, "/v2/models/echo/infer", request)
+                if data == [[1.0], [2.0]]:
+                    self.assertEqual(got, 200, text)  # nested exactly as the shape [2, 1]
+                    continue
+                self.assertEqual(got, 400, text)
+                self.assertEqual(json.loads(text)["error"],
+                                 "input 'in_fp32' has nested data that does not follow its shape "
+                                 "[2, 1] (send it flat, or nested exactly as the shape)")
+
     def test_integers_out_of_their_datatypes_range_are_refused(self):
         cases = [("UINT8", 300, "[0, 255]"), ("UINT8", -1, "[0, 255]"), ("INT8", 128, "[-128, 127]"),
                  ("INT16", -32769, "[-32768, 32767]"),
