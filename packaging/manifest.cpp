@@ -1,6 +1,7 @@
 #include "orochi/packaging/manifest.h"
 
 #include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -68,6 +69,11 @@ Result<std::optional<int64_t>> Integer(const Json& object, const std::string& pa
   if (found == object.end()) return std::optional<int64_t>();
   if (!found->is_number_integer()) {
     return Problem(path + "." + key, "expected an integer, got " + TypeName(*found));
+  }
+  if (found->is_number_unsigned() &&
+      found->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return Problem(path + "." + key, "expected an integer that fits in 64 bits, got " +
+                                         std::to_string(found->get<uint64_t>()));
   }
   auto value = found->get<int64_t>();
   if (value < minimum) {

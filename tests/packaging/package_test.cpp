@@ -115,6 +115,9 @@ TEST(Manifest, EachProblemIsReportedWithItsJsonPath) {
        "$.format_version: this Orochi reads format version 1, got 2"},
       {R"({"format_version": 1, "name": "../m", "version": 1, "entry": "a:B", )" + io + "}",
        "$.name: '../m' is not a valid model name"},
+      {R"({"format_version": 1, "name": "m", "version": 9223372036854775808, "entry": "a:B", )" +
+           io + "}",
+       "$.version: expected an integer that fits in 64 bits, got 9223372036854775808"},
       {R"({"format_version": 1, "name": "m", "version": 0, "entry": "a:B", )" + io + "}",
        "$.version: expected an integer >= 1, got 0"},
       {R"({"format_version": 1, "name": "m", "version": 1, "entry": "a.b", )" + io + "}",
