@@ -120,18 +120,27 @@ def echo_request(rows=1, values=None):
     return {"id": "echo-1", "inputs": inputs}
 
 
-class ServerTest(unittest.TestCase):
+class SharedServerTest(unittest.TestCase):
+    """Tests that share one server, started with CONFIG and COPIES, which must exit cleanly."""
+
+    CONFIG: dict = {}
+    COPIES = 2
+
     @classmethod
     def setUpClass(cls):
-        cls.root = tempfile.mkdtemp(prefix="orochi-server-test-")
+        cls.root = tempfile.mkdtemp(prefix=f"orochi-{cls.__name__}-")
         cls.repository = pack_repository(cls.root)
-        cls.server = Server(cls.repository, {"models": {"max_queue_delay_us": 200000}})
+        cls.server = Server(cls.repository, cls.CONFIG, copies=cls.COPIES)
 
     @classmethod
     def tearDownClass(cls):
         code = cls.server.stop()
         shutil.rmtree(cls.root)
         assert code == 0, f"orochi serve exited with {code}"
+
+
+class ServerTest(SharedServerTest):
+    CONFIG = {"models": {"max_queue_delay_us": 200000}}
 
     def get(self, path):
         status, _, body = curl(self.server.url(path))
@@ -519,20 +528,11 @@ def slow_request(mode: str, seconds: float = 0.0, timeout_us: int | None = None)
     return body
 
 
-class DeadlineTest(unittest.TestCase):
+class DeadlineTest(SharedServerTest):
     """Requests still running at their deadline, in a server with one copy."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.root = tempfile.mkdtemp(prefix="orochi-deadline-test-")
-        cls.server = Server(pack_repository(cls.root),
-                            {"models": {"execution_grace_ms": 500, "max_queue_size": 1}}, copies=1)
-
-    @classmethod
-    def tearDownClass(cls):
-        code = cls.server.stop()
-        shutil.rmtree(cls.root)
-        assert code == 0, f"orochi serve exited with {code}"
+    CONFIG = {"models": {"execution_grace_ms": 500, "max_queue_size": 1}}
+    COPIES = 1
 
     def test_python_that_never_returns_is_interrupted_and_the_copy_goes_on(self):
         replaced_before = self.server.log_text().count("interpreter copy replaced")
@@ -652,7 +652,10 @@ class ConnectionFloodTest(unittest.TestCase):
         used = cpu_seconds(server.process.pid) - before
         self.assertLess(used, 0.3, f"the server used {used:.2f} s of CPU in 1 s while idle")
 
-    def assert_answers_health_soon(self, server):
+    def close_connections_then_expect_health(self, server):
+        for sock in self.sockets:
+            sock.close()
+        self.sockets = []
         deadline = time.time() + 10
         while time.time() < deadline:
             if curl("--max-time", "2", server.url("/v2/health/live"))[0] == 200:
@@ -669,10 +672,7 @@ class ConnectionFloodTest(unittest.TestCase):
             time.sleep(0.3)
             self.assert_not_spinning(server)
             self.assertIn("cannot accept connections; retrying every 100 ms", server.log_text())
-            for sock in self.sockets:
-                sock.close()
-            self.sockets = []
-            self.assert_answers_health_soon(server)
+            self.close_connections_then_expect_health(server)
         finally:
             self.assertEqual(server.stop(), 0)
 
@@ -691,27 +691,16 @@ class ConnectionFloodTest(unittest.TestCase):
             # Another listener has its own connections.
             status, _, _ = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
             self.assertEqual(status, 200)
-            for sock in self.sockets:
-                sock.close()
-            self.sockets = []
-            self.assert_answers_health_soon(server)
+            self.close_connections_then_expect_health(server)
         finally:
             self.assertEqual(server.stop(), 0)
 
 
-class IdleTimeoutTest(unittest.TestCase):
+class IdleTimeoutTest(SharedServerTest):
     """http.idle_timeout_s = 1: for idle connections and stalled bodies, not slow ones."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.root = tempfile.mkdtemp(prefix="orochi-idle-test-")
-        cls.server = Server(pack_repository(cls.root), {"http": {"idle_timeout_s": 1}}, copies=1)
-
-    @classmethod
-    def tearDownClass(cls):
-        code = cls.server.stop()
-        shutil.rmtree(cls.root)
-        assert code == 0, f"orochi serve exited with {code}"
+    CONFIG = {"http": {"idle_timeout_s": 1}}
+    COPIES = 1
 
     def connect(self):
         return socket.create_connection(("127.0.0.1", self.server.port), timeout=10)
