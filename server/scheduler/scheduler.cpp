@@ -45,25 +45,38 @@ Result<std::vector<NamedTensor>> Concatenate(const std::vector<InferJob>& batch)
   return merged;
 }
 
+// A model with a batch dimension answers one row per input row, in every output: checked for a
+// request that ran alone as much as for a batch, or a wrong model would hand a client rows
+// that are not its own.
+Status CheckRows(const std::vector<NamedTensor>& outputs, int64_t total) {
+  for (const NamedTensor& output : outputs) {
+    int64_t rows = 0;
+    if (const auto* tensor = std::get_if<engine::Tensor>(&output.value)) {
+      rows = tensor->dim() == 0 ? -1 : tensor->shape()[0];
+    } else {
+      const auto& bytes = std::get<BytesTensor>(output.value);
+      rows = bytes.shape.empty() ? -1 : bytes.shape[0];
+    }
+    if (rows != total) {
+      return Internal("output '" + output.name + "' has " +
+                      std::to_string(std::max<int64_t>(rows, 0)) + " rows for a batch of " +
+                      std::to_string(total));
+    }
+  }
+  return Status::Ok();
+}
+
 // Rows [start, start + rows) of every output.
 Result<std::vector<NamedTensor>> Slice(const std::vector<NamedTensor>& outputs, int64_t start,
                                        int64_t rows, int64_t total) {
+  OROCHI_RETURN_IF_ERROR(CheckRows(outputs, total));
   std::vector<NamedTensor> part;
   for (const NamedTensor& output : outputs) {
     if (const auto* tensor = std::get_if<engine::Tensor>(&output.value)) {
-      if (tensor->dim() == 0 || tensor->shape()[0] != total) {
-        return Internal("output '" + output.name + "' has " +
-                        std::to_string(tensor->dim() == 0 ? 0 : tensor->shape()[0]) +
-                        " rows for a batch of " + std::to_string(total));
-      }
       part.push_back({output.name, tensor->Narrow(0, start, rows).Contiguous()});
     } else {
       const auto& bytes = std::get<BytesTensor>(output.value);
-      if (bytes.shape.empty() || bytes.shape[0] != total) {
-        return Internal("output '" + output.name + "' does not have the batch's " +
-                        std::to_string(total) + " rows");
-      }
-      const auto per_row = static_cast<int64_t>(bytes.items.size()) / total;
+      const int64_t per_row = total == 0 ? 0 : static_cast<int64_t>(bytes.items.size()) / total;
       BytesTensor slice{bytes.shape, {}};
       slice.shape[0] = rows;
       slice.items.assign(bytes.items.begin() + start * per_row,
@@ -313,7 +326,13 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
     if (!outputs.ok()) {
       job.done(outputs.status(), timings);
     } else if (batch->jobs.size() == 1) {
-      job.done(*outputs, timings);
+      Status rows =
+          queue.batching.max_batch_size > 0 ? CheckRows(*outputs, job.rows) : Status::Ok();
+      if (rows.ok()) {
+        job.done(*outputs, timings);
+      } else {
+        job.done(rows, timings);
+      }
     } else {
       job.done(Slice(*outputs, start_row, job.rows, total_rows), timings);
     }

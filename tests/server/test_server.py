@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def pack_repository(root: str) -> str:
     repository = os.path.join(root, "repository")
-    for name in ("echo", "slow"):
+    for name in ("echo", "slow", "extra_rows"):
         target = os.path.join(repository, name, "1")
         os.makedirs(target)
         subprocess.run([BINARY, "pack", os.path.join(HERE, "models", name), "-o",
@@ -284,6 +284,34 @@ class ServerTest(unittest.TestCase):
         big_header = "X-Big: " + "a" * 20000
         got, _, text = curl("-H", big_header, self.server.url("/v2/health/live"))
         self.assertEqual(got, 431)
+
+    def test_outputs_must_have_the_requests_rows_alone_or_batched(self):
+        # A model with a batch dimension answering 2 rows too many: refused for a request that
+        # ran alone (which once went out with the extra rows) as for one run in a batch.
+        def request(rows):
+            return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 1],
+                                "data": [0.5] * rows}]}
+
+        status, _, body = post_json(self.server, "/v2/models/extra_rows/infer", request(1))
+        self.assertEqual((status, json.loads(body)["error"]),
+                         (500, "output 'y' has 3 rows for a batch of 1"))
+        results = {}
+
+        def client(rows):
+            got, _, text = post_json(self.server, "/v2/models/extra_rows/infer", request(rows))
+            results[rows] = (got, json.loads(text)["error"])
+
+        threads = [threading.Thread(target=client, args=(rows,)) for rows in (2, 4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for rows, (got, error) in results.items():
+            self.assertEqual(got, 500, error)
+            # Alone or together (the batching window is 200 ms), the count is checked.
+            match = re.fullmatch(r"output 'y' has (\d+) rows for a batch of (\d+)", error)
+            self.assertIsNotNone(match, error)
+            self.assertEqual(int(match[1]), int(match[2]) + 2)
 
     def test_integers_out_of_their_datatypes_range_are_refused(self):
         cases = [("UINT8", 300, "[0, 255]"), ("UINT8", -1, "[0, 255]"), ("INT8", 128, "[-128, 127]"),
