@@ -772,6 +772,76 @@ class IdleTimeoutTest(unittest.TestCase):
             self.assertLess(time.time() - start, 3)
 
 
+def child_pids(pid: int) -> list[int]:
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as file:
+            children += [int(child) for child in file.read().split()]
+    return children
+
+
+def socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    return inodes
+
+
+def tcp_inodes_on_port(port: int) -> set[str]:
+    """Inodes of the TCP sockets (listening or connected) whose local port is `port`."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as file:
+            for line in file.readlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    return inodes
+
+
+class ForkTest(unittest.TestCase):
+    def test_a_child_forked_by_a_model_holds_none_of_the_servers_sockets(self):
+        root = tempfile.mkdtemp(prefix="orochi-fork-test-")
+        child = None
+        server = None
+        try:
+            server = Server(pack_repository(root), {})
+            status, _, body = post_json(server, "/v2/models/slow/infer", slow_request("fork", 30))
+            self.assertEqual(status, 200, body)
+            children = child_pids(server.process.pid)
+            self.assertEqual(len(children), 1, children)
+            child = children[0]
+            held = socket_inodes(child)
+            for port in (server.port, server.metrics_port, server.management_port):
+                self.assertFalse(held & tcp_inodes_on_port(port),
+                                 f"the forked child holds a socket of port {port}")
+            # The reviewer's case: the server dies, the child lives on, and a new server must
+            # be able to listen on the same port.
+            port = server.port
+            server.process.kill()
+            server.process.wait(timeout=30)
+            with socket.socket() as again:
+                again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                again.bind(("127.0.0.1", port))
+                again.listen()
+            server.stop()
+        finally:
+            if server is not None and server.process.poll() is None:
+                server.process.kill()
+                server.stop()
+            if child is not None:
+                try:
+                    os.kill(child, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            shutil.rmtree(root)
+
+
 class ShutdownTest(unittest.TestCase):
     def test_sigterm_answers_requests_in_flight_then_exits_zero(self):
         root = tempfile.mkdtemp(prefix="orochi-shutdown-test-")
