@@ -50,7 +50,9 @@ ModelService::ModelService(interpreters::InterpreterManager& manager, const Mode
 
 ModelService::~ModelService() { Stop(); }
 
-void ModelService::Stop() { scheduler_.Stop(); }
+size_t ModelService::Stop(std::optional<Clock::time_point> deadline) {
+  return scheduler_.Stop(deadline);
+}
 
 std::vector<size_t> ModelService::SlotsFor(const packaging::Manifest& manifest) {
   const size_t copies = manager_.size();

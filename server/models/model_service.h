@@ -120,7 +120,9 @@ class ModelService : public SchedulerObserver {
                 std::optional<Clock::time_point> deadline, std::function<bool()> abandoned,
                 Done done);
 
-  void Stop();  // answers queued requests, stops the workers
+  // Answers queued requests, stops the workers; see Scheduler::Stop for `deadline` and what
+  // it returns.
+  size_t Stop(std::optional<Clock::time_point> deadline = std::nullopt);
   size_t copies() const { return manager_.size(); }
 
   // SchedulerObserver

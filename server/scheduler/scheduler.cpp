@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "log.h"
 #include "orochi/engine/ops.h"
 
 namespace orochi::server {
@@ -97,7 +98,7 @@ Scheduler::Scheduler(interpreters::InterpreterManager& manager, size_t max_queue
       observer_(observer),
       workers_(manager.size()) {
   for (size_t slot = 0; slot < manager.size(); ++slot) {
-    workers_[slot].thread = std::thread([this, slot] { Work(slot, 0); });
+    workers_[slot].thread = std::thread([this, slot] { WorkThenExit(slot, 0); });
   }
   watchdog_ = std::thread([this] { Watch(); });
 }
@@ -154,21 +155,71 @@ Status Scheduler::Submit(const std::string& model_key, InferJob job) {
   return Status::Ok();
 }
 
-void Scheduler::Stop() {
+size_t Scheduler::Stop(std::optional<Clock::time_point> deadline) {
   std::vector<std::thread> threads;
+  std::vector<std::shared_ptr<Batch>> stuck;
+  size_t left_behind = 0;
   {
-    std::lock_guard lock(mutex_);
-    if (stopping_ && !watchdog_.joinable()) return;
+    std::unique_lock lock(mutex_);
+    if (stopping_ && !watchdog_.joinable()) return 0;
     stopping_ = true;
-    for (Worker& worker : workers_) {
-      if (worker.thread.joinable()) threads.push_back(std::move(worker.thread));
+    work_ready_.notify_all();
+    watch_.notify_all();
+    idle_.notify_all();
+    // std::thread has no timed join: wait for the workers to say they are done instead.
+    auto all_exited = [&] {
+      return std::all_of(workers_.begin(), workers_.end(), [](const Worker& worker) {
+        return worker.exited || !worker.thread.joinable();
+      });
+    };
+    if (deadline) {
+      idle_.wait_until(lock, *deadline, all_exited);
+    } else {
+      idle_.wait(lock, all_exited);
+    }
+    for (size_t slot = 0; slot < workers_.size(); ++slot) {
+      Worker& worker = workers_[slot];
+      if (!worker.thread.joinable()) continue;
+      if (worker.exited) {
+        threads.push_back(std::move(worker.thread));
+        continue;
+      }
+      // Joining would wait forever. A new generation makes the thread leave quietly should
+      // it ever come back.
+      Log(LogLevel::kError, "interpreter copy stuck at shutdown; leaving it behind",
+          {{"model", worker.queue != nullptr ? worker.queue->model->key() : std::string("-")},
+           {"copy", std::to_string(slot), false},
+           {"running_ms",
+            worker.batch ? std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              Clock::now() - worker.batch->started)
+                                              .count())
+                         : std::string("0"),
+            false}});
+      worker.generation++;
+      left_behind++;
+      if (worker.batch) stuck.push_back(std::move(worker.batch));
+      worker.copy.reset();
+      worker.queue = nullptr;
+      worker.thread.detach();
     }
     if (watchdog_.joinable()) threads.push_back(std::move(watchdog_));
   }
-  work_ready_.notify_all();
-  watch_.notify_all();
-  idle_.notify_all();
+  for (const std::shared_ptr<Batch>& batch : stuck) {
+    Answer(*batch,
+           Unavailable("the server shut down while the request was still running; its "
+                       "interpreter copy did not return within the shutdown grace period"),
+           InferTimings{{}, Clock::now() - batch->started, 0});
+  }
   for (std::thread& thread : threads) thread.join();
+  return left_behind;
+}
+
+void Scheduler::WorkThenExit(size_t slot, uint64_t generation) {
+  Work(slot, generation);
+  std::lock_guard lock(mutex_);
+  if (workers_[slot].generation != generation) return;  // superseded: not this thread's slot
+  workers_[slot].exited = true;
+  idle_.notify_all();
 }
 
 Scheduler::ModelQueue* Scheduler::Pick(size_t slot) {
@@ -392,7 +443,13 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
       if (replaced.ok()) replaced = model->LoadInto(slot);
     }
     if (observer_ != nullptr) observer_->OnCopyReplaced(slot, replaced);
-    if (replaced.ok()) Work(slot, generation);
+    if (replaced.ok()) {
+      WorkThenExit(slot, generation);
+    } else {
+      std::lock_guard lock(mutex_);
+      if (workers_[slot].generation == generation) workers_[slot].exited = true;
+      idle_.notify_all();
+    }
   });
   lock.unlock();
   const Clock::time_point now = Clock::now();

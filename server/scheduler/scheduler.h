@@ -93,8 +93,12 @@ class Scheduler {
   // `job.done` is not called; otherwise `job.done` is called exactly once.
   Status Submit(const std::string& model_key, InferJob job);
 
-  // Stops the workers after the queued requests are answered.
-  void Stop();
+  // Stops the workers after the queued requests are answered. A worker still running at
+  // `deadline` is stuck (Python that never returns and no request deadline to interrupt it):
+  // its batch is answered kUnavailable, it is logged with its model and copy, and its thread is
+  // left behind. Returns how many were left behind; the process must then end without unloading
+  // the copies (a thread still executes in one), e.g. with _exit.
+  size_t Stop(std::optional<Clock::time_point> deadline = std::nullopt);
 
  private:
   struct ModelQueue {
@@ -123,9 +127,12 @@ class Scheduler {
     std::shared_ptr<interpreters::Interpreter> copy;
     std::optional<Clock::time_point> deadline;
     bool interrupted = false;
+    bool exited = false;  // the thread of this generation has returned: joining it is quick
   };
 
   void Work(size_t slot, uint64_t generation);
+  // Work, then marks the worker exited for Stop.
+  void WorkThenExit(size_t slot, uint64_t generation);
   ModelQueue* Pick(size_t slot);
   std::vector<InferJob> TakeBatch(std::unique_lock<std::mutex>& lock, ModelQueue& queue);
   // Runs a batch; false when the worker was superseded meanwhile and must exit.

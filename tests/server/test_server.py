@@ -843,6 +843,40 @@ class ForkTest(unittest.TestCase):
 
 
 class ShutdownTest(unittest.TestCase):
+    def test_sigterm_exits_within_the_grace_even_with_a_copy_that_never_returns(self):
+        # No deadline (default_timeout_ms 0): nothing interrupts the spinning model, so only the
+        # grace period can end the shutdown.
+        root = tempfile.mkdtemp(prefix="orochi-shutdown-stuck-test-")
+        try:
+            server = Server(pack_repository(root), {"http": {"shutdown_grace_s": 2}})
+            self.addCleanup(lambda: server.process.poll() is None and server.process.kill())
+            results = []
+            spinner = threading.Thread(target=lambda: results.append(
+                post_json(server, "/v2/models/slow/infer", slow_request("spin"))))
+            spinner.start()
+            time.sleep(0.5)  # running in a copy
+            start = time.time()
+            server.process.send_signal(signal.SIGTERM)
+            code = server.process.wait(timeout=30)
+            elapsed = time.time() - start
+            spinner.join()
+            log = server.log_text()
+            self.assertLess(elapsed, 2 + 3, log)
+            self.assertGreaterEqual(elapsed, 2, "the grace period was not given")
+            self.assertEqual(code, 1, log)
+            self.assertRegex(log, r"interpreter copy stuck at shutdown; leaving it behind "
+                                  r"model=slow:1 copy=\d running_ms=\d+")
+            self.assertIn("stopped unanswered_requests=1 stuck_copies=1", log)
+            self.assertIn("exiting without unloading", log)
+            # The stuck request was answered before the exit.
+            status, _, body = results[0]
+            self.assertEqual(status, 503, body)
+            self.assertIn("did not return within the shutdown grace period",
+                          json.loads(body)["error"])
+            server.stop()
+        finally:
+            shutil.rmtree(root)
+
     def test_sigterm_answers_requests_in_flight_then_exits_zero(self):
         root = tempfile.mkdtemp(prefix="orochi-shutdown-test-")
         try:
@@ -862,7 +896,7 @@ class ShutdownTest(unittest.TestCase):
                 thread.join()
             self.assertEqual(results, [200, 200])
             self.assertEqual(server.process.wait(timeout=30), 0)
-            self.assertIn("stopped unanswered_requests=0", server.log_text())
+            self.assertIn("stopped unanswered_requests=0 stuck_copies=0", server.log_text())
             server.stop()
         finally:
             shutil.rmtree(root)
