@@ -132,6 +132,11 @@ class ModelService : public SchedulerObserver {
   void OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) override;
   void OnCopyReplaced(size_t slot, const Status& result) override;
   void OnCopyRunning(size_t slot, bool running) override;
+  void OnAbandonedCopies(int64_t running) override;
+  void OnModelUnavailable(const std::string& model_key, const std::string& reason) override;
+
+  // Why a loaded version takes no requests (see Scheduler), or empty.
+  std::string UnavailableReason(const std::string& model_key) const;
 
  private:
   std::shared_ptr<ServedModel> FindByKey(const std::string& key) const;
@@ -158,6 +163,8 @@ class ModelService : public SchedulerObserver {
   std::map<std::string, std::map<int64_t, std::shared_ptr<ServedModel>>> models_;
   // Why the last load of "name:version" failed, for the repository index; cleared on success.
   std::map<std::string, std::string> load_failures_;
+  // Loaded versions the scheduler made unavailable, by key, with the reason; until unloaded.
+  std::map<std::string, std::string> unavailable_;
   std::map<std::string, std::shared_ptr<ServedModel>, std::less<>> by_key_;
   size_t next_slot_ = 0;
   std::atomic<int64_t> replaced_copies_{0};

@@ -91,10 +91,12 @@ Result<std::vector<NamedTensor>> Slice(const std::vector<NamedTensor>& outputs, 
 }  // namespace
 
 Scheduler::Scheduler(interpreters::InterpreterManager& manager, size_t max_queue_size,
-                     std::chrono::milliseconds execution_grace, SchedulerObserver* observer)
+                     std::chrono::milliseconds execution_grace, size_t max_abandoned_copies,
+                     SchedulerObserver* observer)
     : manager_(manager),
       max_queue_size_(max_queue_size),
       execution_grace_(execution_grace),
+      max_abandoned_copies_(max_abandoned_copies),
       observer_(observer),
       workers_(manager.size()) {
   for (size_t slot = 0; slot < manager.size(); ++slot) {
@@ -142,6 +144,7 @@ Status Scheduler::Submit(const std::string& model_key, InferJob job) {
   if (found == queues_.end()) return NotFound("model " + model_key + " is not loaded");
   ModelQueue& queue = *found->second;
   if (queue.closing) return Unavailable("model " + model_key + " is being unloaded");
+  if (!queue.unavailable.empty()) return Unavailable(queue.unavailable);
   if (queue.jobs.size() >= max_queue_size_) {
     return Status(StatusCode::kResourceExhausted, "the queue of model " + model_key + " is full (" +
                                                       std::to_string(max_queue_size_) +
@@ -282,7 +285,15 @@ void Scheduler::Work(size_t slot, uint64_t generation) {
     lock.unlock();
     const bool current = Run(slot, generation, *queue, std::move(batch));
     lock.lock();
-    if (!current) return;  // the copy was abandoned under this thread; a new worker took over
+    if (!current) {
+      // The copy was abandoned under this thread and a new worker took over; the code it was
+      // stuck in has returned at last, so it no longer burns a core.
+      if (abandoned_running_ > 0) abandoned_running_--;
+      if (observer_ != nullptr) {
+        observer_->OnAbandonedCopies(static_cast<int64_t>(abandoned_running_));
+      }
+      return;
+    }
     queue->running--;
     idle_.notify_all();
   }
@@ -431,6 +442,29 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   worker.thread.detach();  // it may never come back from the copy
   if (queue != nullptr) queue->running--;
   idle_.notify_all();
+  abandoned_running_++;
+  if (observer_ != nullptr) observer_->OnAbandonedCopies(static_cast<int64_t>(abandoned_running_));
+  // The stuck thread cannot be stopped, only left: past the cap, the model whose code it is
+  // stuck in gets no more copies to get stuck in. The copy is still replaced, so that the other
+  // models keep their capacity (and a load into the slot does not wait on the stuck thread).
+  std::vector<InferJob> refused;
+  const bool unavailable_now =
+      queue != nullptr && abandoned_running_ >= max_abandoned_copies_ && queue->unavailable.empty();
+  if (unavailable_now) {
+    queue->unavailable = "model " + queue->model->key() +
+                         " is unavailable: " + std::to_string(abandoned_running_) +
+                         " interpreter copies are abandoned while stuck (the limit is "
+                         "models.max_abandoned_copies = " +
+                         std::to_string(max_abandoned_copies_) +
+                         "), the last in this model's code; unload and load it, or deploy "
+                         "another version";
+    refused.assign(std::make_move_iterator(queue->jobs.begin()),
+                   std::make_move_iterator(queue->jobs.end()));
+    queue->jobs.clear();
+    if (observer_ != nullptr) observer_->OnQueueDepth(queue->model->key(), 0);
+  }
+  const std::string unavailable = queue != nullptr ? queue->unavailable : std::string();
+  const std::string model_key = queue != nullptr ? queue->model->key() : std::string();
   const uint64_t generation = worker.generation;
   std::vector<std::shared_ptr<interpreters::ReplicatedModel>> held;
   for (auto& [key, candidate] : queues_) {
@@ -460,6 +494,12 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
                     std::to_string(execution_grace_.count()) +
                     " ms; its interpreter copy was replaced"),
          timings);
+  if (unavailable_now && observer_ != nullptr) {
+    observer_->OnModelUnavailable(model_key, unavailable);
+  }
+  for (InferJob& job : refused) {
+    job.done(Unavailable(unavailable), InferTimings{now - job.enqueued, {}, 0});
+  }
   lock.lock();
 }
 

@@ -72,12 +72,20 @@ class SchedulerObserver {
   // A copy starts (true) or ends (false) running a batch.
   virtual void OnCopyRunning(size_t slot, bool running) = 0;
   virtual void OnCopyReplaced(size_t slot, const Status& result) = 0;
+  // Copies abandoned (replaced while stuck) whose thread still runs in them, burning CPU.
+  virtual void OnAbandonedCopies(int64_t running) = 0;
+  // The model takes no more requests: its code got copies stuck once too often.
+  virtual void OnModelUnavailable(const std::string& model_key, const std::string& reason) = 0;
 };
 
 class Scheduler {
  public:
+  // `max_abandoned_copies`: once that many abandoned copies still run, a model that gets a
+  // copy stuck is made unavailable (its queued requests are answered kUnavailable, new ones
+  // refused) so that one model's stuck code cannot take every core.
   Scheduler(interpreters::InterpreterManager& manager, size_t max_queue_size,
-            std::chrono::milliseconds execution_grace, SchedulerObserver* observer);
+            std::chrono::milliseconds execution_grace, size_t max_abandoned_copies,
+            SchedulerObserver* observer);
   ~Scheduler();  // Stop()
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -107,6 +115,7 @@ class Scheduler {
     std::deque<InferJob> jobs;
     int running = 0;
     bool closing = false;       // being removed: takes no new requests
+    std::string unavailable;    // why it takes no requests any more (see OnModelUnavailable)
     std::vector<bool> held_by;  // by slot
   };
 
@@ -144,6 +153,8 @@ class Scheduler {
   interpreters::InterpreterManager& manager_;
   const size_t max_queue_size_;
   const std::chrono::milliseconds execution_grace_;
+  const size_t max_abandoned_copies_;
+  size_t abandoned_running_ = 0;  // abandoned copies whose thread has not come back
   SchedulerObserver* observer_;
   mutable std::mutex mutex_;
   std::condition_variable work_ready_;

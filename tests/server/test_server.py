@@ -638,6 +638,40 @@ class DeadlineTest(unittest.TestCase):
         self.assertIn('orochi_interpreter_copies{state="replaced"} 1', metrics.decode())
 
 
+class AbandonedCopiesTest(unittest.TestCase):
+    """models.max_abandoned_copies: a model that got copies stuck too often is made unavailable."""
+
+    def test_a_model_past_the_cap_is_unavailable_and_the_others_still_serve(self):
+        root = tempfile.mkdtemp(prefix="orochi-abandoned-test-")
+        server = Server(pack_repository(root),
+                        {"models": {"execution_grace_ms": 300, "max_abandoned_copies": 1}})
+        try:
+            status, _, body = post_json(server, "/v2/models/slow/infer",
+                                        slow_request("block", timeout_us=200000))
+            self.assertEqual(status, 504, body)
+            reason = ("model slow:1 is unavailable: 1 interpreter copies are abandoned while stuck "
+                      "(the limit is models.max_abandoned_copies = 1), the last in this model's "
+                      "code; unload and load it, or deploy another version")
+            status, _, body = post_json(server, "/v2/models/slow/infer", slow_request("sleep"))
+            self.assertEqual((status, json.loads(body)["error"]), (503, reason))
+            status, _, body = curl(server.url("/v2/models/slow/ready"))
+            self.assertEqual((status, json.loads(body)["error"]), (503, reason))
+            status, _, body = post_json(server, "/v2/models/echo/infer", echo_request())
+            self.assertEqual(status, 200, body)
+            _, _, index = curl("-X", "POST",
+                               f"http://127.0.0.1:{server.management_port}/v2/repository/index")
+            slow = [entry for entry in json.loads(index) if entry["name"] == "slow"]
+            self.assertEqual(slow, [{"name": "slow", "version": "1", "state": "UNAVAILABLE",
+                                     "reason": reason}])
+            _, _, metrics = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
+            self.assertIn('orochi_interpreter_copies{state="abandoned"} 1', metrics.decode())
+            self.assertIn("model made unavailable: its code got too many copies stuck model=slow:1",
+                          server.log_text())
+        finally:
+            server.stop()
+            shutil.rmtree(root)
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
