@@ -6,6 +6,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <condition_variable>
 #include <csignal>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -30,6 +31,10 @@ namespace {
 
 namespace asio = boost::asio;
 namespace bhttp = boost::beast::http;
+
+// How long the shutdown may still take once the grace period is over, for the steps after it
+// (stopping workers, finishing a repository operation) before the process exits regardless.
+constexpr std::chrono::seconds kShutdownSlack{5};
 
 // A metric label per method: anything but the standard methods is "other", since a label
 // value per made-up method would grow the series without bound.
@@ -214,6 +219,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   s.metrics.Copies("serving", static_cast<int64_t>(s.manager->size()));
   s.metrics.Copies("idle", static_cast<int64_t>(s.manager->size()));
   s.metrics.Copies("busy", 0);
+  s.metrics.Copies("abandoned", 0);
   s.models = std::make_unique<ModelService>(*s.manager, cfg.models, s.metrics);
   OROCHI_RETURN_IF_ERROR(s.models->LoadFromRepository());
 
@@ -331,13 +337,56 @@ int Server::Run() {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const int64_t abandoned = s.inference->in_flight();
+  // Whatever still blocks the shutdown past this (a repository operation stuck in a model's
+  // constructor, say) must not keep the process alive: an orchestrator waiting for it to go
+  // would SIGKILL it anyway, with no word of why.
+  const auto hard_end = std::max(grace_end, std::chrono::steady_clock::now()) + kShutdownSlack;
+  struct Finished {
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool done = false;
+  };
+  auto finished = std::make_shared<Finished>();
+  std::thread([hard_end, finished] {
+    std::unique_lock lock(finished->mutex);
+    if (finished->changed.wait_until(lock, hard_end, [&] { return finished->done; })) return;
+    Log(LogLevel::kError, "shutdown did not finish within the grace period; exiting now",
+        {{"exit_code", "1", false}});
+    std::_Exit(1);
+  }).detach();
+  auto finish = [&finished] {
+    {
+      std::lock_guard lock(finished->mutex);
+      finished->done = true;
+    }
+    finished->changed.notify_all();
+  };
+  // The grace is spent: a copy still running now is in code that nothing interrupts (no
+  // deadline), and would hold the process forever. Idle workers get a moment to leave.
+  const size_t stuck = s.models->Stop(
+      std::max(grace_end, std::chrono::steady_clock::now() + std::chrono::milliseconds(500)));
   s.admin.reset();  // finishes the repository operation under way
-  s.models->Stop();
+  if (stuck > 0) {
+    // The stuck requests were just answered: let their answers go out before the sockets do.
+    const auto flushed = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (s.inference->in_flight() > 0 && std::chrono::steady_clock::now() < flushed) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
   s.io.stop();
   for (std::thread& thread : s.io_threads) thread.join();
   s.io_threads.clear();
   Log(abandoned > 0 ? LogLevel::kWarning : LogLevel::kInfo, "stopped",
-      {{"unanswered_requests", std::to_string(abandoned), false}});
+      {{"unanswered_requests", std::to_string(abandoned), false},
+       {"stuck_copies", std::to_string(stuck), false}});
+  if (stuck > 0) {
+    // Unloading a copy that a thread still executes in would crash or hang: leave without
+    // running any destructor. Exit 1, as Triton does when its shutdown times out.
+    Log(LogLevel::kError, "exiting without unloading: interpreter copies are still running",
+        {{"stuck_copies", std::to_string(stuck), false}, {"exit_code", "1", false}});
+    std::_Exit(1);
+  }
+  finish();
   return 0;
 }
 

@@ -211,6 +211,10 @@ void KServeApi::Register(http::Router& router) {
                       const http::Responder& respond) {
     std::shared_ptr<const ServedModel> model = Resolve(params, respond);
     if (model == nullptr) return;
+    if (std::string reason = models_.UnavailableReason(model->key); !reason.empty()) {
+      respond(http::ErrorResponse(503, reason));
+      return;
+    }
     respond(
         Ok({{"name", model->name}, {"version", std::to_string(model->version)}, {"ready", true}}));
   };

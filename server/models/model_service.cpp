@@ -46,11 +46,14 @@ ModelService::ModelService(interpreters::InterpreterManager& manager, const Mode
       config_(config),
       metrics_(metrics),
       scheduler_(manager, static_cast<size_t>(config.max_queue_size),
-                 std::chrono::milliseconds(config.execution_grace_ms), this) {}
+                 std::chrono::milliseconds(config.execution_grace_ms),
+                 static_cast<size_t>(config.max_abandoned_copies), this) {}
 
 ModelService::~ModelService() { Stop(); }
 
-void ModelService::Stop() { scheduler_.Stop(); }
+size_t ModelService::Stop(std::optional<Clock::time_point> deadline) {
+  return scheduler_.Stop(deadline);
+}
 
 std::vector<size_t> ModelService::SlotsFor(const packaging::Manifest& manifest) {
   const size_t copies = manager_.size();
@@ -126,6 +129,7 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
   {
     std::lock_guard lock(mutex_);
     load_failures_.erase(key);
+    unavailable_.erase(key);
   }
   auto served = std::make_shared<ServedModel>();
   served->name = manifest.name;
@@ -351,6 +355,7 @@ Status ModelService::UnloadVersion(const std::string& name, int64_t version) {
   {
     std::lock_guard lock(mutex_);
     by_key_.erase(model->key);  // only now: the drained batches still count in its statistics
+    unavailable_.erase(model->key);
   }
   Status unloaded = model->replicas->Unload();
   Log(LogLevel::kInfo, "model unloaded",
@@ -518,6 +523,9 @@ std::vector<ModelService::IndexEntry> ModelService::Index() const {
         std::lock_guard lock(mutex_);
         auto failure = load_failures_.find(name + ":" + std::to_string(version));
         reason = failure != load_failures_.end() ? failure->second : "unloaded";
+      } else {
+        reason = UnavailableReason(name + ":" + std::to_string(version));
+        ready = reason.empty();
       }
       entries.push_back({name, version, ready ? "READY" : "UNAVAILABLE", reason});
     }
@@ -616,6 +624,21 @@ void ModelService::OnCopyReplaced(size_t slot, const Status& result) {
     Log(LogLevel::kError, "replacing a stuck interpreter copy failed",
         {{"copy", std::to_string(slot), false}, {"error", result.message()}});
   }
+}
+
+void ModelService::OnAbandonedCopies(int64_t running) { metrics_.Copies("abandoned", running); }
+
+void ModelService::OnModelUnavailable(const std::string& model_key, const std::string& reason) {
+  Log(LogLevel::kError, "model made unavailable: its code got too many copies stuck",
+      {{"model", model_key}, {"reason", reason}});
+  std::lock_guard lock(mutex_);
+  if (by_key_.count(model_key) != 0) unavailable_[model_key] = reason;
+}
+
+std::string ModelService::UnavailableReason(const std::string& model_key) const {
+  std::lock_guard lock(mutex_);
+  auto found = unavailable_.find(model_key);
+  return found != unavailable_.end() ? found->second : std::string();
 }
 
 void ModelService::OnCopyRunning(size_t /*slot*/, bool running) {

@@ -120,7 +120,9 @@ class ModelService : public SchedulerObserver {
                 std::optional<Clock::time_point> deadline, std::function<bool()> abandoned,
                 Done done);
 
-  void Stop();  // answers queued requests, stops the workers
+  // Answers queued requests, stops the workers; see Scheduler::Stop for `deadline` and what
+  // it returns.
+  size_t Stop(std::optional<Clock::time_point> deadline = std::nullopt);
   size_t copies() const { return manager_.size(); }
 
   // SchedulerObserver
@@ -130,6 +132,11 @@ class ModelService : public SchedulerObserver {
   void OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) override;
   void OnCopyReplaced(size_t slot, const Status& result) override;
   void OnCopyRunning(size_t slot, bool running) override;
+  void OnAbandonedCopies(int64_t running) override;
+  void OnModelUnavailable(const std::string& model_key, const std::string& reason) override;
+
+  // Why a loaded version takes no requests (see Scheduler), or empty.
+  std::string UnavailableReason(const std::string& model_key) const;
 
  private:
   std::shared_ptr<ServedModel> FindByKey(const std::string& key) const;
@@ -156,6 +163,8 @@ class ModelService : public SchedulerObserver {
   std::map<std::string, std::map<int64_t, std::shared_ptr<ServedModel>>> models_;
   // Why the last load of "name:version" failed, for the repository index; cleared on success.
   std::map<std::string, std::string> load_failures_;
+  // Loaded versions the scheduler made unavailable, by key, with the reason; until unloaded.
+  std::map<std::string, std::string> unavailable_;
   std::map<std::string, std::shared_ptr<ServedModel>, std::less<>> by_key_;
   size_t next_slot_ = 0;
   std::atomic<int64_t> replaced_copies_{0};

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "log.h"
 #include "orochi/engine/ops.h"
 
 namespace orochi::server {
@@ -45,25 +46,38 @@ Result<std::vector<NamedTensor>> Concatenate(const std::vector<InferJob>& batch)
   return merged;
 }
 
+// A model with a batch dimension answers one row per input row, in every output: checked for a
+// request that ran alone as much as for a batch, or a wrong model would hand a client rows
+// that are not its own.
+Status CheckRows(const std::vector<NamedTensor>& outputs, int64_t total) {
+  for (const NamedTensor& output : outputs) {
+    int64_t rows = 0;
+    if (const auto* tensor = std::get_if<engine::Tensor>(&output.value)) {
+      rows = tensor->dim() == 0 ? -1 : tensor->shape()[0];
+    } else {
+      const auto& bytes = std::get<BytesTensor>(output.value);
+      rows = bytes.shape.empty() ? -1 : bytes.shape[0];
+    }
+    if (rows != total) {
+      return Internal("output '" + output.name + "' has " +
+                      std::to_string(std::max<int64_t>(rows, 0)) + " rows for a batch of " +
+                      std::to_string(total));
+    }
+  }
+  return Status::Ok();
+}
+
 // Rows [start, start + rows) of every output.
 Result<std::vector<NamedTensor>> Slice(const std::vector<NamedTensor>& outputs, int64_t start,
                                        int64_t rows, int64_t total) {
+  OROCHI_RETURN_IF_ERROR(CheckRows(outputs, total));
   std::vector<NamedTensor> part;
   for (const NamedTensor& output : outputs) {
     if (const auto* tensor = std::get_if<engine::Tensor>(&output.value)) {
-      if (tensor->dim() == 0 || tensor->shape()[0] != total) {
-        return Internal("output '" + output.name + "' has " +
-                        std::to_string(tensor->dim() == 0 ? 0 : tensor->shape()[0]) +
-                        " rows for a batch of " + std::to_string(total));
-      }
       part.push_back({output.name, tensor->Narrow(0, start, rows).Contiguous()});
     } else {
       const auto& bytes = std::get<BytesTensor>(output.value);
-      if (bytes.shape.empty() || bytes.shape[0] != total) {
-        return Internal("output '" + output.name + "' does not have the batch's " +
-                        std::to_string(total) + " rows");
-      }
-      const auto per_row = static_cast<int64_t>(bytes.items.size()) / total;
+      const int64_t per_row = total == 0 ? 0 : static_cast<int64_t>(bytes.items.size()) / total;
       BytesTensor slice{bytes.shape, {}};
       slice.shape[0] = rows;
       slice.items.assign(bytes.items.begin() + start * per_row,
@@ -77,14 +91,16 @@ Result<std::vector<NamedTensor>> Slice(const std::vector<NamedTensor>& outputs, 
 }  // namespace
 
 Scheduler::Scheduler(interpreters::InterpreterManager& manager, size_t max_queue_size,
-                     std::chrono::milliseconds execution_grace, SchedulerObserver* observer)
+                     std::chrono::milliseconds execution_grace, size_t max_abandoned_copies,
+                     SchedulerObserver* observer)
     : manager_(manager),
       max_queue_size_(max_queue_size),
       execution_grace_(execution_grace),
+      max_abandoned_copies_(max_abandoned_copies),
       observer_(observer),
       workers_(manager.size()) {
   for (size_t slot = 0; slot < manager.size(); ++slot) {
-    workers_[slot].thread = std::thread([this, slot] { Work(slot, 0); });
+    workers_[slot].thread = std::thread([this, slot] { WorkThenExit(slot, 0); });
   }
   watchdog_ = std::thread([this] { Watch(); });
 }
@@ -128,6 +144,7 @@ Status Scheduler::Submit(const std::string& model_key, InferJob job) {
   if (found == queues_.end()) return NotFound("model " + model_key + " is not loaded");
   ModelQueue& queue = *found->second;
   if (queue.closing) return Unavailable("model " + model_key + " is being unloaded");
+  if (!queue.unavailable.empty()) return Unavailable(queue.unavailable);
   if (queue.jobs.size() >= max_queue_size_) {
     return Status(StatusCode::kResourceExhausted, "the queue of model " + model_key + " is full (" +
                                                       std::to_string(max_queue_size_) +
@@ -141,21 +158,71 @@ Status Scheduler::Submit(const std::string& model_key, InferJob job) {
   return Status::Ok();
 }
 
-void Scheduler::Stop() {
+size_t Scheduler::Stop(std::optional<Clock::time_point> deadline) {
   std::vector<std::thread> threads;
+  std::vector<std::shared_ptr<Batch>> stuck;
+  size_t left_behind = 0;
   {
-    std::lock_guard lock(mutex_);
-    if (stopping_ && !watchdog_.joinable()) return;
+    std::unique_lock lock(mutex_);
+    if (stopping_ && !watchdog_.joinable()) return 0;
     stopping_ = true;
-    for (Worker& worker : workers_) {
-      if (worker.thread.joinable()) threads.push_back(std::move(worker.thread));
+    work_ready_.notify_all();
+    watch_.notify_all();
+    idle_.notify_all();
+    // std::thread has no timed join: wait for the workers to say they are done instead.
+    auto all_exited = [&] {
+      return std::all_of(workers_.begin(), workers_.end(), [](const Worker& worker) {
+        return worker.exited || !worker.thread.joinable();
+      });
+    };
+    if (deadline) {
+      idle_.wait_until(lock, *deadline, all_exited);
+    } else {
+      idle_.wait(lock, all_exited);
+    }
+    for (size_t slot = 0; slot < workers_.size(); ++slot) {
+      Worker& worker = workers_[slot];
+      if (!worker.thread.joinable()) continue;
+      if (worker.exited) {
+        threads.push_back(std::move(worker.thread));
+        continue;
+      }
+      // Joining would wait forever. A new generation makes the thread leave quietly should
+      // it ever come back.
+      Log(LogLevel::kError, "interpreter copy stuck at shutdown; leaving it behind",
+          {{"model", worker.queue != nullptr ? worker.queue->model->key() : std::string("-")},
+           {"copy", std::to_string(slot), false},
+           {"running_ms",
+            worker.batch ? std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              Clock::now() - worker.batch->started)
+                                              .count())
+                         : std::string("0"),
+            false}});
+      worker.generation++;
+      left_behind++;
+      if (worker.batch) stuck.push_back(std::move(worker.batch));
+      worker.copy.reset();
+      worker.queue = nullptr;
+      worker.thread.detach();
     }
     if (watchdog_.joinable()) threads.push_back(std::move(watchdog_));
   }
-  work_ready_.notify_all();
-  watch_.notify_all();
-  idle_.notify_all();
+  for (const std::shared_ptr<Batch>& batch : stuck) {
+    Answer(*batch,
+           Unavailable("the server shut down while the request was still running; its "
+                       "interpreter copy did not return within the shutdown grace period"),
+           InferTimings{{}, Clock::now() - batch->started, 0});
+  }
   for (std::thread& thread : threads) thread.join();
+  return left_behind;
+}
+
+void Scheduler::WorkThenExit(size_t slot, uint64_t generation) {
+  Work(slot, generation);
+  std::lock_guard lock(mutex_);
+  if (workers_[slot].generation != generation) return;  // superseded: not this thread's slot
+  workers_[slot].exited = true;
+  idle_.notify_all();
 }
 
 Scheduler::ModelQueue* Scheduler::Pick(size_t slot) {
@@ -218,7 +285,15 @@ void Scheduler::Work(size_t slot, uint64_t generation) {
     lock.unlock();
     const bool current = Run(slot, generation, *queue, std::move(batch));
     lock.lock();
-    if (!current) return;  // the copy was abandoned under this thread; a new worker took over
+    if (!current) {
+      // The copy was abandoned under this thread and a new worker took over; the code it was
+      // stuck in has returned at last, so it no longer burns a core.
+      if (abandoned_running_ > 0) abandoned_running_--;
+      if (observer_ != nullptr) {
+        observer_->OnAbandonedCopies(static_cast<int64_t>(abandoned_running_));
+      }
+      return;
+    }
     queue->running--;
     idle_.notify_all();
   }
@@ -313,7 +388,13 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
     if (!outputs.ok()) {
       job.done(outputs.status(), timings);
     } else if (batch->jobs.size() == 1) {
-      job.done(*outputs, timings);
+      Status rows =
+          queue.batching.max_batch_size > 0 ? CheckRows(*outputs, job.rows) : Status::Ok();
+      if (rows.ok()) {
+        job.done(*outputs, timings);
+      } else {
+        job.done(rows, timings);
+      }
     } else {
       job.done(Slice(*outputs, start_row, job.rows, total_rows), timings);
     }
@@ -361,6 +442,29 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   worker.thread.detach();  // it may never come back from the copy
   if (queue != nullptr) queue->running--;
   idle_.notify_all();
+  abandoned_running_++;
+  if (observer_ != nullptr) observer_->OnAbandonedCopies(static_cast<int64_t>(abandoned_running_));
+  // The stuck thread cannot be stopped, only left: past the cap, the model whose code it is
+  // stuck in gets no more copies to get stuck in. The copy is still replaced, so that the other
+  // models keep their capacity (and a load into the slot does not wait on the stuck thread).
+  std::vector<InferJob> refused;
+  const bool unavailable_now =
+      queue != nullptr && abandoned_running_ >= max_abandoned_copies_ && queue->unavailable.empty();
+  if (unavailable_now) {
+    queue->unavailable = "model " + queue->model->key() +
+                         " is unavailable: " + std::to_string(abandoned_running_) +
+                         " interpreter copies are abandoned while stuck (the limit is "
+                         "models.max_abandoned_copies = " +
+                         std::to_string(max_abandoned_copies_) +
+                         "), the last in this model's code; unload and load it, or deploy "
+                         "another version";
+    refused.assign(std::make_move_iterator(queue->jobs.begin()),
+                   std::make_move_iterator(queue->jobs.end()));
+    queue->jobs.clear();
+    if (observer_ != nullptr) observer_->OnQueueDepth(queue->model->key(), 0);
+  }
+  const std::string unavailable = queue != nullptr ? queue->unavailable : std::string();
+  const std::string model_key = queue != nullptr ? queue->model->key() : std::string();
   const uint64_t generation = worker.generation;
   std::vector<std::shared_ptr<interpreters::ReplicatedModel>> held;
   for (auto& [key, candidate] : queues_) {
@@ -373,7 +477,13 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
       if (replaced.ok()) replaced = model->LoadInto(slot);
     }
     if (observer_ != nullptr) observer_->OnCopyReplaced(slot, replaced);
-    if (replaced.ok()) Work(slot, generation);
+    if (replaced.ok()) {
+      WorkThenExit(slot, generation);
+    } else {
+      std::lock_guard lock(mutex_);
+      if (workers_[slot].generation == generation) workers_[slot].exited = true;
+      idle_.notify_all();
+    }
   });
   lock.unlock();
   const Clock::time_point now = Clock::now();
@@ -384,6 +494,12 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
                     std::to_string(execution_grace_.count()) +
                     " ms; its interpreter copy was replaced"),
          timings);
+  if (unavailable_now && observer_ != nullptr) {
+    observer_->OnModelUnavailable(model_key, unavailable);
+  }
+  for (InferJob& job : refused) {
+    job.done(Unavailable(unavailable), InferTimings{now - job.enqueued, {}, 0});
+  }
   lock.lock();
 }
 

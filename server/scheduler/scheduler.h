@@ -72,12 +72,20 @@ class SchedulerObserver {
   // A copy starts (true) or ends (false) running a batch.
   virtual void OnCopyRunning(size_t slot, bool running) = 0;
   virtual void OnCopyReplaced(size_t slot, const Status& result) = 0;
+  // Copies abandoned (replaced while stuck) whose thread still runs in them, burning CPU.
+  virtual void OnAbandonedCopies(int64_t running) = 0;
+  // The model takes no more requests: its code got copies stuck once too often.
+  virtual void OnModelUnavailable(const std::string& model_key, const std::string& reason) = 0;
 };
 
 class Scheduler {
  public:
+  // `max_abandoned_copies`: once that many abandoned copies still run, a model that gets a
+  // copy stuck is made unavailable (its queued requests are answered kUnavailable, new ones
+  // refused) so that one model's stuck code cannot take every core.
   Scheduler(interpreters::InterpreterManager& manager, size_t max_queue_size,
-            std::chrono::milliseconds execution_grace, SchedulerObserver* observer);
+            std::chrono::milliseconds execution_grace, size_t max_abandoned_copies,
+            SchedulerObserver* observer);
   ~Scheduler();  // Stop()
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -93,8 +101,12 @@ class Scheduler {
   // `job.done` is not called; otherwise `job.done` is called exactly once.
   Status Submit(const std::string& model_key, InferJob job);
 
-  // Stops the workers after the queued requests are answered.
-  void Stop();
+  // Stops the workers after the queued requests are answered. A worker still running at
+  // `deadline` is stuck (Python that never returns and no request deadline to interrupt it):
+  // its batch is answered kUnavailable, it is logged with its model and copy, and its thread is
+  // left behind. Returns how many were left behind; the process must then end without unloading
+  // the copies (a thread still executes in one), e.g. with _exit.
+  size_t Stop(std::optional<Clock::time_point> deadline = std::nullopt);
 
  private:
   struct ModelQueue {
@@ -103,6 +115,7 @@ class Scheduler {
     std::deque<InferJob> jobs;
     int running = 0;
     bool closing = false;       // being removed: takes no new requests
+    std::string unavailable;    // why it takes no requests any more (see OnModelUnavailable)
     std::vector<bool> held_by;  // by slot
   };
 
@@ -123,9 +136,12 @@ class Scheduler {
     std::shared_ptr<interpreters::Interpreter> copy;
     std::optional<Clock::time_point> deadline;
     bool interrupted = false;
+    bool exited = false;  // the thread of this generation has returned: joining it is quick
   };
 
   void Work(size_t slot, uint64_t generation);
+  // Work, then marks the worker exited for Stop.
+  void WorkThenExit(size_t slot, uint64_t generation);
   ModelQueue* Pick(size_t slot);
   std::vector<InferJob> TakeBatch(std::unique_lock<std::mutex>& lock, ModelQueue& queue);
   // Runs a batch; false when the worker was superseded meanwhile and must exit.
@@ -137,6 +153,8 @@ class Scheduler {
   interpreters::InterpreterManager& manager_;
   const size_t max_queue_size_;
   const std::chrono::milliseconds execution_grace_;
+  const size_t max_abandoned_copies_;
+  size_t abandoned_running_ = 0;  // abandoned copies whose thread has not come back
   SchedulerObserver* observer_;
   mutable std::mutex mutex_;
   std::condition_variable work_ready_;

@@ -30,6 +30,7 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->models.max_queue_size, defaults.models.max_queue_size);
   EXPECT_EQ(shipped->models.default_timeout_ms, defaults.models.default_timeout_ms);
   EXPECT_EQ(shipped->models.execution_grace_ms, defaults.models.execution_grace_ms);
+  EXPECT_EQ(shipped->models.max_abandoned_copies, defaults.models.max_abandoned_copies);
   EXPECT_EQ(shipped->models.max_queue_delay_us, defaults.models.max_queue_delay_us);
   EXPECT_EQ(shipped->models.preferred_batch_sizes, defaults.models.preferred_batch_sizes);
   EXPECT_EQ(shipped->log.level, defaults.log.level);

@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def pack_repository(root: str) -> str:
     repository = os.path.join(root, "repository")
-    for name in ("echo", "slow"):
+    for name in ("echo", "slow", "extra_rows"):
         target = os.path.join(repository, name, "1")
         os.makedirs(target)
         subprocess.run([BINARY, "pack", os.path.join(HERE, "models", name), "-o",
@@ -306,6 +306,34 @@ class ServerTest(SharedServerTest):
                 self.assertEqual(json.loads(text)["error"],
                                  "input 'in_fp32' has nested data that does not follow its shape "
                                  "[2, 1] (send it flat, or nested exactly as the shape)")
+
+    def test_outputs_must_have_the_requests_rows_alone_or_batched(self):
+        # A model with a batch dimension answering 2 rows too many: refused for a request that
+        # ran alone (which once went out with the extra rows) as for one run in a batch.
+        def request(rows):
+            return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 1],
+                                "data": [0.5] * rows}]}
+
+        status, _, body = post_json(self.server, "/v2/models/extra_rows/infer", request(1))
+        self.assertEqual((status, json.loads(body)["error"]),
+                         (500, "output 'y' has 3 rows for a batch of 1"))
+        results = {}
+
+        def client(rows):
+            got, _, text = post_json(self.server, "/v2/models/extra_rows/infer", request(rows))
+            results[rows] = (got, json.loads(text)["error"])
+
+        threads = [threading.Thread(target=client, args=(rows,)) for rows in (2, 4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for rows, (got, error) in results.items():
+            self.assertEqual(got, 500, error)
+            # Alone or together (the batching window is 200 ms), the count is checked.
+            match = re.fullmatch(r"output 'y' has (\d+) rows for a batch of (\d+)", error)
+            self.assertIsNotNone(match, error)
+            self.assertEqual(int(match[1]), int(match[2]) + 2)
 
     def test_integers_out_of_their_datatypes_range_are_refused(self):
         cases = [("UINT8", 300, "[0, 255]"), ("UINT8", -1, "[0, 255]"), ("INT8", 128, "[-128, 127]"),
@@ -623,6 +651,40 @@ class DeadlineTest(SharedServerTest):
         self.assertIn('orochi_interpreter_copies{state="replaced"} 1', metrics.decode())
 
 
+class AbandonedCopiesTest(unittest.TestCase):
+    """models.max_abandoned_copies: a model that got copies stuck too often is made unavailable."""
+
+    def test_a_model_past_the_cap_is_unavailable_and_the_others_still_serve(self):
+        root = tempfile.mkdtemp(prefix="orochi-abandoned-test-")
+        server = Server(pack_repository(root),
+                        {"models": {"execution_grace_ms": 300, "max_abandoned_copies": 1}})
+        try:
+            status, _, body = post_json(server, "/v2/models/slow/infer",
+                                        slow_request("block", timeout_us=200000))
+            self.assertEqual(status, 504, body)
+            reason = ("model slow:1 is unavailable: 1 interpreter copies are abandoned while stuck "
+                      "(the limit is models.max_abandoned_copies = 1), the last in this model's "
+                      "code; unload and load it, or deploy another version")
+            status, _, body = post_json(server, "/v2/models/slow/infer", slow_request("sleep"))
+            self.assertEqual((status, json.loads(body)["error"]), (503, reason))
+            status, _, body = curl(server.url("/v2/models/slow/ready"))
+            self.assertEqual((status, json.loads(body)["error"]), (503, reason))
+            status, _, body = post_json(server, "/v2/models/echo/infer", echo_request())
+            self.assertEqual(status, 200, body)
+            _, _, index = curl("-X", "POST",
+                               f"http://127.0.0.1:{server.management_port}/v2/repository/index")
+            slow = [entry for entry in json.loads(index) if entry["name"] == "slow"]
+            self.assertEqual(slow, [{"name": "slow", "version": "1", "state": "UNAVAILABLE",
+                                     "reason": reason}])
+            _, _, metrics = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
+            self.assertIn('orochi_interpreter_copies{state="abandoned"} 1', metrics.decode())
+            self.assertIn("model made unavailable: its code got too many copies stuck model=slow:1",
+                          server.log_text())
+        finally:
+            server.stop()
+            shutil.rmtree(root)
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
@@ -746,7 +808,111 @@ class IdleTimeoutTest(SharedServerTest):
             self.assertLess(time.time() - start, 3)
 
 
+def child_pids(pid: int) -> list[int]:
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as file:
+            children += [int(child) for child in file.read().split()]
+    return children
+
+
+def socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    return inodes
+
+
+def tcp_inodes_on_port(port: int) -> set[str]:
+    """Inodes of the TCP sockets (listening or connected) whose local port is `port`."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as file:
+            for line in file.readlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    return inodes
+
+
+class ForkTest(unittest.TestCase):
+    def test_a_child_forked_by_a_model_holds_none_of_the_servers_sockets(self):
+        root = tempfile.mkdtemp(prefix="orochi-fork-test-")
+        child = None
+        server = None
+        try:
+            server = Server(pack_repository(root), {})
+            status, _, body = post_json(server, "/v2/models/slow/infer", slow_request("fork", 30))
+            self.assertEqual(status, 200, body)
+            children = child_pids(server.process.pid)
+            self.assertEqual(len(children), 1, children)
+            child = children[0]
+            held = socket_inodes(child)
+            for port in (server.port, server.metrics_port, server.management_port):
+                self.assertFalse(held & tcp_inodes_on_port(port),
+                                 f"the forked child holds a socket of port {port}")
+            # The reviewer's case: the server dies, the child lives on, and a new server must
+            # be able to listen on the same port.
+            port = server.port
+            server.process.kill()
+            server.process.wait(timeout=30)
+            with socket.socket() as again:
+                again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                again.bind(("127.0.0.1", port))
+                again.listen()
+            server.stop()
+        finally:
+            if server is not None and server.process.poll() is None:
+                server.process.kill()
+                server.stop()
+            if child is not None:
+                try:
+                    os.kill(child, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            shutil.rmtree(root)
+
+
 class ShutdownTest(unittest.TestCase):
+    def test_sigterm_exits_within_the_grace_even_with_a_copy_that_never_returns(self):
+        # No deadline (default_timeout_ms 0): nothing interrupts the spinning model, so only the
+        # grace period can end the shutdown.
+        root = tempfile.mkdtemp(prefix="orochi-shutdown-stuck-test-")
+        try:
+            server = Server(pack_repository(root), {"http": {"shutdown_grace_s": 2}})
+            self.addCleanup(lambda: server.process.poll() is None and server.process.kill())
+            results = []
+            spinner = threading.Thread(target=lambda: results.append(
+                post_json(server, "/v2/models/slow/infer", slow_request("spin"))))
+            spinner.start()
+            time.sleep(0.5)  # running in a copy
+            start = time.time()
+            server.process.send_signal(signal.SIGTERM)
+            code = server.process.wait(timeout=30)
+            elapsed = time.time() - start
+            spinner.join()
+            log = server.log_text()
+            self.assertLess(elapsed, 2 + 3, log)
+            self.assertGreaterEqual(elapsed, 2, "the grace period was not given")
+            self.assertEqual(code, 1, log)
+            self.assertRegex(log, r"interpreter copy stuck at shutdown; leaving it behind "
+                                  r"model=slow:1 copy=\d running_ms=\d+")
+            self.assertIn("stopped unanswered_requests=1 stuck_copies=1", log)
+            self.assertIn("exiting without unloading", log)
+            # The stuck request was answered before the exit.
+            status, _, body = results[0]
+            self.assertEqual(status, 503, body)
+            self.assertIn("did not return within the shutdown grace period",
+                          json.loads(body)["error"])
+            server.stop()
+        finally:
+            shutil.rmtree(root)
+
     def test_sigterm_answers_requests_in_flight_then_exits_zero(self):
         root = tempfile.mkdtemp(prefix="orochi-shutdown-test-")
         try:
@@ -766,7 +932,7 @@ class ShutdownTest(unittest.TestCase):
                 thread.join()
             self.assertEqual(results, [200, 200])
             self.assertEqual(server.process.wait(timeout=30), 0)
-            self.assertIn("stopped unanswered_requests=0", server.log_text())
+            self.assertIn("stopped unanswered_requests=0 stuck_copies=0", server.log_text())
             server.stop()
         finally:
             shutil.rmtree(root)

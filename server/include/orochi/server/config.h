@@ -52,7 +52,10 @@ struct ModelsConfig {
   int64_t max_queue_size = 1024;      // waiting requests per model; more are refused (503)
   int64_t default_timeout_ms = 0;     // per-request deadline when the request sets none; 0: none
   int64_t execution_grace_ms = 5000;  // after an interrupt, before a copy is replaced
-  int64_t max_queue_delay_us = 0;     // dynamic batching: how long a batch may wait to fill
+  // Abandoned copies still running (stuck, each on a core) at which a model that gets one more
+  // copy stuck is made unavailable.
+  int64_t max_abandoned_copies = 4;
+  int64_t max_queue_delay_us = 0;  // dynamic batching: how long a batch may wait to fill
   std::vector<int64_t> preferred_batch_sizes;
   std::map<std::string, VersionPolicy> version_policies;  // by model name; "latest" otherwise
 };

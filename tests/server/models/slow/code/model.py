@@ -1,5 +1,6 @@
 """A model that takes its time: for deadlines, interrupts and graceful shutdown."""
 
+import os
 import time
 
 
@@ -19,4 +20,8 @@ class Slow:
             raise ValueError(f"asked to fail after {seconds} s")
         elif mode == "block":  # C code that holds the GIL and never looks at interrupts
             sum(range(10**15))
+        elif mode == "fork":  # a child process (a copy of the whole server) that outlives it
+            if os.fork() == 0:
+                time.sleep(seconds)
+                os._exit(0)
         return {"done": [True]}
