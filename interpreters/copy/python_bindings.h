@@ -53,6 +53,8 @@ Tensor ScalarTensor(py::handle number, const Tensor& like, Op op = Op::add);
 // A numpy scalar (numpy.float32(2), numpy.int64(1), numpy.bool_): an operand or value like the
 // Python number its item() gives.
 bool IsNumpyScalar(py::handle object);
+// The value of a Python int (not a bool); nullopt for anything else. ValueError past 64 bits.
+std::optional<int64_t> PythonInt(py::handle object);
 // Raises RuntimeError when an int stored into a tensor of integer `dtype` would not fit
 // (creation, fills, writes and clamp bounds check; arithmetic operands wrap).
 void RequireFits(int64_t value, DType dtype);

@@ -130,12 +130,7 @@ void ReleaseBuffer(PyObject* /*object*/, Py_buffer* view) {
 // A clamp bound: a tensor, or a number that must fit `like`'s integer dtype, as in PyTorch.
 std::optional<Tensor> ClampBound(py::handle object, const Tensor& like) {
   if (object.is_none()) return std::nullopt;
-  if (PyLong_Check(object.ptr()) != 0 && PyBool_Check(object.ptr()) == 0) {
-    int overflow = 0;
-    const int64_t value = PyLong_AsLongLongAndOverflow(object.ptr(), &overflow);
-    if (overflow != 0) throw py::value_error("clamp: the bound does not fit in 64 bits");
-    RequireFits(value, like.dtype());
-  }
+  if (std::optional<int64_t> integer = PythonInt(object)) RequireFits(*integer, like.dtype());
   return Operand(object, like).get();
 }
 
@@ -287,21 +282,20 @@ bool IsOperand(py::handle other) {
          IsNumpyScalar(other);
 }
 
-// An integer tensor to a negative int power is refused, as in PyTorch (a tensor of exponents
-// gives 0 instead, see IntegerPower).
-void RefuseNegativeIntegerPower(Op op, const Tensor& self, py::handle exponent) {
-  if (op != Op::pow || engine::IsFloating(self.dtype())) return;
-  PyObject* raw = exponent.ptr();
-  if (PyLong_Check(raw) == 0 || PyBool_Check(raw) != 0) return;
-  int overflow = 0;
-  if (PyLong_AsLongLongAndOverflow(raw, &overflow) < 0 || overflow < 0) {
-    throw std::runtime_error("Integers to negative integer powers are not allowed.");
+// `self op other`, or `other op self` when reflected, with `other` a tensor or a number, and
+// PyTorch's refusals: an integer tensor to a negative int power (a tensor of exponents gives 0
+// instead, see IntegerPower), and integer floor division by zero (ZeroDivisionError's text as
+// a RuntimeError).
+Tensor ApplyBinary(Op op, const Tensor& self, py::handle other, bool reflected = false) {
+  if (op == Op::pow && !reflected && !engine::IsFloating(self.dtype())) {
+    std::optional<int64_t> exponent = PythonInt(other);
+    if (exponent && *exponent < 0) {
+      throw std::runtime_error("Integers to negative integer powers are not allowed.");
+    }
   }
-}
-
-// engine::Binary, after the refusal that depends on the values: integer floor division by zero
-// (PyTorch raises ZeroDivisionError's text as a RuntimeError).
-Tensor BinaryOf(Op op, const Tensor& a, const Tensor& b) {
+  Operand operand(other, self, op);
+  const Tensor& a = reflected ? operand.get() : self;
+  const Tensor& b = reflected ? self : operand.get();
   if (op == Op::floor_divide && !engine::IsFloating(engine::ResultType(a, b)) &&
       engine::Any(engine::Binary(Op::eq, b, engine::Scalar(0, b.dtype())))
               .To(Device{})
@@ -335,33 +329,24 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
     Op op = entry.op;
     DefBoth(
         cls, module, entry.name,
-        [op](const Tensor& self, py::handle other) {
-          RefuseNegativeIntegerPower(op, self, other);
-          Operand operand(other, self, op);
-          return BinaryOf(op, self, operand.get());
-        },
+        [op](const Tensor& self, py::handle other) { return ApplyBinary(op, self, other); },
         py::arg("other"));
     std::string inplace_method = std::string(entry.name) + "_";
     cls.def(inplace_method.c_str(), [op](Tensor& self, py::handle other) -> Tensor& {
-      RefuseNegativeIntegerPower(op, self, other);
-      Operand operand(other, self, op);
-      return InPlace(self, BinaryOf(op, self, operand.get()));
+      return InPlace(self, ApplyBinary(op, self, other));
     });
     if (entry.forward != nullptr) {
       cls.def(entry.forward, [op](const Tensor& self, py::handle other) -> py::object {
         if (!IsOperand(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
         RequireBoolForBitwise(op, self, other);
-        RefuseNegativeIntegerPower(op, self, other);
-        Operand operand(other, self, op);
-        return py::cast(BinaryOf(op, self, operand.get()));
+        return py::cast(ApplyBinary(op, self, other));
       });
     }
     if (entry.reverse != nullptr) {
       cls.def(entry.reverse, [op](const Tensor& self, py::handle other) -> py::object {
         if (!IsOperand(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
         RequireBoolForBitwise(op, self, other);
-        Operand operand(other, self, op);
-        return py::cast(BinaryOf(op, operand.get(), self));
+        return py::cast(ApplyBinary(op, self, other, /*reflected=*/true));
       });
     }
     if (entry.inplace != nullptr) {
@@ -369,9 +354,7 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
         if (!IsOperand(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
         auto& self = self_object.cast<Tensor&>();
         RequireBoolForBitwise(op, self, other);
-        RefuseNegativeIntegerPower(op, self, other);
-        Operand operand(other, self, op);
-        InPlace(self, BinaryOf(op, self, operand.get()));
+        InPlace(self, ApplyBinary(op, self, other));
         return self_object;
       });
     }
@@ -384,17 +367,13 @@ void BindOperators(py::class_<Tensor>& cls, py::module_& module) {
           throw py::type_error("pow: the base must be a tensor or a number, not " +
                                std::string(Py_TYPE(base.ptr())->tp_name));
         }
-        Operand operand(base, exponent, Op::pow);
-        return BinaryOf(Op::pow, operand.get(), exponent);
+        return ApplyBinary(Op::pow, exponent, base, /*reflected=*/true);
       },
       py::arg("self"), py::arg("exponent"));
   // Aliases with PyTorch's other spellings.
   DefBoth(
       cls, module, "true_divide",
-      [](const Tensor& self, py::handle other) {
-        Operand operand(other, self, Op::div);
-        return engine::Binary(Op::div, self, operand.get());
-      },
+      [](const Tensor& self, py::handle other) { return ApplyBinary(Op::div, self, other); },
       py::arg("other"));
   cls.def("__matmul__", [](const Tensor& self, const Tensor& other) {
     return MaybeWithoutGil(MatmulWork(self, other), [&] { return engine::Matmul(self, other); });

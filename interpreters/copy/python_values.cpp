@@ -447,14 +447,16 @@ Tensor TypedScalar(Number value, DType dtype) {
   return scalar;
 }
 
-int64_t ExactInt(PyObject* raw) {
+}  // namespace
+
+std::optional<int64_t> PythonInt(py::handle object) {
+  PyObject* raw = object.ptr();
+  if (PyLong_Check(raw) == 0 || PyBool_Check(raw) != 0) return std::nullopt;
   int overflow = 0;
-  int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
+  const int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
   if (overflow != 0) throw py::value_error("an int operand does not fit in 64 bits");
   return value;
 }
-
-}  // namespace
 
 void RequireFits(int64_t value, DType dtype) {
   if (!engine::IsIntegral(dtype)) return;
@@ -490,8 +492,8 @@ Tensor ScalarTensor(py::handle number, const Tensor& like, Op op) {
   PyObject* raw = number.ptr();
   const DType dtype = like.dtype();
   if (PyBool_Check(raw)) return TypedScalar(raw == Py_True, dtype);
-  if (PyLong_Check(raw)) {
-    int64_t value = ExactInt(raw);
+  if (std::optional<int64_t> integer = PythonInt(number)) {
+    const int64_t value = *integer;
     // True division of integers computes in float32, so the int keeps its value (int16 / 32768
     // is not int16 / -32768), as PyTorch's does.
     if (op == Op::div && !engine::IsFloating(dtype)) return TypedScalar(value, DType::kFloat32);
@@ -510,10 +512,9 @@ Tensor ValueForWrite(py::handle value, DType dtype) {
   if (const Tensor* tensor = TensorFromPython(value.ptr())) return *tensor;
   PyObject* raw = value.ptr();
   if (PyBool_Check(raw)) return TypedScalar(raw == Py_True, dtype);
-  if (PyLong_Check(raw)) {
-    const int64_t integer = ExactInt(raw);
-    RequireFits(integer, dtype);
-    return TypedScalar(integer, dtype);
+  if (std::optional<int64_t> integer = PythonInt(value)) {
+    RequireFits(*integer, dtype);
+    return TypedScalar(*integer, dtype);
   }
   if (PyFloat_Check(raw)) return TypedScalar(PyFloat_AS_DOUBLE(raw), dtype);
   if (PyList_Check(raw) || PyTuple_Check(raw)) return TensorFromData(value, dtype);
