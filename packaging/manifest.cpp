@@ -20,18 +20,6 @@ Status Problem(const std::string& path, const std::string& message) {
 
 std::string TypeName(const Json& value) { return value.type_name(); }
 
-bool IsName(std::string_view text) {
-  if (text.empty() || text.size() > kMaxNameBytes) return false;
-  auto alnum = [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-  };
-  if (!alnum(text.front())) return false;
-  for (char c : text) {
-    if (!alnum(c) && c != '_' && c != '.' && c != '-') return false;
-  }
-  return true;
-}
-
 bool IsIdentifierPath(std::string_view text) {
   if (text.empty()) return false;
   bool start = true;
@@ -180,6 +168,18 @@ std::optional<engine::DType> EngineDType(DataType datatype) {
 #undef OROCHI_DATATYPE_DTYPE
   }
   return std::nullopt;
+}
+
+bool IsName(std::string_view text) {
+  if (text.empty() || text.size() > kMaxNameBytes) return false;
+  auto alnum = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+  };
+  if (!alnum(text.front())) return false;
+  for (char c : text) {
+    if (!alnum(c) && c != '_' && c != '.' && c != '-') return false;
+  }
+  return true;
 }
 
 Result<Manifest> ParseManifest(std::string_view text) {

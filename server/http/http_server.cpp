@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -266,7 +267,6 @@ class Session : public std::enable_shared_from_this<Session> {
                           self->Close();
                           return;
                         }
-                        self->stream_.expires_after(self->limits_.idle_timeout);
                         read_body();
                       });
   }
@@ -421,6 +421,10 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       }
       if (peeked != 0 || self->version_ < 11 || self->probed_) return;
+      // Only into an empty send queue, where the probe's few bytes go out whole: a part of it
+      // in front of the answer would corrupt the response stream.
+      int unsent = 0;
+      if (::ioctl(fd, TIOCOUTQ, &unsent) != 0 || unsent != 0) return;
       self->probed_ = true;
       static constexpr std::string_view kProbe = "HTTP/1.1 100 Continue\r\n\r\n";
       if (::send(fd, kProbe.data(), kProbe.size(), MSG_DONTWAIT | MSG_NOSIGNAL) < 0 &&

@@ -90,12 +90,8 @@ Result<engine::Tensor> TensorFromJson(const TensorSpec& spec, const engine::Shap
         // unsigned, up to 2^64-1) before narrowing: 300 for UINT8 or 2^64-1 for INT64 must
         // not wrap into another number the model would silently use.
         using Limits = std::numeric_limits<T>;
-        const bool in_range =
-            leaf->is_number_unsigned()
-                ? leaf->get<uint64_t>() <= static_cast<uint64_t>(Limits::max())
-                : leaf->get<int64_t>() >= static_cast<int64_t>(Limits::min()) &&
-                      (leaf->get<int64_t>() < 0 || static_cast<uint64_t>(leaf->get<int64_t>()) <=
-                                                       static_cast<uint64_t>(Limits::max()));
+        const bool in_range = leaf->is_number_unsigned() ? std::in_range<T>(leaf->get<uint64_t>())
+                                                         : std::in_range<T>(leaf->get<int64_t>());
         if (!in_range) {
           status =
               Bad("input '" + spec.name + "' is " + std::string(DataTypeName(spec.datatype)) +

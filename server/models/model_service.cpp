@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -129,7 +128,6 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
   {
     std::lock_guard lock(mutex_);
     load_failures_.erase(key);
-    unavailable_.erase(key);
   }
   auto served = std::make_shared<ServedModel>();
   served->name = manifest.name;
@@ -300,13 +298,7 @@ Status ModelService::LoadFromRepository() {
 }
 
 Status ModelService::CheckModelName(const std::string& name) {
-  bool valid =
-      !name.empty() && name.size() <= 128 && std::isalnum(static_cast<unsigned char>(name[0]));
-  for (char c : name) {
-    valid =
-        valid && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-');
-  }
-  if (valid) return Status::Ok();
+  if (packaging::IsName(name)) return Status::Ok();
   return InvalidArgument("'" + name +
                          "' is not a valid model name (1-128 letters, digits, '_', '.', '-', "
                          "starting with a letter or digit)");
@@ -355,7 +347,6 @@ Status ModelService::UnloadVersion(const std::string& name, int64_t version) {
   {
     std::lock_guard lock(mutex_);
     by_key_.erase(model->key);  // only now: the drained batches still count in its statistics
-    unavailable_.erase(model->key);
   }
   Status unloaded = model->replicas->Unload();
   Log(LogLevel::kInfo, "model unloaded",
@@ -432,14 +423,22 @@ Status ModelService::Deploy(const std::string& name, int64_t version,
     }
     return Status::Ok();
   }
-  Status loaded = LoadModelLocked(name);
-  const std::vector<int64_t> serving = Versions(name);
-  if (loaded.ok() || std::find(serving.begin(), serving.end(), version) != serving.end()) {
-    return loaded;
+  const std::string key = name + ":" + std::to_string(version);
+  {
+    std::lock_guard lock(mutex_);
+    load_failures_.erase(key);  // so that a failure recorded below is this load's own
   }
+  Status loaded = LoadModelLocked(name);
+  bool failed_itself = false;
+  {
+    std::lock_guard lock(mutex_);
+    failed_itself = load_failures_.count(key) != 0;
+  }
+  if (loaded.ok() || !failed_itself) return loaded;
   // A package that cannot load is not kept: on disk, the version policy would select it again
   // at every restart, where a model that fails to load stops the server from starting. What
-  // served before goes on serving (LoadModelLocked unloads nothing when a load fails).
+  // served before goes on serving (LoadModelLocked unloads nothing when a load fails). Only
+  // this version's own failure removes it, not one of another version the policy selects.
   std::error_code error;
   const fs::path version_directory = fs::path(target).parent_path();
   fs::remove(target, error);
@@ -631,14 +630,10 @@ void ModelService::OnAbandonedCopies(int64_t running) { metrics_.Copies("abandon
 void ModelService::OnModelUnavailable(const std::string& model_key, const std::string& reason) {
   Log(LogLevel::kError, "model made unavailable: its code got too many copies stuck",
       {{"model", model_key}, {"reason", reason}});
-  std::lock_guard lock(mutex_);
-  if (by_key_.count(model_key) != 0) unavailable_[model_key] = reason;
 }
 
 std::string ModelService::UnavailableReason(const std::string& model_key) const {
-  std::lock_guard lock(mutex_);
-  auto found = unavailable_.find(model_key);
-  return found != unavailable_.end() ? found->second : std::string();
+  return scheduler_.UnavailableReason(model_key);
 }
 
 void ModelService::OnCopyRunning(size_t /*slot*/, bool running) {

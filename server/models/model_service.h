@@ -163,8 +163,6 @@ class ModelService : public SchedulerObserver {
   std::map<std::string, std::map<int64_t, std::shared_ptr<ServedModel>>> models_;
   // Why the last load of "name:version" failed, for the repository index; cleared on success.
   std::map<std::string, std::string> load_failures_;
-  // Loaded versions the scheduler made unavailable, by key, with the reason; until unloaded.
-  std::map<std::string, std::string> unavailable_;
   std::map<std::string, std::shared_ptr<ServedModel>, std::less<>> by_key_;
   size_t next_slot_ = 0;
   std::atomic<int64_t> replaced_copies_{0};

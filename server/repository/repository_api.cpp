@@ -41,15 +41,6 @@ bool LoadRequested(const http::Request& request) {
          parameters.find("load=0") == std::string_view::npos;
 }
 
-// Every route's {model} is checked here, before the ModelService (which checks again): the
-// name becomes a directory of the repository. True when it answered 400.
-bool RefuseBadName(const http::PathParams& params, const http::Responder& respond) {
-  Status checked = ModelService::CheckModelName(params.at("model"));
-  if (checked.ok()) return false;
-  respond(http::ErrorResponse(400, checked.message()));
-  return true;
-}
-
 std::vector<std::string> PathSegments(std::string_view target) {
   target = target.substr(0, target.find('?'));
   std::vector<std::string> segments;
@@ -82,13 +73,10 @@ void RepositoryApi::Register(http::Router& router) {
         const std::string uploaded = request.body();  // the file the body was streamed to
         const std::string& name = params.at("model");
         std::optional<int64_t> version = ParseVersion(params.at("version"));
-        if (Status checked = ModelService::CheckModelName(name); !checked.ok() || !version) {
-          ::unlink(uploaded.c_str());
-          respond(http::ErrorResponse(
-              400,
-              "deploy to /v2/repository/models/<name>/versions/<integer version >= "
-              "1>: " +
-                  (checked.ok() ? "the version must be an integer >= 1" : checked.message())));
+        if (!version) {  // the transport removes the unused upload file
+          respond(http::ErrorResponse(400,
+                                      "deploy to /v2/repository/models/<name>/versions/<integer "
+                                      "version >= 1>: the version must be an integer >= 1"));
           return;
         }
         const bool load = LoadRequested(request);
@@ -102,8 +90,8 @@ void RepositoryApi::Register(http::Router& router) {
       });
   router.Add(
       bhttp::verb::delete_, "/v2/repository/models/{model}/versions/{version}",
+      // ModelService refuses a bad {model} (it would leave the repository's directory): 400.
       [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
-        if (RefuseBadName(params, respond)) return;
         std::optional<int64_t> version = ParseVersion(params.at("version"));
         if (!version) {
           respond(http::ErrorResponse(400, "the version must be an integer >= 1"));
@@ -114,7 +102,6 @@ void RepositoryApi::Register(http::Router& router) {
   router.Add(
       bhttp::verb::delete_, "/v2/repository/models/{model}",
       [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
-        if (RefuseBadName(params, respond)) return;
         respond(Answer(models_.Delete(params.at("model"), std::nullopt)));
       });
   router.Add(bhttp::verb::post, "/v2/repository/index",
@@ -132,13 +119,11 @@ void RepositoryApi::Register(http::Router& router) {
   router.Add(
       bhttp::verb::post, "/v2/repository/models/{model}/load",
       [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
-        if (RefuseBadName(params, respond)) return;
         respond(Answer(models_.LoadModel(params.at("model"))));
       });
   router.Add(
       bhttp::verb::post, "/v2/repository/models/{model}/unload",
       [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
-        if (RefuseBadName(params, respond)) return;
         respond(Answer(models_.UnloadModel(params.at("model"))));
       });
 }

@@ -137,6 +137,12 @@ void Scheduler::RemoveModel(const std::string& key) {
   }
 }
 
+std::string Scheduler::UnavailableReason(std::string_view model_key) const {
+  std::lock_guard lock(mutex_);
+  auto found = queues_.find(model_key);
+  return found != queues_.end() ? found->second->unavailable : std::string();
+}
+
 Status Scheduler::Submit(const std::string& model_key, InferJob job) {
   std::lock_guard lock(mutex_);
   if (stopping_) return Unavailable("the server is shutting down");

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -100,6 +101,10 @@ class Scheduler {
   // Queues `job`. Refusals (unknown model, queue full, stopping) come back as the Status and
   // `job.done` is not called; otherwise `job.done` is called exactly once.
   Status Submit(const std::string& model_key, InferJob job);
+
+  // Why the model takes no requests any more (see Observer::OnModelUnavailable); empty while
+  // it does, or when it is not in the scheduler.
+  std::string UnavailableReason(std::string_view model_key) const;
 
   // Stops the workers after the queued requests are answered. A worker still running at
   // `deadline` is stuck (Python that never returns and no request deadline to interrupt it):

@@ -73,4 +73,8 @@ struct Manifest {
 // Errors are kInvalidArgument, "manifest.json: <path>: <problem>".
 Result<Manifest> ParseManifest(std::string_view text);
 
+// Whether `text` is a valid model or tensor name: 1-128 ASCII letters, digits, '_', '.' and
+// '-', starting with a letter or digit. A model name is therefore one path component.
+bool IsName(std::string_view text);
+
 }  // namespace orochi::packaging
