@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -8,112 +10,18 @@
 
 #include "orochi/engine/dtype.h"
 #include "orochi/server/kserve_codec.h"
+#include "request_json.h"
 
 namespace orochi::server::kserve {
 namespace {
 
 using interpreters::BytesTensor;
 using interpreters::NamedTensor;
-using Json = nlohmann::json;
 using packaging::DataType;
 using packaging::Manifest;
 using packaging::TensorSpec;
 
 Status Bad(const std::string& message) { return InvalidArgument(message); }
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-Result<Json> ParseJson(std::string_view text, int max_depth) {
-  bool too_deep = false;
-  Json json = Json::parse(
-      text.begin(), text.end(),
-      [&](int depth, Json::parse_event_t, Json&) {
-        too_deep = too_deep || depth > max_depth;
-        return true;
-      },
-      /*allow_exceptions=*/false);
-  if (too_deep) {
-    return Bad("the request JSON is nested deeper than the limit of " + std::to_string(max_depth));
-  }
-  if (json.is_discarded()) return Bad("the request body is not valid JSON");
-  return json;
-}
-
-void Flatten(const Json& data, std::vector<const Json*>* leaves) {
-  if (data.is_array()) {
-    for (const Json& item : data) Flatten(item, leaves);
-  } else {
-    leaves->push_back(&data);
-  }
-}
-
-// Nested `data` must follow the shape exactly (flat data is the other accepted form): a ragged
-// or differently nested list with the right number of values is a mistake, not a layout.
-bool NestedAsShaped(const Json& data, const engine::Shape& shape, size_t depth) {
-  if (depth == shape.size()) return !data.is_array();
-  if (!data.is_array() || static_cast<int64_t>(data.size()) != shape[depth]) return false;
-  return std::all_of(data.begin(), data.end(),
-                     [&](const Json& item) { return NestedAsShaped(item, shape, depth + 1); });
-}
-
-bool IsNested(const Json& data) {
-  return data.is_array() &&
-         std::any_of(data.begin(), data.end(), [](const Json& item) { return item.is_array(); });
-}
-
-Result<engine::Tensor> TensorFromJson(const TensorSpec& spec, const engine::Shape& shape,
-                                      const std::vector<const Json*>& leaves) {
-  const engine::DType dtype = *packaging::EngineDType(spec.datatype);
-  engine::Tensor tensor = engine::Tensor::Empty(shape, dtype);
-  Status status;
-  engine::VisitDType(dtype, [&]<typename T>() {
-    T* out = tensor.mutable_data_as<T>();
-    for (const Json* leaf : leaves) {
-      if constexpr (std::is_same_v<T, bool>) {
-        if (!leaf->is_boolean()) {
-          status =
-              Bad("input '" + spec.name + "' is BOOL: expected true or false, got " + leaf->dump());
-          return;
-        }
-        *out++ = leaf->get<bool>();
-      } else if constexpr (std::is_integral_v<T>) {
-        if (!leaf->is_number_integer()) {
-          status = Bad("input '" + spec.name + "' is " + std::string(DataTypeName(spec.datatype)) +
-                       ": expected integers, got " + leaf->dump());
-          return;
-        }
-        // Compared in the value's own signedness (nlohmann keeps non-negative integers
-        // unsigned, up to 2^64-1) before narrowing: 300 for UINT8 or 2^64-1 for INT64 must
-        // not wrap into another number the model would silently use.
-        using Limits = std::numeric_limits<T>;
-        const bool in_range = leaf->is_number_unsigned() ? std::in_range<T>(leaf->get<uint64_t>())
-                                                         : std::in_range<T>(leaf->get<int64_t>());
-        if (!in_range) {
-          status =
-              Bad("input '" + spec.name + "' is " + std::string(DataTypeName(spec.datatype)) +
-                  ": " + leaf->dump() + " is out of its range [" + std::to_string(+Limits::min()) +
-                  ", " + std::to_string(+Limits::max()) + "]");
-          return;
-        }
-        *out++ = leaf->is_number_unsigned() ? static_cast<T>(leaf->get<uint64_t>())
-                                            : static_cast<T>(leaf->get<int64_t>());
-      } else {
-        if (!leaf->is_number()) {
-          status = Bad("input '" + spec.name + "' is " + std::string(DataTypeName(spec.datatype)) +
-                       ": expected numbers, got " + leaf->dump());
-          return;
-        }
-        *out++ = engine::Convert<T>(leaf->get<double>());
-      }
-    }
-  });
-  OROCHI_RETURN_IF_ERROR(status);
-  return tensor;
-}
 
 Result<engine::Tensor> TensorFromBinary(const TensorSpec& spec, const engine::Shape& shape,
                                         std::string_view bytes) {
@@ -176,6 +84,38 @@ Status CheckShape(const Manifest& manifest, const TensorSpec& spec, const engine
   return Status::Ok();
 }
 
+std::string ShapeJson(const engine::Shape& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// A value as JSON. Floats are written in the fewest digits that read back as the same value of
+// their own type (0.1 for FP32's 0.1, not 0.10000000149011612), with ".0" on whole numbers so
+// that they stay floats to a JSON reader. NaN and infinities are not JSON; they are written as
+// NaN, Infinity and -Infinity, as Triton and Python's json module write and read them.
+template <typename T>
+void AppendNumber(T value, std::string* out) {
+  char text[64];
+  if constexpr (std::is_same_v<T, bool>) {
+    *out += value ? "true" : "false";
+  } else if constexpr (std::is_integral_v<T>) {
+    *out += std::string_view(text, std::to_chars(text, text + sizeof(text), value).ptr);
+  } else {
+    using Written = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const auto number = engine::Convert<Written>(value);
+    if (std::isnan(number)) {
+      *out += "NaN";
+    } else if (std::isinf(number)) {
+      *out += number > 0 ? "Infinity" : "-Infinity";
+    } else {
+      const std::string_view written(text, std::to_chars(text, text + sizeof(text), number).ptr);
+      *out += written;
+      if (written.find_first_of(".e") == std::string_view::npos) *out += ".0";
+    }
+  }
+}
+
 bool BinaryRequested(const Json& parameters) {
   auto found = parameters.find("binary_data");
   return found != parameters.end() && found->is_boolean() && found->get<bool>();
@@ -196,7 +136,9 @@ Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_vie
     json_text = body.substr(0, *json_length);
     binary = body.substr(*json_length);
   }
-  OROCHI_ASSIGN_OR_RETURN(Json json, ParseJson(json_text, limits.max_json_depth));
+  OROCHI_ASSIGN_OR_RETURN(RequestJson read,
+                          ReadRequestJson(json_text, manifest, limits.max_json_depth));
+  const Json& json = read.document;
   if (!json.is_object()) return Bad("the request must be a JSON object");
   InferRequest request;
   if (auto id = json.find("id"); id != json.end()) {
@@ -222,7 +164,8 @@ Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_vie
   for (const TensorSpec& spec : manifest.inputs) specs[spec.name] = &spec;
   std::map<std::string, NamedTensor> parsed;
   size_t binary_at = 0;
-  for (const Json& input : *inputs) {
+  for (size_t index = 0; index < inputs->size(); ++index) {
+    const Json& input = (*inputs)[index];
     if (!input.is_object()) return Bad("each input must be an object");
     auto name = input.find("name");
     auto datatype = input.find("datatype");
@@ -291,33 +234,17 @@ Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_vie
         tensor.value = std::move(value);
       }
     } else {
-      auto data = input.find("data");
-      if (data == input.end()) {
-        return Bad("input '" + input_name + "' has neither 'data' nor binary_data_size");
-      }
-      if (IsNested(*data) && !NestedAsShaped(*data, shape, 0)) {
-        return Bad("input '" + input_name + "' has nested data that does not follow its shape " +
-                   ShapeText(shape) + " (send it flat, or nested exactly as the shape)");
-      }
-      std::vector<const Json*> leaves;
-      Flatten(*data, &leaves);
-      if (static_cast<int64_t>(leaves.size()) != elements) {
-        return Bad("input '" + input_name + "' has " + std::to_string(leaves.size()) +
-                   " values, but shape " + ShapeText(shape) + " needs " + std::to_string(elements));
-      }
-      if (spec.datatype == DataType::kBytes) {
-        BytesTensor value{shape, {}};
-        for (const Json* leaf : leaves) {
-          if (!leaf->is_string()) {
-            return Bad("input '" + input_name + "' is BYTES: expected strings");
-          }
-          value.items.push_back(leaf->get<std::string>());
+      std::unique_ptr<TensorData> data =
+          index < read.data.size() ? std::move(read.data[index]) : nullptr;
+      if (data == nullptr) {  // the document kept it: it came before the name or datatype
+        auto in_document = input.find("data");
+        if (in_document == input.end()) {
+          return Bad("input '" + input_name + "' has neither 'data' nor binary_data_size");
         }
-        tensor.value = std::move(value);
-      } else {
-        OROCHI_ASSIGN_OR_RETURN(engine::Tensor value, TensorFromJson(spec, shape, leaves));
-        tensor.value = std::move(value);
+        data = TensorData::For(spec, std::nullopt);
+        data->Feed(*in_document);
       }
+      OROCHI_ASSIGN_OR_RETURN(tensor.value, data->Finish(shape));
     }
     parsed.emplace(input_name, std::move(tensor));
   }
@@ -368,10 +295,24 @@ Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_vie
 
 EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest& request,
                                     const std::vector<NamedTensor>& outputs) {
-  Json response{{"model_name", manifest.name}, {"model_version", std::to_string(manifest.version)}};
-  if (!request.id.empty()) response["id"] = request.id;
-  Json listed = Json::array();
+  // Written straight into the body: a document node per value would take many times the
+  // tensor's size for the large outputs that matter.
+  std::string json;
   std::string binary;
+  size_t values = 0;
+  for (const NamedTensor& output : outputs) {
+    if (const auto* tensor = std::get_if<engine::Tensor>(&output.value)) {
+      values += static_cast<size_t>(tensor->numel());
+    }
+  }
+  // Room for a typical float ("-0.12345678,"): reserved and never written costs address space,
+  // not memory, while growing past it copies the whole body.
+  json.reserve(256 + values * 12);
+  json += "{\"model_name\":" + Quoted(manifest.name) + ",\"model_version\":\"" +
+          std::to_string(manifest.version) + "\"";
+  if (!request.id.empty()) json += ",\"id\":" + Quoted(request.id);
+  json += ",\"outputs\":[";
+  bool first = true;
   for (size_t i = 0; i < outputs.size() && i < manifest.outputs.size(); ++i) {
     const NamedTensor& output = outputs[i];
     const TensorSpec& spec = manifest.outputs[i];
@@ -381,51 +322,55 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
     }
     const bool as_binary =
         request.all_outputs_binary || request.binary_outputs.count(output.name) != 0;
-    Json entry{{"name", output.name}, {"datatype", std::string(DataTypeName(spec.datatype))}};
-    size_t binary_before = binary.size();
-    Json data = Json::array();
+    json += first ? "{" : ",{";
+    first = false;
+    json += "\"name\":" + Quoted(output.name) + ",\"datatype\":\"" +
+            std::string(DataTypeName(spec.datatype)) + "\",\"shape\":";
+    const size_t binary_before = binary.size();
     if (const auto* bytes = std::get_if<BytesTensor>(&output.value)) {
-      entry["shape"] = bytes->shape;
-      for (const std::string& item : bytes->items) {
-        if (as_binary) {
+      json += ShapeJson(bytes->shape);
+      if (as_binary) {
+        for (const std::string& item : bytes->items) {
           auto length = static_cast<uint32_t>(item.size());
           binary.append(reinterpret_cast<const char*>(&length), 4);
           binary += item;
-        } else {
-          data.push_back(item);
         }
+      } else {
+        json += ",\"data\":[";
+        for (size_t k = 0; k < bytes->items.size(); ++k) {
+          if (k > 0) json += ',';
+          json += Quoted(bytes->items[k]);
+        }
+        json += ']';
       }
     } else {
       const engine::Tensor tensor = std::get<engine::Tensor>(output.value).Contiguous();
-      entry["shape"] = tensor.shape();
+      json += ShapeJson(tensor.shape());
       if (as_binary) {
         binary.append(static_cast<const char*>(tensor.data()),
                       static_cast<size_t>(tensor.numel()) * engine::ItemSize(tensor.dtype()));
       } else {
+        json += ",\"data\":[";
         engine::VisitDType(tensor.dtype(), [&]<typename T>() {
-          const T* values = tensor.data_as<T>();
+          const T* data = tensor.data_as<T>();
           for (int64_t k = 0; k < tensor.numel(); ++k) {
-            if constexpr (std::is_same_v<T, bool>) {
-              data.push_back(values[k]);
-            } else if constexpr (std::is_integral_v<T>) {
-              data.push_back(static_cast<int64_t>(values[k]));
-            } else {
-              data.push_back(engine::Convert<double>(values[k]));
-            }
+            if (k > 0) json += ',';
+            AppendNumber(data[k], &json);
           }
         });
+        json += ']';
       }
     }
     if (as_binary) {
-      entry["parameters"] = {{"binary_data_size", binary.size() - binary_before}};
-    } else {
-      entry["data"] = std::move(data);
+      json +=
+          ",\"parameters\":{\"binary_data_size\":" + std::to_string(binary.size() - binary_before) +
+          "}";
     }
-    listed.push_back(std::move(entry));
+    json += '}';
   }
-  response["outputs"] = std::move(listed);
+  json += "]}";
   EncodedResponse encoded;
-  encoded.body = response.dump(-1, ' ', false, Json::error_handler_t::replace);
+  encoded.body = std::move(json);
   if (!binary.empty() || request.all_outputs_binary || !request.binary_outputs.empty()) {
     encoded.json_length = encoded.body.size();
     encoded.body += binary;

@@ -277,7 +277,8 @@ class ServerTest(SharedServerTest):
         got, _, text = post_json(self.server, "/v2/models/echo/infer", missing)
         self.assertEqual((got, json.loads(text)["error"]), (400, "input 'in_bytes' is missing"))
         got, _, text = curl("-X", "POST", self.server.url("/v2/models/echo/infer"), data=b"{nope")
-        self.assertEqual((got, json.loads(text)["error"]), (400, "the request body is not valid JSON"))
+        self.assertEqual((got, json.loads(text)["error"]),
+                         (400, "the request body is not valid JSON (at byte 3, near '{no')"))
         got, _, text = curl("-X", "POST", self.server.url("/v2/models/echo/infer"),
                             data=b"[" * 1000 + b"]" * 1000)
         self.assertEqual(got, 400)

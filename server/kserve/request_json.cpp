@@ -1,0 +1,535 @@
+#include "request_json.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+#include "orochi/base/check.h"
+#include "orochi/engine/dtype.h"
+
+namespace orochi::server::kserve {
+namespace {
+
+using interpreters::BytesTensor;
+using packaging::DataType;
+using packaging::Manifest;
+using packaging::TensorSpec;
+using TensorValue = std::variant<engine::Tensor, BytesTensor>;
+
+}  // namespace
+
+std::string ShapeText(const engine::Shape& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+std::string Quoted(const std::string& text) {
+  return Json(text).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+namespace {
+
+// Numbers and booleans of one datatype. With the shape known up front the values go straight
+// into the tensor; otherwise they are collected (bool as bytes: std::vector<bool> packs bits)
+// and copied into it once.
+template <typename T>
+class NumericData final : public TensorData {
+ public:
+  NumericData(const TensorSpec& spec, engine::DType dtype,
+              const std::optional<engine::Shape>& expected_shape)
+      : TensorData(spec), dtype_(dtype) {
+    if (expected_shape) {
+      tensor_ = engine::Tensor::Empty(*expected_shape, dtype);
+      in_place_ = tensor_.mutable_data_as<T>();
+      capacity_ = tensor_.numel();
+    }
+  }
+
+  void Bool(bool value) override {
+    if (!Take()) return;
+    if constexpr (std::is_same_v<T, bool>) {
+      Put(value);
+    } else {
+      RefuseValue(value ? "true" : "false");
+    }
+  }
+  void Integer(int64_t value) override { Whole(value); }
+  void Unsigned(uint64_t value) override { Whole(value); }
+  void Float(double value, std::string_view text) override {
+    if (!Take()) return;
+    if constexpr (std::is_integral_v<T>) {
+      RefuseValue(text.empty() ? Json(value).dump() : std::string(text));
+    } else {
+      Put(engine::Convert<T>(value));
+    }
+  }
+  void String(std::string&& value) override {
+    if (Take()) RefuseValue(Quoted(value));
+  }
+
+ private:
+  using Stored = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
+
+  template <typename Integer>
+  void Whole(Integer value) {
+    if (!Take()) return;
+    if constexpr (std::is_same_v<T, bool>) {
+      RefuseValue(std::to_string(value));
+    } else if constexpr (std::is_integral_v<T>) {
+      // Out of range is refused, not wrapped: 300 for UINT8 would silently be 44.
+      if (!std::in_range<T>(value)) {
+        using Limits = std::numeric_limits<T>;
+        Refuse(Heading() + ": " + std::to_string(value) + " is out of its range [" +
+               std::to_string(+Limits::min()) + ", " + std::to_string(+Limits::max()) + "]");
+        return;
+      }
+      Put(static_cast<T>(value));
+    } else {
+      Put(engine::Convert<T>(static_cast<double>(value)));
+    }
+  }
+
+  void Put(T value) {
+    if (in_place_ == nullptr) {
+      collected_.push_back(static_cast<Stored>(value));
+    } else if (count_ <= capacity_) {
+      in_place_[count_ - 1] = value;  // past the capacity only counted, for the error
+    }
+  }
+
+  std::string Heading() const {
+    return "input '" + spec_.name + "' is " + std::string(DataTypeName(spec_.datatype));
+  }
+  void RefuseValue(std::string_view got) {
+    const char* expected = std::is_same_v<T, bool> ? "expected true or false"
+                           : std::is_integral_v<T> ? "expected integers"
+                                                   : "expected numbers";
+    Refuse(Heading() + ": " + expected + ", got " + std::string(got));
+  }
+
+  Result<TensorValue> Values(const engine::Shape& shape) override {
+    if (in_place_ != nullptr) {
+      OROCHI_INTERNAL_ASSERT(tensor_.shape() == shape,
+                             "the request's shape changed after its data was read");
+      return TensorValue(std::move(tensor_));
+    }
+    engine::Tensor tensor = engine::Tensor::Empty(shape, dtype_);
+    if (!collected_.empty()) {
+      std::memcpy(tensor.mutable_data(), collected_.data(), collected_.size() * sizeof(Stored));
+    }
+    return TensorValue(std::move(tensor));
+  }
+
+  engine::DType dtype_;
+  engine::Tensor tensor_;
+  T* in_place_ = nullptr;
+  int64_t capacity_ = 0;
+  std::vector<Stored> collected_;
+};
+
+class BytesData final : public TensorData {
+ public:
+  BytesData(const TensorSpec& spec, const std::optional<engine::Shape>& expected_shape)
+      : TensorData(spec) {
+    if (expected_shape) items_.reserve(static_cast<size_t>(engine::NumElements(*expected_shape)));
+  }
+  void Bool(bool value) override { RefuseValue(value ? "true" : "false"); }
+  void Integer(int64_t value) override { RefuseValue(std::to_string(value)); }
+  void Unsigned(uint64_t value) override { RefuseValue(std::to_string(value)); }
+  void Float(double value, std::string_view text) override {
+    RefuseValue(text.empty() ? Json(value).dump() : std::string(text));
+  }
+  void String(std::string&& value) override {
+    if (Take()) items_.push_back(std::move(value));
+  }
+
+ private:
+  void RefuseValue(std::string_view got) {
+    if (!Take()) return;
+    Refuse("input '" + spec_.name + "' is BYTES: expected strings, got " + std::string(got));
+  }
+  Result<TensorValue> Values(const engine::Shape& shape) override {
+    return TensorValue(BytesTensor{shape, std::move(items_)});
+  }
+  std::vector<std::string> items_;
+};
+
+}  // namespace
+
+std::unique_ptr<TensorData> TensorData::For(const TensorSpec& spec,
+                                            const std::optional<engine::Shape>& expected_shape) {
+  if (spec.datatype == DataType::kBytes) return std::make_unique<BytesData>(spec, expected_shape);
+  const engine::DType dtype = *packaging::EngineDType(spec.datatype);
+  std::unique_ptr<TensorData> data;
+  engine::VisitDType(dtype, [&]<typename T>() {
+    data = std::make_unique<NumericData<T>>(spec, dtype, expected_shape);
+  });
+  return data;
+}
+
+void TensorData::StartArray() {
+  const auto depth = static_cast<int>(open_sizes_.size());
+  if (!open_sizes_.empty()) ++open_sizes_.back();
+  deepest_array_ = std::max(deepest_array_, depth);
+  open_sizes_.push_back(0);
+  if (size_at_depth_.size() <= open_sizes_.size() - 1) size_at_depth_.push_back(-1);
+}
+
+void TensorData::EndArray() {
+  const int64_t size = open_sizes_.back();
+  open_sizes_.pop_back();
+  int64_t& seen = size_at_depth_[open_sizes_.size()];
+  if (seen == -1) {
+    seen = size;
+  } else if (seen != size) {
+    ragged_ = true;
+  }
+}
+
+bool TensorData::Take() {
+  ++count_;
+  const auto depth = static_cast<int>(open_sizes_.size());
+  if (!open_sizes_.empty()) ++open_sizes_.back();
+  if (shallowest_value_ < 0 || depth < shallowest_value_) shallowest_value_ = depth;
+  deepest_value_ = std::max(deepest_value_, depth);
+  return !error_;
+}
+
+void TensorData::Refuse(std::string message) {
+  if (!error_) error_ = std::move(message);
+}
+
+void TensorData::NotAValue(std::string_view what) {
+  if (!Take()) return;
+  Refuse("input '" + spec_.name + "' is " + std::string(DataTypeName(spec_.datatype)) +
+         ": expected " + (spec_.datatype == DataType::kBytes ? "strings" : "numbers") + ", got " +
+         std::string(what));
+}
+
+// Nested data must be nested exactly as the shape (flat data is the other accepted layout): a
+// ragged or differently nested list with the right number of values is a mistake, not a layout.
+bool TensorData::FollowsShape(const engine::Shape& shape) const {
+  if (ragged_) return false;
+  const auto rank = static_cast<int>(shape.size());
+  // Arrays reach down to the last dim, or stop at the first empty one.
+  int deepest_expected = rank - 1;
+  for (int depth = 0; depth < rank - 1; ++depth) {
+    if (shape[depth] == 0) {
+      deepest_expected = depth;
+      break;
+    }
+  }
+  if (deepest_array_ != deepest_expected) return false;
+  for (int depth = 0; depth <= deepest_array_; ++depth) {
+    if (size_at_depth_[depth] != shape[depth]) return false;
+  }
+  return deepest_value_ < 0 || (shallowest_value_ == rank && deepest_value_ == rank);
+}
+
+Result<TensorValue> TensorData::Finish(const engine::Shape& shape) {
+  if (deepest_array_ >= 1 && !FollowsShape(shape)) {
+    return InvalidArgument("input '" + spec_.name +
+                           "' has nested data that does not follow its shape " + ShapeText(shape) +
+                           " (send it flat, or nested exactly as the shape)");
+  }
+  const int64_t elements = engine::NumElements(shape);
+  if (count_ != elements) {
+    return InvalidArgument("input '" + spec_.name + "' has " + std::to_string(count_) +
+                           " values, but shape " + ShapeText(shape) + " needs " +
+                           std::to_string(elements));
+  }
+  if (error_) return InvalidArgument(*error_);
+  return Values(shape);
+}
+
+void TensorData::Feed(const Json& data) {
+  switch (data.type()) {
+    case Json::value_t::array:
+      StartArray();
+      for (const Json& item : data) Feed(item);
+      EndArray();
+      break;
+    case Json::value_t::boolean:
+      Bool(data.get<bool>());
+      break;
+    case Json::value_t::number_integer:
+      Integer(data.get<int64_t>());
+      break;
+    case Json::value_t::number_unsigned:
+      Unsigned(data.get<uint64_t>());
+      break;
+    case Json::value_t::number_float:
+      Float(data.get<double>(), {});
+      break;
+    case Json::value_t::string:
+      String(data.get<std::string>());
+      break;
+    case Json::value_t::object:
+      NotAValue("an object");
+      break;
+    default:
+      NotAValue("null");
+      break;
+  }
+}
+
+namespace {
+
+// Builds the request document from SAX events, except inside an input's `data` array, whose
+// events go to a TensorData once the input's name and datatype have been seen.
+class RequestSax {
+ public:
+  RequestSax(const Manifest& manifest, size_t text_bytes, int max_depth)
+      : manifest_(manifest), text_bytes_(text_bytes), max_depth_(max_depth) {}
+
+  bool null() {
+    if (reading_ != nullptr) {
+      if (skipped_ == 0) reading_->NotAValue("null");
+      return true;
+    }
+    return Place(nullptr) != nullptr;
+  }
+  bool boolean(bool value) {
+    if (reading_ != nullptr) {
+      if (skipped_ == 0) reading_->Bool(value);
+      return true;
+    }
+    return Place(value) != nullptr;
+  }
+  bool number_integer(int64_t value) {
+    if (reading_ != nullptr) {
+      if (skipped_ == 0) reading_->Integer(value);
+      return true;
+    }
+    return Place(value) != nullptr;
+  }
+  bool number_unsigned(uint64_t value) {
+    if (reading_ != nullptr) {
+      if (skipped_ == 0) reading_->Unsigned(value);
+      return true;
+    }
+    return Place(value) != nullptr;
+  }
+  bool number_float(double value, const std::string& text) {
+    if (reading_ != nullptr) {
+      if (skipped_ == 0) reading_->Float(value, text);
+      return true;
+    }
+    return Place(value) != nullptr;
+  }
+  bool string(std::string& value) {
+    if (reading_ != nullptr) {
+      if (skipped_ == 0) reading_->String(std::move(value));
+      return true;
+    }
+    return Place(std::move(value)) != nullptr;
+  }
+  static bool binary(Json::binary_t& /*value*/) { return false; }  // not in JSON text
+
+  bool start_object(size_t /*size*/) {
+    if (!Deeper()) return false;
+    if (reading_ != nullptr) {
+      // An object where a value belongs: refused once, its contents skipped.
+      if (skipped_++ == 0) reading_->NotAValue("an object");
+      return true;
+    }
+    Role role = Role::kOther;
+    size_t input_index = 0;
+    if (open_.empty()) {
+      role = Role::kRoot;
+    } else if (open_.back().role == Role::kInputs) {
+      role = Role::kInput;
+      input_index = open_.back().node->size();
+      if (data_.size() <= input_index) data_.resize(input_index + 1);
+    }
+    Json* node = Place(Json::object());
+    open_.push_back({node, role, input_index});
+    return true;
+  }
+
+  bool key(std::string& name) {
+    if (reading_ != nullptr) return true;
+    Frame& top = open_.back();
+    // Which of two equal keys counts is a guess either way; say so instead of choosing.
+    if (top.node->contains(name)) {
+      error_ = "the request JSON has the key " + Quoted(name) + " twice in one object";
+      return false;
+    }
+    slot_ = &(*top.node)[name];
+    next_is_data_ = top.role == Role::kInput && name == "data";
+    next_is_inputs_ = top.role == Role::kRoot && name == "inputs";
+    return true;
+  }
+
+  bool end_object() {
+    if (reading_ != nullptr) {
+      --skipped_;
+      return true;
+    }
+    open_.pop_back();
+    return true;
+  }
+
+  bool start_array(size_t /*size*/) {
+    if (!Deeper()) return false;
+    if (reading_ != nullptr) {
+      if (skipped_ > 0) {
+        ++skipped_;
+      } else {
+        reading_->StartArray();
+        ++reading_depth_;
+      }
+      return true;
+    }
+    if (next_is_data_) {
+      next_is_data_ = false;
+      reading_ = StartData();
+      if (reading_ != nullptr) {
+        reading_->StartArray();
+        reading_depth_ = 1;
+        return true;  // the document keeps a null in its place
+      }
+    }
+    const Role role = next_is_inputs_ ? Role::kInputs : Role::kOther;
+    Json* node = Place(Json::array());
+    open_.push_back({node, role, 0});
+    return true;
+  }
+
+  bool end_array() {
+    if (reading_ != nullptr) {
+      if (skipped_ > 0) {
+        --skipped_;
+        return true;
+      }
+      reading_->EndArray();
+      if (--reading_depth_ == 0) reading_ = nullptr;
+      return true;
+    }
+    open_.pop_back();
+    return true;
+  }
+
+  bool parse_error(size_t position, const std::string& last_token,
+                   const nlohmann::detail::exception& /*error*/) {
+    // What was read of the broken token goes into the answer: its end, printable ASCII only.
+    std::string near;
+    for (char c : last_token.substr(last_token.size() - std::min<size_t>(last_token.size(), 24))) {
+      near += (c >= 0x20 && c < 0x7f) ? c : '?';
+    }
+    error_ = "the request body is not valid JSON (at byte " + std::to_string(position) +
+             ", near '" + near + "')";
+    // Python's json module and Triton write NaN and Infinity; say why they fail here.
+    if (!near.empty() && (near.back() == 'N' || near.back() == 'I')) {
+      error_ += "; NaN and Infinity are not JSON numbers: send such values as binary data";
+    }
+    return false;
+  }
+
+  RequestJson Release() { return {std::move(root_), std::move(data_)}; }
+  const std::string& error() const { return error_; }
+
+ private:
+  enum class Role { kOther, kRoot, kInputs, kInput };
+  struct Frame {
+    Json* node;
+    Role role;
+    size_t input_index;  // for kInput: its position in `inputs`
+  };
+
+  bool Deeper() {
+    const size_t depth = open_.size() + static_cast<size_t>(reading_depth_ + skipped_);
+    if (depth >= static_cast<size_t>(max_depth_)) {
+      error_ = "the request JSON is nested deeper than the limit of " + std::to_string(max_depth_);
+      return false;
+    }
+    return true;
+  }
+
+  // Puts a value where the document expects the next one; returns it.
+  Json* Place(Json value) {
+    next_is_data_ = false;
+    next_is_inputs_ = false;
+    if (open_.empty()) {
+      root_ = std::move(value);
+      return &root_;
+    }
+    Json& top = *open_.back().node;
+    if (top.is_array()) {
+      top.push_back(std::move(value));
+      return &top.back();
+    }
+    *slot_ = std::move(value);
+    return slot_;
+  }
+
+  // A reader for the data array starting now, when its input's name and datatype are known
+  // (and match the model): clients send them first. Otherwise the document keeps the data.
+  TensorData* StartData() {
+    const Frame& input = open_.back();
+    const Json& object = *input.node;
+    auto name = object.find("name");
+    auto datatype = object.find("datatype");
+    if (name == object.end() || !name->is_string() || datatype == object.end() ||
+        !datatype->is_string()) {
+      return nullptr;
+    }
+    auto spec = std::find_if(
+        manifest_.inputs.begin(), manifest_.inputs.end(),
+        [&](const TensorSpec& s) { return s.name == name->get_ref<const std::string&>(); });
+    if (spec == manifest_.inputs.end() ||
+        datatype->get_ref<const std::string&>() != DataTypeName(spec->datatype)) {
+      return nullptr;
+    }
+    std::unique_ptr<TensorData>& data = data_[input.input_index];
+    data = TensorData::For(*spec, ExpectedShape(object));
+    return data.get();
+  }
+
+  // The input's shape when it was given before its data and is plausible: every value takes
+  // at least two bytes of text ("1,"), so a shape claiming more values than the body can hold
+  // is not allocated (the request is refused later, when the values are counted).
+  std::optional<engine::Shape> ExpectedShape(const Json& input) const {
+    auto shape = input.find("shape");
+    if (shape == input.end() || !shape->is_array() || shape->size() > engine::kMaxDims) {
+      return std::nullopt;
+    }
+    engine::Shape dims;
+    int64_t elements = 1;
+    for (const Json& size : *shape) {
+      if (!size.is_number_integer() || size.get<int64_t>() < 0) return std::nullopt;
+      if (__builtin_mul_overflow(elements, size.get<int64_t>(), &elements)) return std::nullopt;
+      dims.push_back(size.get<int64_t>());
+    }
+    if (static_cast<uint64_t>(elements) > text_bytes_ / 2 + 1) return std::nullopt;
+    return dims;
+  }
+
+  const Manifest& manifest_;
+  size_t text_bytes_;
+  int max_depth_;
+  Json root_;
+  std::vector<Frame> open_;
+  Json* slot_ = nullptr;  // in the innermost open object, where the value of the last key goes
+  bool next_is_data_ = false;
+  bool next_is_inputs_ = false;
+  std::vector<std::unique_ptr<TensorData>> data_;
+  TensorData* reading_ = nullptr;  // the data array being read, if any
+  int reading_depth_ = 0;          // its arrays open
+  int skipped_ = 0;                // containers open inside an object within it
+  std::string error_;
+};
+
+}  // namespace
+
+Result<RequestJson> ReadRequestJson(std::string_view text, const Manifest& manifest,
+                                    int max_depth) {
+  RequestSax sax(manifest, text.size(), max_depth);
+  if (!Json::sax_parse(text.begin(), text.end(), &sax)) return InvalidArgument(sax.error());
+  return sax.Release();
+}
+
+}  // namespace orochi::server::kserve

@@ -1,0 +1,307 @@
+// The KServe v2 codec: a request reads the same whatever order its keys come in (its data is
+// converted while parsing when the name, datatype and shape come first, from the document
+// otherwise), every malformed request is refused with a message naming the problem, and
+// responses are valid JSON with floats in their shortest form.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "orochi/engine/dtype.h"
+#include "orochi/server/kserve_codec.h"
+
+namespace orochi::server::kserve {
+namespace {
+
+using interpreters::BytesTensor;
+using interpreters::NamedTensor;
+using packaging::DataType;
+using ::testing::HasSubstr;
+using Json = nlohmann::ordered_json;
+
+packaging::Manifest EchoManifest(DataType datatype, std::vector<int64_t> shape,
+                                 int64_t max_batch_size = 0) {
+  packaging::Manifest manifest;
+  manifest.name = "echo";
+  manifest.version = 3;
+  manifest.max_batch_size = max_batch_size;
+  manifest.inputs = {{"x", datatype, shape}};
+  manifest.outputs = {{"y", datatype, std::move(shape)}};
+  return manifest;
+}
+
+// One input as clients write it, with its keys in `order`.
+std::string Request(const std::vector<std::string>& order, const std::string& datatype,
+                    const std::string& shape, const std::string& data) {
+  std::string input = "{";
+  for (const std::string& key : order) {
+    if (input.size() > 1) input += ",";
+    if (key == "name") input += R"("name":"x")";
+    if (key == "datatype") input += R"("datatype":")" + datatype + "\"";
+    if (key == "shape") input += R"("shape":)" + shape;
+    if (key == "data") input += R"("data":)" + data;
+  }
+  return R"({"id":"r1","inputs":[)" + input + "}]}";
+}
+
+const std::vector<std::vector<std::string>> kKeyOrders = {
+    {"name", "datatype", "shape", "data"},  // read while parsing, into a tensor of its shape
+    {"name", "datatype", "data", "shape"},  // read while parsing, collected then copied
+    {"data", "name", "datatype", "shape"},  // kept in the document, read after
+    {"shape", "data", "datatype", "name"},
+};
+
+Result<InferRequest> Parse(const packaging::Manifest& manifest, const std::string& body,
+                           int max_depth = 64) {
+  return ParseInferRequest(manifest, body, std::nullopt, ParseLimits{max_depth});
+}
+
+template <typename T>
+std::vector<T> Values(const InferRequest& request) {
+  const auto& tensor = std::get<engine::Tensor>(request.inputs.at(0).value);
+  return std::vector<T>(tensor.data_as<T>(), tensor.data_as<T>() + tensor.numel());
+}
+
+TEST(ParseInferRequest, ReadsTheSameValuesWhateverTheKeyOrder) {
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {2, 2});
+  for (const auto& order : kKeyOrders) {
+    for (const std::string data : {"[1, 2.5, -3, 4e1]", "[[1, 2.5], [-3, 4e1]]"}) {
+      SCOPED_TRACE(order.front() + " first, data " + data);
+      Result<InferRequest> parsed = Parse(manifest, Request(order, "FP32", "[2, 2]", data));
+      ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+      EXPECT_EQ(parsed->id, "r1");
+      EXPECT_EQ(std::get<engine::Tensor>(parsed->inputs[0].value).shape(), (engine::Shape{2, 2}));
+      EXPECT_EQ(Values<float>(*parsed), (std::vector<float>{1.0F, 2.5F, -3.0F, 40.0F}));
+    }
+  }
+}
+
+TEST(ParseInferRequest, ConvertsEveryDatatype) {
+  const packaging::Manifest bools = EchoManifest(DataType::kBool, {3});
+  const packaging::Manifest uint8s = EchoManifest(DataType::kUInt8, {3});
+  const packaging::Manifest int64s = EchoManifest(DataType::kInt64, {3});
+  const packaging::Manifest halves = EchoManifest(DataType::kFp16, {3});
+  const packaging::Manifest doubles = EchoManifest(DataType::kFp64, {3});
+  const packaging::Manifest strings = EchoManifest(DataType::kBytes, {3});
+  for (const auto& order : kKeyOrders) {
+    SCOPED_TRACE(order.front() + " first");
+    Result<InferRequest> parsed = Parse(bools, Request(order, "BOOL", "[3]", "[true,false,true]"));
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    EXPECT_EQ(Values<bool>(*parsed), (std::vector<bool>{true, false, true}));
+    parsed = Parse(uint8s, Request(order, "UINT8", "[3]", "[0, 255, 7]"));
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    EXPECT_EQ(Values<uint8_t>(*parsed), (std::vector<uint8_t>{0, 255, 7}));
+    parsed = Parse(
+        int64s, Request(order, "INT64", "[3]", "[-9223372036854775808, 9223372036854775807, 0]"));
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    EXPECT_EQ(Values<int64_t>(*parsed),
+              (std::vector<int64_t>{std::numeric_limits<int64_t>::min(),
+                                    std::numeric_limits<int64_t>::max(), 0}));
+    parsed = Parse(halves, Request(order, "FP16", "[3]", "[0.5, -2, 65504]"));
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    const auto half = Values<engine::Half>(*parsed);
+    EXPECT_EQ(engine::Convert<float>(half[0]), 0.5F);
+    EXPECT_EQ(engine::Convert<float>(half[1]), -2.0F);
+    EXPECT_EQ(engine::Convert<float>(half[2]), 65504.0F);
+    parsed = Parse(doubles, Request(order, "FP64", "[3]", "[0.1, 1e300, 3]"));
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    EXPECT_EQ(Values<double>(*parsed), (std::vector<double>{0.1, 1e300, 3.0}));
+    parsed = Parse(strings, Request(order, "BYTES", "[3]", R"(["a", "", "\u00e9\n"])"));
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    EXPECT_EQ(std::get<BytesTensor>(parsed->inputs[0].value).items,
+              (std::vector<std::string>{"a", "", "\xc3\xa9\n"}));
+  }
+}
+
+// The same message whichever way the data was read.
+void ExpectRefusal(const packaging::Manifest& manifest, const std::string& datatype,
+                   const std::string& shape, const std::string& data, const std::string& message) {
+  for (const auto& order : kKeyOrders) {
+    SCOPED_TRACE(order.front() + " first, data " + data);
+    Result<InferRequest> parsed = Parse(manifest, Request(order, datatype, shape, data));
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(parsed.status().message(), message);
+  }
+}
+
+TEST(ParseInferRequest, RefusesValuesThatDoNotFitTheDatatype) {
+  ExpectRefusal(EchoManifest(DataType::kUInt8, {2}), "UINT8", "[2]", "[1, 300]",
+                "input 'x' is UINT8: 300 is out of its range [0, 255]");
+  ExpectRefusal(EchoManifest(DataType::kInt64, {1}), "INT64", "[1]", "[18446744073709551615]",
+                "input 'x' is INT64: 18446744073709551615 is out of its range "
+                "[-9223372036854775808, 9223372036854775807]");
+  ExpectRefusal(EchoManifest(DataType::kInt32, {2}), "INT32", "[2]", "[1, 2.5]",
+                "input 'x' is INT32: expected integers, got 2.5");
+  ExpectRefusal(EchoManifest(DataType::kBool, {2}), "BOOL", "[2]", "[true, 1]",
+                "input 'x' is BOOL: expected true or false, got 1");
+  ExpectRefusal(EchoManifest(DataType::kFp32, {2}), "FP32", "[2]", R"([1, "2"])",
+                "input 'x' is FP32: expected numbers, got \"2\"");
+  ExpectRefusal(EchoManifest(DataType::kFp32, {2}), "FP32", "[2]", "[1, null]",
+                "input 'x' is FP32: expected numbers, got null");
+  ExpectRefusal(EchoManifest(DataType::kFp32, {2}), "FP32", "[2]", R"([{"a": [1, {}]}, 1])",
+                "input 'x' is FP32: expected numbers, got an object");
+  ExpectRefusal(EchoManifest(DataType::kBytes, {2}), "BYTES", "[2]", R"(["a", 7])",
+                "input 'x' is BYTES: expected strings, got 7");
+  // The first wrong value is the one named.
+  ExpectRefusal(EchoManifest(DataType::kInt8, {3}), "INT8", "[3]", "[1, 200, true]",
+                "input 'x' is INT8: 200 is out of its range [-128, 127]");
+}
+
+TEST(ParseInferRequest, RefusesDataThatDoesNotFollowTheShape) {
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {2, 3});
+  const std::string nested =
+      "input 'x' has nested data that does not follow its shape [2, 3] "
+      "(send it flat, or nested exactly as the shape)";
+  ExpectRefusal(manifest, "FP32", "[2, 3]", "[[1, 2, 3], [4, 5]]", nested);         // ragged
+  ExpectRefusal(manifest, "FP32", "[2, 3]", "[[1, 2], [3, 4], [5, 6]]", nested);    // transposed
+  ExpectRefusal(manifest, "FP32", "[2, 3]", "[[1, 2, 3], 4, 5, 6]", nested);        // mixed
+  ExpectRefusal(manifest, "FP32", "[2, 3]", "[[[1, 2, 3]], [[4, 5, 6]]]", nested);  // too deep
+  ExpectRefusal(manifest, "FP32", "[2, 3]", "[[1, 2, 3], [4, 5, [6]]]", nested);
+  ExpectRefusal(manifest, "FP32", "[2, 3]", "[1, 2, 3, 4, 5]",
+                "input 'x' has 5 values, but shape [2, 3] needs 6");
+  ExpectRefusal(manifest, "FP32", "[2, 3]", "[1, 2, 3, 4, 5, 6, 7]",
+                "input 'x' has 7 values, but shape [2, 3] needs 6");
+  // Empty dims: nesting stops at the first one.
+  const packaging::Manifest empty = EchoManifest(DataType::kFp32, {-1, 0, 3});
+  for (const std::string data : {"[]", "[[], []]"}) {
+    Result<InferRequest> parsed = Parse(empty, Request(kKeyOrders[0], "FP32", "[2, 0, 3]", data));
+    EXPECT_TRUE(parsed.ok()) << data << ": " << parsed.status().ToString();
+  }
+  // A single value needs no array.
+  Result<InferRequest> scalar =
+      Parse(EchoManifest(DataType::kInt32, {1}), Request(kKeyOrders[0], "INT32", "[1]", "7"));
+  ASSERT_TRUE(scalar.ok()) << scalar.status().ToString();
+  EXPECT_EQ(Values<int32_t>(*scalar), std::vector<int32_t>{7});
+}
+
+TEST(ParseInferRequest, AShapeLargerThanTheBodyIsCountedNotAllocated) {
+  // 2^40 values cannot be in a body of a few bytes: refused by count, never allocated.
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp64, {-1});
+  ExpectRefusal(manifest, "FP64", "[1099511627776]", "[1, 2]",
+                "input 'x' has 2 values, but shape [1099511627776] needs 1099511627776");
+}
+
+TEST(ParseInferRequest, RefusesMalformedJsonWithWhereItBroke) {
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {1});
+  Result<InferRequest> parsed = Parse(manifest, R"({"inputs": [}])");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().message(), "the request body is not valid JSON (at byte 13, near '\"inputs\": [}')");
+  parsed = Parse(manifest, Request(kKeyOrders[0], "FP32", "[1]", "[NaN]"));
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(),
+              HasSubstr("NaN and Infinity are not JSON numbers: send such values as binary data"));
+  parsed = Parse(manifest, "");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(), HasSubstr("not valid JSON (at byte 1"));
+  // Control characters and invalid UTF-8 in the broken token do not reach the answer.
+  parsed = Parse(manifest, "{\"a\": \x01\xff}");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(), HasSubstr("near '\"a\": <U+0001>')"));
+}
+
+TEST(ParseInferRequest, RefusesAKeyGivenTwice) {
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {1});
+  for (const std::string& body :
+       {std::string(R"({"inputs": [], "inputs": []})"),
+        std::string(R"({"inputs": [{"name": "x", "shape": [1], "shape": [1]}]})"),
+        std::string(
+            R"({"inputs": [{"name": "x", "datatype": "FP32", "data": [1], "data": [2]}]})")}) {
+    SCOPED_TRACE(body);
+    Result<InferRequest> parsed = Parse(manifest, body);
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_THAT(parsed.status().message(), HasSubstr("twice in one object"));
+  }
+}
+
+TEST(ParseInferRequest, RefusesNestingPastTheLimit) {
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {1});
+  for (const std::string& body :
+       {std::string(1000, '['), std::string(R"({"inputs":[{"name":"x","datatype":"FP32","data":)") +
+                                    std::string(100, '[')}) {
+    Result<InferRequest> parsed = Parse(manifest, body, 8);
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_EQ(parsed.status().message(), "the request JSON is nested deeper than the limit of 8");
+  }
+}
+
+NamedTensor Output(DataType datatype, const engine::Shape& shape,
+                   const std::vector<double>& values) {
+  const engine::DType dtype = *packaging::EngineDType(datatype);
+  engine::Tensor tensor = engine::Tensor::Empty(shape, dtype);
+  engine::VisitDType(dtype, [&]<typename T>() {
+    for (size_t i = 0; i < values.size(); ++i) {
+      tensor.mutable_data_as<T>()[i] = engine::Convert<T>(values[i]);
+    }
+  });
+  return {"y", tensor};
+}
+
+std::string EncodedData(DataType datatype, const std::vector<double>& values) {
+  const packaging::Manifest manifest =
+      EchoManifest(datatype, {static_cast<int64_t>(values.size())});
+  const EncodedResponse encoded = EncodeInferResponse(
+      manifest, InferRequest{}, {Output(datatype, {static_cast<int64_t>(values.size())}, values)});
+  const std::string& body = encoded.body;
+  const size_t start = body.find("\"data\":[") + 8;
+  return body.substr(start, body.find(']', start) - start);
+}
+
+TEST(EncodeInferResponse, WritesFloatsInTheirShortestForm) {
+  EXPECT_EQ(EncodedData(DataType::kFp32, {0.1, 1.0, -2.5, 1e20, 3e-8}), "0.1,1.0,-2.5,1e+20,3e-08");
+  EXPECT_EQ(EncodedData(DataType::kFp64, {0.1, 1.0 / 3}), "0.1,0.3333333333333333");
+  EXPECT_EQ(EncodedData(DataType::kFp16, {0.5, 65504}), "0.5,65504.0");
+  EXPECT_EQ(EncodedData(DataType::kInt16, {-32768, 7}), "-32768,7");
+  EXPECT_EQ(EncodedData(DataType::kUInt8, {255, 0}), "255,0");
+  EXPECT_EQ(EncodedData(DataType::kBool, {1, 0}), "true,false");
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(EncodedData(DataType::kFp32, {std::nan(""), inf, -inf}), "NaN,Infinity,-Infinity");
+}
+
+TEST(EncodeInferResponse, IsValidJsonWithRequestedOutputsAndBinaryData) {
+  packaging::Manifest manifest = EchoManifest(DataType::kFp32, {2});
+  manifest.outputs.push_back({"names", DataType::kBytes, {2}});
+  InferRequest request;
+  request.id = "quote\" and \x01";
+  const std::vector<NamedTensor> outputs = {
+      Output(DataType::kFp32, {2}, {1.5, -1}),
+      {"names", BytesTensor{{2}, {"caf\xc3\xa9", "bad \xff utf-8"}}}};
+  const Json all = Json::parse(EncodeInferResponse(manifest, request, outputs).body);
+  EXPECT_EQ(all["model_name"], "echo");
+  EXPECT_EQ(all["model_version"], "3");
+  EXPECT_EQ(all["id"], request.id);
+  ASSERT_EQ(all["outputs"].size(), 2U);
+  EXPECT_EQ(all["outputs"][0],
+            Json::parse(R"({"name":"y","datatype":"FP32","shape":[2],"data":[1.5,-1.0]})"));
+  EXPECT_EQ(all["outputs"][1]["data"], Json::parse(R"(["café", "bad \ufffd utf-8"])"));
+
+  request.outputs = {"names"};
+  request.binary_outputs = {"names"};
+  const EncodedResponse binary = EncodeInferResponse(manifest, request, outputs);
+  ASSERT_TRUE(binary.json_length.has_value());
+  const Json header = Json::parse(binary.body.substr(0, *binary.json_length));
+  ASSERT_EQ(header["outputs"].size(), 1U);
+  EXPECT_EQ(header["outputs"][0]["parameters"]["binary_data_size"], 4 + 5 + 4 + 11);
+  EXPECT_EQ(binary.body.size() - *binary.json_length, 24U);
+}
+
+TEST(Codec, ARequestRoundTripsThroughTheEncoder) {
+  // What the server answers, sent back as a request, reads as the same tensor.
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {3});
+  const std::vector<double> values = {0.1, -1e-30, 123456.789};
+  Json response = Json::parse(
+      EncodeInferResponse(manifest, InferRequest{}, {Output(DataType::kFp32, {3}, values)}).body);
+  Json request = {{"inputs", {response["outputs"][0]}}};
+  request["inputs"][0]["name"] = "x";
+  Result<InferRequest> parsed = Parse(manifest, request.dump());
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  const auto read = Values<float>(*parsed);
+  for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(read[i], static_cast<float>(values[i]));
+}
+
+}  // namespace
+}  // namespace orochi::server::kserve
