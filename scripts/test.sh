@@ -43,12 +43,16 @@ export TSAN_OPTIONS="halt_on_error=1 exitcode=66"
 OROCHI_CONCURRENCY_SECONDS=10 "$build-tsan/bin/engine_concurrency_test"
 check_on_emulated_gpu "$build-tsan"
 
-# AddressSanitizer and LeakSanitizer: the engine's CPU tests; on the emulated GPU every tensor in
-# a device allocation of exactly its size, so that a kernel, copy, cuBLAS or cuDNN call that
-# strays by one byte is reported (compute-sanitizer's memcheck, without a GPU).
+# AddressSanitizer and LeakSanitizer: the engine's CPU tests and the server's codec; on the
+# emulated GPU every tensor in a device allocation of exactly its size, so that a kernel, copy,
+# cuBLAS or cuDNN call that strays by one byte is reported (compute-sanitizer's memcheck,
+# without a GPU).
 cmake -S . -B "$build-asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOROCHI_SANITIZER=address \
   -DOROCHI_BUILD_BENCHMARKS=OFF
-cmake --build "$build-asan" --parallel "$(nproc)" --target engine_test
+cmake --build "$build-asan" --parallel "$(nproc)" --target engine_test server_test
 export ASAN_OPTIONS="halt_on_error=1 detect_leaks=1"
 "$build-asan/bin/engine_test"
+# The request codec parses whatever a client sends: its parser and encoder, with the random
+# requests read both ways, under AddressSanitizer too.
+"$build-asan/bin/server_test"
 check_on_emulated_gpu "$build-asan" OROCHI_CUDA_NO_CACHING=1

@@ -58,10 +58,10 @@ class NumericData final : public TensorData {
   }
   void Integer(int64_t value) override { Whole(value); }
   void Unsigned(uint64_t value) override { Whole(value); }
-  void Float(double value, std::string_view text) override {
+  void Float(double value) override {
     if (!Take()) return;
     if constexpr (std::is_integral_v<T>) {
-      RefuseValue(text.empty() ? Json(value).dump() : std::string(text));
+      RefuseValue(Json(value).dump());
     } else {
       Put(engine::Convert<T>(value));
     }
@@ -139,9 +139,7 @@ class BytesData final : public TensorData {
   void Bool(bool value) override { RefuseValue(value ? "true" : "false"); }
   void Integer(int64_t value) override { RefuseValue(std::to_string(value)); }
   void Unsigned(uint64_t value) override { RefuseValue(std::to_string(value)); }
-  void Float(double value, std::string_view text) override {
-    RefuseValue(text.empty() ? Json(value).dump() : std::string(text));
-  }
+  void Float(double value) override { RefuseValue(Json(value).dump()); }
   void String(std::string&& value) override {
     if (Take()) items_.push_back(std::move(value));
   }
@@ -262,7 +260,7 @@ void TensorData::Feed(const Json& data) {
       Unsigned(data.get<uint64_t>());
       break;
     case Json::value_t::number_float:
-      Float(data.get<double>(), {});
+      Float(data.get<double>());
       break;
     case Json::value_t::string:
       String(data.get<std::string>());
@@ -286,46 +284,24 @@ class RequestSax {
       : manifest_(manifest), text_bytes_(text_bytes), max_depth_(max_depth) {}
 
   bool null() {
-    if (reading_ != nullptr) {
-      if (skipped_ == 0) reading_->NotAValue("null");
-      return true;
-    }
-    return Place(nullptr) != nullptr;
+    return Scalar([](TensorData& data) { data.NotAValue("null"); }, nullptr);
   }
   bool boolean(bool value) {
-    if (reading_ != nullptr) {
-      if (skipped_ == 0) reading_->Bool(value);
-      return true;
-    }
-    return Place(value) != nullptr;
+    return Scalar([&](TensorData& data) { data.Bool(value); }, value);
   }
   bool number_integer(int64_t value) {
-    if (reading_ != nullptr) {
-      if (skipped_ == 0) reading_->Integer(value);
-      return true;
-    }
-    return Place(value) != nullptr;
+    return Scalar([&](TensorData& data) { data.Integer(value); }, value);
   }
   bool number_unsigned(uint64_t value) {
-    if (reading_ != nullptr) {
-      if (skipped_ == 0) reading_->Unsigned(value);
-      return true;
-    }
-    return Place(value) != nullptr;
+    return Scalar([&](TensorData& data) { data.Unsigned(value); }, value);
   }
-  bool number_float(double value, const std::string& text) {
-    if (reading_ != nullptr) {
-      if (skipped_ == 0) reading_->Float(value, text);
-      return true;
-    }
-    return Place(value) != nullptr;
+  bool number_float(double value, const std::string& /*text*/) {
+    return Scalar([&](TensorData& data) { data.Float(value); }, value);
   }
   bool string(std::string& value) {
-    if (reading_ != nullptr) {
-      if (skipped_ == 0) reading_->String(std::move(value));
-      return true;
-    }
-    return Place(std::move(value)) != nullptr;
+    // Moved into whichever takes it: the lambda runs only when the document does not.
+    return Scalar([&](TensorData& data) { data.String(std::move(value)); },
+                  [&] { return Json(std::move(value)); });
   }
   static bool binary(Json::binary_t& /*value*/) { return false; }  // not in JSON text
 
@@ -445,6 +421,22 @@ class RequestSax {
     if (depth >= static_cast<size_t>(max_depth_)) {
       error_ = "the request JSON is nested deeper than the limit of " + std::to_string(max_depth_);
       return false;
+    }
+    return true;
+  }
+
+  // A value: to the data being read (unless inside an object there, which is skipped), or
+  // into the document. `value` is the value, or a function making it.
+  template <typename Read, typename Value>
+  bool Scalar(Read read, Value&& value) {
+    if (reading_ != nullptr) {
+      if (skipped_ == 0) read(*reading_);
+      return true;
+    }
+    if constexpr (std::is_invocable_v<Value>) {
+      Place(value());
+    } else {
+      Place(Json(std::forward<Value>(value)));
     }
     return true;
   }

@@ -48,8 +48,7 @@ class TensorData {
   virtual void Bool(bool value) = 0;
   virtual void Integer(int64_t value) = 0;
   virtual void Unsigned(uint64_t value) = 0;
-  // `text` is the number as the client wrote it, for error messages; empty when unknown.
-  virtual void Float(double value, std::string_view text) = 0;
+  virtual void Float(double value) = 0;
   virtual void String(std::string&& value) = 0;
   // A null or an object where a value should be: `what` names it for the error.
   void NotAValue(std::string_view what);

@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -46,6 +49,12 @@ std::string Request(const std::vector<std::string>& order, const std::string& da
     if (key == "data") input += R"("data":)" + data;
   }
   return R"({"id":"r1","inputs":[)" + input + "}]}";
+}
+
+std::string ShapeText(const engine::Shape& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
 }
 
 const std::vector<std::vector<std::string>> kKeyOrders = {
@@ -190,7 +199,8 @@ TEST(ParseInferRequest, RefusesMalformedJsonWithWhereItBroke) {
   const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {1});
   Result<InferRequest> parsed = Parse(manifest, R"({"inputs": [}])");
   ASSERT_FALSE(parsed.ok());
-  EXPECT_EQ(parsed.status().message(), "the request body is not valid JSON (at byte 13, near '\"inputs\": [}')");
+  EXPECT_EQ(parsed.status().message(),
+            "the request body is not valid JSON (at byte 13, near '\"inputs\": [}')");
   parsed = Parse(manifest, Request(kKeyOrders[0], "FP32", "[1]", "[NaN]"));
   ASSERT_FALSE(parsed.ok());
   EXPECT_THAT(parsed.status().message(),
@@ -227,6 +237,116 @@ TEST(ParseInferRequest, RefusesNestingPastTheLimit) {
     ASSERT_FALSE(parsed.ok());
     EXPECT_EQ(parsed.status().message(), "the request JSON is nested deeper than the limit of 8");
   }
+}
+
+// Random requests, right and wrong, read both ways (straight into the tensor, and through the
+// document): the same tensor or the same error every time.
+TEST(ParseInferRequest, BothWaysOfReadingAgreeOnRandomRequests) {
+  std::mt19937 random(11);
+  const std::vector<std::pair<DataType, std::string>> datatypes = {
+      {DataType::kBool, "BOOL"},  {DataType::kUInt8, "UINT8"}, {DataType::kInt32, "INT32"},
+      {DataType::kFp16, "FP16"},  {DataType::kFp32, "FP32"},   {DataType::kFp64, "FP64"},
+      {DataType::kBytes, "BYTES"}};
+  const std::vector<std::string> values = {"0",    "1",     "-1",   "300",   "2.5", "-0.0", "1e3",
+                                           "true", "false", "null", "\"s\"", "{}",  "[]"};
+  int accepted = 0;
+  for (int round = 0; round < 3000; ++round) {
+    const auto& [datatype, name] = datatypes[random() % datatypes.size()];
+    engine::Shape shape;
+    for (size_t rank = random() % 3; shape.size() < rank;) shape.push_back(random() % 3);
+    // Nested as the shape, flat, or either with a value or an array too many or too few.
+    std::function<std::string(size_t)> nested = [&](size_t depth) -> std::string {
+      if (depth == shape.size()) return values[random() % values.size()];
+      std::string text = "[";
+      int64_t items = shape[depth] + (random() % 8 == 0 ? 1 : 0);
+      for (int64_t i = 0; i < items; ++i) text += (i ? "," : "") + nested(depth + 1);
+      return text + "]";
+    };
+    std::string data;
+    if (random() % 2 == 0) {
+      data = nested(0);
+    } else {
+      data = "[";
+      const int64_t count = engine::NumElements(shape) + static_cast<int64_t>(random() % 3) - 1;
+      for (int64_t i = 0; i < count; ++i) data += (i ? "," : "") + values[random() % values.size()];
+      data += "]";
+    }
+    const std::string shape_text = ShapeText(shape);
+    const packaging::Manifest manifest = EchoManifest(datatype, shape);
+    Result<InferRequest> in_place = Parse(manifest, Request(kKeyOrders[0], name, shape_text, data));
+    Result<InferRequest> from_document =
+        Parse(manifest, Request(kKeyOrders[2], name, shape_text, data));
+    SCOPED_TRACE(name + " " + shape_text + " " + data);
+    ASSERT_EQ(in_place.ok(), from_document.ok());
+    if (!in_place.ok()) {
+      EXPECT_EQ(in_place.status().message(), from_document.status().message());
+      continue;
+    }
+    ++accepted;
+    const auto& left = in_place->inputs[0].value;
+    const auto& right = from_document->inputs[0].value;
+    if (datatype == DataType::kBytes) {
+      EXPECT_EQ(std::get<BytesTensor>(left).items, std::get<BytesTensor>(right).items);
+      continue;
+    }
+    const auto& a = std::get<engine::Tensor>(left);
+    const auto& b = std::get<engine::Tensor>(right);
+    ASSERT_EQ(a.shape(), b.shape());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.numel() * engine::ItemSize(a.dtype())), 0);
+  }
+  EXPECT_GT(accepted, 100);  // the comparison covered good requests too, not only refusals
+}
+
+// Hostile bodies: valid requests with bytes flipped, dropped, repeated or cut. Each is read
+// or refused with a message; none may crash (this runs under AddressSanitizer in test.sh).
+TEST(ParseInferRequest, MutatedRequestsAreReadOrRefusedNeverMisread) {
+  std::mt19937 random(5);
+  packaging::Manifest manifest = EchoManifest(DataType::kFp32, {2, 2}, /*max_batch_size=*/4);
+  manifest.inputs.push_back({"s", DataType::kBytes, {-1}});
+  const std::string valid =
+      R"({"id":"m","parameters":{"timeout":5},"inputs":[)"
+      R"({"name":"x","datatype":"FP32","shape":[1,2,2],"data":[[[1,2],[3,4]]]},)"
+      R"({"name":"s","datatype":"BYTES","shape":[1,2],"data":[["a","\u00e9"]]}],)"
+      R"("outputs":[{"name":"y","parameters":{"binary_data":true}}]})";
+  ASSERT_TRUE(Parse(manifest, valid).ok());
+  const std::string alphabet = "{}[],:\"0123456789.-eE+ntfaul\\x\xff";
+  int read = 0;
+  for (int round = 0; round < 20000; ++round) {
+    std::string body = valid;
+    for (int edits = 1 + static_cast<int>(random() % 4); edits > 0; --edits) {
+      const size_t at = random() % body.size();
+      switch (random() % 4) {
+        case 0:
+          body[at] = alphabet[random() % alphabet.size()];
+          break;
+        case 1:
+          body.erase(at, 1 + random() % 8);
+          break;
+        case 2:
+          body.insert(at, body.substr(at, 1 + random() % 16));
+          break;
+        default:
+          body.resize(at);
+          break;
+      }
+      if (body.empty()) body = "{";
+    }
+    Result<InferRequest> parsed = Parse(manifest, body);
+    if (parsed.ok()) {
+      ++read;
+      // What was read is whole: every input, with as many values as its shape says.
+      ASSERT_EQ(parsed->inputs.size(), 2U) << body;
+      const auto& x = std::get<engine::Tensor>(parsed->inputs[0].value);
+      const auto& strings = std::get<BytesTensor>(parsed->inputs[1].value);
+      EXPECT_EQ(x.shape()[0], parsed->rows) << body;
+      EXPECT_EQ(static_cast<int64_t>(strings.items.size()), engine::NumElements(strings.shape))
+          << body;
+    } else {
+      EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << body;
+      EXPECT_FALSE(parsed.status().message().empty()) << body;
+    }
+  }
+  EXPECT_GT(read, 0);
 }
 
 NamedTensor Output(DataType datatype, const engine::Shape& shape,

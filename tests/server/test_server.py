@@ -7,6 +7,7 @@ by promtool), graceful shutdown and many concurrent keep-alive clients.
 
 import http.client
 import json
+import math
 import os
 import re
 import shutil
@@ -252,6 +253,32 @@ class ServerTest(SharedServerTest):
         status, headers, body = post_json(self.server, "/v2/models/echo/infer", request)
         self.assertEqual(status, 200)
         self.assertRegex(headers, r"(?i)content-type: application/octet-stream")
+
+    def test_floats_come_back_shortest_and_non_finite_as_triton_writes_them(self):
+        # JSON has no NaN or Infinity: they go in as binary data and come back as Python's json
+        # module and Triton write them; FP32 0.1 comes back as 0.1, not 0.10000000149011612.
+        request = echo_request(rows=4)
+        raw = struct.pack("<4f", float("nan"), float("inf"), float("-inf"), 0.1)
+        for entry in request["inputs"]:
+            if entry["datatype"] == "FP32":
+                entry.pop("data")
+                entry["parameters"] = {"binary_data_size": len(raw)}
+        request["outputs"] = [{"name": "out_fp32"}]
+        header = json.dumps(request).encode()
+        status, _, body = curl(
+            "-X", "POST", "-H", f"Inference-Header-Content-Length: {len(header)}",
+            self.server.url("/v2/models/echo/infer"), data=header + raw)
+        self.assertEqual(status, 200, body)
+        self.assertIn(b'"data":[NaN,Infinity,-Infinity,0.1]', body)
+        values = json.loads(body)["outputs"][0]["data"]
+        self.assertTrue(math.isnan(values[0]))
+        self.assertEqual(values[1:], [math.inf, -math.inf, 0.1])
+        # Sent back as JSON they are refused with a message that says what to do.
+        request = echo_request(rows=4, values={"FP32": values})
+        status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
+        self.assertEqual(status, 400, body)
+        self.assertIn("NaN and Infinity are not JSON numbers: send such values as binary data",
+                      json.loads(body)["error"])
 
     def test_errors_have_triton_statuses_and_messages(self):
         cases = [
