@@ -155,8 +155,9 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
       auto value = py::reinterpret_borrow<py::object>(items[i]).cast<int64_t>();
       int64_t size = out.view.shape()[dim];
       if (value < -size || value >= size) {
-        throw py::index_error("index " + std::to_string(value) + " is out of range for dimension " +
-                              std::to_string(tensor_dim) + " with size " + std::to_string(size));
+        throw py::index_error("index " + std::to_string(value) +
+                              " is out of bounds for dimension " + std::to_string(tensor_dim) +
+                              " with size " + std::to_string(size));
       }
       out.view = out.view.Select(dim, value);
       ++tensor_dim;
@@ -225,7 +226,7 @@ Tensor GetItem(const Tensor& tensor, py::handle index) {
     int64_t size = tensor.shape()[0];
     if (value < -size || value >= size) {
       throw py::index_error("index " + std::to_string(value) +
-                            " is out of range for dimension 0 with size " + std::to_string(size));
+                            " is out of bounds for dimension 0 with size " + std::to_string(size));
     }
     return tensor.Select(0, value);
   }
