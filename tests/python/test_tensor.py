@@ -915,6 +915,27 @@ class PyTorchSemanticsTest(Case):
         self.assertTensor(x.narrow(1, 3, 0), [[], []])  # a start at the end selects nothing
         self.assertTensor(x.narrow(1, -1, 1), [[2.0], [5.0]])
 
+    def test_bools_cannot_be_subtracted_or_negated(self):
+        mask = t([True, False])
+        for call in (lambda: mask - mask, lambda: mask - True, lambda: True - mask,
+                     lambda: mask.sub(t(False)), lambda: orochi.sub(mask, mask)):
+            with self.assertRaisesRegex(RuntimeError, "with two bool tensors is not supported. "
+                                                      "Use the `\\^` or `logical_xor\\(\\)`"):
+                call()
+        for call in (lambda: mask - 1, lambda: 1.5 - mask, lambda: t([1, 2]) - mask,
+                     lambda: t([1.0, 2.0]) - True, lambda: t([1, 2]).sub_(True)):
+            with self.assertRaisesRegex(RuntimeError, "with a bool tensor is not supported. If you "
+                                                      "are trying to invert a mask, use the `~`"):
+                call()
+        for call in (lambda: -mask, lambda: mask.neg(), lambda: orochi.negative(mask)):
+            with self.assertRaisesRegex(RuntimeError, "Negation, the `-` operator, on a bool "
+                                                      "tensor is not supported"):
+                call()
+        self.assertTensor(~mask, [False, True], orochi.bool)
+        self.assertTensor(mask ^ t([True, True]), [False, True], orochi.bool)
+        self.assertTensor(mask + mask, [True, False], orochi.bool)
+        self.assertTensor(t([3, 2]) - 1, [2, 1], orochi.int64)
+
     def test_index_messages_and_assignment_broadcasting(self):
         with self.assertRaisesRegex(IndexError, "index 4 is out of bounds for dimension 1 "):
             orochi.ones(3, 4, 5)[0, 4]
