@@ -26,12 +26,33 @@ struct Indexed {
   std::vector<AdvancedIndex> advanced;
 };
 
+bool IsListOrTuple(PyObject* object) {
+  return PyList_Check(object) != 0 || PyTuple_Check(object) != 0;
+}
+
 Tensor AsIndexTensor(py::handle item) {
   if (const Tensor* tensor = TensorFromPython(item.ptr())) return *tensor;
-  if (PyList_Check(item.ptr()) != 0 && PyList_GET_SIZE(item.ptr()) == 0) {
+  if (PySequence_Size(item.ptr()) == 0) {
     return engine::Zeros({0}, engine::DType::kInt64);  // x[[]] selects nothing
   }
   return TensorFromData(item, std::nullopt);  // a list of ints or bools
+}
+
+// PyTorch's rule, numpy's legacy one: a list of fewer than 32 items of which one is a tensor, a
+// sequence, a slice, Ellipsis or None is a tuple of indices, one per dim (x[[[0, 1], [1, 0]]]
+// is x[[0, 1], [1, 0]], x[[[0, 1]]] is x[[0, 1]]); any other list is one index tensor.
+bool IsTupleOfIndices(py::handle list) {
+  constexpr Py_ssize_t kMaxTupleItems = 31;
+  const Py_ssize_t size = PyList_GET_SIZE(list.ptr());
+  if (size > kMaxTupleItems) return false;
+  for (Py_ssize_t i = 0; i < size; ++i) {
+    PyObject* item = PyList_GET_ITEM(list.ptr(), i);
+    if (TensorFromPython(item) != nullptr || PySequence_Check(item) != 0 ||
+        PySlice_Check(item) != 0 || item == Py_Ellipsis || item == Py_None) {
+      return true;
+    }
+  }
+  return false;
 }
 
 [[noreturn]] void BadIndex(py::handle item) {
@@ -67,8 +88,9 @@ Tensor CheckedIndex(const Tensor& index, int64_t size, int64_t dim) {
 Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
   std::vector<py::handle> items;
   py::tuple tuple_holder;
-  if (PyTuple_Check(index.ptr()) != 0) {
-    tuple_holder = py::reinterpret_borrow<py::tuple>(index);
+  if (PyTuple_Check(index.ptr()) != 0 ||
+      (PyList_Check(index.ptr()) != 0 && IsTupleOfIndices(index))) {
+    tuple_holder = py::tuple(py::reinterpret_borrow<py::object>(index));
     for (py::handle item : tuple_holder) items.push_back(item);
   } else {
     items.push_back(index);
@@ -85,7 +107,7 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
       continue;
     }
     bool integer = PyIndex_Check(raw) != 0 && PyBool_Check(raw) == 0;
-    if (TensorFromPython(raw) != nullptr || PyList_Check(raw) != 0) {
+    if (TensorFromPython(raw) != nullptr || IsListOrTuple(raw)) {
       tensors[i] = AsIndexTensor(items[i]);
       consumed += tensors[i].dtype() == engine::DType::kBool ? tensors[i].dim() : 1;
     } else if (integer || PySlice_Check(raw) != 0) {

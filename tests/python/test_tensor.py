@@ -936,6 +936,37 @@ class PyTorchSemanticsTest(Case):
         self.assertTensor(mask + mask, [True, False], orochi.bool)
         self.assertTensor(t([3, 2]) - 1, [2, 1], orochi.int64)
 
+    def test_a_short_list_holding_sequences_indexes_like_a_tuple(self):
+        x = orochi.arange(6).reshape(2, 3)
+        rows = [[0, 1, 2], [3, 4, 5]]
+        self.assertTensor(x[[[0, 1]]], rows)
+        self.assertTensor(x[[0, 1]], rows)
+        self.assertTensor(x[[[0, 1], [1, 0]]], [1, 3])
+        self.assertTensor(x[[[0, 1], [1, 2]]], [1, 5])
+        self.assertTensor(x[[[0, 1], [1, 0]],], [rows, [rows[1], rows[0]]])
+        self.assertTensor(x[[[0, 1]],], [rows])
+        self.assertTensor(x[[(0, 1)]], rows)
+        self.assertTensor(x[((0, 1), (1, 0))], [1, 3])
+        self.assertTensor(x[[0, slice(None)]], [0, 1, 2])
+        self.assertTensor(x[[slice(None), 1]], [1, 4])
+        self.assertTensor(x[[None, 0]], [[0, 1, 2]])
+        self.assertTensor(x[[0, ...]], [0, 1, 2])
+        self.assertTensor(x[[t(0), 1]], 1)
+        self.assertTensor(x[[0, [0, 1]]], [0, 1])
+        self.assertTensor(x[[True, False]], [[0, 1, 2]])
+        self.assertTensor(x[[[True, False]]], [[0, 1, 2]])
+        self.assertEqual(x[[0] * 31].shape, (31, 3))
+        self.assertEqual(x[[[0]] * 32].shape, (32, 1, 3))  # 32 items: always one index
+        with self.assertRaisesRegex(IndexError, "too many indices for tensor of dimension 2"):
+            x[[[0, 1], [1, 0], [0, 0]]]
+        target = x.clone()
+        target[[[0, 1]]] = 9
+        self.assertTensor(target, [[9, 9, 9], [9, 9, 9]])
+        target[[slice(None), 1]] = 0
+        self.assertTensor(target, [[9, 0, 9], [9, 0, 9]])
+        with self.assertRaisesRegex(TypeError, "more than one tensor index"):
+            target[[[0, 1], [1, 0]]] = 7
+
     def test_index_messages_and_assignment_broadcasting(self):
         with self.assertRaisesRegex(IndexError, "index 4 is out of bounds for dimension 1 "):
             orochi.ones(3, 4, 5)[0, 4]
