@@ -13,6 +13,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "OK";
     case StatusCode::kInvalidArgument:
       return "INVALID_ARGUMENT";
+    case StatusCode::kOutOfRange:
+      return "OUT_OF_RANGE";
     case StatusCode::kNotFound:
       return "NOT_FOUND";
     case StatusCode::kAlreadyExists:

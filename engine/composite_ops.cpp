@@ -159,6 +159,10 @@ Tensor MaskedFill(const Tensor& input, const Tensor& mask, const Tensor& value) 
 Tensor Cat(const std::vector<Tensor>& tensors, int64_t dim) {
   OROCHI_CHECK_ARG(!tensors.empty(), "cat: needs at least one tensor");
   const Tensor& first = tensors.front();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    OROCHI_CHECK_ARG(tensors[i].dim() > 0,
+                     "cat: the 0-d tensor at position " << i << " cannot be concatenated");
+  }
   int64_t d = WrapDim(dim, first.dim());
   DType dtype = first.dtype();
   Shape shape = first.shape();
@@ -200,6 +204,7 @@ Tensor Stack(const std::vector<Tensor>& tensors, int64_t dim) {
 
 std::vector<Tensor> Split(const Tensor& input, int64_t size, int64_t dim) {
   OROCHI_CHECK_ARG(size > 0, "split: the split size must be positive");
+  OROCHI_CHECK_ARG(input.dim() > 0, "split expects a tensor of at least 1 dimension");
   int64_t d = WrapDim(dim, input.dim());
   std::vector<Tensor> parts;
   for (int64_t start = 0; start < input.shape()[d] || (start == 0 && input.shape()[d] == 0);
@@ -212,6 +217,7 @@ std::vector<Tensor> Split(const Tensor& input, int64_t size, int64_t dim) {
 
 std::vector<Tensor> Chunk(const Tensor& input, int64_t chunks, int64_t dim) {
   OROCHI_CHECK_ARG(chunks > 0, "chunk: the number of chunks must be positive");
+  OROCHI_CHECK_ARG(input.dim() > 0, "chunk expects a tensor of at least 1 dimension");
   int64_t size = input.shape()[WrapDim(dim, input.dim())];
   return Split(input, std::max<int64_t>((size + chunks - 1) / chunks, 1), dim);
 }
@@ -250,8 +256,8 @@ Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index) {
       const int64_t* values = host_picks.data_as<int64_t>();
       const int64_t* bad = std::find_if(values, values + host_picks.numel(),
                                         [size](int64_t pick) { return pick < 0 || pick >= size; });
-      OROCHI_CHECK_ARG(false, "index_select: index " << *bad << " is out of range for dimension "
-                                                     << dim << " of size " << size);
+      OROCHI_CHECK_RANGE(false, "index_select: index " << *bad << " is out of range for dimension "
+                                                       << dim << " of size " << size);
     }
   }
   Shape shape = input.shape();

@@ -103,6 +103,9 @@ Tensor Arange(double start, double end, double step, DType dtype, Device device)
 
 Tensor Unary(Op op, const Tensor& input) {
   OROCHI_CHECK_ARG(input.defined(), OpName(op) << ": undefined tensor");
+  OROCHI_CHECK_ARG(op != Op::neg || input.dtype() != DType::kBool,
+                   "Negation, the `-` operator, on a bool tensor is not supported. If you are "
+                   "trying to invert a mask, use the `~` or `logical_not()` operator instead.");
   DType dtype = input.dtype();
   if (!IsFloating(dtype) && !KeepsIntegral(op)) dtype = DType::kFloat32;
   auto kernel = Kernels().FindAs<UnaryKernel>(op, input.device(), dtype);
@@ -136,6 +139,15 @@ DType ResultType(const Tensor& a, const Tensor& b) {
 
 Tensor Binary(Op op, const Tensor& a, const Tensor& b) {
   OROCHI_CHECK_ARG(a.defined() && b.defined(), OpName(op) << ": undefined tensor");
+  if (op == Op::sub) {  // PyTorch's messages, which say what was likely meant
+    OROCHI_CHECK_ARG(a.dtype() != DType::kBool || b.dtype() != DType::kBool,
+                     "Subtraction, the `-` operator, with two bool tensors is not supported. "
+                     "Use the `^` or `logical_xor()` operator instead.");
+    OROCHI_CHECK_ARG(a.dtype() != DType::kBool && b.dtype() != DType::kBool,
+                     "Subtraction, the `-` operator, with a bool tensor is not supported. If you "
+                     "are trying to invert a mask, use the `~` or `logical_not()` operator "
+                     "instead.");
+  }
   const Device device = CommonDevice(OpName(op), {&a, &b}, CpuScalars::kFollow);
   Shape shape = BroadcastShapes(a.shape(), b.shape());
   DType compute = ResultType(a, b);

@@ -41,18 +41,18 @@ std::string ShapeString(const Shape& shape) {
 
 int64_t WrapDim(int64_t dim, int64_t rank) {
   int64_t wrapped = dim < 0 ? dim + rank : dim;
-  OROCHI_CHECK_ARG(wrapped >= 0 && wrapped < rank,
-                   "dimension " << dim << " is out of range for a tensor of " << rank
-                                << " dimension(s)"
-                                << (rank == 0 ? " (a 0-d tensor has no dimensions)" : ""));
+  OROCHI_CHECK_RANGE(wrapped >= 0 && wrapped < rank,
+                     "dimension " << dim << " is out of range for a tensor of " << rank
+                                  << " dimension(s)"
+                                  << (rank == 0 ? " (a 0-d tensor has no dimensions)" : ""));
   return wrapped;
 }
 
 int64_t WrapScalarDim(int64_t dim, int64_t rank) {
   if (rank > 0) return WrapDim(dim, rank);
-  OROCHI_CHECK_ARG(dim == 0 || dim == -1, "dimension " << dim
-                                                       << " is out of range for a 0-d tensor "
-                                                          "(only 0 and -1 name its one element)");
+  OROCHI_CHECK_RANGE(dim == 0 || dim == -1, "dimension " << dim
+                                                         << " is out of range for a 0-d tensor "
+                                                            "(only 0 and -1 name its one element)");
   return 0;
 }
 
@@ -193,6 +193,11 @@ Tensor Tensor::Permute(const std::vector<int64_t>& order) const {
 }
 
 Tensor Tensor::Transpose(int64_t dim0, int64_t dim1) const {
+  if (dim() == 0) {  // as in PyTorch, transposing a 0-d tensor's "dims" 0 and -1 is itself
+    WrapScalarDim(dim0, 0);
+    WrapScalarDim(dim1, 0);
+    return *this;
+  }
   std::vector<int64_t> order(static_cast<size_t>(dim()));
   std::iota(order.begin(), order.end(), 0);
   std::swap(order[WrapDim(dim0, dim())], order[WrapDim(dim1, dim())]);
@@ -261,13 +266,19 @@ Tensor Tensor::Flatten(int64_t start_dim, int64_t end_dim) const {
 }
 
 Tensor Tensor::Narrow(int64_t along, int64_t start, int64_t length) const {
+  OROCHI_CHECK_ARG(dim() > 0, "narrow() cannot be applied to a 0-d tensor");
   int64_t d = WrapDim(along, dim());
-  if (start < 0) start += shape_[d];
-  OROCHI_CHECK_ARG(start >= 0 && length >= 0 && start <= shape_[d] && length <= shape_[d] - start,
-                   "narrow: start " << start << " and length " << length
-                                    << " are outside dimension " << along << " of size "
-                                    << shape_[d]);
-  return Slice(d, start, start + length);
+  const int64_t size = shape_[d];
+  const int64_t first = start < 0 ? start + size : start;
+  // As in PyTorch, a start outside the dimension is an index error, a length past its end not.
+  OROCHI_CHECK_RANGE(first >= 0 && first <= size, "narrow: start "
+                                                      << start << " is outside dimension " << along
+                                                      << " of size " << size);
+  OROCHI_CHECK_ARG(length >= 0 && length <= size - first, "narrow: a length of "
+                                                              << length << " from start " << start
+                                                              << " does not fit dimension " << along
+                                                              << " of size " << size);
+  return Slice(d, first, first + length);
 }
 
 Tensor Tensor::Slice(int64_t along, int64_t start, int64_t end, int64_t step) const {
@@ -290,7 +301,7 @@ Tensor Tensor::Slice(int64_t along, int64_t start, int64_t end, int64_t step) co
 Tensor Tensor::Select(int64_t along, int64_t index) const {
   int64_t d = WrapDim(along, dim());
   int64_t wrapped = index < 0 ? index + shape_[d] : index;
-  OROCHI_CHECK_ARG(
+  OROCHI_CHECK_RANGE(
       wrapped >= 0 && wrapped < shape_[d],
       "index " << index << " is out of range for dimension " << along << " of size " << shape_[d]);
   Shape shape = shape_;
@@ -376,8 +387,8 @@ void Tensor::RequireCpu(std::string_view what) const {
 
 double Tensor::ItemAsDouble(int64_t flat_index) const {
   RequireCpu("reading an element");
-  OROCHI_CHECK_ARG(flat_index >= 0 && flat_index < numel(),
-                   "element " << flat_index << " is out of range for " << numel() << " elements");
+  OROCHI_CHECK_RANGE(flat_index >= 0 && flat_index < numel(),
+                     "element " << flat_index << " is out of range for " << numel() << " elements");
   int64_t offset = 0;
   int64_t rest = flat_index;
   for (size_t i = shape_.size(); i-- > 0;) {

@@ -1,11 +1,13 @@
 #include "orochi/packaging/manifest.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace orochi::packaging {
 namespace {
@@ -134,6 +136,59 @@ Result<std::vector<TensorSpec>> Tensors(const Json& manifest, const char* key) {
   return specs;
 }
 
+// A parse callback that finds the first key given twice in one object, which nlohmann would
+// otherwise resolve silently by keeping the last value: which of two "inputs" did the author
+// mean? It follows the parse to name the object by its JSON path.
+class DuplicateKeyFinder {
+ public:
+  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        containers_.push_back({PathOfNextValue(), event == Json::parse_event_t::object_start});
+        break;
+      case Json::parse_event_t::key: {
+        Container& object = containers_.back();
+        object.key = parsed.get<std::string>();
+        if (!object.keys.insert(object.key).second && duplicate_.ok()) {
+          duplicate_ = Problem(object.path, "the key '" + object.key + "' appears more than once");
+        }
+        break;
+      }
+      case Json::parse_event_t::value:
+        PathOfNextValue();  // counts the item of an array
+        break;
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+        containers_.pop_back();
+        break;
+    }
+    return true;
+  }
+
+  const Status& duplicate() const { return duplicate_; }
+
+ private:
+  struct Container {
+    std::string path;
+    bool is_object = false;
+    std::set<std::string> keys;  // of an object, so far
+    std::string key;             // of an object: the key of the value being parsed
+    size_t items = 0;            // of an array: the items begun so far
+  };
+
+  // The path of the value that begins now; an array counts it as its next item.
+  std::string PathOfNextValue() {
+    if (containers_.empty()) return "$";
+    Container& parent = containers_.back();
+    if (parent.is_object) return parent.path + "." + parent.key;
+    return parent.path + "[" + std::to_string(parent.items++) + "]";
+  }
+
+  std::vector<Container> containers_;
+  Status duplicate_;
+};
+
 }  // namespace
 
 std::string_view DataTypeName(DataType datatype) {
@@ -183,8 +238,18 @@ bool IsName(std::string_view text) {
 }
 
 Result<Manifest> ParseManifest(std::string_view text) {
-  Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  // nlohmann skips a byte order mark, which JSON (RFC 8259) does not allow in what is written;
+  // refused, so that every tool that reads the package reads the same text.
+  if (text.starts_with("\xEF\xBB\xBF")) {
+    return Problem("$",
+                   "the file starts with a UTF-8 byte order mark (BOM); save it as UTF-8 without "
+                   "one");
+  }
+  DuplicateKeyFinder duplicates;
+  Json json = Json::parse(text.begin(), text.end(), std::ref(duplicates),
+                          /*allow_exceptions=*/false);
   if (json.is_discarded()) return Problem("$", "not valid JSON");
+  OROCHI_RETURN_IF_ERROR(duplicates.duplicate());
   if (!json.is_object()) return Problem("$", "expected a JSON object, got " + TypeName(json));
   OROCHI_RETURN_IF_ERROR(
       OnlyKeys(json, "$",

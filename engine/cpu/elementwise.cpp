@@ -250,10 +250,12 @@ void RegisterElementwiseKernels(KernelRegistry& registry) {
   registry.RegisterEach<Op::exp, Op::log, Op::sqrt, Op::rsqrt, Op::sin, Op::cos, Op::tanh,
                         Op::sigmoid, Op::silu, Op::gelu, Op::gelu_tanh, Op::erf>(kCpu, UnaryOp,
                                                                                  kFloatingDTypes);
-  registry.RegisterEach<Op::add, Op::sub, Op::mul, Op::div, Op::pow, Op::floor_divide, Op::maximum,
+  registry.RegisterEach<Op::add, Op::mul, Op::div, Op::pow, Op::floor_divide, Op::maximum,
                         Op::minimum, Op::eq, Op::ne, Op::lt, Op::le, Op::gt, Op::ge,
                         Op::logical_and, Op::logical_or, Op::logical_xor>(kCpu, BinaryOp,
                                                                           kAllDTypes);
+  // Binary refuses bool operands of sub, as PyTorch does.
+  registry.Register<Op::sub>(kCpu, BinaryOp, kNumericDTypes);
   registry.Register<Op::where>(kCpu, WhereOp, kAllDTypes);
 }
 

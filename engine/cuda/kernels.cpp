@@ -343,10 +343,12 @@ void RegisterCudaKernels(KernelRegistry& registry) {
   registry.RegisterEach<Op::exp, Op::log, Op::sqrt, Op::rsqrt, Op::sin, Op::cos, Op::tanh,
                         Op::sigmoid, Op::silu, Op::gelu, Op::gelu_tanh, Op::erf>(kCuda, CudaUnary,
                                                                                  kFloatingDTypes);
-  registry.RegisterEach<Op::add, Op::sub, Op::mul, Op::div, Op::pow, Op::floor_divide, Op::maximum,
+  registry.RegisterEach<Op::add, Op::mul, Op::div, Op::pow, Op::floor_divide, Op::maximum,
                         Op::minimum, Op::eq, Op::ne, Op::lt, Op::le, Op::gt, Op::ge,
                         Op::logical_and, Op::logical_or, Op::logical_xor>(kCuda, CudaBinary,
                                                                           kAllDTypes);
+  // Binary refuses bool operands of sub, as PyTorch does.
+  registry.Register<Op::sub>(kCuda, CudaBinary, kNumericDTypes);
   registry.Register<Op::where>(kCuda, CudaWhere, kAllDTypes);
   registry.RegisterEach<Op::sum, Op::amax, Op::amin, Op::prod, Op::argmax, Op::argmin>(
       kCuda, CudaReduce, kAllDTypes);

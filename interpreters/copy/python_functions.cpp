@@ -550,6 +550,9 @@ void TranslateEngineErrors(
       case StatusCode::kResourceExhausted:
         type = PyExc_MemoryError;
         break;
+      case StatusCode::kOutOfRange:
+        type = PyExc_IndexError;
+        break;
       default:
         break;
     }

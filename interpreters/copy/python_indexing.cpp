@@ -26,12 +26,33 @@ struct Indexed {
   std::vector<AdvancedIndex> advanced;
 };
 
+bool IsListOrTuple(PyObject* object) {
+  return PyList_Check(object) != 0 || PyTuple_Check(object) != 0;
+}
+
 Tensor AsIndexTensor(py::handle item) {
   if (const Tensor* tensor = TensorFromPython(item.ptr())) return *tensor;
-  if (PyList_Check(item.ptr()) != 0 && PyList_GET_SIZE(item.ptr()) == 0) {
+  if (PySequence_Size(item.ptr()) == 0) {
     return engine::Zeros({0}, engine::DType::kInt64);  // x[[]] selects nothing
   }
   return TensorFromData(item, std::nullopt);  // a list of ints or bools
+}
+
+// PyTorch's rule, numpy's legacy one: a list of fewer than 32 items of which one is a tensor, a
+// sequence, a slice, Ellipsis or None is a tuple of indices, one per dim (x[[[0, 1], [1, 0]]]
+// is x[[0, 1], [1, 0]], x[[[0, 1]]] is x[[0, 1]]); any other list is one index tensor.
+bool IsTupleOfIndices(py::handle list) {
+  constexpr Py_ssize_t kMaxTupleItems = 31;
+  const Py_ssize_t size = PyList_GET_SIZE(list.ptr());
+  if (size > kMaxTupleItems) return false;
+  for (Py_ssize_t i = 0; i < size; ++i) {
+    PyObject* item = PyList_GET_ITEM(list.ptr(), i);
+    if (TensorFromPython(item) != nullptr || PySequence_Check(item) != 0 ||
+        PySlice_Check(item) != 0 || item == Py_Ellipsis || item == Py_None) {
+      return true;
+    }
+  }
+  return false;
 }
 
 [[noreturn]] void BadIndex(py::handle item) {
@@ -67,8 +88,9 @@ Tensor CheckedIndex(const Tensor& index, int64_t size, int64_t dim) {
 Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
   std::vector<py::handle> items;
   py::tuple tuple_holder;
-  if (PyTuple_Check(index.ptr()) != 0) {
-    tuple_holder = py::reinterpret_borrow<py::tuple>(index);
+  if (PyTuple_Check(index.ptr()) != 0 ||
+      (PyList_Check(index.ptr()) != 0 && IsTupleOfIndices(index))) {
+    tuple_holder = py::tuple(py::reinterpret_borrow<py::object>(index));
     for (py::handle item : tuple_holder) items.push_back(item);
   } else {
     items.push_back(index);
@@ -85,7 +107,7 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
       continue;
     }
     bool integer = PyIndex_Check(raw) != 0 && PyBool_Check(raw) == 0;
-    if (TensorFromPython(raw) != nullptr || PyList_Check(raw) != 0) {
+    if (TensorFromPython(raw) != nullptr || IsListOrTuple(raw)) {
       tensors[i] = AsIndexTensor(items[i]);
       consumed += tensors[i].dtype() == engine::DType::kBool ? tensors[i].dim() : 1;
     } else if (integer || PySlice_Check(raw) != 0) {
@@ -155,8 +177,9 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
       auto value = py::reinterpret_borrow<py::object>(items[i]).cast<int64_t>();
       int64_t size = out.view.shape()[dim];
       if (value < -size || value >= size) {
-        throw py::index_error("index " + std::to_string(value) + " is out of range for dimension " +
-                              std::to_string(tensor_dim) + " with size " + std::to_string(size));
+        throw py::index_error("index " + std::to_string(value) +
+                              " is out of bounds for dimension " + std::to_string(tensor_dim) +
+                              " with size " + std::to_string(size));
       }
       out.view = out.view.Select(dim, value);
       ++tensor_dim;
@@ -225,7 +248,7 @@ Tensor GetItem(const Tensor& tensor, py::handle index) {
     int64_t size = tensor.shape()[0];
     if (value < -size || value >= size) {
       throw py::index_error("index " + std::to_string(value) +
-                            " is out of range for dimension 0 with size " + std::to_string(size));
+                            " is out of bounds for dimension 0 with size " + std::to_string(size));
     }
     return tensor.Select(0, value);
   }

@@ -175,6 +175,7 @@ py::object ReduceWithIndices(Op values_op, Op index_op, const Tensor& self, py::
 // split([3, 7]): consecutive pieces of the given sizes, which must add up to the dim's size.
 std::vector<Tensor> SplitWithSizes(const Tensor& self, const std::vector<int64_t>& sizes,
                                    int64_t dim) {
+  if (self.dim() == 0) throw std::runtime_error("split expects a tensor of at least 1 dimension");
   const int64_t length = self.size(dim);
   int64_t total = 0;
   for (int64_t size : sizes) {

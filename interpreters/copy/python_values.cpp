@@ -491,7 +491,8 @@ Tensor ScalarTensor(py::handle number, const Tensor& like, Op op) {
   // when `like` is 0-dim itself.
   PyObject* raw = number.ptr();
   const DType dtype = like.dtype();
-  if (PyBool_Check(raw)) return TypedScalar(raw == Py_True, dtype);
+  // Subtraction keeps a bool a bool, so that the engine refuses it as PyTorch does.
+  if (PyBool_Check(raw)) return TypedScalar(raw == Py_True, op == Op::sub ? DType::kBool : dtype);
   if (std::optional<int64_t> integer = PythonInt(number)) {
     const int64_t value = *integer;
     // True division of integers computes in float32, so the int keeps its value (int16 / 32768

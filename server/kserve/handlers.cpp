@@ -89,6 +89,7 @@ Json ModelStatsJson(const ServedModel& model) {
 std::string ReasonOf(StatusCode code) {
   switch (code) {
     case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
       return "invalid_argument";
     case StatusCode::kResourceExhausted:
       return "queue_full";
@@ -125,6 +126,7 @@ unsigned HttpStatusOf(StatusCode code) {
     case StatusCode::kOk:
       return 200;
     case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
     case StatusCode::kFailedPrecondition:
       return 400;
     case StatusCode::kAlreadyExists:

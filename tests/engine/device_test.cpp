@@ -193,8 +193,8 @@ TEST(CudaDevice, HostReadsOfDeviceTensorsAreRefused) {
   Status saved = SaveSafetensors(testing::TempDir() + "/device.safetensors", {{"x", device}});
   EXPECT_EQ(saved.code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(saved.message(), testing::HasSubstr("on cuda:0; move it to the CPU first"));
-  EXPECT_EQ(ErrorOf([&] { Unary(Op::neg, Zeros({2}, DType::kBool, kCuda0)); }),
-            "neg is not implemented for dtype bool on cuda:0");
+  EXPECT_EQ(ErrorOf([&] { Unary(Op::abs, Zeros({2}, DType::kBool, kCuda0)); }),
+            "abs is not implemented for dtype bool on cuda:0");
 }
 
 TEST(CudaDevice, ReadOnlyTensorsStayReadOnlyOnTheDevice) {

@@ -191,6 +191,36 @@ TEST(BinaryOps, RejectMismatchedShapes) {
   EXPECT_THROW(Binary(Op::add, Zeros({2, 3}), Zeros({4})), Error);
 }
 
+// PyTorch refuses to subtract or negate bools, and says what was likely meant (~ or ^); so does
+// the engine, on every device, so that a model that runs here runs under PyTorch.
+TEST(BinaryOps, SubtractionAndNegationOfBoolsAreRefusedLikePyTorch) {
+  const Tensor mask = Ones({3}, DType::kBool);
+  const auto message = [](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const Error& error) {
+      EXPECT_EQ(error.status().code(), StatusCode::kInvalidArgument);
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  const std::string two_bools = "Subtraction, the `-` operator, with two bool tensors";
+  const std::string one_bool = "Subtraction, the `-` operator, with a bool tensor is not supported";
+  EXPECT_THAT(message([&] { Binary(Op::sub, mask, mask); }), testing::HasSubstr(two_bools));
+  EXPECT_THAT(message([&] { Binary(Op::sub, mask, Scalar(1, DType::kBool)); }),
+              testing::HasSubstr(two_bools));
+  EXPECT_THAT(message([&] { Binary(Op::sub, mask, Ones({3}, DType::kInt32)); }),
+              testing::HasSubstr(one_bool));
+  EXPECT_THAT(message([&] { Binary(Op::sub, Scalar(1.5, DType::kFloat32), mask); }),
+              testing::HasSubstr(one_bool));
+  EXPECT_THAT(message([&] { Unary(Op::neg, mask); }),
+              testing::HasSubstr("Negation, the `-` operator, on a bool tensor is not supported"));
+  // What PyTorch allows stays allowed.
+  EXPECT_EQ(Binary(Op::add, mask, mask).dtype(), DType::kBool);
+  EXPECT_EQ(Binary(Op::logical_xor, mask, mask).dtype(), DType::kBool);
+  EXPECT_EQ(Binary(Op::sub, Ones({3}, DType::kUInt8), Ones({3}, DType::kUInt8)).ItemAsDouble(), 0);
+}
+
 std::vector<double> ReferenceReduce(Op op, const Tensor& input, const std::vector<int64_t>& dims,
                                     Shape* kept_shape) {
   std::vector<bool> reduced(static_cast<size_t>(input.dim()), dims.empty());

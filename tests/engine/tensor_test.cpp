@@ -159,6 +159,53 @@ TEST(Views, ShareStorageAndFollowStrides) {
   EXPECT_EQ(base.Slice(0, 0, 2).View({6, 4}).storage().get(), base.storage().get());
 }
 
+// The code of the Error that `call` throws; kOk when it throws none.
+template <typename Call>
+StatusCode ErrorCode(Call call) {
+  try {
+    call();
+  } catch (const Error& error) {
+    return error.status().code();
+  }
+  return StatusCode::kOk;
+}
+
+TEST(Views, DimsAndIndicesOutsideTheirRangeAreOutOfRange) {
+  EXPECT_EQ(StatusCodeName(StatusCode::kOutOfRange), "OUT_OF_RANGE");
+  const Tensor base = Arange(0, 6, 1, DType::kFloat32).View({2, 3});
+  const Tensor scalar = Scalar(1, DType::kFloat32);
+  const auto out_of_range = [](auto call) { return ErrorCode(call) == StatusCode::kOutOfRange; };
+  EXPECT_TRUE(out_of_range([&] { WrapDim(2, 2); }));
+  EXPECT_TRUE(out_of_range([&] { WrapDim(-3, 2); }));
+  EXPECT_TRUE(out_of_range([&] { WrapScalarDim(1, 0); }));
+  EXPECT_TRUE(out_of_range([&] { (void)base.size(5); }));
+  EXPECT_TRUE(out_of_range([&] { base.Transpose(0, 7); }));
+  EXPECT_TRUE(out_of_range([&] { base.Unsqueeze(4); }));
+  EXPECT_TRUE(out_of_range([&] { base.Select(0, 2); }));
+  EXPECT_TRUE(out_of_range([&] { base.Select(1, -4); }));
+  EXPECT_TRUE(out_of_range([&] { base.Narrow(0, 3, 0); }));
+  EXPECT_TRUE(out_of_range([&] { base.ItemAsDouble(6); }));
+  EXPECT_TRUE(out_of_range([&] { Reduce(Op::sum, base, {5}); }));
+  EXPECT_TRUE(out_of_range([&] { Reduce(Op::sum, scalar, {1}); }));
+  EXPECT_TRUE(out_of_range([&] { Softmax(base, 2); }));
+  EXPECT_TRUE(out_of_range([&] { Cat({base, base}, 2); }));
+  EXPECT_TRUE(out_of_range([&] { IndexSelect(base, 0, Full({1}, 2, DType::kInt64)); }));
+  EXPECT_TRUE(out_of_range([&] { IndexSelect(base, 0, Full({1}, -1, DType::kInt64)); }));
+  // PyTorch's RuntimeErrors stay argument errors: a length past the end, a 0-d tensor where
+  // one with dims is needed, a bad value in a gather index.
+  EXPECT_EQ(ErrorCode([&] { base.Narrow(0, 1, 2); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorCode([&] { scalar.Narrow(0, 0, 1); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorCode([&] { Cat({scalar, scalar}, 0); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorCode([&] { Split(scalar, 1, 0); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorCode([&] {
+              Gather(base, 1, Full({1, 1}, 3, DType::kInt64));
+            }),
+            StatusCode::kInvalidArgument);
+  // A start at the very end selects nothing; a transposed 0-d tensor is itself.
+  EXPECT_EQ(base.Narrow(1, 3, 0).shape(), (Shape{2, 0}));
+  EXPECT_EQ(scalar.Transpose(0, -1).shape(), Shape{});
+}
+
 TEST(Views, ReadOnlyTensorsRefuseWrites) {
   Tensor tensor = Ones({4});
   StoragePtr storage = tensor.storage();
@@ -208,10 +255,10 @@ TEST(Registry, UnsupportedCombinationsNameOpDeviceAndDType) {
     EXPECT_EQ(std::string(error.what()), "mean is not implemented for dtype int64 on cpu");
   }
   try {
-    Unary(Op::neg, Zeros({3}, DType::kBool));
+    Unary(Op::abs, Zeros({3}, DType::kBool));
     FAIL() << "expected an error";
   } catch (const Error& error) {
-    EXPECT_EQ(std::string(error.what()), "neg is not implemented for dtype bool on cpu");
+    EXPECT_EQ(std::string(error.what()), "abs is not implemented for dtype bool on cpu");
   }
   try {
     Kernels().Find<Op::neg>(Device{DeviceType::kCuda, 0}, DType::kBool);

@@ -155,6 +155,40 @@ TEST(Manifest, EachProblemIsReportedWithItsJsonPath) {
   }
 }
 
+// nlohmann keeps the last of two equal keys and skips a byte order mark; the manifest's reader
+// refuses both, naming the key and the object it is in, or the BOM.
+TEST(Manifest, DuplicateKeysAndAByteOrderMarkAreRefused) {
+  const std::string base = R"("format_version": 1, "name": "m", "version": 1, "entry": "a:B")";
+  const std::string inputs = R"("inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2]}])";
+  const std::string outputs = R"("outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}])";
+  const std::string valid = "{" + base + ", " + inputs + ", " + outputs + "}";
+  ASSERT_TRUE(ParseManifest(valid).ok());
+  struct Case {
+    std::string json;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"{" + base + ", " + inputs + ", " + outputs + ", " + inputs + "}",
+       "manifest.json: $: the key 'inputs' appears more than once"},
+      {"{" + base + R"(, "version": 1, )" + inputs + ", " + outputs + "}",
+       "manifest.json: $: the key 'version' appears more than once"},
+      {"{" + base + ", " + inputs +
+           R"(, "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}, )"
+           R"({"name": "z", "datatype": "FP32", "name": "w", "shape": [1]}]})",
+       "manifest.json: $.outputs[1]: the key 'name' appears more than once"},
+      {"{" + base + ", " + inputs + ", " + outputs + R"(, "parameters": {"k": 1, "k": 2}})",
+       "manifest.json: $.parameters: the key 'k' appears more than once"},
+      {"\xEF\xBB\xBF" + valid,
+       "manifest.json: $: the file starts with a UTF-8 byte order mark (BOM)"},
+  };
+  for (const Case& test : cases) {
+    Result<Manifest> manifest = ParseManifest(test.json);
+    ASSERT_FALSE(manifest.ok()) << test.json;
+    EXPECT_EQ(manifest.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(manifest.status().message(), HasSubstr(test.message)) << test.json;
+  }
+}
+
 TEST(Package, WeightsViewThePackageFileWithoutCopies) {
   TempDir directory;
   engine::Tensor weight = engine::Arange(0, 1024).To(engine::DType::kFloat32);

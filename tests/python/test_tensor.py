@@ -256,7 +256,7 @@ class ViewsTest(Case):
             x.view(4, 2)
         with self.assertRaisesRegex(RuntimeError, "view"):
             x.view(2, 3).t().view(6)
-        with self.assertRaisesRegex(RuntimeError, "dim"):
+        with self.assertRaisesRegex(IndexError, "dim"):
             x.unsqueeze(5)
         with self.assertRaisesRegex(RuntimeError, "permute"):
             x.view(2, 3).permute(0, 0)
@@ -311,7 +311,7 @@ class IndexingTest(Case):
 
     def test_index_errors(self):
         x = self.x
-        with self.assertRaisesRegex(IndexError, "index 3 is out of range for dimension 0 with size 3"):
+        with self.assertRaisesRegex(IndexError, "index 3 is out of bounds for dimension 0 with size 3"):
             x[3]
         with self.assertRaisesRegex(IndexError, "index 9 is out of bounds for dimension 0"):
             x[t([0, 9])]
@@ -517,7 +517,7 @@ class ReductionsTest(Case):
     def test_reduction_errors(self):
         with self.assertRaisesRegex(RuntimeError, "mean"):
             t([1, 2]).mean()
-        with self.assertRaisesRegex(RuntimeError, "dim"):
+        with self.assertRaisesRegex(IndexError, "dim"):
             orochi.zeros(2).sum(3)
 
 
@@ -658,12 +658,16 @@ class HostileInputTest(Case):
 
     def test_zero_dim_tensors_have_no_dims(self):
         scalar = t(3.0)
-        for call in (lambda: scalar.size(0), lambda: scalar.stride(0),
-                     lambda: scalar.transpose(0, 0), lambda: scalar.split(1),
-                     lambda: orochi.cat([scalar, scalar]), lambda: scalar.sum(1),
-                     lambda: scalar.softmax(-2)):
-            with self.assertRaisesRegex(RuntimeError, "a 0-d tensor has no dimensions|0-d"):
+        for call in (lambda: scalar.size(0), lambda: scalar.stride(0), lambda: scalar.sum(1),
+                     lambda: scalar.softmax(-2), lambda: scalar.select(0, 0)):
+            with self.assertRaisesRegex(IndexError, "a 0-d tensor has no dimensions|0-d"):
                 call()
+        for call in (lambda: scalar.split(1), lambda: scalar.split([1]),
+                     lambda: scalar.chunk(1), lambda: orochi.cat([scalar, scalar]),
+                     lambda: scalar.narrow(0, 0, 1)):
+            with self.assertRaisesRegex(RuntimeError, "0-d|at least 1 dimension"):
+                call()
+        self.assertTensor(scalar.transpose(0, -1), 3.0)
         self.assertEqual(scalar.unsqueeze(0).shape, (1,))
 
     def test_sizes_that_overflow_are_refused(self):
@@ -675,7 +679,7 @@ class HostileInputTest(Case):
             orochi.arange(6).expand(2**61, 6).contiguous()
         with self.assertRaisesRegex(ValueError, "does not hold 4611686018427387904 float32"):
             orochi.frombuffer(bytearray(16), dtype=orochi.float32, count=2**62)
-        with self.assertRaisesRegex(RuntimeError, "narrow"):
+        with self.assertRaisesRegex(IndexError, "narrow"):
             orochi.zeros(2, 3).narrow(1, 2**62, 2**62)
 
     def test_nesting_is_bounded(self):
@@ -881,8 +885,90 @@ class PyTorchSemanticsTest(Case):
         self.assertTensor(t([3.0, 1.0, 3.0]).argsort(stable=True), [1, 0, 2])
         self.assertTensor(t([1.0, 1.0, 0.0]).sort(descending=True, stable=True).indices, [0, 1, 2])
 
+    def test_dims_and_indices_out_of_range_raise_index_error(self):
+        x = orochi.arange(6.0).reshape(2, 3)
+        for call in (lambda: x.sum(dim=5), lambda: x.transpose(0, 7), lambda: x.size(9),
+                     lambda: x.stride(-3), lambda: x.unsqueeze(9), lambda: x.softmax(dim=4),
+                     lambda: x.log_softmax(-3), lambda: x.squeeze(4), lambda: x.flatten(0, 5),
+                     lambda: x.permute(0, 5), lambda: x.argmax(dim=2), lambda: x.max(dim=2),
+                     lambda: x.sort(dim=2), lambda: x.topk(1, dim=2), lambda: x.split(1, dim=2),
+                     lambda: x.chunk(2, dim=2), lambda: orochi.cat([x, x], dim=2),
+                     lambda: orochi.stack([x, x], dim=3), lambda: x.select(2, 0),
+                     lambda: x.narrow(2, 0, 1), lambda: x.index_select(2, t([0])),
+                     lambda: x.gather(2, t([[0]]))):
+            with self.assertRaisesRegex(IndexError, "dimension -?[0-9] is out of range"):
+                call()
+        for call in (lambda: orochi.arange(3)[10], lambda: x[:, 9], lambda: x[t([5])],
+                     lambda: x[[0, 5]], lambda: x.select(0, 5), lambda: x.narrow(0, 5, 0),
+                     lambda: x.narrow(0, -3, 1), lambda: x.index_select(0, t([2])),
+                     lambda: x.index_select(0, t([-1]))):
+            with self.assertRaisesRegex(IndexError, "out of (range|bounds)|outside"):
+                call()
+        import orochi.nn.functional as F
+        with self.assertRaisesRegex(IndexError, "index 3 is out of range"):
+            F.embedding(t([3]), x)
+        # What PyTorch reports as RuntimeError stays one.
+        for call in (lambda: x.narrow(0, 1, 2), lambda: x.narrow(0, 0, -1), lambda: x.topk(4),
+                     lambda: x.gather(1, t([[3]]))):
+            with self.assertRaises(RuntimeError):
+                call()
+        self.assertTensor(x.narrow(1, 3, 0), [[], []])  # a start at the end selects nothing
+        self.assertTensor(x.narrow(1, -1, 1), [[2.0], [5.0]])
+
+    def test_bools_cannot_be_subtracted_or_negated(self):
+        mask = t([True, False])
+        for call in (lambda: mask - mask, lambda: mask - True, lambda: True - mask,
+                     lambda: mask.sub(t(False)), lambda: orochi.sub(mask, mask)):
+            with self.assertRaisesRegex(RuntimeError, "with two bool tensors is not supported. "
+                                                      "Use the `\\^` or `logical_xor\\(\\)`"):
+                call()
+        for call in (lambda: mask - 1, lambda: 1.5 - mask, lambda: t([1, 2]) - mask,
+                     lambda: t([1.0, 2.0]) - True, lambda: t([1, 2]).sub_(True)):
+            with self.assertRaisesRegex(RuntimeError, "with a bool tensor is not supported. If you "
+                                                      "are trying to invert a mask, use the `~`"):
+                call()
+        for call in (lambda: -mask, lambda: mask.neg(), lambda: orochi.negative(mask)):
+            with self.assertRaisesRegex(RuntimeError, "Negation, the `-` operator, on a bool "
+                                                      "tensor is not supported"):
+                call()
+        self.assertTensor(~mask, [False, True], orochi.bool)
+        self.assertTensor(mask ^ t([True, True]), [False, True], orochi.bool)
+        self.assertTensor(mask + mask, [True, False], orochi.bool)
+        self.assertTensor(t([3, 2]) - 1, [2, 1], orochi.int64)
+
+    def test_a_short_list_holding_sequences_indexes_like_a_tuple(self):
+        x = orochi.arange(6).reshape(2, 3)
+        rows = [[0, 1, 2], [3, 4, 5]]
+        self.assertTensor(x[[[0, 1]]], rows)
+        self.assertTensor(x[[0, 1]], rows)
+        self.assertTensor(x[[[0, 1], [1, 0]]], [1, 3])
+        self.assertTensor(x[[[0, 1], [1, 2]]], [1, 5])
+        self.assertTensor(x[[[0, 1], [1, 0]],], [rows, [rows[1], rows[0]]])
+        self.assertTensor(x[[[0, 1]],], [rows])
+        self.assertTensor(x[[(0, 1)]], rows)
+        self.assertTensor(x[((0, 1), (1, 0))], [1, 3])
+        self.assertTensor(x[[0, slice(None)]], [0, 1, 2])
+        self.assertTensor(x[[slice(None), 1]], [1, 4])
+        self.assertTensor(x[[None, 0]], [[0, 1, 2]])
+        self.assertTensor(x[[0, ...]], [0, 1, 2])
+        self.assertTensor(x[[t(0), 1]], 1)
+        self.assertTensor(x[[0, [0, 1]]], [0, 1])
+        self.assertTensor(x[[True, False]], [[0, 1, 2]])
+        self.assertTensor(x[[[True, False]]], [[0, 1, 2]])
+        self.assertEqual(x[[0] * 31].shape, (31, 3))
+        self.assertEqual(x[[[0]] * 32].shape, (32, 1, 3))  # 32 items: always one index
+        with self.assertRaisesRegex(IndexError, "too many indices for tensor of dimension 2"):
+            x[[[0, 1], [1, 0], [0, 0]]]
+        target = x.clone()
+        target[[[0, 1]]] = 9
+        self.assertTensor(target, [[9, 9, 9], [9, 9, 9]])
+        target[[slice(None), 1]] = 0
+        self.assertTensor(target, [[9, 0, 9], [9, 0, 9]])
+        with self.assertRaisesRegex(TypeError, "more than one tensor index"):
+            target[[[0, 1], [1, 0]]] = 7
+
     def test_index_messages_and_assignment_broadcasting(self):
-        with self.assertRaisesRegex(IndexError, "index 4 is out of range for dimension 1 "):
+        with self.assertRaisesRegex(IndexError, "index 4 is out of bounds for dimension 1 "):
             orochi.ones(3, 4, 5)[0, 4]
         target = orochi.zeros(4)
         target[t([0, 1])] = t([[1.0, 2.0]])

@@ -19,6 +19,7 @@ namespace orochi {
 enum class StatusCode {
   kOk = 0,
   kInvalidArgument,  // the caller's input is malformed
+  kOutOfRange,       // a dimension or an index outside its range (IndexError in Python)
   kNotFound,         // a named thing (model, module, function) does not exist
   kAlreadyExists,
   kFailedPrecondition,  // the system is not in a state where the call can succeed

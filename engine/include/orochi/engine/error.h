@@ -44,3 +44,8 @@ namespace detail {
 
 #define OROCHI_CHECK_ARG(condition, ...) \
   OROCHI_CHECK(condition, ::orochi::StatusCode::kInvalidArgument, __VA_ARGS__)
+
+// A dimension or an index outside its range: kOutOfRange, which Python sees as IndexError (as
+// PyTorch raises it), where other argument errors are RuntimeError.
+#define OROCHI_CHECK_RANGE(condition, ...) \
+  OROCHI_CHECK(condition, ::orochi::StatusCode::kOutOfRange, __VA_ARGS__)

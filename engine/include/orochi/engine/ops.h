@@ -2,11 +2,12 @@
 //
 // Every op works on any device for which a kernel is registered (see dispatch.h) and throws
 // Error (kInvalidArgument) for bad arguments, naming the op, device and dtype when a kernel is
-// missing. Ops never modify their inputs; results are new contiguous tensors unless documented
-// as views, on the inputs' device. Inputs must share one device ("expected all tensors on the
-// same device"), except that elementwise ops (Binary, Where, Clamp, MaskedFill, ...) accept
-// 0-dim CPU tensors beside tensors of any device, as PyTorch does for Python numbers. Nothing
-// falls back to the CPU. All functions are thread-safe.
+// missing, and Error (kOutOfRange) for a dim or an index outside its range. Ops never modify
+// their inputs; results are new contiguous tensors unless documented as views, on the inputs'
+// device. Inputs must share one device ("expected all tensors on the same device"), except that
+// elementwise ops (Binary, Where, Clamp, MaskedFill, ...) accept 0-dim CPU tensors beside
+// tensors of any device, as PyTorch does for Python numbers. Nothing falls back to the CPU. All
+// functions are thread-safe.
 #pragma once
 
 #include <array>

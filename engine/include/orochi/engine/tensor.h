@@ -122,6 +122,8 @@ class OROCHI_ENGINE_API Tensor {
 };
 
 // Wraps a negative dim and checks it against `rank` (`rank + 1` positions when inserting).
+// Throws Error (kOutOfRange) for a dim outside [-rank, rank), as do every view and op that takes
+// a dim, and Select, Narrow's start, ItemAsDouble and IndexSelect for an index outside theirs.
 OROCHI_ENGINE_API int64_t WrapDim(int64_t dim, int64_t rank);
 // WrapDim for ops that, as in PyTorch, take a dim on a 0-d tensor too (reductions, softmax,
 // squeeze, sort, selection): there 0 and -1 name its one element and give 0, which the caller

@@ -70,7 +70,8 @@ struct Manifest {
   std::string json;                    // the whole manifest, as parsed
 };
 
-// Errors are kInvalidArgument, "manifest.json: <path>: <problem>".
+// Errors are kInvalidArgument, "manifest.json: <path>: <problem>"; a key given twice in one
+// object and a leading UTF-8 byte order mark are problems too.
 Result<Manifest> ParseManifest(std::string_view text);
 
 // Whether `text` is a valid model or tensor name: 1-128 ASCII letters, digits, '_', '.' and
