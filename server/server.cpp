@@ -10,6 +10,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -127,11 +128,11 @@ struct Server::Impl {
   bool stop = false;
 
   // The per-request log line and HTTP metrics, for handlers' answers and the transport's own.
-  void Record(const http::Router& router, const char* listener, const http::Request& request,
+  // `route` is the matched pattern (or "unmatched"), the metric's label.
+  void Record(std::string_view route, const char* listener, const http::Request& request,
               const http::Response& response, int64_t micros) {
     const unsigned status = response.result_int();
-    metrics.HttpRequest(std::string(router.Resolve(request).pattern()), MethodLabel(request),
-                        status);
+    metrics.HttpRequest(std::string(route), MethodLabel(request), status);
     Log(status >= 500 ? LogLevel::kWarning : LogLevel::kInfo, "request",
         {{"listener", listener},
          {"method", std::string(request.method_string())},
@@ -141,30 +142,33 @@ struct Server::Impl {
          {"bytes", std::to_string(response.body().size()), false}});
   }
 
-  // Wraps a router with Record.
+  // Wraps a router with Record. The route is resolved once, here: its pattern (which lives as
+  // long as the router) goes with the answer to label it.
   http::Handler Logged(const http::Router& router, const char* listener) {
     return [this, &router, listener](http::Request&& request, const http::Responder& respond) {
       const auto start = std::chrono::steady_clock::now();
       http::Request header{request.method(), request.target(), request.version()};
       if (request.method() == bhttp::verb::unknown) header.method_string(request.method_string());
       http::Router::Resolved resolved = router.Resolve(request);
-      http::Responder logged = respond.Wrap([this, respond, start, header = std::move(header),
-                                             &router, listener](http::Response response) {
-        Record(router, listener, header, response,
-               std::chrono::duration_cast<std::chrono::microseconds>(
-                   std::chrono::steady_clock::now() - start)
-                   .count());
-        respond(std::move(response));
-      });
+      http::Responder logged =
+          respond.Wrap([this, respond, start, header = std::move(header),
+                        route = resolved.pattern(), listener](http::Response response) {
+            Record(route, listener, header, response,
+                   std::chrono::duration_cast<std::chrono::microseconds>(
+                       std::chrono::steady_clock::now() - start)
+                       .count());
+            respond(std::move(response));
+          });
       router.Run(resolved, std::move(request), std::move(logged));
     };
   }
 
-  // The transport's own answers (unreadable requests, limits, refused tokens) for Record.
+  // The transport's own answers (unreadable requests, limits, refused tokens) for Record: no
+  // handler resolved these, so the label comes from the header as far as it was read.
   std::function<void(const http::Request&, const http::Response&)> Observer(
       const http::Router& router, const char* listener) {
     return [this, &router, listener](const http::Request& header, const http::Response& response) {
-      Record(router, listener, header, response, 0);
+      Record(router.Resolve(header).pattern(), listener, header, response, 0);
     };
   }
 };
