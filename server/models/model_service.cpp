@@ -370,12 +370,6 @@ Status ModelService::UnloadModel(const std::string& name) {
 
 Status ModelService::Deploy(const std::string& name, int64_t version,
                             const std::string& uploaded_file, bool load) {
-  struct RemoveUnlessKept {
-    std::string path;
-    ~RemoveUnlessKept() {
-      if (!path.empty()) ::unlink(path.c_str());
-    }
-  } upload{uploaded_file};
   OROCHI_RETURN_IF_ERROR(CheckModelName(name));
   std::lock_guard admin(admin_mutex_);
   const std::string target = PackagePath(name, version);
@@ -410,7 +404,6 @@ Status ModelService::Deploy(const std::string& name, int64_t version,
     if (::rename(uploaded_file.c_str(), target.c_str()) != 0) {
       return Internal("cannot move the upload into " + target + ": " + std::strerror(errno));
     }
-    upload.path.clear();
     SyncDirectory(directory);
     SyncDirectory(directory.parent_path());
     Log(LogLevel::kInfo, "model deployed",

@@ -86,8 +86,10 @@ class ModelService : public SchedulerObserver {
   Status UnloadModel(const std::string& name);
   // Moves an uploaded package (a file in upload_directory()) into the repository as
   // <name>/<version>/model.orochi after validating it, then loads it unless `load` is false.
-  // The file is consumed either way. Errors: kInvalidArgument (not a valid package, or its
-  // manifest names another model or version), kAlreadyExists (the version is deployed).
+  // The file is not Deploy's: it renames it away only when it keeps the package, and
+  // otherwise leaves it where it is for its owner (the transport that created it) to remove.
+  // Errors: kInvalidArgument (not a valid package, or its manifest names another model or
+  // version), kAlreadyExists (the version is deployed).
   Status Deploy(const std::string& name, int64_t version, const std::string& uploaded_file,
                 bool load);
   // Unloads and removes one version, or (no version) the whole model, from the repository.
