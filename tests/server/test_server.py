@@ -52,8 +52,9 @@ class Server:
         deadline = time.time() + 60
         while time.time() < deadline:
             with open(self.log_path) as log:
-                match = re.search(r"serving inference=http://[\d.]+:(\d+) metrics=http://[\d.]+:"
-                                  r"(\d+)/metrics management=http://[\d.]+:(\d+)", log.read())
+                text = log.read()
+            match = re.search(r"serving inference=http://[\d.]+:(\d+) metrics=http://[\d.]+:"
+                              r"(\d+)/metrics management=http://[\d.]+:(\d+)", text)
             if match:
                 self.port, self.metrics_port, self.management_port = map(int, match.groups())
                 return
@@ -680,6 +681,66 @@ class AbandonedCopiesTest(unittest.TestCase):
             self.assertIn('orochi_interpreter_copies{state="abandoned"} 1', metrics.decode())
             self.assertIn("model made unavailable: its code got too many copies stuck model=slow:1",
                           server.log_text())
+        finally:
+            server.stop()
+            shutil.rmtree(root)
+
+
+class UnloadGraceTest(unittest.TestCase):
+    """models.unload_grace_s: unloading a model stuck with no deadline answers within the grace."""
+
+    def test_unloading_a_stuck_model_interrupts_or_abandons_its_copies_and_answers(self):
+        root = tempfile.mkdtemp(prefix="orochi-unload-grace-test-")
+        server = Server(pack_repository(root),
+                        {"models": {"unload_grace_s": 1, "execution_grace_ms": 300}})
+        try:
+            answers = {}
+
+            def infer(mode):
+                status, _, body = post_json(server, "/v2/models/slow/infer", slow_request(mode))
+                answers[mode] = (status, json.loads(body)["error"] if body else "")
+
+            # No deadline: C code that ignores interrupts on one copy, Python that only an
+            # interrupt stops on the other.
+            threads = [threading.Thread(target=infer, args=(mode,)) for mode in ("block", "spin")]
+            for thread in threads:
+                thread.start()
+                time.sleep(0.3)
+            start = time.time()
+            status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
+                                                 "/v2/repository/models/slow/unload")
+            elapsed = time.time() - start
+            self.assertEqual(status, 200, body)
+            self.assertLess(elapsed, 1 + 0.3 + 3, "the unload waited past its grace")
+            message = json.loads(body)["message"]
+            self.assertIn("model 'slow' version 1 was unloaded, but 1 interpreter copy(ies) still "
+                          "running its code after models.unload_grace_s (1 s) ignored the "
+                          "interrupt and were abandoned", message)
+            for thread in threads:
+                thread.join(timeout=10)
+            self.assertEqual(answers["block"][0], 503, answers)
+            self.assertIn("did not finish within the unload grace period nor stop when "
+                          "interrupted, and its interpreter copy was replaced", answers["block"][1])
+            self.assertEqual(answers["spin"][0], 503, answers)
+            self.assertIn("did not finish within the unload grace period and was interrupted",
+                          answers["spin"][1])
+            # Healthy: the other models are served on both copies, the slow one is gone.
+            self.assertEqual(curl(server.url("/v2/health/ready"))[0], 200)
+            for _ in range(4):
+                status, _, body = post_json(server, "/v2/models/echo/infer", echo_request())
+                self.assertEqual(status, 200, body)
+            self.assertEqual(post_json(server, "/v2/models/slow/infer", slow_request("sleep"))[0],
+                             404)
+            self.assertIn("model unloaded model=slow version=1 abandoned_copies=1",
+                          server.log_text())
+            # Loaded again, it is served again, from the fresh copy too.
+            status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
+                                                 "/v2/repository/models/slow/load")
+            self.assertEqual(status, 200, body)
+            for _ in range(4):
+                status, _, body = post_json(server, "/v2/models/slow/infer",
+                                            slow_request("sleep", 0.01))
+                self.assertEqual(status, 200, body)
         finally:
             server.stop()
             shutil.rmtree(root)
