@@ -21,6 +21,7 @@
 #include "kserve/handlers.h"
 #include "log.h"
 #include "metrics/metrics.h"
+#include "model_output_log.h"
 #include "models/model_service.h"
 #include "orochi/engine/device.h"
 #include "orochi/engine/ops.h"
@@ -105,6 +106,8 @@ struct Server::Impl {
 
   ServerConfig config;
   Metrics metrics;
+  // Before the manager: copies still print while they are unloaded.
+  std::unique_ptr<ModelOutputLog> model_output;
   std::unique_ptr<interpreters::InterpreterManager> manager;
   std::unique_ptr<ModelService> models;
   asio::io_context io;
@@ -218,6 +221,10 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   manager_options.copies = cfg.copies > 0 ? static_cast<size_t>(cfg.copies)
                                           : std::max(1U, std::thread::hardware_concurrency());
   manager_options.flags.extra_paths = cfg.python.site_packages;
+  s.model_output = std::make_unique<ModelOutputLog>(manager_options.copies);
+  manager_options.output = [&s](size_t slot, const interpreters::OutputLine& line) {
+    s.model_output->Write(slot, line);
+  };
   OROCHI_ASSIGN_OR_RETURN(s.manager,
                           interpreters::InterpreterManager::Create(std::move(manager_options)));
   s.metrics.Copies("serving", static_cast<int64_t>(s.manager->size()));

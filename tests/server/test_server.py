@@ -58,6 +58,12 @@ class Server:
             if match:
                 self.port, self.metrics_port, self.management_port = map(int, match.groups())
                 return
+            match = re.search(r'"inference":"http://[\d.]+:(\d+)","level":"info","management":'
+                              r'"http://[\d.]+:(\d+)","message":"serving","metrics":'
+                              r'"http://[\d.]+:(\d+)/metrics"', text)  # log.format json
+            if match:
+                self.port, self.management_port, self.metrics_port = map(int, match.groups())
+                return
             if self.process.poll() is not None:
                 break
             time.sleep(0.05)
@@ -744,6 +750,77 @@ class UnloadGraceTest(unittest.TestCase):
         finally:
             server.stop()
             shutil.rmtree(root)
+
+
+class ModelOutputTest(unittest.TestCase):
+    """What served models print becomes log records with the model's name, bounded in rate
+    and in line length."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="orochi-model-output-test-")
+        repository = os.path.join(cls.root, "repository")
+        target = os.path.join(repository, "printer", "1")
+        os.makedirs(target)
+        subprocess.run([BINARY, "pack", os.path.join(HERE, "models", "printer"), "-o",
+                        os.path.join(target, "model.orochi")], check=True, capture_output=True)
+        cls.server = Server(repository, {"log": {"format": "json"}}, copies=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        code = cls.server.stop()
+        shutil.rmtree(cls.root)
+        assert code == 0, f"orochi serve exited with {code}"
+
+    def predict(self, mode, count=0):
+        status, _, body = post_json(self.server, "/v2/models/printer/infer", {"inputs": [
+            {"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]},
+            {"name": "count", "datatype": "INT64", "shape": [1], "data": [count]}]})
+        self.assertEqual(status, 200, body)
+
+    def records(self, message):
+        records = []
+        for line in self.server.log_text().splitlines():
+            self.assertTrue(line.startswith("{"), f"a raw line in the log: {line!r}")
+            record = json.loads(line)
+            if record["message"] == message:
+                records.append(record)
+        return records
+
+    def test_each_line_is_a_record_with_the_copy_and_the_model(self):
+        self.predict("lines", 7)
+        output = [(r["level"], r["stream"], r["copy"], r["model"], r["version"], r["line"])
+                  for r in self.records("model output")]
+        for expected in [("info", "stdout", 0, "printer", 1, "loading the printer"),
+                         ("info", "stdout", 0, "printer", 1, "hello from predict 7"),
+                         ("warning", "stderr", 0, "printer", 1, "a warning"),
+                         ("info", "stdout", 0, "printer", 1, "no newlinebytes é"),
+                         ("info", "stdout", 0, "printer", 1, "from a thread")]:
+            self.assertIn(expected, output)
+        self.assertNotIn("cut", self.records("model output")[0])
+
+    def test_a_flood_is_bounded_and_the_dropped_lines_are_reported(self):
+        start = time.time()
+        self.predict("flood", 20000)
+        elapsed = time.time() - start
+        time.sleep(1.1)  # the next report may come; a line's worth of the rate is back
+        self.predict("lines", 1)
+        logged = len([r for r in self.records("model output") if r["line"].startswith("flood")])
+        dropped = self.records("model output dropped: the copy printed faster than its limit")
+        self.assertGreaterEqual(len(dropped), 1)
+        self.assertLessEqual(len(dropped), elapsed + 2, "one report a second at most")
+        self.assertEqual({(r["copy"], r["model"], r["level"]) for r in dropped},
+                         {(0, "printer", "warning")})
+        self.assertGreaterEqual(logged, 200)  # the burst
+        self.assertLessEqual(logged, 200 + 200 * elapsed + 1)
+        self.assertEqual(logged + sum(r["dropped_lines"] for r in dropped), 20000)
+
+    def test_a_long_line_is_cut(self):
+        time.sleep(1)  # the rate limit of the other tests is spent
+        self.predict("long", 10000)
+        long_lines = [r for r in self.records("model output") if r["line"].startswith("xxx")]
+        self.assertEqual(len(long_lines), 1)
+        self.assertEqual((len(long_lines[0]["line"]), long_lines[0]["cut"]), (4096, True))
 
 
 def cpu_seconds(pid: int) -> float:
