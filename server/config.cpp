@@ -169,9 +169,10 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(http.Integer("shutdown_grace_s", &config.http.shutdown_grace_s, 0, 3600));
 
   ObjectReader models = root.Child("models");
-  OROCHI_RETURN_IF_ERROR(models.Check(
-      {"repository", "load", "max_queue_size", "default_timeout_ms", "execution_grace_ms",
-       "max_abandoned_copies", "max_queue_delay_us", "preferred_batch_sizes", "version_policies"}));
+  OROCHI_RETURN_IF_ERROR(
+      models.Check({"repository", "load", "max_queue_size", "default_timeout_ms",
+                    "execution_grace_ms", "max_abandoned_copies", "unload_grace_s",
+                    "max_queue_delay_us", "preferred_batch_sizes", "version_policies"}));
   OROCHI_RETURN_IF_ERROR(models.String("repository", &config.models.repository));
   OROCHI_RETURN_IF_ERROR(models.Strings("load", &config.models.load));
   OROCHI_RETURN_IF_ERROR(
@@ -182,6 +183,7 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
       models.Integer("execution_grace_ms", &config.models.execution_grace_ms, 0, int64_t{1} << 40));
   OROCHI_RETURN_IF_ERROR(
       models.Integer("max_abandoned_copies", &config.models.max_abandoned_copies, 0, 1'000'000));
+  OROCHI_RETURN_IF_ERROR(models.Integer("unload_grace_s", &config.models.unload_grace_s, 0, 86400));
   OROCHI_RETURN_IF_ERROR(
       models.Integer("max_queue_delay_us", &config.models.max_queue_delay_us, 0, int64_t{1} << 40));
   OROCHI_RETURN_IF_ERROR(

@@ -10,6 +10,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "kserve/handlers.h"
 #include "log.h"
 #include "metrics/metrics.h"
+#include "model_output_log.h"
 #include "models/model_service.h"
 #include "orochi/engine/device.h"
 #include "orochi/engine/ops.h"
@@ -104,6 +106,8 @@ struct Server::Impl {
 
   ServerConfig config;
   Metrics metrics;
+  // Before the manager: copies still print while they are unloaded.
+  std::unique_ptr<ModelOutputLog> model_output;
   std::unique_ptr<interpreters::InterpreterManager> manager;
   std::unique_ptr<ModelService> models;
   asio::io_context io;
@@ -127,11 +131,11 @@ struct Server::Impl {
   bool stop = false;
 
   // The per-request log line and HTTP metrics, for handlers' answers and the transport's own.
-  void Record(const http::Router& router, const char* listener, const http::Request& request,
+  // `route` is the matched pattern (or "unmatched"), the metric's label.
+  void Record(std::string_view route, const char* listener, const http::Request& request,
               const http::Response& response, int64_t micros) {
     const unsigned status = response.result_int();
-    metrics.HttpRequest(std::string(router.Resolve(request).pattern()), MethodLabel(request),
-                        status);
+    metrics.HttpRequest(std::string(route), MethodLabel(request), status);
     Log(status >= 500 ? LogLevel::kWarning : LogLevel::kInfo, "request",
         {{"listener", listener},
          {"method", std::string(request.method_string())},
@@ -141,30 +145,33 @@ struct Server::Impl {
          {"bytes", std::to_string(response.body().size()), false}});
   }
 
-  // Wraps a router with Record.
+  // Wraps a router with Record. The route is resolved once, here: its pattern (which lives as
+  // long as the router) goes with the answer to label it.
   http::Handler Logged(const http::Router& router, const char* listener) {
     return [this, &router, listener](http::Request&& request, const http::Responder& respond) {
       const auto start = std::chrono::steady_clock::now();
       http::Request header{request.method(), request.target(), request.version()};
       if (request.method() == bhttp::verb::unknown) header.method_string(request.method_string());
       http::Router::Resolved resolved = router.Resolve(request);
-      http::Responder logged = respond.Wrap([this, respond, start, header = std::move(header),
-                                             &router, listener](http::Response response) {
-        Record(router, listener, header, response,
-               std::chrono::duration_cast<std::chrono::microseconds>(
-                   std::chrono::steady_clock::now() - start)
-                   .count());
-        respond(std::move(response));
-      });
+      http::Responder logged =
+          respond.Wrap([this, respond, start, header = std::move(header),
+                        route = resolved.pattern(), listener](http::Response response) {
+            Record(route, listener, header, response,
+                   std::chrono::duration_cast<std::chrono::microseconds>(
+                       std::chrono::steady_clock::now() - start)
+                       .count());
+            respond(std::move(response));
+          });
       router.Run(resolved, std::move(request), std::move(logged));
     };
   }
 
-  // The transport's own answers (unreadable requests, limits, refused tokens) for Record.
+  // The transport's own answers (unreadable requests, limits, refused tokens) for Record: no
+  // handler resolved these, so the label comes from the header as far as it was read.
   std::function<void(const http::Request&, const http::Response&)> Observer(
       const http::Router& router, const char* listener) {
     return [this, &router, listener](const http::Request& header, const http::Response& response) {
-      Record(router, listener, header, response, 0);
+      Record(router.Resolve(header).pattern(), listener, header, response, 0);
     };
   }
 };
@@ -214,6 +221,10 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   manager_options.copies = cfg.copies > 0 ? static_cast<size_t>(cfg.copies)
                                           : std::max(1U, std::thread::hardware_concurrency());
   manager_options.flags.extra_paths = cfg.python.site_packages;
+  s.model_output = std::make_unique<ModelOutputLog>(manager_options.copies);
+  manager_options.output = [&s](size_t slot, const interpreters::OutputLine& line) {
+    s.model_output->Write(slot, line);
+  };
   OROCHI_ASSIGN_OR_RETURN(s.manager,
                           interpreters::InterpreterManager::Create(std::move(manager_options)));
   s.metrics.Copies("serving", static_cast<int64_t>(s.manager->size()));

@@ -26,8 +26,18 @@ extern "C" {
 #endif
 
 /* Bumped on any change to the structs or functions below. */
-#define OROCHI_COPY_ABI_VERSION 5u
+#define OROCHI_COPY_ABI_VERSION 6u
 #define OROCHI_COPY_ENTRY_SYMBOL "orochi_copy_entry"
+
+/* With OrochiCopyConfig::redirect_output, the most characters of one line of output that a copy
+ * hands over: past it the line is cut (see OrochiHostTable::write_output), so that output with
+ * no newline cannot grow without bound. */
+#define OROCHI_COPY_OUTPUT_LINE_LIMIT 4096
+
+typedef enum OrochiOutputStream {
+  OROCHI_OUTPUT_STDOUT = 1,
+  OROCHI_OUTPUT_STDERR = 2,
+} OrochiOutputStream;
 
 typedef enum OrochiCopyCode {
   OROCHI_COPY_OK = 0,
@@ -128,6 +138,14 @@ typedef struct OrochiHostTable {
                           size_t symbol_count, void** library, char* error, size_t error_size);
   /* The address of a symbol that `library` (from load_library) exports, or NULL. */
   void* (*library_symbol)(void* host_state, void* library, const char* name);
+  /* With OrochiCopyConfig::redirect_output: one line that the copy's Python code wrote to
+   * sys.stdout or sys.stderr (`stream`, an OrochiOutputStream), without its newline, as `size`
+   * bytes of UTF-8 (not NUL-terminated); or the partial line it held when the stream was
+   * flushed. `cut` is 1 when the line was longer than OROCHI_COPY_OUTPUT_LINE_LIMIT characters
+   * and only its start is given. Called on the writing thread with the copy's GIL held: it
+   * must return quickly and must not call into the copy. */
+  void (*write_output)(void* host_state, int32_t stream, const char* text, size_t size,
+                       int32_t cut);
 } OrochiHostTable;
 
 typedef struct OrochiCopyConfig {
@@ -150,6 +168,10 @@ typedef struct OrochiCopyConfig {
   /* Install CPython's SIGINT handler (KeyboardInterrupt). Only for a single copy that owns the
    * process, such as `orochi python`: handlers are process-wide. */
   int32_t install_signal_handlers;
+  /* Replace sys.stdout and sys.stderr with line-buffered writers that hand each line to
+   * OrochiHostTable::write_output instead of writing to the process's file descriptors 1 and 2
+   * (a server's log, where raw output would interleave with its records). */
+  int32_t redirect_output;
 } OrochiCopyConfig;
 
 typedef enum OrochiRunKind {

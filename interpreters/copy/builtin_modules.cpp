@@ -77,6 +77,26 @@ PyObject* CallHost(PyObject* /*module*/, PyObject* args) {
   return host_reply.result;
 }
 
+// _orochi.write_output(stream, line, cut): one line of sys.stdout (1) or sys.stderr (2) to the
+// host. Text the host cannot take as UTF-8 (lone surrogates) goes as backslash escapes.
+PyObject* WriteOutput(PyObject* /*module*/, PyObject* args) {
+  int stream = 0;
+  PyObject* line = nullptr;
+  int cut = 0;
+  if (!PyArg_ParseTuple(args, "iU|p:write_output", &stream, &line, &cut)) return nullptr;
+  if (stream != OROCHI_OUTPUT_STDOUT && stream != OROCHI_OUTPUT_STDERR) {
+    PyErr_Format(PyExc_ValueError, "stream must be 1 (stdout) or 2 (stderr), not %d", stream);
+    return nullptr;
+  }
+  PyObject* encoded = PyUnicode_AsEncodedString(line, "utf-8", "backslashreplace");
+  if (encoded == nullptr) return nullptr;
+  const OrochiHostTable* host = State().host;
+  host->write_output(host->host_state, stream, PyBytes_AS_STRING(encoded),
+                     static_cast<size_t>(PyBytes_GET_SIZE(encoded)), cut != 0 ? 1 : 0);
+  Py_DECREF(encoded);
+  Py_RETURN_NONE;
+}
+
 PyObject* CopyId(PyObject* /*module*/, PyObject* /*unused*/) {
   return PyLong_FromLong(State().copy_id);
 }
@@ -93,6 +113,9 @@ PyMethodDef kOrochiMethods[] = {
     {"call_host", CallHost, METH_VARARGS,
      "call_host(name, payload=b'') -> result of the host function registered as `name`"},
     {"copy_id", CopyId, METH_NOARGS, "copy_id() -> the number of this interpreter copy"},
+    {"write_output", WriteOutput, METH_VARARGS,
+     "write_output(stream, line, cut=False): one line of sys.stdout (1) or sys.stderr (2) to "
+     "the host; only when the host redirects the copy's output"},
     {"_state_probe", StateProbe, METH_NOARGS,
      "_state_probe() -> (address, counter) of this copy's private C++ state; for tests"},
     {"create_extension", CreateExtension, METH_O,
@@ -113,7 +136,8 @@ PyModuleDef kOrochiModule = {
 PyObject* InitOrochiModule() {
   PyObject* module = PyModule_Create(&kOrochiModule);
   if (module == nullptr) return nullptr;
-  if (PyModule_AddIntConstant(module, "ABI_VERSION", OROCHI_COPY_ABI_VERSION) < 0) {
+  if (PyModule_AddIntConstant(module, "ABI_VERSION", OROCHI_COPY_ABI_VERSION) < 0 ||
+      PyModule_AddIntConstant(module, "OUTPUT_LINE_LIMIT", OROCHI_COPY_OUTPUT_LINE_LIMIT) < 0) {
     Py_DECREF(module);
     return nullptr;
   }

@@ -380,6 +380,17 @@ int32_t Initialize(const OrochiCopyConfig* copy_config, OrochiReply* reply) {
     ReleaseEngineBindings();
     return code;
   }
+  if (copy_config->redirect_output != 0) {
+    PyRef redirected(PyObject_CallMethod(state.boot_module, "redirect_output", nullptr));
+    if (!redirected) {
+      int32_t code = ReplyPythonError(reply);
+      Py_CLEAR(state.boot_module);
+      state.finalized = true;
+      Py_FinalizeEx();
+      ReleaseEngineBindings();
+      return code;
+    }
+  }
   g_interpreter = PyInterpreterState_Get();
   state.initialized = true;
   PyEval_SaveThread();  // from here on, every call takes the GIL through GilScope

@@ -22,6 +22,8 @@
 namespace orochi::interpreters {
 namespace {
 
+static_assert(kOutputLineLimit == OROCHI_COPY_OUTPUT_LINE_LIMIT);
+
 // Copies a value a copy hands over into host types, while the copy's memory is still valid.
 Value FromAbiValue(const OrochiValue& value) {
   switch (value.kind) {
@@ -198,6 +200,9 @@ struct Interpreter::Impl {
   const OrochiCopyTable* table = &kUnloadedTable;  // what every call goes through
   OrochiHostTable host_table{};
   std::map<std::string, HostFunction, std::less<>> host_functions;
+  OutputSink output;
+  std::mutex caller_mutex;  // not mutex_: output arrives while a call holds that
+  std::string caller;
   std::shared_ptr<CopyThreads> threads = std::make_shared<CopyThreads>();
   // C extension modules the copy imported, mapped by Orochi's loader; released once the copy
   // is finalized (its objects may point into them until then) and before its heap goes.
@@ -259,6 +264,28 @@ struct Interpreter::Impl {
     return static_cast<Impl*>(state)->threads->Start(thread, attributes, start_routine, argument);
   }
 
+  static void WriteOutput(void* state, int32_t stream, const char* text, size_t size,
+                          int32_t cut) noexcept {
+    auto* self = static_cast<Impl*>(state);
+    const bool to_stderr = stream == OROCHI_OUTPUT_STDERR;
+    if (!self->output) {  // the copy was not asked to redirect: where its output would go
+      std::FILE* file = to_stderr ? stderr : stdout;
+      std::fwrite(text, 1, size, file);
+      std::fputc('\n', file);
+      return;
+    }
+    try {
+      std::lock_guard lock(self->caller_mutex);
+      OutputLine line;
+      line.stream = to_stderr ? OutputLine::Stream::kStderr : OutputLine::Stream::kStdout;
+      line.text = std::string_view(text, size);
+      line.cut = cut != 0;
+      line.caller = self->caller;
+      self->output(line);
+    } catch (...) {  // nothing may cross back into the copy; a lost line is all it costs
+    }
+  }
+
   static int32_t CallHost(void* state, const char* name, const char* payload, size_t size,
                           OrochiReply* reply) {
     auto* self = static_cast<Impl*>(state);
@@ -306,9 +333,10 @@ Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions opti
   std::unique_ptr<Interpreter> interpreter(new Interpreter(options.id));
   Impl& impl = *interpreter->impl_;
   impl.host_functions = std::move(options.host_functions);
+  impl.output = std::move(options.output);
   impl.host_table = {OROCHI_COPY_ABI_VERSION, sizeof(OrochiHostTable), &impl,
                      &Impl::CallHost,         &Impl::StartThread,      &Impl::LoadLibrary,
-                     &Impl::LibrarySymbol};
+                     &Impl::LibrarySymbol,    &Impl::WriteOutput};
 
   // A fresh memfd gives the library a new inode, which makes the dynamic linker load a new
   // copy instead of handing back the one already loaded. The fd is closed once mapped.
@@ -348,6 +376,7 @@ Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions opti
   config.module_search_paths = search_paths.data();
   config.module_search_path_count = search_paths.size();
   config.install_signal_handlers = options.install_signal_handlers ? 1 : 0;
+  config.redirect_output = impl.output ? 1 : 0;
   static const std::string executable = PythonExecutable();
   config.executable = executable.c_str();
   config.warn_options = warn_options.data();
@@ -369,6 +398,11 @@ Result<std::unique_ptr<Interpreter>> Interpreter::Create(InterpreterOptions opti
         started.detail());
   }
   return interpreter;
+}
+
+void Interpreter::SetCaller(std::string_view caller) {
+  std::lock_guard lock(impl_->caller_mutex);
+  impl_->caller = caller;
 }
 
 bool Interpreter::loaded() const {

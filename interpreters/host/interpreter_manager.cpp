@@ -21,11 +21,16 @@ InterpreterManager::~InterpreterManager() {
   // Each Interpreter unloads itself when its last reference goes.
 }
 
-InterpreterOptions InterpreterManager::OptionsFor(int copy_id) const {
+InterpreterOptions InterpreterManager::OptionsFor(int copy_id, size_t slot) const {
   InterpreterOptions options;
   options.id = copy_id;
   options.host_functions = options_.host_functions;
   options.flags = options_.flags;
+  if (options_.output) {
+    options.output = [output = options_.output, slot](const OutputLine& line) {
+      output(slot, line);
+    };
+  }
   return options;
 }
 
@@ -41,7 +46,7 @@ Result<std::unique_ptr<InterpreterManager>> InterpreterManager::Create(ManagerOp
     std::vector<std::jthread> starters;
     starters.reserve(count);
     for (size_t i = 0; i < count; ++i) {
-      InterpreterOptions copy_options = manager->OptionsFor(static_cast<int>(i));
+      InterpreterOptions copy_options = manager->OptionsFor(static_cast<int>(i), i);
       starters.emplace_back([&created, i, copy_options = std::move(copy_options)]() mutable {
         created[i] = Interpreter::Create(std::move(copy_options));
       });
@@ -94,7 +99,7 @@ Status InterpreterManager::Abandon(size_t slot) {
     std::lock_guard lock(mutex_);
     copy_id = next_copy_id_++;
   }
-  Result<std::unique_ptr<Interpreter>> fresh = Interpreter::Create(OptionsFor(copy_id));
+  Result<std::unique_ptr<Interpreter>> fresh = Interpreter::Create(OptionsFor(copy_id, slot));
   if (!fresh.ok()) return fresh.status();
   {
     std::lock_guard lock(mutex_);
@@ -162,7 +167,7 @@ Status InterpreterManager::Replace(size_t slot) {
   // Unload first: whoever still holds the old copy now gets kUnavailable, never a dead table.
   Status unloaded = old->Unload();
   old.reset();
-  Result<std::unique_ptr<Interpreter>> fresh = Interpreter::Create(OptionsFor(copy_id));
+  Result<std::unique_ptr<Interpreter>> fresh = Interpreter::Create(OptionsFor(copy_id, slot));
   Status started = fresh.status();
   {
     std::lock_guard lock(mutex_);

@@ -141,6 +141,7 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
   for (size_t i = 0; i < slots.size(); ++i) {
     loaders.emplace_back([&, i] {
       InterpreterManager::Lease lease = manager.AcquireSlot(slots[i]);
+      lease->SetCaller(source.key);
       Result<Value> loaded = lease->Call("orochi.serving:_load", arguments);
       if (!loaded.ok()) {
         results[i] = Status(loaded.status().code(),
@@ -172,6 +173,7 @@ Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(
   ValueList arguments;
   for (const NamedTensor& input : inputs) arguments.items.push_back(ToValue(input));
   const std::vector<Value> call{key_, std::move(arguments)};
+  copy.SetCaller(key_);
   Result<Value> outputs = copy.Call("orochi.serving:_predict", call);
   if (!outputs.ok()) {
     const Status& error = outputs.status();
@@ -187,6 +189,7 @@ Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(
 Status ReplicatedModel::LoadInto(size_t slot) {
   if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
   InterpreterManager::Lease lease = manager_.AcquireSlot(slot);
+  lease->SetCaller(key_);
   Result<Value> loaded = lease->Call("orochi.serving:_load", load_arguments_);
   if (!loaded.ok()) {
     return Status(loaded.status().code(),
@@ -202,6 +205,7 @@ Status ReplicatedModel::Unload() {
   Status first;
   for (size_t slot : slots_) {
     InterpreterManager::Lease lease = manager_.AcquireSlot(slot);  // after its running call
+    lease->SetCaller(key_);
     Result<Value> unloaded = lease->Call("orochi.serving:_unload", std::vector<Value>{key_});
     if (!unloaded.ok() && first.ok() && unloaded.status().code() != StatusCode::kUnavailable) {
       first = unloaded.status();

@@ -116,6 +116,117 @@ def _flush_std_streams():
             pass
 
 
+# --- output of a served copy -------------------------------------------------------------------
+
+class _HostOutput:
+    """sys.stdout or sys.stderr of a copy whose host takes its output line by line (a server,
+    which logs each line as a record of its own instead of letting raw text interleave with
+    its log). Whole lines go to the host as they complete, a partial line when flushed (print's
+    flush=True, and after every call from the host). A line longer than OUTPUT_LINE_LIMIT
+    characters is cut there, so output without a newline never grows without bound."""
+
+    encoding = "utf-8"
+    errors = "backslashreplace"
+    newlines = None
+    line_buffering = True
+    closed = False
+
+    def __init__(self, stream, name):
+        import _thread
+        self._stream = stream
+        self.name = name
+        self._pending = []
+        self._size = 0
+        self._cut = False
+        self._lock = _thread.RLock()
+        self.buffer = _HostOutputBuffer(self)
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self._lock:
+            start = 0
+            while True:
+                newline = text.find("\n", start)
+                self._keep(text, start, len(text) if newline < 0 else newline)
+                if newline < 0:
+                    break
+                self._hand_over()
+                start = newline + 1
+        return len(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        with self._lock:
+            if self._pending or self._cut:
+                self._hand_over()
+
+    def _keep(self, text, start, end):
+        room = _orochi.OUTPUT_LINE_LIMIT - self._size
+        if end - start > room:
+            self._cut = True
+            end = start + room
+        if end > start:
+            self._pending.append(text[start:end])
+            self._size += end - start
+
+    def _hand_over(self):
+        line = "".join(self._pending)
+        cut = self._cut
+        self._pending.clear()
+        self._size = 0
+        self._cut = False
+        _orochi.write_output(self._stream, line, cut)
+
+    def isatty(self):
+        return False
+
+    def readable(self):
+        return False
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return False
+
+    def fileno(self):
+        import io
+        raise io.UnsupportedOperation(f"{self.name} goes to the server's log, not to a file")
+
+    def close(self):
+        self.flush()  # the host's stream stays: closing it would silence the copy for good
+
+
+class _HostOutputBuffer:
+    """The bytes side of a _HostOutput (sys.stdout.buffer): UTF-8 decoded as it comes, a
+    character split between two writes included."""
+
+    def __init__(self, text):
+        import codecs
+        self._text = text
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def write(self, data):
+        self._text.write(self._decoder.decode(bytes(data)))
+        return len(data)
+
+    def flush(self):
+        self._text.flush()
+
+    def writable(self):
+        return True
+
+
+def redirect_output():
+    """Called by the copy at start-up when its host takes the output (see _HostOutput)."""
+    sys.stdout = _HostOutput(1, "<stdout>")
+    sys.stderr = _HostOutput(2, "<stderr>")
+
+
 # --- programs (orochi python) -----------------------------------------------------------------
 
 def _fresh_main():

@@ -109,7 +109,10 @@ class Session : public std::enable_shared_from_this<Session> {
         handler_(handler),
         in_flight_(std::move(in_flight)),
         connections_(std::move(connections)) {}
-  ~Session() { connections_->fetch_sub(1); }
+  ~Session() {
+    RemoveUpload();  // a session torn down mid-upload (the server stopping) leaves no file
+    connections_->fetch_sub(1);
+  }
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 

@@ -60,8 +60,9 @@ struct Limits {
   size_t max_connections = 4096;
   // Requests this selects (from their header) have their body streamed to a new file in
   // upload_directory, up to max_upload_bytes, instead of kept in memory: the handler then gets
-  // the file's path as request.body() and may rename it away before it answers; whatever is
-  // still at that path when the answer goes out is removed.
+  // the file's path as request.body(). The transport created the file and alone removes it:
+  // when the answer goes out (or the upload breaks off, or the connection goes), unless the
+  // handler has renamed it away to keep it. A handler never removes it itself.
   std::function<bool(const Request& header)> stream_body_to_file;
   std::string upload_directory;
   uint64_t max_upload_bytes = 0;

@@ -26,26 +26,27 @@ void Router::Add(boost::beast::http::verb method, std::string_view pattern, Rout
   routes_.push_back({method, std::string(pattern), Split(pattern), std::move(handler)});
 }
 
+bool Router::Matches(const Route& route, const std::vector<std::string>& segments,
+                     PathParams* captured) {
+  if (route.segments.size() != segments.size()) return false;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const std::string& part = route.segments[i];
+    if (part.size() > 2 && part.front() == '{' && part.back() == '}') {
+      if (captured != nullptr) (*captured)[part.substr(1, part.size() - 2)] = segments[i];
+    } else if (part != segments[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
 Router::Resolved Router::Resolve(const Request& request) const {
   std::vector<std::string> segments = Split(PathOf(request));
   Resolved resolved;
   for (const Route& route : routes_) {
-    if (route.segments.size() != segments.size()) continue;
     PathParams captured;
-    bool matches = true;
-    for (size_t i = 0; i < segments.size() && matches; ++i) {
-      const std::string& part = route.segments[i];
-      if (part.size() > 2 && part.front() == '{' && part.back() == '}') {
-        captured[part.substr(1, part.size() - 2)] = segments[i];
-      } else {
-        matches = part == segments[i];
-      }
-    }
-    if (!matches) continue;
+    if (!Matches(route, segments, &captured)) continue;
     resolved.path_matched = true;
-    const std::string method(boost::beast::http::to_string(route.method));
-    resolved.allowed += (resolved.allowed.empty() ? "" : ", ") + method;
-    if (route.method == boost::beast::http::verb::get) resolved.allowed += ", HEAD";
     const bool head_of_get = request.method() == boost::beast::http::verb::head &&
                              route.method == boost::beast::http::verb::get;
     if (route.method != request.method() && !head_of_get) continue;
@@ -56,6 +57,17 @@ Router::Resolved Router::Resolve(const Request& request) const {
   return resolved;
 }
 
+std::string Router::AllowedMethods(const std::vector<std::string>& segments) const {
+  std::string allowed;
+  for (const Route& route : routes_) {
+    if (!Matches(route, segments, nullptr)) continue;
+    allowed +=
+        (allowed.empty() ? "" : ", ") + std::string(boost::beast::http::to_string(route.method));
+    if (route.method == boost::beast::http::verb::get) allowed += ", HEAD";
+  }
+  return allowed;
+}
+
 void Router::Run(const Resolved& resolved, Request&& request, Responder respond) const {
   if (resolved.route == nullptr) {
     std::string what = std::string(request.method_string()) + " " + std::string(PathOf(request));
@@ -64,7 +76,7 @@ void Router::Run(const Resolved& resolved, Request&& request, Responder respond)
       return;
     }
     Response response = ErrorResponse(405, "method not allowed: " + what);
-    response.set(boost::beast::http::field::allow, resolved.allowed);
+    response.set(boost::beast::http::field::allow, AllowedMethods(Split(PathOf(request))));
     respond(std::move(response));
     return;
   }

@@ -29,7 +29,7 @@ class Router {
     const Route* route = nullptr;
     PathParams params;
     bool path_matched = false;  // some route has this path, with another method
-    std::string allowed;        // the methods of the routes with this path, for 405's Allow
+    // Lives as long as the router: a label that may outlive the request.
     std::string_view pattern() const {
       return route != nullptr ? std::string_view(route->pattern) : std::string_view("unmatched");
     }
@@ -46,6 +46,11 @@ class Router {
   }
 
  private:
+  // The methods of the routes with this path, for a 405's Allow: only a 405 pays for it.
+  std::string AllowedMethods(const std::vector<std::string>& segments) const;
+  static bool Matches(const Route& route, const std::vector<std::string>& segments,
+                      PathParams* captured);
+
   std::vector<Route> routes_;
 };
 

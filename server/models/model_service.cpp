@@ -285,7 +285,7 @@ Status ModelService::LoadFromRepository() {
       return NotFound("model '" + name + "' has no version in the repository (expected " +
                       (repository / name / "<version>" / "model.orochi").string() + ")");
     }
-    Status loaded = LoadModel(name);
+    Status loaded = LoadModel(name).status();
     if (IsMissingDevice(loaded)) {
       // Startup is strict, except here: a GPU model on a machine without the GPU waits,
       // UNAVAILABLE with its reason, while the CPU models are served.
@@ -304,13 +304,21 @@ Status ModelService::CheckModelName(const std::string& name) {
                          "starting with a letter or digit)");
 }
 
-Status ModelService::LoadModel(const std::string& name) {
+namespace {
+
+std::string Joined(const std::string& first, const std::string& second) {
+  return first.empty() || second.empty() ? first + second : first + "; " + second;
+}
+
+}  // namespace
+
+Result<std::string> ModelService::LoadModel(const std::string& name) {
   OROCHI_RETURN_IF_ERROR(CheckModelName(name));
   std::lock_guard admin(admin_mutex_);
   return LoadModelLocked(name);
 }
 
-Status ModelService::LoadModelLocked(const std::string& name) {
+Result<std::string> ModelService::LoadModelLocked(const std::string& name) {
   std::vector<int64_t> selected = SelectedVersions(name);
   if (selected.empty()) {
     return NotFound("model '" + name +
@@ -323,38 +331,50 @@ Status ModelService::LoadModelLocked(const std::string& name) {
     }
   }
   // The new versions serve now; the old ones finish what they hold and go.
+  std::string notice;
   for (int64_t version : loaded) {
     if (std::find(selected.begin(), selected.end(), version) == selected.end()) {
-      OROCHI_RETURN_IF_ERROR(UnloadVersion(name, version));
+      OROCHI_ASSIGN_OR_RETURN(std::string unloaded, UnloadVersion(name, version));
+      notice = Joined(notice, unloaded);
     }
   }
-  if (unloaded_.erase(name) != 0) return SaveState();
-  return Status::Ok();
+  if (unloaded_.erase(name) != 0) OROCHI_RETURN_IF_ERROR(SaveState());
+  return notice;
 }
 
-Status ModelService::UnloadVersion(const std::string& name, int64_t version) {
+Result<std::string> ModelService::UnloadVersion(const std::string& name, int64_t version) {
   std::shared_ptr<ServedModel> model;
   {
     std::lock_guard lock(mutex_);
     auto versions = models_.find(name);
-    if (versions == models_.end() || versions->second.count(version) == 0) return Status::Ok();
+    if (versions == models_.end() || versions->second.count(version) == 0) return std::string();
     model = versions->second.at(version);
     // Find() no longer offers it; requests already queued for it are still answered.
     versions->second.erase(version);
     if (versions->second.empty()) models_.erase(versions);
   }
-  scheduler_.RemoveModel(model->key);
+  const size_t abandoned =
+      scheduler_.RemoveModel(model->key, std::chrono::seconds(config_.unload_grace_s));
   {
     std::lock_guard lock(mutex_);
     by_key_.erase(model->key);  // only now: the drained batches still count in its statistics
   }
   Status unloaded = model->replicas->Unload();
-  Log(LogLevel::kInfo, "model unloaded",
-      {{"model", name}, {"version", std::to_string(version), false}});
-  return unloaded;
+  Log(abandoned > 0 ? LogLevel::kWarning : LogLevel::kInfo, "model unloaded",
+      {{"model", name},
+       {"version", std::to_string(version), false},
+       {"abandoned_copies", std::to_string(abandoned), false}});
+  OROCHI_RETURN_IF_ERROR(unloaded);
+  if (abandoned == 0) return std::string();
+  return "model '" + name + "' version " + std::to_string(version) + " was unloaded, but " +
+         std::to_string(abandoned) +
+         " interpreter copy(ies) still running its code after models.unload_grace_s (" +
+         std::to_string(config_.unload_grace_s) +
+         " s) ignored the interrupt and were abandoned (each replaced by a fresh copy; its "
+         "thread stays behind)";
 }
 
-Status ModelService::UnloadModel(const std::string& name) {
+Result<std::string> ModelService::UnloadModel(const std::string& name) {
   OROCHI_RETURN_IF_ERROR(CheckModelName(name));
   std::lock_guard admin(admin_mutex_);
   std::error_code error;
@@ -363,19 +383,18 @@ Status ModelService::UnloadModel(const std::string& name) {
   if (Versions(name).empty() && !fs::is_directory(fs::path(config_.repository) / name, error)) {
     return NotFound("model '" + name + "' is not in the repository");
   }
-  for (int64_t version : Versions(name)) OROCHI_RETURN_IF_ERROR(UnloadVersion(name, version));
+  std::string notice;
+  for (int64_t version : Versions(name)) {
+    OROCHI_ASSIGN_OR_RETURN(std::string unloaded, UnloadVersion(name, version));
+    notice = Joined(notice, unloaded);
+  }
   unloaded_.insert(name);
-  return SaveState();
+  OROCHI_RETURN_IF_ERROR(SaveState());
+  return notice;
 }
 
-Status ModelService::Deploy(const std::string& name, int64_t version,
-                            const std::string& uploaded_file, bool load) {
-  struct RemoveUnlessKept {
-    std::string path;
-    ~RemoveUnlessKept() {
-      if (!path.empty()) ::unlink(path.c_str());
-    }
-  } upload{uploaded_file};
+Result<std::string> ModelService::Deploy(const std::string& name, int64_t version,
+                                         const std::string& uploaded_file, bool load) {
   OROCHI_RETURN_IF_ERROR(CheckModelName(name));
   std::lock_guard admin(admin_mutex_);
   const std::string target = PackagePath(name, version);
@@ -410,7 +429,6 @@ Status ModelService::Deploy(const std::string& name, int64_t version,
     if (::rename(uploaded_file.c_str(), target.c_str()) != 0) {
       return Internal("cannot move the upload into " + target + ": " + std::strerror(errno));
     }
-    upload.path.clear();
     SyncDirectory(directory);
     SyncDirectory(directory.parent_path());
     Log(LogLevel::kInfo, "model deployed",
@@ -419,16 +437,16 @@ Status ModelService::Deploy(const std::string& name, int64_t version,
   if (!load) {
     if (Versions(name).empty()) {
       unloaded_.insert(name);
-      return SaveState();
+      OROCHI_RETURN_IF_ERROR(SaveState());
     }
-    return Status::Ok();
+    return std::string();
   }
   const std::string key = name + ":" + std::to_string(version);
   {
     std::lock_guard lock(mutex_);
     load_failures_.erase(key);  // so that a failure recorded below is this load's own
   }
-  Status loaded = LoadModelLocked(name);
+  Result<std::string> loaded = LoadModelLocked(name);
   bool failed_itself = false;
   {
     std::lock_guard lock(mutex_);
@@ -445,12 +463,13 @@ Status ModelService::Deploy(const std::string& name, int64_t version,
   fs::remove(version_directory, error);                // only if now empty
   fs::remove(version_directory.parent_path(), error);  // likewise
   SyncDirectory(version_directory.parent_path().parent_path());
+  const Status& failure = loaded.status();
   Log(LogLevel::kWarning, "deployed package removed: it does not load",
-      {{"model", name}, {"version", std::to_string(version), false}, {"error", loaded.message()}});
-  return Status(loaded.code(), loaded.message() + " (the package was not kept)");
+      {{"model", name}, {"version", std::to_string(version), false}, {"error", failure.message()}});
+  return Status(failure.code(), failure.message() + " (the package was not kept)");
 }
 
-Status ModelService::Delete(const std::string& name, std::optional<int64_t> version) {
+Result<std::string> ModelService::Delete(const std::string& name, std::optional<int64_t> version) {
   // The name is joined onto the repository's path: "..", or anything that is not one path
   // component, would reach outside it.
   OROCHI_RETURN_IF_ERROR(CheckModelName(name));
@@ -467,8 +486,12 @@ Status ModelService::Delete(const std::string& name, std::optional<int64_t> vers
   const bool served = !Versions(name).empty() && unloaded_.count(name) == 0;
   const std::vector<int64_t> versions =
       version ? std::vector<int64_t>{*version} : VersionsOnDisk(name);
+  std::string notice;
   if (!version) {
-    for (int64_t each : versions) OROCHI_RETURN_IF_ERROR(UnloadVersion(name, each));
+    for (int64_t each : versions) {
+      OROCHI_ASSIGN_OR_RETURN(std::string unloaded, UnloadVersion(name, each));
+      notice = Joined(notice, unloaded);
+    }
   }
   // Out of sight first (one rename), then removed: a crash in between leaves only trash.
   const fs::path doomed = version ? model_directory / std::to_string(*version) : model_directory;
@@ -482,11 +505,14 @@ Status ModelService::Delete(const std::string& name, std::optional<int64_t> vers
     // The policy chooses again among the versions left (`latest`: the next newest), which
     // load beside the deleted one before it drains and goes, as in a deploy: a served model
     // stays served. Its package is mapped, so it keeps running from the trash meanwhile.
-    reloaded = LoadModelLocked(name);
+    Result<std::string> loaded = LoadModelLocked(name);
+    reloaded = loaded.status();
+    if (loaded.ok()) notice = Joined(notice, *loaded);
   }
   if (version) {
-    Status unloaded = UnloadVersion(name, *version);
-    if (reloaded.ok()) reloaded = unloaded;
+    Result<std::string> unloaded = UnloadVersion(name, *version);
+    if (reloaded.ok()) reloaded = unloaded.status();
+    if (unloaded.ok()) notice = Joined(notice, *unloaded);
   }
   fs::remove_all(trash, error);
   if (!reloaded.ok()) {
@@ -497,9 +523,9 @@ Status ModelService::Delete(const std::string& name, std::optional<int64_t> vers
   }
   if (!version) {
     unloaded_.erase(name);
-    return SaveState();
+    OROCHI_RETURN_IF_ERROR(SaveState());
   }
-  return Status::Ok();
+  return notice;
 }
 
 std::vector<ModelService::IndexEntry> ModelService::Index() const {

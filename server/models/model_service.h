@@ -76,24 +76,29 @@ class ModelService : public SchedulerObserver {
   static Status CheckModelName(const std::string& name);
 
   // The repository API. Each serialises with the others, and each refuses a name that
-  // CheckModelName refuses before touching the repository.
+  // CheckModelName refuses before touching the repository. Each that unloads a version waits
+  // up to models.unload_grace_s for its running requests, then interrupts them and abandons
+  // the copies that ignore it; on success, each returns what its answer must add (that copies
+  // were abandoned), or an empty string.
   // Loads the versions of `name` its version policy selects, then drains and unloads the
   // loaded versions it no longer selects: new requests move to the new version before the
   // old one goes, and none is lost.
-  Status LoadModel(const std::string& name);
+  Result<std::string> LoadModel(const std::string& name);
   // Drains and unloads every loaded version of `name`, and remembers that it is unloaded.
   // kNotFound when the model is neither loaded nor in the repository.
-  Status UnloadModel(const std::string& name);
+  Result<std::string> UnloadModel(const std::string& name);
   // Moves an uploaded package (a file in upload_directory()) into the repository as
   // <name>/<version>/model.orochi after validating it, then loads it unless `load` is false.
-  // The file is consumed either way. Errors: kInvalidArgument (not a valid package, or its
-  // manifest names another model or version), kAlreadyExists (the version is deployed).
-  Status Deploy(const std::string& name, int64_t version, const std::string& uploaded_file,
-                bool load);
+  // The file is not Deploy's: it renames it away only when it keeps the package, and
+  // otherwise leaves it where it is for its owner (the transport that created it) to remove.
+  // Errors: kInvalidArgument (not a valid package, or its manifest names another model or
+  // version), kAlreadyExists (the version is deployed).
+  Result<std::string> Deploy(const std::string& name, int64_t version,
+                             const std::string& uploaded_file, bool load);
   // Unloads and removes one version, or (no version) the whole model, from the repository.
   // Deleting a loaded version of a model that is served re-applies its version policy to the
   // versions left, so that `latest` falls back to the next newest one.
-  Status Delete(const std::string& name, std::optional<int64_t> version);
+  Result<std::string> Delete(const std::string& name, std::optional<int64_t> version);
 
   struct IndexEntry {
     std::string name;
@@ -144,8 +149,8 @@ class ModelService : public SchedulerObserver {
   // Loads one package file as a served version.
   Status LoadVersion(const std::string& path, const std::string& expected_name,
                      int64_t expected_version);
-  Status UnloadVersion(const std::string& name, int64_t version);
-  Status LoadModelLocked(const std::string& name);  // LoadModel with admin_mutex_ held
+  Result<std::string> UnloadVersion(const std::string& name, int64_t version);
+  Result<std::string> LoadModelLocked(const std::string& name);  // LoadModel, admin_mutex_ held
   std::vector<int64_t> VersionsOnDisk(const std::string& name) const;
   std::vector<int64_t> SelectedVersions(const std::string& name) const;
   std::string PackagePath(const std::string& name, int64_t version) const;

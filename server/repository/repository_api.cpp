@@ -13,13 +13,17 @@ namespace {
 namespace bhttp = boost::beast::http;
 using Json = nlohmann::json;
 
-http::Response Answer(const Status& status, const Json& body = Json::object()) {
-  if (!status.ok()) {
+// A repository operation's answer; what a success has to add (that copies were abandoned
+// while unloading) goes in "message".
+http::Response Answer(const Result<std::string>& outcome, Json body = Json::object()) {
+  if (!outcome.ok()) {
+    const Status& status = outcome.status();
     std::string message = status.message();
     if (!status.detail().empty()) message += "\n" + status.detail();
     return http::ErrorResponse(kserve::HttpStatusOf(status.code()), message);
   }
-  return http::JsonResponse(200, body.dump());
+  if (!outcome->empty()) body["message"] = *outcome;
+  return http::JsonResponse(200, body.dump(-1, ' ', false, Json::error_handler_t::replace));
 }
 
 std::optional<int64_t> ParseVersion(const std::string& text) {
@@ -80,7 +84,7 @@ void RepositoryApi::Register(http::Router& router) {
           return;
         }
         const bool load = LoadRequested(request);
-        Status deployed = models_.Deploy(name, *version, uploaded, load);
+        Result<std::string> deployed = models_.Deploy(name, *version, uploaded, load);
         Json loaded = Json::array();
         for (int64_t each : models_.Versions(name)) loaded.push_back(std::to_string(each));
         respond(Answer(deployed, {{"name", name},

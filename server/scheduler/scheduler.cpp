@@ -118,23 +118,66 @@ void Scheduler::AddModel(std::shared_ptr<interpreters::ReplicatedModel> model,
   queues_[queue->model->key()] = std::move(queue);
 }
 
-void Scheduler::RemoveModel(const std::string& key) {
+size_t Scheduler::RemoveModel(const std::string& key, std::optional<Clock::duration> grace) {
   std::unique_ptr<ModelQueue> removed;
+  std::vector<InferJob> refused;
+  size_t abandoned = 0;
   {
     std::unique_lock lock(mutex_);
     auto found = queues_.find(key);
-    if (found == queues_.end()) return;
+    if (found == queues_.end()) return 0;
+    ModelQueue* queue = found->second.get();
     // Drain: no new requests, but the queued and running ones are still answered normally.
-    found->second->closing = true;
-    idle_.wait(lock, [&] {
-      return stopping_ || (found->second->running == 0 && found->second->jobs.empty());
-    });
+    queue->closing = true;
+    auto drained = [&] { return stopping_ || (queue->running == 0 && queue->jobs.empty()); };
+    if (!grace) {
+      idle_.wait(lock, drained);
+    } else {
+      // Past the grace, whatever runs is stuck in code that nothing else will stop (a request
+      // deadline would have): interrupt it, then abandon the copies that ignore the interrupt.
+      // Each round takes what started meanwhile, so the wait ends even with every copy stuck.
+      Clock::time_point until = Clock::now() + *grace;
+      while (!idle_.wait_until(lock, until, drained)) {
+        refused.insert(refused.end(), std::make_move_iterator(queue->jobs.begin()),
+                       std::make_move_iterator(queue->jobs.end()));
+        if (!queue->jobs.empty() && observer_ != nullptr) observer_->OnQueueDepth(key, 0);
+        queue->jobs.clear();
+        bool interrupting = false;
+        for (size_t slot = 0; slot < workers_.size(); ++slot) {
+          Worker& worker = workers_[slot];
+          if (worker.queue != queue || !worker.batch) continue;
+          if (!worker.unloading) {
+            worker.unloading = true;
+            if (!worker.interrupted) Interrupt(worker);
+            worker.interrupted = true;
+            interrupting = true;
+            continue;
+          }
+          ReplaceStuckCopy(
+              lock, slot,
+              Unavailable("model " + key +
+                          " was unloaded while the request ran: it did not finish within the "
+                          "unload grace period nor stop when interrupted, and its interpreter "
+                          "copy was replaced"),
+              queue);
+          abandoned++;
+        }
+        // Without a batch to wait on, only a worker between taking its batch and running it
+        // holds the queue: a moment.
+        until = Clock::now() + (interrupting
+                                    ? std::chrono::duration_cast<Clock::duration>(execution_grace_)
+                                    : std::chrono::milliseconds(10));
+      }
+    }
     removed = std::move(found->second);
     queues_.erase(found);
   }
-  for (InferJob& job : removed->jobs) {  // only when stopping
-    job.done(Unavailable("model " + key + " was unloaded before the request ran"), {});
+  for (InferJob& job : removed->jobs) refused.push_back(std::move(job));  // only when stopping
+  for (InferJob& job : refused) {
+    job.done(Unavailable("model " + key + " was unloaded before the request ran"),
+             InferTimings{Clock::now() - job.enqueued, {}, 0});
   }
+  return abandoned;
 }
 
 std::string Scheduler::UnavailableReason(std::string_view model_key) const {
@@ -352,18 +395,25 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
     worker.copy = lease.shared();
     worker.deadline = deadline;
     worker.interrupted = false;
+    worker.unloading = false;
   }
   watch_.notify_all();
   if (observer_ != nullptr) observer_->OnCopyRunning(slot, true);
+  // Held here: a model removed while this copy is stuck in it is destroyed only once the thread
+  // comes back, if ever.
+  const std::shared_ptr<interpreters::ReplicatedModel> model = queue.model;
   Result<std::vector<NamedTensor>> outputs =
-      inputs.ok() ? queue.model->PredictIn(*lease, *inputs) : inputs.status();
+      inputs.ok() ? model->PredictIn(*lease, *inputs) : inputs.status();
   const Clock::time_point end = Clock::now();
   bool interrupted = false;
+  bool unloading = false;
   {
     std::lock_guard lock(mutex_);
     Worker& worker = workers_[slot];
     if (worker.generation != generation) return false;  // abandoned: the watchdog answered
     interrupted = worker.interrupted;
+    unloading = worker.unloading;
+    worker.unloading = false;
     worker.batch.reset();
     worker.copy.reset();
     worker.deadline.reset();
@@ -374,6 +424,14 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
     observer_->OnBatch(queue.model->key(), total_rows, static_cast<int64_t>(batch->jobs.size()),
                        end - start, outputs.ok());
     observer_->OnCopyBusy(slot, end - start);
+  }
+  if (unloading && !outputs.ok()) {
+    Answer(*batch,
+           Unavailable("model " + queue.model->key() +
+                       " was unloaded while the request ran: it did not finish within the unload "
+                       "grace period and was interrupted"),
+           InferTimings{{}, end - start, total_rows});
+    return true;
   }
   if (interrupted && !outputs.ok()) {
     InferTimings timings{{}, end - start, total_rows};
@@ -420,15 +478,19 @@ void Scheduler::Watch() {
       if (!worker.interrupted) {
         if (now >= *worker.deadline) {
           worker.interrupted = true;
-          // Interrupting takes the copy's GIL, which a copy stuck in C never gives up: do it on
-          // a thread of its own, so the watchdog itself never waits on a copy.
-          std::thread([copy = worker.copy] { (void)copy->Interrupt(); }).detach();
+          Interrupt(worker);
           next = std::min(next, *worker.deadline + execution_grace_);
         } else {
           next = std::min(next, *worker.deadline);
         }
       } else if (now >= *worker.deadline + execution_grace_) {
-        ReplaceStuckCopy(lock, slot);
+        ReplaceStuckCopy(
+            lock, slot,
+            Status(StatusCode::kDeadlineExceeded,
+                   "the request ran past its deadline and did not stop within the grace period "
+                   "of " +
+                       std::to_string(execution_grace_.count()) +
+                       " ms; its interpreter copy was replaced"));
       } else {
         next = std::min(next, *worker.deadline + execution_grace_);
       }
@@ -437,7 +499,13 @@ void Scheduler::Watch() {
   }
 }
 
-void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot) {
+void Scheduler::Interrupt(Worker& worker) {
+  // On a thread of its own, so that neither the watchdog nor an unload waits on a copy.
+  std::thread([copy = worker.copy] { (void)copy->Interrupt(); }).detach();
+}
+
+void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot,
+                                 const Status& answer, const ModelQueue* leaving) {
   Worker& worker = workers_[slot];
   std::shared_ptr<Batch> batch = std::move(worker.batch);
   ModelQueue* queue = worker.queue;
@@ -454,8 +522,9 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   // stuck in gets no more copies to get stuck in. The copy is still replaced, so that the other
   // models keep their capacity (and a load into the slot does not wait on the stuck thread).
   std::vector<InferJob> refused;
-  const bool unavailable_now =
-      queue != nullptr && abandoned_running_ >= max_abandoned_copies_ && queue->unavailable.empty();
+  const bool unavailable_now = queue != nullptr && queue != leaving &&
+                               abandoned_running_ >= max_abandoned_copies_ &&
+                               queue->unavailable.empty();
   if (unavailable_now) {
     queue->unavailable = "model " + queue->model->key() +
                          " is unavailable: " + std::to_string(abandoned_running_) +
@@ -474,7 +543,7 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   const uint64_t generation = worker.generation;
   std::vector<std::shared_ptr<interpreters::ReplicatedModel>> held;
   for (auto& [key, candidate] : queues_) {
-    if (candidate->held_by[slot]) held.push_back(candidate->model);
+    if (candidate->held_by[slot] && candidate.get() != leaving) held.push_back(candidate->model);
   }
   // A fresh copy, with the same models, takes the slot; its worker starts when it is ready.
   worker.thread = std::thread([this, slot, generation, held = std::move(held)] {
@@ -494,12 +563,7 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   lock.unlock();
   const Clock::time_point now = Clock::now();
   InferTimings timings{{}, now - batch->started, 0};
-  Answer(*batch,
-         Status(StatusCode::kDeadlineExceeded,
-                "the request ran past its deadline and did not stop within the grace period of " +
-                    std::to_string(execution_grace_.count()) +
-                    " ms; its interpreter copy was replaced"),
-         timings);
+  Answer(*batch, answer, timings);
   if (unavailable_now && observer_ != nullptr) {
     observer_->OnModelUnavailable(model_key, unavailable);
   }

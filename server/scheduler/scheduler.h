@@ -95,8 +95,12 @@ class Scheduler {
   // RemoveModel returns.
   void AddModel(std::shared_ptr<interpreters::ReplicatedModel> model, BatchingOptions batching);
   // Stops taking requests for the model (Submit answers kUnavailable), waits until its queued
-  // and running requests are answered, then forgets it.
-  void RemoveModel(const std::string& key);
+  // and running requests are answered, then forgets it. With a `grace`, the wait is bounded:
+  // past it, the requests still queued are answered kUnavailable and its running batches are
+  // interrupted; a copy that has not returned within the execution grace after that is
+  // abandoned and replaced, as a copy stuck past a request's deadline is (its batch answered
+  // kUnavailable). Returns how many copies were abandoned.
+  size_t RemoveModel(const std::string& key, std::optional<Clock::duration> grace = std::nullopt);
 
   // Queues `job`. Refusals (unknown model, queue full, stopping) come back as the Status and
   // `job.done` is not called; otherwise `job.done` is called exactly once.
@@ -141,7 +145,8 @@ class Scheduler {
     std::shared_ptr<interpreters::Interpreter> copy;
     std::optional<Clock::time_point> deadline;
     bool interrupted = false;
-    bool exited = false;  // the thread of this generation has returned: joining it is quick
+    bool unloading = false;  // interrupted because its model is being removed, not a deadline
+    bool exited = false;     // the thread of this generation has returned: joining it is quick
   };
 
   void Work(size_t slot, uint64_t generation);
@@ -152,7 +157,14 @@ class Scheduler {
   // Runs a batch; false when the worker was superseded meanwhile and must exit.
   bool Run(size_t slot, uint64_t generation, ModelQueue& queue, std::vector<InferJob> jobs);
   void Watch();
-  void ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot);
+  // Interrupts the batch running on `slot` from a thread of its own (interrupting waits for
+  // the copy's GIL, which a copy stuck in C never gives up).
+  static void Interrupt(Worker& worker);
+  // Abandons the copy on `slot`, whose batch is answered with `answer`, and starts a fresh one
+  // with the models the slot holds except `leaving` (a model being removed). Unlocks `lock` for
+  // a while.
+  void ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot, const Status& answer,
+                        const ModelQueue* leaving = nullptr);
   static void Answer(Batch& batch, const Status& error, const InferTimings& timings);
 
   interpreters::InterpreterManager& manager_;

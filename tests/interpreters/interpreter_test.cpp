@@ -286,6 +286,55 @@ TEST(InterpreterHostFunctions, ResultsAndErrorsReachPython) {
               HasSubstr("no host function is registered as 'missing'"));
 }
 
+TEST(InterpreterOutput, WithASinkStdoutAndStderrArriveLineByLineWithTheCaller) {
+  struct Received {
+    OutputLine::Stream stream;
+    std::string text;
+    bool cut;
+    std::string caller;
+  };
+  std::mutex mutex;
+  std::vector<Received> lines;
+  InterpreterOptions options;
+  options.output = [&](const OutputLine& line) {
+    std::lock_guard lock(mutex);
+    lines.push_back({line.stream, std::string(line.text), line.cut, std::string(line.caller)});
+  };
+  auto copy = NewCopy(std::move(options));
+  copy->SetCaller("model:1");
+  ASSERT_OK(
+      copy->Exec("import sys, threading\n"
+                 "print('one', 2)\n"
+                 "sys.stderr.write('err\\npartial')\n"
+                 "sys.stdout.buffer.write(b'caf\\xc3')\n"
+                 "sys.stdout.buffer.write(b'\\xa9\\n')\n"
+                 "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
+                 "print('x' * 5000 + '\\nafter')\n"
+                 "assert not sys.stdout.isatty()\n"));
+  copy->SetCaller("other:2");
+  ASSERT_OK(copy->Exec("print('é', end='', flush=True)"));
+  std::lock_guard lock(mutex);
+  ASSERT_EQ(lines.size(), 8U);
+  const auto out = OutputLine::Stream::kStdout;
+  const auto err = OutputLine::Stream::kStderr;
+  EXPECT_EQ(lines[0].stream, out);
+  EXPECT_EQ(lines[0].text, "one 2");
+  EXPECT_EQ(lines[0].caller, "model:1");
+  EXPECT_EQ(lines[1].stream, err);
+  EXPECT_EQ(lines[1].text, "err");
+  EXPECT_EQ(lines[2].text, "café");
+  EXPECT_EQ(lines[3].text, "thread");
+  EXPECT_EQ(lines[4].text, std::string(kOutputLineLimit, 'x'));
+  EXPECT_TRUE(lines[4].cut);
+  EXPECT_EQ(lines[5].text, "after");
+  EXPECT_FALSE(lines[5].cut);
+  // A partial line goes when its call ends (the streams are flushed after every call).
+  EXPECT_EQ(lines[6].stream, err);
+  EXPECT_EQ(lines[6].text, "partial");
+  EXPECT_EQ(lines[7].text, "é");
+  EXPECT_EQ(lines[7].caller, "other:2");
+}
+
 TEST(InterpreterUnload, LateCallsReturnAnErrorNotACrash) {
   auto copy = NewCopy();
   ASSERT_OK(copy->Exec("x = 1"));

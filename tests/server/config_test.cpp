@@ -31,6 +31,7 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->models.default_timeout_ms, defaults.models.default_timeout_ms);
   EXPECT_EQ(shipped->models.execution_grace_ms, defaults.models.execution_grace_ms);
   EXPECT_EQ(shipped->models.max_abandoned_copies, defaults.models.max_abandoned_copies);
+  EXPECT_EQ(shipped->models.unload_grace_s, defaults.models.unload_grace_s);
   EXPECT_EQ(shipped->models.max_queue_delay_us, defaults.models.max_queue_delay_us);
   EXPECT_EQ(shipped->models.preferred_batch_sizes, defaults.models.preferred_batch_sizes);
   EXPECT_EQ(shipped->log.level, defaults.log.level);
@@ -72,6 +73,8 @@ TEST(ServerConfig, EachBadValueNamesItsKey) {
        "config: $.http.max_connections: expected an integer from 1 to 1000000, got 0"},
       {R"({"copies": -1})", "config: $.copies: expected an integer from 0 to 1024, got -1"},
       {R"({"models": {"load": "all"}})", "config: $.models.load: expected an array of strings"},
+      {R"({"models": {"unload_grace_s": -1}})",
+       "config: $.models.unload_grace_s: expected an integer from 0 to 86400, got -1"},
       {R"({"models": {"preferred_batch_sizes": [0]}})",
        "config: $.models.preferred_batch_sizes: expected integers >= 1"},
       {R"({"log": {"format": "xml"}})",

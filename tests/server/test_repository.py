@@ -145,6 +145,10 @@ class RepositoryTest(unittest.TestCase):
         status, _, body = curl("-T", v1, f"http://127.0.0.1:{server.management_port}"
                                          "/v2/repository/models/../versions/1")
         self.assertIn(status, (400, 404))
+        # Refused by the handler before Deploy sees the file: the transport still removes it.
+        status, _, body = curl("-T", v1, f"http://127.0.0.1:{server.management_port}"
+                                         "/v2/repository/models/calculator/versions/0")
+        self.assertEqual(status, 400, body)
         self.assertEqual(os.listdir(os.path.join(self.repository, ".orochi", "uploads")), [],
                          "failed uploads leave no file")
 
@@ -264,6 +268,7 @@ class RepositoryTest(unittest.TestCase):
         self.assertIn("broken on purpose", answer["error"])
         self.assertIn("the package was not kept", answer["error"])
         self.assertFalse(os.path.exists(os.path.join(self.repository, "calculator", "2")))
+        self.assertEqual(os.listdir(os.path.join(self.repository, ".orochi", "uploads")), [])
         status, answer = self.infer(server)
         self.assertEqual((status, answer["model_version"]), (200, "1"), "version 1 goes on serving")
         # Kept, the broken version would be selected at startup and stop the server starting.

@@ -53,10 +53,17 @@ class Server:
         deadline = time.time() + 60
         while time.time() < deadline:
             with open(self.log_path) as log:
-                match = re.search(r"serving inference=http://[\d.]+:(\d+) metrics=http://[\d.]+:"
-                                  r"(\d+)/metrics management=http://[\d.]+:(\d+)", log.read())
+                text = log.read()
+            match = re.search(r"serving inference=http://[\d.]+:(\d+) metrics=http://[\d.]+:"
+                              r"(\d+)/metrics management=http://[\d.]+:(\d+)", text)
             if match:
                 self.port, self.metrics_port, self.management_port = map(int, match.groups())
+                return
+            match = re.search(r'"inference":"http://[\d.]+:(\d+)","level":"info","management":'
+                              r'"http://[\d.]+:(\d+)","message":"serving","metrics":'
+                              r'"http://[\d.]+:(\d+)/metrics"', text)  # log.format json
+            if match:
+                self.port, self.management_port, self.metrics_port = map(int, match.groups())
                 return
             if self.process.poll() is not None:
                 break
@@ -711,6 +718,137 @@ class AbandonedCopiesTest(unittest.TestCase):
         finally:
             server.stop()
             shutil.rmtree(root)
+
+
+class UnloadGraceTest(unittest.TestCase):
+    """models.unload_grace_s: unloading a model stuck with no deadline answers within the grace."""
+
+    def test_unloading_a_stuck_model_interrupts_or_abandons_its_copies_and_answers(self):
+        root = tempfile.mkdtemp(prefix="orochi-unload-grace-test-")
+        server = Server(pack_repository(root),
+                        {"models": {"unload_grace_s": 1, "execution_grace_ms": 300}})
+        try:
+            answers = {}
+
+            def infer(mode):
+                status, _, body = post_json(server, "/v2/models/slow/infer", slow_request(mode))
+                answers[mode] = (status, json.loads(body)["error"] if body else "")
+
+            # No deadline: C code that ignores interrupts on one copy, Python that only an
+            # interrupt stops on the other.
+            threads = [threading.Thread(target=infer, args=(mode,)) for mode in ("block", "spin")]
+            for thread in threads:
+                thread.start()
+                time.sleep(0.3)
+            start = time.time()
+            status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
+                                                 "/v2/repository/models/slow/unload")
+            elapsed = time.time() - start
+            self.assertEqual(status, 200, body)
+            self.assertLess(elapsed, 1 + 0.3 + 3, "the unload waited past its grace")
+            message = json.loads(body)["message"]
+            self.assertIn("model 'slow' version 1 was unloaded, but 1 interpreter copy(ies) still "
+                          "running its code after models.unload_grace_s (1 s) ignored the "
+                          "interrupt and were abandoned", message)
+            for thread in threads:
+                thread.join(timeout=10)
+            self.assertEqual(answers["block"][0], 503, answers)
+            self.assertIn("did not finish within the unload grace period nor stop when "
+                          "interrupted, and its interpreter copy was replaced", answers["block"][1])
+            self.assertEqual(answers["spin"][0], 503, answers)
+            self.assertIn("did not finish within the unload grace period and was interrupted",
+                          answers["spin"][1])
+            # Healthy: the other models are served on both copies, the slow one is gone.
+            self.assertEqual(curl(server.url("/v2/health/ready"))[0], 200)
+            for _ in range(4):
+                status, _, body = post_json(server, "/v2/models/echo/infer", echo_request())
+                self.assertEqual(status, 200, body)
+            self.assertEqual(post_json(server, "/v2/models/slow/infer", slow_request("sleep"))[0],
+                             404)
+            self.assertIn("model unloaded model=slow version=1 abandoned_copies=1",
+                          server.log_text())
+            # Loaded again, it is served again, from the fresh copy too.
+            status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
+                                                 "/v2/repository/models/slow/load")
+            self.assertEqual(status, 200, body)
+            for _ in range(4):
+                status, _, body = post_json(server, "/v2/models/slow/infer",
+                                            slow_request("sleep", 0.01))
+                self.assertEqual(status, 200, body)
+        finally:
+            server.stop()
+            shutil.rmtree(root)
+
+
+class ModelOutputTest(unittest.TestCase):
+    """What served models print becomes log records with the model's name, bounded in rate
+    and in line length."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="orochi-model-output-test-")
+        repository = os.path.join(cls.root, "repository")
+        target = os.path.join(repository, "printer", "1")
+        os.makedirs(target)
+        subprocess.run([BINARY, "pack", os.path.join(HERE, "models", "printer"), "-o",
+                        os.path.join(target, "model.orochi")], check=True, capture_output=True)
+        cls.server = Server(repository, {"log": {"format": "json"}}, copies=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        code = cls.server.stop()
+        shutil.rmtree(cls.root)
+        assert code == 0, f"orochi serve exited with {code}"
+
+    def predict(self, mode, count=0):
+        status, _, body = post_json(self.server, "/v2/models/printer/infer", {"inputs": [
+            {"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]},
+            {"name": "count", "datatype": "INT64", "shape": [1], "data": [count]}]})
+        self.assertEqual(status, 200, body)
+
+    def records(self, message):
+        records = []
+        for line in self.server.log_text().splitlines():
+            self.assertTrue(line.startswith("{"), f"a raw line in the log: {line!r}")
+            record = json.loads(line)
+            if record["message"] == message:
+                records.append(record)
+        return records
+
+    def test_each_line_is_a_record_with_the_copy_and_the_model(self):
+        self.predict("lines", 7)
+        output = [(r["level"], r["stream"], r["copy"], r["model"], r["version"], r["line"])
+                  for r in self.records("model output")]
+        for expected in [("info", "stdout", 0, "printer", 1, "loading the printer"),
+                         ("info", "stdout", 0, "printer", 1, "hello from predict 7"),
+                         ("warning", "stderr", 0, "printer", 1, "a warning"),
+                         ("info", "stdout", 0, "printer", 1, "no newlinebytes é"),
+                         ("info", "stdout", 0, "printer", 1, "from a thread")]:
+            self.assertIn(expected, output)
+        self.assertNotIn("cut", self.records("model output")[0])
+
+    def test_a_flood_is_bounded_and_the_dropped_lines_are_reported(self):
+        start = time.time()
+        self.predict("flood", 20000)
+        elapsed = time.time() - start
+        time.sleep(1.1)  # the next report may come; a line's worth of the rate is back
+        self.predict("lines", 1)
+        logged = len([r for r in self.records("model output") if r["line"].startswith("flood")])
+        dropped = self.records("model output dropped: the copy printed faster than its limit")
+        self.assertGreaterEqual(len(dropped), 1)
+        self.assertLessEqual(len(dropped), elapsed + 2, "one report a second at most")
+        self.assertEqual({(r["copy"], r["model"], r["level"]) for r in dropped},
+                         {(0, "printer", "warning")})
+        self.assertGreaterEqual(logged, 200)  # the burst
+        self.assertLessEqual(logged, 200 + 200 * elapsed + 1)
+        self.assertEqual(logged + sum(r["dropped_lines"] for r in dropped), 20000)
+
+    def test_a_long_line_is_cut(self):
+        time.sleep(1)  # the rate limit of the other tests is spent
+        self.predict("long", 10000)
+        long_lines = [r for r in self.records("model output") if r["line"].startswith("xxx")]
+        self.assertEqual(len(long_lines), 1)
+        self.assertEqual((len(long_lines[0]["line"]), long_lines[0]["cut"]), (4096, True))
 
 
 def cpu_seconds(pid: int) -> float:

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,6 +44,22 @@ struct PythonFlags {
   std::vector<std::string> extra_paths;
 };
 
+// One line that Python code in a copy wrote to sys.stdout or sys.stderr (see
+// InterpreterOptions::output).
+struct OutputLine {
+  enum class Stream { kStdout = 1, kStderr = 2 };
+  Stream stream = Stream::kStdout;
+  std::string_view text;  // UTF-8, without the newline; valid during the call only
+  // Longer than kOutputLineLimit characters: only its start is in `text`.
+  bool cut = false;
+  // Whom the copy was last called for (Interpreter::SetCaller), e.g. a model's key; the
+  // output of threads the copy's code started counts for it too.
+  std::string_view caller;
+};
+// The most characters of one output line; the rest of the line is cut.
+inline constexpr size_t kOutputLineLimit = 4096;
+using OutputSink = std::function<void(const OutputLine& line)>;
+
 struct InterpreterOptions {
   int id = 0;  // shown to Python as _orochi.copy_id() and in error messages
   // Functions Python code may call with orochi.call_host(name, payload).
@@ -51,6 +68,11 @@ struct InterpreterOptions {
   // so only a copy that owns the process (`orochi python`) should ask for it.
   bool install_signal_handlers = false;
   PythonFlags flags;
+  // When set, the copy's sys.stdout and sys.stderr are line-buffered writers that hand each
+  // line here (on the writing thread, with the copy's GIL held: it must be quick and must not
+  // call into the copy) instead of writing to the process's stdout and stderr. A server sets
+  // it, so that model output becomes log records; `orochi python` does not.
+  OutputSink output;
 };
 
 // A program run the way the `python` command runs it.
@@ -90,6 +112,10 @@ class Interpreter {
 
   // Imports `module` from "module:qualified.name" and calls the callable with `args`.
   Result<Value> Call(std::string_view target, std::span<const Value> args = {});
+
+  // Whom the following calls are for, reported with their output (OutputLine::caller) until
+  // changed; e.g. a model's key, set before each call made for the model.
+  void SetCaller(std::string_view caller);
 
   // Raises TimeoutError in the Python code of the call running in this copy, from any thread;
   // true if a call was running. Waits for the copy's GIL, so a copy stuck in C code that holds

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -23,6 +24,9 @@ struct ManagerOptions {
   // Offered to every copy; see InterpreterOptions::host_functions.
   std::map<std::string, HostFunction, std::less<>> host_functions;
   PythonFlags flags;  // start-up options for every copy
+  // When set, every copy's output goes here with the copy's slot (see
+  // InterpreterOptions::output); a fresh copy put in a slot reports as that slot.
+  std::function<void(size_t slot, const OutputLine& line)> output;
 };
 
 class InterpreterManager {
@@ -86,7 +90,7 @@ class InterpreterManager {
   };
 
   explicit InterpreterManager(ManagerOptions options);
-  InterpreterOptions OptionsFor(int copy_id) const;
+  InterpreterOptions OptionsFor(int copy_id, size_t slot) const;
   Lease LeaseLocked(size_t slot);
   void Release(size_t slot, uint64_t generation);
 

@@ -55,6 +55,9 @@ struct ModelsConfig {
   // Abandoned copies still running (stuck, each on a core) at which a model that gets one more
   // copy stuck is made unavailable.
   int64_t max_abandoned_copies = 4;
+  // Unloading: how long a version's running requests may take to finish before they are
+  // interrupted, and their copies abandoned if they ignore it.
+  int64_t unload_grace_s = 30;
   int64_t max_queue_delay_us = 0;  // dynamic batching: how long a batch may wait to fill
   std::vector<int64_t> preferred_batch_sizes;
   std::map<std::string, VersionPolicy> version_policies;  // by model name; "latest" otherwise

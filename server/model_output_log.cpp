@@ -1,0 +1,74 @@
+#include "model_output_log.h"
+
+#include <algorithm>
+#include <string_view>
+#include <utility>
+
+namespace orochi::server {
+namespace {
+
+// "name:version" (a model's key) into the fields of a record; nothing before any model's call.
+void AddModelFields(std::string_view caller, std::vector<LogField>& fields) {
+  if (caller.empty()) return;
+  const size_t colon = caller.rfind(':');
+  if (colon == std::string_view::npos) {
+    fields.push_back({"model", std::string(caller)});
+    return;
+  }
+  fields.push_back({"model", std::string(caller.substr(0, colon))});
+  fields.push_back({"version", std::string(caller.substr(colon + 1)), false});
+}
+
+}  // namespace
+
+ModelOutputLog::ModelOutputLog(size_t copies, ModelOutputLimits limits, Emit emit,
+                               std::function<Clock::time_point()> now)
+    : limits_(limits), emit_(std::move(emit)), now_(std::move(now)) {
+  const Clock::time_point start = now_();
+  for (size_t i = 0; i < copies; ++i) {
+    auto copy = std::make_unique<Copy>();
+    copy->tokens = limits_.burst;
+    copy->refilled = start;
+    copies_.push_back(std::move(copy));
+  }
+}
+
+void ModelOutputLog::Write(size_t slot, const interpreters::OutputLine& line) {
+  if (slot >= copies_.size()) return;
+  Copy& copy = *copies_[slot];
+  int64_t dropped = 0;
+  {
+    std::lock_guard lock(copy.mutex);
+    const Clock::time_point now = now_();
+    const double elapsed = std::chrono::duration<double>(now - copy.refilled).count();
+    copy.tokens = std::min(limits_.burst, copy.tokens + elapsed * limits_.lines_per_second);
+    copy.refilled = now;
+    if (copy.tokens < 1) {
+      copy.dropped++;
+      return;
+    }
+    copy.tokens -= 1;
+    if (copy.dropped > 0 && (!copy.reported || now - *copy.reported >= limits_.report_every)) {
+      dropped = std::exchange(copy.dropped, 0);
+      copy.reported = now;
+    }
+  }
+  if (dropped > 0) {
+    std::vector<LogField> fields{{"copy", std::to_string(slot), false}};
+    AddModelFields(line.caller, fields);
+    fields.push_back({"dropped_lines", std::to_string(dropped), false});
+    fields.push_back({"lines_per_second",
+                      std::to_string(static_cast<int64_t>(limits_.lines_per_second)), false});
+    emit_(LogLevel::kWarning, "model output dropped: the copy printed faster than its limit",
+          fields);
+  }
+  const bool stderr_line = line.stream == interpreters::OutputLine::Stream::kStderr;
+  std::vector<LogField> fields{{"stream", stderr_line ? "stderr" : "stdout"},
+                               {"copy", std::to_string(slot), false}};
+  AddModelFields(line.caller, fields);
+  fields.push_back({"line", std::string(line.text)});
+  if (line.cut) fields.push_back({"cut", "true", false});
+  emit_(stderr_line ? LogLevel::kWarning : LogLevel::kInfo, "model output", fields);
+}
+
+}  // namespace orochi::server
