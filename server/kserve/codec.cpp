@@ -5,10 +5,12 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <utility>
 
 #include "orochi/engine/dtype.h"
+#include "orochi/engine/error.h"
 #include "orochi/server/kserve_codec.h"
 #include "request_json.h"
 
@@ -91,9 +93,10 @@ std::string ShapeJson(const engine::Shape& shape) {
 }
 
 // A value as JSON. Floats are written in the fewest digits that read back as the same value of
-// their own type (0.1 for FP32's 0.1, not 0.10000000149011612), with ".0" on whole numbers so
-// that they stay floats to a JSON reader. NaN and infinities are not JSON; they are written as
-// NaN, Infinity and -Infinity, as Triton and Python's json module write and read them.
+// their own type (0.1 for FP32's 0.1, not 0.10000000149011612; FP16's 0.1 too, not
+// 0.099975586), with ".0" on whole numbers so that they stay floats to a JSON reader. NaN and
+// infinities are not JSON; they are written as NaN, Infinity and -Infinity, as Triton and Python's
+// json module write and read them.
 template <typename T>
 void AppendNumber(T value, std::string* out) {
   char text[64];
@@ -109,7 +112,27 @@ void AppendNumber(T value, std::string* out) {
     } else if (std::isinf(number)) {
       *out += number > 0 ? "Infinity" : "-Infinity";
     } else {
-      const std::string_view written(text, std::to_chars(text, text + sizeof(text), number).ptr);
+      std::string_view written;
+      if constexpr (std::is_same_v<T, Written>) {
+        written = {text, std::to_chars(text, text + sizeof(text), number).ptr};
+      } else {
+        // FP16 and BF16 have no shortest form in the library: the fewest significant digits
+        // that read back (through double, as requests are read) as this value, written as the
+        // float they make (65504 is 65500.0, as numpy writes it). Float's 9 digits always do.
+        float shortest = number;
+        for (int digits = 1; digits <= 9; ++digits) {
+          const char* end = std::to_chars(text, text + sizeof(text), number,
+                                          std::chars_format::general, digits)
+                                .ptr;
+          double back = 0;
+          std::from_chars(text, end, back);
+          if (engine::Convert<T>(back).bits == value.bits) {
+            shortest = static_cast<float>(back);
+            break;
+          }
+        }
+        written = {text, std::to_chars(text, text + sizeof(text), shortest).ptr};
+      }
       *out += written;
       if (written.find_first_of(".e") == std::string_view::npos) *out += ".0";
     }
@@ -121,11 +144,9 @@ bool BinaryRequested(const Json& parameters) {
   return found != parameters.end() && found->is_boolean() && found->get<bool>();
 }
 
-}  // namespace
-
-Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_view body,
-                                       std::optional<size_t> json_length,
-                                       const ParseLimits& limits) {
+Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view body,
+                                      std::optional<size_t> json_length,
+                                      const ParseLimits& limits) {
   std::string_view json_text = body;
   std::string_view binary;
   if (json_length) {
@@ -293,15 +314,39 @@ Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_vie
   return request;
 }
 
+}  // namespace
+
+Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_view body,
+                                       std::optional<size_t> json_length,
+                                       const ParseLimits& limits) {
+  // A tensor that cannot be allocated is a request too large for the server now, not a crash.
+  try {
+    return ReadInferRequest(manifest, body, json_length, limits);
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kResourceExhausted,
+                  "the request needs more memory than the server can allocate");
+  } catch (const engine::Error& error) {
+    return error.status();
+  }
+}
+
 EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest& request,
                                     const std::vector<NamedTensor>& outputs) {
   // Written straight into the body: a document node per value would take many times the
   // tensor's size for the large outputs that matter.
+  auto selected = [&](const std::string& name) {
+    return request.outputs.empty() ||
+           std::find(request.outputs.begin(), request.outputs.end(), name) != request.outputs.end();
+  };
+  auto as_binary = [&](const std::string& name) {
+    return request.all_outputs_binary || request.binary_outputs.count(name) != 0;
+  };
   std::string json;
   std::string binary;
-  size_t values = 0;
+  size_t values = 0;  // to be written as JSON
   for (const NamedTensor& output : outputs) {
-    if (const auto* tensor = std::get_if<engine::Tensor>(&output.value)) {
+    const auto* tensor = std::get_if<engine::Tensor>(&output.value);
+    if (tensor != nullptr && selected(output.name) && !as_binary(output.name)) {
       values += static_cast<size_t>(tensor->numel());
     }
   }
@@ -316,12 +361,8 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
   for (size_t i = 0; i < outputs.size() && i < manifest.outputs.size(); ++i) {
     const NamedTensor& output = outputs[i];
     const TensorSpec& spec = manifest.outputs[i];
-    if (!request.outputs.empty() && std::find(request.outputs.begin(), request.outputs.end(),
-                                              output.name) == request.outputs.end()) {
-      continue;
-    }
-    const bool as_binary =
-        request.all_outputs_binary || request.binary_outputs.count(output.name) != 0;
+    if (!selected(output.name)) continue;
+    const bool binary_output = as_binary(output.name);
     json += first ? "{" : ",{";
     first = false;
     json += "\"name\":" + Quoted(output.name) + ",\"datatype\":\"" +
@@ -329,7 +370,7 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
     const size_t binary_before = binary.size();
     if (const auto* bytes = std::get_if<BytesTensor>(&output.value)) {
       json += ShapeJson(bytes->shape);
-      if (as_binary) {
+      if (binary_output) {
         for (const std::string& item : bytes->items) {
           auto length = static_cast<uint32_t>(item.size());
           binary.append(reinterpret_cast<const char*>(&length), 4);
@@ -346,7 +387,7 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
     } else {
       const engine::Tensor tensor = std::get<engine::Tensor>(output.value).Contiguous();
       json += ShapeJson(tensor.shape());
-      if (as_binary) {
+      if (binary_output) {
         binary.append(static_cast<const char*>(tensor.data()),
                       static_cast<size_t>(tensor.numel()) * engine::ItemSize(tensor.dtype()));
       } else {
@@ -361,7 +402,7 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
         json += ']';
       }
     }
-    if (as_binary) {
+    if (binary_output) {
       json +=
           ",\"parameters\":{\"binary_data_size\":" + std::to_string(binary.size() - binary_before) +
           "}";

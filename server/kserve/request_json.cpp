@@ -1,6 +1,7 @@
 #include "request_json.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -63,7 +64,7 @@ class NumericData final : public TensorData {
     if constexpr (std::is_integral_v<T>) {
       RefuseValue(Json(value).dump());
     } else {
-      Put(engine::Convert<T>(value));
+      PutFloating(value, [&] { return Json(value).dump(); });
     }
   }
   void String(std::string&& value) override {
@@ -88,7 +89,31 @@ class NumericData final : public TensorData {
       }
       Put(static_cast<T>(value));
     } else {
-      Put(engine::Convert<T>(static_cast<double>(value)));
+      PutFloating(static_cast<double>(value), [&] { return std::to_string(value); });
+    }
+  }
+
+  // A finite number past the datatype's range is refused, as an integer past its range is:
+  // 1e39 as FP32 or 70000 as FP16 would otherwise become infinity.
+  template <typename Text>
+  void PutFloating(double value, Text text) {
+    const T converted = engine::Convert<T>(value);
+    if (std::isinf(engine::Convert<double>(converted))) {
+      const double largest = LargestFinite();
+      Refuse(Heading() + ": " + text() + " is out of its range [" + Json(-largest).dump() + ", " +
+             Json(largest).dump() + "]");
+      return;
+    }
+    Put(converted);
+  }
+
+  static double LargestFinite() {
+    if constexpr (std::is_same_v<T, engine::Half>) {
+      return engine::Convert<double>(engine::Half{0x7BFF});
+    } else if constexpr (std::is_same_v<T, engine::BFloat16>) {
+      return engine::Convert<double>(engine::BFloat16{0x7F7F});
+    } else {
+      return static_cast<double>(std::numeric_limits<T>::max());
     }
   }
 
@@ -103,11 +128,13 @@ class NumericData final : public TensorData {
   std::string Heading() const {
     return "input '" + spec_.name + "' is " + std::string(DataTypeName(spec_.datatype));
   }
+  std::string_view Expectation() const override {
+    return std::is_same_v<T, bool> ? "true or false"
+           : std::is_integral_v<T> ? "integers"
+                                   : "numbers";
+  }
   void RefuseValue(std::string_view got) {
-    const char* expected = std::is_same_v<T, bool> ? "expected true or false"
-                           : std::is_integral_v<T> ? "expected integers"
-                                                   : "expected numbers";
-    Refuse(Heading() + ": " + expected + ", got " + std::string(got));
+    Refuse(Heading() + ": expected " + std::string(Expectation()) + ", got " + std::string(got));
   }
 
   Result<TensorValue> Values(const engine::Shape& shape) override {
@@ -145,6 +172,7 @@ class BytesData final : public TensorData {
   }
 
  private:
+  std::string_view Expectation() const override { return "strings"; }
   void RefuseValue(std::string_view got) {
     if (!Take()) return;
     Refuse("input '" + spec_.name + "' is BYTES: expected strings, got " + std::string(got));
@@ -203,8 +231,7 @@ void TensorData::Refuse(std::string message) {
 void TensorData::NotAValue(std::string_view what) {
   if (!Take()) return;
   Refuse("input '" + spec_.name + "' is " + std::string(DataTypeName(spec_.datatype)) +
-         ": expected " + (spec_.datatype == DataType::kBytes ? "strings" : "numbers") + ", got " +
-         std::string(what));
+         ": expected " + std::string(Expectation()) + ", got " + std::string(what));
 }
 
 // Nested data must be nested exactly as the shape (flat data is the other accepted layout): a
@@ -281,7 +308,7 @@ namespace {
 class RequestSax {
  public:
   RequestSax(const Manifest& manifest, size_t text_bytes, int max_depth)
-      : manifest_(manifest), text_bytes_(text_bytes), max_depth_(max_depth) {}
+      : manifest_(manifest), preallocation_budget_(text_bytes / 2 + 1), max_depth_(max_depth) {}
 
   bool null() {
     return Scalar([](TensorData& data) { data.NotAValue("null"); }, nullptr);
@@ -316,6 +343,8 @@ class RequestSax {
     size_t input_index = 0;
     if (open_.empty()) {
       role = Role::kRoot;
+    } else if (next_is_data_ || open_.back().role == Role::kData) {
+      role = Role::kData;
     } else if (open_.back().role == Role::kInputs) {
       role = Role::kInput;
       input_index = open_.back().node->size();
@@ -330,7 +359,7 @@ class RequestSax {
     if (reading_ != nullptr) return true;
     Frame& top = open_.back();
     // Which of two equal keys counts is a guess either way; say so instead of choosing.
-    if (top.node->contains(name)) {
+    if (top.role != Role::kData && top.node->contains(name)) {
       error_ = "the request JSON has the key " + Quoted(name) + " twice in one object";
       return false;
     }
@@ -361,15 +390,20 @@ class RequestSax {
       return true;
     }
     if (next_is_data_) {
-      next_is_data_ = false;
       reading_ = StartData();
       if (reading_ != nullptr) {
+        next_is_data_ = false;
         reading_->StartArray();
         reading_depth_ = 1;
         return true;  // the document keeps a null in its place
       }
     }
-    const Role role = next_is_inputs_ ? Role::kInputs : Role::kOther;
+    Role role = Role::kOther;
+    if (next_is_inputs_) {
+      role = Role::kInputs;
+    } else if (next_is_data_ || (!open_.empty() && open_.back().role == Role::kData)) {
+      role = Role::kData;
+    }
     Json* node = Place(Json::array());
     open_.push_back({node, role, 0});
     return true;
@@ -390,7 +424,7 @@ class RequestSax {
   }
 
   bool parse_error(size_t position, const std::string& last_token,
-                   const nlohmann::detail::exception& /*error*/) {
+                   const nlohmann::detail::exception& error) {
     // What was read of the broken token goes into the answer: its end, printable ASCII only.
     std::string near;
     for (char c : last_token.substr(last_token.size() - std::min<size_t>(last_token.size(), 24))) {
@@ -398,9 +432,12 @@ class RequestSax {
     }
     error_ = "the request body is not valid JSON (at byte " + std::to_string(position) +
              ", near '" + near + "')";
-    // Python's json module and Triton write NaN and Infinity; say why they fail here.
-    if (!near.empty() && (near.back() == 'N' || near.back() == 'I')) {
+    // Python's json module and Triton write NaN and Infinity (numpy: nan, inf); say why they
+    // fail here. The lexer stops at their first letter, or at "na" taking nan for null.
+    if (near.ends_with('N') || near.ends_with('I') || near.ends_with('i') || near.ends_with("na")) {
       error_ += "; NaN and Infinity are not JSON numbers: send such values as binary data";
+    } else if (error.id == kNumberOverflow) {
+      error_ += "; the number is too large for any datatype";
     }
     return false;
   }
@@ -409,12 +446,16 @@ class RequestSax {
   const std::string& error() const { return error_; }
 
  private:
-  enum class Role { kOther, kRoot, kInputs, kInput };
+  // kData: inside an input's `data` kept in the document, where an object is refused as a
+  // value anyway, whatever its keys (as when the data is read while parsing).
+  enum class Role { kOther, kRoot, kInputs, kInput, kData };
   struct Frame {
     Json* node;
     Role role;
     size_t input_index;  // for kInput: its position in `inputs`
   };
+
+  static constexpr int kNumberOverflow = 406;  // nlohmann's out_of_range.406
 
   bool Deeper() {
     const size_t depth = open_.size() + static_cast<size_t>(reading_depth_ + skipped_);
@@ -482,9 +523,11 @@ class RequestSax {
   }
 
   // The input's shape when it was given before its data and is plausible: every value takes
-  // at least two bytes of text ("1,"), so a shape claiming more values than the body can hold
-  // is not allocated (the request is refused later, when the values are counted).
-  std::optional<engine::Shape> ExpectedShape(const Json& input) const {
+  // at least two bytes of text ("1,"), so the shapes that are allocated up front claim no more
+  // values together than the body can hold. Past that, a shape is only counted against (the
+  // request is refused when its values are), so that many inputs with large shapes and no
+  // data cannot make a small body allocate without bound.
+  std::optional<engine::Shape> ExpectedShape(const Json& input) {
     auto shape = input.find("shape");
     if (shape == input.end() || !shape->is_array() || shape->size() > engine::kMaxDims) {
       return std::nullopt;
@@ -496,12 +539,13 @@ class RequestSax {
       if (__builtin_mul_overflow(elements, size.get<int64_t>(), &elements)) return std::nullopt;
       dims.push_back(size.get<int64_t>());
     }
-    if (static_cast<uint64_t>(elements) > text_bytes_ / 2 + 1) return std::nullopt;
+    if (static_cast<uint64_t>(elements) > preallocation_budget_) return std::nullopt;
+    preallocation_budget_ -= static_cast<uint64_t>(elements);
     return dims;
   }
 
   const Manifest& manifest_;
-  size_t text_bytes_;
+  uint64_t preallocation_budget_;  // values the shapes allocated so far leave to the others
   int max_depth_;
   Json root_;
   std::vector<Frame> open_;

@@ -69,6 +69,8 @@ class TensorData {
   void Refuse(std::string message);
   virtual Result<std::variant<engine::Tensor, interpreters::BytesTensor>> Values(
       const engine::Shape& shape) = 0;
+  // What the values must be, for errors: "integers", "strings", ...
+  virtual std::string_view Expectation() const = 0;
 
   const packaging::TensorSpec& spec_;
   int64_t count_ = 0;

@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -154,6 +157,18 @@ TEST(ParseInferRequest, RefusesValuesThatDoNotFitTheDatatype) {
                 "input 'x' is FP32: expected numbers, got null");
   ExpectRefusal(EchoManifest(DataType::kFp32, {2}), "FP32", "[2]", R"([{"a": [1, {}]}, 1])",
                 "input 'x' is FP32: expected numbers, got an object");
+  // Inside data an object is wrong whatever its keys, given twice or not.
+  ExpectRefusal(EchoManifest(DataType::kInt32, {2}), "INT32", "[2]", R"([1, {"a": 1, "a": 2}])",
+                "input 'x' is INT32: expected integers, got an object");
+  // Floats past their datatype's range are refused as integers are, not made infinite.
+  ExpectRefusal(EchoManifest(DataType::kFp32, {2}), "FP32", "[2]", "[1, 1e39]",
+                "input 'x' is FP32: 1e+39 is out of its range "
+                "[-3.4028234663852886e+38, 3.4028234663852886e+38]");
+  ExpectRefusal(EchoManifest(DataType::kFp16, {1}), "FP16", "[1]", "[70000]",
+                "input 'x' is FP16: 70000 is out of its range [-65504.0, 65504.0]");
+  ExpectRefusal(EchoManifest(DataType::kBf16, {1}), "BF16", "[1]", "[-3.5e38]",
+                "input 'x' is BF16: -3.5e+38 is out of its range "
+                "[-3.3895313892515355e+38, 3.3895313892515355e+38]");
   ExpectRefusal(EchoManifest(DataType::kBytes, {2}), "BYTES", "[2]", R"(["a", 7])",
                 "input 'x' is BYTES: expected strings, got 7");
   // The first wrong value is the one named.
@@ -195,6 +210,41 @@ TEST(ParseInferRequest, AShapeLargerThanTheBodyIsCountedNotAllocated) {
                 "input 'x' has 2 values, but shape [1099511627776] needs 1099511627776");
 }
 
+int64_t PeakAddressSpaceKiB() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmPeak:", 0) == 0) return std::stoll(line.substr(7));
+  }
+  return -1;
+}
+
+// Shapes are believed up front only as far as the body could fill them, for all inputs
+// together: a 6 MB body of 20000 inputs each claiming 24 MB of FP64 and holding none would
+// otherwise allocate 480 GB (or, past the address space, fail the server).
+TEST(ParseInferRequest, ShapesWithoutValuesCannotMakeABodyAllocateMore) {
+  EXPECT_EXIT(
+      {
+        const packaging::Manifest manifest = EchoManifest(DataType::kFp64, {-1});
+        std::string body = R"({"inputs":[)";
+        const std::string input = R"({"name":"x","datatype":"FP64","shape":[3000000],"data":[]})";
+        for (int i = 0; i < 20000; ++i) body += (i ? "," : "") + input;
+        body += "]}";
+        const int64_t before = PeakAddressSpaceKiB();
+        Result<InferRequest> parsed = Parse(manifest, body);
+        const int64_t grown_mib = (PeakAddressSpaceKiB() - before) / 1024;
+        std::fprintf(stderr, "%s; address space grew by %lld MiB\n",
+                     parsed.status().ToString().c_str(), static_cast<long long>(grown_mib));
+        std::exit(!parsed.ok() &&
+                          parsed.status().message() ==
+                              "input 'x' has 0 values, but shape [3000000] needs 3000000" &&
+                          grown_mib < 1024
+                      ? 0
+                      : 1);
+      },
+      ::testing::ExitedWithCode(0), "has 0 values");
+}
+
 TEST(ParseInferRequest, RefusesMalformedJsonWithWhereItBroke) {
   const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {1});
   Result<InferRequest> parsed = Parse(manifest, R"({"inputs": [}])");
@@ -205,6 +255,15 @@ TEST(ParseInferRequest, RefusesMalformedJsonWithWhereItBroke) {
   ASSERT_FALSE(parsed.ok());
   EXPECT_THAT(parsed.status().message(),
               HasSubstr("NaN and Infinity are not JSON numbers: send such values as binary data"));
+  for (const std::string spelling : {"nan", "inf", "-Infinity", "NaN"}) {
+    parsed = Parse(manifest, Request(kKeyOrders[0], "FP32", "[1]", "[" + spelling + "]"));
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_THAT(parsed.status().message(), HasSubstr("NaN and Infinity are not JSON numbers"))
+        << spelling;
+  }
+  parsed = Parse(manifest, Request(kKeyOrders[0], "FP32", "[1]", "[1e400]"));
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(), HasSubstr("the number is too large for any datatype"));
   parsed = Parse(manifest, "");
   ASSERT_FALSE(parsed.ok());
   EXPECT_THAT(parsed.status().message(), HasSubstr("not valid JSON (at byte 1"));
@@ -374,7 +433,10 @@ std::string EncodedData(DataType datatype, const std::vector<double>& values) {
 TEST(EncodeInferResponse, WritesFloatsInTheirShortestForm) {
   EXPECT_EQ(EncodedData(DataType::kFp32, {0.1, 1.0, -2.5, 1e20, 3e-8}), "0.1,1.0,-2.5,1e+20,3e-08");
   EXPECT_EQ(EncodedData(DataType::kFp64, {0.1, 1.0 / 3}), "0.1,0.3333333333333333");
-  EXPECT_EQ(EncodedData(DataType::kFp16, {0.5, 65504}), "0.5,65504.0");
+  // FP16 and BF16 in their own shortest form, as numpy writes them (65504 reads back from 65500).
+  EXPECT_EQ(EncodedData(DataType::kFp16, {0.5, 65504, 0.1, -0.0, 5.960464477539063e-08}),
+            "0.5,65500.0,0.1,-0.0,6e-08");
+  EXPECT_EQ(EncodedData(DataType::kBf16, {0.1, 3.3895313892515355e38}), "0.1,3.39e+38");
   EXPECT_EQ(EncodedData(DataType::kInt16, {-32768, 7}), "-32768,7");
   EXPECT_EQ(EncodedData(DataType::kUInt8, {255, 0}), "255,0");
   EXPECT_EQ(EncodedData(DataType::kBool, {1, 0}), "true,false");
