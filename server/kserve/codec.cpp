@@ -121,9 +121,9 @@ void AppendNumber(T value, std::string* out) {
         // float they make (65504 is 65500.0, as numpy writes it). Float's 9 digits always do.
         float shortest = number;
         for (int digits = 1; digits <= 9; ++digits) {
-          const char* end = std::to_chars(text, text + sizeof(text), number,
-                                          std::chars_format::general, digits)
-                                .ptr;
+          const char* end =
+              std::to_chars(text, text + sizeof(text), number, std::chars_format::general, digits)
+                  .ptr;
           double back = 0;
           std::from_chars(text, end, back);
           if (engine::Convert<T>(back).bits == value.bits) {
