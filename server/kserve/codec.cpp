@@ -86,12 +86,6 @@ Status CheckShape(const Manifest& manifest, const TensorSpec& spec, const engine
   return Status::Ok();
 }
 
-std::string ShapeJson(const engine::Shape& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 // A value as JSON. Floats are written in the fewest digits that read back as the same value of
 // their own type (0.1 for FP32's 0.1, not 0.10000000149011612; FP16's 0.1 too, not
 // 0.099975586), with ".0" on whole numbers so that they stay floats to a JSON reader. NaN and
@@ -190,7 +184,6 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
     if (!input.is_object()) return Bad("each input must be an object");
     auto name = input.find("name");
     auto datatype = input.find("datatype");
-    auto shape_json = input.find("shape");
     if (name == input.end() || !name->is_string()) return Bad("an input has no 'name'");
     const std::string input_name = name->get<std::string>();
     auto spec_entry = specs.find(input_name);
@@ -206,24 +199,8 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
       return Bad("input '" + input_name + "' has datatype " + datatype->get<std::string>() +
                  ", but the model expects " + std::string(DataTypeName(spec.datatype)));
     }
-    if (shape_json == input.end() || !shape_json->is_array()) {
-      return Bad("input '" + input_name + "' has no 'shape'");
-    }
-    engine::Shape shape;
-    for (const Json& size : *shape_json) {
-      if (!size.is_number_integer() || size.get<int64_t>() < 0) {
-        return Bad("input '" + input_name + "': shape must hold non-negative integers");
-      }
-      shape.push_back(size.get<int64_t>());
-    }
-    if (shape.size() > engine::kMaxDims) return Bad("input '" + input_name + "': too many dims");
+    OROCHI_ASSIGN_OR_RETURN(engine::Shape shape, ReadShape(input, input_name));
     OROCHI_RETURN_IF_ERROR(CheckShape(manifest, spec, shape));
-    int64_t elements = 1;
-    for (int64_t size : shape) {
-      if (__builtin_mul_overflow(elements, size, &elements) || elements > (int64_t{1} << 40)) {
-        return Bad("input '" + input_name + "': shape " + ShapeText(shape) + " is too large");
-      }
-    }
 
     std::optional<size_t> binary_size;
     if (auto parameters = input.find("parameters");
@@ -369,7 +346,7 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
             std::string(DataTypeName(spec.datatype)) + "\",\"shape\":";
     const size_t binary_before = binary.size();
     if (const auto* bytes = std::get_if<BytesTensor>(&output.value)) {
-      json += ShapeJson(bytes->shape);
+      json += Json(bytes->shape).dump();
       if (binary_output) {
         for (const std::string& item : bytes->items) {
           auto length = static_cast<uint32_t>(item.size());
@@ -386,7 +363,7 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
       }
     } else {
       const engine::Tensor tensor = std::get<engine::Tensor>(output.value).Contiguous();
-      json += ShapeJson(tensor.shape());
+      json += Json(tensor.shape()).dump();
       if (binary_output) {
         binary.append(static_cast<const char*>(tensor.data()),
                       static_cast<size_t>(tensor.numel()) * engine::ItemSize(tensor.dtype()));

@@ -31,6 +31,31 @@ std::string Quoted(const std::string& text) {
   return Json(text).dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
+Result<engine::Shape> ReadShape(const Json& input, const std::string& input_name) {
+  auto shape_json = input.find("shape");
+  if (shape_json == input.end() || !shape_json->is_array()) {
+    return InvalidArgument("input '" + input_name + "' has no 'shape'");
+  }
+  engine::Shape shape;
+  for (const Json& size : *shape_json) {
+    if (!size.is_number_integer() || size.get<int64_t>() < 0) {
+      return InvalidArgument("input '" + input_name + "': shape must hold non-negative integers");
+    }
+    shape.push_back(size.get<int64_t>());
+  }
+  if (shape.size() > engine::kMaxDims) {
+    return InvalidArgument("input '" + input_name + "': too many dims");
+  }
+  int64_t elements = 1;
+  for (int64_t size : shape) {
+    if (__builtin_mul_overflow(elements, size, &elements) || elements > (int64_t{1} << 40)) {
+      return InvalidArgument("input '" + input_name + "': shape " + ShapeText(shape) +
+                             " is too large");
+    }
+  }
+  return shape;
+}
+
 namespace {
 
 // Numbers and booleans of one datatype. With the shape known up front the values go straight
@@ -528,20 +553,12 @@ class RequestSax {
   // request is refused when its values are), so that many inputs with large shapes and no
   // data cannot make a small body allocate without bound.
   std::optional<engine::Shape> ExpectedShape(const Json& input) {
-    auto shape = input.find("shape");
-    if (shape == input.end() || !shape->is_array() || shape->size() > engine::kMaxDims) {
-      return std::nullopt;
-    }
-    engine::Shape dims;
-    int64_t elements = 1;
-    for (const Json& size : *shape) {
-      if (!size.is_number_integer() || size.get<int64_t>() < 0) return std::nullopt;
-      if (__builtin_mul_overflow(elements, size.get<int64_t>(), &elements)) return std::nullopt;
-      dims.push_back(size.get<int64_t>());
-    }
-    if (static_cast<uint64_t>(elements) > preallocation_budget_) return std::nullopt;
-    preallocation_budget_ -= static_cast<uint64_t>(elements);
-    return dims;
+    Result<engine::Shape> shape = ReadShape(input, "");
+    if (!shape.ok()) return std::nullopt;
+    const auto elements = static_cast<uint64_t>(engine::NumElements(*shape));
+    if (elements > preallocation_budget_) return std::nullopt;
+    preallocation_budget_ -= elements;
+    return std::move(shape).value();
   }
 
   const Manifest& manifest_;

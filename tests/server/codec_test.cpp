@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kserve/request_json.h"  // ShapeText
 #include "orochi/engine/dtype.h"
 #include "orochi/server/kserve_codec.h"
 
@@ -27,7 +28,6 @@ using interpreters::BytesTensor;
 using interpreters::NamedTensor;
 using packaging::DataType;
 using ::testing::HasSubstr;
-using Json = nlohmann::ordered_json;
 
 packaging::Manifest EchoManifest(DataType datatype, std::vector<int64_t> shape,
                                  int64_t max_batch_size = 0) {
@@ -52,12 +52,6 @@ std::string Request(const std::vector<std::string>& order, const std::string& da
     if (key == "data") input += R"("data":)" + data;
   }
   return R"({"id":"r1","inputs":[)" + input + "}]}";
-}
-
-std::string ShapeText(const engine::Shape& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
 }
 
 const std::vector<std::vector<std::string>> kKeyOrders = {
