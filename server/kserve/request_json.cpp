@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "json_pull_parser.h"
 #include "orochi/base/check.h"
 #include "orochi/engine/dtype.h"
 
@@ -18,6 +19,14 @@ using packaging::DataType;
 using packaging::Manifest;
 using packaging::TensorSpec;
 using TensorValue = std::variant<engine::Tensor, BytesTensor>;
+
+// A number read from a request, for messages: as JSON writes it, and NaN and the infinities as
+// the request may spell them.
+std::string NumberText(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "Infinity" : "-Infinity";
+  return Json(value).dump();
+}
 
 }  // namespace
 
@@ -87,9 +96,9 @@ class NumericData final : public TensorData {
   void Float(double value) override {
     if (!Take()) return;
     if constexpr (std::is_integral_v<T>) {
-      RefuseValue(Json(value).dump());
+      RefuseValue(NumberText(value));
     } else {
-      PutFloating(value, [&] { return Json(value).dump(); });
+      PutFloating(value, [&] { return NumberText(value); });
     }
   }
   void String(std::string&& value) override {
@@ -119,11 +128,11 @@ class NumericData final : public TensorData {
   }
 
   // A finite number past the datatype's range is refused, as an integer past its range is:
-  // 1e39 as FP32 or 70000 as FP16 would otherwise become infinity.
+  // 1e39 as FP32 or 70000 as FP16 would otherwise become infinity. Infinity itself is kept.
   template <typename Text>
   void PutFloating(double value, Text text) {
     const T converted = engine::Convert<T>(value);
-    if (std::isinf(engine::Convert<double>(converted))) {
+    if (std::isinf(engine::Convert<double>(converted)) && !std::isinf(value)) {
       const double largest = LargestFinite();
       Refuse(Heading() + ": " + text() + " is out of its range [" + Json(-largest).dump() + ", " +
              Json(largest).dump() + "]");
@@ -191,7 +200,7 @@ class BytesData final : public TensorData {
   void Bool(bool value) override { RefuseValue(value ? "true" : "false"); }
   void Integer(int64_t value) override { RefuseValue(std::to_string(value)); }
   void Unsigned(uint64_t value) override { RefuseValue(std::to_string(value)); }
-  void Float(double value) override { RefuseValue(Json(value).dump()); }
+  void Float(double value) override { RefuseValue(NumberText(value)); }
   void String(std::string&& value) override {
     if (Take()) items_.push_back(std::move(value));
   }
@@ -328,41 +337,54 @@ void TensorData::Feed(const Json& data) {
 
 namespace {
 
-// Builds the request document from SAX events, except inside an input's `data` array, whose
-// events go to a TensorData once the input's name and datatype have been seen.
-class RequestSax {
+// Why the body could not be parsed, where, and the text that led there (printable ASCII only:
+// the message goes back to the client and into logs).
+std::string JsonErrorMessage(const JsonPullParser& parser, std::string_view text) {
+  if (parser.error_kind() == JsonPullParser::ErrorKind::kTooDeep) {
+    return "the request JSON is " + parser.error();
+  }
+  const size_t offset = parser.error_offset();
+  const size_t end = std::min(offset + 1, text.size());
+  const size_t begin = end - std::min<size_t>(end, 24);
+  std::string near;
+  for (char c : text.substr(begin, end - begin)) near += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return "the request body is not valid JSON at byte " + std::to_string(offset + 1) + ": " +
+         parser.error() + " (near '" + near + "')";
+}
+
+// Builds the request document from the parser's events, except inside an input's `data`
+// array, whose events go to a TensorData once the input's name and datatype have been seen.
+class RequestBuilder {
  public:
-  RequestSax(const Manifest& manifest, size_t text_bytes, int max_depth)
-      : manifest_(manifest), preallocation_budget_(text_bytes / 2 + 1), max_depth_(max_depth) {}
+  RequestBuilder(const Manifest& manifest, size_t text_bytes)
+      : manifest_(manifest), preallocation_budget_(text_bytes / 2 + 1) {}
 
-  bool null() {
-    return Scalar([](TensorData& data) { data.NotAValue("null"); }, nullptr);
+  void Null() {
+    Scalar([](TensorData& data) { data.NotAValue("null"); }, nullptr);
   }
-  bool boolean(bool value) {
-    return Scalar([&](TensorData& data) { data.Bool(value); }, value);
+  void Bool(bool value) {
+    Scalar([&](TensorData& data) { data.Bool(value); }, value);
   }
-  bool number_integer(int64_t value) {
-    return Scalar([&](TensorData& data) { data.Integer(value); }, value);
+  void Integer(int64_t value) {
+    Scalar([&](TensorData& data) { data.Integer(value); }, value);
   }
-  bool number_unsigned(uint64_t value) {
-    return Scalar([&](TensorData& data) { data.Unsigned(value); }, value);
+  void Unsigned(uint64_t value) {
+    Scalar([&](TensorData& data) { data.Unsigned(value); }, value);
   }
-  bool number_float(double value, const std::string& /*text*/) {
-    return Scalar([&](TensorData& data) { data.Float(value); }, value);
+  void Float(double value) {
+    Scalar([&](TensorData& data) { data.Float(value); }, value);
   }
-  bool string(std::string& value) {
+  void String(std::string& value) {
     // Moved into whichever takes it: the lambda runs only when the document does not.
-    return Scalar([&](TensorData& data) { data.String(std::move(value)); },
-                  [&] { return Json(std::move(value)); });
+    Scalar([&](TensorData& data) { data.String(std::move(value)); },
+           [&] { return Json(std::move(value)); });
   }
-  static bool binary(Json::binary_t& /*value*/) { return false; }  // not in JSON text
 
-  bool start_object(size_t /*size*/) {
-    if (!Deeper()) return false;
+  void StartObject() {
     if (reading_ != nullptr) {
       // An object where a value belongs: refused once, its contents skipped.
       if (skipped_++ == 0) reading_->NotAValue("an object");
-      return true;
+      return;
     }
     Role role = Role::kOther;
     size_t input_index = 0;
@@ -377,10 +399,10 @@ class RequestSax {
     }
     Json* node = Place(Json::object());
     open_.push_back({node, role, input_index});
-    return true;
   }
 
-  bool key(std::string& name) {
+  // False when the key was given twice (error()).
+  bool Key(std::string& name) {
     if (reading_ != nullptr) return true;
     Frame& top = open_.back();
     // Which of two equal keys counts is a guess either way; say so instead of choosing.
@@ -394,17 +416,15 @@ class RequestSax {
     return true;
   }
 
-  bool end_object() {
+  void EndObject() {
     if (reading_ != nullptr) {
       --skipped_;
-      return true;
+      return;
     }
     open_.pop_back();
-    return true;
   }
 
-  bool start_array(size_t /*size*/) {
-    if (!Deeper()) return false;
+  void StartArray() {
     if (reading_ != nullptr) {
       if (skipped_ > 0) {
         ++skipped_;
@@ -412,7 +432,7 @@ class RequestSax {
         reading_->StartArray();
         ++reading_depth_;
       }
-      return true;
+      return;
     }
     if (next_is_data_) {
       reading_ = StartData();
@@ -420,7 +440,7 @@ class RequestSax {
         next_is_data_ = false;
         reading_->StartArray();
         reading_depth_ = 1;
-        return true;  // the document keeps a null in its place
+        return;  // the document keeps a null in its place
       }
     }
     Role role = Role::kOther;
@@ -431,40 +451,19 @@ class RequestSax {
     }
     Json* node = Place(Json::array());
     open_.push_back({node, role, 0});
-    return true;
   }
 
-  bool end_array() {
+  void EndArray() {
     if (reading_ != nullptr) {
       if (skipped_ > 0) {
         --skipped_;
-        return true;
+        return;
       }
       reading_->EndArray();
       if (--reading_depth_ == 0) reading_ = nullptr;
-      return true;
+      return;
     }
     open_.pop_back();
-    return true;
-  }
-
-  bool parse_error(size_t position, const std::string& last_token,
-                   const nlohmann::detail::exception& error) {
-    // What was read of the broken token goes into the answer: its end, printable ASCII only.
-    std::string near;
-    for (char c : last_token.substr(last_token.size() - std::min<size_t>(last_token.size(), 24))) {
-      near += (c >= 0x20 && c < 0x7f) ? c : '?';
-    }
-    error_ = "the request body is not valid JSON (at byte " + std::to_string(position) +
-             ", near '" + near + "')";
-    // Python's json module and Triton write NaN and Infinity (numpy: nan, inf); say why they
-    // fail here. The lexer stops at their first letter, or at "na" taking nan for null.
-    if (near.ends_with('N') || near.ends_with('I') || near.ends_with('i') || near.ends_with("na")) {
-      error_ += "; NaN and Infinity are not JSON numbers: send such values as binary data";
-    } else if (error.id == kNumberOverflow) {
-      error_ += "; the number is too large for any datatype";
-    }
-    return false;
   }
 
   RequestJson Release() { return {std::move(root_), std::move(data_)}; }
@@ -480,31 +479,19 @@ class RequestSax {
     size_t input_index;  // for kInput: its position in `inputs`
   };
 
-  static constexpr int kNumberOverflow = 406;  // nlohmann's out_of_range.406
-
-  bool Deeper() {
-    const size_t depth = open_.size() + static_cast<size_t>(reading_depth_ + skipped_);
-    if (depth >= static_cast<size_t>(max_depth_)) {
-      error_ = "the request JSON is nested deeper than the limit of " + std::to_string(max_depth_);
-      return false;
-    }
-    return true;
-  }
-
   // A value: to the data being read (unless inside an object there, which is skipped), or
   // into the document. `value` is the value, or a function making it.
   template <typename Read, typename Value>
-  bool Scalar(Read read, Value&& value) {
+  void Scalar(Read read, Value&& value) {
     if (reading_ != nullptr) {
       if (skipped_ == 0) read(*reading_);
-      return true;
+      return;
     }
     if constexpr (std::is_invocable_v<Value>) {
       Place(value());
     } else {
       Place(Json(std::forward<Value>(value)));
     }
-    return true;
   }
 
   // Puts a value where the document expects the next one; returns it.
@@ -563,7 +550,6 @@ class RequestSax {
 
   const Manifest& manifest_;
   uint64_t preallocation_budget_;  // values the shapes allocated so far leave to the others
-  int max_depth_;
   Json root_;
   std::vector<Frame> open_;
   Json* slot_ = nullptr;  // in the innermost open object, where the value of the last key goes
@@ -580,9 +566,49 @@ class RequestSax {
 
 Result<RequestJson> ReadRequestJson(std::string_view text, const Manifest& manifest,
                                     int max_depth) {
-  RequestSax sax(manifest, text.size(), max_depth);
-  if (!Json::sax_parse(text.begin(), text.end(), &sax)) return InvalidArgument(sax.error());
-  return sax.Release();
+  JsonPullParser parser(text, {.allow_nan_and_infinity = true, .max_depth = max_depth});
+  RequestBuilder builder(manifest, text.size());
+  for (;;) {
+    switch (parser.Next()) {
+      case JsonEvent::kStartObject:
+        builder.StartObject();
+        break;
+      case JsonEvent::kEndObject:
+        builder.EndObject();
+        break;
+      case JsonEvent::kStartArray:
+        builder.StartArray();
+        break;
+      case JsonEvent::kEndArray:
+        builder.EndArray();
+        break;
+      case JsonEvent::kKey:
+        if (!builder.Key(parser.string())) return InvalidArgument(builder.error());
+        break;
+      case JsonEvent::kString:
+        builder.String(parser.string());
+        break;
+      case JsonEvent::kNull:
+        builder.Null();
+        break;
+      case JsonEvent::kBool:
+        builder.Bool(parser.boolean());
+        break;
+      case JsonEvent::kInteger:
+        builder.Integer(parser.integer());
+        break;
+      case JsonEvent::kUnsigned:
+        builder.Unsigned(parser.unsigned_integer());
+        break;
+      case JsonEvent::kFloat:
+        builder.Float(parser.number());
+        break;
+      case JsonEvent::kEnd:
+        return builder.Release();
+      case JsonEvent::kError:
+        return InvalidArgument(JsonErrorMessage(parser, text));
+    }
+  }
 }
 
 }  // namespace orochi::server::kserve

@@ -1,4 +1,4 @@
-// Reading an inference request's JSON in one pass (nlohmann's SAX interface).
+// Reading an inference request's JSON in one pass (events from JsonPullParser).
 //
 // A request is mostly a few small objects around large `data` arrays. As a JSON document every
 // value of those arrays would be a node of 16 bytes in a growing vector, and the conversion to

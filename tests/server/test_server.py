@@ -262,8 +262,8 @@ class ServerTest(SharedServerTest):
         self.assertRegex(headers, r"(?i)content-type: application/octet-stream")
 
     def test_floats_come_back_shortest_and_non_finite_as_triton_writes_them(self):
-        # JSON has no NaN or Infinity: they go in as binary data and come back as Python's json
-        # module and Triton write them; FP32 0.1 comes back as 0.1, not 0.10000000149011612.
+        # NaN and the infinities come back as Python's json module and Triton write them, and go
+        # in that way too; FP32 0.1 comes back as 0.1, not 0.10000000149011612.
         request = echo_request(rows=4)
         raw = struct.pack("<4f", float("nan"), float("inf"), float("-inf"), 0.1)
         for entry in request["inputs"]:
@@ -280,12 +280,18 @@ class ServerTest(SharedServerTest):
         values = json.loads(body)["outputs"][0]["data"]
         self.assertTrue(math.isnan(values[0]))
         self.assertEqual(values[1:], [math.inf, -math.inf, 0.1])
-        # Sent back as JSON they are refused with a message that says what to do.
+        # Sent back as JSON (Python's json writes NaN, Infinity and -Infinity), they read as
+        # they were.
         request = echo_request(rows=4, values={"FP32": values})
+        request["outputs"] = [{"name": "out_fp32"}]
         status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
+        self.assertEqual(status, 200, body)
+        self.assertIn(b'"data":[NaN,Infinity,-Infinity,0.1]', body)
+        # numpy's spellings are refused with the ones to use.
+        text = json.dumps(request).replace("NaN", "nan").encode()
+        status, _, body = curl("-X", "POST", self.server.url("/v2/models/echo/infer"), data=text)
         self.assertEqual(status, 400, body)
-        self.assertIn("NaN and Infinity are not JSON numbers: send such values as binary data",
-                      json.loads(body)["error"])
+        self.assertIn("found 'nan'; write NaN, Infinity and -Infinity", json.loads(body)["error"])
 
     def test_errors_have_triton_statuses_and_messages(self):
         cases = [
@@ -312,7 +318,8 @@ class ServerTest(SharedServerTest):
         self.assertEqual((got, json.loads(text)["error"]), (400, "input 'in_bytes' is missing"))
         got, _, text = curl("-X", "POST", self.server.url("/v2/models/echo/infer"), data=b"{nope")
         self.assertEqual((got, json.loads(text)["error"]),
-                         (400, "the request body is not valid JSON (at byte 3, near '{no')"))
+                         (400, "the request body is not valid JSON at byte 2: expected a key "
+                               "(a string in quotes), found 'n' (near '{n')"))
         got, _, text = curl("-X", "POST", self.server.url("/v2/models/echo/infer"),
                             data=b"[" * 1000 + b"]" * 1000)
         self.assertEqual(got, 400)
