@@ -1,7 +1,6 @@
 #include "json_pull_parser.h"
 
 #include <algorithm>
-#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -13,7 +12,10 @@ namespace {
 
 constexpr std::string_view kByteOrderMark = "\xEF\xBB\xBF";
 
+// Not <cctype>'s: those follow the process's locale, which model code can change.
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+bool IsLetter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+char Lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
 
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -116,8 +118,6 @@ JsonEvent JsonPullParser::Next() {
       SkipWhitespace();
       if (closers_.back() == ']') return Value();
       break;
-    case Expect::kKey:
-      break;
   }
   if (pos_ >= text_.size() || text_[pos_] != '"') {
     return Fail(ErrorKind::kSyntax, "expected a key (a string in quotes), " + Found(), pos_);
@@ -136,7 +136,6 @@ JsonEvent JsonPullParser::Value() {
   if (pos_ >= text_.size()) {
     return Fail(ErrorKind::kSyntax, "expected a value, " + Found(), pos_);
   }
-  JsonEvent event = JsonEvent::kError;
   switch (text_[pos_]) {
     case '{':
       return Open(JsonEvent::kStartObject, '}');
@@ -144,8 +143,8 @@ JsonEvent JsonPullParser::Value() {
       return Open(JsonEvent::kStartArray, ']');
     case '"':
       if (!String()) return JsonEvent::kError;
-      event = JsonEvent::kString;
-      break;
+      ValueRead();
+      return JsonEvent::kString;
     case 't':
       boolean_ = true;
       return Literal("true", JsonEvent::kBool);
@@ -165,16 +164,18 @@ JsonEvent JsonPullParser::Value() {
         number_ = -std::numeric_limits<double>::infinity();
         return Literal(options_.allow_nan_and_infinity ? "-Infinity" : "", JsonEvent::kFloat);
       }
-      if (pos_ + 1 < text_.size() && std::isalpha(static_cast<unsigned char>(text_[pos_ + 1]))) {
-        return Literal("", JsonEvent::kError);  // "-nan", "-inf": a word, not a number
+      if (pos_ + 1 < text_.size() && IsLetter(text_[pos_ + 1])) {
+        return NotAValue();  // "-nan", "-inf": a word, not a number
       }
       return Number();
     default:
       if (IsDigit(text_[pos_])) return Number();
-      return Literal("", JsonEvent::kError);
+      return NotAValue();
   }
+}
+
+void JsonPullParser::ValueRead() {
   expect_ = closers_.empty() ? Expect::kDone : Expect::kAfterValue;
-  return event;
 }
 
 JsonEvent JsonPullParser::Open(JsonEvent event, char closer) {
@@ -192,29 +193,27 @@ JsonEvent JsonPullParser::Close() {
   const char closer = closers_.back();
   closers_.pop_back();
   ++pos_;
-  expect_ = closers_.empty() ? Expect::kDone : Expect::kAfterValue;
+  ValueRead();
   return closer == '}' ? JsonEvent::kEndObject : JsonEvent::kEndArray;
 }
 
 // `word` is the literal the first letter announced; empty when none may stand here.
 JsonEvent JsonPullParser::Literal(std::string_view word, JsonEvent event) {
-  if (!word.empty() && text_.substr(pos_).starts_with(word)) {
-    pos_ += word.size();
-    expect_ = closers_.empty() ? Expect::kDone : Expect::kAfterValue;
-    return event;
-  }
+  if (word.empty() || !text_.substr(pos_).starts_with(word)) return NotAValue();
+  pos_ += word.size();
+  ValueRead();
+  return event;
+}
+
+JsonEvent JsonPullParser::NotAValue() {
   // The word that is there, for the message: letters, after a sign.
   size_t end = pos_ + ((text_[pos_] == '-' || text_[pos_] == '+') ? 1 : 0);
-  while (end < text_.size() && end - pos_ < 16 &&
-         std::isalpha(static_cast<unsigned char>(text_[end]))) {
-    ++end;
-  }
+  while (end < text_.size() && end - pos_ < 16 && IsLetter(text_[end])) ++end;
   const std::string found(text_.substr(pos_, end - pos_));
   if (found.size() <= 1) return Fail(ErrorKind::kSyntax, "expected a value, " + Found(), pos_);
   std::string message = "expected a value, found '" + found + "'";
   std::string lower = found;
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(lower.begin(), lower.end(), lower.begin(), Lower);
   if (lower.starts_with('-') || lower.starts_with('+')) lower.erase(0, 1);
   if (lower.starts_with("nan") || lower.starts_with("inf")) {
     message += options_.allow_nan_and_infinity
@@ -253,7 +252,7 @@ JsonEvent JsonPullParser::Number() {
     }
     integral = false;
   }
-  expect_ = closers_.empty() ? Expect::kDone : Expect::kAfterValue;
+  ValueRead();
   const char* first = text_.data() + start;
   const char* last = text_.data() + pos_;
   if (integral) {

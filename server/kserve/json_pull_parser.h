@@ -69,12 +69,16 @@ class JsonPullParser {
   size_t error_offset() const { return error_offset_; }
 
  private:
-  enum class Expect { kValue, kFirstInArray, kFirstInObject, kKey, kAfterValue, kDone };
+  enum class Expect { kValue, kFirstInArray, kFirstInObject, kAfterValue, kDone };
 
   JsonEvent Value();
+  // A value is complete: next comes a ',' or the container's end, or the end of the text.
+  void ValueRead();
   JsonEvent Open(JsonEvent event, char closer);
   JsonEvent Close();
   JsonEvent Literal(std::string_view word, JsonEvent event);
+  // The error for what stands at pos_ where a value belongs, with a hint for nan and inf.
+  JsonEvent NotAValue();
   JsonEvent Number();
   // Reads the string starting at the quote under pos_ into string_; false on an error.
   bool String();
