@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "engine_test_support.h"
 #include "orochi/engine/error.h"
@@ -246,7 +247,8 @@ TEST(LinearAlgebra, LinearBmmAndAttention) {
         for (int64_t j = 0; j < 6; ++j) {
           double dot = 0;
           for (int64_t e = 0; e < 8; ++e) dot += ElementAt(q, {b, i, e}) * ElementAt(k, {b, j, e});
-          scores.push_back(causal && j > i ? -INFINITY : dot / std::sqrt(8.0));
+          scores.push_back(causal && j > i ? -std::numeric_limits<double>::infinity()
+                                           : dot / std::sqrt(8.0));
         }
         double maximum = *std::max_element(scores.begin(), scores.end());
         double total = 0;

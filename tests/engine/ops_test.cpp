@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "engine_test_support.h"
@@ -293,7 +294,7 @@ TEST(Softmax, MatchesTheReferenceOverAnyDim) {
       int64_t d = WrapDim(dim, 2);
       for (int64_t i = 0; i < input.numel(); ++i) {
         std::vector<int64_t> index = UnflattenIndex(i, input.shape());
-        double maximum = -INFINITY;
+        double maximum = -std::numeric_limits<double>::infinity();
         std::vector<int64_t> probe = index;
         for (probe[d] = 0; probe[d] < input.shape()[d]; ++probe[d]) {
           maximum = std::max(maximum, ElementAt(input, probe));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "engine_test_support.h"
@@ -113,7 +114,7 @@ TEST(Pooling, MaxAvgAndAdaptiveMatchTheReference) {
     for (int64_t p = 0; p < 6; ++p) {
       for (int64_t y = 0; y < oh; ++y) {
         for (int64_t x = 0; x < ow; ++x) {
-          double best = -INFINITY;
+          double best = -std::numeric_limits<double>::infinity();
           double total = 0;
           for (int64_t ky = 0; ky < 3; ++ky) {
             for (int64_t kx = 0; kx < 2; ++kx) {

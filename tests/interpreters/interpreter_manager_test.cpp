@@ -140,7 +140,7 @@ TEST(InterpreterManager, ReplacingTwoHundredTimesLeaksNoFdsMappingsOrMemory) {
       "import orochi, orochi.nn as nn\n"
       "layer = nn.Linear(4, 2)\n"
       "assert layer(orochi.ones(3, 4)).shape == (3, 2)",
-      "replace", /*warmup_cycles=*/10, /*cycles=*/200, /*max_growth_per_cycle=*/250 * 1024);
+      "replace", /*warmup_cycles=*/10, /*cycles=*/200, /*max_growth_per_cycle=*/250L * 1024);
 }
 
 // The same for copies that imported numpy and the stdlib's C modules through Orochi's ELF
@@ -160,7 +160,7 @@ TEST(InterpreterManager, HundredCopiesThatImportedNumpyLeaveNothingBehind) {
       "assert numpy.random.default_rng(1).integers(0, 10, 5).shape == (5,)\n"
       "assert json.encoder.c_make_encoder is not None\n"
       "assert sqlite3.connect(':memory:').execute('select 2').fetchone() == (2,)",
-      "numpy copies", /*warmup_cycles=*/5, /*cycles=*/100, /*max_growth_per_cycle=*/512 * 1024);
+      "numpy copies", /*warmup_cycles=*/5, /*cycles=*/100, /*max_growth_per_cycle=*/512L * 1024);
 }
 
 }  // namespace

@@ -20,7 +20,7 @@
 #define EXPECT_OK(expr) EXPECT_TRUE((expr).ok()) << (expr).ToString()
 #define ASSERT_OK(expr)                                          \
   do {                                                           \
-    const ::orochi::Status assert_status = (expr);               \
+    const ::orochi::Status& assert_status = (expr);              \
     ASSERT_TRUE(assert_status.ok()) << assert_status.ToString(); \
   } while (false)
 

@@ -241,7 +241,7 @@ TEST(Package, EntryModuleMayBeAPackage) {
 // at open, before any of it is read, even where each member is far from the archive's limits.
 TEST(Package, CodeIsBoundedAllTogether) {
   TempDir directory;
-  std::string padding(600 * 1024, ' ');
+  std::string padding(size_t{600} * 1024, ' ');
   uint32_t state = 1;  // incompressible text: deflate would otherwise trip the ratio check
   for (char& c : padding) {
     state = state * 1664525U + 1013904223U;
