@@ -1,11 +1,16 @@
 #include "log.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 namespace orochi::server {
 namespace {
@@ -42,6 +47,29 @@ std::string Timestamp() {
   return text;
 }
 
+// The log's own descriptor for the process's stderr, taken on first use (at server start, before
+// any model code runs). Descriptor 2 itself is not the log's to rely on: a model's os.close(2)
+// frees the number, the kernel gives the lowest free number to the next accepted connection,
+// and records written to 2 would go to that client, mixed into its response. A duplicate made
+// here keeps pointing at the original stderr whatever happens to 2 later (os.dup2 over it
+// included). It is close-on-exec, so programs a model starts do not inherit it.
+int LogDescriptor() {
+  static const int descriptor = [] {
+    int duplicate = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+    return duplicate >= 0 ? duplicate : STDERR_FILENO;  // stderr closed at start: nothing better
+  }();
+  return descriptor;
+}
+
+void WriteAll(int descriptor, std::string_view text) {
+  while (!text.empty()) {
+    ssize_t written = ::write(descriptor, text.data(), text.size());
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) return;  // a log that cannot be written is dropped, not retried forever
+    text.remove_prefix(static_cast<size_t>(written));
+  }
+}
+
 }  // namespace
 
 void ConfigureLog(const std::string& level, const std::string& format) {
@@ -51,6 +79,7 @@ void ConfigureLog(const std::string& level, const std::string& format) {
                                          : LogLevel::kInfo;
   g_level = static_cast<int>(parsed);
   g_json = format == "json";
+  (void)LogDescriptor();
 }
 
 void Log(LogLevel level, const std::string& message, const std::vector<LogField>& fields) {
@@ -72,7 +101,7 @@ void Log(LogLevel level, const std::string& message, const std::vector<LogField>
   }
   line += "\n";
   std::lock_guard lock(g_write_mutex);
-  std::fwrite(line.data(), 1, line.size(), stderr);
+  WriteAll(LogDescriptor(), line);
 }
 
 }  // namespace orochi::server

@@ -1,4 +1,6 @@
-// One line per event on stderr, as text or JSON (config log.format), filtered by level.
+// One line per event on stderr, as text or JSON (config log.format), filtered by level. Written
+// through a duplicate of descriptor 2 taken at the first call, so that a model closing or
+// redirecting descriptor 2 later changes nothing for the log. Thread-safe: lines never interleave.
 #pragma once
 
 #include <string>

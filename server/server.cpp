@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <string_view>
@@ -189,6 +190,19 @@ Server::~Server() {
 Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config));
   ConfigureLog(config.log.level, config.log.format);
+  // The working directory is the process's, and a model's os.chdir() changes it for everyone:
+  // a relative repository would then be looked for elsewhere by every later upload, load and
+  // state write, and a fresh copy would import from elsewhere.
+  std::error_code cwd_error;
+  if (!config.models.repository.empty()) {
+    config.models.repository = std::filesystem::absolute(config.models.repository, cwd_error);
+  }
+  for (std::string& directory : config.python.site_packages) {
+    if (!cwd_error) directory = std::filesystem::absolute(directory, cwd_error);
+  }
+  if (cwd_error) {
+    return FailedPrecondition("cannot make the configured paths absolute: " + cwd_error.message());
+  }
   // A file-size limit must fail the write (507 for an upload), not kill the server.
   std::signal(SIGXFSZ, SIG_IGN);
   auto impl = std::make_unique<Impl>(std::move(config));

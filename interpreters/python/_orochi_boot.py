@@ -83,10 +83,27 @@ def _qualified_name(exc_type):
     return f"{module}.{exc_type.__qualname__}"
 
 
+# The most characters of an exception's message and of its formatted traceback that go to the
+# host. The host puts both into an HTTP answer and the log: a message of hundreds of megabytes
+# (`raise ValueError(huge_text)`) took the server half a minute per request to escape and send,
+# and no reader needs more than the first and last lines of a traceback.
+DESCRIPTION_LIMIT = 16384
+
+
+def _bounded(text, limit=DESCRIPTION_LIMIT):
+    """`text` if it fits in `limit` characters, else its head and tail around a note of how
+    much was cut (a traceback's last lines name the exception, so both ends matter)."""
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return f"{text[:keep]}\n... {len(text) - 2 * keep} characters cut ...\n{text[-keep:]}"
+
+
 def describe_exception(exc):
-    """(type name, message, formatted traceback) of an exception, for the host."""
+    """(type name, message, formatted traceback) of an exception, for the host; the message
+    and the traceback at most DESCRIPTION_LIMIT characters each."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return _qualified_name(type(exc)), str(exc), text
+    return _qualified_name(type(exc)), _bounded(str(exc)), _bounded(text)
 
 
 def _without_own_frames(tb):
@@ -222,9 +239,63 @@ class _HostOutputBuffer:
 
 
 def redirect_output():
-    """Called by the copy at start-up when its host takes the output (see _HostOutput)."""
+    """Called by the copy at start-up when its host takes the output (see _HostOutput): a
+    server, whose process the copy shares with every other model."""
     sys.stdout = _HostOutput(1, "<stdout>")
     sys.stderr = _HostOutput(2, "<stderr>")
+    _guard_the_servers_process()
+
+
+# The standard descriptors of a server's process: the log's stderr, and the numbers that must
+# stay taken. A model's os.close(2) (a daemon's habit) frees the number, the kernel hands the
+# lowest free number to the next connection the server accepts, and whatever is later written
+# to descriptor 2 (a C library's messages, sys.__stderr__) goes to that client.
+_STANDARD_DESCRIPTORS = range(3)
+
+
+def _guard_the_servers_process():
+    """Makes the few calls by which a model's code would end or damage the whole server raise
+    instead, with a message saying why: os._exit() and os.abort() in the server's own process
+    (a child the model forked may still use them, as it should), and os.close()/os.closerange()
+    of descriptors 0, 1 and 2. This is no sandbox (ARCHITECTURE.md): it stops the ordinary
+    mistakes, not code that means harm."""
+    import os
+    server_pid = os.getpid()
+    real_exit, real_abort = os._exit, os.abort
+    real_close, real_closerange = os.close, os.closerange
+
+    def _exit(status):
+        if os.getpid() == server_pid:
+            raise RuntimeError(f"os._exit({status!r}) would end the whole server, every other "
+                               "model with it: raise an exception instead (a forked child may "
+                               "call os._exit)")
+        real_exit(status)
+
+    def abort():
+        if os.getpid() == server_pid:
+            raise RuntimeError("os.abort() would end the whole server, every other model with "
+                               "it: raise an exception instead")
+        real_abort()
+
+    def refuse_standard(call):
+        raise PermissionError(f"{call}: descriptors 0, 1 and 2 belong to the server, and once "
+                              "closed the next client connection would take their number")
+
+    def close(fd):
+        if os.getpid() == server_pid and fd in _STANDARD_DESCRIPTORS:
+            refuse_standard(f"os.close({fd!r})")
+        real_close(fd)
+
+    def closerange(fd_low, fd_high):
+        if os.getpid() == server_pid and fd_low < len(_STANDARD_DESCRIPTORS) and fd_high > fd_low:
+            refuse_standard(f"os.closerange({fd_low!r}, {fd_high!r})")
+        real_closerange(fd_low, fd_high)
+
+    for replacement, real in ((_exit, real_exit), (abort, real_abort), (close, real_close),
+                              (closerange, real_closerange)):
+        replacement.__name__ = replacement.__qualname__ = real.__name__
+        replacement.__doc__ = real.__doc__
+        setattr(os, real.__name__, replacement)
 
 
 # --- programs (orochi python) -----------------------------------------------------------------
@@ -365,13 +436,24 @@ def eval_main(expression):
         _flush_std_streams()
 
 
+# orochi's modules as the host first reached them. orochi.serving holds every model loaded in
+# the copy: were it looked up in sys.modules on each call, a model's `del
+# sys.modules["orochi.serving"]` would hand the next call a fresh module that knows of no
+# model, and every other model in the copy would answer "not loaded".
+_host_modules = {}
+
+
 def call_target(target, args):
     """Calls "package.module:qualified.name" with positional args."""
     import importlib
     module_name, separator, qualified_name = target.partition(":")
     if not separator or not module_name or not qualified_name:
         raise ValueError(f"call target {target!r} is not of the form 'module:name'")
-    obj = importlib.import_module(module_name)
+    obj = _host_modules.get(module_name)
+    if obj is None:
+        obj = importlib.import_module(module_name)
+        if module_name.partition(".")[0] == "orochi":
+            _host_modules[module_name] = obj
     for attribute in qualified_name.split("."):
         obj = getattr(obj, attribute)
     try:

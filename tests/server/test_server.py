@@ -38,7 +38,8 @@ def pack_repository(root: str) -> str:
 class Server:
     """An `orochi serve` process on free ports."""
 
-    def __init__(self, repository: str, config: dict, copies: int = 2, preexec_fn=None):
+    def __init__(self, repository: str, config: dict, copies: int = 2, preexec_fn=None,
+                 cwd: str | None = None):
         self.directory = tempfile.mkdtemp(prefix="orochi-serve-")
         config_path = os.path.join(self.directory, "config.json")
         with open(config_path, "w") as file:
@@ -49,7 +50,8 @@ class Server:
             [BINARY, "serve", "--config", config_path, "--model-repository", repository,
              "--http-port", "0", "--metrics-port", "0", "--management-port", "0",
              "--copies", str(copies), "--bind",
-             "127.0.0.1"], stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
+             "127.0.0.1"], stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
+            cwd=cwd)
         deadline = time.time() + 60
         while time.time() < deadline:
             with open(self.log_path) as log:
@@ -1049,6 +1051,116 @@ class ForkTest(unittest.TestCase):
                 except ProcessLookupError:
                     pass
             shutil.rmtree(root)
+
+
+class HostileModelTest(unittest.TestCase):
+    """Model code that reaches past its model, at the process, its descriptors, its working
+    directory or the modules that every model in a copy shares: the server answers it with an
+    error that says what happened, and the other model in the same copy (one copy, so both
+    share it) goes on answering."""
+
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="orochi-hostile-test-")
+        for name in ("hostile", "slow"):
+            target = os.path.join(self.root, "repository", name, "1")
+            os.makedirs(target)
+            subprocess.run([BINARY, "pack", os.path.join(HERE, "models", name), "-o",
+                            os.path.join(target, "model.orochi")], check=True,
+                           capture_output=True)
+        # Relative, as `orochi serve --model-repository repo` is typed: a model's os.chdir()
+        # must not move it.
+        self.server = Server("repository", {}, copies=1, cwd=self.root)
+
+    def tearDown(self):
+        code = self.server.stop() if self.server.process.poll() is None else None
+        shutil.rmtree(self.root)
+        self.assertEqual(code, 0, "the server was still running and exited cleanly")
+
+    def hostile(self, mode):
+        status, _, body = post_json(self.server, "/v2/models/hostile/infer", {"inputs": [
+            {"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]}]})
+        return status, json.loads(body)
+
+    def assert_both_models_answer(self):
+        status, answer = self.hostile("fine")
+        self.assertEqual(status, 200, answer)
+        self.assertEqual(answer["outputs"][0]["data"], [1.0])
+        status, _, body = post_json(self.server, "/v2/models/slow/infer", slow_request("sleep"))
+        self.assertEqual(status, 200, body)
+        self.assertEqual(json.loads(body)["outputs"][0]["data"], [True])
+
+    def test_ending_the_process_is_refused_with_a_model_error(self):
+        for mode, call in (("exit", "os._exit(7)"), ("abort", "os.abort()")):
+            with self.subTest(mode):
+                status, answer = self.hostile(mode)
+                self.assertEqual(status, 500, answer)
+                self.assertIn(f"RuntimeError: {call} would end the whole server", answer["error"])
+                self.assertIn("hostile:1>/code/model.py", answer["error"])
+                self.assertIsNone(self.server.process.poll(), "the server is still running")
+                self.assert_both_models_answer()
+
+    def test_closing_the_standard_descriptors_is_refused(self):
+        for mode, call in (("close_stderr", "os.close(2)"),
+                           ("close_std_range", "os.closerange(0, 1024)")):
+            with self.subTest(mode):
+                status, answer = self.hostile(mode)
+                self.assertEqual(status, 500, answer)
+                self.assertIn(f"PermissionError: {call}: descriptors 0, 1 and 2 belong to the "
+                              "server", answer["error"])
+                self.assert_both_models_answer()
+
+    def test_a_freed_stderr_number_never_carries_log_records_to_a_client(self):
+        # os.fdopen(2).close() frees descriptor 2 past the guard on os.close: the next
+        # connection takes the number. The log keeps its own descriptor, so no record goes
+        # into that connection's answer (curl saw "HTTP/0.9" garbage before).
+        status, answer = self.hostile("close_stderr_file")
+        self.assertEqual(status, 200, answer)
+        for _ in range(3):
+            self.assert_both_models_answer()
+        deadline = time.time() + 10
+        while "target=/v2/models/slow/infer status=200" not in self.server.log_text():
+            self.assertLess(time.time(), deadline, "the requests after the close are logged")
+            time.sleep(0.05)
+
+    def test_forgetting_the_serving_module_does_not_unload_the_other_models(self):
+        status, answer = self.hostile("forget_serving")
+        self.assertEqual(status, 200, answer)
+        self.assert_both_models_answer()
+
+    def test_a_change_of_directory_does_not_move_the_repository(self):
+        status, answer = self.hostile("chdir")
+        self.assertEqual(status, 200, answer)
+        management = f"http://127.0.0.1:{self.server.management_port}/v2/repository"
+        status, _, body = curl("-X", "POST", f"{management}/models/slow/unload")
+        self.assertEqual(status, 200, body)
+        status, _, body = curl("-X", "POST", f"{management}/models/slow/load")
+        self.assertEqual(status, 200, body)
+        status, _, body = curl("-T", os.path.join(self.root, "repository", "hostile", "1",
+                                                  "model.orochi"),
+                               f"{management}/models/hostile/versions/2")
+        self.assertEqual(status, 400, body)  # read from the repository: its manifest says 1
+        self.assertIn("uploaded as hostile version 2", json.loads(body)["error"])
+        status, _, body = curl("-X", "POST", f"{management}/index")
+        self.assertEqual(status, 200, body)
+        self.assertEqual(sorted(entry["name"] for entry in json.loads(body)),
+                         ["hostile", "slow"])
+        self.assert_both_models_answer()
+
+    def test_a_huge_error_message_is_cut_and_answered_at_once(self):
+        started = time.monotonic()
+        status, answer = self.hostile("huge_error")
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertEqual(status, 500)
+        self.assertLess(len(answer["error"]), 64 << 10)
+        self.assertRegex(answer["error"], r"^ValueError: x+\n\.\.\. \d+ characters cut \.\.\.\n")
+        self.assertIn('raise ValueError("x" * (16 << 20))', answer["error"])
+        self.assert_both_models_answer()
+
+    def test_outputs_under_keys_that_are_not_names_are_named(self):
+        status, answer = self.hostile("odd_keys")
+        self.assertEqual(status, 500)
+        self.assertIn("predict() returned outputs [1, None] that the manifest does not declare",
+                      answer["error"])
 
 
 class ShutdownTest(unittest.TestCase):

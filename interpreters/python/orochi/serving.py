@@ -309,7 +309,8 @@ def _predict(key, inputs):
     if not isinstance(result, dict):
         raise TypeError(f"predict() must return a dict of outputs, not {type(result).__name__}")
     declared = {spec["name"] for spec in model.outputs}
-    unknown = sorted(set(result) - declared)
+    # In the dict's order, not sorted: keys that are not strings (1, None) do not sort together.
+    unknown = [key for key in result if key not in declared]
     if unknown:
         raise ValueError(f"predict() returned outputs {unknown} that the manifest does not "
                          f"declare (declared: {sorted(declared)})")

@@ -1,0 +1,33 @@
+"""Model code that misbehaves on request, for the tests that the server survives it: each mode
+is something a model's code may do that reaches past the model (the process, its descriptors,
+its working directory, the modules every model shares)."""
+
+import os
+import sys
+
+
+class Hostile:
+    def __init__(self, context):
+        pass
+
+    def predict(self, inputs):
+        mode = inputs["mode"][0].decode()
+        if mode == "exit":
+            os._exit(7)
+        elif mode == "abort":
+            os.abort()
+        elif mode == "close_stderr":
+            os.close(2)
+        elif mode == "close_std_range":
+            os.closerange(0, 1024)
+        elif mode == "close_stderr_file":  # frees descriptor 2 past the guard on os.close
+            os.fdopen(2, "wb").close()
+        elif mode == "forget_serving":  # the module that holds every model of the copy
+            del sys.modules["orochi.serving"]
+        elif mode == "chdir":
+            os.chdir("/")
+        elif mode == "huge_error":
+            raise ValueError("x" * (16 << 20))
+        elif mode == "odd_keys":
+            return {"out": [1.0], 1: [2.0], None: [3.0]}
+        return {"out": [1.0]}
