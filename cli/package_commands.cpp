@@ -303,7 +303,8 @@ int Run(const RunOptions& options) {
   Result<std::unique_ptr<interpreters::ReplicatedModel>> model =
       interpreters::ReplicatedModel::Load(**manager, ModelSourceFrom(package, options.config));
   if (!model.ok()) return Fail(model.status());
-  Result<std::vector<interpreters::NamedTensor>> outputs = (*model)->Predict(parsed->inputs);
+  Result<std::vector<interpreters::NamedTensor>> outputs =
+      (*model)->Predict(parsed->inputs, parsed->parameters);
   if (!outputs.ok()) return Fail(outputs.status());
   server::kserve::EncodedResponse response =
       server::kserve::EncodeInferResponse(manifest, *parsed, *outputs);

@@ -161,18 +161,26 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
   return model;
 }
 
-Result<std::vector<NamedTensor>> ReplicatedModel::Predict(const std::vector<NamedTensor>& inputs) {
+Result<std::vector<NamedTensor>> ReplicatedModel::Predict(const std::vector<NamedTensor>& inputs,
+                                                          const RequestParameters& parameters) {
   if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
   InterpreterManager::Lease lease = manager_.AcquireAnyOf(slots_);
-  return PredictIn(*lease, inputs);
+  return PredictIn(*lease, inputs, parameters);
 }
 
-Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(
-    Interpreter& copy, const std::vector<NamedTensor>& inputs) {
+Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(Interpreter& copy,
+                                                            const std::vector<NamedTensor>& inputs,
+                                                            const RequestParameters& parameters) {
   if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
   ValueList arguments;
   for (const NamedTensor& input : inputs) arguments.items.push_back(ToValue(input));
-  const std::vector<Value> call{key_, std::move(arguments)};
+  // [[name, value], ...]: plain values, which the copy makes into a dict.
+  ValueList named_parameters;
+  for (const auto& [name, value] : parameters) {
+    Value item = std::visit([](const auto& held) { return Value(held); }, value);
+    named_parameters.items.push_back(ValueList{{Value(name), std::move(item)}});
+  }
+  const std::vector<Value> call{key_, std::move(arguments), std::move(named_parameters)};
   copy.SetCaller(key_);
   Result<Value> outputs = copy.Call("orochi.serving:_predict", call);
   if (!outputs.ok()) {

@@ -133,6 +133,40 @@ void AppendNumber(T value, std::string* out) {
   }
 }
 
+// The request's parameters that are the model's: all but those the server reads. The document
+// keeps an object's keys sorted, as RequestParameters wants them.
+Result<interpreters::RequestParameters> ModelParameters(const Json& parameters) {
+  interpreters::RequestParameters read;
+  for (const auto& [name, value] : parameters.items()) {
+    if (name == "timeout" || name == "binary_data_output") continue;
+    switch (value.type()) {
+      case Json::value_t::boolean:
+        read.emplace_back(name, value.get<bool>());
+        break;
+      case Json::value_t::number_integer:
+        read.emplace_back(name, value.get<int64_t>());
+        break;
+      case Json::value_t::number_unsigned:
+        if (value.get<uint64_t>() <= uint64_t{INT64_MAX}) {
+          read.emplace_back(name, static_cast<int64_t>(value.get<uint64_t>()));
+        } else {
+          read.emplace_back(name, value.get<double>());
+        }
+        break;
+      case Json::value_t::number_float:
+        read.emplace_back(name, value.get<double>());
+        break;
+      case Json::value_t::string:
+        read.emplace_back(name, value.get<std::string>());
+        break;
+      default:
+        return Bad("parameter " + Quoted(name) + " must be a string, a number or a boolean, not " +
+                   std::string(value.type_name()) + " (KServe v2 parameters)");
+    }
+  }
+  return read;
+}
+
 bool BinaryRequested(const Json& parameters) {
   auto found = parameters.find("binary_data");
   return found != parameters.end() && found->is_boolean() && found->get<bool>();
@@ -171,6 +205,7 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
     if (auto output = parameters->find("binary_data_output"); output != parameters->end()) {
       request.all_outputs_binary = output->is_boolean() && output->get<bool>();
     }
+    OROCHI_ASSIGN_OR_RETURN(request.parameters, ModelParameters(*parameters));
   }
   auto inputs = json.find("inputs");
   if (inputs == json.end() || !inputs->is_array()) return Bad("'inputs' must be an array");

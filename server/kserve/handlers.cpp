@@ -318,7 +318,8 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
   }
   std::vector<interpreters::NamedTensor> inputs = std::move(infer->inputs);
   Status submitted = models_.Submit(
-      model, std::move(inputs), infer->rows, deadline, [respond] { return respond.client_gone(); },
+      model, std::move(inputs), infer->parameters, infer->rows, deadline,
+      [respond] { return respond.client_gone(); },
       [this, model, version, infer, received, respond](
           Result<std::vector<interpreters::NamedTensor>> outputs, const InferTimings& timings) {
         const std::chrono::nanoseconds total = Clock::now() - received;

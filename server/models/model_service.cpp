@@ -595,12 +595,14 @@ std::shared_ptr<ServedModel> ModelService::FindByKey(const std::string& key) con
 }
 
 Status ModelService::Submit(const std::shared_ptr<const ServedModel>& model,
-                            std::vector<interpreters::NamedTensor> inputs, int64_t rows,
+                            std::vector<interpreters::NamedTensor> inputs,
+                            interpreters::RequestParameters parameters, int64_t rows,
                             std::optional<Clock::time_point> deadline,
                             std::function<bool()> abandoned, Done done) {
   InferJob job;
   job.abandoned = std::move(abandoned);
   job.inputs = std::move(inputs);
+  job.parameters = std::move(parameters);
   job.rows = rows;
   job.deadline = deadline;
   job.done = [holder = model, rows, done = std::move(done)](

@@ -121,7 +121,8 @@ class ModelService : public SchedulerObserver {
       std::function<void(Result<std::vector<interpreters::NamedTensor>>, const InferTimings&)>;
   // Queues inference; refusals come back as the Status (and `done` is not called).
   Status Submit(const std::shared_ptr<const ServedModel>& model,
-                std::vector<interpreters::NamedTensor> inputs, int64_t rows,
+                std::vector<interpreters::NamedTensor> inputs,
+                interpreters::RequestParameters parameters, int64_t rows,
                 std::optional<Clock::time_point> deadline, std::function<bool()> abandoned,
                 Done done);
 

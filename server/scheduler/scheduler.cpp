@@ -288,31 +288,37 @@ Scheduler::ModelQueue* Scheduler::Pick(size_t slot) {
 std::vector<InferJob> Scheduler::TakeBatch(std::unique_lock<std::mutex>& lock, ModelQueue& queue) {
   std::vector<InferJob> batch;
   const BatchingOptions& batching = queue.batching;
-  int64_t rows = 0;
-  auto take_fitting = [&] {
-    while (!queue.jobs.empty() && batching.max_batch_size > 0 &&
-           rows + queue.jobs.front().rows <= batching.max_batch_size) {
-      rows += queue.jobs.front().rows;
+  batch.push_back(std::move(queue.jobs.front()));
+  queue.jobs.pop_front();
+  int64_t rows = batch.front().rows;
+  if (batching.max_batch_size <= 0) return batch;
+  // Takes the requests that join the batch, in arrival order: the first that cannot (too many
+  // rows, or other parameters) ends it rather than being overtaken by later ones. Returns
+  // whether later requests could still join.
+  auto take_joining = [&] {
+    while (!queue.jobs.empty()) {
+      const InferJob& next = queue.jobs.front();
+      if (rows + next.rows > batching.max_batch_size ||
+          next.parameters != batch.front().parameters) {
+        return false;
+      }
+      rows += next.rows;
       batch.push_back(std::move(queue.jobs.front()));
       queue.jobs.pop_front();
     }
+    return true;
   };
-  batch.push_back(std::move(queue.jobs.front()));
-  queue.jobs.pop_front();
-  rows = batch.front().rows;
-  if (batching.max_batch_size <= 0) return batch;
-  take_fitting();
   auto preferred = [&] {
     return std::find(batching.preferred_batch_sizes.begin(), batching.preferred_batch_sizes.end(),
                      rows) != batching.preferred_batch_sizes.end();
   };
   // Wait for more requests while the batch can grow and its oldest request may still wait.
   const Clock::time_point until = batch.front().enqueued + batching.max_queue_delay;
-  while (rows < batching.max_batch_size && !preferred() && !stopping_ && Clock::now() < until) {
+  while (take_joining() && rows < batching.max_batch_size && !preferred() && !stopping_ &&
+         Clock::now() < until) {
     queue.running++;  // the model must not be removed under the waiting batch
     work_ready_.wait_until(lock, until);
     queue.running--;
-    take_fitting();
   }
   return batch;
 }
@@ -403,7 +409,8 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
   // comes back, if ever.
   const std::shared_ptr<interpreters::ReplicatedModel> model = queue.model;
   Result<std::vector<NamedTensor>> outputs =
-      inputs.ok() ? model->PredictIn(*lease, *inputs) : inputs.status();
+      inputs.ok() ? model->PredictIn(*lease, *inputs, batch->jobs.front().parameters)
+                  : inputs.status();
   const Clock::time_point end = Clock::now();
   bool interrupted = false;
   bool unloading = false;

@@ -3,7 +3,8 @@
 //
 // A worker takes the oldest waiting request among the models its copy holds. For a model with
 // max_batch_size > 0 it keeps taking that model's requests (waiting up to max_queue_delay_us
-// for more, stopping at a preferred batch size) until the batch is full, concatenates their
+// for more, stopping at a preferred batch size, or at a request whose parameters differ from
+// the first's) until the batch is full, concatenates their
 // inputs along dim 0, runs predict() once in its copy and splits the outputs back by rows.
 // Requests whose deadline passes while queued are answered with kDeadlineExceeded and never
 // run. A batch still running at its earliest deadline is interrupted inside its copy
@@ -48,6 +49,9 @@ using InferDone =
 
 struct InferJob {
   std::vector<interpreters::NamedTensor> inputs;
+  // predict() takes one set of parameters per call, so only requests with equal parameters
+  // are batched together.
+  interpreters::RequestParameters parameters;
   int64_t rows = 0;  // the batch dim of every input; 0 for models that do not batch
   Clock::time_point enqueued = Clock::now();
   std::optional<Clock::time_point> deadline;

@@ -299,6 +299,30 @@ TEST(ParseInferRequest, ReadsNanAndInfinity) {
   }
 }
 
+TEST(ParseInferRequest, KeepsTheRequestParametersThatAreTheModels) {
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {1});
+  const std::string input = R"("inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1]}])";
+  Result<InferRequest> parsed =
+      Parse(manifest, R"({"parameters":{"top_k":5,"label":"cat","exact":true,"temperature":0.5,)"
+                      R"("huge":18446744073709551615,"timeout":1000,"binary_data_output":false},)" +
+                          input + "}");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  // Sorted by name; those the server reads itself are not the model's.
+  const interpreters::RequestParameters expected = {{"exact", true},
+                                                    {"huge", 18446744073709551615.0},
+                                                    {"label", std::string("cat")},
+                                                    {"temperature", 0.5},
+                                                    {"top_k", int64_t{5}}};
+  EXPECT_EQ(parsed->parameters, expected);
+  EXPECT_EQ(parsed->timeout, std::chrono::microseconds(1000));
+  for (const std::string value : {"null", "[1]", "{\"a\":1}"}) {
+    parsed = Parse(manifest, R"({"parameters":{"p":)" + value + "}," + input + "}");
+    ASSERT_FALSE(parsed.ok()) << value;
+    EXPECT_THAT(parsed.status().message(),
+                HasSubstr("parameter \"p\" must be a string, a number or a boolean"));
+  }
+}
+
 TEST(ParseInferRequest, RefusesAKeyGivenTwice) {
   const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {1});
   for (const std::string& body :
@@ -339,7 +363,8 @@ TEST(ParseInferRequest, BothWaysOfReadingAgreeOnRandomRequests) {
   for (int round = 0; round < 3000; ++round) {
     const auto& [datatype, name] = datatypes[random() % datatypes.size()];
     engine::Shape shape;
-    for (size_t rank = random() % 3; shape.size() < rank;) shape.push_back(static_cast<int64_t>(random() % 3));
+    for (size_t rank = random() % 3; shape.size() < rank;)
+      shape.push_back(static_cast<int64_t>(random() % 3));
     // Nested as the shape, flat, or either with a value or an array too many or too few.
     std::function<std::string(size_t)> nested = [&](size_t depth) -> std::string {
       if (depth == shape.size()) return values[random() % values.size()];

@@ -455,6 +455,42 @@ class ServerTest(SharedServerTest):
                           metrics.decode())
         self.assertLess(int(bucket.group(1)), int(count.group(1)), "some batches had > 1 row")
 
+    def test_request_parameters_reach_predict_and_batch_only_when_equal(self):
+        # Two groups of clients, each with its own parameters: every row comes back shifted by
+        # its own request's "add" (a batch that mixed them would shift some rows wrongly), and
+        # requests with equal parameters still ran together.
+        results = {}
+
+        def client(index):
+            request = echo_request(rows=1, values={"INT64": [index]})
+            request["parameters"] = {"add": 1000 if index >= 8 else 0, "note": "group",
+                                     "timeout": 30_000_000}
+            status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
+            outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
+            results[index] = (status, outputs["out_int64"]["data"], outputs["batch"]["data"])
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.005)
+        for thread in threads:
+            thread.join()
+        for index, (status, shifted, _) in results.items():
+            self.assertEqual((status, shifted), (200, [index + (1000 if index >= 8 else 0)]))
+        self.assertGreater(max(batch[0] for _, _, batch in results.values()), 1)
+        # KServe v2 parameters are strings, numbers or booleans.
+        request = echo_request()
+        request["parameters"] = {"add": [1]}
+        status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
+        self.assertEqual((status, json.loads(body)["error"]),
+                         (400, 'parameter "add" must be a string, a number or a boolean, not '
+                               'array (KServe v2 parameters)'))
+        # A model whose predict() takes no parameters is called without them.
+        body = slow_request("sleep", 0.0)
+        body["parameters"] = {"add": 1}
+        status, _, text = post_json(self.server, "/v2/models/slow/infer", body)
+        self.assertEqual(status, 200, text)
+
     def test_metrics_pass_promtool(self):
         post_json(self.server, "/v2/models/echo/infer", echo_request())
         status, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")

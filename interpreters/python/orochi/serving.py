@@ -198,8 +198,23 @@ class _LoadedModel:
         self.instance = target(self.context)
         if not callable(getattr(self.instance, "predict", None)):
             raise TypeError(f"{manifest['entry']} has no predict(inputs) method")
+        self.takes_parameters = _takes_parameters(self.instance.predict)
         self.outputs = manifest["outputs"]
         self.batched = manifest.get("max_batch_size", 0) > 0
+
+
+def _takes_parameters(predict):
+    """Whether predict() has a `parameters` argument (or **kwargs) for the request's parameters;
+    a model that does not ask for them is called as predict(inputs), as before they existed."""
+    import inspect
+    try:
+        signature = inspect.signature(predict)
+    except (TypeError, ValueError):  # a callable without a signature: inputs only
+        return False
+    return any(parameter.kind is inspect.Parameter.VAR_KEYWORD or
+               (parameter.name == "parameters" and
+                parameter.kind is not inspect.Parameter.POSITIONAL_ONLY)
+               for parameter in signature.parameters.values())
 
 
 def _check_shape(kind, spec, shape, batched):
@@ -273,8 +288,9 @@ def _load(key, manifest_json, config_json, code, weights):
     return True
 
 
-def _predict(key, inputs):
-    """inputs: [[name, tensor | [shape, [bytes, ...]]], ...] -> outputs in the same form."""
+def _predict(key, inputs, parameters=()):
+    """inputs: [[name, tensor | [shape, [bytes, ...]]], ...] -> outputs in the same form;
+    parameters: the request's [[name, value], ...], for a predict() that takes them."""
     model = _loaded.get(key)
     if model is None:
         raise LookupError(f"model {key} is not loaded in this copy")
@@ -305,7 +321,10 @@ def _predict(key, inputs):
     missing = sorted(set(specs) - set(arguments))
     if missing:
         raise InputError(f"missing inputs {missing}")
-    result = model.instance.predict(arguments)
+    if model.takes_parameters:
+        result = model.instance.predict(arguments, parameters=dict(parameters))
+    else:
+        result = model.instance.predict(arguments)
     if not isinstance(result, dict):
         raise TypeError(f"predict() must return a dict of outputs, not {type(result).__name__}")
     declared = {spec["name"] for spec in model.outputs}

@@ -37,6 +37,11 @@ struct NamedTensor {
   std::variant<engine::Tensor, BytesTensor> value;
 };
 
+// A request's own parameters, for predict(): KServe v2 allows a string, a number or a boolean
+// under each name. Sorted by name, each name once (predict() gets them as a dict).
+using ParameterValue = std::variant<bool, int64_t, double, std::string>;
+using RequestParameters = std::vector<std::pair<std::string, ParameterValue>>;
+
 struct ModelSource {
   // Unique among the models loaded into one manager, e.g. "digits:1".
   std::string key;
@@ -68,12 +73,15 @@ class ReplicatedModel {
   // Errors: kInvalidArgument for inputs the model's checks refuse (orochi.serving.InputError),
   // kPythonError (with the traceback as detail) for exceptions raised by the model,
   // kUnavailable once unloaded.
-  Result<std::vector<NamedTensor>> Predict(const std::vector<NamedTensor>& inputs);
+  // `parameters` reach predict() only when it takes a `parameters` argument.
+  Result<std::vector<NamedTensor>> Predict(const std::vector<NamedTensor>& inputs,
+                                           const RequestParameters& parameters = {});
 
   // Runs predict() in `copy`, which the caller holds through a Lease on one of slots(). For
   // schedulers that give each copy its own worker thread.
   Result<std::vector<NamedTensor>> PredictIn(Interpreter& copy,
-                                             const std::vector<NamedTensor>& inputs);
+                                             const std::vector<NamedTensor>& inputs,
+                                             const RequestParameters& parameters = {});
 
   // Unloads the model from every copy, freeing its Python objects; weights are released when
   // the last tensor viewing them goes. Idempotent.

@@ -23,6 +23,9 @@ struct InferRequest {
   std::vector<interpreters::NamedTensor> inputs;  // in the manifest's order
   int64_t rows = 0;                               // the batch dim, for models that batch
   std::optional<std::chrono::microseconds> timeout;
+  // The request's parameters other than those read here (timeout, binary_data_output), for the
+  // model's predict().
+  interpreters::RequestParameters parameters;
   std::vector<std::string> outputs;  // requested outputs; empty: all
   std::set<std::string> binary_outputs;
   bool all_outputs_binary = false;

@@ -7,8 +7,11 @@ class Echo:
     def __init__(self, context):
         self.names = [spec["name"] for spec in context.manifest["inputs"]]
 
-    def predict(self, inputs):
+    def predict(self, inputs, parameters):
         outputs = {name.replace("in_", "out_", 1): value for name, value in inputs.items()}
+        # The request's parameter "add" shifts out_int64, to show whose parameters a row ran with.
+        if "add" in parameters:
+            outputs["out_int64"] = inputs["in_int64"] + parameters["add"]
         rows = inputs["in_int64"].shape[0]
         outputs["batch"] = orochi.full((rows, 1), rows)  # how many rows ran together
         return outputs
