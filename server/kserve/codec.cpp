@@ -7,8 +7,11 @@
 #include <map>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
 #include <utility>
 
+#include "orochi/base/check.h"
 #include "orochi/engine/dtype.h"
 #include "orochi/engine/error.h"
 #include "orochi/server/kserve_codec.h"
@@ -167,6 +170,52 @@ Result<interpreters::RequestParameters> ModelParameters(const Json& parameters) 
   return read;
 }
 
+const TensorSpec& OutputSpec(const Manifest& manifest, const std::string& name) {
+  auto spec = std::find_if(manifest.outputs.begin(), manifest.outputs.end(),
+                           [&](const TensorSpec& candidate) { return candidate.name == name; });
+  OROCHI_INTERNAL_ASSERT(spec != manifest.outputs.end(), "an output the manifest does not declare");
+  return *spec;
+}
+
+// Triton's classification extension: along the last dim (the classes), the `count` largest
+// scores as "score:index", largest first. Ties go to the lower index, NaN ranks above every
+// number (as torch.topk ranks it), and a count past the classes gives them all.
+BytesTensor Classify(const engine::Tensor& output, int64_t count) {
+  const engine::Tensor scores = output.Contiguous();
+  engine::Shape shape = scores.shape();
+  if (shape.empty()) shape.push_back(1);
+  const int64_t classes = shape.back();
+  const int64_t kept = std::min(count, classes);
+  const int64_t vectors = classes == 0 ? 0 : scores.numel() / classes;
+  BytesTensor result;
+  shape.back() = kept;
+  result.shape = shape;
+  result.items.reserve(static_cast<size_t>(vectors * kept));
+  std::vector<int64_t> order(static_cast<size_t>(classes));
+  engine::VisitDType(scores.dtype(), [&]<typename T>() {
+    for (int64_t vector = 0; vector < vectors; ++vector) {
+      const T* row = scores.data_as<T>() + vector * classes;
+      auto above = [&](int64_t a, int64_t b) {
+        const auto left = engine::Convert<double>(row[a]);
+        const auto right = engine::Convert<double>(row[b]);
+        if (std::isnan(left) || std::isnan(right)) return std::isnan(left) && !std::isnan(right);
+        return left > right;
+      };
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(
+          order.begin(), order.begin() + kept, order.end(),
+          [&](int64_t a, int64_t b) { return above(a, b) || (!above(b, a) && a < b); });
+      for (int64_t rank = 0; rank < kept; ++rank) {
+        std::string item;
+        AppendNumber(row[order[rank]], &item);
+        item += ':' + std::to_string(order[rank]);
+        result.items.push_back(std::move(item));
+      }
+    }
+  });
+  return result;
+}
+
 bool BinaryRequested(const Json& parameters) {
   auto found = parameters.find("binary_data");
   return found != parameters.end() && found->is_boolean() && found->get<bool>();
@@ -312,14 +361,24 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
       const std::string output_name = name->get<std::string>();
       bool known = false;
       for (const TensorSpec& spec : manifest.outputs) known = known || spec.name == output_name;
-      if (!known) {
+      if (!known) {  // before OutputSpec, which wants a declared name
         return Bad("unexpected requested output '" + output_name + "' for model '" + manifest.name +
                    "'");
       }
       request.outputs.push_back(output_name);
-      if (auto parameters = output.find("parameters");
-          parameters != output.end() && parameters->is_object() && BinaryRequested(*parameters)) {
-        request.binary_outputs.insert(output_name);
+      auto parameters = output.find("parameters");
+      if (parameters == output.end() || !parameters->is_object()) continue;
+      if (BinaryRequested(*parameters)) request.binary_outputs.insert(output_name);
+      if (auto classes = parameters->find("classification"); classes != parameters->end()) {
+        if (!classes->is_number_integer() || classes->get<int64_t>() < 1) {
+          return Bad("output '" + output_name +
+                     "': classification must be a positive integer (how many classes to return)");
+        }
+        if (OutputSpec(manifest, output_name).datatype == DataType::kBytes) {
+          return Bad("output '" + output_name +
+                     "' is BYTES: classification needs an output of scores");
+        }
+        request.classification[output_name] = classes->get<int64_t>();
       }
     }
   }
@@ -358,7 +417,8 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
   size_t values = 0;  // to be written as JSON
   for (const NamedTensor& output : outputs) {
     const auto* tensor = std::get_if<engine::Tensor>(&output.value);
-    if (tensor != nullptr && selected(output.name) && !as_binary(output.name)) {
+    if (tensor != nullptr && selected(output.name) && !as_binary(output.name) &&
+        request.classification.count(output.name) == 0) {
       values += static_cast<size_t>(tensor->numel());
     }
   }
@@ -375,12 +435,18 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
     const TensorSpec& spec = manifest.outputs[i];
     if (!selected(output.name)) continue;
     const bool binary_output = as_binary(output.name);
+    std::optional<BytesTensor> classes;
+    if (auto count = request.classification.find(output.name);
+        count != request.classification.end()) {
+      classes = Classify(std::get<engine::Tensor>(output.value), count->second);
+    }
     json += first ? "{" : ",{";
     first = false;
     json += "\"name\":" + Quoted(output.name) + ",\"datatype\":\"" +
-            std::string(DataTypeName(spec.datatype)) + "\",\"shape\":";
+            std::string(DataTypeName(classes ? DataType::kBytes : spec.datatype)) + "\",\"shape\":";
     const size_t binary_before = binary.size();
-    if (const auto* bytes = std::get_if<BytesTensor>(&output.value)) {
+    const BytesTensor* bytes = classes ? &*classes : std::get_if<BytesTensor>(&output.value);
+    if (bytes != nullptr) {
       json += Json(bytes->shape).dump();
       if (binary_output) {
         for (const std::string& item : bytes->items) {

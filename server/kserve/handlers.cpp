@@ -188,7 +188,7 @@ void KServeApi::Register(http::Router& router) {
       [](http::Request&&, const http::PathParams&, const http::Responder& respond) {
         respond(Ok({{"name", "orochi"},
                     {"version", OROCHI_SERVER_VERSION},
-                    {"extensions", {"binary_tensor_data", "statistics", "model_configuration"}}}));
+                    {"extensions", {"binary_tensor_data", "classification", "statistics", "model_configuration"}}}));
       });
 
   auto metadata = [this](http::Request&&, const http::PathParams& params,

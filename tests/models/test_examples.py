@@ -196,6 +196,26 @@ class ServedExamplesTest(unittest.TestCase):
         self.assertGreaterEqual(accuracy, MIN_DIGITS_ACCURACY)
         self.assertAlmostEqual(accuracy, heldout["accuracy_in_build"], places=6)
 
+    def test_digits_classes_as_triton_clients_ask_for_them(self):
+        # tritonclient's InferRequestedOutput("probabilities", class_count=3): the three most
+        # probable digits per image, most probable first, agreeing with the model's own "digit".
+        heldout = json.loads((EXAMPLES / "digits" / "heldout.json").read_text())
+        rows = heldout["images"][:4]
+        request = {"inputs": [{"name": "image", "datatype": "FP32", "shape": [len(rows), 64],
+                               "data": [v for row in rows for v in row]}],
+                   "outputs": [{"name": "digit"},
+                               {"name": "probabilities", "parameters": {"classification": 3}}]}
+        status, _, body = self.infer("digits", json.dumps(request).encode())
+        self.assertEqual(status, 200, body)
+        outputs = {output["name"]: output for output in json.loads(body)["outputs"]}
+        classes = outputs["probabilities"]
+        self.assertEqual((classes["datatype"], classes["shape"]), ("BYTES", [4, 3]))
+        for row in range(4):
+            top = [entry.split(":") for entry in classes["data"][3 * row:3 * row + 3]]
+            scores = [float(score) for score, _ in top]
+            self.assertEqual(scores, sorted(scores, reverse=True))
+            self.assertEqual(int(top[0][1]), outputs["digit"]["data"][row])
+
     def test_bad_inputs_are_client_errors_that_say_why(self):
         too_bright = {"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 64],
                                   "data": [20] * 64}]}

@@ -523,6 +523,55 @@ TEST(EncodeInferResponse, IsValidJsonWithRequestedOutputsAndBinaryData) {
   EXPECT_EQ(binary.body.size() - *binary.json_length, 24U);
 }
 
+// Triton's classification extension: the top scores along the last dim as "score:index",
+// per row of a batch, as BYTES, in JSON or binary.
+TEST(EncodeInferResponse, GivesClassesWhenAskedForThem) {
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {4}, /*max_batch_size=*/8);
+  const std::string input = R"("inputs":[{"name":"x","datatype":"FP32","shape":[2,4],)"
+                            R"("data":[0,0,0,0,0,0,0,0]}])";
+  auto classify = [&](const std::string& parameters, const std::vector<double>& scores) {
+    Result<InferRequest> request = Parse(
+        manifest, "{" + input + R"(,"outputs":[{"name":"y","parameters":)" + parameters + "}]}");
+    EXPECT_TRUE(request.ok()) << request.status().message();
+    return EncodeInferResponse(manifest, *request, {Output(DataType::kFp32, {2, 4}, scores)});
+  };
+  const std::vector<double> scores = {0.1, 0.7, 0.2, 0.7, 3, 1, 2, NAN};
+  Json response = Json::parse(classify(R"({"classification":2})", scores).body);
+  const Json& output = response["outputs"][0];
+  EXPECT_EQ(output["datatype"], "BYTES");
+  EXPECT_EQ(output["shape"], Json::parse("[2, 2]"));
+  // Ties to the lower index; NaN above every number, as torch.topk ranks it.
+  EXPECT_EQ(output["data"], Json::parse(R"(["0.7:1", "0.7:3", "NaN:3", "3.0:0"])"));
+  // More classes than there are: all of them.
+  response = Json::parse(classify(R"({"classification":9})", scores).body);
+  EXPECT_EQ(response["outputs"][0]["shape"], Json::parse("[2, 4]"));
+  // Binary: each class as a BYTES element.
+  const EncodedResponse binary = classify(R"({"classification":1,"binary_data":true})", scores);
+  ASSERT_TRUE(binary.json_length.has_value());
+  const std::string data = binary.body.substr(*binary.json_length);
+  EXPECT_EQ(data, std::string("\x05\0\0\0"
+                              "0.7:1"
+                              "\x05\0\0\0"
+                              "NaN:3",
+                              18));
+
+  for (const std::string parameters :
+       {R"({"classification":0})", R"({"classification":"2"})", R"({"classification":1.5})"}) {
+    Result<InferRequest> request = Parse(
+        manifest, "{" + input + R"(,"outputs":[{"name":"y","parameters":)" + parameters + "}]}");
+    ASSERT_FALSE(request.ok()) << parameters;
+    EXPECT_EQ(request.status().message(),
+              "output 'y': classification must be a positive integer (how many classes to return)");
+  }
+  const packaging::Manifest strings = EchoManifest(DataType::kBytes, {1});
+  Result<InferRequest> request =
+      Parse(strings, R"({"inputs":[{"name":"x","datatype":"BYTES","shape":[1],"data":["a"]}],)"
+                     R"("outputs":[{"name":"y","parameters":{"classification":1}}]})");
+  ASSERT_FALSE(request.ok());
+  EXPECT_EQ(request.status().message(),
+            "output 'y' is BYTES: classification needs an output of scores");
+}
+
 TEST(Codec, ARequestRoundTripsThroughTheEncoder) {
   // What the server answers, sent back as a request, reads as the same tensor.
   const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {3});

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <optional>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -28,6 +29,8 @@ struct InferRequest {
   interpreters::RequestParameters parameters;
   std::vector<std::string> outputs;  // requested outputs; empty: all
   std::set<std::string> binary_outputs;
+  // Outputs asked for as classes (Triton's classification extension): name -> how many.
+  std::map<std::string, int64_t> classification;
   bool all_outputs_binary = false;
 };
 
