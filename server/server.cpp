@@ -222,8 +222,9 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
                                           : std::max(1U, std::thread::hardware_concurrency());
   manager_options.flags.extra_paths = cfg.python.site_packages;
   s.model_output = std::make_unique<ModelOutputLog>(manager_options.copies);
-  manager_options.output = [&s](size_t slot, const interpreters::OutputLine& line) {
-    s.model_output->Write(slot, line);
+  manager_options.output = [&s](const interpreters::OutputSource& source,
+                                const interpreters::OutputLine& line) {
+    s.model_output->Write(source, line);
   };
   OROCHI_ASSIGN_OR_RETURN(s.manager,
                           interpreters::InterpreterManager::Create(std::move(manager_options)));
