@@ -49,10 +49,12 @@ bool IsControl(char c) {
   return byte < 0x20 || byte == 0x7f;
 }
 
+// '=' needs none: an unquoted value ends at the next space, so it cannot start another field,
+// and a request's target (`?a=b`) stays readable.
 bool NeedsQuotes(std::string_view value) {
   if (value.empty()) return true;
   return std::any_of(value.begin(), value.end(), [](char c) {
-    return c == ' ' || c == '"' || c == '=' || c == '\\' || IsControl(c);
+    return c == ' ' || c == '"' || c == '\\' || IsControl(c);
   });
 }
 

@@ -54,8 +54,11 @@ TEST(Log, TextValuesThatNeedItAreQuotedAndEscaped) {
             "2026-01-02T03:04:05.678Z warning m error=\"no such file\" empty=\"\"");
   EXPECT_EQ(Text("m", {{"line", R"(say "hi" \o/)"}}),
             R"(2026-01-02T03:04:05.678Z warning m line="say \"hi\" \\o/")");
-  EXPECT_EQ(Text("m", {{"line", std::string("bell\x07tab\t=", 10)}}),
-            R"(2026-01-02T03:04:05.678Z warning m line="bell\u0007tab\t=")");
+  EXPECT_EQ(Text("m", {{"line", std::string("bell\x07tab\t", 9)}}),
+            R"(2026-01-02T03:04:05.678Z warning m line="bell\u0007tab\t")");
+  // An unquoted value ends at a space, so '=' in it cannot start a field.
+  EXPECT_EQ(Text("request", {{"target", "/v2/health/live?probe=1"}}),
+            "2026-01-02T03:04:05.678Z warning request target=/v2/health/live?probe=1");
 }
 
 TEST(Log, AValueCannotStartAnotherRecordOrForgeAField) {
