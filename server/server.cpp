@@ -232,6 +232,8 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   s.metrics.Copies("idle", static_cast<int64_t>(s.manager->size()));
   s.metrics.Copies("busy", 0);
   s.metrics.Copies("abandoned", 0);
+  s.metrics.Copies("failed", 0);
+  s.metrics.Copies("missing_models", 0);
   s.models = std::make_unique<ModelService>(*s.manager, cfg.models, s.metrics);
   OROCHI_RETURN_IF_ERROR(s.models->LoadFromRepository());
 

@@ -684,6 +684,10 @@ class DeadlineTest(SharedServerTest):
         self.assertIn("interpreter copy replaced", self.server.log_text())
         _, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
         self.assertIn('orochi_interpreter_copies{state="replaced"} 1', metrics.decode())
+        # The abandoned copy is still stuck, but its batch was answered: no copy is busy.
+        self.assertIn('orochi_interpreter_copies{state="busy"} 0', metrics.decode())
+        self.assertIn('orochi_interpreter_copies{state="idle"} 1', metrics.decode())
+        self.assertIn('orochi_interpreter_copies{state="missing_models"} 0', metrics.decode())
 
 
 class AbandonedCopiesTest(unittest.TestCase):
