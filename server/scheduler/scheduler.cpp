@@ -283,16 +283,16 @@ size_t Scheduler::Stop(std::optional<Clock::time_point> deadline) {
       worker.thread.detach();
     }
     if (watchdog_.joinable()) threads.push_back(std::move(watchdog_));
-    // The workers answered every request of the models they hold; what is left belongs to
-    // models that no copy holds now (their replacement is still loading or failed).
+    // The workers that exited ran every request of the models they hold; what is left waits
+    // for a copy left behind, or for a model no copy holds now (its replacement is still
+    // loading it, or failed to): nothing will run it, and its client must not wait forever.
     for (auto& [key, queue] : queues_) {
       for (InferJob& job : queue->jobs) leftover.push_back(std::move(job));
       queue->jobs.clear();
     }
   }
   for (InferJob& job : leftover) {
-    job.done(Unavailable("the server shut down before the request ran: no interpreter copy held "
-                         "its model"),
+    job.done(Unavailable("the server shut down before the request could run"),
              InferTimings{Clock::now() - job.enqueued, {}, 0});
   }
   for (const std::shared_ptr<Batch>& batch : stuck) {
