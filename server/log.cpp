@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -70,6 +71,50 @@ void WriteAll(int descriptor, std::string_view text) {
   }
 }
 
+bool IsControl(char c) {
+  const auto byte = static_cast<unsigned char>(c);
+  return byte < 0x20 || byte == 0x7f;
+}
+
+// '=' needs none: an unquoted value ends at the next space, so it cannot start another field,
+// and a request's target (`?a=b`) stays readable.
+bool NeedsQuotes(std::string_view value) {
+  if (value.empty()) return true;
+  return std::any_of(value.begin(), value.end(),
+                     [](char c) { return c == ' ' || c == '"' || c == '\\' || IsControl(c); });
+}
+
+// `text` with '"', '\\' and control characters escaped, onto `out`.
+void AppendEscaped(std::string_view text, std::string& out) {
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (IsControl(c)) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof(escaped), "\\u%04x", static_cast<unsigned char>(c));
+          out += escaped;
+        } else {
+          out += c;
+        }
+    }
+  }
+}
+
 }  // namespace
 
 void ConfigureLog(const std::string& level, const std::string& format) {
@@ -82,23 +127,40 @@ void ConfigureLog(const std::string& level, const std::string& format) {
   (void)LogDescriptor();
 }
 
+std::string FormatLogRecord(LogLevel level, const std::string& time, const std::string& message,
+                            const std::vector<LogField>& fields, bool json) {
+  if (json) {
+    nlohmann::json entry{{"time", time}, {"level", LevelName(level)}, {"message", message}};
+    for (const LogField& field : fields) {
+      nlohmann::json value = field.quoted ? nlohmann::json(field.value)
+                                          : nlohmann::json::parse(field.value, nullptr, false);
+      // A bare value must be one JSON scalar; anything else (a parse failure would dump as
+      // "<discarded>", which is not JSON) goes in as the string it is.
+      if (!value.is_primitive() || value.is_discarded() || value.is_null()) value = field.value;
+      entry[field.key] = std::move(value);
+    }
+    return entry.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  std::string line = time + " " + LevelName(level) + " ";
+  AppendEscaped(message, line);
+  for (const LogField& field : fields) {
+    line += ' ';
+    line += field.key;
+    line += '=';
+    if (NeedsQuotes(field.value)) {
+      line += '"';
+      AppendEscaped(field.value, line);
+      line += '"';
+    } else {
+      line += field.value;
+    }
+  }
+  return line;
+}
+
 void Log(LogLevel level, const std::string& message, const std::vector<LogField>& fields) {
   if (static_cast<int>(level) < g_level.load()) return;
-  std::string line;
-  if (g_json.load()) {
-    nlohmann::json entry{{"time", Timestamp()}, {"level", LevelName(level)}, {"message", message}};
-    for (const LogField& field : fields) {
-      if (field.quoted) {
-        entry[field.key] = field.value;
-      } else {
-        entry[field.key] = nlohmann::json::parse(field.value, nullptr, false);
-      }
-    }
-    line = entry.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  } else {
-    line = Timestamp() + " " + LevelName(level) + " " + message;
-    for (const LogField& field : fields) line += " " + field.key + "=" + field.value;
-  }
+  std::string line = FormatLogRecord(level, Timestamp(), message, fields, g_json.load());
   line += "\n";
   std::lock_guard lock(g_write_mutex);
   WriteAll(LogDescriptor(), line);

@@ -20,4 +20,14 @@ struct LogField {
 void ConfigureLog(const std::string& level, const std::string& format);
 void Log(LogLevel level, const std::string& message, const std::vector<LogField>& fields = {});
 
+// One record as Log writes it, without the newline. Whatever the message and values hold
+// (spaces, quotes, newlines of a traceback or a model's output), a record is one line and
+// reads back the same. Text: `TIME LEVEL message key=value ...`, a value in double quotes
+// when it is empty or holds a space, '"', '\\' or a control character, with '"', '\\'
+// and control characters escaped as in JSON strings (logfmt's rules); control characters in
+// the message are escaped the same way. JSON: one object, a value that is not `quoted` and
+// not a JSON number (or true, false) written as a string.
+std::string FormatLogRecord(LogLevel level, const std::string& time, const std::string& message,
+                            const std::vector<LogField>& fields, bool json);
+
 }  // namespace orochi::server

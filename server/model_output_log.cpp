@@ -25,7 +25,7 @@ ModelOutputLog::ModelOutputLog(size_t copies, ModelOutputLimits limits, Emit emi
                                std::function<Clock::time_point()> now)
     : limits_(limits), emit_(std::move(emit)), now_(std::move(now)) {
   const Clock::time_point start = now_();
-  for (size_t i = 0; i < copies; ++i) {
+  for (size_t i = 0; i <= copies; ++i) {
     auto copy = std::make_unique<Copy>();
     copy->tokens = limits_.burst;
     copy->refilled = start;
@@ -33,9 +33,18 @@ ModelOutputLog::ModelOutputLog(size_t copies, ModelOutputLimits limits, Emit emi
   }
 }
 
-void ModelOutputLog::Write(size_t slot, const interpreters::OutputLine& line) {
-  if (slot >= copies_.size()) return;
-  Copy& copy = *copies_[slot];
+void ModelOutputLog::Write(const interpreters::OutputSource& source,
+                           const interpreters::OutputLine& line) {
+  const size_t slots = copies_.size() - 1;
+  if (source.slot >= slots) return;
+  Copy& copy = *copies_[source.abandoned ? slots : source.slot];
+  // Where the line comes from, the same in its record and in a report of dropped lines.
+  std::vector<LogField> origin{{"copy", std::to_string(source.slot), false}};
+  if (source.abandoned) {
+    origin.push_back({"abandoned", "true", false});
+    origin.push_back({"copy_id", std::to_string(source.copy_id), false});
+  }
+  AddModelFields(line.caller, origin);
   int64_t dropped = 0;
   {
     std::lock_guard lock(copy.mutex);
@@ -54,8 +63,7 @@ void ModelOutputLog::Write(size_t slot, const interpreters::OutputLine& line) {
     }
   }
   if (dropped > 0) {
-    std::vector<LogField> fields{{"copy", std::to_string(slot), false}};
-    AddModelFields(line.caller, fields);
+    std::vector<LogField> fields = origin;
     fields.push_back({"dropped_lines", std::to_string(dropped), false});
     fields.push_back({"lines_per_second",
                       std::to_string(static_cast<int64_t>(limits_.lines_per_second)), false});
@@ -63,9 +71,8 @@ void ModelOutputLog::Write(size_t slot, const interpreters::OutputLine& line) {
           fields);
   }
   const bool stderr_line = line.stream == interpreters::OutputLine::Stream::kStderr;
-  std::vector<LogField> fields{{"stream", stderr_line ? "stderr" : "stdout"},
-                               {"copy", std::to_string(slot), false}};
-  AddModelFields(line.caller, fields);
+  std::vector<LogField> fields{{"stream", stderr_line ? "stderr" : "stdout"}};
+  fields.insert(fields.end(), origin.begin(), origin.end());
   fields.push_back({"line", std::string(line.text)});
   if (line.cut) fields.push_back({"cut", "true", false});
   emit_(stderr_line ? LogLevel::kWarning : LogLevel::kInfo, "model output", fields);

@@ -16,6 +16,7 @@
 
 #include "log.h"
 #include "orochi/interpreters/interpreter.h"
+#include "orochi/interpreters/interpreter_manager.h"
 
 namespace orochi::server {
 
@@ -39,9 +40,13 @@ class ModelOutputLog {
   explicit ModelOutputLog(size_t copies, ModelOutputLimits limits = {}, Emit emit = Log,
                           std::function<Clock::time_point()> now = Clock::now);
 
-  // One line of copy `slot`: a record at info (stdout) or warning (stderr) with the stream,
-  // the copy, the model and version of its caller, the line, and `cut` when it was cut.
-  void Write(size_t slot, const interpreters::OutputLine& line);
+  // One line of a copy: a record at info (stdout) or warning (stderr) with the stream, the
+  // copy's slot, the model and version of its caller, the line, and `cut` when it was cut. A
+  // line of an abandoned copy (its stuck call returning at last) also says `abandoned` and the
+  // copy's id: the slot's `copy` number belongs to its replacement by then. The caller is the
+  // abandoned copy's own, so the line is credited to the model it was stuck in. Abandoned
+  // copies share one budget of their own, so that they cannot use up their slot's.
+  void Write(const interpreters::OutputSource& source, const interpreters::OutputLine& line);
 
  private:
   struct Copy {
@@ -55,7 +60,7 @@ class ModelOutputLog {
   ModelOutputLimits limits_;
   Emit emit_;
   std::function<Clock::time_point()> now_;
-  std::vector<std::unique_ptr<Copy>> copies_;
+  std::vector<std::unique_ptr<Copy>> copies_;  // by slot, then one for every abandoned copy
 };
 
 }  // namespace orochi::server

@@ -236,8 +236,9 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
                                           : std::max(1U, std::thread::hardware_concurrency());
   manager_options.flags.extra_paths = cfg.python.site_packages;
   s.model_output = std::make_unique<ModelOutputLog>(manager_options.copies);
-  manager_options.output = [&s](size_t slot, const interpreters::OutputLine& line) {
-    s.model_output->Write(slot, line);
+  manager_options.output = [&s](const interpreters::OutputSource& source,
+                                const interpreters::OutputLine& line) {
+    s.model_output->Write(source, line);
   };
   OROCHI_ASSIGN_OR_RETURN(s.manager,
                           interpreters::InterpreterManager::Create(std::move(manager_options)));
@@ -245,6 +246,8 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   s.metrics.Copies("idle", static_cast<int64_t>(s.manager->size()));
   s.metrics.Copies("busy", 0);
   s.metrics.Copies("abandoned", 0);
+  s.metrics.Copies("failed", 0);
+  s.metrics.Copies("missing_models", 0);
   s.models = std::make_unique<ModelService>(*s.manager, cfg.models, s.metrics);
   OROCHI_RETURN_IF_ERROR(s.models->LoadFromRepository());
 

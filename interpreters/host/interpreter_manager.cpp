@@ -21,14 +21,17 @@ InterpreterManager::~InterpreterManager() {
   // Each Interpreter unloads itself when its last reference goes.
 }
 
-InterpreterOptions InterpreterManager::OptionsFor(int copy_id, size_t slot) const {
+InterpreterOptions InterpreterManager::OptionsFor(
+    int copy_id, size_t slot, std::shared_ptr<const std::atomic<bool>> abandoned) const {
   InterpreterOptions options;
   options.id = copy_id;
   options.host_functions = options_.host_functions;
   options.flags = options_.flags;
   if (options_.output) {
-    options.output = [output = options_.output, slot](const OutputLine& line) {
-      output(slot, line);
+    // The flag, not the manager: an abandoned copy may write after the manager is gone.
+    options.output = [output = options_.output, slot, copy_id,
+                      abandoned = std::move(abandoned)](const OutputLine& line) {
+      output(OutputSource{slot, copy_id, abandoned->load()}, line);
     };
   }
   return options;
@@ -41,18 +44,19 @@ Result<std::unique_ptr<InterpreterManager>> InterpreterManager::Create(ManagerOp
   std::vector<Result<std::unique_ptr<Interpreter>>> created;
   created.reserve(count);
   for (size_t i = 0; i < count; ++i) created.emplace_back(Internal("not started"));
+  manager->slots_.resize(count);
   {
     // CPython start-up is CPU-bound: one thread per copy puts every core to work.
     std::vector<std::jthread> starters;
     starters.reserve(count);
     for (size_t i = 0; i < count; ++i) {
-      InterpreterOptions copy_options = manager->OptionsFor(static_cast<int>(i), i);
+      InterpreterOptions copy_options =
+          manager->OptionsFor(static_cast<int>(i), i, manager->slots_[i].abandoned);
       starters.emplace_back([&created, i, copy_options = std::move(copy_options)]() mutable {
         created[i] = Interpreter::Create(std::move(copy_options));
       });
     }
   }
-  manager->slots_.resize(count);
   for (size_t i = 0; i < count; ++i) {
     if (!created[i].ok()) return created[i].status();
     manager->slots_[i].interpreter = std::move(created[i]).value();
@@ -99,10 +103,14 @@ Status InterpreterManager::Abandon(size_t slot) {
     std::lock_guard lock(mutex_);
     copy_id = next_copy_id_++;
   }
-  Result<std::unique_ptr<Interpreter>> fresh = Interpreter::Create(OptionsFor(copy_id, slot));
+  auto fresh_abandoned = std::make_shared<std::atomic<bool>>(false);
+  Result<std::unique_ptr<Interpreter>> fresh =
+      Interpreter::Create(OptionsFor(copy_id, slot, fresh_abandoned));
   if (!fresh.ok()) return fresh.status();
   {
     std::lock_guard lock(mutex_);
+    slots_[slot].abandoned->store(true);
+    slots_[slot].abandoned = std::move(fresh_abandoned);
     abandoned_.push_back(std::move(slots_[slot].interpreter));
     slots_[slot].interpreter = std::move(fresh).value();
     slots_[slot].generation++;
@@ -157,17 +165,21 @@ Status InterpreterManager::Replace(size_t slot) {
   OROCHI_INTERNAL_ASSERT(slot < slots_.size(), "Replace: slot out of range");
   std::shared_ptr<Interpreter> old;
   int copy_id = 0;
+  auto fresh_abandoned = std::make_shared<std::atomic<bool>>(false);
   {
     std::unique_lock lock(mutex_);
     slot_freed_.wait(lock, [&] { return !slots_[slot].leased; });
     slots_[slot].leased = true;  // keep others out while the copy is swapped
     old = slots_[slot].interpreter;
     copy_id = next_copy_id_++;
+    // The old copy is unloaded, not abandoned: nothing of it can write any more.
+    slots_[slot].abandoned = fresh_abandoned;
   }
   // Unload first: whoever still holds the old copy now gets kUnavailable, never a dead table.
   Status unloaded = old->Unload();
   old.reset();
-  Result<std::unique_ptr<Interpreter>> fresh = Interpreter::Create(OptionsFor(copy_id, slot));
+  Result<std::unique_ptr<Interpreter>> fresh =
+      Interpreter::Create(OptionsFor(copy_id, slot, fresh_abandoned));
   Status started = fresh.status();
   {
     std::lock_guard lock(mutex_);

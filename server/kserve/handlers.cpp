@@ -86,7 +86,22 @@ Json ModelStatsJson(const ServedModel& model) {
           {"batch_stats", batches}};
 }
 
-std::string ReasonOf(StatusCode code) {
+std::optional<size_t> HeaderLength(const http::Request& request, bool* malformed) {
+  auto found = request.find("Inference-Header-Content-Length");
+  *malformed = false;
+  if (found == request.end()) return std::nullopt;
+  std::string text(found->value());
+  if (text.empty() || text.size() > 18 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
+    *malformed = true;
+    return std::nullopt;
+  }
+  return static_cast<size_t>(std::stoull(text));
+}
+
+}  // namespace
+
+std::string FailureReason(StatusCode code) {
   switch (code) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kOutOfRange:
@@ -106,20 +121,10 @@ std::string ReasonOf(StatusCode code) {
   }
 }
 
-std::optional<size_t> HeaderLength(const http::Request& request, bool* malformed) {
-  auto found = request.find("Inference-Header-Content-Length");
-  *malformed = false;
-  if (found == request.end()) return std::nullopt;
-  std::string text(found->value());
-  if (text.empty() || text.size() > 18 ||
-      text.find_first_not_of("0123456789") != std::string::npos) {
-    *malformed = true;
-    return std::nullopt;
-  }
-  return static_cast<size_t>(std::stoull(text));
+std::string ParseFailureReason(StatusCode code) {
+  // The parse has no queue to find full: its kResourceExhausted is memory it could not get.
+  return code == StatusCode::kResourceExhausted ? "out_of_memory" : FailureReason(code);
 }
-
-}  // namespace
 
 unsigned HttpStatusOf(StatusCode code) {
   switch (code) {
@@ -287,22 +292,22 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
   std::shared_ptr<const ServedModel> model = Resolve(params, respond);
   if (model == nullptr) return;
   const std::string version = std::to_string(model->version);
-  auto fail = [&](const Status& status) {
-    metrics_.RequestDone(model->name, version, ReasonOf(status.code()), Clock::now() - received, {},
-                         {});
+  auto fail = [&](const Status& status, const std::string& reason) {
+    metrics_.RequestDone(model->name, version, reason, Clock::now() - received, {}, {});
     respond(http::ErrorResponse(HttpStatusOf(status.code()), status.message()));
   };
   bool malformed = false;
   std::optional<size_t> json_length = HeaderLength(request, &malformed);
   if (malformed) {
-    fail(InvalidArgument("Inference-Header-Content-Length must be a byte count"));
+    fail(InvalidArgument("Inference-Header-Content-Length must be a byte count"),
+         FailureReason(StatusCode::kInvalidArgument));
     return;
   }
   ParseLimits limits{config_.http.max_json_depth};
   Result<InferRequest> parsed =
       ParseInferRequest(model->manifest(), request.body(), json_length, limits);
   if (!parsed.ok()) {
-    fail(parsed.status());
+    fail(parsed.status(), ParseFailureReason(parsed.status().code()));
     return;
   }
   auto infer = std::make_shared<InferRequest>(std::move(parsed).value());
@@ -325,13 +330,13 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
         const std::chrono::nanoseconds total = Clock::now() - received;
         if (!outputs.ok()) {
           const Status& error = outputs.status();
-          metrics_.RequestDone(model->name, version, ReasonOf(error.code()), total, timings.queue,
-                               timings.compute);
+          metrics_.RequestDone(model->name, version, FailureReason(error.code()), total,
+                               timings.queue, timings.compute);
           std::string message = error.message();
           if (error.code() == StatusCode::kPythonError && !error.detail().empty()) {
             message += "\n" + error.detail();
           }
-          if (ReasonOf(error.code()) == "client_gone") {
+          if (FailureReason(error.code()) == "client_gone") {
             // Not a client error: nginx's 499, so that a vanished client is not counted as a
             // 400 (the answer itself reaches no one).
             http::Response response = http::ErrorResponse(499, message);
@@ -352,7 +357,7 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
                              timings.compute);
         respond(std::move(response));
       });
-  if (!submitted.ok()) fail(submitted);
+  if (!submitted.ok()) fail(submitted, FailureReason(submitted.code()));
 }
 
 }  // namespace orochi::server::kserve

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "http/router.h"
 #include "metrics/metrics.h"
@@ -14,6 +15,12 @@ namespace orochi::server::kserve {
 
 // The HTTP status for a library error, with Triton's mapping.
 unsigned HttpStatusOf(StatusCode code);
+
+// The `reason` label of orochi_inference_requests_total for a request answered with `code`.
+std::string FailureReason(StatusCode code);
+// The same for a request whose body could not be parsed, where kResourceExhausted means that
+// its tensors could not be allocated (`out_of_memory`), not a full queue; still a 503.
+std::string ParseFailureReason(StatusCode code);
 
 class KServeApi {
  public:

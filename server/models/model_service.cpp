@@ -640,17 +640,15 @@ void ModelService::OnQueueDepth(const std::string& model_key, int64_t depth) {
   metrics_.QueueDepth(model_key.substr(0, colon), model_key.substr(colon + 1), depth);
 }
 
-void ModelService::OnCopyReplaced(size_t slot, const Status& result) {
-  replaced_copies_++;
-  metrics_.Copies("replaced", replaced_copies_.load());
-  if (result.ok()) {
-    Log(LogLevel::kWarning, "interpreter copy replaced: it did not stop after an interrupt",
-        {{"copy", std::to_string(slot), false}});
-  } else {
-    metrics_.Copies("failed", 1);
-    Log(LogLevel::kError, "replacing a stuck interpreter copy failed",
-        {{"copy", std::to_string(slot), false}, {"error", result.message()}});
-  }
+void ModelService::OnCopyReplaced(size_t slot) {
+  metrics_.Copies("replaced", ++replaced_copies_);
+  Log(LogLevel::kWarning, "interpreter copy replaced: it did not stop after an interrupt",
+      {{"copy", std::to_string(slot), false}});
+}
+
+void ModelService::OnCopiesRecovering(int64_t without_copy, int64_t missing_models) {
+  metrics_.Copies("failed", without_copy);
+  metrics_.Copies("missing_models", missing_models);
 }
 
 void ModelService::OnAbandonedCopies(int64_t running) { metrics_.Copies("abandoned", running); }

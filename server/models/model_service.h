@@ -136,7 +136,8 @@ class ModelService : public SchedulerObserver {
                std::chrono::nanoseconds compute, bool ok) override;
   void OnQueueDepth(const std::string& model_key, int64_t depth) override;
   void OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) override;
-  void OnCopyReplaced(size_t slot, const Status& result) override;
+  void OnCopyReplaced(size_t slot) override;
+  void OnCopiesRecovering(int64_t without_copy, int64_t missing_models) override;
   void OnCopyRunning(size_t slot, bool running) override;
   void OnAbandonedCopies(int64_t running) override;
   void OnModelUnavailable(const std::string& model_key, const std::string& reason) override;

@@ -92,11 +92,12 @@ Result<std::vector<NamedTensor>> Slice(const std::vector<NamedTensor>& outputs, 
 
 Scheduler::Scheduler(interpreters::InterpreterManager& manager, size_t max_queue_size,
                      std::chrono::milliseconds execution_grace, size_t max_abandoned_copies,
-                     SchedulerObserver* observer)
+                     SchedulerObserver* observer, RetryBackoff replacement_retry)
     : manager_(manager),
       max_queue_size_(max_queue_size),
       execution_grace_(execution_grace),
       max_abandoned_copies_(max_abandoned_copies),
+      replacement_retry_(replacement_retry),
       observer_(observer),
       workers_(manager.size()) {
   for (size_t slot = 0; slot < manager.size(); ++slot) {
@@ -111,6 +112,7 @@ void Scheduler::AddModel(std::shared_ptr<interpreters::ReplicatedModel> model,
                          BatchingOptions batching) {
   auto queue = std::make_unique<ModelQueue>();
   queue->held_by.assign(manager_.size(), false);
+  queue->missing_in.assign(manager_.size(), false);
   for (size_t slot : model->slots()) queue->held_by[slot] = true;
   queue->model = std::move(model);
   queue->batching = std::move(batching);
@@ -129,6 +131,14 @@ size_t Scheduler::RemoveModel(const std::string& key, std::optional<Clock::durat
     ModelQueue* queue = found->second.get();
     // Drain: no new requests, but the queued and running ones are still answered normally.
     queue->closing = true;
+    // Except where no copy holds the model (its replacements are still loading it, or failed
+    // to): a closing model is not loaded again, so nothing would ever run them.
+    if (std::find(queue->held_by.begin(), queue->held_by.end(), true) == queue->held_by.end()) {
+      refused.assign(std::make_move_iterator(queue->jobs.begin()),
+                     std::make_move_iterator(queue->jobs.end()));
+      if (!queue->jobs.empty() && observer_ != nullptr) observer_->OnQueueDepth(key, 0);
+      queue->jobs.clear();
+    }
     auto drained = [&] { return stopping_ || (queue->running == 0 && queue->jobs.empty()); };
     if (!grace) {
       idle_.wait(lock, drained);
@@ -171,6 +181,7 @@ size_t Scheduler::RemoveModel(const std::string& key, std::optional<Clock::durat
     }
     removed = std::move(found->second);
     queues_.erase(found);
+    ReportRecovering();  // a slot may have been missing only this model
   }
   for (InferJob& job : removed->jobs) refused.push_back(std::move(job));  // only when stopping
   for (InferJob& job : refused) {
@@ -183,7 +194,22 @@ size_t Scheduler::RemoveModel(const std::string& key, std::optional<Clock::durat
 std::string Scheduler::UnavailableReason(std::string_view model_key) const {
   std::lock_guard lock(mutex_);
   auto found = queues_.find(model_key);
-  return found != queues_.end() ? found->second->unavailable : std::string();
+  if (found == queues_.end()) return {};
+  const ModelQueue& queue = *found->second;
+  return !queue.unavailable.empty() ? queue.unavailable : NoCopyReason(queue);
+}
+
+std::string Scheduler::NoCopyReason(const ModelQueue& queue) {
+  // While a replacement is merely under way the requests wait for it; only once loading the
+  // model into it failed is there no telling when a copy will hold it again.
+  if (queue.load_error.empty() ||
+      std::find(queue.held_by.begin(), queue.held_by.end(), true) != queue.held_by.end()) {
+    return {};
+  }
+  return "model " + queue.model->key() +
+         " has no interpreter copy to run in: loading it into the replacement of a stuck copy "
+         "failed (" +
+         queue.load_error + "); the load is retried";
 }
 
 Status Scheduler::Submit(const std::string& model_key, InferJob job) {
@@ -194,6 +220,7 @@ Status Scheduler::Submit(const std::string& model_key, InferJob job) {
   ModelQueue& queue = *found->second;
   if (queue.closing) return Unavailable("model " + model_key + " is being unloaded");
   if (!queue.unavailable.empty()) return Unavailable(queue.unavailable);
+  if (std::string no_copy = NoCopyReason(queue); !no_copy.empty()) return Unavailable(no_copy);
   if (queue.jobs.size() >= max_queue_size_) {
     return Status(StatusCode::kResourceExhausted, "the queue of model " + model_key + " is full (" +
                                                       std::to_string(max_queue_size_) +
@@ -210,6 +237,7 @@ Status Scheduler::Submit(const std::string& model_key, InferJob job) {
 size_t Scheduler::Stop(std::optional<Clock::time_point> deadline) {
   std::vector<std::thread> threads;
   std::vector<std::shared_ptr<Batch>> stuck;
+  std::vector<InferJob> leftover;
   size_t left_behind = 0;
   {
     std::unique_lock lock(mutex_);
@@ -255,6 +283,17 @@ size_t Scheduler::Stop(std::optional<Clock::time_point> deadline) {
       worker.thread.detach();
     }
     if (watchdog_.joinable()) threads.push_back(std::move(watchdog_));
+    // The workers that exited ran every request of the models they hold; what is left waits
+    // for a copy left behind, or for a model no copy holds now (its replacement is still
+    // loading it, or failed to): nothing will run it, and its client must not wait forever.
+    for (auto& [key, queue] : queues_) {
+      for (InferJob& job : queue->jobs) leftover.push_back(std::move(job));
+      queue->jobs.clear();
+    }
+  }
+  for (InferJob& job : leftover) {
+    job.done(Unavailable("the server shut down before the request could run"),
+             InferTimings{Clock::now() - job.enqueued, {}, 0});
   }
   for (const std::shared_ptr<Batch>& batch : stuck) {
     Answer(*batch,
@@ -325,11 +364,22 @@ std::vector<InferJob> Scheduler::TakeBatch(std::unique_lock<std::mutex>& lock, M
 
 void Scheduler::Work(size_t slot, uint64_t generation) {
   std::unique_lock lock(mutex_);
-  while (workers_[slot].generation == generation) {
+  Worker& worker = workers_[slot];
+  while (worker.generation == generation) {
+    // No new copy or load once stopping: Stop would have to wait for it.
+    const bool repairing = !stopping_ && NeedsRepair(slot);
+    if (repairing && Clock::now() >= worker.retry_at) {
+      RepairSlot(lock, slot, generation);
+      continue;
+    }
     ModelQueue* queue = Pick(slot);
     if (queue == nullptr) {
       if (stopping_) return;
-      work_ready_.wait(lock);
+      if (repairing) {
+        work_ready_.wait_until(lock, worker.retry_at);
+      } else {
+        work_ready_.wait(lock);
+      }
       continue;
     }
     std::vector<InferJob> batch = TakeBatch(lock, *queue);
@@ -402,9 +452,10 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
     worker.deadline = deadline;
     worker.interrupted = false;
     worker.unloading = false;
+    // Under the lock, as ReplaceStuckCopy's matching call is: an abandon cannot come between.
+    if (observer_ != nullptr) observer_->OnCopyRunning(slot, true);
   }
   watch_.notify_all();
-  if (observer_ != nullptr) observer_->OnCopyRunning(slot, true);
   // Held here: a model removed while this copy is stuck in it is destroyed only once the thread
   // comes back, if ever.
   const std::shared_ptr<interpreters::ReplicatedModel> model = queue.model;
@@ -521,6 +572,8 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   worker.deadline.reset();
   worker.queue = nullptr;
   worker.thread.detach();  // it may never come back from the copy
+  // Its thread returns early, if ever, without ending the batch for the observer.
+  if (observer_ != nullptr) observer_->OnCopyRunning(slot, false);
   if (queue != nullptr) queue->running--;
   idle_.notify_all();
   abandoned_running_++;
@@ -547,26 +600,7 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   }
   const std::string unavailable = queue != nullptr ? queue->unavailable : std::string();
   const std::string model_key = queue != nullptr ? queue->model->key() : std::string();
-  const uint64_t generation = worker.generation;
-  std::vector<std::shared_ptr<interpreters::ReplicatedModel>> held;
-  for (auto& [key, candidate] : queues_) {
-    if (candidate->held_by[slot] && candidate.get() != leaving) held.push_back(candidate->model);
-  }
-  // A fresh copy, with the same models, takes the slot; its worker starts when it is ready.
-  worker.thread = std::thread([this, slot, generation, held = std::move(held)] {
-    Status replaced = manager_.Abandon(slot);
-    for (const auto& model : held) {
-      if (replaced.ok()) replaced = model->LoadInto(slot);
-    }
-    if (observer_ != nullptr) observer_->OnCopyReplaced(slot, replaced);
-    if (replaced.ok()) {
-      WorkThenExit(slot, generation);
-    } else {
-      std::lock_guard lock(mutex_);
-      if (workers_[slot].generation == generation) workers_[slot].exited = true;
-      idle_.notify_all();
-    }
-  });
+  StartReplacementWorker(slot, leaving);
   lock.unlock();
   const Clock::time_point now = Clock::now();
   InferTimings timings{{}, now - batch->started, 0};
@@ -578,6 +612,159 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
     job.done(Unavailable(unavailable), InferTimings{now - job.enqueued, {}, 0});
   }
   lock.lock();
+}
+
+void Scheduler::StartReplacementWorker(size_t slot, const ModelQueue* leaving) {
+  // The fresh copy holds nothing until the slot's models are loaded into it again (all but
+  // `leaving`); the new worker does that first, see RepairSlot.
+  for (auto& [key, candidate] : queues_) {
+    if (!candidate->held_by[slot]) continue;
+    candidate->held_by[slot] = false;
+    candidate->missing_in[slot] = candidate.get() != leaving;
+  }
+  Worker& worker = workers_[slot];
+  worker.needs_fresh_copy = true;
+  worker.failed_attempts = 0;
+  worker.retry_at = Clock::now();
+  worker.exited = false;
+  const uint64_t generation = worker.generation;
+  worker.thread = std::thread([this, slot, generation] { WorkThenExit(slot, generation); });
+}
+
+bool Scheduler::NeedsRepair(size_t slot) const {
+  if (workers_[slot].needs_fresh_copy) return true;
+  return std::any_of(queues_.begin(), queues_.end(), [slot](const auto& entry) {
+    return entry.second->missing_in[slot] && !entry.second->closing;
+  });
+}
+
+std::chrono::milliseconds Scheduler::BackOff(Worker& worker) {
+  std::chrono::milliseconds wait = replacement_retry_.first;
+  for (int doubled = 0; doubled < worker.failed_attempts && wait < replacement_retry_.longest;
+       ++doubled) {
+    wait *= 2;
+  }
+  wait = std::min(wait, replacement_retry_.longest);
+  worker.failed_attempts++;
+  worker.retry_at = Clock::now() + wait;
+  return wait;
+}
+
+void Scheduler::ReportRecovering() {
+  if (observer_ == nullptr) return;
+  int64_t without_copy = 0;
+  int64_t missing_models = 0;
+  for (size_t slot = 0; slot < workers_.size(); ++slot) {
+    const Worker& worker = workers_[slot];
+    // A replacement under way for the first time is not a failure yet.
+    if (worker.failed_attempts == 0) continue;
+    if (worker.needs_fresh_copy) {
+      without_copy++;
+    } else if (NeedsRepair(slot)) {
+      missing_models++;
+    }
+  }
+  observer_->OnCopiesRecovering(without_copy, missing_models);
+}
+
+void Scheduler::RepairSlot(std::unique_lock<std::mutex>& lock, size_t slot, uint64_t generation) {
+  Worker& worker = workers_[slot];
+  if (worker.needs_fresh_copy) {
+    lock.unlock();
+    const Status started = manager_.Abandon(slot);
+    lock.lock();
+    if (worker.generation != generation) return;  // left behind by Stop meanwhile
+    if (!started.ok()) {
+      const std::chrono::milliseconds wait = BackOff(worker);
+      ReportRecovering();
+      Log(LogLevel::kError,
+          "replacing a stuck interpreter copy failed; the slot serves nothing until a retry "
+          "works",
+          {{"copy", std::to_string(slot), false},
+           {"attempt", std::to_string(worker.failed_attempts), false},
+           {"retry_in_ms", std::to_string(wait.count()), false},
+           {"error", started.message()}});
+      return;
+    }
+    worker.needs_fresh_copy = false;
+    if (observer_ != nullptr) observer_->OnCopyReplaced(slot);
+  }
+  // Keys, not pointers: the lock is let go during each load, and models come and go meanwhile.
+  std::vector<std::string> missing;
+  for (const auto& [key, queue] : queues_) {
+    if (queue->missing_in[slot] && !queue->closing) missing.push_back(key);
+  }
+  std::vector<std::string> failed;
+  std::vector<InferJob> refused;
+  std::string refused_reason;
+  for (const std::string& key : missing) {
+    auto found = queues_.find(key);
+    if (found == queues_.end() || !found->second->missing_in[slot] || found->second->closing) {
+      continue;
+    }
+    ModelQueue& queue = *found->second;
+    const size_t refused_before = refused.size();
+    if (!LoadMissingModel(lock, slot, queue, refused)) failed.push_back(key);
+    if (refused.size() > refused_before) refused_reason = NoCopyReason(queue);
+    if (worker.generation != generation) break;  // left behind by Stop meanwhile
+  }
+  if (!failed.empty()) {
+    const std::chrono::milliseconds wait = BackOff(worker);
+    for (const std::string& key : failed) {
+      auto found = queues_.find(key);
+      Log(LogLevel::kError,
+          "loading a model into the replacement of a stuck interpreter copy failed; the copy "
+          "serves its other models until a retry works",
+          {{"copy", std::to_string(slot), false},
+           {"model", key},
+           {"attempt", std::to_string(worker.failed_attempts), false},
+           {"retry_in_ms", std::to_string(wait.count()), false},
+           {"error", found != queues_.end() ? found->second->load_error : std::string()}});
+    }
+  } else if (worker.failed_attempts > 0) {
+    Log(LogLevel::kInfo, "the replacement of a stuck interpreter copy recovered",
+        {{"copy", std::to_string(slot), false},
+         {"failed_attempts", std::to_string(worker.failed_attempts), false}});
+    worker.failed_attempts = 0;
+  }
+  ReportRecovering();
+  work_ready_.notify_all();
+  if (refused.empty()) return;
+  lock.unlock();
+  const Clock::time_point now = Clock::now();
+  for (InferJob& job : refused) {
+    job.done(Unavailable(refused_reason), InferTimings{now - job.enqueued, {}, 0});
+  }
+  lock.lock();
+}
+
+bool Scheduler::LoadMissingModel(std::unique_lock<std::mutex>& lock, size_t slot, ModelQueue& queue,
+                                 std::vector<InferJob>& refused) {
+  // RemoveModel waits while running > 0, so the queue outlives the load, and the model is
+  // never unloaded while it is being loaded again here.
+  queue.running++;
+  const std::shared_ptr<interpreters::ReplicatedModel> model = queue.model;
+  lock.unlock();
+  const Status loaded = model->LoadInto(slot);
+  lock.lock();
+  queue.running--;
+  idle_.notify_all();
+  if (loaded.ok()) {
+    queue.missing_in[slot] = false;
+    queue.held_by[slot] = true;
+    queue.load_error.clear();
+    return true;
+  }
+  queue.load_error = loaded.message();
+  // With no copy left to run them, the queued requests would wait for a retry that may never
+  // work; new ones are refused from now on (Submit, NoCopyReason).
+  if (!NoCopyReason(queue).empty()) {
+    refused.insert(refused.end(), std::make_move_iterator(queue.jobs.begin()),
+                   std::make_move_iterator(queue.jobs.end()));
+    if (!queue.jobs.empty() && observer_ != nullptr) observer_->OnQueueDepth(queue.model->key(), 0);
+    queue.jobs.clear();
+  }
+  return false;
 }
 
 }  // namespace orochi::server

@@ -11,7 +11,8 @@
 // (TimeoutError in the model's Python code) and answered with kDeadlineExceeded; if the copy
 // does not return within the execution grace period (stuck in C code), its requests are
 // answered, the copy is abandoned and a fresh one, with the same models loaded, takes its
-// place.
+// place. A replacement that fails (the fresh copy does not start, or a model does not load
+// into it) is retried with a backoff; meanwhile the slot serves the models that did load.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -74,13 +75,29 @@ class SchedulerObserver {
                        std::chrono::nanoseconds compute, bool ok) = 0;
   virtual void OnQueueDepth(const std::string& model_key, int64_t depth) = 0;
   virtual void OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) = 0;
-  // A copy starts (true) or ends (false) running a batch.
+  // A copy starts (true) or ends (false) running a batch; a copy abandoned while running one
+  // ends it when it is abandoned. Called with the scheduler's lock held: must not call back.
   virtual void OnCopyRunning(size_t slot, bool running) = 0;
-  virtual void OnCopyReplaced(size_t slot, const Status& result) = 0;
+  // A fresh copy took the place of the stuck one in `slot` (its models are loaded next).
+  virtual void OnCopyReplaced(size_t slot) = 0;
+  // Slots whose replacement failed and is being retried: `without_copy` have no fresh copy and
+  // serve nothing, `missing_models` have one that serves without the models that failed to
+  // load into it. Called with the scheduler's lock held: must not call back.
+  virtual void OnCopiesRecovering(int64_t without_copy, int64_t missing_models) = 0;
   // Copies abandoned (replaced while stuck) whose thread still runs in them, burning CPU.
   virtual void OnAbandonedCopies(int64_t running) = 0;
   // The model takes no more requests: its code got copies stuck once too often.
   virtual void OnModelUnavailable(const std::string& model_key, const std::string& reason) = 0;
+};
+
+// How a failed replacement of a stuck copy is retried: after `first`, then twice as long after
+// each failure in a row, up to `longest`. Starting a copy and loading models costs seconds of
+// CPU that the serving copies need, so retrying faster than about a second would make a lasting
+// failure (memory short, a file gone) slow down the whole server; past a minute, a slot whose
+// cause has gone away would stay empty for longer than an operator would wait for it.
+struct RetryBackoff {
+  std::chrono::milliseconds first{1000};
+  std::chrono::milliseconds longest{60000};
 };
 
 class Scheduler {
@@ -90,7 +107,7 @@ class Scheduler {
   // refused) so that one model's stuck code cannot take every core.
   Scheduler(interpreters::InterpreterManager& manager, size_t max_queue_size,
             std::chrono::milliseconds execution_grace, size_t max_abandoned_copies,
-            SchedulerObserver* observer);
+            SchedulerObserver* observer, RetryBackoff replacement_retry = {});
   ~Scheduler();  // Stop()
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -110,8 +127,9 @@ class Scheduler {
   // `job.done` is not called; otherwise `job.done` is called exactly once.
   Status Submit(const std::string& model_key, InferJob job);
 
-  // Why the model takes no requests any more (see Observer::OnModelUnavailable); empty while
-  // it does, or when it is not in the scheduler.
+  // Why the model takes no requests (see Observer::OnModelUnavailable, or no copy holds it
+  // because loading it into the replacements of stuck copies failed); empty while it does, or
+  // when it is not in the scheduler.
   std::string UnavailableReason(std::string_view model_key) const;
 
   // Stops the workers after the queued requests are answered. A worker still running at
@@ -129,7 +147,11 @@ class Scheduler {
     int running = 0;
     bool closing = false;       // being removed: takes no new requests
     std::string unavailable;    // why it takes no requests any more (see OnModelUnavailable)
-    std::vector<bool> held_by;  // by slot
+    std::vector<bool> held_by;  // by slot: loaded in the slot's copy, which serves it
+    // By slot: the model belongs in the slot but is not loaded in its copy, which replaced a
+    // stuck one; held_by is false there until a load succeeds.
+    std::vector<bool> missing_in;
+    std::string load_error;  // why its last load into a replacement copy failed, until one works
   };
 
   // A batch being run; answered once, by its worker or, if the copy is stuck, the watchdog.
@@ -151,6 +173,10 @@ class Scheduler {
     bool interrupted = false;
     bool unloading = false;  // interrupted because its model is being removed, not a deadline
     bool exited = false;     // the thread of this generation has returned: joining it is quick
+    // After an abandon: the stuck copy is still in the slot until manager.Abandon succeeds.
+    bool needs_fresh_copy = false;
+    int failed_attempts = 0;     // repairs in a row that failed, for the backoff
+    Clock::time_point retry_at;  // the next repair does not start before
   };
 
   void Work(size_t slot, uint64_t generation);
@@ -169,12 +195,33 @@ class Scheduler {
   // a while.
   void ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot, const Status& answer,
                         const ModelQueue* leaving = nullptr);
+  // Starts the worker of a new generation on `slot`, whose copy was just abandoned: it first
+  // puts a fresh copy there with the slot's models but `leaving` (RepairSlot), then serves.
+  void StartReplacementWorker(size_t slot, const ModelQueue* leaving);
+  // Whether `slot` still needs a fresh copy, or models loaded into it, after an abandon.
+  bool NeedsRepair(size_t slot) const;
+  // One attempt to complete the replacement in `slot`: a fresh copy if it has none yet, then
+  // each missing model. What fails is logged and retried after the backoff; the slot serves
+  // whatever did load meanwhile. Unlocks `lock` while a copy starts or a model loads.
+  void RepairSlot(std::unique_lock<std::mutex>& lock, size_t slot, uint64_t generation);
+  // Loads `queue`'s model into `slot`; the model is counted as running meanwhile so that
+  // RemoveModel waits for the load. Requests refused because the model has no copy left are
+  // added to `refused`. Unlocks `lock` while the model loads.
+  bool LoadMissingModel(std::unique_lock<std::mutex>& lock, size_t slot, ModelQueue& queue,
+                        std::vector<InferJob>& refused);
+  // Counts a failed repair of `slot` and sets when the next one starts; returns the wait.
+  std::chrono::milliseconds BackOff(Worker& worker);
+  // Tells the observer how many slots are recovering (see OnCopiesRecovering).
+  void ReportRecovering();
+  // Why `queue` takes no requests for want of a copy, or empty.
+  static std::string NoCopyReason(const ModelQueue& queue);
   static void Answer(Batch& batch, const Status& error, const InferTimings& timings);
 
   interpreters::InterpreterManager& manager_;
   const size_t max_queue_size_;
   const std::chrono::milliseconds execution_grace_;
   const size_t max_abandoned_copies_;
+  const RetryBackoff replacement_retry_;
   size_t abandoned_running_ = 0;  // abandoned copies whose thread has not come back
   SchedulerObserver* observer_;
   mutable std::mutex mutex_;

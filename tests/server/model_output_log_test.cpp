@@ -37,12 +37,18 @@ struct Harness {
 
   void Print(size_t slot, std::string_view text, std::string_view caller = "m:3",
              OutputLine::Stream stream = OutputLine::Stream::kStdout, bool cut = false) {
+    Print(interpreters::OutputSource{slot, static_cast<int>(slot), false}, text, caller, stream,
+          cut);
+  }
+  void Print(const interpreters::OutputSource& source, std::string_view text,
+             std::string_view caller = "m:3",
+             OutputLine::Stream stream = OutputLine::Stream::kStdout, bool cut = false) {
     OutputLine line;
     line.stream = stream;
     line.text = text;
     line.cut = cut;
     line.caller = caller;
-    log.Write(slot, line);
+    log.Write(source, line);
   }
 };
 
@@ -102,6 +108,34 @@ TEST(ModelOutputLog, AFloodIsCutToTheRateAndTheDroppedLinesAreReportedOnceASecon
   harness.now += std::chrono::hours(1);
   for (int i = 0; i < 100; ++i) harness.Print(0, "again");
   EXPECT_EQ(harness.records.size(), 16U);
+}
+
+TEST(ModelOutputLog, AnAbandonedCopysLinesSayItAndUseABudgetOfTheirOwn) {
+  Harness harness({.lines_per_second = 10, .burst = 2, .report_every = std::chrono::seconds(1)});
+  // Slot 0's stuck copy (id 0) came back after copy 7 took the slot with another model.
+  const interpreters::OutputSource abandoned{0, 0, true};
+  harness.Print(abandoned, "finally done", "stuck:1");
+  ASSERT_EQ(harness.records.size(), 1U);
+  EXPECT_EQ(harness.records[0].fields,
+            (std::map<std::string, std::string>{{"stream", "stdout"},
+                                                {"copy", "0"},
+                                                {"abandoned", "true"},
+                                                {"copy_id", "0"},
+                                                {"model", "stuck"},
+                                                {"version", "1"},
+                                                {"line", "finally done"}}));
+  for (int i = 0; i < 10; ++i) harness.Print(abandoned, "flood", "stuck:1");
+  EXPECT_EQ(harness.records.size(), 2U);  // the abandoned copies' burst is spent
+  harness.Print(interpreters::OutputSource{0, 7, false}, "the replacement", "other:2");
+  ASSERT_EQ(harness.records.size(), 3U) << "the flood used up the slot's own budget";
+  EXPECT_EQ(harness.records[2].fields.count("abandoned"), 0U);
+  EXPECT_EQ(harness.records[2].fields.at("model"), "other");
+  harness.now += std::chrono::seconds(1);
+  harness.Print(abandoned, "after the flood", "stuck:1");
+  ASSERT_EQ(harness.records.size(), 5U);
+  EXPECT_EQ(harness.records[3].fields.at("dropped_lines"), "9");
+  EXPECT_EQ(harness.records[3].fields.at("abandoned"), "true");
+  EXPECT_EQ(harness.records[3].fields.at("model"), "stuck");
 }
 
 }  // namespace

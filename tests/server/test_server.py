@@ -39,7 +39,7 @@ class Server:
     """An `orochi serve` process on free ports."""
 
     def __init__(self, repository: str, config: dict, copies: int = 2, preexec_fn=None,
-                 cwd: str | None = None):
+                 cwd: str | None = None, env: dict | None = None):
         self.directory = tempfile.mkdtemp(prefix="orochi-serve-")
         config_path = os.path.join(self.directory, "config.json")
         with open(config_path, "w") as file:
@@ -51,7 +51,7 @@ class Server:
              "--http-port", "0", "--metrics-port", "0", "--management-port", "0",
              "--copies", str(copies), "--bind",
              "127.0.0.1"], stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
-            cwd=cwd)
+            cwd=cwd, env={**os.environ, **env} if env else None)
         deadline = time.time() + 60
         while time.time() < deadline:
             with open(self.log_path) as log:
@@ -729,6 +729,10 @@ class DeadlineTest(SharedServerTest):
         self.assertIn("interpreter copy replaced", self.server.log_text())
         _, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
         self.assertIn('orochi_interpreter_copies{state="replaced"} 1', metrics.decode())
+        # The abandoned copy is still stuck, but its batch was answered: no copy is busy.
+        self.assertIn('orochi_interpreter_copies{state="busy"} 0', metrics.decode())
+        self.assertIn('orochi_interpreter_copies{state="idle"} 1', metrics.decode())
+        self.assertIn('orochi_interpreter_copies{state="missing_models"} 0', metrics.decode())
 
 
 class AbandonedCopiesTest(unittest.TestCase):
@@ -760,6 +764,68 @@ class AbandonedCopiesTest(unittest.TestCase):
             self.assertIn('orochi_interpreter_copies{state="abandoned"} 1', metrics.decode())
             self.assertIn("model made unavailable: its code got too many copies stuck model=slow:1",
                           server.log_text())
+        finally:
+            server.stop()
+            shutil.rmtree(root)
+
+
+class FailedReplacementTest(unittest.TestCase):
+    """A model that fails to load into the copy replacing a stuck one: the slot serves the other
+    models, the model is refused with the reason while no copy holds it, and the load is retried
+    until it works."""
+
+    def test_the_slot_serves_what_loaded_and_retries_the_rest(self):
+        root = tempfile.mkdtemp(prefix="orochi-failed-replacement-test-")
+        repository = pack_repository(root)
+        target = os.path.join(repository, "gated", "1")
+        os.makedirs(target)
+        subprocess.run([BINARY, "pack", os.path.join(HERE, "models", "gated"), "-o",
+                        os.path.join(target, "model.orochi")], check=True, capture_output=True)
+        gate = os.path.join(root, "gate")
+        server = Server(repository, {"models": {"execution_grace_ms": 300}}, copies=1,
+                        env={"OROCHI_TEST_GATE_FILE": gate})
+        gated_request = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1],
+                                     "data": [2.5]}]}
+        try:
+            open(gate, "w").close()  # loaded at startup; from now on its loads fail
+            status, _, body = post_json(server, "/v2/models/slow/infer",
+                                        slow_request("block", timeout_us=200000))
+            self.assertEqual(status, 504, body)
+            # The fresh copy serves the models that loaded into it...
+            status, _, body = post_json(server, "/v2/models/echo/infer", echo_request())
+            self.assertEqual(status, 200, body)
+            # ...and refuses the one that did not, saying why, rather than queue it for good.
+            status, _, body = post_json(server, "/v2/models/gated/infer", gated_request)
+            self.assertEqual(status, 503, body)
+            error = json.loads(body)["error"]
+            self.assertIn("model gated:1 has no interpreter copy to run in: loading it into the "
+                          "replacement of a stuck copy failed", error)
+            self.assertIn("refused by the test while", error)
+            self.assertEqual(curl(server.url("/v2/models/gated/ready"))[0], 503)
+            _, _, metrics = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
+            self.assertIn('orochi_interpreter_copies{state="missing_models"} 1', metrics.decode())
+            self.assertIn('orochi_interpreter_copies{state="failed"} 0', metrics.decode())
+            self.assertIn('orochi_interpreter_copies{state="busy"} 0', metrics.decode())
+            self.assertRegex(server.log_text(),
+                             r"error loading a model into the replacement of a stuck interpreter "
+                             r"copy failed; the copy serves its other models until a retry works "
+                             r"copy=0 model=gated:1 attempt=1 retry_in_ms=1000 error=\"reloading "
+                             r"model gated:1 in interpreter copy 1: .*refused by the test")
+            # Retried after 1 s, 2 s...: served again once its load works.
+            os.remove(gate)
+            deadline = time.time() + 15
+            while time.time() < deadline:
+                status, _, body = post_json(server, "/v2/models/gated/infer", gated_request)
+                if status == 200:
+                    break
+                time.sleep(0.2)
+            self.assertEqual(status, 200, body)
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [2.5])
+            self.assertEqual(curl(server.url("/v2/models/gated/ready"))[0], 200)
+            _, _, metrics = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
+            self.assertIn('orochi_interpreter_copies{state="missing_models"} 0', metrics.decode())
+            self.assertRegex(server.log_text(), r"info the replacement of a stuck interpreter copy "
+                                                r"recovered copy=0 failed_attempts=\d")
         finally:
             server.stop()
             shutil.rmtree(root)

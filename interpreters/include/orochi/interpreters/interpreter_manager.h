@@ -4,6 +4,7 @@
 // of one copy until the Lease is destroyed.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -19,14 +20,24 @@
 
 namespace orochi::interpreters {
 
+// Which copy wrote a line of output.
+struct OutputSource {
+  size_t slot = 0;
+  int copy_id = 0;  // the copy's id (Interpreter::id), never reused, unlike its slot
+  // The copy was abandoned (see InterpreterManager::Abandon): another copy holds the slot now,
+  // and this line comes from the call that was stuck in it, returning at last.
+  bool abandoned = false;
+};
+
 struct ManagerOptions {
   size_t copies = 1;  // must be at least 1
   // Offered to every copy; see InterpreterOptions::host_functions.
   std::map<std::string, HostFunction, std::less<>> host_functions;
   PythonFlags flags;  // start-up options for every copy
-  // When set, every copy's output goes here with the copy's slot (see
-  // InterpreterOptions::output); a fresh copy put in a slot reports as that slot.
-  std::function<void(size_t slot, const OutputLine& line)> output;
+  // When set, every copy's output goes here with where it comes from (see
+  // InterpreterOptions::output); a fresh copy put in a slot reports as that slot, and the copy
+  // it replaced as abandoned.
+  std::function<void(const OutputSource& source, const OutputLine& line)> output;
 };
 
 class InterpreterManager {
@@ -87,10 +98,14 @@ class InterpreterManager {
     std::shared_ptr<Interpreter> interpreter;
     bool leased = false;
     uint64_t generation = 0;  // bumped when the slot's copy is abandoned
+    // Set when `interpreter` is abandoned; its output callback reads it from any thread.
+    std::shared_ptr<std::atomic<bool>> abandoned = std::make_shared<std::atomic<bool>>(false);
   };
 
   explicit InterpreterManager(ManagerOptions options);
-  InterpreterOptions OptionsFor(int copy_id, size_t slot) const;
+  // The options of a new copy for `slot`, whose output reports `abandoned` as it is then.
+  InterpreterOptions OptionsFor(int copy_id, size_t slot,
+                                std::shared_ptr<const std::atomic<bool>> abandoned) const;
   Lease LeaseLocked(size_t slot);
   void Release(size_t slot, uint64_t generation);
 
