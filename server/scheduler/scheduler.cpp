@@ -139,7 +139,10 @@ size_t Scheduler::RemoveModel(const std::string& key, std::optional<Clock::durat
       if (!queue->jobs.empty() && observer_ != nullptr) observer_->OnQueueDepth(key, 0);
       queue->jobs.clear();
     }
-    auto drained = [&] { return stopping_ || (queue->running == 0 && queue->jobs.empty()); };
+    // While stopping, the queued requests are answered below rather than waited for, but a
+    // batch still running holds the queue: it goes only once that batch is back (or left
+    // behind by Stop).
+    auto drained = [&] { return queue->running == 0 && (stopping_ || queue->jobs.empty()); };
     if (!grace) {
       idle_.wait(lock, drained);
     } else {
@@ -279,9 +282,11 @@ size_t Scheduler::Stop(std::optional<Clock::time_point> deadline) {
       left_behind++;
       if (worker.batch) stuck.push_back(std::move(worker.batch));
       worker.copy.reset();
+      if (worker.queue != nullptr) worker.queue->running--;  // its thread will not touch it
       worker.queue = nullptr;
       worker.thread.detach();
     }
+    idle_.notify_all();  // a RemoveModel may be waiting on a batch that was left behind
     if (watchdog_.joinable()) threads.push_back(std::move(watchdog_));
     // The workers that exited ran every request of the models they hold; what is left waits
     // for a copy left behind, or for a model no copy holds now (its replacement is still

@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "orochi/engine/tensor.h"
@@ -325,6 +326,26 @@ TEST_F(SchedulerAfterAStuckCopy, RemovingAModelThatFailsToLoadEndsItsRetries) {
   Status served = Infer("sleeper:1", 0).get();
   EXPECT_TRUE(served.ok()) << served.ToString();
   EXPECT_EQ(Infer("flaky:1", 0).get().code(), StatusCode::kNotFound);
+}
+
+using SchedulerStopping = SchedulerAfterAStuckCopy;
+
+// A model removed while the scheduler stops goes only once its running batch is back: the
+// worker running it still uses the model's queue (a removal that did not wait freed it under
+// the worker).
+TEST_F(SchedulerStopping, RemovingAModelWaitsForItsRunningBatch) {
+  Load("sleeper");
+  Start({});
+  std::future<Status> running = Infer("sleeper:1", 0.5F);
+  ASSERT_TRUE(observer_.WaitFor([](const auto& counts) { return counts.busy == 1; }));
+  std::thread stopping([this] { scheduler_->Stop(Clock::now() + 10s); });
+  std::this_thread::sleep_for(50ms);  // Stop is waiting for the worker now
+  EXPECT_EQ(scheduler_->RemoveModel("sleeper:1"), 0U);
+  EXPECT_EQ(running.wait_for(0s), std::future_status::ready)
+      << "the model was removed while its batch still ran";
+  stopping.join();
+  Status answer = running.get();
+  EXPECT_TRUE(answer.ok()) << answer.ToString();
 }
 
 }  // namespace
