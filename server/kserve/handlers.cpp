@@ -191,9 +191,11 @@ void KServeApi::Register(http::Router& router) {
   router.Add(
       bhttp::verb::get, "/v2",
       [](http::Request&&, const http::PathParams&, const http::Responder& respond) {
-        respond(Ok({{"name", "orochi"},
-                    {"version", OROCHI_SERVER_VERSION},
-                    {"extensions", {"binary_tensor_data", "classification", "statistics", "model_configuration"}}}));
+        respond(
+            Ok({{"name", "orochi"},
+                {"version", OROCHI_SERVER_VERSION},
+                {"extensions",
+                 {"binary_tensor_data", "classification", "statistics", "model_configuration"}}}));
       });
 
   auto metadata = [this](http::Request&&, const http::PathParams& params,

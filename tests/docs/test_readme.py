@@ -98,7 +98,11 @@ def check_digits(test, status, text):
     test.assertEqual(status, 200, text)
     outputs = outputs_of(text)
     test.assertEqual(outputs["digit"], ([1, 1], [2]))
-    test.assertGreater(outputs["probabilities"][1][2], 0.9)
+    shape, classes = outputs["probabilities"]  # the 3 likeliest, as "score:digit"
+    test.assertEqual(shape, [1, 3])
+    score, digit = classes[0].split(":")
+    test.assertEqual(digit, "2")
+    test.assertGreater(float(score), 0.9)
 
 
 def check_sentiment(test, status, text):
