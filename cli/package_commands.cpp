@@ -307,7 +307,7 @@ int Run(const RunOptions& options) {
       (*model)->Predict(parsed->inputs, parsed->parameters);
   if (!outputs.ok()) return Fail(outputs.status());
   server::kserve::EncodedResponse response =
-      server::kserve::EncodeInferResponse(manifest, *parsed, *outputs);
+      server::kserve::EncodeInferResponse(manifest, *parsed, *outputs, package->labels());
   // Binary outputs (asked for with the binary extension) stay out of the terminal.
   std::string_view json = response.body;
   if (response.json_length) json = json.substr(0, *response.json_length);

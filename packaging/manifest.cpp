@@ -40,6 +40,19 @@ bool IsIdentifierPath(std::string_view text) {
   return !start;
 }
 
+// "labels.txt", "classes/imagenet.txt": relative, no empty, "." or ".." parts.
+bool IsResourcePath(std::string_view path) {
+  if (path.empty() || path.front() == '/') return false;
+  size_t start = 0;
+  while (start <= path.size()) {
+    const size_t end = std::min(path.find('/', start), path.size());
+    const std::string_view part = path.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    start = end + 1;
+  }
+  return true;
+}
+
 Result<std::string> String(const Json& object, const std::string& path, const char* key,
                            bool required) {
   auto found = object.find(key);
@@ -98,7 +111,9 @@ Result<std::vector<TensorSpec>> Tensors(const Json& manifest, const char* key) {
     const Json& entry = (*found)[i];
     const std::string at = path + "[" + std::to_string(i) + "]";
     if (!entry.is_object()) return Problem(at, "expected an object, got " + TypeName(entry));
-    OROCHI_RETURN_IF_ERROR(OnlyKeys(entry, at, {"name", "datatype", "shape"}));
+    const bool output = std::string_view(key) == "outputs";
+    OROCHI_RETURN_IF_ERROR(output ? OnlyKeys(entry, at, {"name", "datatype", "shape", "labels"})
+                                  : OnlyKeys(entry, at, {"name", "datatype", "shape"}));
     TensorSpec spec;
     OROCHI_ASSIGN_OR_RETURN(spec.name, String(entry, at, "name", true));
     if (!IsName(spec.name)) {
@@ -130,6 +145,17 @@ Result<std::vector<TensorSpec>> Tensors(const Json& manifest, const char* key) {
         return Problem(dim_path, "expected an integer >= 1 or -1, got " + dim.dump());
       }
       spec.shape.push_back(dim.get<int64_t>());
+    }
+    if (output) {
+      OROCHI_ASSIGN_OR_RETURN(spec.labels, String(entry, at, "labels", false));
+      if (entry.contains("labels") && !IsResourcePath(spec.labels)) {
+        return Problem(at + ".labels", "'" + spec.labels +
+                                           "' is not a path below resources/ (relative, "
+                                           "without '..')");
+      }
+      if (!spec.labels.empty() && spec.datatype == DataType::kBytes) {
+        return Problem(at + ".labels", "a BYTES output has no scores to label");
+      }
     }
     specs.push_back(std::move(spec));
   }

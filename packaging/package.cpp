@@ -105,6 +105,30 @@ Result<std::unique_ptr<Package>> Package::Open(const std::string& path,
                                   ".py or code/" + module_path + "/__init__.py)"));
   }
 
+  for (size_t i = 0; i < package->manifest_.outputs.size(); ++i) {
+    const TensorSpec& output = package->manifest_.outputs[i];
+    if (output.labels.empty()) continue;
+    const std::string at = "manifest.json: $.outputs[" + std::to_string(i) + "].labels: ";
+    Result<std::string> text = package->ReadResource(output.labels);
+    if (!text.ok()) return failed(InvalidArgument(at + text.status().message()));
+    // One class a line; a last line break ends the last line, it starts no empty one.
+    std::vector<std::string> labels;
+    for (size_t start = 0; start < text->size();) {
+      size_t end = std::min(text->find('\n', start), text->size());
+      std::string line = text->substr(start, end - start);
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      labels.push_back(std::move(line));
+      start = end + 1;
+    }
+    const int64_t classes = output.shape.empty() ? 1 : output.shape.back();
+    if (classes != -1 && static_cast<int64_t>(labels.size()) != classes) {
+      return failed(InvalidArgument(at + "resources/" + output.labels + " has " +
+                                    std::to_string(labels.size()) + " lines, but the output has " +
+                                    std::to_string(classes) + " classes (its last dim)"));
+    }
+    package->labels_.emplace(output.name, std::move(labels));
+  }
+
   for (const ZipMember* member : weights_members) {
     if (Status crc = zip.VerifyStored(*member); !crc.ok()) return failed(crc);
     Result<engine::SafetensorsContents> contents =

@@ -178,9 +178,11 @@ const TensorSpec& OutputSpec(const Manifest& manifest, const std::string& name) 
 }
 
 // Triton's classification extension: along the last dim (the classes), the `count` largest
-// scores as "score:index", largest first. Ties go to the lower index, NaN ranks above every
-// number (as torch.topk ranks it), and a count past the classes gives them all.
-BytesTensor Classify(const engine::Tensor& output, int64_t count) {
+// scores as "score:index", or "score:index:label" where `labels` names the class; largest
+// first. Ties go to the lower index, NaN ranks above every number (as torch.topk ranks it),
+// and a count past the classes gives them all.
+BytesTensor Classify(const engine::Tensor& output, int64_t count,
+                     const std::vector<std::string>* labels) {
   const engine::Tensor scores = output.Contiguous();
   engine::Shape shape = scores.shape();
   if (shape.empty()) shape.push_back(1);
@@ -209,6 +211,9 @@ BytesTensor Classify(const engine::Tensor& output, int64_t count) {
         std::string item;
         AppendNumber(row[order[rank]], &item);
         item += ':' + std::to_string(order[rank]);
+        if (labels != nullptr && order[rank] < static_cast<int64_t>(labels->size())) {
+          item += ':' + (*labels)[order[rank]];
+        }
         result.items.push_back(std::move(item));
       }
     }
@@ -402,7 +407,8 @@ Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_vie
 }
 
 EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest& request,
-                                    const std::vector<NamedTensor>& outputs) {
+                                    const std::vector<NamedTensor>& outputs,
+                                    const OutputLabels& labels) {
   // Written straight into the body: a document node per value would take many times the
   // tensor's size for the large outputs that matter.
   auto selected = [&](const std::string& name) {
@@ -438,7 +444,9 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
     std::optional<BytesTensor> classes;
     if (auto count = request.classification.find(output.name);
         count != request.classification.end()) {
-      classes = Classify(std::get<engine::Tensor>(output.value), count->second);
+      auto names = labels.find(output.name);
+      classes = Classify(std::get<engine::Tensor>(output.value), count->second,
+                         names == labels.end() ? nullptr : &names->second);
     }
     json += first ? "{" : ",{";
     first = false;

@@ -349,7 +349,8 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
           respond(http::ErrorResponse(HttpStatusOf(error.code()), message));
           return;
         }
-        EncodedResponse encoded = EncodeInferResponse(model->manifest(), *infer, *outputs);
+        EncodedResponse encoded =
+            EncodeInferResponse(model->manifest(), *infer, *outputs, model->package->labels());
         http::Response response = http::JsonResponse(200, std::move(encoded.body));
         if (encoded.json_length) {
           response.set(bhttp::field::content_type, "application/octet-stream");

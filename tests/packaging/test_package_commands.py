@@ -92,6 +92,23 @@ class PackInspectRunTest(unittest.TestCase):
         self.assertEqual(outputs["words"]["data"], ["hello world", "a b"])
         self.assertEqual(outputs["copy"]["datatype"], "INT64")
 
+    def test_classes_named_by_the_outputs_labels(self):
+        # scores' manifest entry names resources/labels.txt: asked for as classes, each comes
+        # back as "score:index:label", through `orochi run` as through the server's codec.
+        orochi("pack", self.directory, "-o", self.package, check=True)
+        request = os.path.join(self.root, "request.json")
+        with open(request, "w") as file:
+            json.dump({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
+                                   "data": [1, 2, 3, 4]},
+                                  {"name": "text", "datatype": "BYTES", "shape": [1, 1],
+                                   "data": ["x"]}],
+                       "outputs": [{"name": "scores", "parameters": {"classification": 2}}]},
+                      file)
+        ran = orochi("run", self.package, "--request", request, check=True)
+        scores = json.loads(ran.stdout)["outputs"][0]
+        self.assertEqual((scores["datatype"], scores["shape"]), ("BYTES", [1, 2]))
+        self.assertEqual(scores["data"], ["2.5:1:positive", "1.0:0:negative"])
+
     def test_inputs_from_files_and_config(self):
         orochi("pack", self.directory, "-o", self.package, check=True)
         inputs = os.path.join(self.root, "x.json")
@@ -279,6 +296,26 @@ def hostile_cases(directory):
     case("manifest_schema", "manifest.json: $.outputs[0].datatype: unknown datatype 'FLOAT'",
          [("manifest.json", json.dumps(bad_manifest).encode(), zipfile.ZIP_DEFLATED),
           ("code/model.py", CODE, zipfile.ZIP_DEFLATED)])
+    def with_labels(labels, text=None, name="labels.txt", where="outputs", datatype="FP32"):
+        manifest = json.loads(MANIFEST)
+        manifest[where][0]["labels"] = labels
+        manifest[where][0]["datatype"] = datatype
+        members = [("manifest.json", json.dumps(manifest).encode(), zipfile.ZIP_DEFLATED),
+                   ("code/model.py", CODE, zipfile.ZIP_DEFLATED)]
+        if text is not None:
+            members.append((f"resources/{name}", text, zipfile.ZIP_DEFLATED))
+        return members
+
+    case("labels_missing", "manifest.json: $.outputs[0].labels: the package has no resource "
+         "'labels.txt'", with_labels("labels.txt"))
+    case("labels_count", "manifest.json: $.outputs[0].labels: resources/labels.txt has 2 lines, "
+         "but the output has 1 classes (its last dim)", with_labels("labels.txt", b"a\nb\n"))
+    case("labels_outside", "manifest.json: $.outputs[0].labels: '../manifest.json' is not a path "
+         "below resources/", with_labels("../manifest.json", b"a\n"))
+    case("labels_on_bytes", "manifest.json: $.outputs[0].labels: a BYTES output has no scores to "
+         "label", with_labels("labels.txt", b"a\n", datatype="BYTES"))
+    case("labels_on_input", "manifest.json: $.inputs[0].labels: unknown key",
+         with_labels("labels.txt", b"a\n", where="inputs"))
     case("manifest_not_json", "manifest.json: $: not valid JSON",
          [("manifest.json", b"{name: 1", zipfile.ZIP_DEFLATED),
           ("code/model.py", CODE, zipfile.ZIP_DEFLATED)])
@@ -359,7 +396,7 @@ class HostilePackageTest(unittest.TestCase):
 
     def test_each_rule_is_enforced_with_its_message_and_nothing_is_written(self):
         strace = shutil.which("strace")
-        self.assertEqual(len(self.cases), 23)
+        self.assertEqual(len(self.cases), 28)
         for name, path, expected in self.cases:
             with self.subTest(name):
                 workdir = tempfile.mkdtemp(dir=self.root)

@@ -542,6 +542,15 @@ TEST(EncodeInferResponse, GivesClassesWhenAskedForThem) {
   EXPECT_EQ(output["shape"], Json::parse("[2, 2]"));
   // Ties to the lower index; NaN above every number, as torch.topk ranks it.
   EXPECT_EQ(output["data"], Json::parse(R"(["0.7:1", "0.7:3", "NaN:3", "3.0:0"])"));
+  // With the output's labels (the manifest's labels file), each class is named.
+  Result<InferRequest> labelled = Parse(
+      manifest, "{" + input + R"(,"outputs":[{"name":"y","parameters":{"classification":1}}]})");
+  ASSERT_TRUE(labelled.ok());
+  response = Json::parse(EncodeInferResponse(manifest, *labelled,
+                                             {Output(DataType::kFp32, {2, 4}, scores)},
+                                             {{"y", {"cat", "dog", "emu", "yak"}}})
+                             .body);
+  EXPECT_EQ(response["outputs"][0]["data"], Json::parse(R"(["0.7:1:dog", "NaN:3:yak"])"));
   // More classes than there are: all of them.
   response = Json::parse(classify(R"({"classification":9})", scores).body);
   EXPECT_EQ(response["outputs"][0]["shape"], Json::parse("[2, 4]"));

@@ -49,6 +49,9 @@ struct TensorSpec {
   DataType datatype = DataType::kFp32;
   // -1 marks a variable dim. With max_batch_size > 0 the batch dim is implied and not listed.
   std::vector<int64_t> shape;
+  // Outputs only, optional: a file below resources/ naming the classes along the last dim, one
+  // per line, for the classification extension ("score:index:label").
+  std::string labels;
 };
 
 struct Manifest {

@@ -55,6 +55,8 @@ class Package {
   std::vector<std::string> resources() const;
   // A resource's bytes. Errors: kNotFound for a path that is not in the package.
   Result<std::string> ReadResource(std::string_view path) const;
+  // The class names of the outputs whose manifest entry names a labels file, by output name.
+  const std::map<std::string, std::vector<std::string>>& labels() const { return labels_; }
 
  private:
   Package() = default;
@@ -64,6 +66,7 @@ class Package {
   std::map<std::string, std::string> code_;
   std::vector<WeightsFile> weights_files_;
   std::map<std::string, engine::Tensor> weights_;
+  std::map<std::string, std::vector<std::string>> labels_;
 };
 
 }  // namespace orochi::packaging

@@ -6,8 +6,8 @@
 #pragma once
 
 #include <chrono>
-#include <optional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -49,9 +49,14 @@ struct EncodedResponse {
   std::optional<size_t> json_length;  // set when binary data follows the JSON
 };
 
-// Encodes outputs (in the manifest's order) as a v2 response for `request`.
+// Class names by output name (packaging::Package::labels()), for classification.
+using OutputLabels = std::map<std::string, std::vector<std::string>>;
+
+// Encodes outputs (in the manifest's order) as a v2 response for `request`; classes of an
+// output with labels are written "score:index:label".
 EncodedResponse EncodeInferResponse(const packaging::Manifest& manifest,
                                     const InferRequest& request,
-                                    const std::vector<interpreters::NamedTensor>& outputs);
+                                    const std::vector<interpreters::NamedTensor>& outputs,
+                                    const OutputLabels& labels = {});
 
 }  // namespace orochi::server::kserve
