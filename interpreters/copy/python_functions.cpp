@@ -334,6 +334,10 @@ void BindJoining(py::module_& module) {
         const Tensor* like = TensorFromPython(input.ptr());
         if (like == nullptr) like = TensorFromPython(other.ptr());
         const Tensor& reference = like != nullptr ? *like : condition;
+        if (like != nullptr) {
+          RequireFitsWhereKept(input, like->dtype());
+          RequireFitsWhereKept(other, like->dtype());
+        }
         Operand a(input, reference);
         Operand b(other, reference);
         return engine::Where(condition, a.get(), b.get());

@@ -485,6 +485,7 @@ void BindReductions(py::class_<Tensor>& cls, py::module_& module) {
 
 void BindSelection(py::class_<Tensor>& cls, py::module_& module) {
   cls.def("where", [](const Tensor& self, const Tensor& condition, py::handle other) {
+    RequireFitsWhereKept(other, self.dtype());
     Operand operand(other, self);
     return engine::Where(condition, self, operand.get());
   });

@@ -799,7 +799,7 @@ class PyTorchSemanticsTest(Case):
                      lambda: orochi.full((2,), 300, dtype=orochi.uint8),
                      lambda: t([10, 100], orochi.int8).clamp(-200, 50),
                      lambda: t([1], orochi.int32).clamp(max=2**40),
-                     lambda: orochi.zeros(2, dtype=orochi.uint8).masked_fill(t([True, False]), -1),
+                     lambda: orochi.zeros(2, dtype=orochi.uint8).masked_fill(t([True, False]), -256),
                      lambda: orochi.zeros(2, dtype=orochi.uint8).fill_(256)):
             with self.assertRaisesRegex(RuntimeError, "cannot be converted to .* without overflow"):
                 make()
@@ -809,6 +809,55 @@ class PyTorchSemanticsTest(Case):
         self.assertEqual(target.tolist(), [0, 0])
         self.assertTensor(t([-128, 127], orochi.int8), [-128, 127], orochi.int8)
         self.assertTensor(t([2], orochi.bool), [True], orochi.bool)
+
+    def test_unsigned_dtypes_take_negative_ints_down_to_minus_max(self):
+        # torch 1.13's answers: c10 lets a negative int down to -max wrap into an unsigned dtype.
+        self.assertTensor(t([-1, -255], orochi.uint8), [255, 1], orochi.uint8)
+        self.assertTensor(orochi.zeros(2, dtype=orochi.uint8).masked_fill(t([True, False]), -1),
+                          [255, 0], orochi.uint8)
+        self.assertTensor(orochi.zeros(2, dtype=orochi.uint8).fill_(-3), [253, 253], orochi.uint8)
+        target = orochi.zeros(2, dtype=orochi.uint8)
+        target[0] = -1
+        self.assertEqual(target.tolist(), [255, 0])
+        with self.assertRaisesRegex(RuntimeError, "value -256 cannot be converted to uint8"):
+            orochi.full((1,), -256, dtype=orochi.uint8)
+
+    def test_floats_stored_into_tensors_must_fit(self):
+        # torch 1.13 refuses these rather than store INT_MIN or inf (its checked conversion).
+        nan, inf = float("nan"), float("inf")
+        for make in (lambda: orochi.full((2,), nan, dtype=orochi.int64),
+                     lambda: t([1, 2]).fill_(nan),
+                     lambda: t([1, 2]).fill_(inf),
+                     lambda: t([1, 2], orochi.int8).masked_fill(t([True, False]), 1e10),
+                     lambda: orochi.full((2,), -0.5, dtype=orochi.uint8),
+                     lambda: orochi.full((2,), 1e300),
+                     lambda: orochi.full((2,), 1e5, dtype=orochi.float16),
+                     lambda: orochi.full((2,), 100000, dtype=orochi.float16),
+                     lambda: orochi.full((2,), 1e39, dtype=orochi.bfloat16),
+                     lambda: t([1.0, 2.0]).masked_fill(t([True, False]), 1e300),
+                     lambda: t([nan], orochi.int64),
+                     lambda: t([1e10], orochi.int8),
+                     lambda: orochi.where(t([True, False]), t([1], orochi.int8), 300),
+                     lambda: t([1], orochi.int8).where(t([True, False]), -300),
+                     lambda: orochi.where(t([True, False]), t([1.0], orochi.float16), 1e10)):
+            with self.assertRaisesRegex(RuntimeError, "cannot be converted to .* without overflow"):
+                make()
+        for dtype, value in ((orochi.int64, nan), (orochi.int64, inf), (orochi.float32, 1e300)):
+            target = orochi.zeros(3, dtype=dtype)
+            with self.assertRaisesRegex(RuntimeError, "without overflow"):
+                target[1] = value
+            self.assertEqual(target.tolist(), [0, 0, 0])
+        # What torch allows: infinities and NaN in float dtypes, truncation into ints, a float
+        # made by torch.tensor turning into inf, and where() promoting instead of converting.
+        self.assertTensor(orochi.full((1,), inf, dtype=orochi.float16), [inf], orochi.float16)
+        self.assertTensor(t([1.0]).fill_(nan), [nan])
+        self.assertTensor(orochi.full((2,), -2.9, dtype=orochi.int64), [-2, -2], orochi.int64)
+        self.assertTensor(orochi.full((1,), nan, dtype=orochi.bool), [True], orochi.bool)
+        self.assertTensor(t([1e300, 100000], orochi.float16), [inf, inf], orochi.float16)
+        self.assertTensor(orochi.where(t([True, False]), t([1], orochi.int8), 2.5), [1.0, 2.5],
+                          orochi.float32)
+        self.assertTensor(orochi.where(t([True, False]), t([1], orochi.uint8), -1), [1, 255],
+                          orochi.uint8)
 
     def test_integer_powers(self):
         self.assertTensor(t([1, -1, 2, -1]) ** t([-1, -1, -1, -2]), [1, -1, 0, 1])
