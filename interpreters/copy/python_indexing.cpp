@@ -31,7 +31,12 @@ bool IsListOrTuple(PyObject* object) {
 }
 
 Tensor AsIndexTensor(py::handle item) {
-  if (const Tensor* tensor = TensorFromPython(item.ptr())) return *tensor;
+  if (const Tensor* tensor = TensorFromPython(item.ptr())) {
+    // PyTorch (1.13, deprecated there) takes a uint8 index tensor as a mask, not as positions:
+    // reading it as positions would silently pick other elements.
+    if (tensor->dtype() == engine::DType::kUInt8) return tensor->To(engine::DType::kBool);
+    return *tensor;
+  }
   if (PySequence_Size(item.ptr()) == 0) {
     return engine::Zeros({0}, engine::DType::kInt64);  // x[[]] selects nothing
   }

@@ -859,6 +859,39 @@ class PyTorchSemanticsTest(Case):
         self.assertTensor(orochi.where(t([True, False]), t([1], orochi.uint8), -1), [1, 255],
                           orochi.uint8)
 
+    def test_uint8_index_tensors_are_masks(self):
+        # torch 1.13 reads a uint8 index tensor as a mask (deprecated there), not as positions.
+        x = orochi.arange(24).reshape(2, 3, 4)
+        self.assertTensor(x[t([1, 0], orochi.uint8)], [x[0].tolist()])
+        self.assertEqual(x[t([[1, 0, 1], [0, 0, 2]], orochi.uint8)].tolist(),
+                         [[0, 1, 2, 3], [8, 9, 10, 11], [20, 21, 22, 23]])
+        target = orochi.zeros(3)
+        target[t([0, 1, 1], orochi.uint8)] = 5.0
+        self.assertEqual(target.tolist(), [0.0, 5.0, 5.0])
+
+    def test_any_and_all_of_uint8_are_uint8(self):
+        # torch 1.13's dtypes: uint8 in, uint8 out; every other dtype gives bool.
+        x = t([[1, 0], [3, 0]], orochi.uint8)
+        self.assertTensor(x.any(), 1, orochi.uint8)
+        self.assertTensor(x.all(1), [0, 0], orochi.uint8)
+        self.assertTensor(orochi.zeros(0, dtype=orochi.uint8).all(), 1, orochi.uint8)
+        self.assertTensor(t([1, 0], orochi.int8).any(), True, orochi.bool)
+
+    def test_cat_skips_one_dimensional_empty_tensors(self):
+        # torch 1.13 skips shape-[0] tensors in cat (torch.tensor([]) as a starting value), but
+        # they still count in the result's dtype.
+        self.assertTensor(orochi.cat([orochi.ones(1, 2), orochi.zeros(0)]), [[1.0, 1.0]],
+                          orochi.float32)
+        self.assertTensor(orochi.cat([t([]), orochi.ones(2, 1)], dim=1), [[1.0], [1.0]])
+        self.assertIs(orochi.cat([orochi.ones(1, 2), orochi.zeros(0, dtype=orochi.float64)]).dtype,
+                      orochi.float64)
+        self.assertEqual(orochi.cat([orochi.zeros(0), orochi.zeros(0)]).shape, (0,))
+        self.assertEqual(orochi.cat([orochi.zeros(0, 3), t([])]).shape, (0, 3))
+        with self.assertRaisesRegex(RuntimeError, "same number of dimensions"):
+            orochi.cat([orochi.zeros(2, 3), orochi.zeros(1)])
+        with self.assertRaisesRegex(RuntimeError, "sizes must match"):
+            orochi.cat([orochi.zeros(0, 2), orochi.zeros(2, 3)])
+
     def test_integer_powers(self):
         self.assertTensor(t([1, -1, 2, -1]) ** t([-1, -1, -1, -2]), [1, -1, 0, 1])
         for power in (lambda: t([1, 2]) ** -1, lambda: t([3], orochi.uint8).pow(-1)):
