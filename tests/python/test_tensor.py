@@ -1046,8 +1046,45 @@ class PyTorchSemanticsTest(Case):
         self.assertTensor(target, [[9, 9, 9], [9, 9, 9]])
         target[[slice(None), 1]] = 0
         self.assertTensor(target, [[9, 0, 9], [9, 0, 9]])
-        with self.assertRaisesRegex(TypeError, "more than one tensor index"):
-            target[[[0, 1], [1, 0]]] = 7
+        target[[[0, 1], [1, 0]]] = 7  # torch 1.13 writes (0, 1) and (1, 0)
+        self.assertTensor(target, [[9, 7, 9], [7, 0, 9]])
+
+    def test_assignment_with_several_tensor_indices(self):
+        # Each expected tensor is torch 1.13's for the same assignment into arange(60).reshape(3, 4, 5).
+        def assigned(index, value):
+            target = orochi.arange(60).reshape(3, 4, 5)
+            target[index] = value
+            return target
+
+        # Adjacent indices: their broadcast dims stand where they were ([4, 2] here).
+        x = assigned((slice(None), [0, 2], [1, 3]), orochi.arange(6).reshape(3, 2) * -1)
+        self.assertEqual(x[:, 0, 1].tolist(), [0, -2, -4])
+        self.assertEqual(x[:, 2, 3].tolist(), [-1, -3, -5])
+        self.assertEqual(x[:, 1, 1].tolist(), [6, 26, 46])
+        # Separated indices: their broadcast dims come first ([2, 4] here).
+        x = assigned(([0, 2], slice(None), [1, 3]), orochi.arange(8).reshape(2, 4) * -1)
+        self.assertEqual(x[0, :, 1].tolist(), [0, -1, -2, -3])
+        self.assertEqual(x[2, :, 3].tolist(), [-4, -5, -6, -7])
+        # Indices broadcast against each other; repeated positions keep the last value.
+        x = assigned((t([[0, 1], [2, 0]]), t([[1], [3]])), -9)
+        self.assertEqual(x[0, 1].tolist(), [-9] * 5)
+        self.assertEqual(x[0, 3].tolist(), [-9] * 5)
+        self.assertEqual(x[1, 3].tolist(), [35, 36, 37, 38, 39])
+        x = assigned(([0, 0], [1, 1], [2, 2]), t([-5, -6]))
+        self.assertEqual(x[0, 1, 2].item(), -6)
+        # A bool mask with an int index, and an int after an int.
+        x = assigned((t([True, False, True]), slice(None), [0, 4]), t([[-1], [-2]]))
+        self.assertEqual(x[0, :, 0].tolist(), [-1] * 4)
+        self.assertEqual(x[2, :, 4].tolist(), [-2] * 4)
+        self.assertEqual(x[1, :, 0].tolist(), [20, 25, 30, 35])
+        x = assigned((1, [0, 2], [1, 3]), t([-7, -8]))
+        self.assertEqual([x[1, 0, 1].item(), x[1, 2, 3].item(), x[1, 0, 3].item()], [-7, -8, 23])
+        with self.assertRaisesRegex(IndexError, "could not be broadcast together with shapes"):
+            assigned(([0, 1], [1, 2, 3]), 0)
+        with self.assertRaisesRegex(IndexError, "could not be broadcast together with shapes"):
+            orochi.arange(60).reshape(3, 4, 5)[[0, 1], [1, 2, 3]]
+        with self.assertRaisesRegex(IndexError, "index 5 is out of bounds"):
+            assigned(([0, 5], [1, 1]), 0)
 
     def test_index_messages_and_assignment_broadcasting(self):
         with self.assertRaisesRegex(IndexError, "index 4 is out of bounds for dimension 1 "):
