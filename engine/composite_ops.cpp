@@ -63,15 +63,19 @@ Tensor ArgReduce(Op op, const Tensor& input, std::optional<int64_t> dim, bool ke
   OROCHI_CHECK_ARG(op == Op::argmax || op == Op::argmin, OpName(op) << " is not argmax/argmin");
   auto kernel = Kernels().FindAs<ReduceKernel>(op, input.device(), input.dtype());
   if (!dim) {
-    OROCHI_CHECK_ARG(input.numel() > 0, OpName(op) << ": cannot reduce an empty tensor");
+    // IndexError in PyTorch, as for an empty dim.
+    OROCHI_CHECK_RANGE(input.numel() > 0, OpName(op) << ": cannot reduce an empty tensor "
+                                                     << ShapeString(input.shape())
+                                                     << " without a dim to reduce over");
     Tensor output = Tensor::Empty(keepdim ? Shape(input.shape().size(), 1) : Shape{}, DType::kInt64,
                                   input.device());
     kernel(op, input.Contiguous().View({1, input.numel()}), output);
     return output;
   }
   int64_t d = WrapScalarDim(*dim, input.dim());
-  OROCHI_CHECK_ARG(input.dim() == 0 || input.shape()[d] > 0,
-                   OpName(op) << ": cannot reduce an empty dimension");
+  OROCHI_CHECK_RANGE(
+      input.dim() == 0 || input.shape()[d] > 0,
+      OpName(op) << ": cannot reduce over an empty dimension of " << ShapeString(input.shape()));
   if (input.dim() == 0) {
     Tensor output = Tensor::Empty({}, DType::kInt64, input.device());
     kernel(op, input.Contiguous().View({1, 1}), output);

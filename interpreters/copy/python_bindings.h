@@ -53,7 +53,8 @@ Tensor ScalarTensor(py::handle number, const Tensor& like, Op op = Op::add);
 // A numpy scalar (numpy.float32(2), numpy.int64(1), numpy.bool_): an operand or value like the
 // Python number its item() gives.
 bool IsNumpyScalar(py::handle object);
-// The value of a Python int (not a bool); nullopt for anything else. ValueError past 64 bits.
+// The value of a Python int (not a bool); nullopt for anything else. RuntimeError past 64 bits
+// (as PyTorch's "Overflow when unpacking long").
 std::optional<int64_t> PythonInt(py::handle object);
 // Raise RuntimeError, as PyTorch's checked conversion does, when a number stored into a tensor
 // of `dtype` would not fit: an int or float outside an integer dtype's range (NaN included), or

@@ -209,7 +209,7 @@ class NestedReader {
     } else if (PyLong_Check(raw)) {
       int overflow = 0;
       int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
-      if (overflow != 0) throw py::value_error("orochi.tensor: an int does not fit in 64 bits");
+      if (overflow != 0) throw std::runtime_error("orochi.tensor: an int does not fit in 64 bits");
       leaves_.push_back({Leaf::kInt, value, 0});
     } else if (PyFloat_Check(raw)) {
       leaves_.push_back({Leaf::kFloat, 0, PyFloat_AS_DOUBLE(raw)});
@@ -460,7 +460,7 @@ std::optional<int64_t> PythonInt(py::handle object) {
   if (PyLong_Check(raw) == 0 || PyBool_Check(raw) != 0) return std::nullopt;
   int overflow = 0;
   const int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
-  if (overflow != 0) throw py::value_error("an int operand does not fit in 64 bits");
+  if (overflow != 0) throw std::runtime_error("an int operand does not fit in 64 bits");
   return value;
 }
 
