@@ -61,6 +61,12 @@ bool IsTupleOfIndices(py::handle list) {
 }
 
 [[noreturn]] void BadIndex(py::handle item) {
+  // IndexError for a float, as PyTorch; TypeError for what is not a number at all.
+  if (PyFloat_Check(item.ptr()) != 0) {
+    throw py::index_error(
+        "only integers, slices, None, Ellipsis and integer or bool tensors are "
+        "valid indices, got float");
+  }
   throw py::type_error(
       "only integers, slices, None, Ellipsis and integer or bool tensors are "
       "valid indices, got " +
@@ -106,7 +112,7 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
   std::vector<Tensor> tensors(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     PyObject* raw = items[i].ptr();
-    if (raw == Py_None) continue;
+    if (raw == Py_None || PyBool_Check(raw) != 0) continue;
     if (raw == Py_Ellipsis) {
       ++ellipses;
       continue;
@@ -134,6 +140,12 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
     PyObject* raw = items[i].ptr();
     if (raw == Py_None) {
       out.view = out.view.Unsqueeze(dim++);
+    } else if (PyBool_Check(raw) != 0) {
+      // PyTorch reads a Python bool as a new dim masked by it: x[True] is x[None] and x[False]
+      // selects nothing from that new dim.
+      out.view = out.view.Unsqueeze(dim);
+      out.advanced.push_back({dim, engine::Zeros({raw == Py_True ? 1 : 0}, engine::DType::kInt64)});
+      ++dim;
     } else if (raw == Py_Ellipsis) {
       dim += tensor.dim() - consumed;
       tensor_dim += tensor.dim() - consumed;

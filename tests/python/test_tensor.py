@@ -879,6 +879,25 @@ class PyTorchSemanticsTest(Case):
                 call()
             self.assertNotIsInstance(caught.exception, (ValueError, TypeError, IndexError))
 
+    def test_python_bools_and_floats_as_indices(self):
+        # torch 1.13: a bool is a new dim masked by it; a float is an IndexError.
+        x = orochi.arange(6).reshape(2, 3)
+        self.assertEqual(x[True].shape, (1, 2, 3))
+        self.assertEqual(x[False].shape, (0, 2, 3))
+        self.assertEqual(x[True, 1].shape, (1, 3))
+        self.assertEqual(x[0, False].shape, (0, 3))
+        self.assertEqual(x[..., True].shape, (2, 3, 1))
+        self.assertTensor(t(5)[True], [5])
+        target = x.clone()
+        target[False] = 7
+        self.assertTensor(target, [[0, 1, 2], [3, 4, 5]])
+        target[True] = 7
+        self.assertTensor(target, [[7, 7, 7], [7, 7, 7]])
+        with self.assertRaisesRegex(IndexError, "valid indices, got float"):
+            x[1.0]
+        with self.assertRaisesRegex(TypeError, "valid indices, got str"):
+            x["a"]
+
     def test_uint8_index_tensors_are_masks(self):
         # torch 1.13 reads a uint8 index tensor as a mask (deprecated there), not as positions.
         x = orochi.arange(24).reshape(2, 3, 4)
