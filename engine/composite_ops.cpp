@@ -63,15 +63,19 @@ Tensor ArgReduce(Op op, const Tensor& input, std::optional<int64_t> dim, bool ke
   OROCHI_CHECK_ARG(op == Op::argmax || op == Op::argmin, OpName(op) << " is not argmax/argmin");
   auto kernel = Kernels().FindAs<ReduceKernel>(op, input.device(), input.dtype());
   if (!dim) {
-    OROCHI_CHECK_ARG(input.numel() > 0, OpName(op) << ": cannot reduce an empty tensor");
+    // IndexError in PyTorch, as for an empty dim.
+    OROCHI_CHECK_RANGE(input.numel() > 0, OpName(op) << ": cannot reduce an empty tensor "
+                                                     << ShapeString(input.shape())
+                                                     << " without a dim to reduce over");
     Tensor output = Tensor::Empty(keepdim ? Shape(input.shape().size(), 1) : Shape{}, DType::kInt64,
                                   input.device());
     kernel(op, input.Contiguous().View({1, input.numel()}), output);
     return output;
   }
   int64_t d = WrapScalarDim(*dim, input.dim());
-  OROCHI_CHECK_ARG(input.dim() == 0 || input.shape()[d] > 0,
-                   OpName(op) << ": cannot reduce an empty dimension");
+  OROCHI_CHECK_RANGE(
+      input.dim() == 0 || input.shape()[d] > 0,
+      OpName(op) << ": cannot reduce over an empty dimension of " << ShapeString(input.shape()));
   if (input.dim() == 0) {
     Tensor output = Tensor::Empty({}, DType::kInt64, input.device());
     kernel(op, input.Contiguous().View({1, 1}), output);
@@ -107,18 +111,31 @@ Tensor Std(const Tensor& input, const std::vector<int64_t>& dims, double correct
   return Unary(Op::sqrt, Var(input, dims, correction, keepdim));
 }
 
+namespace {
+
+// any/all of a uint8 tensor is uint8 in PyTorch (a rule kept from before bool existed).
+Tensor TruthResult(const Tensor& truth, DType input_dtype) {
+  return input_dtype == DType::kUInt8 ? truth.To(DType::kUInt8) : truth;
+}
+
+}  // namespace
+
 Tensor Any(const Tensor& input, const std::vector<int64_t>& dims, bool keepdim) {
   if (input.numel() == 0) {
-    return Full(Reduce(Op::sum, input, dims, keepdim).shape(), 0, DType::kBool, input.device());
+    return TruthResult(
+        Full(Reduce(Op::sum, input, dims, keepdim).shape(), 0, DType::kBool, input.device()),
+        input.dtype());
   }
-  return Reduce(Op::amax, Bool(input), dims, keepdim);
+  return TruthResult(Reduce(Op::amax, Bool(input), dims, keepdim), input.dtype());
 }
 
 Tensor All(const Tensor& input, const std::vector<int64_t>& dims, bool keepdim) {
   if (input.numel() == 0) {
-    return Full(Reduce(Op::sum, input, dims, keepdim).shape(), 1, DType::kBool, input.device());
+    return TruthResult(
+        Full(Reduce(Op::sum, input, dims, keepdim).shape(), 1, DType::kBool, input.device()),
+        input.dtype());
   }
-  return Reduce(Op::amin, Bool(input), dims, keepdim);
+  return TruthResult(Reduce(Op::amin, Bool(input), dims, keepdim), input.dtype());
 }
 
 Tensor Where(const Tensor& condition, const Tensor& a, const Tensor& b) {
@@ -158,19 +175,30 @@ Tensor MaskedFill(const Tensor& input, const Tensor& mask, const Tensor& value) 
 
 Tensor Cat(const std::vector<Tensor>& tensors, int64_t dim) {
   OROCHI_CHECK_ARG(!tensors.empty(), "cat: needs at least one tensor");
-  const Tensor& first = tensors.front();
   for (size_t i = 0; i < tensors.size(); ++i) {
     OROCHI_CHECK_ARG(tensors[i].dim() > 0,
                      "cat: the 0-d tensor at position " << i << " cannot be concatenated");
   }
-  int64_t d = WrapDim(dim, first.dim());
+  // PyTorch skips 1-d empty tensors of any other shape (the legacy way to start a list to
+  // concatenate onto, torch.tensor([])); they still take part in the result's dtype.
+  auto skipped = [](const Tensor& tensor) { return tensor.shape() == Shape{0}; };
+  auto kept = std::find_if(tensors.begin(), tensors.end(),
+                           [&](const Tensor& tensor) { return !skipped(tensor); });
+  const Tensor& first = kept != tensors.end() ? *kept : tensors.front();
   DType dtype = first.dtype();
+  for (const Tensor& tensor : tensors) {
+    CommonDevice("cat", {&first, &tensor});
+    dtype = PromoteTypes(dtype, tensor.dtype());
+  }
+  if (kept == tensors.end()) return Tensor::Empty({0}, dtype, first.device());
+  int64_t d = WrapDim(dim, first.dim());
   Shape shape = first.shape();
   shape[d] = 0;
   for (const Tensor& tensor : tensors) {
-    CommonDevice("cat", {&first, &tensor});
+    if (skipped(tensor)) continue;
     OROCHI_CHECK_ARG(tensor.dim() == first.dim(),
-                     "cat: tensors must have the same number of dimensions");
+                     "cat: tensors must have the same number of dimensions, got "
+                         << ShapeString(first.shape()) << " and " << ShapeString(tensor.shape()));
     for (int64_t i = 0; i < first.dim(); ++i) {
       OROCHI_CHECK_ARG(i == d || tensor.shape()[i] == first.shape()[i],
                        "cat: sizes must match except in dimension "
@@ -178,11 +206,11 @@ Tensor Cat(const std::vector<Tensor>& tensors, int64_t dim) {
                            << ShapeString(tensor.shape()));
     }
     shape[d] += tensor.shape()[d];
-    dtype = PromoteTypes(dtype, tensor.dtype());
   }
   Tensor output = Tensor::Empty(shape, dtype, first.device());
   int64_t offset = 0;
   for (const Tensor& tensor : tensors) {
+    if (skipped(tensor)) continue;
     Tensor slot = output.Narrow(d, offset, tensor.shape()[d]);
     slot.CopyFrom(tensor);
     offset += tensor.shape()[d];

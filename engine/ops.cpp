@@ -193,8 +193,14 @@ Tensor Reduce(Op op, const Tensor& input, const std::vector<int64_t>& dims, bool
       inner *= input.shape()[d];
     }
   }
-  OROCHI_CHECK_ARG(inner > 0 || op == Op::sum || op == Op::mean || op == Op::prod,
-                   OpName(op) << ": cannot reduce over an empty dimension");
+  if (inner == 0 && op != Op::sum && op != Op::mean && op != Op::prod) {
+    // PyTorch's split: a named empty dim is IndexError, a whole empty tensor RuntimeError.
+    OROCHI_CHECK_ARG(!dims.empty(), OpName(op) << ": cannot reduce an empty tensor "
+                                               << ShapeString(input.shape())
+                                               << " without a dim to reduce over");
+    OROCHI_CHECK_RANGE(false, OpName(op) << ": cannot reduce over an empty dimension of "
+                                         << ShapeString(input.shape()));
+  }
   DType output_dtype = input.dtype();
   if ((op == Op::sum || op == Op::prod) && !IsFloating(input.dtype())) {
     output_dtype = DType::kInt64;

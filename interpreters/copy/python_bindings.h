@@ -53,11 +53,19 @@ Tensor ScalarTensor(py::handle number, const Tensor& like, Op op = Op::add);
 // A numpy scalar (numpy.float32(2), numpy.int64(1), numpy.bool_): an operand or value like the
 // Python number its item() gives.
 bool IsNumpyScalar(py::handle object);
-// The value of a Python int (not a bool); nullopt for anything else. ValueError past 64 bits.
+// The value of a Python int (not a bool); nullopt for anything else. RuntimeError past 64 bits
+// (as PyTorch's "Overflow when unpacking long").
 std::optional<int64_t> PythonInt(py::handle object);
-// Raises RuntimeError when an int stored into a tensor of integer `dtype` would not fit
-// (creation, fills, writes and clamp bounds check; arithmetic operands wrap).
+// Raise RuntimeError, as PyTorch's checked conversion does, when a number stored into a tensor
+// of `dtype` would not fit: an int or float outside an integer dtype's range (NaN included), or
+// a finite number past a narrow float dtype's largest value (creation, fills, writes, where()
+// and clamp bounds check; arithmetic operands wrap or round to inf). An unsigned dtype also
+// takes negatives down to -max, which wrap, as in PyTorch (uint8 -1 is 255).
 void RequireFits(int64_t value, DType dtype);
+void RequireFits(double value, DType dtype);
+// RequireFits for a Python number that will take `dtype` (an int with an integer dtype, a float
+// with a floating one), as where(cond, int8_tensor, 300) checks in PyTorch; nothing otherwise.
+void RequireFitsWhereKept(py::handle number, DType dtype);
 // A value to store into a tensor of `dtype`: numbers are converted straight to `dtype` (no
 // detour through float32) and must fit it, tensors and lists as they are.
 Tensor ValueForWrite(py::handle value, DType dtype);

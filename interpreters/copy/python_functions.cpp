@@ -150,11 +150,11 @@ Tensor ConvNd(int spatial, const Tensor& input, const Tensor& weight,
 
 // arange over Python ints, exact beyond 2^53 where the engine's double-based Arange is not.
 Tensor IntegerArange(int64_t start, int64_t end, int64_t step, DType dtype) {
-  if (step == 0) throw py::value_error("arange: step must be non-zero");
+  if (step == 0) throw std::runtime_error("arange: step must be non-zero");
   if ((end - start > 0 && step < 0) || (end - start < 0 && step > 0)) {
-    throw py::value_error("arange: the range [" + std::to_string(start) + ", " +
-                          std::to_string(end) + ") and step " + std::to_string(step) +
-                          " have inconsistent signs");
+    throw std::runtime_error("arange: the range [" + std::to_string(start) + ", " +
+                             std::to_string(end) + ") and step " + std::to_string(step) +
+                             " have inconsistent signs");
   }
   const __int128 span = static_cast<__int128>(end) - start;
   const auto count = static_cast<int64_t>(span == 0 ? 0 : (span - (step > 0 ? 1 : -1)) / step + 1);
@@ -334,6 +334,10 @@ void BindJoining(py::module_& module) {
         const Tensor* like = TensorFromPython(input.ptr());
         if (like == nullptr) like = TensorFromPython(other.ptr());
         const Tensor& reference = like != nullptr ? *like : condition;
+        if (like != nullptr) {
+          RequireFitsWhereKept(input, like->dtype());
+          RequireFitsWhereKept(other, like->dtype());
+        }
         Operand a(input, reference);
         Operand b(other, reference);
         return engine::Where(condition, a.get(), b.get());

@@ -31,7 +31,12 @@ bool IsListOrTuple(PyObject* object) {
 }
 
 Tensor AsIndexTensor(py::handle item) {
-  if (const Tensor* tensor = TensorFromPython(item.ptr())) return *tensor;
+  if (const Tensor* tensor = TensorFromPython(item.ptr())) {
+    // PyTorch (1.13, deprecated there) takes a uint8 index tensor as a mask, not as positions:
+    // reading it as positions would silently pick other elements.
+    if (tensor->dtype() == engine::DType::kUInt8) return tensor->To(engine::DType::kBool);
+    return *tensor;
+  }
   if (PySequence_Size(item.ptr()) == 0) {
     return engine::Zeros({0}, engine::DType::kInt64);  // x[[]] selects nothing
   }
@@ -56,6 +61,12 @@ bool IsTupleOfIndices(py::handle list) {
 }
 
 [[noreturn]] void BadIndex(py::handle item) {
+  // IndexError for a float, as PyTorch; TypeError for what is not a number at all.
+  if (PyFloat_Check(item.ptr()) != 0) {
+    throw py::index_error(
+        "only integers, slices, None, Ellipsis and integer or bool tensors are "
+        "valid indices, got float");
+  }
   throw py::type_error(
       "only integers, slices, None, Ellipsis and integer or bool tensors are "
       "valid indices, got " +
@@ -101,7 +112,7 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
   std::vector<Tensor> tensors(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     PyObject* raw = items[i].ptr();
-    if (raw == Py_None) continue;
+    if (raw == Py_None || PyBool_Check(raw) != 0) continue;
     if (raw == Py_Ellipsis) {
       ++ellipses;
       continue;
@@ -129,6 +140,12 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
     PyObject* raw = items[i].ptr();
     if (raw == Py_None) {
       out.view = out.view.Unsqueeze(dim++);
+    } else if (PyBool_Check(raw) != 0) {
+      // PyTorch reads a Python bool as a new dim masked by it: x[True] is x[None] and x[False]
+      // selects nothing from that new dim.
+      out.view = out.view.Unsqueeze(dim);
+      out.advanced.push_back({dim, engine::Zeros({raw == Py_True ? 1 : 0}, engine::DType::kInt64)});
+      ++dim;
     } else if (raw == Py_Ellipsis) {
       dim += tensor.dim() - consumed;
       tensor_dim += tensor.dim() - consumed;
@@ -188,16 +205,40 @@ Indexed ApplyIndex(const Tensor& tensor, py::handle index, bool for_write) {
   return out;
 }
 
+// The shape the advanced indices broadcast to; IndexError when they do not, as in PyTorch.
+Shape IndexShape(const Indexed& indexed) {
+  Shape broadcast;
+  bool fits = true;
+  for (const AdvancedIndex& entry : indexed.advanced) {
+    const Shape& shape = entry.index.shape();
+    const size_t rank = std::max(broadcast.size(), shape.size());
+    Shape combined(rank, 1);
+    for (size_t i = 0; i < rank; ++i) {
+      const int64_t a = i < rank - broadcast.size() ? 1 : broadcast[i - (rank - broadcast.size())];
+      const int64_t b = i < rank - shape.size() ? 1 : shape[i - (rank - shape.size())];
+      fits = fits && (a == b || a == 1 || b == 1);
+      combined[i] = a == 1 ? b : a;
+    }
+    broadcast = combined;
+  }
+  if (!fits) {
+    std::string shapes;
+    for (const AdvancedIndex& entry : indexed.advanced) {
+      shapes += (shapes.empty() ? "" : ", ") + engine::ShapeString(entry.index.shape());
+    }
+    throw py::index_error(
+        "shape mismatch: indexing tensors could not be broadcast together with shapes " + shapes);
+  }
+  return broadcast;
+}
+
 // Combines several advanced indices into one over their (merged) dims. PyTorch puts the
 // broadcast index dims where the indices were when they are adjacent, first otherwise.
 Tensor Gather(const Indexed& indexed) {
   const Tensor& view = indexed.view;
   if (indexed.advanced.empty()) return view;
   std::vector<Tensor> indices;
-  Shape broadcast;
-  for (const AdvancedIndex& entry : indexed.advanced) {
-    broadcast = engine::BroadcastShapes(broadcast, entry.index.shape());
-  }
+  const Shape broadcast = IndexShape(indexed);
   bool adjacent = true;
   for (size_t i = 1; i < indexed.advanced.size(); ++i) {
     adjacent = adjacent && indexed.advanced[i].dim == indexed.advanced[i - 1].dim + 1;
@@ -239,6 +280,76 @@ Tensor Gather(const Indexed& indexed) {
   return result.Permute(back).Contiguous();
 }
 
+// A value's leading size-1 dims are dropped before it is broadcast into the indexed place, as
+// PyTorch does: z[rows] = v.unsqueeze(0) writes v.
+Tensor WithoutLeadingOnes(Tensor value, int64_t rank) {
+  while (value.dim() > rank && value.shape()[0] == 1) value = value.Squeeze(0);
+  return value;
+}
+
+// Writes `source` through the advanced indices of `indexed`, one broadcast index position at a
+// time, so that every write lands in the indexed tensor itself (later positions win where
+// indices repeat, as on PyTorch's CPU). `source` broadcasts to the shape reading the same index
+// gives, with Gather's placement of the index dims.
+void WriteAdvanced(const Indexed& indexed, const Tensor& source) {
+  const Tensor& view = indexed.view;
+  const Shape broadcast = IndexShape(indexed);
+  bool adjacent = true;
+  for (size_t i = 1; i < indexed.advanced.size(); ++i) {
+    adjacent = adjacent && indexed.advanced[i].dim == indexed.advanced[i - 1].dim + 1;
+  }
+  // The indexed dims first, in index order (a view), then the others.
+  std::vector<int64_t> order;
+  for (const AdvancedIndex& entry : indexed.advanced) order.push_back(entry.dim);
+  for (int64_t d = 0; d < view.dim(); ++d) {
+    if (std::find(order.begin(), order.end(), d) == order.end()) order.push_back(d);
+  }
+  Tensor front = view.Permute(order);
+  const auto count = static_cast<int64_t>(indexed.advanced.size());
+  Shape rest(front.shape().begin() + count, front.shape().end());
+
+  // The shape `view[indices]` has: index dims where adjacent indices stood, else first.
+  const int64_t first = indexed.advanced.front().dim;
+  const bool in_place_of_indices = adjacent && first != 0;
+  Shape read_shape;
+  if (in_place_of_indices) {
+    read_shape.assign(view.shape().begin(), view.shape().begin() + first);
+    read_shape.insert(read_shape.end(), broadcast.begin(), broadcast.end());
+    read_shape.insert(read_shape.end(), view.shape().begin() + first + count, view.shape().end());
+  } else {
+    read_shape = broadcast;
+    read_shape.insert(read_shape.end(), rest.begin(), rest.end());
+  }
+  Tensor values =
+      WithoutLeadingOnes(source, static_cast<int64_t>(read_shape.size())).Expand(read_shape);
+  if (in_place_of_indices) {
+    // Bring the index dims to the front, to line up with `front`.
+    const auto index_dims = static_cast<int64_t>(broadcast.size());
+    std::vector<int64_t> to_front;
+    for (int64_t d = 0; d < index_dims; ++d) to_front.push_back(first + d);
+    for (int64_t d = 0; d < first; ++d) to_front.push_back(d);
+    for (int64_t d = first + index_dims; d < values.dim(); ++d) to_front.push_back(d);
+    values = values.Permute(to_front);
+  }
+  int64_t positions = 1;
+  for (int64_t size : broadcast) positions *= size;
+  Shape flat_shape{positions};
+  flat_shape.insert(flat_shape.end(), rest.begin(), rest.end());
+  values = values.Reshape(flat_shape);
+
+  std::vector<Tensor> host_indices;
+  for (const AdvancedIndex& entry : indexed.advanced) {
+    host_indices.push_back(OnHost(entry.index.Expand(broadcast).Contiguous()));
+  }
+  for (int64_t position = 0; position < positions; ++position) {
+    Tensor target = front;
+    for (const Tensor& index : host_indices) {
+      target = target.Select(0, index.data_as<int64_t>()[position]);
+    }
+    target.CopyFrom(values.Select(0, position));
+  }
+}
+
 }  // namespace
 
 Tensor GetItem(const Tensor& tensor, py::handle index) {
@@ -253,13 +364,6 @@ Tensor GetItem(const Tensor& tensor, py::handle index) {
     return tensor.Select(0, value);
   }
   return Gather(ApplyIndex(tensor, index, /*for_write=*/false));
-}
-
-// A value's leading size-1 dims are dropped before it is broadcast into the indexed place, as
-// PyTorch does: z[rows] = v.unsqueeze(0) writes v.
-Tensor WithoutLeadingOnes(Tensor value, int64_t rank) {
-  while (value.dim() > rank && value.shape()[0] == 1) value = value.Squeeze(0);
-  return value;
 }
 
 void SetItem(Tensor& tensor, py::handle index, py::handle value) {
@@ -296,22 +400,7 @@ void SetItem(Tensor& tensor, py::handle index, py::handle value) {
     indexed.view.CopyFrom(WithoutLeadingOnes(source, indexed.view.dim()));
     return;
   }
-  if (indexed.advanced.size() != 1) {
-    throw py::type_error(
-        "assignment with more than one tensor index is not supported; index "
-        "with one integer or bool tensor");
-  }
-  // One index tensor: write each selected slice in turn, so writes land in `tensor` itself.
-  const AdvancedIndex& entry = indexed.advanced.front();
-  Tensor flat_index = OnHost(entry.index.Reshape({-1}).Contiguous());
-  Shape target = indexed.view.shape();
-  target[entry.dim] = flat_index.numel();
-  Tensor expanded_source =
-      WithoutLeadingOnes(source, static_cast<int64_t>(target.size())).Expand(target);
-  const auto* positions = flat_index.data_as<int64_t>();
-  for (int64_t i = 0; i < flat_index.numel(); ++i) {
-    indexed.view.Select(entry.dim, positions[i]).CopyFrom(expanded_source.Select(entry.dim, i));
-  }
+  WriteAdvanced(indexed, source);
 }
 
 }  // namespace orochi::copy::bindings

@@ -179,13 +179,13 @@ std::vector<Tensor> SplitWithSizes(const Tensor& self, const std::vector<int64_t
   const int64_t length = self.size(dim);
   int64_t total = 0;
   for (int64_t size : sizes) {
-    if (size < 0) throw py::value_error("split: section sizes must be non-negative");
+    if (size < 0) throw std::runtime_error("split: section sizes must be non-negative");
     total += size;
   }
   if (total != length) {
-    throw py::value_error("split: the section sizes add up to " + std::to_string(total) +
-                          ", but dimension " + std::to_string(dim) + " has size " +
-                          std::to_string(length));
+    throw std::runtime_error("split: the section sizes add up to " + std::to_string(total) +
+                             ", but dimension " + std::to_string(dim) + " has size " +
+                             std::to_string(length));
   }
   std::vector<Tensor> pieces;
   int64_t start = 0;
@@ -213,12 +213,12 @@ bool HasSelfOverlap(const Tensor& tensor) {
 // (bool < integer < floating) may not be higher than self's, and self may not overlap itself.
 Tensor& InPlace(Tensor& self, const Tensor& result) {
   if (engine::Category(result.dtype()) > engine::Category(self.dtype())) {
-    throw py::type_error("result type " + std::string(engine::DTypeName(result.dtype())) +
-                         " can't be cast to the in-place output type " +
-                         std::string(engine::DTypeName(self.dtype())));
+    throw std::runtime_error("result type " + std::string(engine::DTypeName(result.dtype())) +
+                             " can't be cast to the in-place output type " +
+                             std::string(engine::DTypeName(self.dtype())));
   }
   if (HasSelfOverlap(self)) {
-    throw py::value_error(
+    throw std::runtime_error(
         "in-place write into an expanded tensor: several of its elements "
         "share one memory location; clone() it first");
   }
@@ -485,6 +485,7 @@ void BindReductions(py::class_<Tensor>& cls, py::module_& module) {
 
 void BindSelection(py::class_<Tensor>& cls, py::module_& module) {
   cls.def("where", [](const Tensor& self, const Tensor& condition, py::handle other) {
+    RequireFitsWhereKept(other, self.dtype());
     Operand operand(other, self);
     return engine::Where(condition, self, operand.get());
   });
@@ -499,7 +500,7 @@ void BindSelection(py::class_<Tensor>& cls, py::module_& module) {
   });
   auto clamp = [](const Tensor& self, py::handle min, py::handle max) {
     if (min.is_none() && max.is_none()) {
-      throw py::value_error("clamp: at least one of min and max must be given");
+      throw std::runtime_error("clamp: at least one of min and max must be given");
     }
     return engine::Clamp(self, ClampBound(min, self), ClampBound(max, self));
   };
@@ -632,7 +633,10 @@ void BindShapeMethods(py::class_<Tensor>& cls, py::module_& module) {
            [](const Tensor& self, const Tensor& other) { return self.Expand(other.shape()); })
       .def("t",
            [](const Tensor& self) {
-             if (self.dim() > 2) throw py::value_error("t() expects a tensor with <= 2 dims");
+             if (self.dim() > 2) {
+               throw std::runtime_error("t() expects a tensor with <= 2 dims, got " +
+                                        std::to_string(self.dim()));
+             }
              return self.dim() < 2 ? self : self.Transpose(0, 1);
            })
       .def_property_readonly("T",
@@ -720,9 +724,9 @@ void BindConversions(py::class_<Tensor>& cls) {
       .def("__bool__",
            [](const Tensor& self) {
              if (self.numel() != 1) {
-               throw py::value_error("the truth value of a tensor with " +
-                                     std::to_string(self.numel()) +
-                                     " elements is ambiguous; use .any() or .all()");
+               throw std::runtime_error("the truth value of a tensor with " +
+                                        std::to_string(self.numel()) +
+                                        " elements is ambiguous; use .any() or .all()");
              }
              return OnHost(self).ItemAsDouble() != 0;
            })

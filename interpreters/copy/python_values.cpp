@@ -4,8 +4,10 @@
 #include <pybind11/stl.h>
 
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -207,7 +209,7 @@ class NestedReader {
     } else if (PyLong_Check(raw)) {
       int overflow = 0;
       int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
-      if (overflow != 0) throw py::value_error("orochi.tensor: an int does not fit in 64 bits");
+      if (overflow != 0) throw std::runtime_error("orochi.tensor: an int does not fit in 64 bits");
       leaves_.push_back({Leaf::kInt, value, 0});
     } else if (PyFloat_Check(raw)) {
       leaves_.push_back({Leaf::kFloat, 0, PyFloat_AS_DOUBLE(raw)});
@@ -263,8 +265,12 @@ class BufferExport {
 
 template <typename T>
 T LeafAs(const Leaf& leaf, DType dtype) {
-  if (leaf.kind == Leaf::kFloat) return engine::Convert<T>(leaf.floating);
-  if (leaf.kind == Leaf::kInt) RequireFits(leaf.integer, dtype);
+  if (leaf.kind == Leaf::kFloat) {
+    // As torch.tensor: a float must fit an integer dtype, but becomes inf in a narrow float one.
+    if (engine::IsIntegral(dtype)) RequireFits(leaf.floating, dtype);
+    return engine::Convert<T>(leaf.floating);
+  }
+  if (leaf.kind == Leaf::kInt && engine::IsIntegral(dtype)) RequireFits(leaf.integer, dtype);
   return engine::Convert<T>(leaf.integer);
 }
 
@@ -454,22 +460,90 @@ std::optional<int64_t> PythonInt(py::handle object) {
   if (PyLong_Check(raw) == 0 || PyBool_Check(raw) != 0) return std::nullopt;
   int overflow = 0;
   const int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
-  if (overflow != 0) throw py::value_error("an int operand does not fit in 64 bits");
+  if (overflow != 0) throw std::runtime_error("an int operand does not fit in 64 bits");
   return value;
 }
 
+namespace {
+
+// The largest finite value of a floating dtype narrower than float64 (nullopt otherwise).
+std::optional<double> LargestFinite(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return 65504.0;
+    case DType::kBFloat16:
+      return 3.3895313892515355e38;
+    case DType::kFloat32:
+      return static_cast<double>(std::numeric_limits<float>::max());
+    default:
+      return std::nullopt;
+  }
+}
+
+[[noreturn]] void ThrowOverflow(const std::string& value, DType dtype) {
+  throw std::runtime_error("value " + value + " cannot be converted to " +
+                           std::string(DTypeName(dtype)) + " without overflow");
+}
+
+}  // namespace
+
 void RequireFits(int64_t value, DType dtype) {
+  if (std::optional<double> largest = LargestFinite(dtype)) {
+    if (std::abs(static_cast<double>(value)) > *largest) {
+      ThrowOverflow(std::to_string(value), dtype);
+    }
+    return;
+  }
   if (!engine::IsIntegral(dtype)) return;
   VisitDType(dtype, [&]<typename T>() {
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-      if (!std::in_range<T>(value)) {
+      // c10's rule: an unsigned type also takes negatives down to -max, which wrap (uint8 -1 is
+      // 255), so only values no wrap can explain are refused.
+      bool fits = std::in_range<T>(value);
+      if constexpr (std::is_unsigned_v<T>) {
+        fits = fits || (value < 0 && -value <= static_cast<int64_t>(std::numeric_limits<T>::max()));
+      }
+      if (!fits) {
+        const int64_t lowest = std::is_unsigned_v<T>
+                                   ? -static_cast<int64_t>(std::numeric_limits<T>::max())
+                                   : static_cast<int64_t>(std::numeric_limits<T>::min());
         throw std::runtime_error("value " + std::to_string(value) + " cannot be converted to " +
                                  std::string(DTypeName(dtype)) + " without overflow (range " +
-                                 std::to_string(std::numeric_limits<T>::min()) + " to " +
+                                 std::to_string(lowest) + " to " +
                                  std::to_string(std::numeric_limits<T>::max()) + ")");
       }
     }
   });
+}
+
+void RequireFits(double value, DType dtype) {
+  if (std::optional<double> largest = LargestFinite(dtype)) {
+    // Infinities and NaN are values of every floating dtype; only a finite value past the
+    // largest one would silently become an infinity.
+    if (std::isfinite(value) && std::abs(value) > *largest) {
+      ThrowOverflow(py::repr(py::float_(value)).cast<std::string>(), dtype);
+    }
+    return;
+  }
+  if (!engine::IsIntegral(dtype)) return;
+  VisitDType(dtype, [&]<typename T>() {
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // NaN fails both comparisons' negation, so it is refused too (as in c10's overflows()).
+      const bool fits = value >= static_cast<double>(std::numeric_limits<T>::lowest()) &&
+                        value <= static_cast<double>(std::numeric_limits<T>::max());
+      if (!fits) ThrowOverflow(py::repr(py::float_(value)).cast<std::string>(), dtype);
+    }
+  });
+}
+
+void RequireFitsWhereKept(py::handle number, DType dtype) {
+  PyObject* raw = number.ptr();
+  if (PyBool_Check(raw) != 0) return;
+  if (engine::IsIntegral(dtype)) {
+    if (std::optional<int64_t> integer = PythonInt(number)) RequireFits(*integer, dtype);
+  } else if (engine::IsFloating(dtype) && PyFloat_Check(raw) != 0) {
+    RequireFits(PyFloat_AS_DOUBLE(raw), dtype);
+  }
 }
 
 bool IsNumpyScalar(py::handle object) {
@@ -517,7 +591,11 @@ Tensor ValueForWrite(py::handle value, DType dtype) {
     RequireFits(*integer, dtype);
     return TypedScalar(*integer, dtype);
   }
-  if (PyFloat_Check(raw)) return TypedScalar(PyFloat_AS_DOUBLE(raw), dtype);
+  if (PyFloat_Check(raw)) {
+    const double number = PyFloat_AS_DOUBLE(raw);
+    RequireFits(number, dtype);
+    return TypedScalar(number, dtype);
+  }
   if (PyList_Check(raw) || PyTuple_Check(raw)) return TensorFromData(value, dtype);
   if (IsNumpyScalar(value)) return ValueForWrite(value.attr("item")(), dtype);
   throw py::type_error("cannot write a " + std::string(Py_TYPE(raw)->tp_name) +

@@ -74,6 +74,8 @@ TEST(Statistics, VarStdProdAnyAll) {
   EXPECT_EQ(Any(flags).dtype(), DType::kBool);
   EXPECT_EQ(All(Zeros({0})).ItemAsDouble(), 1);
   EXPECT_EQ(Any(Zeros({0})).ItemAsDouble(), 0);
+  EXPECT_EQ(Any(Arange(0, 3, 1, DType::kUInt8)).dtype(), DType::kUInt8);
+  EXPECT_EQ(All(Zeros({0}, DType::kUInt8), {0}).dtype(), DType::kUInt8);
 }
 
 TEST(Selection, WhereClampLogicalMaskedFill) {

@@ -74,7 +74,7 @@ OROCHI_ENGINE_API Tensor Var(const Tensor& input, const std::vector<int64_t>& di
                              double correction = 1, bool keepdim = false);
 OROCHI_ENGINE_API Tensor Std(const Tensor& input, const std::vector<int64_t>& dims = {},
                              double correction = 1, bool keepdim = false);
-// torch.any / torch.all: bool results.
+// torch.any / torch.all: bool results, uint8 for a uint8 input (as in PyTorch).
 OROCHI_ENGINE_API Tensor Any(const Tensor& input, const std::vector<int64_t>& dims = {},
                              bool keepdim = false);
 OROCHI_ENGINE_API Tensor All(const Tensor& input, const std::vector<int64_t>& dims = {},
@@ -91,6 +91,7 @@ OROCHI_ENGINE_API Tensor LogicalNot(const Tensor& input);
 OROCHI_ENGINE_API Tensor MaskedFill(const Tensor& input, const Tensor& mask, const Tensor& value);
 
 // --- joining, splitting and indexing ------------------------------------------------------------
+// torch.cat: promotes dtypes; skips 1-d empty tensors (shape [0]) whatever the others' shapes.
 OROCHI_ENGINE_API Tensor Cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 OROCHI_ENGINE_API Tensor Stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // Views of `input` along `dim`, each `size` long (the last may be shorter).
