@@ -232,6 +232,25 @@ Shape IndexShape(const Indexed& indexed) {
   return broadcast;
 }
 
+// Whether the advanced indices stand in consecutive dims: PyTorch then puts the broadcast
+// index dims where they stood, otherwise first.
+bool IndicesAdjacent(const Indexed& indexed) {
+  for (size_t i = 1; i < indexed.advanced.size(); ++i) {
+    if (indexed.advanced[i].dim != indexed.advanced[i - 1].dim + 1) return false;
+  }
+  return true;
+}
+
+// A permutation of the view's dims: the indexed ones first, in index order, then the others.
+std::vector<int64_t> IndexedDimsFirst(const Indexed& indexed) {
+  std::vector<int64_t> order;
+  for (const AdvancedIndex& entry : indexed.advanced) order.push_back(entry.dim);
+  for (int64_t d = 0; d < indexed.view.dim(); ++d) {
+    if (std::find(order.begin(), order.end(), d) == order.end()) order.push_back(d);
+  }
+  return order;
+}
+
 // Combines several advanced indices into one over their (merged) dims. PyTorch puts the
 // broadcast index dims where the indices were when they are adjacent, first otherwise.
 Tensor Gather(const Indexed& indexed) {
@@ -239,17 +258,9 @@ Tensor Gather(const Indexed& indexed) {
   if (indexed.advanced.empty()) return view;
   std::vector<Tensor> indices;
   const Shape broadcast = IndexShape(indexed);
-  bool adjacent = true;
-  for (size_t i = 1; i < indexed.advanced.size(); ++i) {
-    adjacent = adjacent && indexed.advanced[i].dim == indexed.advanced[i - 1].dim + 1;
-  }
+  const bool adjacent = IndicesAdjacent(indexed);
   // Move the indexed dims to the front, then merge them into one.
-  std::vector<int64_t> order;
-  for (const AdvancedIndex& entry : indexed.advanced) order.push_back(entry.dim);
-  for (int64_t d = 0; d < view.dim(); ++d) {
-    if (std::find(order.begin(), order.end(), d) == order.end()) order.push_back(d);
-  }
-  Tensor front = view.Permute(order);
+  Tensor front = view.Permute(IndexedDimsFirst(indexed));
   auto count = static_cast<int64_t>(indexed.advanced.size());
   // Index tensors and lists may be on the CPU for a tensor on a GPU, as in PyTorch.
   Tensor linear = engine::Zeros(broadcast, engine::DType::kInt64, view.device());
@@ -294,17 +305,8 @@ Tensor WithoutLeadingOnes(Tensor value, int64_t rank) {
 void WriteAdvanced(const Indexed& indexed, const Tensor& source) {
   const Tensor& view = indexed.view;
   const Shape broadcast = IndexShape(indexed);
-  bool adjacent = true;
-  for (size_t i = 1; i < indexed.advanced.size(); ++i) {
-    adjacent = adjacent && indexed.advanced[i].dim == indexed.advanced[i - 1].dim + 1;
-  }
-  // The indexed dims first, in index order (a view), then the others.
-  std::vector<int64_t> order;
-  for (const AdvancedIndex& entry : indexed.advanced) order.push_back(entry.dim);
-  for (int64_t d = 0; d < view.dim(); ++d) {
-    if (std::find(order.begin(), order.end(), d) == order.end()) order.push_back(d);
-  }
-  Tensor front = view.Permute(order);
+  const bool adjacent = IndicesAdjacent(indexed);
+  Tensor front = view.Permute(IndexedDimsFirst(indexed));  // a view
   const auto count = static_cast<int64_t>(indexed.advanced.size());
   Shape rest(front.shape().begin() + count, front.shape().end());
 

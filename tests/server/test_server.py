@@ -427,20 +427,29 @@ class ServerTest(SharedServerTest):
         self.assertEqual(got, 504, text)
         self.assertIn("deadline expired after", json.loads(text)["error"])
 
-    def test_batching_is_observable_and_rows_go_back_to_their_clients(self):
+    def echo_rows_at_once(self, clients, parameters=lambda index: None, stagger_s=0.0):
+        """Each of `clients` sends one row, its index, to echo at the same time, with
+        parameters(index) if any: {index: (status, out_int64 data, batch data)}."""
         results = {}
 
         def client(index):
             request = echo_request(rows=1, values={"INT64": [index]})
+            if parameters(index) is not None:
+                request["parameters"] = parameters(index)
             status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
             outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
             results[index] = (status, outputs["out_int64"]["data"], outputs["batch"]["data"])
 
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
         for thread in threads:
             thread.start()
+            time.sleep(stagger_s)
         for thread in threads:
             thread.join()
+        return results
+
+    def test_batching_is_observable_and_rows_go_back_to_their_clients(self):
+        results = self.echo_rows_at_once(16)
         self.assertEqual(len(results), 16)
         for index, (status, echoed, _) in results.items():
             self.assertEqual((status, echoed), (200, [index]))
@@ -459,22 +468,9 @@ class ServerTest(SharedServerTest):
         # Two groups of clients, each with its own parameters: every row comes back shifted by
         # its own request's "add" (a batch that mixed them would shift some rows wrongly), and
         # requests with equal parameters still ran together.
-        results = {}
-
-        def client(index):
-            request = echo_request(rows=1, values={"INT64": [index]})
-            request["parameters"] = {"add": 1000 if index >= 8 else 0, "note": "group",
-                                     "timeout": 30_000_000}
-            status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
-            outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
-            results[index] = (status, outputs["out_int64"]["data"], outputs["batch"]["data"])
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
-        for thread in threads:
-            thread.start()
-            time.sleep(0.005)
-        for thread in threads:
-            thread.join()
+        results = self.echo_rows_at_once(
+            16, lambda index: {"add": 1000 if index >= 8 else 0, "note": "group",
+                               "timeout": 30_000_000}, stagger_s=0.005)
         for index, (status, shifted, _) in results.items():
             self.assertEqual((status, shifted), (200, [index + (1000 if index >= 8 else 0)]))
         self.assertGreater(max(batch[0] for _, _, batch in results.values()), 1)
