@@ -96,4 +96,25 @@ OROCHI_HOST_DEVICE C FloorDivide(C a, C b) {
   }
 }
 
+// a % b with the sign of b (or zero), like Python and PyTorch's remainder. Floating: from fmod,
+// so it is exact; a zero divisor gives NaN. Integer: a zero divisor gives 0 (the front end
+// refuses it first), and INT_MIN % -1 is 0 instead of overflowing.
+template <typename C>
+OROCHI_HOST_DEVICE C Remainder(C a, C b) {
+  if constexpr (std::is_floating_point_v<C>) {
+    C remainder = scalar_math::Fmod(a, b);
+    if (remainder != C{0} && (remainder < C{0}) != (b < C{0})) remainder += b;
+    return remainder;
+  } else {
+    if (b == C{0}) return C{0};
+    if constexpr (std::is_signed_v<C>) {
+      if (b == C{-1}) return C{0};
+      const auto remainder = static_cast<C>(a % b);
+      return remainder != C{0} && ((remainder < C{0}) != (b < C{0})) ? static_cast<C>(remainder + b)
+                                                                     : remainder;
+    }
+    return static_cast<C>(a % b);
+  }
+}
+
 }  // namespace orochi::engine

@@ -174,6 +174,8 @@ C ApplyArithmetic(Op op, C a, C b) {
       }
     case Op::floor_divide:
       return FloorDivide(a, b);
+    case Op::remainder:
+      return Remainder(a, b);
     case Op::maximum:
       if constexpr (std::is_floating_point_v<C>) {
         if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<C>::quiet_NaN();
@@ -254,8 +256,9 @@ void RegisterElementwiseKernels(KernelRegistry& registry) {
                         Op::minimum, Op::eq, Op::ne, Op::lt, Op::le, Op::gt, Op::ge,
                         Op::logical_and, Op::logical_or, Op::logical_xor>(kCpu, BinaryOp,
                                                                           kAllDTypes);
-  // Binary refuses bool operands of sub, as PyTorch does.
+  // Binary refuses bool operands of sub, as PyTorch does; remainder has no bool kernel there.
   registry.Register<Op::sub>(kCpu, BinaryOp, kNumericDTypes);
+  registry.Register<Op::remainder>(kCpu, BinaryOp, kNumericDTypes);
   registry.Register<Op::where>(kCpu, WhereOp, kAllDTypes);
 }
 

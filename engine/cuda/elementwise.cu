@@ -240,6 +240,8 @@ __device__ __forceinline__ C ApplyArithmetic(Op op, C a, C b) {
       }
     case Op::floor_divide:
       return FloorDivide(a, b);
+    case Op::remainder:
+      return Remainder(a, b);
     case Op::maximum:
       if (IsNan(a) || IsNan(b)) return a + b;  // NaN
       return a > b ? a : b;

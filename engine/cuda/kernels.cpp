@@ -347,8 +347,9 @@ void RegisterCudaKernels(KernelRegistry& registry) {
                         Op::minimum, Op::eq, Op::ne, Op::lt, Op::le, Op::gt, Op::ge,
                         Op::logical_and, Op::logical_or, Op::logical_xor>(kCuda, CudaBinary,
                                                                           kAllDTypes);
-  // Binary refuses bool operands of sub, as PyTorch does.
+  // Binary refuses bool operands of sub, as PyTorch does; remainder has no bool kernel there.
   registry.Register<Op::sub>(kCuda, CudaBinary, kNumericDTypes);
+  registry.Register<Op::remainder>(kCuda, CudaBinary, kNumericDTypes);
   registry.Register<Op::where>(kCuda, CudaWhere, kAllDTypes);
   registry.RegisterEach<Op::sum, Op::amax, Op::amin, Op::prod, Op::argmax, Op::argmin>(
       kCuda, CudaReduce, kAllDTypes);

@@ -251,6 +251,7 @@ constexpr BinaryEntry kBinaryOps[] = {
     {"div", "__truediv__", "__rtruediv__", "__itruediv__", Op::div},
     {"pow", "__pow__", "__rpow__", "__ipow__", Op::pow},
     {"floor_divide", "__floordiv__", "__rfloordiv__", "__ifloordiv__", Op::floor_divide},
+    {"remainder", "__mod__", "__rmod__", "__imod__", Op::remainder},
     {"maximum", nullptr, nullptr, nullptr, Op::maximum},
     {"minimum", nullptr, nullptr, nullptr, Op::minimum},
     {"eq", "__eq__", nullptr, nullptr, Op::eq},
@@ -285,8 +286,8 @@ bool IsOperand(py::handle other) {
 
 // `self op other`, or `other op self` when reflected, with `other` a tensor or a number, and
 // PyTorch's refusals: an integer tensor to a negative int power (a tensor of exponents gives 0
-// instead, see IntegerPower), and integer floor division by zero (ZeroDivisionError's text as
-// a RuntimeError).
+// instead, see IntegerPower), and integer floor division or remainder by zero (ZeroDivisionError's
+// text as a RuntimeError).
 Tensor ApplyBinary(Op op, const Tensor& self, py::handle other, bool reflected = false) {
   if (op == Op::pow && !reflected && !engine::IsFloating(self.dtype())) {
     std::optional<int64_t> exponent = PythonInt(other);
@@ -297,11 +298,14 @@ Tensor ApplyBinary(Op op, const Tensor& self, py::handle other, bool reflected =
   Operand operand(other, self, op);
   const Tensor& a = reflected ? operand.get() : self;
   const Tensor& b = reflected ? self : operand.get();
-  if (op == Op::floor_divide && !engine::IsFloating(engine::ResultType(a, b)) &&
+  if ((op == Op::floor_divide || op == Op::remainder) &&
+      !engine::IsFloating(engine::ResultType(a, b)) &&
       engine::Any(engine::Binary(Op::eq, b, engine::Scalar(0, b.dtype())))
               .To(Device{})
               .ItemAsDouble() != 0) {
-    throw std::runtime_error("ZeroDivisionError: integer floor division by zero");
+    throw std::runtime_error(op == Op::remainder
+                                 ? "ZeroDivisionError: integer modulo by zero"
+                                 : "ZeroDivisionError: integer floor division by zero");
   }
   return engine::Binary(op, a, b);
 }

@@ -138,9 +138,9 @@ std::vector<OpCase> Cases() {
   }
 
   const std::vector<Op> binary_ops{
-      Op::add,     Op::sub,     Op::mul,         Op::div,        Op::pow,        Op::floor_divide,
-      Op::maximum, Op::minimum, Op::eq,          Op::ne,         Op::lt,         Op::le,
-      Op::gt,      Op::ge,      Op::logical_and, Op::logical_or, Op::logical_xor};
+      Op::add,       Op::sub,     Op::mul,     Op::div,         Op::pow,        Op::floor_divide,
+      Op::remainder, Op::maximum, Op::minimum, Op::eq,          Op::ne,         Op::lt,
+      Op::le,        Op::gt,      Op::ge,      Op::logical_and, Op::logical_or, Op::logical_xor};
   for (Op op : binary_ops) {
     cases.push_back(
         {std::string(OpName(op)),
@@ -151,7 +151,8 @@ std::vector<OpCase> Cases() {
            Tensor base = Input({4, 1, 6}, dtype, power && IsFloating(dtype) ? 0.1 : -4, 4, 3);
            Tensor exponent = Input({5, 1}, dtype, power ? 0 : -4, power ? 3 : 4, 4);
            Tensor same = Input({4, 5, 6}, dtype, power ? 0.1 : -4, power ? 2 : 4, 5);
-           if ((op == Op::div || op == Op::floor_divide) && !IsUnsigned(dtype)) {  // no x / 0
+           if ((op == Op::div || op == Op::floor_divide || op == Op::remainder) &&
+               !IsUnsigned(dtype)) {  // no x / 0
              exponent = Binary(Op::add, Binary(Op::mul, exponent, exponent), Scalar(1, dtype));
            }
            return Tensors{base, exponent, same};

@@ -119,6 +119,8 @@ double ReferenceBinary(Op op, double a, double b, bool integral) {
       return integral && b < 0 ? 0 : std::pow(a, b);
     case Op::floor_divide:
       return std::floor(a / b);
+    case Op::remainder:
+      return a - std::floor(a / b) * b;
     case Op::maximum:
       return std::max(a, b);
     case Op::minimum:
@@ -142,8 +144,9 @@ double ReferenceBinary(Op op, double a, double b, bool integral) {
 }
 
 TEST(BinaryOps, BroadcastPromoteAndMatchTheReference) {
-  const Op kOps[] = {Op::add,     Op::sub, Op::mul, Op::div, Op::pow, Op::floor_divide, Op::maximum,
-                     Op::minimum, Op::eq,  Op::ne,  Op::lt,  Op::le,  Op::gt,           Op::ge};
+  const Op kOps[] = {Op::add,          Op::sub,       Op::mul,     Op::div,     Op::pow,
+                     Op::floor_divide, Op::remainder, Op::maximum, Op::minimum, Op::eq,
+                     Op::ne,           Op::lt,        Op::le,      Op::gt,      Op::ge};
   struct Case {
     DType a;
     DType b;

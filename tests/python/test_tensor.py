@@ -952,6 +952,27 @@ class PyTorchSemanticsTest(Case):
         x //= 2
         self.assertTensor(x, [3, -4], orochi.int64)
 
+    def test_remainder_takes_the_divisors_sign_like_python(self):
+        # torch 1.13's answers.
+        self.assertTensor(t([-7, 7, -7, 7]) % t([3, 3, -3, -3]), [2, 1, -1, -2], orochi.int64)
+        self.assertTensor(7 % t([3, -3]), [1, -2], orochi.int64)
+        self.assertTensor(t([5], dtype=orochi.uint8) % 3, [2], orochi.uint8)
+        self.assertTensor(t([1, 2], dtype=orochi.int32) % 1.5, [1.0, 0.5], orochi.float32)
+        self.assertTensor(t([-7.5, 7.5, 5.0]) % 2, [0.5, 1.5, 1.0])
+        self.assertTensor(t([-7.5, 7.5, 5.0]).remainder(-2), [-1.5, -0.5, -1.0])
+        self.assertTrue(math.isnan((t([1.0]) % 0).item()))
+        self.assertEqual(math.copysign(1.0, (t([-0.0]) % 2).item()), -1.0)
+        self.assertTensor(orochi.remainder(t([5.5], dtype=orochi.float16), 2), [1.5],
+                          orochi.float16)
+        self.assertTensor(t([2**63 - 1, -(2**63)]) % -1, [0, 0])
+        x = t([7, -7])
+        x %= 4
+        self.assertTensor(x, [3, 1], orochi.int64)
+        with self.assertRaisesRegex(RuntimeError, "ZeroDivisionError"):
+            t([5]) % 0
+        with self.assertRaises(RuntimeError):
+            t([True]) % t([True])
+
     def test_reductions_honour_dtype(self):
         self.assertTensor(t([100, 100], orochi.int8).sum(dtype=orochi.int8), -56, orochi.int8)
         self.assertTensor(t([1, 2], orochi.int32).sum(dtype=orochi.int32), 3, orochi.int32)

@@ -36,6 +36,7 @@ namespace orochi::engine {
   X(div, BinaryKernel)               \
   X(pow, BinaryKernel)               \
   X(floor_divide, BinaryKernel)      \
+  X(remainder, BinaryKernel)         \
   X(maximum, BinaryKernel)           \
   X(minimum, BinaryKernel)           \
   X(eq, BinaryKernel)                \
