@@ -583,7 +583,57 @@ py::object SizeObject(const Tensor& self) {
   return py::module_::import("orochi").attr("Size")(shape);
 }
 
+// t.repeat(*sizes): tiled sizes[i] times along each dim, with a leading dim for each size past
+// the tensor's dims, as PyTorch's repeat. Through a view [1, d0, 1, d1, ...] expanded to
+// [r0, d0, r1, d1, ...], then copied once into [r0 * d0, r1 * d1, ...].
+Tensor Repeat(const Tensor& self, const std::vector<int64_t>& repeats) {
+  if (repeats.size() < static_cast<size_t>(self.dim())) {
+    throw std::runtime_error(
+        "Number of dimensions of repeat dims can not be smaller than number of dimensions of "
+        "tensor");
+  }
+  const size_t added = repeats.size() - static_cast<size_t>(self.dim());
+  engine::Shape tiles;
+  engine::Shape expanded;
+  engine::Shape result;
+  for (size_t i = 0; i < repeats.size(); ++i) {
+    if (repeats[i] < 0) {
+      throw std::runtime_error("repeat: the sizes must be non-negative, got " +
+                               std::to_string(repeats[i]));
+    }
+    const int64_t size = i < added ? 1 : self.shape()[i - added];
+    tiles.insert(tiles.end(), {1, size});
+    expanded.insert(expanded.end(), {repeats[i], size});
+    result.push_back(repeats[i] * size);
+  }
+  return self.Reshape(tiles).Expand(expanded).Contiguous().Reshape(result);
+}
+
+// t.flip(*dims): a copy with the order of each given dim reversed, as PyTorch's flip.
+Tensor Flip(const Tensor& self, const std::vector<int64_t>& dims) {
+  Tensor result = self.Clone();
+  std::vector<int64_t> flipped;
+  for (int64_t dim : dims) {
+    // A 0-d tensor takes dim 0 and -1, as in PyTorch.
+    const int64_t wrapped = engine::WrapDim(dim, std::max<int64_t>(self.dim(), 1));
+    if (std::find(flipped.begin(), flipped.end(), wrapped) != flipped.end()) {
+      throw std::runtime_error("dim " + std::to_string(wrapped) +
+                               " appears multiple times in the list of dims");
+    }
+    flipped.push_back(wrapped);
+    if (self.dim() == 0) continue;
+    const int64_t size = self.shape()[wrapped];
+    result = engine::IndexSelect(
+        result, wrapped,
+        engine::Arange(static_cast<double>(size - 1), -1, -1, DType::kInt64, self.device()));
+  }
+  return result;
+}
+
 void BindShapeMethods(py::class_<Tensor>& cls, py::module_& module) {
+  DefBoth(cls, module, "flip", [](const Tensor& self, const py::args& dims) {
+    return Flip(self, IntList(dims, "flip"));
+  });
   cls.def_property_readonly("shape", &SizeObject)
       .def_property_readonly("ndim", &Tensor::dim)
       .def("dim", &Tensor::dim)
@@ -635,6 +685,8 @@ void BindShapeMethods(py::class_<Tensor>& cls, py::module_& module) {
                         const py::args& sizes) { return self.Expand(IntList(sizes, "expand")); })
       .def("expand_as",
            [](const Tensor& self, const Tensor& other) { return self.Expand(other.shape()); })
+      .def("repeat", [](const Tensor& self,
+                        const py::args& sizes) { return Repeat(self, IntList(sizes, "repeat")); })
       .def("t",
            [](const Tensor& self) {
              if (self.dim() > 2) {

@@ -973,6 +973,32 @@ class PyTorchSemanticsTest(Case):
         with self.assertRaises(RuntimeError):
             t([True]) % t([True])
 
+    def test_repeat_and_flip_as_pytorch(self):
+        # torch 1.13's answers.
+        x = orochi.arange(6).reshape(2, 3)
+        self.assertEqual(x.repeat(2, 1).tolist(), [[0, 1, 2], [3, 4, 5], [0, 1, 2], [3, 4, 5]])
+        self.assertEqual(x.repeat((2, 2)).tolist(), [[0, 1, 2, 0, 1, 2], [3, 4, 5, 3, 4, 5]] * 2)
+        self.assertEqual(tuple(x.repeat(1, 2, 1).shape), (1, 4, 3))
+        self.assertEqual(tuple(x.repeat(2, 0).shape), (4, 0))
+        self.assertEqual(x.t().repeat(1, 2).tolist(), [[0, 3, 0, 3], [1, 4, 1, 4], [2, 5, 2, 5]])
+        self.assertEqual(orochi.tensor(5).repeat(3).tolist(), [5, 5, 5])
+        with self.assertRaisesRegex(RuntimeError, "can not be smaller than number of dimensions"):
+            x.repeat(2)
+        with self.assertRaises(RuntimeError):
+            x.repeat(-1, 1)
+        self.assertEqual(x.flip(0).tolist(), [[3, 4, 5], [0, 1, 2]])
+        self.assertEqual(x.flip(0, 1).tolist(), [[5, 4, 3], [2, 1, 0]])
+        self.assertEqual(orochi.flip(x, [-1]).tolist(), [[2, 1, 0], [5, 4, 3]])
+        self.assertEqual(x.t().flip(1).tolist(), [[3, 0], [4, 1], [5, 2]])
+        self.assertEqual(orochi.tensor(5).flip(0).tolist(), 5)
+        flipped = x.flip(())
+        flipped[0, 0] = 9
+        self.assertEqual(x[0, 0].item(), 0)  # a copy, as PyTorch's flip
+        with self.assertRaisesRegex(RuntimeError, "dim 0 appears multiple times"):
+            x.flip(0, 0)
+        with self.assertRaises(IndexError):
+            x.flip(2)
+
     def test_reductions_honour_dtype(self):
         self.assertTensor(t([100, 100], orochi.int8).sum(dtype=orochi.int8), -56, orochi.int8)
         self.assertTensor(t([1, 2], orochi.int32).sum(dtype=orochi.int32), 3, orochi.int32)
