@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "orochi/base/check.h"
@@ -198,10 +199,15 @@ BytesTensor Classify(const engine::Tensor& output, int64_t count,
     for (int64_t vector = 0; vector < vectors; ++vector) {
       const T* row = scores.data_as<T>() + vector * classes;
       auto above = [&](int64_t a, int64_t b) {
-        const auto left = engine::Convert<double>(row[a]);
-        const auto right = engine::Convert<double>(row[b]);
-        if (std::isnan(left) || std::isnan(right)) return std::isnan(left) && !std::isnan(right);
-        return left > right;
+        if constexpr (std::is_integral_v<T>) {
+          // Not through double, which cannot tell 2^62 from 2^62 + 1 apart.
+          return row[a] > row[b];
+        } else {
+          const auto left = engine::Convert<double>(row[a]);
+          const auto right = engine::Convert<double>(row[b]);
+          if (std::isnan(left) || std::isnan(right)) return std::isnan(left) && !std::isnan(right);
+          return left > right;
+        }
       };
       std::iota(order.begin(), order.end(), 0);
       std::partial_sort(
@@ -370,12 +376,21 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
         return Bad("unexpected requested output '" + output_name + "' for model '" + manifest.name +
                    "'");
       }
+      // Asked twice, e.g. with two classifications, one answer would silently override the other.
+      if (std::find(request.outputs.begin(), request.outputs.end(), output_name) !=
+          request.outputs.end()) {
+        return Bad("output '" + output_name + "' is requested twice");
+      }
       request.outputs.push_back(output_name);
       auto parameters = output.find("parameters");
       if (parameters == output.end() || !parameters->is_object()) continue;
       if (BinaryRequested(*parameters)) request.binary_outputs.insert(output_name);
       if (auto classes = parameters->find("classification"); classes != parameters->end()) {
-        if (!classes->is_number_integer() || classes->get<int64_t>() < 1) {
+        // A count past INT64_MAX (read as unsigned) is still a positive count: all classes.
+        const bool positive = classes->is_number_unsigned()
+                                  ? classes->get<uint64_t>() >= 1
+                                  : classes->is_number_integer() && classes->get<int64_t>() >= 1;
+        if (!positive) {
           return Bad("output '" + output_name +
                      "': classification must be a positive integer (how many classes to return)");
         }
@@ -383,7 +398,10 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
           return Bad("output '" + output_name +
                      "' is BYTES: classification needs an output of scores");
         }
-        request.classification[output_name] = classes->get<int64_t>();
+        request.classification[output_name] =
+            classes->is_number_unsigned()
+                ? static_cast<int64_t>(std::min<uint64_t>(classes->get<uint64_t>(), INT64_MAX))
+                : classes->get<int64_t>();
       }
     }
   }

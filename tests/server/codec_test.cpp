@@ -581,6 +581,45 @@ TEST(EncodeInferResponse, GivesClassesWhenAskedForThem) {
             "output 'y' is BYTES: classification needs an output of scores");
 }
 
+TEST(EncodeInferResponse, RanksIntegerScoresExactly) {
+  // 2^62, 2^62 + 1 and 2^62 + 2 are one value as doubles: ranked through double, the ties
+  // went to the lower index and the largest score came last.
+  const packaging::Manifest manifest = EchoManifest(DataType::kInt64, {3});
+  Result<InferRequest> request =
+      Parse(manifest, R"({"inputs":[{"name":"x","datatype":"INT64","shape":[3],"data":[0,0,0]}],)"
+                      R"("outputs":[{"name":"y","parameters":{"classification":3}}]})");
+  ASSERT_TRUE(request.ok()) << request.status().message();
+  engine::Tensor scores = engine::Tensor::Empty({3}, engine::DType::kInt64);
+  const int64_t base = int64_t{1} << 62;
+  scores.mutable_data_as<int64_t>()[0] = base + 1;
+  scores.mutable_data_as<int64_t>()[1] = base;
+  scores.mutable_data_as<int64_t>()[2] = base + 2;
+  const Json response = Json::parse(EncodeInferResponse(manifest, *request, {{"y", scores}}).body);
+  EXPECT_EQ(response["outputs"][0]["data"],
+            Json::parse(R"(["4611686018427387906:2", "4611686018427387905:0",)"
+                        R"( "4611686018427387904:1"])"));
+}
+
+TEST(ParseInferRequest, ClassificationCountsPastInt64AreAllClassesAndOutputsAreAskedOnce) {
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {3});
+  const std::string input = R"("inputs":[{"name":"x","datatype":"FP32","shape":[3],)"
+                            R"("data":[0,0,0]}])";
+  Result<InferRequest> request =
+      Parse(manifest, "{" + input +
+                          R"(,"outputs":[{"name":"y","parameters":)"
+                          R"({"classification":18446744073709551615}}]})");
+  ASSERT_TRUE(request.ok()) << request.status().message();
+  EXPECT_EQ(request->classification.at("y"), INT64_MAX);
+
+  // Two answers for one output (here two counts) would silently become one.
+  request = Parse(manifest, "{" + input +
+                                R"(,"outputs":[{"name":"y","parameters":{"classification":1}},)"
+                                R"({"name":"y","parameters":{"classification":2}}]})");
+  ASSERT_FALSE(request.ok());
+  EXPECT_EQ(request.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(request.status().message(), "output 'y' is requested twice");
+}
+
 TEST(Codec, ARequestRoundTripsThroughTheEncoder) {
   // What the server answers, sent back as a request, reads as the same tensor.
   const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {3});
