@@ -27,6 +27,7 @@ namespace {
 using interpreters::BytesTensor;
 using interpreters::NamedTensor;
 using packaging::DataType;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 packaging::Manifest EchoManifest(DataType datatype, std::vector<int64_t> shape,
@@ -222,7 +223,8 @@ TEST(ParseInferRequest, ShapesWithoutValuesCannotMakeABodyAllocateMore) {
         const packaging::Manifest manifest = EchoManifest(DataType::kFp64, {-1});
         std::string body = R"({"inputs":[)";
         const std::string input = R"({"name":"x","datatype":"FP64","shape":[3000000],"data":[]})";
-        for (int i = 0; i < 20000; ++i) body += (i ? "," : "") + input;
+        // 9 keys and values each: under the bound on those (BoundsTheKeysAndValuesBesideTheData).
+        for (int i = 0; i < 7000; ++i) body += (i ? "," : "") + input;
         body += "]}";
         const int64_t before = PeakAddressSpaceKiB();
         Result<InferRequest> parsed = Parse(manifest, body);
@@ -255,8 +257,10 @@ TEST(ParseInferRequest, RefusesMalformedJsonWithWhereItBroke) {
   }
   parsed = Parse(manifest, Request(kKeyOrders[0], "FP32", "[1]", "[1e400]"));
   ASSERT_FALSE(parsed.ok());
+  // Valid JSON, so not said to be invalid.
   EXPECT_THAT(parsed.status().message(),
-              HasSubstr("the number 1e400 is too large for any datatype"));
+              AllOf(HasSubstr("the request JSON has a number out of range at byte "),
+                    HasSubstr("the number 1e400 is too large for any datatype")));
   parsed = Parse(manifest, "");
   ASSERT_FALSE(parsed.ok());
   EXPECT_EQ(parsed.status().message(),
@@ -618,6 +622,44 @@ TEST(ParseInferRequest, ClassificationCountsPastInt64AreAllClassesAndOutputsAreA
   ASSERT_FALSE(request.ok());
   EXPECT_EQ(request.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(request.status().message(), "output 'y' is requested twice");
+}
+
+// Besides the data, each key and value becomes a document node many times the size of its text:
+// a 64 MB body of "[]," took 1.5 GB before it was refused.
+TEST(ParseInferRequest, BoundsTheKeysAndValuesBesideTheData) {
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {-1});
+  const std::string input = R"({"name":"x","datatype":"FP32","shape":[1],"data":[1]})";
+  auto repeated = [](const std::string& item, int count) {
+    std::string text;
+    for (int i = 0; i < count; ++i) text += (i > 0 ? "," : "") + item;
+    return text;
+  };
+  std::string parameters;
+  for (int i = 0; i < 70000; ++i) {
+    parameters += (i > 0 ? ",\"p" : "\"p") + std::to_string(i) + "\":1";
+  }
+  for (const std::string& body :
+       {R"({"unread":[)" + repeated("[]", 70000) + R"(],"inputs":[)" + input + "]}",
+        R"({"inputs":[)" + repeated("{}", 70000) + "]}",
+        R"({"inputs":[)" + input + R"(],"parameters":{)" + parameters + "}}",
+        R"({"inputs":[{"data":[1],"name":"x","datatype":"FP32","shape":[1],"x":[)" +
+            repeated("{}", 70000) + "]}]}"}) {
+    Result<InferRequest> request = Parse(manifest, body);
+    ASSERT_FALSE(request.ok()) << body.substr(0, 40);
+    EXPECT_EQ(request.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(request.status().message(),
+              "the request JSON has more than 65536 keys and values besides its inputs' data");
+  }
+
+  // The data itself is not bounded, read while parsing or held in the document first.
+  const std::string values = repeated("[0.5]", 100000);
+  for (const std::string& body :
+       {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[100000,1],"data":[)" + values + "]}]}",
+        R"({"inputs":[{"data":[)" + values +
+            R"(],"name":"x","datatype":"FP32","shape":[100000,1]}]})"}) {
+    Result<InferRequest> request = Parse(EchoManifest(DataType::kFp32, {-1, 1}), body);
+    ASSERT_TRUE(request.ok()) << request.status().message();
+  }
 }
 
 TEST(Codec, ARequestRoundTripsThroughTheEncoder) {
