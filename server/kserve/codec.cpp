@@ -50,6 +50,11 @@ Result<engine::Tensor> TensorFromBinary(const TensorSpec& spec, const engine::Sh
 Result<BytesTensor> BytesFromBinary(const TensorSpec& spec, const engine::Shape& shape,
                                     std::string_view bytes) {
   BytesTensor tensor{shape, {}};
+  // Elements past the shape's are only counted, for the error: as strings, 4 bytes of body
+  // each would take 32 bytes of memory before the count was checked.
+  const auto needed = static_cast<size_t>(engine::NumElements(shape));
+  size_t elements = 0;
+  tensor.items.reserve(std::min(needed, bytes.size() / 4));  // each takes 4 bytes at least
   size_t at = 0;
   while (at < bytes.size()) {
     if (bytes.size() - at < 4) {
@@ -61,11 +66,11 @@ Result<BytesTensor> BytesFromBinary(const TensorSpec& spec, const engine::Shape&
     if (bytes.size() - at < length) {
       return Bad("input '" + spec.name + "': a BYTES element runs past its data");
     }
-    tensor.items.emplace_back(bytes.substr(at, length));
+    if (++elements <= needed) tensor.items.emplace_back(bytes.substr(at, length));
     at += length;
   }
-  if (static_cast<int64_t>(tensor.items.size()) != engine::NumElements(shape)) {
-    return Bad("input '" + spec.name + "' has " + std::to_string(tensor.items.size()) +
+  if (elements != needed) {
+    return Bad("input '" + spec.name + "' has " + std::to_string(elements) +
                " BYTES elements, but shape " + ShapeText(shape) + " needs " +
                std::to_string(engine::NumElements(shape)));
   }

@@ -215,8 +215,8 @@ int64_t PeakAddressSpaceKiB() {
 }
 
 // Shapes are believed up front only as far as the body could fill them, for all inputs
-// together: a 6 MB body of 20000 inputs each claiming 24 MB of FP64 and holding none would
-// otherwise allocate 480 GB (or, past the address space, fail the server).
+// together: a 2 MB body of 7000 inputs each claiming 24 MB of FP64 and holding none would
+// otherwise allocate 168 GB (or, past the address space, fail the server).
 TEST(ParseInferRequest, ShapesWithoutValuesCannotMakeABodyAllocateMore) {
   EXPECT_EXIT(
       {
@@ -239,6 +239,31 @@ TEST(ParseInferRequest, ShapesWithoutValuesCannotMakeABodyAllocateMore) {
                       : 1);
       },
       ::testing::ExitedWithCode(0), "has 0 values");
+}
+
+// 4 bytes of binary data make an empty BYTES element, 32 bytes as a string: elements past the
+// shape's count are counted, not kept.
+TEST(ParseInferRequest, BinaryBytesElementsPastTheShapeAreCountedNotKept) {
+  EXPECT_EXIT(
+      {
+        const packaging::Manifest manifest = EchoManifest(DataType::kBytes, {-1});
+        const std::string header = R"({"inputs":[{"name":"x","datatype":"BYTES","shape":[3],)"
+                                   R"("parameters":{"binary_data_size":67108864}}]})";
+        const std::string body = header + std::string(size_t{64} << 20, '\0');
+        const int64_t before = PeakAddressSpaceKiB();
+        Result<InferRequest> parsed =
+            ParseInferRequest(manifest, body, header.size(), ParseLimits{64});
+        const int64_t grown_mib = (PeakAddressSpaceKiB() - before) / 1024;
+        std::fprintf(stderr, "%s; address space grew by %lld MiB\n",
+                     parsed.status().ToString().c_str(), static_cast<long long>(grown_mib));
+        std::exit(!parsed.ok() &&
+                          parsed.status().message() ==
+                              "input 'x' has 16777216 BYTES elements, but shape [3] needs 3" &&
+                          grown_mib < 64
+                      ? 0
+                      : 1);
+      },
+      ::testing::ExitedWithCode(0), "16777216 BYTES elements");
 }
 
 TEST(ParseInferRequest, RefusesMalformedJsonWithWhereItBroke) {
