@@ -334,7 +334,7 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
     } else {
       std::unique_ptr<TensorData> data =
           index < read.data.size() ? std::move(read.data[index]) : nullptr;
-      if (data == nullptr) {  // the document kept it: it came before the name or datatype
+      if (data == nullptr) {  // the document kept it: not an array
         auto in_document = input.find("data");
         if (in_document == input.end()) {
           return Bad("input '" + input_name + "' has neither 'data' nor binary_data_size");

@@ -62,6 +62,10 @@ class JsonPullParser {
   // May be moved from; the next event overwrites it.
   std::string& string() { return string_; }
 
+  // Where the text of the last event ends (just past a '[' for kStartArray, past a ']' for
+  // kEndArray), for reading a part of the text again.
+  size_t offset() const { return pos_; }
+
   ErrorKind error_kind() const { return error_kind_; }
   // What is wrong, e.g. "expected ',' or ']', found '}'" or "the text ends inside a string".
   const std::string& error() const { return error_; }

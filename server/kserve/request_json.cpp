@@ -360,12 +360,21 @@ std::string JsonErrorMessage(const JsonPullParser& parser, std::string_view text
   return what + std::to_string(offset + 1) + ": " + parser.error() + " (near '" + near + "')";
 }
 
+class RequestBuilder;
+// Reads the next event and hands it to `builder`; returns it.
+JsonEvent Forward(JsonPullParser& parser, RequestBuilder& builder);
+
 // Builds the request document from the parser's events, except inside an input's `data`
 // array, whose events go to a TensorData once the input's name and datatype have been seen.
 class RequestBuilder {
  public:
-  RequestBuilder(const Manifest& manifest, size_t text_bytes)
-      : manifest_(manifest), preallocation_budget_(text_bytes / 2 + 1) {}
+  RequestBuilder(const Manifest& manifest, std::string_view text, const JsonPullParser& parser,
+                 int max_depth)
+      : manifest_(manifest),
+        text_(text),
+        parser_(parser),
+        max_depth_(max_depth),
+        preallocation_budget_(text.size() / 2 + 1) {}
 
   void Null() {
     Scalar([](TensorData& data) { data.NotAValue("null"); }, nullptr);
@@ -389,6 +398,10 @@ class RequestBuilder {
   }
 
   void StartObject() {
+    if (passing_depth_ > 0) {
+      ++passing_depth_;
+      return;
+    }
     if (reading_ != nullptr) {
       // An object where a value belongs: refused once, its contents skipped.
       if (skipped_++ == 0) reading_->NotAValue("an object");
@@ -411,7 +424,7 @@ class RequestBuilder {
 
   // False when the key was given twice, or is one too many (error()).
   bool Key(std::string& name) {
-    if (reading_ != nullptr) return true;
+    if (reading_ != nullptr || passing_depth_ > 0) return true;
     if (!CountBesideData()) return false;
     Frame& top = open_.back();
     // Which of two equal keys counts is a guess either way; say so instead of choosing.
@@ -426,14 +439,27 @@ class RequestBuilder {
   }
 
   void EndObject() {
+    if (passing_depth_ > 0) {
+      --passing_depth_;
+      return;
+    }
     if (reading_ != nullptr) {
       --skipped_;
       return;
+    }
+    const Frame& frame = open_.back();
+    if (frame.role == Role::kInput && frame.input_index < passed_data_.size() &&
+        passed_data_[frame.input_index]) {
+      ReadPassedData(*passed_data_[frame.input_index]);
     }
     open_.pop_back();
   }
 
   void StartArray() {
+    if (passing_depth_ > 0) {
+      ++passing_depth_;
+      return;
+    }
     if (reading_ != nullptr) {
       if (skipped_ > 0) {
         ++skipped_;
@@ -451,6 +477,14 @@ class RequestBuilder {
         reading_depth_ = 1;
         return;  // the document keeps a null in its place
       }
+      // Before the input's name or datatype: passed over now and read from the text when the
+      // input object ends. As a document it would take 16 bytes a value and some 60 an array
+      // (a 64 MB body of "[]," took 1.5 GB).
+      next_is_data_ = false;
+      passing_depth_ = 1;
+      passing_from_ = parser_.offset() - 1;
+      passing_input_ = open_.back().input_index;
+      return;
     }
     Role role = Role::kOther;
     if (next_is_inputs_) {
@@ -463,6 +497,14 @@ class RequestBuilder {
   }
 
   void EndArray() {
+    if (passing_depth_ > 0) {
+      if (--passing_depth_ == 0) {
+        if (passed_data_.size() <= passing_input_) passed_data_.resize(passing_input_ + 1);
+        passed_data_[passing_input_] =
+            std::string_view(text_.data() + passing_from_, parser_.offset() - passing_from_);
+      }
+      return;
+    }
     if (reading_ != nullptr) {
       if (skipped_ > 0) {
         --skipped_;
@@ -494,6 +536,7 @@ class RequestBuilder {
   // into the document. `value` is the value, or a function making it.
   template <typename Read, typename Value>
   void Scalar(Read read, Value&& value) {
+    if (passing_depth_ > 0) return;
     if (reading_ != nullptr) {
       if (skipped_ == 0) read(*reading_);
       return;
@@ -559,6 +602,24 @@ class RequestBuilder {
     return data.get();
   }
 
+  // Reads the data array that came before its input's name or datatype, now that the input
+  // object has ended: its text was valid JSON then, and is read by the same rules again.
+  void ReadPassedData(std::string_view data_text) {
+    reading_ = StartData();
+    if (reading_ == nullptr) return;  // the codec refuses the input for its name or datatype
+    JsonPullParser parser(data_text, {.allow_nan_and_infinity = true, .max_depth = max_depth_});
+    for (;;) {
+      const JsonEvent event = Forward(parser, *this);
+      if (event == JsonEvent::kEnd) break;
+      if (event == JsonEvent::kError) {
+        // Cannot happen: the text was read once already, by the same rules.
+        error_ = "the data of an input could not be read again: " + parser.error();
+        break;
+      }
+    }
+    reading_ = nullptr;
+  }
+
   // The input's shape when it was given before its data and is plausible: every value takes
   // at least two bytes of text ("1,"), so the shapes that are allocated up front claim no more
   // values together than the body can hold. Past that, a shape is only counted against (the
@@ -574,6 +635,9 @@ class RequestBuilder {
   }
 
   const Manifest& manifest_;
+  std::string_view text_;
+  const JsonPullParser& parser_;
+  int max_depth_;
   uint64_t preallocation_budget_;  // values the shapes allocated so far leave to the others
   Json root_;
   std::vector<Frame> open_;
@@ -584,55 +648,72 @@ class RequestBuilder {
   TensorData* reading_ = nullptr;  // the data array being read, if any
   int reading_depth_ = 0;          // its arrays open
   int skipped_ = 0;                // containers open inside an object within it
+  // Data arrays that came before their input's name or datatype, by input position.
+  std::vector<std::optional<std::string_view>> passed_data_;
+  int passing_depth_ = 0;  // arrays and objects open in the one being passed over
+  size_t passing_from_ = 0;
+  size_t passing_input_ = 0;
   int64_t values_beside_data_ = 0;
   std::string error_;
 };
+
+JsonEvent Forward(JsonPullParser& parser, RequestBuilder& builder) {
+  const JsonEvent event = parser.Next();
+  switch (event) {
+    case JsonEvent::kStartObject:
+      builder.StartObject();
+      break;
+    case JsonEvent::kEndObject:
+      builder.EndObject();
+      break;
+    case JsonEvent::kStartArray:
+      builder.StartArray();
+      break;
+    case JsonEvent::kEndArray:
+      builder.EndArray();
+      break;
+    case JsonEvent::kKey:
+      builder.Key(parser.string());  // a refusal is the builder's failed()
+      break;
+    case JsonEvent::kString:
+      builder.String(parser.string());
+      break;
+    case JsonEvent::kNull:
+      builder.Null();
+      break;
+    case JsonEvent::kBool:
+      builder.Bool(parser.boolean());
+      break;
+    case JsonEvent::kInteger:
+      builder.Integer(parser.integer());
+      break;
+    case JsonEvent::kUnsigned:
+      builder.Unsigned(parser.unsigned_integer());
+      break;
+    case JsonEvent::kFloat:
+      builder.Float(parser.number());
+      break;
+    case JsonEvent::kEnd:
+    case JsonEvent::kError:
+      break;
+  }
+  return event;
+}
 
 }  // namespace
 
 Result<RequestJson> ReadRequestJson(std::string_view text, const Manifest& manifest,
                                     int max_depth) {
   JsonPullParser parser(text, {.allow_nan_and_infinity = true, .max_depth = max_depth});
-  RequestBuilder builder(manifest, text.size());
+  RequestBuilder builder(manifest, text, parser, max_depth);
   for (;;) {
-    switch (parser.Next()) {
-      case JsonEvent::kStartObject:
-        builder.StartObject();
-        break;
-      case JsonEvent::kEndObject:
-        builder.EndObject();
-        break;
-      case JsonEvent::kStartArray:
-        builder.StartArray();
-        break;
-      case JsonEvent::kEndArray:
-        builder.EndArray();
-        break;
-      case JsonEvent::kKey:
-        if (!builder.Key(parser.string())) return InvalidArgument(builder.error());
-        break;
-      case JsonEvent::kString:
-        builder.String(parser.string());
-        break;
-      case JsonEvent::kNull:
-        builder.Null();
-        break;
-      case JsonEvent::kBool:
-        builder.Bool(parser.boolean());
-        break;
-      case JsonEvent::kInteger:
-        builder.Integer(parser.integer());
-        break;
-      case JsonEvent::kUnsigned:
-        builder.Unsigned(parser.unsigned_integer());
-        break;
-      case JsonEvent::kFloat:
-        builder.Float(parser.number());
-        break;
+    switch (Forward(parser, builder)) {
       case JsonEvent::kEnd:
         return builder.Release();
       case JsonEvent::kError:
         return InvalidArgument(JsonErrorMessage(parser, text));
+      default:
+        break;
     }
     if (builder.failed()) return InvalidArgument(builder.error());
   }
