@@ -28,6 +28,11 @@ std::string NumberText(double value) {
   return Json(value).dump();
 }
 
+// A number's text for a message: its first 32 characters.
+std::string Shortened(std::string_view text) {
+  return text.size() <= 32 ? std::string(text) : std::string(text.substr(0, 32)) + "...";
+}
+
 }  // namespace
 
 std::string ShapeText(const engine::Shape& shape) {
@@ -101,6 +106,17 @@ class NumericData final : public TensorData {
       PutFloating(value, [&] { return NumberText(value); });
     }
   }
+  void BigInteger(double value, std::string_view text) override {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (Take()) RefuseValue(Shortened(text));
+    } else if constexpr (std::is_integral_v<T>) {
+      // Not "expected integers": it is one, past the range (as a double it may even round
+      // into it: -9223372036854775809 is -2^63).
+      if (Take()) RefuseOutOfRange(Shortened(text));
+    } else {
+      Float(value);
+    }
+  }
   void String(std::string&& value) override {
     if (Take()) RefuseValue(Quoted(value));
   }
@@ -116,9 +132,7 @@ class NumericData final : public TensorData {
     } else if constexpr (std::is_integral_v<T>) {
       // Out of range is refused, not wrapped: 300 for UINT8 would silently be 44.
       if (!std::in_range<T>(value)) {
-        using Limits = std::numeric_limits<T>;
-        Refuse(Heading() + ": " + std::to_string(value) + " is out of its range [" +
-               std::to_string(+Limits::min()) + ", " + std::to_string(+Limits::max()) + "]");
+        RefuseOutOfRange(std::to_string(value));
         return;
       }
       Put(static_cast<T>(value));
@@ -157,6 +171,12 @@ class NumericData final : public TensorData {
     } else if (count_ <= capacity_) {
       in_place_[count_ - 1] = value;  // past the capacity only counted, for the error
     }
+  }
+
+  void RefuseOutOfRange(std::string_view text) requires std::is_integral_v<T> {
+    using Limits = std::numeric_limits<T>;
+    Refuse(Heading() + ": " + std::string(text) + " is out of its range [" +
+           std::to_string(+Limits::min()) + ", " + std::to_string(+Limits::max()) + "]");
   }
 
   std::string Heading() const {
@@ -201,6 +221,9 @@ class BytesData final : public TensorData {
   void Integer(int64_t value) override { RefuseValue(std::to_string(value)); }
   void Unsigned(uint64_t value) override { RefuseValue(std::to_string(value)); }
   void Float(double value) override { RefuseValue(NumberText(value)); }
+  void BigInteger(double /*value*/, std::string_view text) override {
+    RefuseValue(Shortened(text));
+  }
   void String(std::string&& value) override {
     if (Take()) items_.push_back(std::move(value));
   }
@@ -390,6 +413,9 @@ class RequestBuilder {
   }
   void Float(double value) {
     Scalar([&](TensorData& data) { data.Float(value); }, value);
+  }
+  void BigInteger(double value, std::string_view text) {
+    Scalar([&](TensorData& data) { data.BigInteger(value, text); }, value);
   }
   void String(std::string& value) {
     // Moved into whichever takes it: the lambda runs only when the document does not.
@@ -691,7 +717,11 @@ JsonEvent Forward(JsonPullParser& parser, RequestBuilder& builder) {
       builder.Unsigned(parser.unsigned_integer());
       break;
     case JsonEvent::kFloat:
-      builder.Float(parser.number());
+      if (parser.integer_past_64_bits()) {
+        builder.BigInteger(parser.number(), parser.number_text());
+      } else {
+        builder.Float(parser.number());
+      }
       break;
     case JsonEvent::kEnd:
     case JsonEvent::kError:

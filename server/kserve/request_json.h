@@ -53,6 +53,8 @@ class TensorData {
   virtual void Integer(int64_t value) = 0;
   virtual void Unsigned(uint64_t value) = 0;
   virtual void Float(double value) = 0;
+  // An integer past 64 bits, read as the double `value`; `text` as written, for errors.
+  virtual void BigInteger(double value, std::string_view text) = 0;
   virtual void String(std::string&& value) = 0;
   // A null or an object where a value should be: `what` names it for the error.
   void NotAValue(std::string_view what);

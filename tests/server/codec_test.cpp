@@ -58,7 +58,7 @@ std::string Request(const std::vector<std::string>& order, const std::string& da
 const std::vector<std::vector<std::string>> kKeyOrders = {
     {"name", "datatype", "shape", "data"},  // read while parsing, into a tensor of its shape
     {"name", "datatype", "data", "shape"},  // read while parsing, collected then copied
-    {"data", "name", "datatype", "shape"},  // kept in the document, read after
+    {"data", "name", "datatype", "shape"},  // passed over, read when the input ends
     {"shape", "data", "datatype", "name"},
 };
 
@@ -142,6 +142,16 @@ TEST(ParseInferRequest, RefusesValuesThatDoNotFitTheDatatype) {
   ExpectRefusal(EchoManifest(DataType::kInt64, {1}), "INT64", "[1]", "[18446744073709551615]",
                 "input 'x' is INT64: 18446744073709551615 is out of its range "
                 "[-9223372036854775808, 9223372036854775807]");
+  // Integers past 64 bits are read as doubles, but are still integers out of range.
+  ExpectRefusal(EchoManifest(DataType::kInt64, {1}), "INT64", "[1]", "[-9223372036854775809]",
+                "input 'x' is INT64: -9223372036854775809 is out of its range "
+                "[-9223372036854775808, 9223372036854775807]");
+  ExpectRefusal(EchoManifest(DataType::kUInt8, {1}), "UINT8", "[1]",
+                "[123456789012345678901234567890123456789]",
+                "input 'x' is UINT8: 12345678901234567890123456789012... is out of its range "
+                "[0, 255]");
+  ExpectRefusal(EchoManifest(DataType::kBool, {1}), "BOOL", "[1]", "[18446744073709551616]",
+                "input 'x' is BOOL: expected true or false, got 18446744073709551616");
   ExpectRefusal(EchoManifest(DataType::kInt32, {2}), "INT32", "[2]", "[1, 2.5]",
                 "input 'x' is INT32: expected integers, got 2.5");
   ExpectRefusal(EchoManifest(DataType::kBool, {2}), "BOOL", "[2]", "[true, 1]",
@@ -402,8 +412,8 @@ TEST(ParseInferRequest, RefusesNestingPastTheLimit) {
   }
 }
 
-// Random requests, right and wrong, read both ways (straight into the tensor, and through the
-// document): the same tensor or the same error every time.
+// Random requests, right and wrong, read both ways (straight into the tensor, and passed over
+// to be read when the input object ends): the same tensor or the same error every time.
 TEST(ParseInferRequest, BothWaysOfReadingAgreeOnRandomRequests) {
   std::mt19937 random(11);
   const std::vector<std::pair<DataType, std::string>> datatypes = {
