@@ -429,8 +429,9 @@ TEST(ParseInferRequest, BothWaysOfReadingAgreeOnRandomRequests) {
   for (int round = 0; round < 3000; ++round) {
     const auto& [datatype, name] = datatypes[random() % datatypes.size()];
     engine::Shape shape;
-    for (size_t rank = random() % 3; shape.size() < rank;)
+    for (size_t rank = random() % 3; shape.size() < rank;) {
       shape.push_back(static_cast<int64_t>(random() % 3));
+    }
     // Nested as the shape, flat, or either with a value or an array too many or too few.
     std::function<std::string(size_t)> nested = [&](size_t depth) -> std::string {
       if (depth == shape.size()) return values[random() % values.size()];
