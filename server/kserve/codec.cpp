@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "orochi/base/check.h"
@@ -49,6 +50,11 @@ Result<engine::Tensor> TensorFromBinary(const TensorSpec& spec, const engine::Sh
 Result<BytesTensor> BytesFromBinary(const TensorSpec& spec, const engine::Shape& shape,
                                     std::string_view bytes) {
   BytesTensor tensor{shape, {}};
+  // Elements past the shape's are only counted, for the error: as strings, 4 bytes of body
+  // each would take 32 bytes of memory before the count was checked.
+  const auto needed = static_cast<size_t>(engine::NumElements(shape));
+  size_t elements = 0;
+  tensor.items.reserve(std::min(needed, bytes.size() / 4));  // each takes 4 bytes at least
   size_t at = 0;
   while (at < bytes.size()) {
     if (bytes.size() - at < 4) {
@@ -60,11 +66,11 @@ Result<BytesTensor> BytesFromBinary(const TensorSpec& spec, const engine::Shape&
     if (bytes.size() - at < length) {
       return Bad("input '" + spec.name + "': a BYTES element runs past its data");
     }
-    tensor.items.emplace_back(bytes.substr(at, length));
+    if (++elements <= needed) tensor.items.emplace_back(bytes.substr(at, length));
     at += length;
   }
-  if (static_cast<int64_t>(tensor.items.size()) != engine::NumElements(shape)) {
-    return Bad("input '" + spec.name + "' has " + std::to_string(tensor.items.size()) +
+  if (elements != needed) {
+    return Bad("input '" + spec.name + "' has " + std::to_string(elements) +
                " BYTES elements, but shape " + ShapeText(shape) + " needs " +
                std::to_string(engine::NumElements(shape)));
   }
@@ -198,10 +204,15 @@ BytesTensor Classify(const engine::Tensor& output, int64_t count,
     for (int64_t vector = 0; vector < vectors; ++vector) {
       const T* row = scores.data_as<T>() + vector * classes;
       auto above = [&](int64_t a, int64_t b) {
-        const auto left = engine::Convert<double>(row[a]);
-        const auto right = engine::Convert<double>(row[b]);
-        if (std::isnan(left) || std::isnan(right)) return std::isnan(left) && !std::isnan(right);
-        return left > right;
+        if constexpr (std::is_integral_v<T>) {
+          // Not through double, which cannot tell 2^62 from 2^62 + 1 apart.
+          return row[a] > row[b];
+        } else {
+          const auto left = engine::Convert<double>(row[a]);
+          const auto right = engine::Convert<double>(row[b]);
+          if (std::isnan(left) || std::isnan(right)) return std::isnan(left) && !std::isnan(right);
+          return left > right;
+        }
       };
       std::iota(order.begin(), order.end(), 0);
       std::partial_sort(
@@ -323,7 +334,7 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
     } else {
       std::unique_ptr<TensorData> data =
           index < read.data.size() ? std::move(read.data[index]) : nullptr;
-      if (data == nullptr) {  // the document kept it: it came before the name or datatype
+      if (data == nullptr) {  // the document kept it: not an array
         auto in_document = input.find("data");
         if (in_document == input.end()) {
           return Bad("input '" + input_name + "' has neither 'data' nor binary_data_size");
@@ -370,12 +381,21 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
         return Bad("unexpected requested output '" + output_name + "' for model '" + manifest.name +
                    "'");
       }
+      // Asked twice, e.g. with two classifications, one answer would silently override the other.
+      if (std::find(request.outputs.begin(), request.outputs.end(), output_name) !=
+          request.outputs.end()) {
+        return Bad("output '" + output_name + "' is requested twice");
+      }
       request.outputs.push_back(output_name);
       auto parameters = output.find("parameters");
       if (parameters == output.end() || !parameters->is_object()) continue;
       if (BinaryRequested(*parameters)) request.binary_outputs.insert(output_name);
       if (auto classes = parameters->find("classification"); classes != parameters->end()) {
-        if (!classes->is_number_integer() || classes->get<int64_t>() < 1) {
+        // A count past INT64_MAX (read as unsigned) is still a positive count: all classes.
+        const bool positive = classes->is_number_unsigned()
+                                  ? classes->get<uint64_t>() >= 1
+                                  : classes->is_number_integer() && classes->get<int64_t>() >= 1;
+        if (!positive) {
           return Bad("output '" + output_name +
                      "': classification must be a positive integer (how many classes to return)");
         }
@@ -383,7 +403,10 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
           return Bad("output '" + output_name +
                      "' is BYTES: classification needs an output of scores");
         }
-        request.classification[output_name] = classes->get<int64_t>();
+        request.classification[output_name] =
+            classes->is_number_unsigned()
+                ? static_cast<int64_t>(std::min<uint64_t>(classes->get<uint64_t>(), INT64_MAX))
+                : classes->get<int64_t>();
       }
     }
   }

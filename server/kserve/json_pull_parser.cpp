@@ -133,6 +133,7 @@ JsonEvent JsonPullParser::Next() {
 }
 
 JsonEvent JsonPullParser::Value() {
+  integer_past_64_bits_ = false;
   if (pos_ >= text_.size()) {
     return Fail(ErrorKind::kSyntax, "expected a value, " + Found(), pos_);
   }
@@ -255,6 +256,7 @@ JsonEvent JsonPullParser::Number() {
   ValueRead();
   const char* first = text_.data() + start;
   const char* last = text_.data() + pos_;
+  number_text_ = text_.substr(start, pos_ - start);
   if (integral) {
     // Integers past 64 bits are read as floats, as nlohmann reads them.
     if (*first == '-') {
@@ -262,6 +264,7 @@ JsonEvent JsonPullParser::Number() {
     } else if (std::from_chars(first, last, unsigned_).ec == std::errc()) {
       return JsonEvent::kUnsigned;
     }
+    integer_past_64_bits_ = true;
   }
   if (std::from_chars(first, last, number_).ec == std::errc::result_out_of_range) {
     const std::string_view text(first, static_cast<size_t>(last - first));

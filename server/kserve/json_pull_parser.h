@@ -59,8 +59,15 @@ class JsonPullParser {
   int64_t integer() const { return integer_; }
   uint64_t unsigned_integer() const { return unsigned_; }
   double number() const { return number_; }
+  // For kFloat: whether the number was written as an integer (one past 64 bits), and its text.
+  bool integer_past_64_bits() const { return integer_past_64_bits_; }
+  std::string_view number_text() const { return number_text_; }
   // May be moved from; the next event overwrites it.
   std::string& string() { return string_; }
+
+  // Where the text of the last event ends (just past a '[' for kStartArray, past a ']' for
+  // kEndArray), for reading a part of the text again.
+  size_t offset() const { return pos_; }
 
   ErrorKind error_kind() const { return error_kind_; }
   // What is wrong, e.g. "expected ',' or ']', found '}'" or "the text ends inside a string".
@@ -101,6 +108,8 @@ class JsonPullParser {
   int64_t integer_ = 0;
   uint64_t unsigned_ = 0;
   double number_ = 0;
+  bool integer_past_64_bits_ = false;
+  std::string_view number_text_;
   std::string string_;
 
   ErrorKind error_kind_ = ErrorKind::kNone;

@@ -28,6 +28,11 @@ std::string NumberText(double value) {
   return Json(value).dump();
 }
 
+// A number's text for a message: its first 32 characters.
+std::string Shortened(std::string_view text) {
+  return text.size() <= 32 ? std::string(text) : std::string(text.substr(0, 32)) + "...";
+}
+
 }  // namespace
 
 std::string ShapeText(const engine::Shape& shape) {
@@ -101,6 +106,17 @@ class NumericData final : public TensorData {
       PutFloating(value, [&] { return NumberText(value); });
     }
   }
+  void BigInteger(double value, std::string_view text) override {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (Take()) RefuseValue(Shortened(text));
+    } else if constexpr (std::is_integral_v<T>) {
+      // Not "expected integers": it is one, past the range (as a double it may even round
+      // into it: -9223372036854775809 is -2^63).
+      if (Take()) RefuseOutOfRange(Shortened(text));
+    } else {
+      Float(value);
+    }
+  }
   void String(std::string&& value) override {
     if (Take()) RefuseValue(Quoted(value));
   }
@@ -116,9 +132,7 @@ class NumericData final : public TensorData {
     } else if constexpr (std::is_integral_v<T>) {
       // Out of range is refused, not wrapped: 300 for UINT8 would silently be 44.
       if (!std::in_range<T>(value)) {
-        using Limits = std::numeric_limits<T>;
-        Refuse(Heading() + ": " + std::to_string(value) + " is out of its range [" +
-               std::to_string(+Limits::min()) + ", " + std::to_string(+Limits::max()) + "]");
+        RefuseOutOfRange(std::to_string(value));
         return;
       }
       Put(static_cast<T>(value));
@@ -157,6 +171,12 @@ class NumericData final : public TensorData {
     } else if (count_ <= capacity_) {
       in_place_[count_ - 1] = value;  // past the capacity only counted, for the error
     }
+  }
+
+  void RefuseOutOfRange(std::string_view text) requires std::is_integral_v<T> {
+    using Limits = std::numeric_limits<T>;
+    Refuse(Heading() + ": " + std::string(text) + " is out of its range [" +
+           std::to_string(+Limits::min()) + ", " + std::to_string(+Limits::max()) + "]");
   }
 
   std::string Heading() const {
@@ -201,6 +221,9 @@ class BytesData final : public TensorData {
   void Integer(int64_t value) override { RefuseValue(std::to_string(value)); }
   void Unsigned(uint64_t value) override { RefuseValue(std::to_string(value)); }
   void Float(double value) override { RefuseValue(NumberText(value)); }
+  void BigInteger(double /*value*/, std::string_view text) override {
+    RefuseValue(Shortened(text));
+  }
   void String(std::string&& value) override {
     if (Take()) items_.push_back(std::move(value));
   }
@@ -337,6 +360,11 @@ void TensorData::Feed(const Json& data) {
 
 namespace {
 
+// Keys and values a request may hold besides its inputs' data. Each is a document node of 50 to
+// 100 bytes from as few as 2 bytes of text ("[],"): without a bound, a 64 MB body of them took
+// 1.5 GB. Real requests have a few per input and output and one per parameter.
+constexpr int64_t kMaxValuesBesideData = int64_t{1} << 16;
+
 // Why the body could not be parsed, where, and the text that led there (printable ASCII only:
 // the message goes back to the client and into logs).
 std::string JsonErrorMessage(const JsonPullParser& parser, std::string_view text) {
@@ -344,20 +372,32 @@ std::string JsonErrorMessage(const JsonPullParser& parser, std::string_view text
     return "the request JSON is " + parser.error();
   }
   const size_t offset = parser.error_offset();
+  // Valid JSON, but no datatype holds the number.
+  const std::string what = parser.error_kind() == JsonPullParser::ErrorKind::kNumberTooLarge
+                               ? "the request JSON has a number out of range at byte "
+                               : "the request body is not valid JSON at byte ";
   const size_t end = std::min(offset + 1, text.size());
   const size_t begin = end - std::min<size_t>(end, 24);
   std::string near;
   for (char c : text.substr(begin, end - begin)) near += (c >= 0x20 && c < 0x7f) ? c : '?';
-  return "the request body is not valid JSON at byte " + std::to_string(offset + 1) + ": " +
-         parser.error() + " (near '" + near + "')";
+  return what + std::to_string(offset + 1) + ": " + parser.error() + " (near '" + near + "')";
 }
+
+class RequestBuilder;
+// Reads the next event and hands it to `builder`; returns it.
+JsonEvent Forward(JsonPullParser& parser, RequestBuilder& builder);
 
 // Builds the request document from the parser's events, except inside an input's `data`
 // array, whose events go to a TensorData once the input's name and datatype have been seen.
 class RequestBuilder {
  public:
-  RequestBuilder(const Manifest& manifest, size_t text_bytes)
-      : manifest_(manifest), preallocation_budget_(text_bytes / 2 + 1) {}
+  RequestBuilder(const Manifest& manifest, std::string_view text, const JsonPullParser& parser,
+                 int max_depth)
+      : manifest_(manifest),
+        text_(text),
+        parser_(parser),
+        max_depth_(max_depth),
+        preallocation_budget_(text.size() / 2 + 1) {}
 
   void Null() {
     Scalar([](TensorData& data) { data.NotAValue("null"); }, nullptr);
@@ -374,6 +414,9 @@ class RequestBuilder {
   void Float(double value) {
     Scalar([&](TensorData& data) { data.Float(value); }, value);
   }
+  void BigInteger(double value, std::string_view text) {
+    Scalar([&](TensorData& data) { data.BigInteger(value, text); }, value);
+  }
   void String(std::string& value) {
     // Moved into whichever takes it: the lambda runs only when the document does not.
     Scalar([&](TensorData& data) { data.String(std::move(value)); },
@@ -381,6 +424,10 @@ class RequestBuilder {
   }
 
   void StartObject() {
+    if (passing_depth_ > 0) {
+      ++passing_depth_;
+      return;
+    }
     if (reading_ != nullptr) {
       // An object where a value belongs: refused once, its contents skipped.
       if (skipped_++ == 0) reading_->NotAValue("an object");
@@ -401,9 +448,10 @@ class RequestBuilder {
     open_.push_back({node, role, input_index});
   }
 
-  // False when the key was given twice (error()).
+  // False when the key was given twice, or is one too many (error()).
   bool Key(std::string& name) {
-    if (reading_ != nullptr) return true;
+    if (reading_ != nullptr || passing_depth_ > 0) return true;
+    if (!CountBesideData()) return false;
     Frame& top = open_.back();
     // Which of two equal keys counts is a guess either way; say so instead of choosing.
     if (top.role != Role::kData && top.node->contains(name)) {
@@ -417,14 +465,27 @@ class RequestBuilder {
   }
 
   void EndObject() {
+    if (passing_depth_ > 0) {
+      --passing_depth_;
+      return;
+    }
     if (reading_ != nullptr) {
       --skipped_;
       return;
+    }
+    const Frame& frame = open_.back();
+    if (frame.role == Role::kInput && frame.input_index < passed_data_.size() &&
+        passed_data_[frame.input_index]) {
+      ReadPassedData(*passed_data_[frame.input_index]);
     }
     open_.pop_back();
   }
 
   void StartArray() {
+    if (passing_depth_ > 0) {
+      ++passing_depth_;
+      return;
+    }
     if (reading_ != nullptr) {
       if (skipped_ > 0) {
         ++skipped_;
@@ -442,6 +503,14 @@ class RequestBuilder {
         reading_depth_ = 1;
         return;  // the document keeps a null in its place
       }
+      // Before the input's name or datatype: passed over now and read from the text when the
+      // input object ends. As a document it would take 16 bytes a value and some 60 an array
+      // (a 64 MB body of "[]," took 1.5 GB).
+      next_is_data_ = false;
+      passing_depth_ = 1;
+      passing_from_ = parser_.offset() - 1;
+      passing_input_ = open_.back().input_index;
+      return;
     }
     Role role = Role::kOther;
     if (next_is_inputs_) {
@@ -454,6 +523,14 @@ class RequestBuilder {
   }
 
   void EndArray() {
+    if (passing_depth_ > 0) {
+      if (--passing_depth_ == 0) {
+        if (passed_data_.size() <= passing_input_) passed_data_.resize(passing_input_ + 1);
+        passed_data_[passing_input_] =
+            std::string_view(text_.data() + passing_from_, parser_.offset() - passing_from_);
+      }
+      return;
+    }
     if (reading_ != nullptr) {
       if (skipped_ > 0) {
         --skipped_;
@@ -467,6 +544,8 @@ class RequestBuilder {
   }
 
   RequestJson Release() { return {std::move(root_), std::move(data_)}; }
+  // Set once the request is refused; the events after it are not looked at.
+  bool failed() const { return !error_.empty(); }
   const std::string& error() const { return error_; }
 
  private:
@@ -483,6 +562,7 @@ class RequestBuilder {
   // into the document. `value` is the value, or a function making it.
   template <typename Read, typename Value>
   void Scalar(Read read, Value&& value) {
+    if (passing_depth_ > 0) return;
     if (reading_ != nullptr) {
       if (skipped_ == 0) read(*reading_);
       return;
@@ -494,8 +574,22 @@ class RequestBuilder {
     }
   }
 
+  // Counts a key or value that is not an input's data; false (error()) past the bound.
+  bool CountBesideData() {
+    if (++values_beside_data_ <= kMaxValuesBesideData) return true;
+    if (error_.empty()) {
+      error_ = "the request JSON has more than " + std::to_string(kMaxValuesBesideData) +
+               " keys and values besides its inputs' data";
+    }
+    return false;
+  }
+
   // Puts a value where the document expects the next one; returns it.
   Json* Place(Json value) {
+    // Data held in the document (it came before its input's name) is as large as the request;
+    // an object there is refused later, but is no data to be held meanwhile.
+    const bool data = !open_.empty() && open_.back().role == Role::kData && !value.is_object();
+    if (!data) CountBesideData();
     next_is_data_ = false;
     next_is_inputs_ = false;
     if (open_.empty()) {
@@ -534,6 +628,24 @@ class RequestBuilder {
     return data.get();
   }
 
+  // Reads the data array that came before its input's name or datatype, now that the input
+  // object has ended: its text was valid JSON then, and is read by the same rules again.
+  void ReadPassedData(std::string_view data_text) {
+    reading_ = StartData();
+    if (reading_ == nullptr) return;  // the codec refuses the input for its name or datatype
+    JsonPullParser parser(data_text, {.allow_nan_and_infinity = true, .max_depth = max_depth_});
+    for (;;) {
+      const JsonEvent event = Forward(parser, *this);
+      if (event == JsonEvent::kEnd) break;
+      if (event == JsonEvent::kError) {
+        // Cannot happen: the text was read once already, by the same rules.
+        error_ = "the data of an input could not be read again: " + parser.error();
+        break;
+      }
+    }
+    reading_ = nullptr;
+  }
+
   // The input's shape when it was given before its data and is plausible: every value takes
   // at least two bytes of text ("1,"), so the shapes that are allocated up front claim no more
   // values together than the body can hold. Past that, a shape is only counted against (the
@@ -549,6 +661,9 @@ class RequestBuilder {
   }
 
   const Manifest& manifest_;
+  std::string_view text_;
+  const JsonPullParser& parser_;
+  int max_depth_;
   uint64_t preallocation_budget_;  // values the shapes allocated so far leave to the others
   Json root_;
   std::vector<Frame> open_;
@@ -559,55 +674,78 @@ class RequestBuilder {
   TensorData* reading_ = nullptr;  // the data array being read, if any
   int reading_depth_ = 0;          // its arrays open
   int skipped_ = 0;                // containers open inside an object within it
+  // Data arrays that came before their input's name or datatype, by input position.
+  std::vector<std::optional<std::string_view>> passed_data_;
+  int passing_depth_ = 0;  // arrays and objects open in the one being passed over
+  size_t passing_from_ = 0;
+  size_t passing_input_ = 0;
+  int64_t values_beside_data_ = 0;
   std::string error_;
 };
+
+JsonEvent Forward(JsonPullParser& parser, RequestBuilder& builder) {
+  const JsonEvent event = parser.Next();
+  switch (event) {
+    case JsonEvent::kStartObject:
+      builder.StartObject();
+      break;
+    case JsonEvent::kEndObject:
+      builder.EndObject();
+      break;
+    case JsonEvent::kStartArray:
+      builder.StartArray();
+      break;
+    case JsonEvent::kEndArray:
+      builder.EndArray();
+      break;
+    case JsonEvent::kKey:
+      builder.Key(parser.string());  // a refusal is the builder's failed()
+      break;
+    case JsonEvent::kString:
+      builder.String(parser.string());
+      break;
+    case JsonEvent::kNull:
+      builder.Null();
+      break;
+    case JsonEvent::kBool:
+      builder.Bool(parser.boolean());
+      break;
+    case JsonEvent::kInteger:
+      builder.Integer(parser.integer());
+      break;
+    case JsonEvent::kUnsigned:
+      builder.Unsigned(parser.unsigned_integer());
+      break;
+    case JsonEvent::kFloat:
+      if (parser.integer_past_64_bits()) {
+        builder.BigInteger(parser.number(), parser.number_text());
+      } else {
+        builder.Float(parser.number());
+      }
+      break;
+    case JsonEvent::kEnd:
+    case JsonEvent::kError:
+      break;
+  }
+  return event;
+}
 
 }  // namespace
 
 Result<RequestJson> ReadRequestJson(std::string_view text, const Manifest& manifest,
                                     int max_depth) {
   JsonPullParser parser(text, {.allow_nan_and_infinity = true, .max_depth = max_depth});
-  RequestBuilder builder(manifest, text.size());
+  RequestBuilder builder(manifest, text, parser, max_depth);
   for (;;) {
-    switch (parser.Next()) {
-      case JsonEvent::kStartObject:
-        builder.StartObject();
-        break;
-      case JsonEvent::kEndObject:
-        builder.EndObject();
-        break;
-      case JsonEvent::kStartArray:
-        builder.StartArray();
-        break;
-      case JsonEvent::kEndArray:
-        builder.EndArray();
-        break;
-      case JsonEvent::kKey:
-        if (!builder.Key(parser.string())) return InvalidArgument(builder.error());
-        break;
-      case JsonEvent::kString:
-        builder.String(parser.string());
-        break;
-      case JsonEvent::kNull:
-        builder.Null();
-        break;
-      case JsonEvent::kBool:
-        builder.Bool(parser.boolean());
-        break;
-      case JsonEvent::kInteger:
-        builder.Integer(parser.integer());
-        break;
-      case JsonEvent::kUnsigned:
-        builder.Unsigned(parser.unsigned_integer());
-        break;
-      case JsonEvent::kFloat:
-        builder.Float(parser.number());
-        break;
+    switch (Forward(parser, builder)) {
       case JsonEvent::kEnd:
         return builder.Release();
       case JsonEvent::kError:
         return InvalidArgument(JsonErrorMessage(parser, text));
+      default:
+        break;
     }
+    if (builder.failed()) return InvalidArgument(builder.error());
   }
 }
 

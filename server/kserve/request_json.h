@@ -1,11 +1,12 @@
-// Reading an inference request's JSON in one pass (events from JsonPullParser).
+// Reading an inference request's JSON (events from JsonPullParser).
 //
 // A request is mostly a few small objects around large `data` arrays. As a JSON document every
 // value of those arrays would be a node of 16 bytes in a growing vector, and the conversion to
 // the input's datatype another pass: a 60 MB body took 2 GB and seconds of an I/O thread. Here
 // each input's `data` is converted as it is read, straight into a tensor of the input's shape
-// when its name, datatype and shape come first (as clients send them); only the rest of the
-// request becomes a document.
+// when its name, datatype and shape come first (as clients send them), or read again from the
+// text when its input object ends where they come after it; only the rest of the request
+// becomes a document.
 //
 // Thread-safety: none needed; every object here belongs to the one request being parsed.
 #pragma once
@@ -52,6 +53,8 @@ class TensorData {
   virtual void Integer(int64_t value) = 0;
   virtual void Unsigned(uint64_t value) = 0;
   virtual void Float(double value) = 0;
+  // An integer past 64 bits, read as the double `value`; `text` as written, for errors.
+  virtual void BigInteger(double value, std::string_view text) = 0;
   virtual void String(std::string&& value) = 0;
   // A null or an object where a value should be: `what` names it for the error.
   void NotAValue(std::string_view what);
@@ -61,7 +64,7 @@ class TensorData {
   Result<std::variant<engine::Tensor, interpreters::BytesTensor>> Finish(
       const engine::Shape& shape);
 
-  // Replays a document's `data` (when it came before the input's name or datatype).
+  // Replays a `data` that the document holds: one that is not an array.
   void Feed(const Json& data);
 
  protected:

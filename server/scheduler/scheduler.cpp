@@ -1,6 +1,7 @@
 #include "scheduler.h"
 
 #include <algorithm>
+#include <bit>
 #include <utility>
 
 #include "log.h"
@@ -11,6 +12,23 @@ namespace {
 
 using interpreters::BytesTensor;
 using interpreters::NamedTensor;
+
+// Whether two requests' parameters are the same values to the model, which sees one set per
+// batch. Numbers compare by their bits: 0.0 == -0.0 would hand one request the other's zero
+// (math.copysign tells them apart), and NaN != NaN would keep every NaN request out of batches.
+bool SameParameters(const interpreters::RequestParameters& a,
+                    const interpreters::RequestParameters& b) {
+  return std::equal(
+      a.begin(), a.end(), b.begin(), b.end(), [](const auto& left, const auto& right) {
+        if (left.first != right.first) return false;
+        const auto* left_number = std::get_if<double>(&left.second);
+        const auto* right_number = std::get_if<double>(&right.second);
+        if (left_number != nullptr && right_number != nullptr) {
+          return std::bit_cast<uint64_t>(*left_number) == std::bit_cast<uint64_t>(*right_number);
+        }
+        return left.second == right.second;
+      });
+}
 
 // The inputs of several requests as one batch, concatenated along dim 0.
 Result<std::vector<NamedTensor>> Concatenate(const std::vector<InferJob>& batch) {
@@ -343,7 +361,7 @@ std::vector<InferJob> Scheduler::TakeBatch(std::unique_lock<std::mutex>& lock, M
     while (!queue.jobs.empty()) {
       const InferJob& next = queue.jobs.front();
       if (rows + next.rows > batching.max_batch_size ||
-          next.parameters != batch.front().parameters) {
+          !SameParameters(next.parameters, batch.front().parameters)) {
         return false;
       }
       rows += next.rows;

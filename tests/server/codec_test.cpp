@@ -27,6 +27,7 @@ namespace {
 using interpreters::BytesTensor;
 using interpreters::NamedTensor;
 using packaging::DataType;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 packaging::Manifest EchoManifest(DataType datatype, std::vector<int64_t> shape,
@@ -57,7 +58,7 @@ std::string Request(const std::vector<std::string>& order, const std::string& da
 const std::vector<std::vector<std::string>> kKeyOrders = {
     {"name", "datatype", "shape", "data"},  // read while parsing, into a tensor of its shape
     {"name", "datatype", "data", "shape"},  // read while parsing, collected then copied
-    {"data", "name", "datatype", "shape"},  // kept in the document, read after
+    {"data", "name", "datatype", "shape"},  // passed over, read when the input ends
     {"shape", "data", "datatype", "name"},
 };
 
@@ -141,6 +142,16 @@ TEST(ParseInferRequest, RefusesValuesThatDoNotFitTheDatatype) {
   ExpectRefusal(EchoManifest(DataType::kInt64, {1}), "INT64", "[1]", "[18446744073709551615]",
                 "input 'x' is INT64: 18446744073709551615 is out of its range "
                 "[-9223372036854775808, 9223372036854775807]");
+  // Integers past 64 bits are read as doubles, but are still integers out of range.
+  ExpectRefusal(EchoManifest(DataType::kInt64, {1}), "INT64", "[1]", "[-9223372036854775809]",
+                "input 'x' is INT64: -9223372036854775809 is out of its range "
+                "[-9223372036854775808, 9223372036854775807]");
+  ExpectRefusal(EchoManifest(DataType::kUInt8, {1}), "UINT8", "[1]",
+                "[123456789012345678901234567890123456789]",
+                "input 'x' is UINT8: 12345678901234567890123456789012... is out of its range "
+                "[0, 255]");
+  ExpectRefusal(EchoManifest(DataType::kBool, {1}), "BOOL", "[1]", "[18446744073709551616]",
+                "input 'x' is BOOL: expected true or false, got 18446744073709551616");
   ExpectRefusal(EchoManifest(DataType::kInt32, {2}), "INT32", "[2]", "[1, 2.5]",
                 "input 'x' is INT32: expected integers, got 2.5");
   ExpectRefusal(EchoManifest(DataType::kBool, {2}), "BOOL", "[2]", "[true, 1]",
@@ -214,15 +225,16 @@ int64_t PeakAddressSpaceKiB() {
 }
 
 // Shapes are believed up front only as far as the body could fill them, for all inputs
-// together: a 6 MB body of 20000 inputs each claiming 24 MB of FP64 and holding none would
-// otherwise allocate 480 GB (or, past the address space, fail the server).
+// together: a 2 MB body of 7000 inputs each claiming 24 MB of FP64 and holding none would
+// otherwise allocate 168 GB (or, past the address space, fail the server).
 TEST(ParseInferRequest, ShapesWithoutValuesCannotMakeABodyAllocateMore) {
   EXPECT_EXIT(
       {
         const packaging::Manifest manifest = EchoManifest(DataType::kFp64, {-1});
         std::string body = R"({"inputs":[)";
         const std::string input = R"({"name":"x","datatype":"FP64","shape":[3000000],"data":[]})";
-        for (int i = 0; i < 20000; ++i) body += (i ? "," : "") + input;
+        // 9 keys and values each: under the bound on those (BoundsTheKeysAndValuesBesideTheData).
+        for (int i = 0; i < 7000; ++i) body += (i ? "," : "") + input;
         body += "]}";
         const int64_t before = PeakAddressSpaceKiB();
         Result<InferRequest> parsed = Parse(manifest, body);
@@ -237,6 +249,56 @@ TEST(ParseInferRequest, ShapesWithoutValuesCannotMakeABodyAllocateMore) {
                       : 1);
       },
       ::testing::ExitedWithCode(0), "has 0 values");
+}
+
+// Data before its input's name is passed over and read when the input object ends, not held as
+// a document: 8M empty arrays there (24 MB of text) took about 600 MB as one.
+TEST(ParseInferRequest, DataBeforeItsNameIsNotHeldAsADocument) {
+  EXPECT_EXIT(
+      {
+        const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {-1, 1});
+        std::string body = R"({"inputs":[{"data":[)";
+        for (int i = 0; i < 8 << 20; ++i) body += i > 0 ? ",[]" : "[]";
+        body += R"(],"name":"x","datatype":"FP32","shape":[1,1]}]})";
+        const int64_t before = PeakAddressSpaceKiB();
+        Result<InferRequest> parsed = Parse(manifest, body);
+        const int64_t grown_mib = (PeakAddressSpaceKiB() - before) / 1024;
+        std::fprintf(stderr, "%s; address space grew by %lld MiB\n",
+                     parsed.status().ToString().c_str(), static_cast<long long>(grown_mib));
+        std::exit(!parsed.ok() &&
+                          parsed.status().message() ==
+                              "input 'x' has nested data that does not follow its shape [1, 1] "
+                              "(send it flat, or nested exactly as the shape)" &&
+                          grown_mib < 64
+                      ? 0
+                      : 1);
+      },
+      ::testing::ExitedWithCode(0), "does not follow its shape");
+}
+
+// 4 bytes of binary data make an empty BYTES element, 32 bytes as a string: elements past the
+// shape's count are counted, not kept.
+TEST(ParseInferRequest, BinaryBytesElementsPastTheShapeAreCountedNotKept) {
+  EXPECT_EXIT(
+      {
+        const packaging::Manifest manifest = EchoManifest(DataType::kBytes, {-1});
+        const std::string header = R"({"inputs":[{"name":"x","datatype":"BYTES","shape":[3],)"
+                                   R"("parameters":{"binary_data_size":67108864}}]})";
+        const std::string body = header + std::string(size_t{64} << 20, '\0');
+        const int64_t before = PeakAddressSpaceKiB();
+        Result<InferRequest> parsed =
+            ParseInferRequest(manifest, body, header.size(), ParseLimits{64});
+        const int64_t grown_mib = (PeakAddressSpaceKiB() - before) / 1024;
+        std::fprintf(stderr, "%s; address space grew by %lld MiB\n",
+                     parsed.status().ToString().c_str(), static_cast<long long>(grown_mib));
+        std::exit(!parsed.ok() &&
+                          parsed.status().message() ==
+                              "input 'x' has 16777216 BYTES elements, but shape [3] needs 3" &&
+                          grown_mib < 64
+                      ? 0
+                      : 1);
+      },
+      ::testing::ExitedWithCode(0), "16777216 BYTES elements");
 }
 
 TEST(ParseInferRequest, RefusesMalformedJsonWithWhereItBroke) {
@@ -255,8 +317,10 @@ TEST(ParseInferRequest, RefusesMalformedJsonWithWhereItBroke) {
   }
   parsed = Parse(manifest, Request(kKeyOrders[0], "FP32", "[1]", "[1e400]"));
   ASSERT_FALSE(parsed.ok());
+  // Valid JSON, so not said to be invalid.
   EXPECT_THAT(parsed.status().message(),
-              HasSubstr("the number 1e400 is too large for any datatype"));
+              AllOf(HasSubstr("the request JSON has a number out of range at byte "),
+                    HasSubstr("the number 1e400 is too large for any datatype")));
   parsed = Parse(manifest, "");
   ASSERT_FALSE(parsed.ok());
   EXPECT_EQ(parsed.status().message(),
@@ -348,17 +412,19 @@ TEST(ParseInferRequest, RefusesNestingPastTheLimit) {
   }
 }
 
-// Random requests, right and wrong, read both ways (straight into the tensor, and through the
-// document): the same tensor or the same error every time.
+// Random requests, right and wrong, read both ways (straight into the tensor, and passed over
+// to be read when the input object ends): the same tensor or the same error every time.
 TEST(ParseInferRequest, BothWaysOfReadingAgreeOnRandomRequests) {
   std::mt19937 random(11);
   const std::vector<std::pair<DataType, std::string>> datatypes = {
       {DataType::kBool, "BOOL"},  {DataType::kUInt8, "UINT8"}, {DataType::kInt32, "INT32"},
       {DataType::kFp16, "FP16"},  {DataType::kFp32, "FP32"},   {DataType::kFp64, "FP64"},
       {DataType::kBytes, "BYTES"}};
-  const std::vector<std::string> values = {"0",   "1",    "-1",       "300",      "2.5",   "-0.0",
-                                           "1e3", "true", "false",    "null",     "\"s\"", "{}",
-                                           "[]",  "NaN",  "Infinity", "-Infinity"};
+  std::vector<std::string> values = {"0",   "1",    "-1",       "300",      "2.5",   "-0.0",
+                                     "1e3", "true", "false",    "null",     "\"s\"", "{}",
+                                     "[]",  "NaN",  "Infinity", "-Infinity"};
+  // Integers past 64 bits, refused as written whichever way they are read.
+  values.insert(values.end(), {"-9223372036854775809", "18446744073709551616"});
   int accepted = 0;
   for (int round = 0; round < 3000; ++round) {
     const auto& [datatype, name] = datatypes[random() % datatypes.size()];
@@ -580,6 +646,83 @@ TEST(EncodeInferResponse, GivesClassesWhenAskedForThem) {
   ASSERT_FALSE(request.ok());
   EXPECT_EQ(request.status().message(),
             "output 'y' is BYTES: classification needs an output of scores");
+}
+
+TEST(EncodeInferResponse, RanksIntegerScoresExactly) {
+  // 2^62, 2^62 + 1 and 2^62 + 2 are one value as doubles: ranked through double, the ties
+  // went to the lower index and the largest score came last.
+  const packaging::Manifest manifest = EchoManifest(DataType::kInt64, {3});
+  Result<InferRequest> request =
+      Parse(manifest, R"({"inputs":[{"name":"x","datatype":"INT64","shape":[3],"data":[0,0,0]}],)"
+                      R"("outputs":[{"name":"y","parameters":{"classification":3}}]})");
+  ASSERT_TRUE(request.ok()) << request.status().message();
+  engine::Tensor scores = engine::Tensor::Empty({3}, engine::DType::kInt64);
+  const int64_t base = int64_t{1} << 62;
+  scores.mutable_data_as<int64_t>()[0] = base + 1;
+  scores.mutable_data_as<int64_t>()[1] = base;
+  scores.mutable_data_as<int64_t>()[2] = base + 2;
+  const Json response = Json::parse(EncodeInferResponse(manifest, *request, {{"y", scores}}).body);
+  EXPECT_EQ(response["outputs"][0]["data"],
+            Json::parse(R"(["4611686018427387906:2", "4611686018427387905:0",)"
+                        R"( "4611686018427387904:1"])"));
+}
+
+TEST(ParseInferRequest, ClassificationCountsPastInt64AreAllClassesAndOutputsAreAskedOnce) {
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {3});
+  const std::string input = R"("inputs":[{"name":"x","datatype":"FP32","shape":[3],)"
+                            R"("data":[0,0,0]}])";
+  Result<InferRequest> request =
+      Parse(manifest, "{" + input +
+                          R"(,"outputs":[{"name":"y","parameters":)"
+                          R"({"classification":18446744073709551615}}]})");
+  ASSERT_TRUE(request.ok()) << request.status().message();
+  EXPECT_EQ(request->classification.at("y"), INT64_MAX);
+
+  // Two answers for one output (here two counts) would silently become one.
+  request = Parse(manifest, "{" + input +
+                                R"(,"outputs":[{"name":"y","parameters":{"classification":1}},)"
+                                R"({"name":"y","parameters":{"classification":2}}]})");
+  ASSERT_FALSE(request.ok());
+  EXPECT_EQ(request.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(request.status().message(), "output 'y' is requested twice");
+}
+
+// Besides the data, each key and value becomes a document node many times the size of its text:
+// a 64 MB body of "[]," took 1.5 GB before it was refused.
+TEST(ParseInferRequest, BoundsTheKeysAndValuesBesideTheData) {
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {-1});
+  const std::string input = R"({"name":"x","datatype":"FP32","shape":[1],"data":[1]})";
+  auto repeated = [](const std::string& item, int count) {
+    std::string text;
+    for (int i = 0; i < count; ++i) text += (i > 0 ? "," : "") + item;
+    return text;
+  };
+  std::string parameters;
+  for (int i = 0; i < 70000; ++i) {
+    parameters += (i > 0 ? ",\"p" : "\"p") + std::to_string(i) + "\":1";
+  }
+  for (const std::string& body :
+       {R"({"unread":[)" + repeated("[]", 70000) + R"(],"inputs":[)" + input + "]}",
+        R"({"inputs":[)" + repeated("{}", 70000) + "]}",
+        R"({"inputs":[)" + input + R"(],"parameters":{)" + parameters + "}}",
+        R"({"inputs":[{"data":[1],"name":"x","datatype":"FP32","shape":[1],"x":[)" +
+            repeated("{}", 70000) + "]}]}"}) {
+    Result<InferRequest> request = Parse(manifest, body);
+    ASSERT_FALSE(request.ok()) << body.substr(0, 40);
+    EXPECT_EQ(request.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(request.status().message(),
+              "the request JSON has more than 65536 keys and values besides its inputs' data");
+  }
+
+  // The data itself is not bounded, read while parsing or held in the document first.
+  const std::string values = repeated("[0.5]", 100000);
+  for (const std::string& body :
+       {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[100000,1],"data":[)" + values + "]}]}",
+        R"({"inputs":[{"data":[)" + values +
+            R"(],"name":"x","datatype":"FP32","shape":[100000,1]}]})"}) {
+    Result<InferRequest> request = Parse(EchoManifest(DataType::kFp32, {-1, 1}), body);
+    ASSERT_TRUE(request.ok()) << request.status().message();
+  }
 }
 
 TEST(Codec, ARequestRoundTripsThroughTheEncoder) {

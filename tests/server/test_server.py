@@ -487,6 +487,31 @@ class ServerTest(SharedServerTest):
         status, _, text = post_json(self.server, "/v2/models/slow/infer", body)
         self.assertEqual(status, 200, text)
 
+    def test_requests_batch_with_the_same_zero_or_nan_but_not_the_other_zero(self):
+        # As numbers 0.0 == -0.0 and NaN != NaN; as parameters a model tells the zeros apart
+        # (math.copysign), and one NaN is the same value as another. Three groups of clients:
+        # every row comes back with its own zero's sign, and the NaN requests still batch.
+        results = {}
+        zeros = [0.0, -0.0, math.nan]
+
+        def client(index):
+            request = echo_request(rows=1)
+            request["parameters"] = {"zero": zeros[index // 8], "timeout": 30_000_000}
+            status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
+            outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
+            results[index] = (status, outputs["out_fp64"]["data"], outputs["batch"]["data"])
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(24)]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.005)
+        for thread in threads:
+            thread.join()
+        for index, (status, sign, _) in results.items():
+            self.assertEqual((status, sign), (200, [-1.0 if index // 8 == 1 else 1.0]), index)
+        self.assertGreater(max(results[i][2][0] for i in range(16, 24)), 1,
+                           "NaN requests ran one at a time")
+
     def test_metrics_pass_promtool(self):
         post_json(self.server, "/v2/models/echo/infer", echo_request())
         status, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")

@@ -1,5 +1,7 @@
 """Echoes every input back, for the server's datatype, binary and batching tests."""
 
+import math
+
 import orochi
 
 
@@ -13,5 +15,9 @@ class Echo:
         if "add" in parameters:
             outputs["out_int64"] = inputs["in_int64"] + parameters["add"]
         rows = inputs["in_int64"].shape[0]
+        # The sign of the parameter "zero" as out_fp64, to show whose zero a row ran with (0.0
+        # and -0.0 are equal numbers, but not the same value to copysign).
+        if "zero" in parameters:
+            outputs["out_fp64"] = [[math.copysign(1.0, parameters["zero"])]] * rows
         outputs["batch"] = orochi.full((rows, 1), rows)  # how many rows ran together
         return outputs
