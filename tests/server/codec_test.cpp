@@ -224,81 +224,60 @@ int64_t PeakAddressSpaceKiB() {
   return -1;
 }
 
+// In a child process of its own (so that the peak is this parse's): `parse` must be refused
+// with exactly `message`, the process's address space growing by less than `limit_mib`.
+void ExpectRefusedWithin(const std::function<Result<InferRequest>()>& parse,
+                         const std::string& message, int64_t limit_mib) {
+  EXPECT_EXIT(
+      {
+        const int64_t before = PeakAddressSpaceKiB();
+        Result<InferRequest> parsed = parse();
+        const int64_t grown_mib = (PeakAddressSpaceKiB() - before) / 1024;
+        std::fprintf(stderr, "%s; address space grew by %lld MiB\n",
+                     parsed.status().ToString().c_str(), static_cast<long long>(grown_mib));
+        std::exit(
+            !parsed.ok() && parsed.status().message() == message && grown_mib < limit_mib ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "address space grew by");
+}
+
 // Shapes are believed up front only as far as the body could fill them, for all inputs
 // together: a 2 MB body of 7000 inputs each claiming 24 MB of FP64 and holding none would
 // otherwise allocate 168 GB (or, past the address space, fail the server).
 TEST(ParseInferRequest, ShapesWithoutValuesCannotMakeABodyAllocateMore) {
-  EXPECT_EXIT(
-      {
-        const packaging::Manifest manifest = EchoManifest(DataType::kFp64, {-1});
-        std::string body = R"({"inputs":[)";
-        const std::string input = R"({"name":"x","datatype":"FP64","shape":[3000000],"data":[]})";
-        // 9 keys and values each: under the bound on those (BoundsTheKeysAndValuesBesideTheData).
-        for (int i = 0; i < 7000; ++i) body += (i ? "," : "") + input;
-        body += "]}";
-        const int64_t before = PeakAddressSpaceKiB();
-        Result<InferRequest> parsed = Parse(manifest, body);
-        const int64_t grown_mib = (PeakAddressSpaceKiB() - before) / 1024;
-        std::fprintf(stderr, "%s; address space grew by %lld MiB\n",
-                     parsed.status().ToString().c_str(), static_cast<long long>(grown_mib));
-        std::exit(!parsed.ok() &&
-                          parsed.status().message() ==
-                              "input 'x' has 0 values, but shape [3000000] needs 3000000" &&
-                          grown_mib < 1024
-                      ? 0
-                      : 1);
-      },
-      ::testing::ExitedWithCode(0), "has 0 values");
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp64, {-1});
+  std::string body = R"({"inputs":[)";
+  const std::string input = R"({"name":"x","datatype":"FP64","shape":[3000000],"data":[]})";
+  // 9 keys and values each: under the bound on those (BoundsTheKeysAndValuesBesideTheData).
+  for (int i = 0; i < 7000; ++i) body += (i ? "," : "") + input;
+  body += "]}";
+  ExpectRefusedWithin([&] { return Parse(manifest, body); },
+                      "input 'x' has 0 values, but shape [3000000] needs 3000000", 1024);
 }
 
 // Data before its input's name is passed over and read when the input object ends, not held as
 // a document: 8M empty arrays there (24 MB of text) took about 600 MB as one.
 TEST(ParseInferRequest, DataBeforeItsNameIsNotHeldAsADocument) {
-  EXPECT_EXIT(
-      {
-        const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {-1, 1});
-        std::string body = R"({"inputs":[{"data":[)";
-        for (int i = 0; i < 8 << 20; ++i) body += i > 0 ? ",[]" : "[]";
-        body += R"(],"name":"x","datatype":"FP32","shape":[1,1]}]})";
-        const int64_t before = PeakAddressSpaceKiB();
-        Result<InferRequest> parsed = Parse(manifest, body);
-        const int64_t grown_mib = (PeakAddressSpaceKiB() - before) / 1024;
-        std::fprintf(stderr, "%s; address space grew by %lld MiB\n",
-                     parsed.status().ToString().c_str(), static_cast<long long>(grown_mib));
-        std::exit(!parsed.ok() &&
-                          parsed.status().message() ==
-                              "input 'x' has nested data that does not follow its shape [1, 1] "
-                              "(send it flat, or nested exactly as the shape)" &&
-                          grown_mib < 64
-                      ? 0
-                      : 1);
-      },
-      ::testing::ExitedWithCode(0), "does not follow its shape");
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {-1, 1});
+  std::string body = R"({"inputs":[{"data":[)";
+  for (int i = 0; i < 8 << 20; ++i) body += i > 0 ? ",[]" : "[]";
+  body += R"(],"name":"x","datatype":"FP32","shape":[1,1]}]})";
+  ExpectRefusedWithin([&] { return Parse(manifest, body); },
+                      "input 'x' has nested data that does not follow its shape [1, 1] (send it "
+                      "flat, or nested exactly as the shape)",
+                      64);
 }
 
 // 4 bytes of binary data make an empty BYTES element, 32 bytes as a string: elements past the
 // shape's count are counted, not kept.
 TEST(ParseInferRequest, BinaryBytesElementsPastTheShapeAreCountedNotKept) {
-  EXPECT_EXIT(
-      {
-        const packaging::Manifest manifest = EchoManifest(DataType::kBytes, {-1});
-        const std::string header = R"({"inputs":[{"name":"x","datatype":"BYTES","shape":[3],)"
-                                   R"("parameters":{"binary_data_size":67108864}}]})";
-        const std::string body = header + std::string(size_t{64} << 20, '\0');
-        const int64_t before = PeakAddressSpaceKiB();
-        Result<InferRequest> parsed =
-            ParseInferRequest(manifest, body, header.size(), ParseLimits{64});
-        const int64_t grown_mib = (PeakAddressSpaceKiB() - before) / 1024;
-        std::fprintf(stderr, "%s; address space grew by %lld MiB\n",
-                     parsed.status().ToString().c_str(), static_cast<long long>(grown_mib));
-        std::exit(!parsed.ok() &&
-                          parsed.status().message() ==
-                              "input 'x' has 16777216 BYTES elements, but shape [3] needs 3" &&
-                          grown_mib < 64
-                      ? 0
-                      : 1);
-      },
-      ::testing::ExitedWithCode(0), "16777216 BYTES elements");
+  const packaging::Manifest manifest = EchoManifest(DataType::kBytes, {-1});
+  const std::string header = R"({"inputs":[{"name":"x","datatype":"BYTES","shape":[3],)"
+                             R"("parameters":{"binary_data_size":67108864}}]})";
+  const std::string body = header + std::string(size_t{64} << 20, '\0');
+  ExpectRefusedWithin(
+      [&] { return ParseInferRequest(manifest, body, header.size(), ParseLimits{64}); },
+      "input 'x' has 16777216 BYTES elements, but shape [3] needs 3", 64);
 }
 
 TEST(ParseInferRequest, RefusesMalformedJsonWithWhereItBroke) {
