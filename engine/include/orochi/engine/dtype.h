@@ -47,7 +47,12 @@ inline constexpr DType kAllDTypeList[] = {
 #undef OROCHI_DTYPE_LIST
 };
 inline constexpr int kDTypeCount = static_cast<int>(std::size(kAllDTypeList));
-static_assert(kDTypeCount == 10, "DESIGN.md fixes ten dtypes");
+// Ten, a decision recorded in docs/ARCHITECTURE.md's dtype table: a dtype added or removed here
+// changes that table, the KServe datatypes (OROCHI_PACKAGE_DATATYPES) and the Python package's
+// tables (orochi.finfo, orochi.serving's datatypes) too.
+static_assert(kDTypeCount == 10,
+              "the dtype list, the tables built on it and docs/ARCHITECTURE.md's dtype table all "
+              "name ten dtypes");
 
 enum class DTypeCategory : uint8_t { kBoolean, kIntegral, kFloating };
 
