@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Packs a built tree for a GPU machine that cannot build Orochi itself (the device tool's
-# machines run another distribution, with no Debian CPython 3.11 or network): the stripped
-# binaries and libraries, the Debian shared libraries they load that such a machine lacks, and
-# the system Python's extension modules, as .gpu/bundle.tar.xz (ignored by git, well under the
-# device tool's 64 MiB `carry` limit). scripts/gpu-check.sh unpacks and runs it there.
+# Packs a built tree for a GPU machine that cannot build Orochi itself (one that runs another
+# distribution, with no Debian CPython 3.11 or network): the stripped binaries and libraries, the
+# Debian shared libraries they load that such a machine lacks, and the system Python's extension
+# modules, as .gpu/bundle.tar.xz (ignored by git; about 15 MB, so it travels easily with the
+# source tree). scripts/gpu-check.sh unpacks and runs it there.
 #   scripts/gpu-bundle.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,4 +45,4 @@ pwd > "$stage/root"  # compiled-in paths (RUNPATHs, the copy library) start here
 mkdir -p .gpu
 tar -C "$stage" -cJf .gpu/bundle.tar.xz .
 ls -l .gpu/bundle.tar.xz
-echo "carry .gpu with the device tool and run: bash scripts/gpu-check.sh tests|bench"
+echo "on the GPU machine, with this tree and .gpu: bash scripts/gpu-check.sh tests|bench"

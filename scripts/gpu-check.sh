@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs the checks that need a GPU, on a GPU machine that got the build as .gpu/bundle.tar.xz
 # (scripts/gpu-bundle.sh), with PyTorch and the CUDA toolkit installed there. Logs and results
-# go to $OUT (the device tool's folder; ./gpu-results elsewhere).
+# go to $OUT when it is set, else to ./gpu-results.
 #   bash scripts/gpu-check.sh tests    engine_device_test (all ops vs the CPU, allocator, threads),
 #                                      compute-sanitizer memcheck of it, python_api.test_cuda and
 #                                      the CUDA examples through the server (8 copies)
 #   bash scripts/gpu-check.sh bench    bench/cuda/bench_cuda.py --models against PyTorch
-# Each part fits in the device tool's 10-minute limit for one command.
+# Each part takes under 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:?tests or bench}
