@@ -277,10 +277,10 @@ Result<Manifest> ParseManifest(std::string_view text) {
   if (json.is_discarded()) return Problem("$", "not valid JSON");
   OROCHI_RETURN_IF_ERROR(duplicates.duplicate());
   if (!json.is_object()) return Problem("$", "expected a JSON object, got " + TypeName(json));
-  OROCHI_RETURN_IF_ERROR(
-      OnlyKeys(json, "$",
-               {"format_version", "name", "version", "entry", "description", "inputs", "outputs",
-                "max_batch_size", "instances", "device", "requires", "parameters"}));
+  OROCHI_RETURN_IF_ERROR(OnlyKeys(
+      json, "$",
+      {"format_version", "name", "version", "entry", "description", "inputs", "outputs",
+       "max_batch_size", "instances", "device", "requires", "parameters", "max_request_bytes"}));
   Manifest manifest;
   OROCHI_ASSIGN_OR_RETURN(std::optional<int64_t> format, Integer(json, "$", "format_version", 1));
   if (!format) return Problem("$", "missing required key 'format_version'");
@@ -312,6 +312,7 @@ Result<Manifest> ParseManifest(std::string_view text) {
   OROCHI_ASSIGN_OR_RETURN(std::optional<int64_t> batch, Integer(json, "$", "max_batch_size", 0));
   manifest.max_batch_size = batch.value_or(0);
   OROCHI_ASSIGN_OR_RETURN(manifest.instances, Integer(json, "$", "instances", 1));
+  OROCHI_ASSIGN_OR_RETURN(manifest.max_request_bytes, Integer(json, "$", "max_request_bytes", 1));
   if (json.contains("device")) {
     OROCHI_ASSIGN_OR_RETURN(manifest.device, String(json, "$", "device", true));
     bool cuda = manifest.device.rfind("cuda", 0) == 0 &&

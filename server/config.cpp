@@ -138,47 +138,57 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
 
   ObjectReader http = root.Child("http");
-  OROCHI_RETURN_IF_ERROR(
-      http.Check({"bind_address", "token_file", "token_env", "inference_port", "metrics_port",
-                  "io_threads", "max_header_bytes", "max_body_bytes", "max_json_depth",
-                  "idle_timeout_s", "shutdown_grace_s", "max_connections"}));
+  OROCHI_RETURN_IF_ERROR(http.Check(
+      {"bind_address", "token_file", "token_env", "inference_port", "metrics_port", "io_threads",
+       "max_header_bytes", "max_body_bytes", "max_json_depth", "idle_timeout_s",
+       "request_timeout_s", "shutdown_grace_s", "max_connections", "max_connections_per_client"}));
   OROCHI_RETURN_IF_ERROR(http.String("bind_address", &config.http.bind_address));
   OROCHI_RETURN_IF_ERROR(http.String("token_file", &config.http.token_file));
   OROCHI_RETURN_IF_ERROR(http.String("token_env", &config.http.token_env));
 
   ObjectReader management = root.Child("management");
-  OROCHI_RETURN_IF_ERROR(
-      management.Check({"bind_address", "port", "token_file", "token_env", "max_upload_bytes"}));
+  OROCHI_RETURN_IF_ERROR(management.Check(
+      {"bind_address", "port", "token_file", "token_env", "max_upload_bytes", "upload_timeout_s"}));
   OROCHI_RETURN_IF_ERROR(management.String("bind_address", &config.management.bind_address));
   OROCHI_RETURN_IF_ERROR(management.Integer("port", &config.management.port, 0, 65535));
   OROCHI_RETURN_IF_ERROR(management.String("token_file", &config.management.token_file));
   OROCHI_RETURN_IF_ERROR(management.String("token_env", &config.management.token_env));
   OROCHI_RETURN_IF_ERROR(management.Integer("max_upload_bytes", &config.management.max_upload_bytes,
                                             1024, int64_t{1} << 42));
+  OROCHI_RETURN_IF_ERROR(
+      management.Integer("upload_timeout_s", &config.management.upload_timeout_s, 1, 604800));
   OROCHI_RETURN_IF_ERROR(http.Integer("inference_port", &config.http.inference_port, 0, 65535));
   OROCHI_RETURN_IF_ERROR(http.Integer("metrics_port", &config.http.metrics_port, 0, 65535));
   OROCHI_RETURN_IF_ERROR(http.Integer("io_threads", &config.http.io_threads, 1, 256));
   OROCHI_RETURN_IF_ERROR(
-      http.Integer("max_header_bytes", &config.http.max_header_bytes, 1024, int64_t{1} << 30));
+      // At most 65535: a single header or trailer field longer than that is more than the
+      // HTTP parser's field table can index.
+      http.Integer("max_header_bytes", &config.http.max_header_bytes, 1024, 65535));
   OROCHI_RETURN_IF_ERROR(
       http.Integer("max_body_bytes", &config.http.max_body_bytes, 1024, int64_t{1} << 40));
   OROCHI_RETURN_IF_ERROR(http.Integer("max_json_depth", &config.http.max_json_depth, 2, 10000));
   OROCHI_RETURN_IF_ERROR(http.Integer("idle_timeout_s", &config.http.idle_timeout_s, 1, 86400));
   OROCHI_RETURN_IF_ERROR(
+      http.Integer("request_timeout_s", &config.http.request_timeout_s, 1, 86400));
+  OROCHI_RETURN_IF_ERROR(
       http.Integer("max_connections", &config.http.max_connections, 1, 1'000'000));
+  OROCHI_RETURN_IF_ERROR(http.Integer("max_connections_per_client",
+                                      &config.http.max_connections_per_client, 1, 1'000'000));
   OROCHI_RETURN_IF_ERROR(http.Integer("shutdown_grace_s", &config.http.shutdown_grace_s, 0, 3600));
 
   ObjectReader models = root.Child("models");
-  OROCHI_RETURN_IF_ERROR(
-      models.Check({"repository", "load", "max_queue_size", "default_timeout_ms",
-                    "execution_grace_ms", "max_abandoned_copies", "unload_grace_s",
-                    "max_queue_delay_us", "preferred_batch_sizes", "version_policies"}));
+  OROCHI_RETURN_IF_ERROR(models.Check(
+      {"repository", "load", "max_queue_size", "default_timeout_ms", "max_memory_bytes",
+       "execution_grace_ms", "max_abandoned_copies", "unload_grace_s", "max_queue_delay_us",
+       "preferred_batch_sizes", "version_policies"}));
   OROCHI_RETURN_IF_ERROR(models.String("repository", &config.models.repository));
   OROCHI_RETURN_IF_ERROR(models.Strings("load", &config.models.load));
   OROCHI_RETURN_IF_ERROR(
       models.Integer("max_queue_size", &config.models.max_queue_size, 1, int64_t{1} << 30));
   OROCHI_RETURN_IF_ERROR(
       models.Integer("default_timeout_ms", &config.models.default_timeout_ms, 0, int64_t{1} << 40));
+  OROCHI_RETURN_IF_ERROR(
+      models.Integer("max_memory_bytes", &config.models.max_memory_bytes, 0, int64_t{1} << 50));
   OROCHI_RETURN_IF_ERROR(
       models.Integer("execution_grace_ms", &config.models.execution_grace_ms, 0, int64_t{1} << 40));
   OROCHI_RETURN_IF_ERROR(

@@ -58,6 +58,22 @@ std::string MethodLabel(const http::Request& request) {
   }
 }
 
+// Runs the I/O threads' loop. An exception out of a completion handler is a bug (the transport
+// answers what it can foresee, and catches what handlers throw), but letting it end the thread
+// would end the process for every client: it is logged, costs the one connection whose
+// handler it unwound (which closes when its last handler is gone), and the loop goes on.
+void RunIo(asio::io_context& io) {
+  while (true) {
+    try {
+      io.run();
+      return;
+    } catch (const std::exception& error) {
+      Log(LogLevel::kError, "an I/O handler threw; its connection is closed",
+          {{"error", error.what()}});
+    }
+  }
+}
+
 }  // namespace
 
 // Runs repository operations (loads take seconds) one at a time off the I/O threads.
@@ -267,7 +283,10 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   limits.max_header_bytes = static_cast<size_t>(cfg.http.max_header_bytes);
   limits.max_body_bytes = static_cast<uint64_t>(cfg.http.max_body_bytes);
   limits.idle_timeout = std::chrono::seconds(cfg.http.idle_timeout_s);
+  limits.request_timeout = std::chrono::seconds(cfg.http.request_timeout_s);
+  limits.upload_timeout = std::chrono::seconds(cfg.management.upload_timeout_s);
   limits.max_connections = static_cast<size_t>(cfg.http.max_connections);
+  limits.max_connections_per_client = static_cast<size_t>(cfg.http.max_connections_per_client);
   http::Limits inference_limits = limits;
   inference_limits.observe = s.Observer(s.inference_router, "inference");
   if (inference_token) {
@@ -322,7 +341,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
     raw->RequestStop();
   });
   for (int i = 0; i < cfg.http.io_threads; ++i) {
-    server->impl_->io_threads.emplace_back([raw] { raw->impl_->io.run(); });
+    server->impl_->io_threads.emplace_back([raw] { RunIo(raw->impl_->io); });
   }
   server->impl_->ready = true;
   Log(LogLevel::kInfo, "serving",

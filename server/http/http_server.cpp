@@ -15,9 +15,11 @@
 #include <boost/beast/version.hpp>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 
 #include "log.h"
@@ -29,6 +31,7 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
 
 constexpr const char* kServerName = "orochi";
 
@@ -98,26 +101,108 @@ void UnregisterListeningPort(int port) {
   }
 }
 
+}  // namespace
+
+// The open connections of one listener: from which address each comes and which wait idle
+// between requests, so that a full listener (or a client at its cap) makes room by closing the
+// oldest idle connection instead of refusing a new client. Thread-safe: the acceptor and each
+// session run on strands of their own.
+class ConnectionTable {
+ public:
+  enum class Admission { kAdmitted, kListenerFull, kClientFull };
+
+  // Whether a connection from `client` may open, closing an idle one to make room if needed;
+  // if so, it is counted under the returned id (see Add).
+  Admission Admit(const asio::ip::address& client, size_t max_total, size_t max_per_client) {
+    std::lock_guard lock(mutex_);
+    auto counted = per_client_.find(client);
+    if (counted != per_client_.end() && counted->second >= max_per_client &&
+        !EvictOldestIdle(&client)) {
+      return Admission::kClientFull;
+    }
+    if (entries_.size() >= max_total && !EvictOldestIdle(nullptr)) {
+      return Admission::kListenerFull;
+    }
+    return Admission::kAdmitted;
+  }
+  // `evict` closes the connection if it is still idle; callable from any thread.
+  uint64_t Add(const asio::ip::address& client, std::function<void()> evict) {
+    std::lock_guard lock(mutex_);
+    const uint64_t id = next_id_++;
+    entries_.emplace(id, Entry{client, std::move(evict)});
+    per_client_[client]++;
+    return id;
+  }
+  void Remove(uint64_t id) {
+    std::lock_guard lock(mutex_);
+    auto found = entries_.find(id);
+    if (found == entries_.end()) return;
+    auto counted = per_client_.find(found->second.client);
+    if (--counted->second == 0) per_client_.erase(counted);
+    entries_.erase(found);
+  }
+  // Idle: waiting for a request with nothing of it read yet.
+  void SetIdle(uint64_t id, bool idle) {
+    std::lock_guard lock(mutex_);
+    auto found = entries_.find(id);
+    if (found == entries_.end() || found->second.evicting) return;
+    found->second.idle = idle;
+    if (idle) found->second.idle_since = Clock::now();
+  }
+  size_t size() const {
+    std::lock_guard lock(mutex_);
+    return entries_.size();
+  }
+
+ private:
+  struct Entry {
+    asio::ip::address client;
+    std::function<void()> evict;
+    bool idle = false;
+    bool evicting = false;  // chosen to make room: counted until it has closed
+    Clock::time_point idle_since{};
+  };
+  // Closes the connection idle longest (of `client` only, if given); false if none is idle.
+  bool EvictOldestIdle(const asio::ip::address* client);
+
+  mutable std::mutex mutex_;
+  std::unordered_map<uint64_t, Entry> entries_;
+  std::map<asio::ip::address, size_t> per_client_;
+  uint64_t next_id_ = 0;
+};
+
+namespace {
+
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, const Limits& limits, const Handler& handler,
           std::shared_ptr<std::atomic<int64_t>> in_flight,
-          std::shared_ptr<std::atomic<int64_t>> connections)
+          std::shared_ptr<ConnectionTable> connections)
       : stream_(std::move(socket)),
         read_timer_(stream_.get_executor()),
+        buffer_(limits.max_header_bytes),
         limits_(limits),
         handler_(handler),
         in_flight_(std::move(in_flight)),
         connections_(std::move(connections)) {}
   ~Session() {
     RemoveUpload();  // a session torn down mid-upload (the server stopping) leaves no file
-    connections_->fetch_sub(1);
+    connections_->Remove(connection_id_);
   }
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  void Start() {
+  // `connection_id`: this connection in the listener's ConnectionTable.
+  void Start(uint64_t connection_id) {
+    connection_id_ = connection_id;
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
+  }
+
+  // Closes the connection if it is still idle (the table chose it to make room).
+  void Evict() {
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      if (self->idle_) self->Close();
+    });
   }
 
  private:
@@ -141,11 +226,14 @@ class Session : public std::enable_shared_from_this<Session> {
     probed_ = false;
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
+    // Pipelined bytes already buffered are a request begun, not an idle connection.
+    idle_ = buffer_.size() == 0;
+    connections_->SetIdle(connection_id_, idle_);
     // The header decides which limit applies (uploads have their own): checked in OnHeader.
     parser_->body_limit(std::max(limits_.max_body_bytes, limits_.max_upload_bytes));
     reading_body_ = false;
     // The idle timeout covers waiting for the next request and reading its header.
-    ArmReadTimer();
+    ArmReadTimer(limits_.idle_timeout);
     bhttp::async_read_header(stream_, buffer_, *parser_,
                              [self = shared_from_this()](beast::error_code error, size_t) {
                                self->DisarmReadTimer();
@@ -156,11 +244,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // Beast's own stream timeout closes the socket when it fires, which leaves no way to answer
   // 408: this timer cancels the pending read instead. A generation tells a stale expiry
   // (already queued when its read completed) from the current one.
-  void ArmReadTimer() {
+  void ArmReadTimer(Clock::duration timeout) {
     stream_.expires_never();
     read_timed_out_ = false;
     const uint64_t generation = ++read_timer_generation_;
-    read_timer_.expires_after(limits_.idle_timeout);
+    read_timer_.expires_after(timeout);
     read_timer_.async_wait([self = shared_from_this(), generation](beast::error_code error) {
       if (error || generation != self->read_timer_generation_) return;
       self->read_timed_out_ = true;
@@ -174,8 +262,9 @@ class Session : public std::enable_shared_from_this<Session> {
     read_timer_.cancel();
   }
 
-  // Reads the rest of a body with the idle timeout applying to each wait for more data, not
-  // to the whole body: a slow upload is fine as long as its data keeps coming.
+  // Reads the rest of a body with the idle timeout applying to each wait for more data, and
+  // the request (or upload) timeout to the whole body: a body that keeps coming may be slow,
+  // but not slower than that.
   template <class Parser, class Done>
   void ReadBody(Parser& parser, Done done) {
     reading_body_ = true;
@@ -183,7 +272,9 @@ class Session : public std::enable_shared_from_this<Session> {
       done(beast::error_code{});
       return;
     }
-    ArmReadTimer();
+    const Clock::duration left = body_deadline_ - Clock::now();
+    ArmReadTimer(
+        std::max(Clock::duration::zero(), std::min<Clock::duration>(limits_.idle_timeout, left)));
     bhttp::async_read_some(stream_, buffer_, parser,
                            [self = shared_from_this(), &parser, done = std::move(done)](
                                beast::error_code error, size_t) mutable {
@@ -201,7 +292,10 @@ class Session : public std::enable_shared_from_this<Session> {
   bool OnReadTimeout(beast::error_code error) {
     if (error != asio::error::operation_aborted || !read_timed_out_) return false;
     const std::string seconds = std::to_string(limits_.idle_timeout.count());
-    if (reading_body_) {
+    if (reading_body_ && Clock::now() >= body_deadline_) {
+      Fail(408, "the request body was not complete within " +
+                    std::to_string(body_timeout_.count()) + " s of its header");
+    } else if (reading_body_) {
       Fail(408, "no data of the request body arrived for " + seconds + " s");
     } else if (buffer_.size() > 0 || (parser_ && parser_->got_some())) {
       if (!current_set_ && parser_) Remember(parser_->get());
@@ -213,6 +307,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnHeader(beast::error_code error) {
+    idle_ = false;
+    connections_->SetIdle(connection_id_, false);
     if (error) {
       OnRead(error);
       return;
@@ -238,6 +334,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     const bool upload = limits_.stream_body_to_file && limits_.stream_body_to_file(header);
     const uint64_t limit = upload ? limits_.max_upload_bytes : limits_.max_body_bytes;
+    body_timeout_ = upload ? limits_.upload_timeout : limits_.request_timeout;
+    body_deadline_ = Clock::now() + body_timeout_;
     if (auto length = parser_->content_length(); length && *length > limit) {
       Fail(413, std::string(upload ? "the upload" : "the request body") +
                     " is larger than the limit of " + std::to_string(limit) + " bytes");
@@ -326,6 +424,11 @@ class Session : public std::enable_shared_from_this<Session> {
       if (error == bhttp::error::body_limit) {
         Fail(413, "the upload is larger than the limit of " +
                       std::to_string(limits_.max_upload_bytes) + " bytes");
+      } else if (error == bhttp::error::buffer_overflow) {
+        Fail(431,
+             "a chunk line or the trailer fields of the chunked upload are larger than the "
+             "header limit of " +
+                 std::to_string(limits_.max_header_bytes) + " bytes");
       } else if (error == boost::system::errc::no_space_on_device ||
                  error == boost::system::errc::file_too_large) {
         Fail(507, "the server cannot store the upload: " + error.message());
@@ -371,10 +474,19 @@ class Session : public std::enable_shared_from_this<Session> {
         status = 413;
         message = "the request body is larger than the limit of " +
                   std::to_string(limits_.max_body_bytes) + " bytes";
-      } else if (error == bhttp::error::header_limit) {
+      } else if (error == bhttp::error::header_limit ||
+                 (error == bhttp::error::buffer_overflow && !reading_body_)) {
         status = 431;
         message = "the request header is larger than the limit of " +
                   std::to_string(limits_.max_header_bytes) + " bytes";
+      } else if (error == bhttp::error::buffer_overflow) {
+        // The read buffer holds what the parser has not taken yet: past the body's start,
+        // that is a chunk line or the trailer section, which count against the header limit.
+        status = 431;
+        message =
+            "a chunk line or the trailer fields of the chunked body are larger than the "
+            "header limit of " +
+            std::to_string(limits_.max_header_bytes) + " bytes";
       }
       Fail(status, message);
       return;
@@ -390,18 +502,23 @@ class Session : public std::enable_shared_from_this<Session> {
     auto answered = std::make_shared<std::atomic<bool>>(false);
     client_gone_ = std::make_shared<std::atomic<bool>>(false);
     WatchForHangUp(++request_number_);
-    handler_(std::move(request), Responder(
-                                     [self = shared_from_this(), answered](Response response) {
-                                       if (answered->exchange(true)) {
-                                         return;  // a handler bug must not write twice
-                                       }
-                                       asio::dispatch(
-                                           self->stream_.get_executor(),
-                                           [self, response = std::move(response)]() mutable {
-                                             self->Write(std::move(response));
-                                           });
-                                     },
-                                     client_gone_));
+    Responder respond(
+        [self = shared_from_this(), answered](Response response) {
+          if (answered->exchange(true)) return;  // a handler bug must not write twice
+          asio::dispatch(self->stream_.get_executor(),
+                         [self, response = std::move(response)]() mutable {
+                           self->Write(std::move(response));
+                         });
+        },
+        client_gone_);
+    // A handler that throws is a bug of the server's, answered for this request alone: left to
+    // unwind through the I/O thread it would end the process for every client.
+    try {
+      handler_(std::move(request), respond);
+    } catch (const std::exception& error) {
+      Log(LogLevel::kError, "a request handler threw", {{"error", error.what()}});
+      respond(ErrorResponse(500, std::string("internal error: ") + error.what()));
+    }
   }
 
   // While a request is handled nothing reads the socket; wait until it is readable and peek.
@@ -499,12 +616,18 @@ class Session : public std::enable_shared_from_this<Session> {
 
   beast::tcp_stream stream_;
   asio::steady_timer read_timer_;  // see ArmReadTimer
+  // The request's body must be complete by then (see Limits::request_timeout).
+  Clock::time_point body_deadline_{};
+  std::chrono::seconds body_timeout_{0};
   uint64_t read_timer_generation_ = 0;
   bool read_timed_out_ = false;
   bool reading_body_ = false;
   bool expects_continue_ = false;
   bool head_ = false;    // the request is a HEAD: its answer goes without the body
   bool probed_ = false;  // see WatchForHangUp
+  // Bounded by the header limit: it holds only what the parser has not taken yet, which is a
+  // header, a chunk line or a trailer section (bodies go straight into their parser's body), so
+  // none of them can grow it without bound.
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::optional<bhttp::request_parser<bhttp::file_body>> upload_parser_;
@@ -513,7 +636,9 @@ class Session : public std::enable_shared_from_this<Session> {
   const Limits& limits_;
   const Handler& handler_;
   std::shared_ptr<std::atomic<int64_t>> in_flight_;
-  std::shared_ptr<std::atomic<int64_t>> connections_;  // counted by the acceptor, one is ours
+  std::shared_ptr<ConnectionTable> connections_;
+  uint64_t connection_id_ = 0;
+  bool idle_ = false;  // waiting for a request with nothing of it read (see ConnectionTable)
   bool keep_alive_ = true;
   bool body_unread_ = false;
   Request current_;
@@ -526,6 +651,19 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 }  // namespace
+
+bool ConnectionTable::EvictOldestIdle(const asio::ip::address* client) {
+  Entry* oldest = nullptr;
+  for (auto& [id, entry] : entries_) {
+    if (!entry.idle || (client != nullptr && entry.client != *client)) continue;
+    if (oldest == nullptr || entry.idle_since < oldest->idle_since) oldest = &entry;
+  }
+  if (oldest == nullptr) return false;
+  oldest->idle = false;
+  oldest->evicting = true;
+  oldest->evict();
+  return true;
+}
 
 Response JsonResponse(unsigned status, std::string body) {
   Response response{static_cast<bhttp::status>(status), 11};
@@ -544,7 +682,8 @@ HttpServer::HttpServer(asio::io_context& io, Limits limits, Handler handler)
       limits_(std::move(limits)),
       handler_(std::move(handler)),
       acceptor_(asio::make_strand(io)),
-      accept_pause_(acceptor_.get_executor()) {}
+      accept_pause_(acceptor_.get_executor()),
+      connections_(std::make_shared<ConnectionTable>()) {}
 
 HttpServer::~HttpServer() {  // the owner stops the io_context first
   if (port_ != 0) UnregisterListeningPort(port_);
@@ -601,35 +740,56 @@ void HttpServer::Accept() {
       Log(LogLevel::kInfo, "accepting connections again", {{"port", std::to_string(port_), false}});
       accept_failing_ = false;
     }
-    if (connections_->load() >= static_cast<int64_t>(limits_.max_connections)) {
-      RefuseConnection(std::move(socket));
-    } else {
-      at_capacity_ = false;
-      connections_->fetch_add(1);
-      socket.set_option(tcp::no_delay(true), error);
-      std::make_shared<Session>(std::move(socket), limits_, handler_, in_flight_, connections_)
-          ->Start();
+    beast::error_code unknown_peer;
+    const asio::ip::address client = socket.remote_endpoint(unknown_peer).address();
+    if (unknown_peer) {  // reset before it was accepted: nothing to answer
+      socket.close(unknown_peer);
+      Accept();
+      return;
+    }
+    switch (
+        connections_->Admit(client, limits_.max_connections, limits_.max_connections_per_client)) {
+      case ConnectionTable::Admission::kListenerFull:
+        RefuseConnection(std::move(socket), "the server has too many open connections");
+        break;
+      case ConnectionTable::Admission::kClientFull:
+        RefuseConnection(std::move(socket),
+                         "too many open connections from " + client.to_string() + " (limit " +
+                             std::to_string(limits_.max_connections_per_client) + ")");
+        break;
+      case ConnectionTable::Admission::kAdmitted: {
+        at_capacity_ = false;
+        socket.set_option(tcp::no_delay(true), error);
+        auto session = std::make_shared<Session>(std::move(socket), limits_, handler_, in_flight_,
+                                                 connections_);
+        session->Start(connections_->Add(client, [weak = std::weak_ptr<Session>(session)] {
+          if (std::shared_ptr<Session> alive = weak.lock()) alive->Evict();
+        }));
+        break;
+      }
     }
     Accept();
   });
 }
 
-void HttpServer::RefuseConnection(tcp::socket socket) {
+void HttpServer::RefuseConnection(tcp::socket socket, const std::string& why) {
   if (!at_capacity_) {
-    Log(LogLevel::kWarning, "too many connections; refusing new ones with 503",
+    Log(LogLevel::kWarning, "too many connections and none idle; refusing new ones with 503",
         {{"port", std::to_string(port_), false},
-         {"max_connections", std::to_string(limits_.max_connections), false}});
+         {"reason", why},
+         {"max_connections", std::to_string(limits_.max_connections), false},
+         {"max_connections_per_client", std::to_string(limits_.max_connections_per_client),
+          false}});
     at_capacity_ = true;
   }
   // Best effort, without waiting: the client learns why instead of seeing a bare close.
-  static const std::string kAnswer = [] {
-    const std::string body = R"({"error":"the server has too many open connections; retry later"})";
-    return "HTTP/1.1 503 Service Unavailable\r\nServer: orochi\r\nContent-Type: "
-           "application/json\r\nConnection: close\r\nContent-Length: " +
-           std::to_string(body.size()) + "\r\n\r\n" + body;
-  }();
+  const std::string body = nlohmann::json{{"error", why + "; retry later"}}.dump();
+  const std::string answer =
+      "HTTP/1.1 503 Service Unavailable\r\nServer: orochi\r\nContent-Type: "
+      "application/json\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   [[maybe_unused]] ssize_t sent =
-      ::send(socket.native_handle(), kAnswer.data(), kAnswer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      ::send(socket.native_handle(), answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   beast::error_code ignored;
   socket.shutdown(tcp::socket::shutdown_send, ignored);
   socket.close(ignored);

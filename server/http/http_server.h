@@ -4,10 +4,19 @@
 // HTTP/1.1 with keep-alive; requests on one connection are answered in order (pipelined
 // requests wait in the read buffer). `Expect: 100-continue` is answered with 100 once the
 // header has passed the limits and Limits::screen, or with the final status right away.
-// Header and body sizes over their limits get 431 and 413; a request whose header is not
-// complete within the idle timeout, or whose body stops arriving for that long, gets 408; a
+// Header and body sizes over their limits get 431 and 413 (a chunked body's chunk lines and
+// trailer fields count against the header limit: nothing a client sends is buffered without a
+// bound); a request whose header is not complete within the idle timeout, whose body stops
+// arriving for that long, or whose body is not complete within the request timeout gets 408; a
 // Transfer-Encoding not ending in chunked gets 400. Each with a JSON error body, then the
-// connection closes. HEAD requests are answered without the body.
+// connection closes. HEAD requests are answered without the body. A handler that throws is
+// answered 500; no client input ends the process.
+//
+// Connections: at most max_connections per listener and max_connections_per_client from one
+// address. When either is reached, the oldest idle connection (waiting for its next request)
+// of that scope is closed to make room, as nginx does with keep-alive connections; only when
+// none is idle is the new connection refused with 503. Held connections therefore lock out
+// neither new clients nor health checks unless every connection is busy with a request.
 //
 // Thread-safety: the server runs on the io_context's threads; a Responder may be called from
 // any thread, once.
@@ -50,14 +59,20 @@ class Responder {
 };
 using Handler = std::function<void(Request&& request, Responder respond)>;
 
+class ConnectionTable;  // the open connections of one listener (http_server.cpp)
+
 struct Limits {
   size_t max_header_bytes = 16 * 1024;
   uint64_t max_body_bytes = 64 * 1024 * 1024;
   // Waiting for a request and its header; while a body is read, the longest wait for more.
   std::chrono::seconds idle_timeout{60};
-  // Open connections per listener; past it a new connection gets a 503 and is closed at once,
-  // so that a flood of idle connections cannot take every file descriptor of the process.
+  // From the end of a request's header to the end of its body, however steadily the body
+  // trickles in (a byte a second never trips the idle timeout). Uploads have their own.
+  std::chrono::seconds request_timeout{60};
+  std::chrono::seconds upload_timeout{3600};
+  // Open connections per listener, and from one client address; see the header comment.
   size_t max_connections = 4096;
+  size_t max_connections_per_client = 1024;
   // Requests this selects (from their header) have their body streamed to a new file in
   // upload_directory, up to max_upload_bytes, instead of kept in memory: the handler then gets
   // the file's path as request.body(). The transport created the file and alone removes it:
@@ -97,7 +112,7 @@ class HttpServer {
 
  private:
   void Accept();
-  void RefuseConnection(boost::asio::ip::tcp::socket socket);
+  void RefuseConnection(boost::asio::ip::tcp::socket socket, const std::string& why);
 
   boost::asio::io_context& io_;
   Limits limits_;
@@ -106,7 +121,7 @@ class HttpServer {
   boost::asio::steady_timer accept_pause_;  // after a failed accept (out of descriptors)
   bool accept_failing_ = false;             // logged once per episode; on the acceptor's strand
   bool at_capacity_ = false;
-  std::shared_ptr<std::atomic<int64_t>> connections_ = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<ConnectionTable> connections_;
   int port_ = 0;
   std::shared_ptr<std::atomic<int64_t>> in_flight_ = std::make_shared<std::atomic<int64_t>>(0);
 };

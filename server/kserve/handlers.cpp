@@ -152,7 +152,11 @@ unsigned HttpStatusOf(StatusCode code) {
 
 KServeApi::KServeApi(ModelService& models, Metrics& metrics, const ServerConfig& config,
                      std::function<bool()> ready)
-    : models_(models), metrics_(metrics), config_(config), ready_(std::move(ready)) {}
+    : models_(models),
+      metrics_(metrics),
+      config_(config),
+      ready_(std::move(ready)),
+      memory_(config.models.max_memory_bytes) {}
 
 std::shared_ptr<const ServedModel> KServeApi::Resolve(const http::PathParams& params,
                                                       const http::Responder& respond) const {
@@ -298,6 +302,19 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
     metrics_.RequestDone(model->name, version, reason, Clock::now() - received, {}, {});
     respond(http::ErrorResponse(HttpStatusOf(status.code()), status.message()));
   };
+  if (const std::optional<int64_t>& limit = model->manifest().max_request_bytes;
+      limit && request.body().size() > static_cast<uint64_t>(*limit)) {
+    metrics_.RequestDone(model->name, version, "too_large", Clock::now() - received, {}, {});
+    respond(http::ErrorResponse(413, "the request body has " +
+                                         std::to_string(request.body().size()) + " bytes; model " +
+                                         model->name + " takes at most " + std::to_string(*limit) +
+                                         " (max_request_bytes in its manifest)"));
+    return;
+  }
+  if (Status memory = memory_.Admit(); !memory.ok()) {
+    fail(memory, "out_of_memory");
+    return;
+  }
   bool malformed = false;
   std::optional<size_t> json_length = HeaderLength(request, &malformed);
   if (malformed) {

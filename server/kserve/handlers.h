@@ -7,6 +7,7 @@
 #include <string>
 
 #include "http/router.h"
+#include "memory_guard.h"
 #include "metrics/metrics.h"
 #include "models/model_service.h"
 #include "orochi/server/config.h"
@@ -37,6 +38,7 @@ class KServeApi {
   Metrics& metrics_;
   const ServerConfig& config_;
   std::function<bool()> ready_;
+  MemoryGuard memory_;
 };
 
 }  // namespace orochi::server::kserve

@@ -475,6 +475,7 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
     worker.deadline = deadline;
     worker.interrupted = false;
     worker.unloading = false;
+    worker.clients_gone = false;
     // Under the lock, as ReplaceStuckCopy's matching call is: an abandon cannot come between.
     if (observer_ != nullptr) observer_->OnCopyRunning(slot, true);
   }
@@ -488,12 +489,14 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
   const Clock::time_point end = Clock::now();
   bool interrupted = false;
   bool unloading = false;
+  bool clients_gone = false;
   {
     std::lock_guard lock(mutex_);
     Worker& worker = workers_[slot];
     if (worker.generation != generation) return false;  // abandoned: the watchdog answered
     interrupted = worker.interrupted;
     unloading = worker.unloading;
+    clients_gone = worker.clients_gone;
     worker.unloading = false;
     worker.batch.reset();
     worker.copy.reset();
@@ -512,6 +515,10 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
                        " was unloaded while the request ran: it did not finish within the unload "
                        "grace period and was interrupted"),
            InferTimings{{}, end - start, total_rows});
+    return true;
+  }
+  if (clients_gone && !outputs.ok()) {
+    Answer(*batch, ClientsGone(end - start), InferTimings{{}, end - start, total_rows});
     return true;
   }
   if (interrupted && !outputs.ok()) {
@@ -548,13 +555,41 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
   return true;
 }
 
+bool Scheduler::AllClientsGone(const Batch& batch) {
+  for (const InferJob& job : batch.jobs) {
+    if (!job.abandoned || !job.abandoned()) return false;
+  }
+  return !batch.jobs.empty();
+}
+
+Status Scheduler::ClientsGone(Clock::duration ran) {
+  return FailedPrecondition(
+      "the client disconnected while the request ran; it was interrupted after " +
+      std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(ran).count()) +
+      " ms of execution");
+}
+
 void Scheduler::Watch() {
+  // How often running batches are checked for clients that hung up: a hang-up is noticed by the
+  // transport at once, and a copy should not run much longer for nobody.
+  constexpr auto kHangUpCheck = std::chrono::milliseconds(100);
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     const Clock::time_point now = Clock::now();
     Clock::time_point next = now + std::chrono::seconds(1);
     for (size_t slot = 0; slot < workers_.size(); ++slot) {
       Worker& worker = workers_[slot];
+      if (worker.batch && !worker.interrupted) {
+        if (AllClientsGone(*worker.batch)) {
+          // As at a deadline, from now: interrupted, and replaced if it does not stop.
+          worker.interrupted = true;
+          worker.clients_gone = true;
+          worker.deadline = now;
+          Interrupt(worker);
+        } else {
+          next = std::min(next, now + kHangUpCheck);
+        }
+      }
       if (!worker.batch || !worker.deadline) continue;
       if (!worker.interrupted) {
         if (now >= *worker.deadline) {
@@ -565,6 +600,14 @@ void Scheduler::Watch() {
           next = std::min(next, *worker.deadline);
         }
       } else if (now >= *worker.deadline + execution_grace_) {
+        if (worker.clients_gone) {
+          ReplaceStuckCopy(lock, slot,
+                           FailedPrecondition("the client disconnected while the request ran, "
+                                              "and it did not stop within the grace period of " +
+                                              std::to_string(execution_grace_.count()) +
+                                              " ms; its interpreter copy was replaced"));
+          continue;
+        }
         ReplaceStuckCopy(
             lock, slot,
             Status(StatusCode::kDeadlineExceeded,

@@ -11,8 +11,10 @@
 // (TimeoutError in the model's Python code) and answered with kDeadlineExceeded; if the copy
 // does not return within the execution grace period (stuck in C code), its requests are
 // answered, the copy is abandoned and a fresh one, with the same models loaded, takes its
-// place. A replacement that fails (the fresh copy does not start, or a model does not load
-// into it) is retried with a backoff; meanwhile the slot serves the models that did load.
+// place. A batch whose clients have all hung up is interrupted the same way (within about
+// 100 ms of the last one going), so that nobody's abandoned request holds a copy. A replacement
+// that fails (the fresh copy does not start, or a model does not load into it) is retried with
+// a backoff; meanwhile the slot serves the models that did load.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -171,8 +173,9 @@ class Scheduler {
     std::shared_ptr<interpreters::Interpreter> copy;
     std::optional<Clock::time_point> deadline;
     bool interrupted = false;
-    bool unloading = false;  // interrupted because its model is being removed, not a deadline
-    bool exited = false;     // the thread of this generation has returned: joining it is quick
+    bool unloading = false;     // interrupted because its model is being removed, not a deadline
+    bool clients_gone = false;  // interrupted because every client of its batch hung up
+    bool exited = false;        // the thread of this generation has returned: joining it is quick
     // After an abandon: the stuck copy is still in the slot until manager.Abandon succeeds.
     bool needs_fresh_copy = false;
     int failed_attempts = 0;     // repairs in a row that failed, for the backoff
@@ -216,6 +219,10 @@ class Scheduler {
   // Why `queue` takes no requests for want of a copy, or empty.
   static std::string NoCopyReason(const ModelQueue& queue);
   static void Answer(Batch& batch, const Status& error, const InferTimings& timings);
+  // Whether every request of `batch` was abandoned by its client (see InferJob::abandoned).
+  static bool AllClientsGone(const Batch& batch);
+  // The answer, for the record, of a batch interrupted because its clients hung up.
+  static Status ClientsGone(Clock::duration ran);
 
   interpreters::InterpreterManager& manager_;
   const size_t max_queue_size_;

@@ -1036,25 +1036,6 @@ class ConnectionFloodTest(unittest.TestCase):
         finally:
             self.assertEqual(server.stop(), 0)
 
-    def test_connections_past_max_connections_get_503_and_close(self):
-        server = Server(self.repository, {"http": {"max_connections": 20}}, copies=1)
-        try:
-            self.open_connections(server.port, 20)
-            time.sleep(0.2)
-            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as extra:
-                answer = b""
-                while chunk := extra.recv(4096):  # closed promptly, not left hanging
-                    answer += chunk
-            self.assertTrue(answer.startswith(b"HTTP/1.1 503"), answer)
-            self.assertIn(b"too many open connections", answer)
-            self.assert_not_spinning(server)
-            # Another listener has its own connections.
-            status, _, _ = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
-            self.assertEqual(status, 200)
-            self.close_connections_then_expect_health(server)
-        finally:
-            self.assertEqual(server.stop(), 0)
-
 
 class IdleTimeoutTest(SharedServerTest):
     """http.idle_timeout_s = 1: for idle connections and stalled bodies, not slow ones."""

@@ -65,7 +65,11 @@ struct Manifest {
   std::vector<TensorSpec> outputs;   // at least one
   int64_t max_batch_size = 0;        // 0: no batching
   std::optional<int64_t> instances;  // copies to load into; every copy when absent
-  std::string device = "cpu";        // "cpu", "cuda" or "cuda:N"
+  // The largest request body (JSON and binary data) the model takes; the server's body limit
+  // when absent. For models whose cost grows with their input, so that one request cannot hold
+  // a copy for minutes or take gigabytes.
+  std::optional<int64_t> max_request_bytes;
+  std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
   // Python modules from outside the package ("requires"), e.g. "numpy": the server's
   // python.site_packages must provide each, or loading fails naming the module.
   std::vector<std::string> required_modules;

@@ -27,7 +27,12 @@ struct HttpConfig {
   int64_t max_body_bytes = 64 * 1024 * 1024;
   int max_json_depth = 64;
   int idle_timeout_s = 60;
-  int64_t max_connections = 4096;  // open connections per listener; more get 503 and close
+  int request_timeout_s = 60;  // from a request's header to the end of its body
+  // Open connections per listener, and from one client address; when either is reached the
+  // oldest idle connection is closed to make room, and only when none is idle does a new one
+  // get 503 and close.
+  int64_t max_connections = 4096;
+  int64_t max_connections_per_client = 1024;
   int shutdown_grace_s = 30;
 };
 
@@ -39,6 +44,7 @@ struct ManagementConfig {
   std::string token_file;  // a file holding the token (whitespace trimmed)
   std::string token_env;   // or the name of an environment variable holding it
   int64_t max_upload_bytes = int64_t{4} << 30;
+  int upload_timeout_s = 3600;  // from an upload's header to the end of its body
 };
 
 struct VersionPolicy {
@@ -47,10 +53,15 @@ struct VersionPolicy {
 };
 
 struct ModelsConfig {
-  std::string repository;             // <repository>/<name>/<version>/model.orochi
-  std::vector<std::string> load;      // names to load at startup; "*" for all
-  int64_t max_queue_size = 1024;      // waiting requests per model; more are refused (503)
-  int64_t default_timeout_ms = 0;     // per-request deadline when the request sets none; 0: none
+  std::string repository;         // <repository>/<name>/<version>/model.orochi
+  std::vector<std::string> load;  // names to load at startup; "*" for all
+  int64_t max_queue_size = 1024;  // waiting requests per model; more are refused (503)
+  // Per-request deadline when the request sets none; 0: none. On by default: a request whose
+  // input makes the model run for minutes must not hold a copy (and its client) forever.
+  int64_t default_timeout_ms = 60000;
+  // Resident memory at which new inference requests are refused (503, out_of_memory) until
+  // running ones free some; 0: 90% of the cgroup's memory limit, else of the machine's memory.
+  int64_t max_memory_bytes = 0;
   int64_t execution_grace_ms = 5000;  // after an interrupt, before a copy is replaced
   // Abandoned copies still running (stuck, each on a core) at which a model that gets one more
   // copy stuck is made unavailable.

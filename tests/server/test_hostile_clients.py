@@ -1,0 +1,314 @@
+"""What one client can do to the real `orochi serve`, and what it cannot: chunked trailers and
+chunk lines past the header limit, bodies trickled in forever, connection floods from one
+address, requests that outlive their client or their deadline, requests too large for their
+model, and a server short of memory. Each case once stopped or locked out the server.
+
+    OROCHI_BINARY=build/bin/orochi python3.11 -m unittest -v test_hostile_clients
+"""
+
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+from test_server import (BINARY, HERE, Server, SharedServerTest, curl, echo_request,
+                         pack_repository, post_json, slow_request)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def exchange(port: int, request: bytes, source: str | None = None) -> bytes:
+    """Sends `request` on a new connection and returns everything until the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10,
+                                  source_address=(source, 0) if source else None) as sock:
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before all of it was sent: the answer is still there to read
+        return read_until_closed(sock)
+
+
+def chunked_get(path: str, trailer: bytes, last_chunk: bytes = b"0") -> bytes:
+    return (b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            b"\r\n" + last_chunk + b"\r\n" + trailer + b"\r\n")
+
+
+def health(port: int, source: str | None = None) -> int:
+    answer = exchange(port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                      source)
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+
+class ChunkedBodyLimitsTest(SharedServerTest):
+    """A chunked body's chunk lines and trailers count against the header limit, on every port."""
+
+    COPIES = 1
+
+    def ports(self):
+        return {"inference": self.server.port, "metrics": self.server.metrics_port,
+                "management": self.server.management_port}
+
+    def test_a_trailer_field_past_64_kib_is_431_and_the_server_lives(self):
+        # Once: std::length_error ("field value too large") out of Beast, and the process gone.
+        for name, port in self.ports().items():
+            with self.subTest(port=name):
+                answer = exchange(port, chunked_get("/metrics", b"X: " + b"a" * 65534 + b"\r\n"))
+                self.assertTrue(answer.startswith(b"HTTP/1.1 431"), answer[:200])
+                self.assertIn(b"trailer fields of the chunked body are larger than the header "
+                              b"limit of 16384 bytes", answer)
+                self.assertEqual(self.server.process.poll(), None)
+        self.assertEqual(health(self.server.port), 200)
+
+    def test_many_small_trailer_fields_are_not_buffered_without_bound(self):
+        rss_before = rss_bytes(self.server.process.pid)
+        trailer = b"X-Field: value\r\n" * 200_000  # 3.2 MB of trailers
+        answer = exchange(self.server.port, chunked_get("/v2/health/live", trailer))
+        self.assertTrue(answer.startswith(b"HTTP/1.1 431"), answer[:200])
+        self.assertLess(rss_bytes(self.server.process.pid) - rss_before, 2 << 20)
+
+    def test_a_chunk_extension_past_the_header_limit_is_431(self):
+        answer = exchange(self.server.port, chunked_get(
+            "/v2/health/live", b"", last_chunk=b"5;ext=" + b"e" * 70000))
+        self.assertTrue(answer.startswith(b"HTTP/1.1 431"), answer[:200])
+        self.assertIn(b"a chunk line or the trailer fields", answer)
+
+    def test_trailers_within_the_limit_are_fine(self):
+        answer = exchange(self.server.port, chunked_get(
+            "/v2/health/live", b"X-Checksum: abc\r\n") + b"GET /v2/health/ready HTTP/1.1\r\n"
+            b"Host: x\r\nConnection: close\r\n\r\n")
+        self.assertEqual(answer.count(b"HTTP/1.1 200"), 2, answer)
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class RequestTimeoutTest(SharedServerTest):
+    """http.request_timeout_s bounds a whole body, however steadily it trickles in."""
+
+    CONFIG = {"http": {"request_timeout_s": 2}}
+    COPIES = 1
+
+    def test_a_body_trickled_a_byte_at_a_time_is_cut_at_the_request_timeout(self):
+        with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as sock:
+            sock.sendall(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: 1000\r\n\r\n")
+            start = time.time()
+            # A byte every 0.2 s never leaves the connection idle for the 60 s idle timeout.
+            while time.time() - start < 10 and not select.select([sock], [], [], 0.2)[0]:
+                try:
+                    sock.sendall(b" ")
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+            answer = read_until_closed(sock)
+        elapsed = time.time() - start
+        self.assertTrue(answer.startswith(b"HTTP/1.1 408"), answer[:200])
+        self.assertIn(b"the request body was not complete within 2 s of its header", answer)
+        self.assertLess(elapsed, 4)
+        self.assertEqual(health(self.server.port), 200)
+
+
+class ConnectionLimitsTest(unittest.TestCase):
+    """Held connections lock out neither new clients nor health checks."""
+
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="orochi-connections-test-")
+        self.repository = pack_repository(self.root)
+        self.sockets = []
+
+    def tearDown(self):
+        for sock in self.sockets:
+            sock.close()
+        shutil.rmtree(self.root)
+
+    def hold(self, port, count, busy, source="127.0.0.1"):
+        """Opens `count` connections: idle ones (nothing sent), or busy ones (a request whose
+        body is still to come)."""
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5,
+                                            source_address=(source, 0))
+            if busy:
+                sock.sendall(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Length: 100\r\n\r\n{")
+            self.sockets.append(sock)
+        time.sleep(0.3)  # the server has accepted and read them
+
+    def test_idle_connections_make_room_for_new_ones_oldest_first(self):
+        server = Server(self.repository, {"http": {"max_connections": 20}}, copies=1)
+        try:
+            self.hold(server.port, 20, busy=False)
+            newcomers = []
+            for _ in range(5):  # each answered, then kept open
+                sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+                newcomers.append(sock)
+                sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+                self.assertTrue(sock.recv(65536).startswith(b"HTTP/1.1 200"))
+            # The five idle longest were closed for them; the rest stay open.
+            closed = []
+            for sock in self.sockets:
+                sock.setblocking(False)
+                try:
+                    closed.append(sock.recv(1) == b"")
+                except BlockingIOError:
+                    closed.append(False)
+            self.assertEqual(closed, [True] * 5 + [False] * 15)
+            for sock in newcomers:
+                sock.close()
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_busy_connections_past_max_connections_get_503(self):
+        server = Server(self.repository, {"http": {"max_connections": 20}}, copies=1)
+        try:
+            self.hold(server.port, 20, busy=True)
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as extra:
+                answer = read_until_closed(extra)  # closed promptly, not left hanging
+            self.assertTrue(answer.startswith(b"HTTP/1.1 503"), answer)
+            self.assertIn(b"the server has too many open connections; retry later", answer)
+            # Another listener has its own connections.
+            status, _, _ = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
+            self.assertEqual(status, 200)
+        finally:
+            for sock in self.sockets:
+                sock.close()
+            self.sockets = []
+            self.assertEqual(server.stop(), 0)
+
+    def test_one_client_cannot_take_every_connection(self):
+        server = Server(self.repository, {"http": {"max_connections": 100,
+                                                   "max_connections_per_client": 5}}, copies=1)
+        try:
+            self.hold(server.port, 5, busy=True, source="127.0.0.1")
+            answer = exchange(server.port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n",
+                              source="127.0.0.1")
+            self.assertTrue(answer.startswith(b"HTTP/1.1 503"), answer)
+            self.assertIn(b"too many open connections from 127.0.0.1 (limit 5); retry later",
+                          answer)
+            # Another address of the loopback range is another client.
+            self.assertEqual(health(server.port, source="127.0.0.2"), 200)
+            # An idle connection of the client at its cap makes room for its next one.
+            for sock in self.sockets:
+                sock.close()
+            self.sockets = []
+            self.hold(server.port, 5, busy=False, source="127.0.0.1")
+            self.assertEqual(health(server.port, source="127.0.0.1"), 200)
+            self.assertIn("too many connections and none idle", server.log_text())
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+def metric(server, pattern: str) -> str:
+    _, _, body = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
+    return body.decode()
+
+
+class RequestCostTest(unittest.TestCase):
+    """What a request may cost: its client's life, a deadline, its model's size limit, memory."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="orochi-request-cost-test-")
+        cls.repository = pack_repository(cls.root)
+        # The slow model again, as `bounded`, with a limit on its requests' size.
+        source = os.path.join(cls.root, "bounded-source")
+        shutil.copytree(os.path.join(HERE, "models", "slow"), source)
+        manifest_path = os.path.join(source, "manifest.json")
+        with open(manifest_path) as file:
+            manifest = json.load(file)
+        manifest.update(name="bounded", max_request_bytes=400)
+        with open(manifest_path, "w") as file:
+            json.dump(manifest, file)
+        target = os.path.join(cls.repository, "bounded", "1")
+        os.makedirs(target)
+        subprocess.run([BINARY, "pack", source, "-o", os.path.join(target, "model.orochi")],
+                       check=True, capture_output=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.root)
+
+    def test_a_running_request_is_interrupted_when_its_client_hangs_up(self):
+        server = Server(self.repository, {"models": {"execution_grace_ms": 500}}, copies=1)
+        try:
+            body = json.dumps(slow_request("spin")).encode()  # Python that never returns
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+                sock.sendall(b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                time.sleep(0.5)  # running in the one copy
+            start = time.time()
+            status, _, answer = post_json(server, "/v2/models/echo/infer", echo_request())
+            self.assertEqual(status, 200, answer)
+            self.assertLess(time.time() - start, 1.5, "the copy went on spinning for nobody")
+            self.assertRegex(metric(server, ""), r'orochi_inference_requests_total\{model="slow",'
+                                                 r'reason="client_gone",version="1"\} 1')
+            self.assertNotIn("interpreter copy replaced", server.log_text(),
+                             "the interrupt worked: no new copy was needed")
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_the_default_deadline_bounds_requests_that_set_none(self):
+        server = Server(self.repository, {"models": {"default_timeout_ms": 400,
+                                                     "execution_grace_ms": 500}}, copies=1)
+        try:
+            start = time.time()
+            status, _, body = post_json(server, "/v2/models/slow/infer", slow_request("spin"))
+            self.assertEqual(status, 504, body)
+            self.assertIn("ran past its deadline and was interrupted", json.loads(body)["error"])
+            self.assertLess(time.time() - start, 2)
+            # A request's own timeout parameter still wins over the default.
+            status, _, body = post_json(server, "/v2/models/slow/infer",
+                                        slow_request("sleep", 0.6, timeout_us=2_000_000))
+            self.assertEqual(status, 200, body)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_a_request_larger_than_its_models_limit_is_413_before_it_is_parsed(self):
+        server = Server(self.repository, {}, copies=1)
+        try:
+            status, _, body = post_json(server, "/v2/models/bounded/infer",
+                                        slow_request("sleep", 0.01))
+            self.assertEqual(status, 200, body)
+            large = slow_request("x" * 1000)
+            status, _, body = post_json(server, "/v2/models/bounded/infer", large)
+            self.assertEqual(status, 413, body)
+            self.assertIn("model bounded takes at most 400 (max_request_bytes in its manifest)",
+                          json.loads(body)["error"])
+            # Other models keep the server's body limit.
+            status, _, body = post_json(server, "/v2/models/slow/infer", large)
+            self.assertNotEqual(status, 413, body)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_a_server_short_of_memory_refuses_inference_and_stays_healthy(self):
+        # 1 MiB: less than the process needs to exist, so every inference request is refused.
+        server = Server(self.repository, {"models": {"max_memory_bytes": 1 << 20}}, copies=1)
+        try:
+            status, _, body = post_json(server, "/v2/models/echo/infer", echo_request())
+            self.assertEqual(status, 503, body)
+            self.assertRegex(json.loads(body)["error"],
+                             r"the server is short of memory: it uses \d+ MiB of its 1 MiB limit "
+                             r"\(models.max_memory_bytes\)")
+            self.assertEqual(health(server.port), 200)
+            self.assertRegex(metric(server, ""), r'orochi_inference_requests_total\{model="echo",'
+                                                 r'reason="out_of_memory",version="1"\} 1')
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
