@@ -1,5 +1,6 @@
 #include "auth.h"
 
+#include <boost/beast/core/string.hpp>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -62,9 +63,15 @@ std::optional<http::Response> CheckToken(const std::string& token, const http::R
     response.set(boost::beast::http::field::www_authenticate, "Bearer");
     return response;
   }
-  std::string value(authorization->value());
-  const std::string prefix = "Bearer ";
-  if (value.rfind(prefix, 0) != 0 || !ConstantTimeEquals(value.substr(prefix.size()), token)) {
+  // The scheme is case-insensitive (RFC 9110, 11.1), and spaces may follow it: "bearer x" and
+  // "BEARER  x" are the same credentials as "Bearer x".
+  const std::string_view value = authorization->value();
+  constexpr std::string_view kScheme = "bearer";
+  const size_t credentials = value.find_first_not_of(' ', kScheme.size());
+  if (value.size() <= kScheme.size() || value[kScheme.size()] != ' ' ||
+      !boost::beast::iequals(value.substr(0, kScheme.size()), kScheme) ||
+      credentials == std::string_view::npos ||
+      !ConstantTimeEquals(std::string(value.substr(credentials)), token)) {
     return http::ErrorResponse(403, "the bearer token is not valid");
   }
   return std::nullopt;

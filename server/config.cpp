@@ -179,8 +179,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   ObjectReader models = root.Child("models");
   OROCHI_RETURN_IF_ERROR(models.Check(
       {"repository", "load", "max_queue_size", "default_timeout_ms", "max_memory_bytes",
-       "execution_grace_ms", "max_abandoned_copies", "unload_grace_s", "max_queue_delay_us",
-       "preferred_batch_sizes", "version_policies"}));
+       "execution_grace_ms", "load_timeout_s", "max_abandoned_copies", "unload_grace_s",
+       "max_queue_delay_us", "preferred_batch_sizes", "version_policies"}));
   OROCHI_RETURN_IF_ERROR(models.String("repository", &config.models.repository));
   OROCHI_RETURN_IF_ERROR(models.Strings("load", &config.models.load));
   OROCHI_RETURN_IF_ERROR(
@@ -189,6 +189,7 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
       models.Integer("default_timeout_ms", &config.models.default_timeout_ms, 0, int64_t{1} << 40));
   OROCHI_RETURN_IF_ERROR(
       models.Integer("max_memory_bytes", &config.models.max_memory_bytes, 0, int64_t{1} << 50));
+  OROCHI_RETURN_IF_ERROR(models.Integer("load_timeout_s", &config.models.load_timeout_s, 1, 86400));
   OROCHI_RETURN_IF_ERROR(
       models.Integer("execution_grace_ms", &config.models.execution_grace_ms, 0, int64_t{1} << 40));
   OROCHI_RETURN_IF_ERROR(

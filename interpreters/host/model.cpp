@@ -1,5 +1,6 @@
 #include "orochi/interpreters/model.h"
 
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -106,9 +107,9 @@ ReplicatedModel::ReplicatedModel(InterpreterManager& manager, std::string key,
 
 ReplicatedModel::~ReplicatedModel() { (void)Unload(); }
 
-Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManager& manager,
-                                                               ModelSource source,
-                                                               std::vector<size_t> slots) {
+Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(
+    InterpreterManager& manager, ModelSource source, std::vector<size_t> slots,
+    std::chrono::milliseconds timeout, std::chrono::milliseconds interrupt_grace) {
   if (slots.empty()) {
     for (size_t slot = 0; slot < manager.size(); ++slot) slots.push_back(slot);
   }
@@ -133,25 +134,89 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
   }
   model->load_arguments_ = {source.key, source.manifest_json, source.config_json, std::move(code),
                             std::move(weights)};
-  const std::vector<Value>& arguments = model->load_arguments_;
 
-  // Each copy builds its own instance; they start together, each on its own thread.
-  std::vector<Status> results(slots.size());
-  std::vector<std::thread> loaders;
+  // Each copy builds its own instance; they start together, each on its own thread. The
+  // threads share `loading` rather than this frame: past the timeout and the grace, a thread
+  // stuck in a copy is left behind and outlives the call.
+  struct Loading {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::vector<Status> results;
+    std::vector<std::shared_ptr<Interpreter>> copies;  // while the copy loads
+    std::vector<bool> done;
+    size_t running = 0;
+  };
+  auto loading = std::make_shared<Loading>();
+  loading->results.resize(slots.size());
+  loading->copies.resize(slots.size());
+  loading->done.resize(slots.size(), false);
+  loading->running = slots.size();
+  const std::string key = source.key;
   for (size_t i = 0; i < slots.size(); ++i) {
-    loaders.emplace_back([&, i] {
-      InterpreterManager::Lease lease = manager.AcquireSlot(slots[i]);
-      lease->SetCaller(source.key);
-      Result<Value> loaded = lease->Call("orochi.serving:_load", arguments);
-      if (!loaded.ok()) {
-        results[i] = Status(loaded.status().code(),
-                            "loading model " + source.key + " in interpreter copy " +
-                                std::to_string(lease->id()) + ": " + loaded.status().message(),
-                            loaded.status().detail());
+    std::thread([loading, &manager, slot = slots[i], arguments = model->load_arguments_, key, i] {
+      InterpreterManager::Lease lease = manager.AcquireSlot(slot);
+      lease->SetCaller(key);
+      {
+        std::lock_guard lock(loading->mutex);
+        loading->copies[i] = lease.shared();
       }
-    });
+      Result<Value> loaded = lease->Call("orochi.serving:_load", arguments);
+      std::lock_guard lock(loading->mutex);
+      if (!loaded.ok()) {
+        loading->results[i] =
+            Status(loaded.status().code(),
+                   "loading model " + key + " in interpreter copy " + std::to_string(lease->id()) +
+                       ": " + loaded.status().message(),
+                   loaded.status().detail());
+      }
+      loading->copies[i].reset();
+      loading->done[i] = true;
+      loading->running--;
+      loading->changed.notify_all();
+    }).detach();
   }
-  for (std::thread& loader : loaders) loader.join();
+  std::unique_lock lock(loading->mutex);
+  auto all_done = [&] { return loading->running == 0; };
+  bool timed_out = false;
+  if (timeout.count() > 0) {
+    timed_out = !loading->changed.wait_for(lock, timeout, all_done);
+  } else {
+    loading->changed.wait(lock, all_done);
+  }
+  if (timed_out) {
+    // Interrupting waits for the copy's GIL, which a copy stuck in C never gives up: each on a
+    // thread of its own.
+    for (const std::shared_ptr<Interpreter>& copy : loading->copies) {
+      if (copy != nullptr) std::thread([copy] { (void)copy->Interrupt(); }).detach();
+    }
+    if (!loading->changed.wait_for(lock, interrupt_grace, all_done)) {
+      // The stuck threads keep their copies: unloaded from the others only, since waiting for
+      // a stuck slot would never end.
+      const size_t stuck = loading->running;
+      const std::vector<bool> done = loading->done;
+      lock.unlock();
+      model->unloaded_ = true;
+      for (size_t i = 0; i < slots.size(); ++i) {
+        if (!done[i]) continue;
+        InterpreterManager::Lease lease = manager.AcquireSlot(slots[i]);
+        lease->SetCaller(key);
+        (void)lease->Call("orochi.serving:_unload", std::vector<Value>{key});
+      }
+      ResourceReaders::Instance().Remove(key);
+      return Status(StatusCode::kDeadlineExceeded,
+                    "loading model " + key + " did not finish within the load timeout of " +
+                        std::to_string(timeout.count()) + " ms, and " + std::to_string(stuck) +
+                        " interpreter copies did not stop when interrupted (stuck in C code)");
+    }
+    lock.unlock();
+    (void)model->Unload();
+    return Status(StatusCode::kDeadlineExceeded,
+                  "loading model " + key + " did not finish within the load timeout of " +
+                      std::to_string(timeout.count()) +
+                      " ms (the entry class's __init__ was interrupted)");
+  }
+  std::vector<Status> results = loading->results;
+  lock.unlock();
   for (const Status& result : results) {
     if (!result.ok()) {
       (void)model->Unload();  // from the copies that did load it

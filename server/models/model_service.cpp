@@ -122,7 +122,9 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
     return package->ReadResource(resource);
   };
   Result<std::unique_ptr<interpreters::ReplicatedModel>> replicas =
-      interpreters::ReplicatedModel::Load(manager_, std::move(source), SlotsFor(manifest));
+      interpreters::ReplicatedModel::Load(manager_, std::move(source), SlotsFor(manifest),
+                                          std::chrono::seconds(config_.load_timeout_s),
+                                          std::chrono::milliseconds(config_.execution_grace_ms));
   if (!replicas.ok()) return fail(replicas.status());
 
   {
@@ -286,9 +288,10 @@ Status ModelService::LoadFromRepository() {
                       (repository / name / "<version>" / "model.orochi").string() + ")");
     }
     Status loaded = LoadModel(name).status();
-    if (IsMissingDevice(loaded)) {
-      // Startup is strict, except here: a GPU model on a machine without the GPU waits,
-      // UNAVAILABLE with its reason, while the CPU models are served.
+    if (IsMissingDevice(loaded) || loaded.code() == StatusCode::kDeadlineExceeded) {
+      // Startup is strict, except here: a GPU model on a machine without the GPU, or a model
+      // whose load ran past models.load_timeout_s, waits UNAVAILABLE with its reason while the
+      // other models are served (a start that waited forever for one model would serve none).
       Log(LogLevel::kWarning, "model not loaded", {{"model", name}, {"reason", loaded.message()}});
       continue;
     }

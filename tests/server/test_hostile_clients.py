@@ -310,5 +310,77 @@ class RequestCostTest(unittest.TestCase):
             self.assertEqual(server.stop(), 0)
 
 
+HANGING_INIT = '''
+class Hangs:
+    def __init__(self, context):
+        while True:  # Python that never returns unless interrupted
+            pass
+
+    def predict(self, inputs):
+        return {"done": [True]}
+'''
+
+
+class LoadTimeoutTest(unittest.TestCase):
+    """models.load_timeout_s: a model whose __init__ never returns takes nothing down."""
+
+    CONFIG = {"models": {"load_timeout_s": 1, "execution_grace_ms": 500}}
+
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="orochi-load-timeout-test-")
+        self.repository = pack_repository(self.root)
+        source = os.path.join(self.root, "hangs-source")
+        shutil.copytree(os.path.join(HERE, "models", "slow"), source)
+        with open(os.path.join(source, "code", "model.py"), "w") as file:
+            file.write(HANGING_INIT)
+        manifest_path = os.path.join(source, "manifest.json")
+        with open(manifest_path) as file:
+            manifest = json.load(file)
+        manifest.update(name="hangs", entry="model:Hangs")
+        with open(manifest_path, "w") as file:
+            json.dump(manifest, file)
+        self.package = os.path.join(self.root, "hangs.orochi")
+        subprocess.run([BINARY, "pack", source, "-o", self.package], check=True,
+                       capture_output=True)
+
+    def tearDown(self):
+        shutil.rmtree(self.root)
+
+    def test_an_upload_whose_init_never_returns_fails_and_is_not_kept(self):
+        server = Server(self.repository, self.CONFIG, copies=2)
+        try:
+            start = time.time()
+            status, _, body = curl("-T", self.package, f"http://127.0.0.1:"
+                                   f"{server.management_port}/v2/repository/models/hangs/versions/1")
+            self.assertEqual(status, 504, body)
+            self.assertIn("loading model hangs:1 did not finish within the load timeout of 1000 "
+                          "ms (the entry class's __init__ was interrupted)",
+                          json.loads(body)["error"])
+            self.assertLess(time.time() - start, 4)
+            self.assertFalse(os.path.exists(os.path.join(self.repository, "hangs", "1")))
+            for _ in range(4):  # both copies serve again
+                status, _, body = post_json(server, "/v2/models/echo/infer", echo_request())
+                self.assertEqual(status, 200, body)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_a_model_whose_init_never_returns_does_not_stop_the_start(self):
+        target = os.path.join(self.repository, "hangs", "1")
+        os.makedirs(target)
+        shutil.copy(self.package, os.path.join(target, "model.orochi"))
+        server = Server(self.repository, self.CONFIG, copies=2)  # waits for `serving`
+        try:
+            status, _, body = post_json(server, "/v2/models/echo/infer", echo_request())
+            self.assertEqual(status, 200, body)
+            status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
+                                   "/v2/repository/index")
+            hangs = [entry for entry in json.loads(body) if entry["name"] == "hangs"]
+            self.assertEqual(hangs[0]["state"], "UNAVAILABLE", hangs)
+            self.assertIn("did not finish within the load timeout", hangs[0]["reason"])
+            self.assertIn("model not loaded", server.log_text())
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
 if __name__ == "__main__":
     unittest.main()

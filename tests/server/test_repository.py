@@ -401,6 +401,15 @@ class AuthenticationTest(unittest.TestCase):
             self.assertEqual((status, json.loads(body)["error"]), (403, "the bearer token is not valid"))
             status, _, body = curl("-X", "POST", "-H", "Authorization: Bearer s3cret-token", index)
             self.assertEqual((status, json.loads(body)), (200, []))
+            # The scheme is case-insensitive (RFC 9110); the token is not.
+            for scheme in ("bearer", "BEARER", "Bearer "):
+                status, _, _ = curl("-X", "POST", "-H", f"Authorization: {scheme} s3cret-token",
+                                    index)
+                self.assertEqual(status, 200, scheme)
+            for value in ("Bearer S3CRET-TOKEN", "Bearers3cret-token", "Basic s3cret-token",
+                          "Bearer"):
+                status, _, _ = curl("-X", "POST", "-H", f"Authorization: {value}", index)
+                self.assertEqual(status, 403, value)
             # An upload without the token is refused before anything is stored.
             package = make_package(self.root, 1, bias=0.5)
             status, _, _ = curl("-T", package, f"http://127.0.0.1:{server.management_port}"

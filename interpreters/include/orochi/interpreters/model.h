@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -61,9 +62,16 @@ class ReplicatedModel {
   // Loads `source` into copies `slots` of `manager` (every copy when empty). Fails, with the
   // Python traceback for errors raised by the package's code, if any copy fails; copies that
   // had loaded it unload it again.
-  static Result<std::unique_ptr<ReplicatedModel>> Load(InterpreterManager& manager,
-                                                       ModelSource source,
-                                                       std::vector<size_t> slots = {});
+  //
+  // With a `timeout` (> 0), a load still running then (the entry class's __init__ sleeping or
+  // spinning) is interrupted in each copy (TimeoutError in its Python code) and the result is
+  // kDeadlineExceeded. A copy that does not come back from the interrupt within
+  // `interrupt_grace` (stuck in C code) is left to its loading thread, which holds its slot
+  // until it returns, if ever; the result then says so.
+  static Result<std::unique_ptr<ReplicatedModel>> Load(
+      InterpreterManager& manager, ModelSource source, std::vector<size_t> slots = {},
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
+      std::chrono::milliseconds interrupt_grace = std::chrono::seconds(5));
   ~ReplicatedModel();  // unloads
 
   ReplicatedModel(const ReplicatedModel&) = delete;

@@ -63,6 +63,9 @@ struct ModelsConfig {
   // running ones free some; 0: 90% of the cgroup's memory limit, else of the machine's memory.
   int64_t max_memory_bytes = 0;
   int64_t execution_grace_ms = 5000;  // after an interrupt, before a copy is replaced
+  // How long loading a model version (its entry class's __init__ in every copy) may take before
+  // it is interrupted and fails.
+  int64_t load_timeout_s = 120;
   // Abandoned copies still running (stuck, each on a core) at which a model that gets one more
   // copy stuck is made unavailable.
   int64_t max_abandoned_copies = 4;
