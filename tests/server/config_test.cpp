@@ -25,6 +25,11 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->http.idle_timeout_s, defaults.http.idle_timeout_s);
   EXPECT_EQ(shipped->http.shutdown_grace_s, defaults.http.shutdown_grace_s);
   EXPECT_EQ(shipped->http.max_connections, defaults.http.max_connections);
+  EXPECT_EQ(shipped->http.max_connections_per_client, defaults.http.max_connections_per_client);
+  EXPECT_EQ(shipped->http.request_timeout_s, defaults.http.request_timeout_s);
+  EXPECT_EQ(shipped->management.upload_timeout_s, defaults.management.upload_timeout_s);
+  EXPECT_EQ(shipped->models.load_timeout_s, defaults.models.load_timeout_s);
+  EXPECT_EQ(shipped->models.max_memory_bytes, defaults.models.max_memory_bytes);
   EXPECT_EQ(shipped->models.repository, defaults.models.repository);
   EXPECT_EQ(shipped->models.load, defaults.models.load);
   EXPECT_EQ(shipped->models.max_queue_size, defaults.models.max_queue_size);
@@ -71,6 +76,13 @@ TEST(ServerConfig, EachBadValueNamesItsKey) {
        "config: $.http.max_body_bytes: expected an integer"},
       {R"({"http": {"max_connections": 0}})",
        "config: $.http.max_connections: expected an integer from 1 to 1000000, got 0"},
+      // A header field past 65535 bytes is more than Beast's field table indexes: it threw.
+      {R"({"http": {"max_header_bytes": 65536}})",
+       "config: $.http.max_header_bytes: expected an integer from 1024 to 65535, got 65536"},
+      {R"({"http": {"request_timeout_s": 0}})",
+       "config: $.http.request_timeout_s: expected an integer from 1 to 86400, got 0"},
+      {R"({"models": {"load_timeout_s": 0}})",
+       "config: $.models.load_timeout_s: expected an integer from 1 to 86400, got 0"},
       {R"({"copies": -1})", "config: $.copies: expected an integer from 0 to 1024, got -1"},
       {R"({"models": {"load": "all"}})", "config: $.models.load: expected an array of strings"},
       {R"({"models": {"unload_grace_s": -1}})",
