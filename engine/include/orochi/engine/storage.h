@@ -88,9 +88,6 @@ class OROCHI_ENGINE_API Storage {
  private:
   friend class StoragePtr;
 
-  // Releases memory lent to a borrowed Storage; called exactly once, with the context given.
-  using BorrowRelease = void (*)(void* context);
-
   // kDevice memory is returned with release_(release_context_), like kBorrowed memory.
   enum class Kind : uint8_t { kOwned, kMapped, kBorrowed, kDevice };
   Storage(Kind kind, std::byte* data, size_t size, bool read_only, Device device = {});
