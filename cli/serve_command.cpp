@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "orochi/server/server.h"
+#include "orochi/server/supervisor.h"
 
 namespace orochi::cli {
 
@@ -28,6 +29,14 @@ int ServeCommand(const ServeOptions& options) {
   if (!options.log_format.empty()) config.log.format = options.log_format;
   if (!options.log_level.empty()) config.log.level = options.log_level;
 
+  if (config.supervisor.enabled) {
+    Result<int> served = server::RunSupervised(std::move(config));
+    if (!served.ok()) {
+      std::fprintf(stderr, "orochi serve: %s\n", served.status().message().c_str());
+      return 1;
+    }
+    return *served;
+  }
   Result<std::unique_ptr<server::Server>> started = server::Server::Start(std::move(config));
   if (!started.ok()) {
     std::fprintf(stderr, "orochi serve: %s\n", started.status().message().c_str());

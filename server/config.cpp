@@ -47,6 +47,16 @@ class ObjectReader {
     return Status::Ok();
   }
 
+  Status Boolean(const char* key, bool* field) const {
+    auto found = object_.find(key);
+    if (found == object_.end()) return Status::Ok();
+    if (!found->is_boolean()) {
+      return Problem(path_ + "." + key, "expected true or false, got " + found->dump());
+    }
+    *field = found->get<bool>();
+    return Status::Ok();
+  }
+
   Status String(const char* key, std::string* field,
                 std::initializer_list<const char*> choices = {}) const {
     auto found = object_.find(key);
@@ -134,7 +144,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   if (json.is_discarded()) return Problem("$", "not valid JSON");
   ServerConfig config;
   ObjectReader root(json, "$");
-  OROCHI_RETURN_IF_ERROR(root.Check({"http", "management", "models", "log", "python", "copies"}));
+  OROCHI_RETURN_IF_ERROR(
+      root.Check({"http", "management", "models", "log", "python", "copies", "supervisor"}));
   OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
 
   ObjectReader http = root.Child("http");
@@ -205,6 +216,14 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   ObjectReader python = root.Child("python");
   OROCHI_RETURN_IF_ERROR(python.Check({"site_packages"}));
   OROCHI_RETURN_IF_ERROR(python.Strings("site_packages", &config.python.site_packages));
+
+  ObjectReader supervisor = root.Child("supervisor");
+  OROCHI_RETURN_IF_ERROR(supervisor.Check({"enabled", "max_model_crashes", "crash_window_s"}));
+  OROCHI_RETURN_IF_ERROR(supervisor.Boolean("enabled", &config.supervisor.enabled));
+  OROCHI_RETURN_IF_ERROR(
+      supervisor.Integer("max_model_crashes", &config.supervisor.max_model_crashes, 1, 1'000'000));
+  OROCHI_RETURN_IF_ERROR(
+      supervisor.Integer("crash_window_s", &config.supervisor.crash_window_s, 1, 86400 * 30));
 
   ObjectReader log = root.Child("log");
   OROCHI_RETURN_IF_ERROR(log.Check({"level", "format"}));

@@ -1,5 +1,7 @@
 #include "orochi/server/server.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -72,6 +74,11 @@ void RunIo(asio::io_context& io) {
           {{"error", error.what()}});
     }
   }
+}
+
+Status ListenOrAdopt(http::HttpServer& listener, const std::string& address, int port,
+                     int inherited_fd) {
+  return inherited_fd >= 0 ? listener.Adopt(inherited_fd) : listener.Listen(address, port);
 }
 
 }  // namespace
@@ -203,7 +210,7 @@ Server::~Server() {
   }
 }
 
-Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
+Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, Inheritance inherited) {
   OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config));
   ConfigureLog(config.log.level, config.log.format);
   // The working directory is the process's, and a model's os.chdir() changes it for everyone:
@@ -264,7 +271,9 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   s.metrics.Copies("abandoned", 0);
   s.metrics.Copies("failed", 0);
   s.metrics.Copies("missing_models", 0);
+  s.metrics.Inherit(inherited.restarts, inherited.model_crashes);
   s.models = std::make_unique<ModelService>(*s.manager, cfg.models, s.metrics);
+  s.models->Quarantine(inherited.quarantined);
   OROCHI_RETURN_IF_ERROR(s.models->LoadFromRepository());
 
   s.api = std::make_unique<kserve::KServeApi>(*s.models, s.metrics, cfg,
@@ -296,12 +305,14 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   }
   s.inference = std::make_unique<http::HttpServer>(s.io, inference_limits,
                                                    s.Logged(s.inference_router, "inference"));
-  OROCHI_RETURN_IF_ERROR(s.inference->Listen(cfg.http.bind_address, cfg.http.inference_port));
+  OROCHI_RETURN_IF_ERROR(ListenOrAdopt(*s.inference, cfg.http.bind_address, cfg.http.inference_port,
+                                       inherited.inference_fd));
   http::Limits metrics_limits = limits;
   metrics_limits.observe = s.Observer(s.metrics_router, "metrics");
   s.metrics_listener = std::make_unique<http::HttpServer>(s.io, metrics_limits,
                                                           s.Logged(s.metrics_router, "metrics"));
-  OROCHI_RETURN_IF_ERROR(s.metrics_listener->Listen(cfg.http.bind_address, cfg.http.metrics_port));
+  OROCHI_RETURN_IF_ERROR(ListenOrAdopt(*s.metrics_listener, cfg.http.bind_address,
+                                       cfg.http.metrics_port, inherited.metrics_fd));
 
   // The repository API, when there is a repository: closed to the network unless a token is set.
   s.admin = std::make_unique<AdminQueue>();
@@ -329,7 +340,8 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   }
   s.management =
       std::make_unique<http::HttpServer>(s.io, management_limits, std::move(management_handler));
-  OROCHI_RETURN_IF_ERROR(s.management->Listen(cfg.management.bind_address, cfg.management.port));
+  OROCHI_RETURN_IF_ERROR(ListenOrAdopt(*s.management, cfg.management.bind_address,
+                                       cfg.management.port, inherited.management_fd));
 
   s.signals = std::make_unique<asio::signal_set>(s.io, SIGINT, SIGTERM);
   auto server = std::unique_ptr<Server>(new Server(std::move(impl)));
@@ -352,7 +364,8 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
        {"management", "http://" + cfg.management.bind_address + ":" +
                           std::to_string(server->impl_->management->port())},
        {"copies", std::to_string(server->impl_->manager->size()), false},
-       {"models", std::to_string(server->impl_->models->List().size()), false}});
+       {"models", std::to_string(server->impl_->models->List().size()), false},
+       {"pid", std::to_string(::getpid()), false}});
   return server;
 }
 

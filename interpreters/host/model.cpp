@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "builtin_host_functions.h"
+#include "orochi/base/crash_record.h"
 
 namespace orochi::interpreters {
 namespace {
@@ -160,7 +161,10 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(
         std::lock_guard lock(loading->mutex);
         loading->copies[i] = lease.shared();
       }
-      Result<Value> loaded = lease->Call("orochi.serving:_load", arguments);
+      Result<Value> loaded = [&] {
+        const ScopedCrashContext crash_context(key, static_cast<int>(slot), "load");
+        return lease->Call("orochi.serving:_load", arguments);
+      }();
       std::lock_guard lock(loading->mutex);
       if (!loaded.ok()) {
         loading->results[i] =

@@ -708,6 +708,22 @@ Status HttpServer::Listen(const std::string& address, int port) {
   return Status::Ok();
 }
 
+Status HttpServer::Adopt(int fd) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    return Internal("listening socket " + std::to_string(fd) +
+                    " cannot be used: " + std::strerror(errno));
+  }
+  beast::error_code error;
+  acceptor_.assign(address.ss_family == AF_INET6 ? tcp::v6() : tcp::v4(), fd, error);
+  if (error) return Internal("cannot adopt listening socket: " + error.message());
+  port_ = acceptor_.local_endpoint().port();
+  RegisterListeningPort(acceptor_.native_handle(), port_);
+  Accept();
+  return Status::Ok();
+}
+
 void HttpServer::StopAccepting() {
   asio::dispatch(acceptor_.get_executor(), [this] {
     beast::error_code ignored;

@@ -104,6 +104,9 @@ class HttpServer {
 
   // Binds and starts accepting. Port 0 picks a free port (see port()).
   Status Listen(const std::string& address, int port);
+  // Starts accepting on `fd`, a socket already bound and listening (from a supervisor that
+  // keeps the port across restarts); takes ownership.
+  Status Adopt(int fd);
   int port() const { return port_; }
   // Stops accepting new connections; requests in flight are still answered.
   void StopAccepting();

@@ -85,6 +85,16 @@ Metrics::Metrics()
                          .Name("orochi_http_requests_total")
                          .Help("HTTP requests by route, method and status code")
                          .Register(*registry_)),
+      server_restarts_(BuildCounter()
+                           .Name("orochi_server_restarts_total")
+                           .Help("Serving processes the supervisor restarted after one died")
+                           .Register(*registry_)
+                           .Add({})),
+      model_crashes_(BuildCounter()
+                         .Name("orochi_model_crashes_total")
+                         .Help("Serving processes ended by a native crash in a model's code, by "
+                               "model")
+                         .Register(*registry_)),
       cpu_seconds_(BuildCounter()
                        .Name("process_cpu_seconds_total")
                        .Help("User and system CPU time of the server process")
@@ -164,6 +174,13 @@ void Metrics::ModelLoaded(const std::string& model, const std::string& version, 
       .Increment();
   model_load_seconds_.Add({{"model", model}, {"version", version}}, LatencyBuckets())
       .Observe(Seconds(duration));
+}
+
+void Metrics::Inherit(int64_t restarts, const std::map<std::string, int64_t>& model_crashes) {
+  server_restarts_.Increment(static_cast<double>(restarts));
+  for (const auto& [model, crashes] : model_crashes) {
+    model_crashes_.Add({{"model", model}}).Increment(static_cast<double>(crashes));
+  }
 }
 
 void Metrics::HttpRequest(const std::string& route, const std::string& method, unsigned status) {

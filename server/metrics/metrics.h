@@ -11,6 +11,7 @@
 #include <prometheus/registry.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,6 +33,8 @@ class Metrics {
   void ModelLoaded(const std::string& model, const std::string& version, bool ok,
                    std::chrono::nanoseconds duration);
   void HttpRequest(const std::string& route, const std::string& method, unsigned status);
+  // What the supervisor says happened before this process started.
+  void Inherit(int64_t restarts, const std::map<std::string, int64_t>& model_crashes);
 
   // The Prometheus text exposition, with process CPU, memory and FDs, and each GPU's memory and
   // utilisation, read now.
@@ -50,6 +53,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& model_loads_;
   prometheus::Family<prometheus::Histogram>& model_load_seconds_;
   prometheus::Family<prometheus::Counter>& http_requests_;
+  prometheus::Counter& server_restarts_;
+  prometheus::Family<prometheus::Counter>& model_crashes_;
   prometheus::Counter& cpu_seconds_;
   double cpu_seconds_reported_ = 0;  // guarded by render_mutex_
   std::mutex render_mutex_;

@@ -287,6 +287,7 @@ Status ModelService::LoadFromRepository() {
       return NotFound("model '" + name + "' has no version in the repository (expected " +
                       (repository / name / "<version>" / "model.orochi").string() + ")");
     }
+    if (SkipQuarantined(name)) continue;
     Status loaded = LoadModel(name).status();
     if (IsMissingDevice(loaded) || loaded.code() == StatusCode::kDeadlineExceeded) {
       // Startup is strict, except here: a GPU model on a machine without the GPU, or a model
@@ -298,6 +299,26 @@ Status ModelService::LoadFromRepository() {
     OROCHI_RETURN_IF_ERROR(loaded);
   }
   return Status::Ok();
+}
+
+void ModelService::Quarantine(std::map<std::string, std::string> quarantined) {
+  std::lock_guard lock(mutex_);
+  quarantined_ = std::move(quarantined);
+}
+
+bool ModelService::SkipQuarantined(const std::string& name) {
+  bool skipped = false;
+  for (int64_t version : SelectedVersions(name)) {
+    const std::string key = name + ":" + std::to_string(version);
+    std::lock_guard lock(mutex_);
+    auto found = quarantined_.find(key);
+    if (found == quarantined_.end()) continue;
+    load_failures_[key] = found->second;
+    Log(LogLevel::kWarning, "model not loaded",
+        {{"model", name}, {"version", std::to_string(version), false}, {"reason", found->second}});
+    skipped = true;
+  }
+  return skipped;
 }
 
 Status ModelService::CheckModelName(const std::string& name) {

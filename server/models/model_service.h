@@ -69,6 +69,10 @@ class ModelService : public SchedulerObserver {
   // (the repository's state file remembers models unloaded through the API). Stops at the
   // first failure, naming the model.
   Status LoadFromRepository();
+  // Model versions ("name:version" -> why) that LoadFromRepository leaves unloaded, reporting
+  // the reason in the index: they crashed the process too often (see supervisor.h). Call before
+  // LoadFromRepository; explicit loads and deploys are not affected.
+  void Quarantine(std::map<std::string, std::string> quarantined);
 
   // Whether `name` can name a model: what a manifest allows (1-128 letters, digits, '_', '.',
   // '-', starting with a letter or digit), so it is always one path component inside the
@@ -152,6 +156,9 @@ class ModelService : public SchedulerObserver {
   Status LoadVersion(const std::string& path, const std::string& expected_name,
                      int64_t expected_version);
   Result<std::string> UnloadVersion(const std::string& name, int64_t version);
+  // Whether `name` has a selected version that is quarantined: if so it is left unloaded, its
+  // reason recorded and logged, and the start goes on without it.
+  bool SkipQuarantined(const std::string& name);
   Result<std::string> LoadModelLocked(const std::string& name);  // LoadModel, admin_mutex_ held
   std::vector<int64_t> VersionsOnDisk(const std::string& name) const;
   std::vector<int64_t> SelectedVersions(const std::string& name) const;
@@ -170,6 +177,7 @@ class ModelService : public SchedulerObserver {
   std::map<std::string, std::map<int64_t, std::shared_ptr<ServedModel>>> models_;
   // Why the last load of "name:version" failed, for the repository index; cleared on success.
   std::map<std::string, std::string> load_failures_;
+  std::map<std::string, std::string> quarantined_;  // see Quarantine
   std::map<std::string, std::shared_ptr<ServedModel>, std::less<>> by_key_;
   size_t next_slot_ = 0;
   std::atomic<int64_t> replaced_copies_{0};

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "log.h"
+#include "orochi/base/crash_record.h"
 #include "orochi/engine/ops.h"
 
 namespace orochi::server {
@@ -483,9 +484,12 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
   // Held here: a model removed while this copy is stuck in it is destroyed only once the thread
   // comes back, if ever.
   const std::shared_ptr<interpreters::ReplicatedModel> model = queue.model;
-  Result<std::vector<NamedTensor>> outputs =
-      inputs.ok() ? model->PredictIn(*lease, *inputs, batch->jobs.front().parameters)
-                  : inputs.status();
+  Result<std::vector<NamedTensor>> outputs = inputs.status();
+  if (inputs.ok()) {
+    // Named in the crash record if the model's code takes the process down.
+    const ScopedCrashContext crash_context(model->key(), static_cast<int>(slot), "predict");
+    outputs = model->PredictIn(*lease, *inputs, batch->jobs.front().parameters);
+  }
   const Clock::time_point end = Clock::now();
   bool interrupted = false;
   bool unloading = false;

@@ -74,11 +74,11 @@ class ChunkedBodyLimitsTest(SharedServerTest):
         self.assertEqual(health(self.server.port), 200)
 
     def test_many_small_trailer_fields_are_not_buffered_without_bound(self):
-        rss_before = rss_bytes(self.server.process.pid)
+        rss_before = rss_bytes(self.server.serving_pid)
         trailer = b"X-Field: value\r\n" * 200_000  # 3.2 MB of trailers
         answer = exchange(self.server.port, chunked_get("/v2/health/live", trailer))
         self.assertTrue(answer.startswith(b"HTTP/1.1 431"), answer[:200])
-        self.assertLess(rss_bytes(self.server.process.pid) - rss_before, 2 << 20)
+        self.assertLess(rss_bytes(self.server.serving_pid) - rss_before, 2 << 20)
 
     def test_a_chunk_extension_past_the_header_limit_is_431(self):
         answer = exchange(self.server.port, chunked_get(
@@ -378,6 +378,89 @@ class LoadTimeoutTest(unittest.TestCase):
             self.assertEqual(hangs[0]["state"], "UNAVAILABLE", hangs)
             self.assertIn("did not finish within the load timeout", hangs[0]["reason"])
             self.assertIn("model not loaded", server.log_text())
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class CrashContainmentTest(unittest.TestCase):
+    """A native crash in model code costs a restart of the serving process, not the service."""
+
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="orochi-crash-test-")
+        self.repository = os.path.join(self.root, "repository")
+        for name in ("hostile", "slow"):
+            target = os.path.join(self.repository, name, "1")
+            os.makedirs(target)
+            subprocess.run([BINARY, "pack", os.path.join(HERE, "models", name), "-o",
+                            os.path.join(target, "model.orochi")], check=True,
+                           capture_output=True)
+
+    def tearDown(self):
+        shutil.rmtree(self.root)
+
+    def crash(self, server):
+        """Sends the request that crashes the serving process: nobody is left to answer it."""
+        status, _, _ = post_json(server, "/v2/models/hostile/infer", {"inputs": [
+            {"name": "mode", "datatype": "BYTES", "shape": [1], "data": ["segfault"]}]})
+        self.assertEqual(status, 0, "the connection closed without an answer")
+
+    def test_a_segfault_in_model_code_restarts_the_serving_process_on_the_same_ports(self):
+        server = Server(self.repository, {}, copies=1)
+        try:
+            first = server.serving_pid
+            self.assertNotEqual(first, server.process.pid, "a supervisor runs the server")
+            crashed_at = time.time()
+            self.crash(server)
+            server.wait_for_serving(2)
+            restart_seconds = time.time() - crashed_at
+            self.assertNotEqual(server.serving_pid, first)
+            self.assertIsNone(server.process.poll())
+            print(f"\ncrash to serving again: {restart_seconds:.2f} s", flush=True)
+            # Same ports, both models back, the crash on record.
+            self.assertEqual(health(server.port), 200)
+            status, _, body = post_json(server, "/v2/models/slow/infer", slow_request("sleep"))
+            self.assertEqual(status, 200, body)
+            self.assertRegex(server.log_text(), r"the serving process died; restarting it "
+                                                r"signal=SIGSEGV model=hostile:1 copy=0 "
+                                                r"activity=predict restarts=1")
+            metrics = metric(server, "")
+            self.assertIn("orochi_server_restarts_total 1", metrics)
+            self.assertIn('orochi_model_crashes_total{model="hostile"} 1', metrics)
+        finally:
+            self.assertEqual(server.stop(), 0, "SIGTERM still stops it gracefully")
+        self.assertFalse(os.path.exists(f"/proc/{server.serving_pid}"),
+                         "the serving process ended with the supervisor")
+
+    def test_a_model_that_keeps_crashing_the_server_is_quarantined(self):
+        server = Server(self.repository, {"supervisor": {"max_model_crashes": 2}}, copies=1)
+        index = f"http://127.0.0.1:{server.management_port}/v2/repository/index"
+        try:
+            for restart in (2, 3):
+                self.crash(server)
+                server.wait_for_serving(restart)
+            self.assertIn("model quarantined", server.log_text())
+            _, _, body = curl("-X", "POST", index)
+            states = {entry["name"]: entry for entry in json.loads(body)}
+            self.assertEqual(states["hostile"]["state"], "UNAVAILABLE")
+            self.assertIn("quarantined: model hostile:1 crashed the server 2 times within 600 s",
+                          states["hostile"]["reason"])
+            self.assertEqual(states["slow"]["state"], "READY")
+            status, _, body = post_json(server, "/v2/models/slow/infer", slow_request("sleep"))
+            self.assertEqual(status, 200, body)
+            # Loading it explicitly lifts the quarantine for this serving process.
+            status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
+                                   "/v2/repository/models/hostile/load")
+            self.assertEqual(status, 200, body)
+            status, _, body = post_json(server, "/v2/models/hostile/infer", {"inputs": [
+                {"name": "mode", "datatype": "BYTES", "shape": [1], "data": ["fine"]}]})
+            self.assertEqual(status, 200, body)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_without_the_supervisor_one_process_serves(self):
+        server = Server(self.repository, {"supervisor": {"enabled": False}}, copies=1)
+        try:
+            self.assertEqual(server.serving_pid, server.process.pid)
         finally:
             self.assertEqual(server.stop(), 0)
 

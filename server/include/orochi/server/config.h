@@ -88,8 +88,19 @@ struct PythonConfig {
   std::vector<std::string> site_packages;
 };
 
+// The supervisor process (supervisor.h) that restarts the serving process when model code
+// crashes it.
+struct SupervisorConfig {
+  bool enabled = true;
+  // A model version that crashed the serving process this many times within the window is
+  // not loaded again by the restarts (quarantined).
+  int64_t max_model_crashes = 3;
+  int64_t crash_window_s = 600;
+};
+
 struct ServerConfig {
   HttpConfig http;
+  SupervisorConfig supervisor;
   ManagementConfig management;
   ModelsConfig models;
   LogConfig log;

@@ -6,16 +6,36 @@
 // Thread-safety: RequestStop may be called from any thread.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "orochi/base/status.h"
 #include "orochi/server/config.h"
 
 namespace orochi::server {
 
+// What a supervisor (supervisor.h) hands the serving process it starts. The defaults are a
+// server on its own: it binds its ports, and has no history.
+struct Inheritance {
+  // Listening sockets already bound to the configured ports (-1: bind them here). The server
+  // takes ownership.
+  int inference_fd = -1;
+  int metrics_fd = -1;
+  int management_fd = -1;
+  // For the metrics: serving processes the supervisor restarted before this one, and native
+  // crashes by model name.
+  int64_t restarts = 0;
+  std::map<std::string, int64_t> model_crashes;
+  // Model versions ("name:version") not loaded at startup, with why: they crashed the server
+  // too often. Loading one explicitly, or deploying another version, still works.
+  std::map<std::string, std::string> quarantined;
+};
+
 class Server {
  public:
-  static Result<std::unique_ptr<Server>> Start(ServerConfig config);
+  static Result<std::unique_ptr<Server>> Start(ServerConfig config, Inheritance inherited = {});
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

@@ -28,6 +28,9 @@ class Hostile:
             os.chdir("/")
         elif mode == "huge_error":
             raise ValueError("x" * (16 << 20))
+        elif mode == "segfault":  # a native crash, as a C extension's bug would make one
+            import ctypes
+            ctypes.string_at(0)
         elif mode == "odd_keys":
             return {"out": [1.0], 1: [2.0], None: [3.0]}
         return {"out": [1.0]}

@@ -1,0 +1,42 @@
+// What a thread of the serving process is doing, for the record a fatal signal leaves.
+//
+// A native crash in model code (a C extension's bug, ctypes reading address 0, a C stack
+// overflowed by deep recursion) ends the whole process: copies share it. The supervisor
+// restarts it, and to say which model did it (and to quarantine a model that keeps doing it),
+// the dying process writes one line to a descriptor the supervisor reads:
+//
+//   crash signal=11 model=digits:1 copy=3 activity=predict
+//
+// ScopedCrashContext marks what the calling thread does while it lives (a model's predict or
+// load in a copy); the handler that InstallCrashRecorder sets reads the faulting thread's mark.
+// Everything the handler does is async-signal-safe: the mark is a fixed buffer, the line is
+// formatted by hand and written with write(2), then the signal is raised again with its
+// default action so that the process still dies of it.
+//
+// Thread-safety: ScopedCrashContext marks the calling thread only; InstallCrashRecorder is
+// called once, before the threads that may crash start.
+#pragma once
+
+#include <string_view>
+
+namespace orochi {
+
+class ScopedCrashContext {
+ public:
+  // `model` (e.g. "digits:1") and `activity` (e.g. "predict") are cut to fit the mark.
+  ScopedCrashContext(std::string_view model, int copy, std::string_view activity);
+  ~ScopedCrashContext();  // the thread's previous mark again
+  ScopedCrashContext(const ScopedCrashContext&) = delete;
+  ScopedCrashContext& operator=(const ScopedCrashContext&) = delete;
+
+ private:
+  struct Saved;
+  Saved* saved_;
+};
+
+// Handles SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT by writing a crash line to `fd`, then dying
+// of the signal. Each thread that has carried a ScopedCrashContext has an alternate signal stack,
+// so that a crash by stack overflow is recorded too.
+void InstallCrashRecorder(int fd);
+
+}  // namespace orochi

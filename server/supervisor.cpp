@@ -1,0 +1,266 @@
+#include "orochi/server/supervisor.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "log.h"
+#include "orochi/base/crash_record.h"
+#include "orochi/server/server.h"
+
+namespace orochi::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// After a crash that comes soon after the last start, the next start waits this long, doubling
+// up to kLongestRestartDelay: a process that cannot stay up must not take every core restarting.
+constexpr std::chrono::milliseconds kFirstRestartDelay{100};
+constexpr std::chrono::milliseconds kLongestRestartDelay{5000};
+// A serving process that ran this long before dying was not in a crash loop.
+constexpr std::chrono::seconds kStableAfter{30};
+
+// A listening socket on address:port, as HttpServer::Listen makes one.
+Result<int> BindListener(const std::string& address, int port) {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
+  if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    length = sizeof(sockaddr_in);
+  } else if (inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    length = sizeof(sockaddr_in6);
+  } else {
+    return InvalidArgument("'" + address + "' is not an IP address");
+  }
+  const int fd = ::socket(storage.ss_family, SOCK_STREAM, 0);
+  if (fd < 0) return Unavailable(std::string("cannot create a socket: ") + std::strerror(errno));
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&storage), length) != 0 ||
+      ::listen(fd, SOMAXCONN) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return Unavailable("cannot listen on " + address + ":" + std::to_string(port) + ": " + why);
+  }
+  return fd;
+}
+
+// What the serving process reported on the pipe before it ended.
+struct Report {
+  bool ready = false;
+  std::map<std::string, std::string> crash;  // the crash line's fields, if one came
+};
+
+// Reads everything the serving process wrote: "ready" once it serves, and a crash line if it
+// died of a fatal signal (see crash_record.h).
+Report ReadReport(int fd, Report report) {
+  std::string text;
+  char buffer[4096];
+  while (true) {
+    const ssize_t got = ::read(fd, buffer, sizeof(buffer));
+    if (got <= 0) break;
+    text.append(buffer, static_cast<size_t>(got));
+  }
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line == "ready") {
+      report.ready = true;
+    } else if (line.rfind("crash ", 0) == 0) {
+      std::istringstream fields(line.substr(6));
+      std::string field;
+      while (fields >> field) {
+        const size_t equals = field.find('=');
+        if (equals != std::string::npos) {
+          report.crash[field.substr(0, equals)] = field.substr(equals + 1);
+        }
+      }
+    }
+  }
+  return report;
+}
+
+std::string SignalName(int signal_number) {
+  const char* name = sigabbrev_np(signal_number);
+  return name != nullptr ? std::string("SIG") + name : std::to_string(signal_number);
+}
+
+class Supervisor {
+ public:
+  explicit Supervisor(ServerConfig config) : config_(std::move(config)) {}
+
+  Result<int> Run() {
+    OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config_));
+    ConfigureLog(config_.log.level, config_.log.format);
+    OROCHI_ASSIGN_OR_RETURN(inherited_.inference_fd,
+                            BindListener(config_.http.bind_address, config_.http.inference_port));
+    OROCHI_ASSIGN_OR_RETURN(inherited_.metrics_fd,
+                            BindListener(config_.http.bind_address, config_.http.metrics_port));
+    OROCHI_ASSIGN_OR_RETURN(inherited_.management_fd,
+                            BindListener(config_.management.bind_address, config_.management.port));
+    // The signals the supervisor acts on are taken with sigwaitinfo, never by handlers; the
+    // serving process gets the mask it would have had.
+    sigset_t handled;
+    sigemptyset(&handled);
+    for (int signal_number : {SIGTERM, SIGINT, SIGCHLD}) sigaddset(&handled, signal_number);
+    sigset_t original;
+    ::pthread_sigmask(SIG_BLOCK, &handled, &original);
+
+    bool first_start = true;
+    std::chrono::milliseconds delay{0};
+    while (true) {
+      int report_pipe[2];
+      if (::pipe2(report_pipe, O_CLOEXEC) != 0) {
+        return Internal(std::string("cannot create a pipe: ") + std::strerror(errno));
+      }
+      const Clock::time_point started = Clock::now();
+      const pid_t child = ::fork();
+      if (child < 0) {
+        return Internal(std::string("cannot start the serving process: ") + std::strerror(errno));
+      }
+      if (child == 0) {
+        ::close(report_pipe[0]);
+        ::pthread_sigmask(SIG_SETMASK, &original, nullptr);
+        ServeInChild(report_pipe[1]);  // does not return
+      }
+      ::close(report_pipe[1]);
+      ::fcntl(report_pipe[0], F_SETFL, O_NONBLOCK);
+      int status = 0;
+      bool stopping = false;
+      Report report;
+      while (true) {
+        siginfo_t info{};
+        if (::sigwaitinfo(&handled, &info) < 0) continue;  // EINTR
+        if (info.si_signo == SIGTERM || info.si_signo == SIGINT) {
+          stopping = true;
+          ::kill(child, info.si_signo);
+          continue;
+        }
+        report = ReadReport(report_pipe[0], report);  // keep the pipe from filling
+        if (::waitpid(child, &status, WNOHANG) == child) break;
+      }
+      report = ReadReport(report_pipe[0], report);
+      ::close(report_pipe[0]);
+      const int exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (stopping || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) return exit_status;
+      if (first_start && !report.ready && WIFEXITED(status)) {
+        return exit_status;  // it said why on stderr: a start that fails is not restarted
+      }
+      first_start = false;
+      RecordDeath(status, report);
+      delay = Clock::now() - started >= kStableAfter
+                  ? kFirstRestartDelay
+                  : std::min(kLongestRestartDelay, std::max(kFirstRestartDelay, delay * 2));
+      if (WaitOrStop(handled, delay)) return 0;
+    }
+  }
+
+ private:
+  [[noreturn]] void ServeInChild(int report_fd) {
+    // If the supervisor is killed outright, the serving process must not linger on its ports.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() == 1) std::_Exit(1);
+    InstallCrashRecorder(report_fd);
+    Result<std::unique_ptr<Server>> started = Server::Start(config_, inherited_);
+    if (!started.ok()) {
+      std::fprintf(stderr, "orochi serve: %s\n", started.status().message().c_str());
+      if (!started.status().detail().empty()) {
+        std::fprintf(stderr, "%s", started.status().detail().c_str());
+      }
+      std::exit(1);
+    }
+    static constexpr char kReady[] = "ready\n";
+    [[maybe_unused]] ssize_t written = ::write(report_fd, kReady, sizeof(kReady) - 1);
+    const int code = (*started)->Run();
+    started->reset();
+    std::exit(code);
+  }
+
+  // Logs the death of a serving process and keeps the books for the next one.
+  void RecordDeath(int status, const Report& report) {
+    inherited_.restarts++;
+    std::vector<LogField> fields;
+    if (WIFSIGNALED(status)) {
+      fields.push_back({"signal", SignalName(WTERMSIG(status))});
+    } else {
+      fields.push_back({"exit_code", std::to_string(WEXITSTATUS(status)), false});
+    }
+    auto field = [&](const char* name) {
+      auto found = report.crash.find(name);
+      return found != report.crash.end() ? found->second : std::string();
+    };
+    const std::string model_key = field("model");
+    if (!model_key.empty()) {
+      fields.push_back({"model", model_key});
+      fields.push_back({"copy", field("copy"), false});
+      fields.push_back({"activity", field("activity")});
+      const std::string model_name = model_key.substr(0, model_key.rfind(':'));
+      inherited_.model_crashes[model_name]++;
+      std::deque<Clock::time_point>& crashes = crash_times_[model_key];
+      const Clock::time_point now = Clock::now();
+      crashes.push_back(now);
+      while (!crashes.empty() &&
+             now - crashes.front() > std::chrono::seconds(config_.supervisor.crash_window_s)) {
+        crashes.pop_front();
+      }
+      if (static_cast<int64_t>(crashes.size()) >= config_.supervisor.max_model_crashes &&
+          inherited_.quarantined.count(model_key) == 0) {
+        const std::string reason =
+            "quarantined: model " + model_key + " crashed the server " +
+            std::to_string(crashes.size()) + " times within " +
+            std::to_string(config_.supervisor.crash_window_s) +
+            " s (supervisor.max_model_crashes); load it explicitly or deploy another version";
+        inherited_.quarantined[model_key] = reason;
+        Log(LogLevel::kError, "model quarantined", {{"model", model_key}, {"reason", reason}});
+      }
+    }
+    fields.push_back({"restarts", std::to_string(inherited_.restarts), false});
+    Log(LogLevel::kError, "the serving process died; restarting it", std::move(fields));
+  }
+
+  // Sleeps `delay` unless SIGTERM or SIGINT comes first (true then: stop).
+  static bool WaitOrStop(const sigset_t& handled, std::chrono::milliseconds delay) {
+    const Clock::time_point until = Clock::now() + delay;
+    while (Clock::now() < until) {
+      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now());
+      timespec timeout{static_cast<time_t>(left.count() / 1'000'000'000),
+                       static_cast<long>(left.count() % 1'000'000'000)};
+      siginfo_t info{};
+      const int signal_number = ::sigtimedwait(&handled, &info, &timeout);
+      if (signal_number == SIGTERM || signal_number == SIGINT) return true;
+    }
+    return false;
+  }
+
+  const ServerConfig config_;
+  Inheritance inherited_;
+  std::map<std::string, std::deque<Clock::time_point>> crash_times_;  // by model key
+};
+
+}  // namespace
+
+Result<int> RunSupervised(ServerConfig config) { return Supervisor(std::move(config)).Run(); }
+
+}  // namespace orochi::server
