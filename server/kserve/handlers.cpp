@@ -1,5 +1,6 @@
 #include "handlers.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -97,6 +98,25 @@ std::optional<size_t> HeaderLength(const http::Request& request, bool* malformed
     return std::nullopt;
   }
   return static_cast<size_t>(std::stoull(text));
+}
+
+}  // namespace
+
+namespace {
+
+// Whether a request read against `b`'s manifest is also one for `a`: the same inputs and
+// outputs (names, datatypes, shapes) and batching.
+bool SameInterface(const packaging::Manifest& a, const packaging::Manifest& b) {
+  auto same = [](const std::vector<packaging::TensorSpec>& x,
+                 const std::vector<packaging::TensorSpec>& y) {
+    return std::equal(x.begin(), x.end(), y.begin(), y.end(),
+                      [](const packaging::TensorSpec& left, const packaging::TensorSpec& right) {
+                        return left.name == right.name && left.datatype == right.datatype &&
+                               left.shape == right.shape;
+                      });
+  };
+  return a.max_batch_size == b.max_batch_size && same(a.inputs, b.inputs) &&
+         same(a.outputs, b.outputs);
 }
 
 }  // namespace
@@ -341,42 +361,59 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
     deadline = received + std::chrono::milliseconds(config_.models.default_timeout_ms);
   }
   std::vector<interpreters::NamedTensor> inputs = std::move(infer->inputs);
-  Status submitted = models_.Submit(
-      model, std::move(inputs), infer->parameters, infer->rows, deadline,
-      [respond] { return respond.client_gone(); },
-      [this, model, version, infer, received, respond](
-          Result<std::vector<interpreters::NamedTensor>> outputs, const InferTimings& timings) {
-        const std::chrono::nanoseconds total = Clock::now() - received;
-        if (!outputs.ok()) {
-          const Status& error = outputs.status();
-          metrics_.RequestDone(model->name, version, FailureReason(error.code()), total,
-                               timings.queue, timings.compute);
-          std::string message = error.message();
-          if (error.code() == StatusCode::kPythonError && !error.detail().empty()) {
-            message += "\n" + error.detail();
-          }
-          if (FailureReason(error.code()) == "client_gone") {
-            // Not a client error: nginx's 499, so that a vanished client is not counted as a
-            // 400 (the answer itself reaches no one).
-            http::Response response = http::ErrorResponse(499, message);
-            response.reason("Client Closed Request");
-            respond(std::move(response));
-            return;
-          }
-          respond(http::ErrorResponse(HttpStatusOf(error.code()), message));
+  auto answer = [this, infer, received, respond](std::shared_ptr<const ServedModel> model) {
+    return [this, model = std::move(model), infer, received, respond](
+               Result<std::vector<interpreters::NamedTensor>> outputs,
+               const InferTimings& timings) {
+      const std::string version = std::to_string(model->version);
+      const std::chrono::nanoseconds total = Clock::now() - received;
+      if (!outputs.ok()) {
+        const Status& error = outputs.status();
+        metrics_.RequestDone(model->name, version, FailureReason(error.code()), total,
+                             timings.queue, timings.compute);
+        std::string message = error.message();
+        if (error.code() == StatusCode::kPythonError && !error.detail().empty()) {
+          message += "\n" + error.detail();
+        }
+        if (FailureReason(error.code()) == "client_gone") {
+          // Not a client error: nginx's 499, so that a vanished client is not counted as a
+          // 400 (the answer itself reaches no one).
+          http::Response response = http::ErrorResponse(499, message);
+          response.reason("Client Closed Request");
+          respond(std::move(response));
           return;
         }
-        EncodedResponse encoded =
-            EncodeInferResponse(model->manifest(), *infer, *outputs, model->package->labels());
-        http::Response response = http::JsonResponse(200, std::move(encoded.body));
-        if (encoded.json_length) {
-          response.set(bhttp::field::content_type, "application/octet-stream");
-          response.set("Inference-Header-Content-Length", std::to_string(*encoded.json_length));
-        }
-        metrics_.RequestDone(model->name, version, "success", total, timings.queue,
-                             timings.compute);
-        respond(std::move(response));
-      });
+        respond(http::ErrorResponse(HttpStatusOf(error.code()), message));
+        return;
+      }
+      EncodedResponse encoded =
+          EncodeInferResponse(model->manifest(), *infer, *outputs, model->package->labels());
+      http::Response response = http::JsonResponse(200, std::move(encoded.body));
+      if (encoded.json_length) {
+        response.set(bhttp::field::content_type, "application/octet-stream");
+        response.set("Inference-Header-Content-Length", std::to_string(*encoded.json_length));
+      }
+      metrics_.RequestDone(model->name, version, "success", total, timings.queue, timings.compute);
+      respond(std::move(response));
+    };
+  };
+  auto client_gone = [respond] { return respond.client_gone(); };
+  Status submitted = models_.Submit(model, inputs, infer->parameters, infer->rows, deadline,
+                                    client_gone, answer(model));
+  // The version resolved above may have been replaced meanwhile (a deploy, a delete of the
+  // served version): it is unloading, or gone. A request that named no version is for
+  // whichever version serves now, as the version switch promises: it goes there, if that
+  // version takes the same inputs (they were read against the old one's manifest).
+  if (!submitted.ok() && params.count("version") == 0 &&
+      (submitted.code() == StatusCode::kNotFound || submitted.code() == StatusCode::kUnavailable)) {
+    std::shared_ptr<const ServedModel> serving = models_.Find(model->name, std::nullopt);
+    if (serving != nullptr && serving != model &&
+        SameInterface(serving->manifest(), model->manifest())) {
+      Status resubmitted = models_.Submit(serving, inputs, infer->parameters, infer->rows, deadline,
+                                          client_gone, answer(serving));
+      if (resubmitted.ok()) return;
+    }
+  }
   if (!submitted.ok()) fail(submitted, FailureReason(submitted.code()));
 }
 

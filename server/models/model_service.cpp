@@ -619,14 +619,14 @@ std::shared_ptr<ServedModel> ModelService::FindByKey(const std::string& key) con
 }
 
 Status ModelService::Submit(const std::shared_ptr<const ServedModel>& model,
-                            std::vector<interpreters::NamedTensor> inputs,
-                            interpreters::RequestParameters parameters, int64_t rows,
+                            std::vector<interpreters::NamedTensor>& inputs,
+                            const interpreters::RequestParameters& parameters, int64_t rows,
                             std::optional<Clock::time_point> deadline,
                             std::function<bool()> abandoned, Done done) {
   InferJob job;
   job.abandoned = std::move(abandoned);
   job.inputs = std::move(inputs);
-  job.parameters = std::move(parameters);
+  job.parameters = parameters;
   job.rows = rows;
   job.deadline = deadline;
   job.done = [holder = model, rows, done = std::move(done)](
@@ -642,7 +642,9 @@ Status ModelService::Submit(const std::shared_ptr<const ServedModel>& model,
     }
     done(std::move(outputs), timings);
   };
-  return scheduler_.Submit(model->key, std::move(job));
+  Status submitted = scheduler_.Submit(model->key, std::move(job));
+  if (!submitted.ok()) inputs = std::move(job.inputs);
+  return submitted;
 }
 
 void ModelService::OnBatch(const std::string& model_key, int64_t rows, int64_t requests,

@@ -123,10 +123,12 @@ class ModelService : public SchedulerObserver {
 
   using Done =
       std::function<void(Result<std::vector<interpreters::NamedTensor>>, const InferTimings&)>;
-  // Queues inference; refusals come back as the Status (and `done` is not called).
+  // Queues inference; refusals come back as the Status (and `done` is not called), with
+  // `inputs` handed back untouched, so that the caller may submit them to another version
+  // (the one that replaced `model` meanwhile, say). Accepted, `inputs` are taken.
   Status Submit(const std::shared_ptr<const ServedModel>& model,
-                std::vector<interpreters::NamedTensor> inputs,
-                interpreters::RequestParameters parameters, int64_t rows,
+                std::vector<interpreters::NamedTensor>& inputs,
+                const interpreters::RequestParameters& parameters, int64_t rows,
                 std::optional<Clock::time_point> deadline, std::function<bool()> abandoned,
                 Done done);
 

@@ -125,9 +125,10 @@ class Scheduler {
   // kUnavailable). Returns how many copies were abandoned.
   size_t RemoveModel(const std::string& key, std::optional<Clock::duration> grace = std::nullopt);
 
-  // Queues `job`. Refusals (unknown model, queue full, stopping) come back as the Status and
-  // `job.done` is not called; otherwise `job.done` is called exactly once.
-  Status Submit(const std::string& model_key, InferJob job);
+  // Queues `job`. Refusals (unknown model, queue full, stopping) come back as the Status, `job`
+  // is left as it was and `job.done` is not called; otherwise the job is taken and `job.done`
+  // is called exactly once.
+  Status Submit(const std::string& model_key, InferJob&& job);
 
   // Why the model takes no requests (see Observer::OnModelUnavailable, or no copy holds it
   // because loading it into the replacements of stuck copies failed); empty while it does, or

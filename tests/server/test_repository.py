@@ -202,6 +202,40 @@ class RepositoryTest(unittest.TestCase):
         self.assertEqual(self.manage(restarted, "DELETE", "/v2/repository/models/calculator/versions/4")[0], 200)
         self.assertEqual(self.infer(restarted)[0], 404)
 
+    def test_deleting_the_served_version_under_load_fails_no_request(self):
+        # Once: 4 of 132k requests failed ("model calculator:3 is not loaded", "... is being
+        # unloaded"), resolved to the version that was going between their lookup and their
+        # queueing. A request that names no version goes to whichever version serves now.
+        server = self.start()
+        for version in (2, 3, 4, 5):
+            package = make_package(self.root, version, bias=float(version))
+            self.assertEqual(self.deploy(server, package, version)[0], 200)
+        stop = threading.Event()
+        answered, failures = [], []
+
+        def hammer():
+            while not stop.is_set():
+                status, answer = self.infer(server)
+                (answered if status == 200 else failures).append((status, answer))
+
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        try:
+            for version in (5, 4, 3):  # each the served one when it goes
+                time.sleep(0.3)
+                status, answer = self.manage(
+                    server, "DELETE", f"/v2/repository/models/calculator/versions/{version}")
+                self.assertEqual(status, 200, answer)
+            time.sleep(0.3)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+        self.assertEqual(failures, [])
+        self.assertGreater(len(answered), 20)
+        self.assertEqual(answered[-1][1]["model_version"], "2")
+
     def test_an_upload_gets_100_continue_at_once(self):
         server = self.start()
         package = make_package(self.root, 1, bias=0.5)

@@ -1152,8 +1152,12 @@ class ForkTest(unittest.TestCase):
             # The reviewer's case: the server dies, the child lives on, and a new server must
             # be able to listen on the same port.
             port = server.port
-            server.process.kill()
+            server.process.kill()  # the supervisor, then the serving process
             server.process.wait(timeout=30)
+            os.kill(server.serving_pid, signal.SIGKILL)
+            deadline = time.time() + 10
+            while os.path.exists(f"/proc/{server.serving_pid}") and time.time() < deadline:
+                time.sleep(0.01)
             with socket.socket() as again:
                 again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 again.bind(("127.0.0.1", port))
