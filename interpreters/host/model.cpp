@@ -108,9 +108,11 @@ ReplicatedModel::ReplicatedModel(InterpreterManager& manager, std::string key,
 
 ReplicatedModel::~ReplicatedModel() { (void)Unload(); }
 
-Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(
-    InterpreterManager& manager, ModelSource source, std::vector<size_t> slots,
-    std::chrono::milliseconds timeout, std::chrono::milliseconds interrupt_grace) {
+Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManager& manager,
+                                                               ModelSource source,
+                                                               std::vector<size_t> slots,
+                                                               LoadOptions options) {
+  const std::chrono::milliseconds timeout = options.timeout;
   if (slots.empty()) {
     for (size_t slot = 0; slot < manager.size(); ++slot) slots.push_back(slot);
   }
@@ -146,6 +148,8 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(
     std::vector<std::shared_ptr<Interpreter>> copies;  // while the copy loads
     std::vector<bool> done;
     size_t running = 0;
+    size_t loading_now = 0;  // copies loading at this moment, at most max_parallel
+    bool cancelled = false;  // past the timeout: copies yet to start do not
   };
   auto loading = std::make_shared<Loading>();
   loading->results.resize(slots.size());
@@ -153,30 +157,55 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(
   loading->done.resize(slots.size(), false);
   loading->running = slots.size();
   const std::string key = source.key;
+  const size_t max_parallel = options.max_parallel == 0 ? slots.size() : options.max_parallel;
   for (size_t i = 0; i < slots.size(); ++i) {
-    std::thread([loading, &manager, slot = slots[i], arguments = model->load_arguments_, key, i] {
-      InterpreterManager::Lease lease = manager.AcquireSlot(slot);
-      lease->SetCaller(key);
+    std::thread([loading, &manager, slot = slots[i], arguments = model->load_arguments_, key, i,
+                 max_parallel, options] {
+      auto finish = [&](Status result) {
+        std::lock_guard lock(loading->mutex);
+        loading->results[i] = std::move(result);
+        loading->copies[i].reset();
+        loading->done[i] = true;
+        loading->running--;
+        loading->changed.notify_all();
+      };
+      {
+        std::unique_lock lock(loading->mutex);
+        loading->changed.wait(
+            lock, [&] { return loading->cancelled || loading->loading_now < max_parallel; });
+        if (loading->cancelled) {
+          lock.unlock();
+          finish(Status(StatusCode::kDeadlineExceeded, "not started: the load timed out"));
+          return;
+        }
+        loading->loading_now++;
+      }
+      if (options.pause) options.pause(slot);
+      Status result;
+      {
+        InterpreterManager::Lease lease = manager.AcquireSlot(slot);
+        lease->SetCaller(key);
+        {
+          std::lock_guard lock(loading->mutex);
+          loading->copies[i] = lease.shared();
+        }
+        Result<Value> loaded = [&] {
+          const ScopedCrashContext crash_context(key, static_cast<int>(slot), "load");
+          return lease->Call("orochi.serving:_load", arguments);
+        }();
+        if (!loaded.ok()) {
+          result = Status(loaded.status().code(),
+                          "loading model " + key + " in interpreter copy " +
+                              std::to_string(lease->id()) + ": " + loaded.status().message(),
+                          loaded.status().detail());
+        }
+      }
+      if (options.resume) options.resume(slot);
       {
         std::lock_guard lock(loading->mutex);
-        loading->copies[i] = lease.shared();
+        loading->loading_now--;
       }
-      Result<Value> loaded = [&] {
-        const ScopedCrashContext crash_context(key, static_cast<int>(slot), "load");
-        return lease->Call("orochi.serving:_load", arguments);
-      }();
-      std::lock_guard lock(loading->mutex);
-      if (!loaded.ok()) {
-        loading->results[i] =
-            Status(loaded.status().code(),
-                   "loading model " + key + " in interpreter copy " + std::to_string(lease->id()) +
-                       ": " + loaded.status().message(),
-                   loaded.status().detail());
-      }
-      loading->copies[i].reset();
-      loading->done[i] = true;
-      loading->running--;
-      loading->changed.notify_all();
+      finish(std::move(result));
     }).detach();
   }
   std::unique_lock lock(loading->mutex);
@@ -188,12 +217,14 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(
     loading->changed.wait(lock, all_done);
   }
   if (timed_out) {
+    loading->cancelled = true;
+    loading->changed.notify_all();
     // Interrupting waits for the copy's GIL, which a copy stuck in C never gives up: each on a
     // thread of its own.
     for (const std::shared_ptr<Interpreter>& copy : loading->copies) {
       if (copy != nullptr) std::thread([copy] { (void)copy->Interrupt(); }).detach();
     }
-    if (!loading->changed.wait_for(lock, interrupt_grace, all_done)) {
+    if (!loading->changed.wait_for(lock, options.interrupt_grace, all_done)) {
       // The stuck threads keep their copies: unloaded from the others only, since waiting for
       // a stuck slot would never end.
       const size_t stuck = loading->running;

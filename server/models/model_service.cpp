@@ -89,6 +89,19 @@ bool IsMissingDevice(const Status& status) {
 
 }  // namespace
 
+interpreters::LoadOptions ModelService::LoadOptionsFor(const std::vector<size_t>& slots) {
+  interpreters::LoadOptions options;
+  options.timeout = std::chrono::seconds(config_.load_timeout_s);
+  options.interrupt_grace = std::chrono::milliseconds(config_.execution_grace_ms);
+  // Half the model's copies at a time, each out of service while the entry class's __init__
+  // runs in it: the other half goes on serving every model (a load into all copies at once
+  // stalled every model for as long as __init__ took). Two waves cost twice __init__'s time.
+  options.max_parallel = std::max<size_t>(1, slots.size() / 2);
+  options.pause = [this](size_t slot) { scheduler_.PauseSlot(slot); };
+  options.resume = [this](size_t slot) { scheduler_.ResumeSlot(slot); };
+  return options;
+}
+
 Status ModelService::LoadVersion(const std::string& path, const std::string& expected_name,
                                  int64_t expected_version) {
   const Clock::time_point start = Clock::now();
@@ -121,10 +134,10 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
   source.read_resource = [package](std::string_view resource) {
     return package->ReadResource(resource);
   };
+  const std::vector<size_t> slots = SlotsFor(manifest);
   Result<std::unique_ptr<interpreters::ReplicatedModel>> replicas =
-      interpreters::ReplicatedModel::Load(manager_, std::move(source), SlotsFor(manifest),
-                                          std::chrono::seconds(config_.load_timeout_s),
-                                          std::chrono::milliseconds(config_.execution_grace_ms));
+      interpreters::ReplicatedModel::Load(manager_, std::move(source), slots,
+                                          LoadOptionsFor(slots));
   if (!replicas.ok()) return fail(replicas.status());
 
   {

@@ -161,6 +161,8 @@ class ModelService : public SchedulerObserver {
   // Whether `name` has a selected version that is quarantined: if so it is left unloaded, its
   // reason recorded and logged, and the start goes on without it.
   bool SkipQuarantined(const std::string& name);
+  // How a version loads into `slots`: under models.load_timeout_s, a part of them at a time.
+  interpreters::LoadOptions LoadOptionsFor(const std::vector<size_t>& slots);
   Result<std::string> LoadModelLocked(const std::string& name);  // LoadModel, admin_mutex_ held
   std::vector<int64_t> VersionsOnDisk(const std::string& name) const;
   std::vector<int64_t> SelectedVersions(const std::string& name) const;

@@ -396,7 +396,7 @@ void Scheduler::Work(size_t slot, uint64_t generation) {
       RepairSlot(lock, slot, generation);
       continue;
     }
-    ModelQueue* queue = Pick(slot);
+    ModelQueue* queue = worker.paused > 0 ? nullptr : Pick(slot);
     if (queue == nullptr) {
       if (stopping_) return;
       if (repairing) {
@@ -411,6 +411,7 @@ void Scheduler::Work(size_t slot, uint64_t generation) {
       observer_->OnQueueDepth(queue->model->key(), static_cast<int64_t>(queue->jobs.size()));
     }
     queue->running++;
+    worker.busy = true;
     lock.unlock();
     const bool current = Run(slot, generation, *queue, std::move(batch));
     lock.lock();
@@ -424,8 +425,25 @@ void Scheduler::Work(size_t slot, uint64_t generation) {
       return;
     }
     queue->running--;
+    worker.busy = false;
     idle_.notify_all();
   }
+}
+
+void Scheduler::PauseSlot(size_t slot) {
+  std::unique_lock lock(mutex_);
+  Worker& worker = workers_.at(slot);
+  worker.paused++;
+  idle_.wait(lock, [&] { return !worker.busy || stopping_; });
+}
+
+void Scheduler::ResumeSlot(size_t slot) {
+  {
+    std::lock_guard lock(mutex_);
+    Worker& worker = workers_.at(slot);
+    if (worker.paused > 0) worker.paused--;
+  }
+  work_ready_.notify_all();
 }
 
 void Scheduler::Answer(Batch& batch, const Status& error, const InferTimings& timings) {
@@ -638,6 +656,7 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   std::shared_ptr<Batch> batch = std::move(worker.batch);
   ModelQueue* queue = worker.queue;
   worker.generation++;
+  worker.busy = false;  // the stuck thread is no longer the slot's worker
   worker.copy.reset();
   worker.deadline.reset();
   worker.queue = nullptr;

@@ -130,6 +130,12 @@ class Scheduler {
   // is called exactly once.
   Status Submit(const std::string& model_key, InferJob&& job);
 
+  // Takes `slot`'s copy out of service until ResumeSlot: its worker finishes the batch it runs
+  // (PauseSlot waits for that) and takes no more, so that the caller may hold the copy (to load
+  // a model into it) while the other copies serve the queued requests. Pauses nest.
+  void PauseSlot(size_t slot);
+  void ResumeSlot(size_t slot);
+
   // Why the model takes no requests (see Observer::OnModelUnavailable, or no copy holds it
   // because loading it into the replacements of stuck copies failed); empty while it does, or
   // when it is not in the scheduler.
@@ -176,6 +182,8 @@ class Scheduler {
     bool interrupted = false;
     bool unloading = false;     // interrupted because its model is being removed, not a deadline
     bool clients_gone = false;  // interrupted because every client of its batch hung up
+    bool busy = false;          // this generation has taken a batch and not finished it
+    int paused = 0;             // PauseSlot calls not yet resumed: takes no work while > 0
     bool exited = false;        // the thread of this generation has returned: joining it is quick
     // After an abandon: the stuck copy is still in the slot until manager.Abandon succeeds.
     bool needs_fresh_copy = false;

@@ -321,27 +321,76 @@ class Hangs:
 '''
 
 
+SLOW_INIT = '''
+import time
+
+
+class Hangs:
+    def __init__(self, context):
+        time.sleep(1.5)
+
+    def predict(self, inputs):
+        return {"done": [True]}
+'''
+
+
+def pack_variant(root: str, name: str, code: str) -> str:
+    """The slow test model's manifest around `code` (whose entry class is Hangs), as NAME."""
+    source = os.path.join(root, f"{name}-source")
+    shutil.copytree(os.path.join(HERE, "models", "slow"), source)
+    with open(os.path.join(source, "code", "model.py"), "w") as file:
+        file.write(code)
+    manifest_path = os.path.join(source, "manifest.json")
+    with open(manifest_path) as file:
+        manifest = json.load(file)
+    manifest.update(name=name, entry="model:Hangs")
+    with open(manifest_path, "w") as file:
+        json.dump(manifest, file)
+    package = os.path.join(root, f"{name}.orochi")
+    subprocess.run([BINARY, "pack", source, "-o", package], check=True, capture_output=True)
+    return package
+
+
 class LoadTimeoutTest(unittest.TestCase):
-    """models.load_timeout_s: a model whose __init__ never returns takes nothing down."""
+    """models.load_timeout_s: a model whose __init__ never returns takes nothing down; a slow
+    one leaves half the copies serving the other models while it loads."""
 
     CONFIG = {"models": {"load_timeout_s": 1, "execution_grace_ms": 500}}
 
     def setUp(self):
         self.root = tempfile.mkdtemp(prefix="orochi-load-timeout-test-")
         self.repository = pack_repository(self.root)
-        source = os.path.join(self.root, "hangs-source")
-        shutil.copytree(os.path.join(HERE, "models", "slow"), source)
-        with open(os.path.join(source, "code", "model.py"), "w") as file:
-            file.write(HANGING_INIT)
-        manifest_path = os.path.join(source, "manifest.json")
-        with open(manifest_path) as file:
-            manifest = json.load(file)
-        manifest.update(name="hangs", entry="model:Hangs")
-        with open(manifest_path, "w") as file:
-            json.dump(manifest, file)
-        self.package = os.path.join(self.root, "hangs.orochi")
-        subprocess.run([BINARY, "pack", source, "-o", self.package], check=True,
-                       capture_output=True)
+        self.package = pack_variant(self.root, "hangs", HANGING_INIT)
+
+    def test_a_slow_init_leaves_the_other_models_served(self):
+        package = pack_variant(self.root, "slowinit", SLOW_INIT)
+        server = Server(self.repository, {}, copies=2)
+        try:
+            upload = {}
+
+            def deploy():
+                began = time.time()
+                upload["status"] = curl("-T", package, f"http://127.0.0.1:"
+                                        f"{server.management_port}/v2/repository/models/"
+                                        "slowinit/versions/1")[0]
+                upload["seconds"] = time.time() - began
+
+            deploying = threading.Thread(target=deploy)
+            deploying.start()
+            slowest = 0.0
+            while deploying.is_alive():
+                began = time.time()
+                status, _, body = post_json(server, "/v2/models/echo/infer", echo_request())
+                self.assertEqual(status, 200, body)
+                slowest = max(slowest, time.time() - began)
+            deploying.join()
+            self.assertEqual(upload["status"], 200)
+            # One copy at a time: 1.5 s each, while the other answered (all at once, every
+            # request waited 1.5 s).
+            self.assertGreater(upload["seconds"], 2.9)
+            self.assertLess(slowest, 0.75)
+        finally:
+            self.assertEqual(server.stop(), 0)
 
     def tearDown(self):
         shutil.rmtree(self.root)

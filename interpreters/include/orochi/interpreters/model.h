@@ -57,21 +57,32 @@ struct ModelSource {
   std::function<Result<std::string>(std::string_view path)> read_resource;
 };
 
+// How ReplicatedModel::Load goes about it.
+struct LoadOptions {
+  // Past this (> 0), each copy still loading is interrupted (TimeoutError in the entry class's
+  // __init__) and the load fails with kDeadlineExceeded. A copy that does not come back from
+  // the interrupt within `interrupt_grace` (stuck in C code) is left to its loading thread,
+  // which holds its slot until it returns, if ever; the result then says so.
+  std::chrono::milliseconds timeout{0};
+  std::chrono::milliseconds interrupt_grace{5000};
+  // At most this many copies load at once (0: all of them), each taken out of service around
+  // its load by `pause` and `resume` (called with the slot, from the loading thread) when they
+  // are set: a scheduler's hooks, so that the other copies go on serving while the entry
+  // class's __init__ runs.
+  size_t max_parallel = 0;
+  std::function<void(size_t slot)> pause;
+  std::function<void(size_t slot)> resume;
+};
+
 class ReplicatedModel {
  public:
   // Loads `source` into copies `slots` of `manager` (every copy when empty). Fails, with the
   // Python traceback for errors raised by the package's code, if any copy fails; copies that
-  // had loaded it unload it again.
-  //
-  // With a `timeout` (> 0), a load still running then (the entry class's __init__ sleeping or
-  // spinning) is interrupted in each copy (TimeoutError in its Python code) and the result is
-  // kDeadlineExceeded. A copy that does not come back from the interrupt within
-  // `interrupt_grace` (stuck in C code) is left to its loading thread, which holds its slot
-  // until it returns, if ever; the result then says so.
-  static Result<std::unique_ptr<ReplicatedModel>> Load(
-      InterpreterManager& manager, ModelSource source, std::vector<size_t> slots = {},
-      std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
-      std::chrono::milliseconds interrupt_grace = std::chrono::seconds(5));
+  // had loaded it unload it again. See LoadOptions for deadlines and copies out of service.
+  static Result<std::unique_ptr<ReplicatedModel>> Load(InterpreterManager& manager,
+                                                       ModelSource source,
+                                                       std::vector<size_t> slots = {},
+                                                       LoadOptions options = {});
   ~ReplicatedModel();  // unloads
 
   ReplicatedModel(const ReplicatedModel&) = delete;
