@@ -30,8 +30,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// After a crash that comes soon after the last start, the next start waits this long, doubling
-// up to kLongestRestartDelay: a process that cannot stay up must not take every core restarting.
+// A restart is immediate, unless the serving processes keep dying soon after they start: from
+// the kQuickCrashesAllowed-th such death in a row, the next start waits kFirstRestartDelay,
+// doubling up to kLongestRestartDelay, so that a process that cannot stay up does not take
+// every core restarting.
+constexpr int kQuickCrashesAllowed = 3;
 constexpr std::chrono::milliseconds kFirstRestartDelay{100};
 constexpr std::chrono::milliseconds kLongestRestartDelay{5000};
 // A serving process that ran this long before dying was not in a crash loop.
@@ -130,6 +133,7 @@ class Supervisor {
 
     bool first_start = true;
     std::chrono::milliseconds delay{0};
+    int quick_crashes = 0;  // deaths in a row, each soon after its start
     while (true) {
       int report_pipe[2];
       if (::pipe2(report_pipe, O_CLOEXEC) != 0) {
@@ -170,9 +174,12 @@ class Supervisor {
       }
       first_start = false;
       RecordDeath(status, report);
-      delay = Clock::now() - started >= kStableAfter
-                  ? kFirstRestartDelay
-                  : std::min(kLongestRestartDelay, std::max(kFirstRestartDelay, delay * 2));
+      quick_crashes = Clock::now() - started >= kStableAfter ? 1 : quick_crashes + 1;
+      if (quick_crashes < kQuickCrashesAllowed) {
+        delay = std::chrono::milliseconds(0);
+      } else {
+        delay = std::min(kLongestRestartDelay, std::max(kFirstRestartDelay, delay * 2));
+      }
       if (WaitOrStop(handled, delay)) return 0;
     }
   }
