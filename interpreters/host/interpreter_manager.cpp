@@ -1,5 +1,7 @@
 #include "orochi/interpreters/interpreter_manager.h"
 
+#include <algorithm>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -12,8 +14,8 @@ InterpreterManager::InterpreterManager(ManagerOptions options) : options_(std::m
 InterpreterManager::~InterpreterManager() {
   std::lock_guard lock(mutex_);
   // Abandoned copies may still have a thread inside: they are never unloaded (see Abandon).
-  for (std::shared_ptr<Interpreter>& copy : abandoned_) {
-    new std::shared_ptr<Interpreter>(std::move(copy));  // NOLINT: leaked on purpose
+  for (Abandoned& copy : abandoned_) {
+    new std::shared_ptr<Interpreter>(std::move(copy.interpreter));  // NOLINT: leaked on purpose
   }
   for (const Slot& slot : slots_) {
     OROCHI_INTERNAL_ASSERT(!slot.leased, "an InterpreterManager was destroyed with a live Lease");
@@ -88,12 +90,38 @@ InterpreterManager::Lease InterpreterManager::LeaseLocked(size_t slot) {
 }
 
 void InterpreterManager::Release(size_t slot, uint64_t generation) {
+  std::optional<Abandoned> returned;
   {
     std::lock_guard lock(mutex_);
-    // A lease on an abandoned copy no longer holds the slot.
-    if (slots_[slot].generation == generation) slots_[slot].leased = false;
+    if (slots_[slot].generation == generation) {
+      slots_[slot].leased = false;
+    } else {
+      // A lease on an abandoned copy no longer holds the slot; its call has returned at last,
+      // so no thread of ours is inside the copy any more.
+      auto found = std::find_if(abandoned_.begin(), abandoned_.end(), [&](const Abandoned& a) {
+        return a.slot == slot && a.generation == generation && a.reclaimable;
+      });
+      if (found != abandoned_.end()) {
+        returned = std::move(*found);
+        abandoned_.erase(found);
+      }
+    }
   }
   slot_freed_.notify_all();
+  if (returned) Reclaim(std::move(*returned));  // outside the lock: unloading takes a while
+}
+
+void InterpreterManager::Reclaim(Abandoned abandoned) {
+  if (abandoned.interpreter->Unload().ok()) return;
+  // Threads the copy started itself still run in it: unmapping it would crash them.
+  abandoned.reclaimable = false;
+  std::lock_guard lock(mutex_);
+  abandoned_.push_back(std::move(abandoned));
+}
+
+size_t InterpreterManager::abandoned_loaded() const {
+  std::lock_guard lock(mutex_);
+  return abandoned_.size();
 }
 
 Status InterpreterManager::Abandon(size_t slot) {
@@ -107,16 +135,25 @@ Status InterpreterManager::Abandon(size_t slot) {
   Result<std::unique_ptr<Interpreter>> fresh =
       Interpreter::Create(OptionsFor(copy_id, slot, fresh_abandoned));
   if (!fresh.ok()) return fresh.status();
+  std::optional<Abandoned> unused;
   {
     std::lock_guard lock(mutex_);
-    slots_[slot].abandoned->store(true);
-    slots_[slot].abandoned = std::move(fresh_abandoned);
-    abandoned_.push_back(std::move(slots_[slot].interpreter));
-    slots_[slot].interpreter = std::move(fresh).value();
-    slots_[slot].generation++;
-    slots_[slot].leased = false;
+    Slot& current = slots_[slot];
+    current.abandoned->store(true);
+    current.abandoned = std::move(fresh_abandoned);
+    Abandoned old{slot, current.generation, std::move(current.interpreter)};
+    // Its call may have returned meanwhile: then no Lease is left to release it.
+    if (current.leased) {
+      abandoned_.push_back(std::move(old));
+    } else {
+      unused = std::move(old);
+    }
+    current.interpreter = std::move(fresh).value();
+    current.generation++;
+    current.leased = false;
   }
   slot_freed_.notify_all();
+  if (unused) Reclaim(std::move(*unused));
   return Status::Ok();
 }
 

@@ -681,6 +681,7 @@ void ModelService::OnQueueDepth(const std::string& model_key, int64_t depth) {
 
 void ModelService::OnCopyReplaced(size_t slot) {
   metrics_.Copies("replaced", ++replaced_copies_);
+  metrics_.Copies("abandoned_loaded", static_cast<int64_t>(manager_.abandoned_loaded()));
   Log(LogLevel::kWarning, "interpreter copy replaced: it did not stop after an interrupt",
       {{"copy", std::to_string(slot), false}});
 }
@@ -690,7 +691,11 @@ void ModelService::OnCopiesRecovering(int64_t without_copy, int64_t missing_mode
   metrics_.Copies("missing_models", missing_models);
 }
 
-void ModelService::OnAbandonedCopies(int64_t running) { metrics_.Copies("abandoned", running); }
+void ModelService::OnAbandonedCopies(int64_t running) {
+  metrics_.Copies("abandoned", running);
+  // An abandoned copy whose call returned has been unloaded by then (InterpreterManager::Abandon).
+  metrics_.Copies("abandoned_loaded", static_cast<int64_t>(manager_.abandoned_loaded()));
+}
 
 void ModelService::OnModelUnavailable(const std::string& model_key, const std::string& reason) {
   Log(LogLevel::kError, "model made unavailable: its code got too many copies stuck",

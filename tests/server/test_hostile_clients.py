@@ -8,6 +8,7 @@ model, and a server short of memory. Each case once stopped or locked out the se
 
 import json
 import os
+import re
 import select
 import shutil
 import socket
@@ -308,6 +309,36 @@ class RequestCostTest(unittest.TestCase):
                                                  r'reason="out_of_memory",version="1"\} 1')
         finally:
             self.assertEqual(server.stop(), 0)
+
+
+class AbandonedCopyTest(SharedServerTest):
+    """An abandoned copy is unloaded once its stuck call returns, and stops counting."""
+
+    CONFIG = {"models": {"execution_grace_ms": 300}}
+    COPIES = 1
+
+    def copies(self):
+        text = metric(self.server, "")
+        return {state: float(value) for state, value in re.findall(
+            r'orochi_interpreter_copies\{state="(\w+)"\} ([\d.]+)', text)}
+
+    def test_a_copy_stuck_in_c_that_returns_at_last_is_unloaded(self):
+        status, _, body = post_json(self.server, "/v2/models/slow/infer",
+                                    slow_request("csleep", 2, timeout_us=200000))
+        self.assertEqual(status, 504, body)
+        self.assertIn("its interpreter copy was replaced", json.loads(body)["error"])
+        # The replacement copy starts right after the answer; the stuck one is still loaded.
+        deadline = time.time() + 1.5
+        while (self.copies()["abandoned"], self.copies()["abandoned_loaded"]) != (1, 1):
+            self.assertLess(time.time(), deadline, self.copies())
+            time.sleep(0.02)
+        status, _, body = post_json(self.server, "/v2/models/echo/infer", echo_request())
+        self.assertEqual(status, 200, body)  # the fresh copy serves meanwhile
+        deadline = time.time() + 10
+        while self.copies()["abandoned_loaded"] != 0:
+            self.assertLess(time.time(), deadline, "the abandoned copy was not unloaded")
+            time.sleep(0.1)
+        self.assertEqual(self.copies()["abandoned"], 0)
 
 
 HANGING_INIT = '''

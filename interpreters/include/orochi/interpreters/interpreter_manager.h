@@ -88,10 +88,15 @@ class InterpreterManager {
   Status Replace(size_t slot);
 
   // Puts a fresh copy in `slot` at once, without waiting for the current one: for a copy stuck
-  // in a call that ignores interrupts. The old copy stays loaded for good (a thread is still
-  // inside it; unloading would pull its code from under it), and a Lease on it no longer
-  // holds the slot. Models the old copy held must be loaded into the new one.
+  // in a call that ignores interrupts. A Lease on the old copy no longer holds the slot. The old
+  // copy stays loaded while that Lease lives (a thread is still inside it; unloading would pull
+  // its code from under it) and is unloaded when it goes, its memory reclaimed, unless threads
+  // the copy started itself still run in it: then it stays loaded for good. Models the old copy
+  // held must be loaded into the new one.
   Status Abandon(size_t slot);
+
+  // Abandoned copies still loaded (their call has not returned, or their own threads run on).
+  size_t abandoned_loaded() const;
 
  private:
   struct Slot {
@@ -110,10 +115,20 @@ class InterpreterManager {
   void Release(size_t slot, uint64_t generation);
 
   ManagerOptions options_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable slot_freed_;
   std::vector<Slot> slots_;
-  std::vector<std::shared_ptr<Interpreter>> abandoned_;
+  // An abandoned copy, kept loaded until the Lease of its generation of its slot is released.
+  struct Abandoned {
+    size_t slot = 0;
+    uint64_t generation = 0;
+    std::shared_ptr<Interpreter> interpreter;
+    bool reclaimable = true;  // false once an unload found threads still running in it
+  };
+  // Unloads an abandoned copy whose call has returned; keeps it for good if it cannot be.
+  void Reclaim(Abandoned abandoned);
+
+  std::vector<Abandoned> abandoned_;
   int next_copy_id_ = 0;
 };
 

@@ -18,6 +18,9 @@ class Slow:
                 pass
         elif mode == "fail":
             raise ValueError(f"asked to fail after {seconds} s")
+        elif mode == "csleep":  # C code that ignores interrupts, then returns after all
+            import ctypes
+            ctypes.CDLL("libc.so.6").sleep(int(seconds))
         elif mode == "block":  # C code that holds the GIL and never looks at interrupts
             sum(range(10**15))
         elif mode == "fork":  # a child process (a copy of the whole server) that outlives it
