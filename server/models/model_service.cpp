@@ -420,13 +420,18 @@ Result<std::string> ModelService::UnloadModel(const std::string& name) {
   if (Versions(name).empty() && !fs::is_directory(fs::path(config_.repository) / name, error)) {
     return NotFound("model '" + name + "' is not in the repository");
   }
+  // Remembered on disk first: if it cannot be (a full disk), nothing changes, rather than an
+  // unload that holds until the next restart brings the model back.
+  const bool newly_unloaded = unloaded_.insert(name).second;
+  if (Status saved = SaveState(); !saved.ok()) {
+    if (newly_unloaded) unloaded_.erase(name);
+    return Status(saved.code(), "the model stays loaded: " + saved.message());
+  }
   std::string notice;
   for (int64_t version : Versions(name)) {
     OROCHI_ASSIGN_OR_RETURN(std::string unloaded, UnloadVersion(name, version));
     notice = Joined(notice, unloaded);
   }
-  unloaded_.insert(name);
-  OROCHI_RETURN_IF_ERROR(SaveState());
   return notice;
 }
 

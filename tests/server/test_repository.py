@@ -372,6 +372,22 @@ class RepositoryTest(unittest.TestCase):
                          "the server is healthy and a small package still deploys")
         self.assertEqual(self.infer(server)[0], 200)
 
+    def test_an_unload_that_cannot_be_remembered_changes_nothing(self):
+        # Once: the state file could not be written (a full disk), the answer was 500, yet the
+        # model was unloaded, and came back at the next restart.
+        server = self.start()
+        self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200)
+        blocker = os.path.join(self.repository, ".orochi", "state.json.tmp")
+        os.mkdir(blocker)  # the state file's temporary name cannot be written
+        status, answer = self.manage(server, "POST", "/v2/repository/models/calculator/unload")
+        self.assertEqual(status, 500, answer)
+        self.assertIn("the model stays loaded: cannot write", answer["error"])
+        self.assertEqual(self.infer(server)[0], 200)
+        os.rmdir(blocker)
+        status, answer = self.manage(server, "POST", "/v2/repository/models/calculator/unload")
+        self.assertEqual(status, 200, answer)
+        self.assertEqual(self.infer(server)[0], 404)
+
     def test_every_hostile_package_is_refused_over_rest(self):
         server = self.start()
         cases = hostile_cases(self.root)
