@@ -3,8 +3,10 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -110,6 +113,71 @@ std::string SignalName(int signal_number) {
   return name != nullptr ? std::string("SIG") + name : std::to_string(signal_number);
 }
 
+// What the serving process writes straight to its descriptors 1 and 2 (C code, os.write(1, ..),
+// a fatal error message as it dies) once it serves: each line a `process output` record,
+// cut at the copies' line limit and at most kLinesPerSecond a second (the rest counted and
+// reported), as print() in a copy gives. Read here, in the supervisor, so that what a dying
+// process wrote last is logged too.
+class DescriptorOutput {
+ public:
+  static constexpr size_t kLineLimit = 4096;
+  static constexpr double kLinesPerSecond = 200;
+
+  // `descriptor`: where the read end of the pipe is, once it exists.
+  DescriptorOutput(const int* descriptor, const char* stream)
+      : descriptor_(descriptor), stream_(stream) {}
+
+  // Reads what is there (the descriptor is non-blocking) and logs its complete lines.
+  void Drain() {
+    char buffer[16384];
+    while (true) {
+      const ssize_t got = ::read(*descriptor_, buffer, sizeof(buffer));
+      if (got <= 0) break;
+      for (ssize_t i = 0; i < got; ++i) {
+        if (buffer[i] == '\n') {
+          Emit();
+        } else if (pending_.size() < kLineLimit) {
+          pending_.push_back(buffer[i]);
+        } else {
+          cut_ = true;
+        }
+      }
+    }
+  }
+
+ private:
+  void Emit() {
+    const Clock::time_point now = Clock::now();
+    tokens_ =
+        std::min(kLinesPerSecond, tokens_ + std::chrono::duration<double>(now - refilled_).count() *
+                                                kLinesPerSecond);
+    refilled_ = now;
+    if (tokens_ < 1) {
+      dropped_++;
+    } else {
+      tokens_ -= 1;
+      if (dropped_ > 0) {
+        Log(LogLevel::kWarning, "process output dropped: written faster than its limit",
+            {{"stream", stream_}, {"dropped_lines", std::to_string(dropped_), false}});
+        dropped_ = 0;
+      }
+      std::vector<LogField> fields{{"stream", stream_}, {"line", pending_}};
+      if (cut_) fields.push_back({"cut", "true", false});
+      Log(LogLevel::kWarning, "process output", fields);
+    }
+    pending_.clear();
+    cut_ = false;
+  }
+
+  const int* descriptor_;
+  const char* stream_;
+  std::string pending_;
+  bool cut_ = false;
+  double tokens_ = kLinesPerSecond;
+  Clock::time_point refilled_ = Clock::now();
+  int64_t dropped_ = 0;
+};
+
 class Supervisor {
  public:
   explicit Supervisor(ServerConfig config) : config_(std::move(config)) {}
@@ -123,13 +191,23 @@ class Supervisor {
                             BindListener(config_.http.bind_address, config_.http.metrics_port));
     OROCHI_ASSIGN_OR_RETURN(inherited_.management_fd,
                             BindListener(config_.management.bind_address, config_.management.port));
-    // The signals the supervisor acts on are taken with sigwaitinfo, never by handlers; the
-    // serving process gets the mask it would have had.
+    // The signals the supervisor acts on come through a signalfd, never to handlers: one poll
+    // waits for them and for the serving process's output. The serving process gets the mask
+    // it would have had.
     sigset_t handled;
     sigemptyset(&handled);
     for (int signal_number : {SIGTERM, SIGINT, SIGCHLD}) sigaddset(&handled, signal_number);
     sigset_t original;
     ::pthread_sigmask(SIG_BLOCK, &handled, &original);
+    signals_ = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (signals_ < 0 || ::pipe2(stdout_pipe_, O_CLOEXEC | O_NONBLOCK) != 0 ||
+        ::pipe2(stderr_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
+      return Internal(std::string("cannot set up the supervisor: ") + std::strerror(errno));
+    }
+    // The write ends are the serving process's to block on: a full pipe slows a model that
+    // floods its descriptors instead of dropping the server's own lines.
+    ::fcntl(stdout_pipe_[1], F_SETFL, 0);
+    ::fcntl(stderr_pipe_[1], F_SETFL, 0);
 
     bool first_start = true;
     std::chrono::milliseconds delay{0};
@@ -146,6 +224,7 @@ class Supervisor {
       }
       if (child == 0) {
         ::close(report_pipe[0]);
+        ::close(signals_);
         ::pthread_sigmask(SIG_SETMASK, &original, nullptr);
         ServeInChild(report_pipe[1]);  // does not return
       }
@@ -155,11 +234,10 @@ class Supervisor {
       bool stopping = false;
       Report report;
       while (true) {
-        siginfo_t info{};
-        if (::sigwaitinfo(&handled, &info) < 0) continue;  // EINTR
-        if (info.si_signo == SIGTERM || info.si_signo == SIGINT) {
+        const int signal_number = Wait(std::nullopt);
+        if (signal_number == SIGTERM || signal_number == SIGINT) {
           stopping = true;
-          ::kill(child, info.si_signo);
+          ::kill(child, signal_number);
           continue;
         }
         report = ReadReport(report_pipe[0], report);  // keep the pipe from filling
@@ -167,6 +245,8 @@ class Supervisor {
       }
       report = ReadReport(report_pipe[0], report);
       ::close(report_pipe[0]);
+      stdout_.Drain();  // its last words, if it wrote any
+      stderr_.Drain();
       const int exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (stopping || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) return exit_status;
       if (first_start && !report.ready && WIFEXITED(status)) {
@@ -180,7 +260,7 @@ class Supervisor {
       } else {
         delay = std::min(kLongestRestartDelay, std::max(kFirstRestartDelay, delay * 2));
       }
-      if (WaitOrStop(handled, delay)) return 0;
+      if (WaitOrStop(delay)) return 0;
     }
   }
 
@@ -197,6 +277,15 @@ class Supervisor {
         std::fprintf(stderr, "%s", started.status().detail().c_str());
       }
       std::exit(1);
+    }
+    // From now on what is written to descriptors 1 and 2 goes to the supervisor's log (see
+    // DescriptorOutput); a failed start above still tells the terminal directly.
+    ::fflush(stdout);
+    ::fflush(stderr);
+    ::dup2(stdout_pipe_[1], STDOUT_FILENO);
+    ::dup2(stderr_pipe_[1], STDERR_FILENO);
+    for (int descriptor : {stdout_pipe_[0], stdout_pipe_[1], stderr_pipe_[0], stderr_pipe_[1]}) {
+      ::close(descriptor);
     }
     static constexpr char kReady[] = "ready\n";
     [[maybe_unused]] ssize_t written = ::write(report_fd, kReady, sizeof(kReady) - 1);
@@ -247,15 +336,36 @@ class Supervisor {
     Log(LogLevel::kError, "the serving process died; restarting it", std::move(fields));
   }
 
+  // Waits for a signal (returned), logging the serving process's output meanwhile; with a
+  // `timeout`, 0 when it passes first.
+  int Wait(std::optional<std::chrono::milliseconds> timeout) {
+    const Clock::time_point until = Clock::now() + timeout.value_or(std::chrono::milliseconds(0));
+    while (true) {
+      pollfd watched[] = {
+          {signals_, POLLIN, 0}, {stdout_pipe_[0], POLLIN, 0}, {stderr_pipe_[0], POLLIN, 0}};
+      int wait_ms = -1;
+      if (timeout) {
+        wait_ms = static_cast<int>(std::max<int64_t>(
+            0,
+            std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count()));
+      }
+      if (::poll(watched, 3, wait_ms) < 0 && errno != EINTR) return 0;
+      if ((watched[1].revents & POLLIN) != 0) stdout_.Drain();
+      if ((watched[2].revents & POLLIN) != 0) stderr_.Drain();
+      signalfd_siginfo info{};
+      if (::read(signals_, &info, sizeof(info)) == sizeof(info)) {
+        return static_cast<int>(info.ssi_signo);
+      }
+      if (timeout && Clock::now() >= until) return 0;
+    }
+  }
+
   // Sleeps `delay` unless SIGTERM or SIGINT comes first (true then: stop).
-  static bool WaitOrStop(const sigset_t& handled, std::chrono::milliseconds delay) {
+  bool WaitOrStop(std::chrono::milliseconds delay) {
     const Clock::time_point until = Clock::now() + delay;
     while (Clock::now() < until) {
-      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now());
-      timespec timeout{static_cast<time_t>(left.count() / 1'000'000'000),
-                       static_cast<long>(left.count() % 1'000'000'000)};
-      siginfo_t info{};
-      const int signal_number = ::sigtimedwait(&handled, &info, &timeout);
+      const int signal_number =
+          Wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
       if (signal_number == SIGTERM || signal_number == SIGINT) return true;
     }
     return false;
@@ -263,6 +373,11 @@ class Supervisor {
 
   const ServerConfig config_;
   Inheritance inherited_;
+  int signals_ = -1;               // a signalfd for SIGTERM, SIGINT and SIGCHLD
+  int stdout_pipe_[2] = {-1, -1};  // the serving process's descriptor 1, once it serves
+  int stderr_pipe_[2] = {-1, -1};  // and 2
+  DescriptorOutput stdout_{&stdout_pipe_[0], "stdout"};
+  DescriptorOutput stderr_{&stderr_pipe_[0], "stderr"};
   std::map<std::string, std::deque<Clock::time_point>> crash_times_;  // by model key
 };
 

@@ -537,6 +537,32 @@ class CrashContainmentTest(unittest.TestCase):
         finally:
             self.assertEqual(server.stop(), 0)
 
+    def hostile(self, server, mode):
+        status, _, body = post_json(server, "/v2/models/hostile/infer", {"inputs": [
+            {"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]}]})
+        self.assertEqual(status, 200, body)
+
+    def test_writes_to_descriptors_1_and_2_are_log_records_with_the_line_limit(self):
+        server = Server(self.repository, {}, copies=1)
+        try:
+            self.hostile(server, "write_fds")
+            self.hostile(server, "flood_fds")
+            time.sleep(1.1)  # the budget refills; the next line reports what was dropped
+            self.hostile(server, "write_fds")
+            deadline = time.time() + 10
+            while "process output dropped" not in server.log_text():
+                self.assertLess(time.time(), deadline, server.log_text()[-2000:])
+                time.sleep(0.05)
+            log = server.log_text()
+            self.assertIn('process output stream=stderr line="to descriptor 2"', log)
+            self.assertIn("process output stream=stdout line=" + "y" * 4096 + " cut=true", log)
+            self.assertNotIn("y" * 4097, log)
+            floods = log.count("line=flood")
+            self.assertGreater(floods, 100)
+            self.assertLess(floods, 1000, "5000 lines at once are not all logged")
+        finally:
+            self.assertEqual(server.stop(), 0)
+
     def test_without_the_supervisor_one_process_serves(self):
         server = Server(self.repository, {"supervisor": {"enabled": False}}, copies=1)
         try:

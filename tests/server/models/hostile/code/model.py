@@ -31,6 +31,12 @@ class Hostile:
         elif mode == "segfault":  # a native crash, as a C extension's bug would make one
             import ctypes
             ctypes.string_at(0)
+        elif mode == "write_fds":  # past sys.stdout, straight to the process's descriptors
+            os.write(2, b"to descriptor 2\n")
+            os.write(1, b"y" * 10000 + b"\n")
+        elif mode == "flood_fds":
+            for _ in range(5000):
+                os.write(1, b"flood\n")
         elif mode == "odd_keys":
             return {"out": [1.0], 1: [2.0], None: [3.0]}
         return {"out": [1.0]}
