@@ -270,6 +270,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, Inheritance i
   s.metrics.Copies("busy", 0);
   s.metrics.Copies("abandoned", 0);
   s.metrics.Copies("abandoned_loaded", 0);
+  s.metrics.Copies("loading", 0);
   s.metrics.Copies("failed", 0);
   s.metrics.Copies("missing_models", 0);
   s.metrics.Inherit(inherited.restarts, inherited.model_crashes);

@@ -223,6 +223,8 @@ class Supervisor {
         return Internal(std::string("cannot start the serving process: ") + std::strerror(errno));
       }
       if (child == 0) {
+        // A process group of its own, which processes its models fork join: they end with it.
+        ::setpgid(0, 0);
         ::close(report_pipe[0]);
         ::close(signals_);
         ::pthread_sigmask(SIG_SETMASK, &original, nullptr);
@@ -243,6 +245,9 @@ class Supervisor {
         report = ReadReport(report_pipe[0], report);  // keep the pipe from filling
         if (::waitpid(child, &status, WNOHANG) == child) break;
       }
+      // What model code forked and left behind (a child deadlocked on a lock the fork copied,
+      // say) must not outlive the process it came from, nor hold what it inherited.
+      ::kill(-child, SIGKILL);
       report = ReadReport(report_pipe[0], report);
       ::close(report_pipe[0]);
       stdout_.Drain();  // its last words, if it wrote any

@@ -97,8 +97,17 @@ interpreters::LoadOptions ModelService::LoadOptionsFor(const std::vector<size_t>
   // runs in it: the other half goes on serving every model (a load into all copies at once
   // stalled every model for as long as __init__ took). Two waves cost twice __init__'s time.
   options.max_parallel = std::max<size_t>(1, slots.size() / 2);
-  options.pause = [this](size_t slot) { scheduler_.PauseSlot(slot); };
-  options.resume = [this](size_t slot) { scheduler_.ResumeSlot(slot); };
+  // Counted while out of service, so that the metrics do not call a loading copy idle.
+  options.pause = [this](size_t slot) {
+    scheduler_.PauseSlot(slot);
+    metrics_.Copies("loading", ++loading_copies_);
+    ReportIdle();
+  };
+  options.resume = [this](size_t slot) {
+    metrics_.Copies("loading", --loading_copies_);
+    ReportIdle();
+    scheduler_.ResumeSlot(slot);
+  };
   return options;
 }
 
@@ -714,7 +723,12 @@ std::string ModelService::UnavailableReason(const std::string& model_key) const 
 void ModelService::OnCopyRunning(size_t /*slot*/, bool running) {
   const int64_t busy = running ? ++busy_copies_ : --busy_copies_;
   metrics_.Copies("busy", busy);
-  metrics_.Copies("idle", static_cast<int64_t>(manager_.size()) - busy);
+  ReportIdle();
+}
+
+void ModelService::ReportIdle() {
+  metrics_.Copies("idle", static_cast<int64_t>(manager_.size()) - busy_copies_.load() -
+                              loading_copies_.load());
 }
 
 void ModelService::OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) {

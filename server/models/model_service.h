@@ -163,6 +163,8 @@ class ModelService : public SchedulerObserver {
   bool SkipQuarantined(const std::string& name);
   // How a version loads into `slots`: under models.load_timeout_s, a part of them at a time.
   interpreters::LoadOptions LoadOptionsFor(const std::vector<size_t>& slots);
+  // The idle-copies gauge: neither running a batch nor out of service for a load.
+  void ReportIdle();
   Result<std::string> LoadModelLocked(const std::string& name);  // LoadModel, admin_mutex_ held
   std::vector<int64_t> VersionsOnDisk(const std::string& name) const;
   std::vector<int64_t> SelectedVersions(const std::string& name) const;
@@ -182,6 +184,7 @@ class ModelService : public SchedulerObserver {
   // Why the last load of "name:version" failed, for the repository index; cleared on success.
   std::map<std::string, std::string> load_failures_;
   std::map<std::string, std::string> quarantined_;  // see Quarantine
+  std::atomic<int64_t> loading_copies_{0};          // copies out of service for a load
   std::map<std::string, std::shared_ptr<ServedModel>, std::less<>> by_key_;
   size_t next_slot_ = 0;
   std::atomic<int64_t> replaced_copies_{0};

@@ -18,8 +18,8 @@ import threading
 import time
 import unittest
 
-from test_server import (BINARY, HERE, Server, SharedServerTest, curl, echo_request,
-                         pack_repository, post_json, slow_request)
+from test_server import (BINARY, HERE, Server, SharedServerTest, child_pids, curl,
+                         echo_request, pack_repository, post_json, slow_request)
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
@@ -409,12 +409,18 @@ class LoadTimeoutTest(unittest.TestCase):
             deploying = threading.Thread(target=deploy)
             deploying.start()
             slowest = 0.0
+            loading_seen = set()
             while deploying.is_alive():
                 began = time.time()
                 status, _, body = post_json(server, "/v2/models/echo/infer", echo_request())
                 self.assertEqual(status, 200, body)
                 slowest = max(slowest, time.time() - began)
+                loading_seen.add(re.search(r'orochi_interpreter_copies\{state="loading"\} '
+                                           r'(\d+)', metric(server, "")).group(1))
             deploying.join()
+            # The metrics say a copy is out of service while it loads, never both at once.
+            self.assertIn("1", loading_seen)
+            self.assertNotIn("2", loading_seen)
             self.assertEqual(upload["status"], 200)
             # One copy at a time: 1.5 s each, while the other answered (all at once, every
             # request waited 1.5 s).
@@ -562,6 +568,22 @@ class CrashContainmentTest(unittest.TestCase):
             self.assertLess(floods, 1000, "5000 lines at once are not all logged")
         finally:
             self.assertEqual(server.stop(), 0)
+
+    def test_what_model_code_forks_ends_with_the_serving_process(self):
+        # Once: a model's os.fork() left a child (deadlocked on a lock the fork copied, or just
+        # sleeping) that outlived the server.
+        server = Server(self.repository, {}, copies=1)
+        try:
+            status, _, body = post_json(server, "/v2/models/slow/infer", slow_request("fork", 60))
+            self.assertEqual(status, 200, body)
+            children = child_pids(server.serving_pid)
+            self.assertEqual(len(children), 1, children)
+        finally:
+            self.assertEqual(server.stop(), 0)
+        deadline = time.time() + 5
+        while os.path.exists(f"/proc/{children[0]}"):
+            self.assertLess(time.time(), deadline, "the forked child outlived the server")
+            time.sleep(0.05)
 
     def test_without_the_supervisor_one_process_serves(self):
         server = Server(self.repository, {"supervisor": {"enabled": False}}, copies=1)
