@@ -2,7 +2,7 @@
 # The README's first command. On a fresh Debian machine: installs the dependencies, builds Orochi
 # and packs the example models (models/) into build/model-repository, then serves them:
 #   inference (KServe v2)    http://localhost:8000
-#   model repository API     http://127.0.0.1:8001
+#   model repository API     http://127.0.0.1:8003
 #   Prometheus metrics       http://localhost:8002/metrics
 # Arguments go to `orochi serve` (e.g. --copies 4). The docs test starts the server with this
 # script too, with OROCHI_SKIP_SETUP=1 (already built), its build in OROCHI_BUILD_DIR, a copy of
@@ -25,7 +25,7 @@ cat <<MESSAGE
 Serving the example models ($models) from $repository.
 When the server logs "serving", try:
   curl localhost:8000/v2/health/ready -w '%{http_code}\n'
-  curl -X POST localhost:8001/v2/repository/index
+  curl -X POST localhost:8003/v2/repository/index
 and the rest of the README's quickstart. Ctrl-C stops the server.
 
 MESSAGE

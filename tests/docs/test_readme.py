@@ -153,14 +153,14 @@ def check_metrics(test, status, text):
 
 CHECKS = [
     (r"^curl localhost:8000/v2/health/ready$", check_ready),
-    (r"^curl -X POST localhost:8001/v2/repository/index$", check_index),
+    (r"^curl -X POST localhost:8003/v2/repository/index$", check_index),
     (r"^curl localhost:8000/v2/models/sentiment$", check_sentiment_metadata),
     (r"/v2/models/digits/infer", check_digits),
     (r"/v2/models/sentiment/infer", check_sentiment),
     (r"/v2/models/encoder/infer", check_encoder),
     (r"/v2/models/resnet/infer", check_resnet),
     (r"^build/bin/orochi pack ", check_pack),
-    (r"^curl -T .* localhost:8001/v2/repository/models/digits/versions/2$", check_deploy),
+    (r"^curl -T .* localhost:8003/v2/repository/models/digits/versions/2$", check_deploy),
     (r"^curl localhost:8000/v2/models/digits$", check_digits_metadata),
     (r"localhost:8002/metrics", check_metrics),
 ]
@@ -191,12 +191,12 @@ class ReadmeTest(unittest.TestCase):
                 (repository / name / "1").mkdir(parents=True)
                 shutil.copy(REPOSITORY / name / "1" / "model.orochi",
                             repository / name / "1" / "model.orochi")
-            ports = {8000: free_port(), 8001: free_port(), 8002: free_port()}
+            ports = {8000: free_port(), 8003: free_port(), 8002: free_port()}
             log_path = Path(root) / "serve.log"
             with open(log_path, "w") as log:
                 server = subprocess.Popen(
                     [str(ROOT / "scripts" / "serve-examples.sh"), "--http-port", str(ports[8000]),
-                     "--management-port", str(ports[8001]), "--metrics-port", str(ports[8002])],
+                     "--management-port", str(ports[8003]), "--metrics-port", str(ports[8002])],
                     env={**os.environ, "OROCHI_SKIP_SETUP": "1", "OROCHI_BUILD_DIR": str(BUILD),
                          "OROCHI_MODEL_REPOSITORY": str(repository)},
                     stdout=log, stderr=subprocess.STDOUT)

@@ -40,7 +40,7 @@ struct HttpConfig {
 // whenever it listens on anything but loopback; the server refuses to start without one.
 struct ManagementConfig {
   std::string bind_address = "127.0.0.1";
-  int port = 8001;
+  int port = 8003;
   std::string token_file;  // a file holding the token (whitespace trimmed)
   std::string token_env;   // or the name of an environment variable holding it
   int64_t max_upload_bytes = int64_t{4} << 30;
