@@ -85,10 +85,27 @@ cpython_tests=${OROCHI_CPYTHON_TESTS:-/opt/orochi/cpython-tests}
 cpython_release=3.11.2
 cpython_sha256=2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849
 if [ ! -f "$cpython_tests/$cpython_release/test_sqlite3/__init__.py" ]; then
-  mirror=${OROCHI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+  # The archives this machine's apt uses (OROCHI_DEBIAN_MIRROR first, when set): the one that
+  # serves python3.11's own package, then every configured one. No host is named here.
+  mapfile -t mirrors < <({
+    [ -n "${OROCHI_DEBIAN_MIRROR:-}" ] && echo "$OROCHI_DEBIAN_MIRROR"
+    apt-get download --print-uris python3.11 2>/dev/null | sed -nE "s|^'([^']*)/pool/.*|\1|p"
+    apt-get indextargets --format '$(REPO_URI)' 2>/dev/null | sed 's|/$||'
+  } | awk 'NF && !seen[$0]++')
   download=$(mktemp -d)
-  curl -fsS -o "$download/cpython.tar.gz" \
-    "$mirror/pool/main/p/python3.11/python3.11_${cpython_release}.orig.tar.gz"
+  fetched=false
+  for mirror in "${mirrors[@]}"; do
+    if curl -fsS -o "$download/cpython.tar.gz" \
+      "$mirror/pool/main/p/python3.11/python3.11_${cpython_release}.orig.tar.gz"; then
+      fetched=true
+      break
+    fi
+  done
+  if [ "$fetched" != true ]; then
+    echo "install-deps: CPython $cpython_release's source is in none of apt's archives" \
+      "(${mirrors[*]:-none configured}); set OROCHI_DEBIAN_MIRROR" >&2
+    exit 1
+  fi
   echo "$cpython_sha256  $download/cpython.tar.gz" | sha256sum -c --quiet
   tar -xzf "$download/cpython.tar.gz" -C "$download" "Python-$cpython_release/Lib/test/test_sqlite3"
   "${sudo[@]}" mkdir -p "$cpython_tests/$cpython_release"
