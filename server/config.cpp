@@ -226,7 +226,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
       supervisor.Integer("crash_window_s", &config.supervisor.crash_window_s, 1, 86400 * 30));
 
   ObjectReader log = root.Child("log");
-  OROCHI_RETURN_IF_ERROR(log.Check({"level", "format"}));
+  OROCHI_RETURN_IF_ERROR(log.Check({"level", "format", "requests"}));
+  OROCHI_RETURN_IF_ERROR(log.String("requests", &config.log.requests, {"errors", "all", "none"}));
   OROCHI_RETURN_IF_ERROR(
       log.String("level", &config.log.level, {"debug", "info", "warning", "error"}));
   OROCHI_RETURN_IF_ERROR(log.String("format", &config.log.format, {"text", "json"}));

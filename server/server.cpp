@@ -160,6 +160,7 @@ struct Server::Impl {
               const http::Response& response, int64_t micros) {
     const unsigned status = response.result_int();
     metrics.HttpRequest(std::string(route), MethodLabel(request), status);
+    if (config.log.requests == "none" || (config.log.requests == "errors" && status < 400)) return;
     Log(status >= 500 ? LogLevel::kWarning : LogLevel::kInfo, "request",
         {{"listener", listener},
          {"method", std::string(request.method_string())},
@@ -274,6 +275,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, Inheritance i
   s.metrics.Copies("failed", 0);
   s.metrics.Copies("missing_models", 0);
   s.metrics.Inherit(inherited.restarts, inherited.model_crashes);
+  s.metrics.UnknownModel(0);
   s.models = std::make_unique<ModelService>(*s.manager, cfg.models, s.metrics);
   s.models->Quarantine(inherited.quarantined);
   OROCHI_RETURN_IF_ERROR(s.models->LoadFromRepository());

@@ -316,7 +316,10 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
                       http::Responder respond) {
   const Clock::time_point received = Clock::now();
   std::shared_ptr<const ServedModel> model = Resolve(params, respond);
-  if (model == nullptr) return;
+  if (model == nullptr) {
+    metrics_.UnknownModel();
+    return;
+  }
   const std::string version = std::to_string(model->version);
   auto fail = [&](const Status& status, const std::string& reason) {
     metrics_.RequestDone(model->name, version, reason, Clock::now() - received, {}, {});

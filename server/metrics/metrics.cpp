@@ -81,6 +81,11 @@ Metrics::Metrics()
                               .Name("orochi_model_load_duration_seconds")
                               .Help("Time to load a model into its interpreter copies")
                               .Register(*registry_)),
+      model_load_failed_(BuildGauge()
+                             .Name("orochi_model_load_failed")
+                             .Help("1 while the last load of a model version failed (a state, "
+                                   "for alerts that must not depend on seeing a counter at 0)")
+                             .Register(*registry_)),
       http_requests_(BuildCounter()
                          .Name("orochi_http_requests_total")
                          .Help("HTTP requests by route, method and status code")
@@ -172,8 +177,57 @@ void Metrics::ModelLoaded(const std::string& model, const std::string& version, 
                           std::chrono::nanoseconds duration) {
   model_loads_.Add({{"model", model}, {"version", version}, {"result", ok ? "success" : "failure"}})
       .Increment();
+  model_load_failed_.Add({{"model", model}, {"version", version}}).Set(ok ? 0 : 1);
   model_load_seconds_.Add({{"model", model}, {"version", version}}, LatencyBuckets())
       .Observe(Seconds(duration));
+}
+
+namespace {
+
+// Every `reason` of orochi_inference_requests_total (docs/METRICS.md).
+constexpr const char* kRequestReasons[] = {
+    "success", "invalid_argument", "too_large",   "queue_full",  "out_of_memory",
+    "timeout", "model_error",      "client_gone", "unavailable", "internal"};
+
+}  // namespace
+
+void Metrics::ModelKnown(const std::string& model, const std::string& version) {
+  for (const char* reason : kRequestReasons) {
+    requests_.Add({{"model", model}, {"version", version}, {"reason", reason}});
+  }
+  const prometheus::Labels labels{{"model", model}, {"version", version}};
+  request_seconds_.Add(labels, LatencyBuckets());
+  queue_seconds_.Add(labels, LatencyBuckets());
+  compute_seconds_.Add(labels, LatencyBuckets());
+  batch_size_.Add(labels, BatchBuckets());
+  queue_depth_.Add(labels);
+  for (const char* result : {"success", "failure"}) {
+    model_loads_.Add({{"model", model}, {"version", version}, {"result", result}});
+  }
+  model_load_seconds_.Add(labels, LatencyBuckets());
+}
+
+void Metrics::ModelGone(const std::string& model, const std::string& version) {
+  for (const char* reason : kRequestReasons) {
+    requests_.Remove(&requests_.Add({{"model", model}, {"version", version}, {"reason", reason}}));
+  }
+  const prometheus::Labels labels{{"model", model}, {"version", version}};
+  request_seconds_.Remove(&request_seconds_.Add(labels, LatencyBuckets()));
+  queue_seconds_.Remove(&queue_seconds_.Add(labels, LatencyBuckets()));
+  compute_seconds_.Remove(&compute_seconds_.Add(labels, LatencyBuckets()));
+  batch_size_.Remove(&batch_size_.Add(labels, BatchBuckets()));
+  queue_depth_.Remove(&queue_depth_.Add(labels));
+  for (const char* result : {"success", "failure"}) {
+    model_loads_.Remove(
+        &model_loads_.Add({{"model", model}, {"version", version}, {"result", result}}));
+  }
+  model_load_seconds_.Remove(&model_load_seconds_.Add(labels, LatencyBuckets()));
+  model_load_failed_.Remove(&model_load_failed_.Add(labels));
+}
+
+void Metrics::UnknownModel(int count) {
+  requests_.Add({{"model", ""}, {"version", ""}, {"reason", "unknown_model"}})
+      .Increment(static_cast<double>(count));
 }
 
 void Metrics::Inherit(int64_t restarts, const std::map<std::string, int64_t>& model_crashes) {

@@ -32,6 +32,15 @@ class Metrics {
   void Copies(const std::string& state, int64_t count);
   void ModelLoaded(const std::string& model, const std::string& version, bool ok,
                    std::chrono::nanoseconds duration);
+  // A version becomes known (its load starts): every series of it that a rule or panel reads
+  // exists from now on, at 0, so that increase() sees its first failure.
+  void ModelKnown(const std::string& model, const std::string& version);
+  // A version is unloaded or deleted: its series go, so that they neither linger as stale
+  // values nor grow without bound over deploys.
+  void ModelGone(const std::string& model, const std::string& version);
+  // An inference request for a model that is not loaded: one series, whatever the name asked
+  // for (a label per made-up name would grow without bound).
+  void UnknownModel(int count = 1);
   void HttpRequest(const std::string& route, const std::string& method, unsigned status);
   // What the supervisor says happened before this process started.
   void Inherit(int64_t restarts, const std::map<std::string, int64_t>& model_crashes);
@@ -52,6 +61,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& copy_busy_seconds_;
   prometheus::Family<prometheus::Counter>& model_loads_;
   prometheus::Family<prometheus::Histogram>& model_load_seconds_;
+  prometheus::Family<prometheus::Gauge>& model_load_failed_;
   prometheus::Family<prometheus::Counter>& http_requests_;
   prometheus::Counter& server_restarts_;
   prometheus::Family<prometheus::Counter>& model_crashes_;

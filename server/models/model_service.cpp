@@ -116,6 +116,7 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
   const Clock::time_point start = Clock::now();
   const std::string version_text = std::to_string(expected_version);
   const std::string key = expected_name + ":" + version_text;
+  metrics_.ModelKnown(expected_name, version_text);
   auto fail = [&](const Status& status) {
     metrics_.ModelLoaded(expected_name, version_text, false, Clock::now() - start);
     std::lock_guard lock(mutex_);
@@ -406,6 +407,7 @@ Result<std::string> ModelService::UnloadVersion(const std::string& name, int64_t
     by_key_.erase(model->key);  // only now: the drained batches still count in its statistics
   }
   Status unloaded = model->replicas->Unload();
+  metrics_.ModelGone(name, std::to_string(version));
   Log(abandoned > 0 ? LogLevel::kWarning : LogLevel::kInfo, "model unloaded",
       {{"model", name},
        {"version", std::to_string(version), false},
@@ -727,8 +729,8 @@ void ModelService::OnCopyRunning(size_t /*slot*/, bool running) {
 }
 
 void ModelService::ReportIdle() {
-  metrics_.Copies("idle", static_cast<int64_t>(manager_.size()) - busy_copies_.load() -
-                              loading_copies_.load());
+  metrics_.Copies(
+      "idle", static_cast<int64_t>(manager_.size()) - busy_copies_.load() - loading_copies_.load());
 }
 
 void ModelService::OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) {

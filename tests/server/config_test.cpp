@@ -41,6 +41,7 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->models.preferred_batch_sizes, defaults.models.preferred_batch_sizes);
   EXPECT_EQ(shipped->log.level, defaults.log.level);
   EXPECT_EQ(shipped->log.format, defaults.log.format);
+  EXPECT_EQ(shipped->log.requests, defaults.log.requests);
   EXPECT_EQ(shipped->management.bind_address, defaults.management.bind_address);
   EXPECT_EQ(shipped->management.port, defaults.management.port);
   EXPECT_EQ(shipped->management.max_upload_bytes, defaults.management.max_upload_bytes);

@@ -388,6 +388,47 @@ class RepositoryTest(unittest.TestCase):
         self.assertEqual(status, 200, answer)
         self.assertEqual(self.infer(server)[0], 404)
 
+    def metrics(self, server):
+        return curl(f"http://127.0.0.1:{server.metrics_port}/metrics")[2].decode()
+
+    def test_metrics_alerts_can_trust(self):
+        server = self.start()
+        self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200)
+        metrics = self.metrics(server)
+        # Every failure series a rule reads exists at 0 from the moment the version is known.
+        for reason in ("timeout", "model_error", "queue_full", "out_of_memory", "unavailable"):
+            self.assertIn(f'orochi_inference_requests_total{{model="calculator",reason="{reason}"'
+                          f',version="1"}} 0', metrics)
+        self.assertIn('orochi_model_loads_total{model="calculator",result="failure",version="1"} '
+                      '0', metrics)
+        self.assertIn('orochi_model_load_failed{model="calculator",version="1"} 0', metrics)
+        # A failed load is a state an alert can see, not only a counter that starts at 1.
+        status, _ = self.deploy(server, make_package(self.root, 2, bias=0, broken=True), 2)
+        self.assertEqual(status, 500)
+        self.assertIn('orochi_model_load_failed{model="calculator",version="2"} 1',
+                      self.metrics(server))
+        # Requests for unknown models are counted, in one series whatever the name.
+        for name in ("nope", "other"):
+            self.assertEqual(curl("-X", "POST", server.url(f"/v2/models/{name}/infer"),
+                                  data=b"{}")[0], 404)
+        self.assertIn('orochi_inference_requests_total{model="",reason="unknown_model",'
+                      'version=""} 2', self.metrics(server))
+        # A replaced version's series go.
+        self.assertEqual(self.deploy(server, make_package(self.root, 3, bias=3.0), 3)[0], 200)
+        metrics = self.metrics(server)
+        self.assertNotIn('model="calculator",reason="success",version="1"', metrics)
+        self.assertIn('orochi_inference_requests_total{model="calculator",reason="success",'
+                      'version="3"} 0', metrics)
+
+    def test_only_failed_requests_are_logged_by_default(self):
+        server = self.start({"log": {"requests": "errors"}})
+        self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200)
+        self.assertEqual(self.infer(server)[0], 200)
+        self.assertEqual(curl(server.url("/v2/models/nope"))[0], 404)
+        log = server.log_text()
+        self.assertIn("target=/v2/models/nope status=404", log)
+        self.assertNotIn("target=/v2/models/calculator/infer", log)
+
     def test_every_hostile_package_is_refused_over_rest(self):
         server = self.start()
         cases = hostile_cases(self.root)

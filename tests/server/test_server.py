@@ -42,6 +42,8 @@ class Server:
                  cwd: str | None = None, env: dict | None = None):
         self.directory = tempfile.mkdtemp(prefix="orochi-serve-")
         config_path = os.path.join(self.directory, "config.json")
+        # Every request logged, unless a test says otherwise: several read the request lines.
+        config = {**config, "log": {"requests": "all", **config.get("log", {})}}
         with open(config_path, "w") as file:
             json.dump(config, file)
         self.log_path = os.path.join(self.directory, "serve.log")
