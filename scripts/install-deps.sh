@@ -24,6 +24,9 @@ packages=(
   libopenblas-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps
+  # the image test (docker/test.sh): a real dockerd, and debootstrap for a base image where no
+  # registry can be reached
+  docker.io debootstrap
   # numpy's own test suite, run inside a copy (tests/interpreters/test_numpy_suite.py)
   python3-pytest python3-hypothesis
   # the example models' build scripts (numpy; scikit-learn's runtime dependencies, see below),

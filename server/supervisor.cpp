@@ -218,6 +218,7 @@ class Supervisor {
         return Internal(std::string("cannot create a pipe: ") + std::strerror(errno));
       }
       const Clock::time_point started = Clock::now();
+      const pid_t supervisor = ::getpid();
       const pid_t child = ::fork();
       if (child < 0) {
         return Internal(std::string("cannot start the serving process: ") + std::strerror(errno));
@@ -228,7 +229,7 @@ class Supervisor {
         ::close(report_pipe[0]);
         ::close(signals_);
         ::pthread_sigmask(SIG_SETMASK, &original, nullptr);
-        ServeInChild(report_pipe[1]);  // does not return
+        ServeInChild(report_pipe[1], supervisor);  // does not return
       }
       ::close(report_pipe[1]);
       ::fcntl(report_pipe[0], F_SETFL, O_NONBLOCK);
@@ -270,10 +271,12 @@ class Supervisor {
   }
 
  private:
-  [[noreturn]] void ServeInChild(int report_fd) {
+  [[noreturn]] void ServeInChild(int report_fd, pid_t supervisor) {
     // If the supervisor is killed outright, the serving process must not linger on its ports.
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() == 1) std::_Exit(1);
+    // The supervisor may have gone before the request above took effect. (It may be PID 1 itself,
+    // in a container: compare with its pid, not with init's.)
+    if (::getppid() != supervisor) std::_Exit(1);
     InstallCrashRecorder(report_fd);
     Result<std::unique_ptr<Server>> started = Server::Start(config_, inherited_);
     if (!started.ok()) {
