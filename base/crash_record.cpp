@@ -35,7 +35,7 @@ struct AlternateStack {
   }
   void Ensure() {
     if (memory != nullptr) return;
-    const size_t size = std::max<size_t>(SIGSTKSZ, 64 * 1024);
+    const size_t size = std::max<size_t>(SIGSTKSZ, size_t{64} * 1024);
     memory = std::malloc(size);
     if (memory == nullptr) return;
     stack_t stack{};
@@ -59,7 +59,7 @@ void Copy(char* target, size_t capacity, std::string_view text) {
 
 // Appends to a fixed line; async-signal-safe.
 struct Line {
-  char text[320];
+  char text[320] = {};
   size_t length = 0;
   void Append(const char* part) {
     while (*part != '\0' && length < sizeof(text) - 1) text[length++] = *part++;

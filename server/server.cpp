@@ -211,7 +211,7 @@ Server::~Server() {
   }
 }
 
-Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, Inheritance inherited) {
+Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inheritance& inherited) {
   OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config));
   ConfigureLog(config.log.level, config.log.format);
   // The working directory is the process's, and a model's os.chdir() changes it for everyone:

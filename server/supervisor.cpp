@@ -341,7 +341,7 @@ class Supervisor {
       }
     }
     fields.push_back({"restarts", std::to_string(inherited_.restarts), false});
-    Log(LogLevel::kError, "the serving process died; restarting it", std::move(fields));
+    Log(LogLevel::kError, "the serving process died; restarting it", fields);
   }
 
   // Waits for a signal (returned), logging the serving process's output meanwhile; with a

@@ -111,7 +111,7 @@ ReplicatedModel::~ReplicatedModel() { (void)Unload(); }
 Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManager& manager,
                                                                ModelSource source,
                                                                std::vector<size_t> slots,
-                                                               LoadOptions options) {
+                                                               const LoadOptions& options) {
   const std::chrono::milliseconds timeout = options.timeout;
   if (slots.empty()) {
     for (size_t slot = 0; slot < manager.size(); ++slot) slots.push_back(slot);

@@ -671,7 +671,7 @@ Status ModelService::Submit(const std::shared_ptr<const ServedModel>& model,
     }
     done(std::move(outputs), timings);
   };
-  Status submitted = scheduler_.Submit(model->key, std::move(job));
+  Status submitted = scheduler_.Submit(model->key, job);
   if (!submitted.ok()) inputs = std::move(job.inputs);
   return submitted;
 }

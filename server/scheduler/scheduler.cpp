@@ -234,7 +234,7 @@ std::string Scheduler::NoCopyReason(const ModelQueue& queue) {
          queue.load_error + "); the load is retried";
 }
 
-Status Scheduler::Submit(const std::string& model_key, InferJob&& job) {
+Status Scheduler::Submit(const std::string& model_key, InferJob& job) {
   std::lock_guard lock(mutex_);
   if (stopping_) return Unavailable("the server is shutting down");
   auto found = queues_.find(model_key);

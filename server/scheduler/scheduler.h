@@ -125,10 +125,10 @@ class Scheduler {
   // kUnavailable). Returns how many copies were abandoned.
   size_t RemoveModel(const std::string& key, std::optional<Clock::duration> grace = std::nullopt);
 
-  // Queues `job`. Refusals (unknown model, queue full, stopping) come back as the Status, `job`
-  // is left as it was and `job.done` is not called; otherwise the job is taken and `job.done`
-  // is called exactly once.
-  Status Submit(const std::string& model_key, InferJob&& job);
+  // Queues `job`, taking it (moved from) when accepted; `job.done` is then called exactly once.
+  // Refusals (unknown model, queue full, stopping) come back as the Status, `job` is left as it
+  // was and `job.done` is not called.
+  Status Submit(const std::string& model_key, InferJob& job);
 
   // Takes `slot`'s copy out of service until ResumeSlot: its worker finishes the batch it runs
   // (PauseSlot waits for that) and takes no more, so that the caller may hold the copy (to load

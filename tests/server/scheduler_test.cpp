@@ -194,7 +194,7 @@ class SchedulerAfterAStuckCopy : public ::testing::Test {
     job.done = [answer](const Result<std::vector<NamedTensor>>& outputs, const InferTimings&) {
       answer->set_value(outputs.status());
     };
-    Status submitted = scheduler_->Submit(key, std::move(job));
+    Status submitted = scheduler_->Submit(key, job);
     if (!submitted.ok()) answer->set_value(submitted);
     return future;
   }

@@ -82,7 +82,7 @@ class ReplicatedModel {
   static Result<std::unique_ptr<ReplicatedModel>> Load(InterpreterManager& manager,
                                                        ModelSource source,
                                                        std::vector<size_t> slots = {},
-                                                       LoadOptions options = {});
+                                                       const LoadOptions& options = {});
   ~ReplicatedModel();  // unloads
 
   ReplicatedModel(const ReplicatedModel&) = delete;

@@ -35,7 +35,8 @@ struct Inheritance {
 
 class Server {
  public:
-  static Result<std::unique_ptr<Server>> Start(ServerConfig config, Inheritance inherited = {});
+  static Result<std::unique_ptr<Server>> Start(ServerConfig config,
+                                               const Inheritance& inherited = {});
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
