@@ -205,6 +205,7 @@ void Metrics::ModelKnown(const std::string& model, const std::string& version) {
     model_loads_.Add({{"model", model}, {"version", version}, {"result", result}});
   }
   model_load_seconds_.Add(labels, LatencyBuckets());
+  model_crashes_.Add({{"model", model}});
 }
 
 void Metrics::ModelGone(const std::string& model, const std::string& version) {
