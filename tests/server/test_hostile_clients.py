@@ -18,8 +18,8 @@ import threading
 import time
 import unittest
 
-from test_server import (BINARY, HERE, Server, SharedServerTest, child_pids, curl,
-                         echo_request, pack_repository, post_json, slow_request)
+from test_server import (BINARY, HERE, HeldConnectionsTest, Server, SharedServerTest, child_pids,
+                         curl, echo_request, pack_repository, post_json, slow_request)
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
@@ -124,18 +124,8 @@ class RequestTimeoutTest(SharedServerTest):
         self.assertEqual(health(self.server.port), 200)
 
 
-class ConnectionLimitsTest(unittest.TestCase):
+class ConnectionLimitsTest(HeldConnectionsTest):
     """Held connections lock out neither new clients nor health checks."""
-
-    def setUp(self):
-        self.root = tempfile.mkdtemp(prefix="orochi-connections-test-")
-        self.repository = pack_repository(self.root)
-        self.sockets = []
-
-    def tearDown(self):
-        for sock in self.sockets:
-            sock.close()
-        shutil.rmtree(self.root)
 
     def hold(self, port, count, busy, source="127.0.0.1"):
         """Opens `count` connections: idle ones (nothing sent), or busy ones (a request whose

@@ -1005,11 +1005,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class ConnectionFloodTest(unittest.TestCase):
-    """Many idle connections: the server neither spins nor stops answering once they go."""
+class HeldConnectionsTest(unittest.TestCase):
+    """For tests that hold connections: the test models packed, and `self.sockets`, closed
+    after each test."""
 
     def setUp(self):
-        self.root = tempfile.mkdtemp(prefix="orochi-flood-test-")
+        self.root = tempfile.mkdtemp(prefix="orochi-connections-test-")
         self.repository = pack_repository(self.root)
         self.sockets = []
 
@@ -1017,6 +1018,10 @@ class ConnectionFloodTest(unittest.TestCase):
         for sock in self.sockets:
             sock.close()
         shutil.rmtree(self.root)
+
+
+class ConnectionFloodTest(HeldConnectionsTest):
+    """Many idle connections: the server neither spins nor stops answering once they go."""
 
     def open_connections(self, port, count):
         for _ in range(count):
