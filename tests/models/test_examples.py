@@ -241,6 +241,14 @@ class ServedExamplesTest(unittest.TestCase):
                 self.assertEqual(status, 400, body)
                 self.assertIn("'text' must be UTF-8", body.decode())
 
+        # A text model's cost grows with its text: the sentiment model takes requests of 1 MiB
+        # at most (a 10 MB review once kept a copy busy for 83 s).
+        huge = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1],
+                            "data": ["great " * 2_000_000]}]}
+        status, _, body = self.infer("sentiment", json.dumps(huge).encode())
+        self.assertEqual(status, 413, body)
+        self.assertIn("model sentiment takes at most 1048576", body.decode())
+
 
 if __name__ == "__main__":
     unittest.main()
