@@ -7,6 +7,8 @@ packages=(
   # toolchain
   build-essential g++ cmake ninja-build ccache binutils file git curl
   clang-format clang-tidy
+  # the fuzzers (scripts/fuzz.sh): clang with libFuzzer and the sanitizers' runtimes
+  clang libclang-rt-14-dev
   # the interpreter copies: libpython3.11-pic.a, headers, the stdlib and the
   # Python used at build time to compile the stdlib to .pyc
   python3.11 libpython3.11-dev libpython3.11-stdlib

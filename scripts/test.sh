@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds Orochi and its example models, and runs the whole test suite
 # (unit, integration, examples and README, CPython's regression tests, lint), then the engine
-# under ThreadSanitizer and AddressSanitizer.
+# under ThreadSanitizer and AddressSanitizer, then the fuzzers (scripts/fuzz.sh).
 #   scripts/test.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,3 +56,8 @@ export ASAN_OPTIONS="halt_on_error=1 detect_leaks=1"
 # requests read both ways, under AddressSanitizer too.
 "$build-asan/bin/server_test"
 check_on_emulated_gpu "$build-asan" OROCHI_CUDA_NO_CACHING=1
+
+# Coverage-guided fuzzing (libFuzzer, AddressSanitizer, UBSan) of what parses a client's bytes:
+# the HTTP request parser as the server configures it, the KServe request codec, the JSON pull
+# parser and the package reader, 30 s each, after replaying the inputs of past crashes.
+scripts/fuzz.sh "$build-fuzz" 30
