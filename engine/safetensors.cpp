@@ -54,9 +54,12 @@ Result<Entry> ParseEntry(const std::string& name, const nlohmann::json& value) {
                      " a tensor can have");
   }
   // The byte count is built with every product checked: a shape whose size wraps around 64
-  // bits must not pass as a small tensor (its reads would leave the file).
+  // bits must not pass as a small tensor (its reads would leave the file). So is the first
+  // stride (ContiguousStrides, which counts a 0 as 1): beside a 0 the other sizes make no
+  // elements, but they still make the strides, which must not wrap either.
   uint64_t expected = ItemSize(entry.dtype);
   int64_t elements = 1;
+  int64_t first_stride = 1;
   for (const auto& size : *shape_field) {
     if (!size.is_number_unsigned() ||
         size.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -66,6 +69,11 @@ Result<Entry> ParseEntry(const std::string& name, const nlohmann::json& value) {
     if (__builtin_mul_overflow(elements, entry.shape.back(), &elements) ||
         __builtin_mul_overflow(expected, size.get<uint64_t>(), &expected)) {
       return Malformed(where + " has a shape whose size does not fit in 64 bits");
+    }
+    if (entry.shape.size() > 1 &&
+        __builtin_mul_overflow(first_stride, std::max<int64_t>(entry.shape.back(), 1),
+                               &first_stride)) {
+      return Malformed(where + " has a shape whose strides do not fit in 64 bits");
     }
   }
   if (offsets_field == value.end() || !offsets_field->is_array() || offsets_field->size() != 2 ||

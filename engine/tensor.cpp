@@ -26,7 +26,12 @@ Shape ContiguousStrides(const Shape& shape) {
   int64_t stride = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = stride;
-    stride *= std::max<int64_t>(shape[i], 1);
+    // A 0 counts as 1, as in PyTorch, so that an empty tensor's strides still tell its dims
+    // apart. Its elements (none) then say nothing of its strides: [0, 2^62, 4] is empty, but
+    // its first stride would be 2^64, so its sizes are refused as NumElements refuses them.
+    OROCHI_CHECK_ARG(
+        i == 0 || !__builtin_mul_overflow(stride, std::max<int64_t>(shape[i], 1), &stride),
+        "the shape " << ShapeString(shape) << " has strides that do not fit in 64 bits");
   }
   return strides;
 }

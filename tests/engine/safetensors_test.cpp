@@ -153,6 +153,12 @@ TEST_F(SafetensorsTest, RejectsEachMalformedFileByName) {
       "shape": [1099511627776, 1099511627776], "data_offsets": [0, 4]}})",
                                  4)),
               HasSubstr("tensor 'w' has a shape whose size does not fit in 64 bits"));
+  // No elements, but a first stride of 2^64 (a 0 counts as 1 in strides).
+  EXPECT_THAT(LoadError(WriteRaw("strides", R"({"w": {"dtype": "F32",
+      "shape": [0, 4611686018427387904, 4], "data_offsets": [0, 0]},
+      "x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+                                 4)),
+              HasSubstr("tensor 'w' has a shape whose strides do not fit in 64 bits"));
   EXPECT_THAT(LoadError(WriteRaw("unsigned", R"({"w": {"dtype": "F32",
       "shape": [18446744073709551615], "data_offsets": [0, 4]}})",
                                  4)),

@@ -122,6 +122,23 @@ TEST(Broadcasting, FollowsNumPyRules) {
   }
 }
 
+TEST(Creation, EmptyShapesNeedStridesThatFit) {
+  // A 0 counts as 1 in strides, as in PyTorch: [2, 0, 5] has the strides of [2, 1, 5].
+  EXPECT_EQ(ContiguousStrides({2, 0, 5}), (Shape{5, 5, 1}));
+  constexpr int64_t kHuge = 8643020009459241319;  // from the codec's fuzzer
+  const Tensor empty = Tensor::Empty({2, 0, kHuge}, DType::kInt32);
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_EQ(empty.strides(), (Shape{kHuge, kHuge, 1}));
+  // No elements, but a first stride of 2^64: refused, as PyTorch refuses it, not wrapped.
+  try {
+    Tensor::Empty({0, int64_t{1} << 62, 4}, DType::kFloat32);
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(error.what(), HasSubstr("[0, 4611686018427387904, 4] has strides that do not fit"));
+  }
+}
+
 TEST(Views, ShareStorageAndFollowStrides) {
   Tensor base = Arange(0, 24, 1, DType::kFloat32).View({2, 3, 4});
   EXPECT_TRUE(base.is_contiguous());

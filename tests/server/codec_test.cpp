@@ -215,6 +215,21 @@ TEST(ParseInferRequest, AShapeLargerThanTheBodyIsCountedNotAllocated) {
                 "input 'x' has 2 values, but shape [1099511627776] needs 1099511627776");
 }
 
+TEST(ParseInferRequest, AnEmptyShapeWhoseStridesPass64BitsIsRefused) {
+  // [0, 2^62, 4] has no values, but a tensor of it would have a first stride of 2^64: refused
+  // with the engine's words, however the data was read (its fuzzer found the stride's
+  // multiplication overflowing). Large sizes beside a 0 whose strides fit are an empty tensor.
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {-1, -1, -1});
+  ExpectRefusal(manifest, "FP32", "[0, 4611686018427387904, 4]", "[]",
+                "the shape [0, 4611686018427387904, 4] has strides that do not fit in 64 bits");
+  for (const auto& order : kKeyOrders) {
+    Result<InferRequest> parsed =
+        Parse(manifest, Request(order, "FP32", "[2, 0, 8643020009459241319]", "[]"));
+    ASSERT_TRUE(parsed.ok()) << order.front() << " first: " << parsed.status().ToString();
+    EXPECT_EQ(std::get<engine::Tensor>(parsed->inputs.at(0).value).numel(), 0);
+  }
+}
+
 int64_t PeakAddressSpaceKiB() {
   std::ifstream status("/proc/self/status");
   std::string line;

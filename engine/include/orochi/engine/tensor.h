@@ -32,6 +32,8 @@ using Shape = std::vector<int64_t>;
 inline constexpr size_t kMaxDims = 64;
 
 OROCHI_ENGINE_API int64_t NumElements(const Shape& shape);
+// Row-major strides, a size 0 counted as 1. Throws kInvalidArgument when one does not fit in
+// 64 bits, which only an empty tensor's sizes can cause (the others' elements would not fit).
 OROCHI_ENGINE_API Shape ContiguousStrides(const Shape& shape);
 OROCHI_ENGINE_API std::string ShapeString(const Shape& shape);  // "[2, 3]"
 
