@@ -106,25 +106,16 @@ void OnFatalSignal(int signal_number) {
 
 }  // namespace
 
-struct ScopedCrashContext::Saved {
-  Mark mark;
-};
-
-ScopedCrashContext::ScopedCrashContext(std::string_view model, int copy, std::string_view activity)
-    : saved_(new Saved{current_mark}) {
+ScopedCrashContext::ScopedCrashContext(std::string_view model, int copy,
+                                       std::string_view activity) {
   alternate_stack.Ensure();
-  Mark mark;
-  mark.copy = copy;
-  Copy(mark.model, sizeof(mark.model), model);
-  Copy(mark.activity, sizeof(mark.activity), activity);
-  mark.set = true;
-  current_mark = mark;
+  current_mark.copy = copy;
+  Copy(current_mark.model, sizeof(current_mark.model), model);
+  Copy(current_mark.activity, sizeof(current_mark.activity), activity);
+  current_mark.set = true;  // last: a handler reads the mark only once it is whole
 }
 
-ScopedCrashContext::~ScopedCrashContext() {
-  current_mark = saved_->mark;
-  delete saved_;
-}
+ScopedCrashContext::~ScopedCrashContext() { current_mark.set = false; }
 
 void InstallCrashRecorder(int fd) {
   crash_fd = fd;

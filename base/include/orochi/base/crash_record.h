@@ -13,8 +13,9 @@
 // formatted by hand and written with write(2), then the signal is raised again with its
 // default action so that the process still dies of it.
 //
-// Thread-safety: ScopedCrashContext marks the calling thread only; InstallCrashRecorder is
-// called once, before the threads that may crash start.
+// Thread-safety: ScopedCrashContext marks the calling thread only, and marks do not nest (a
+// thread runs one predict or one load at a time); InstallCrashRecorder is called once, before
+// the threads that may crash start.
 #pragma once
 
 #include <string_view>
@@ -25,13 +26,9 @@ class ScopedCrashContext {
  public:
   // `model` (e.g. "digits:1") and `activity` (e.g. "predict") are cut to fit the mark.
   ScopedCrashContext(std::string_view model, int copy, std::string_view activity);
-  ~ScopedCrashContext();  // the thread's previous mark again
+  ~ScopedCrashContext();  // the thread is unmarked again
   ScopedCrashContext(const ScopedCrashContext&) = delete;
   ScopedCrashContext& operator=(const ScopedCrashContext&) = delete;
-
- private:
-  struct Saved;
-  Saved* saved_;
 };
 
 // Handles SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT by writing a crash line to `fd`, then dying
