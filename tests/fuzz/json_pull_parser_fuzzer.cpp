@@ -7,7 +7,6 @@
 // invariants hold for, and with the default options, where it must also agree with nlohmann's
 // parser event for event on which texts are JSON (but for a NUL byte, see below), as
 // json_pull_parser_test checks for chosen texts.
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "fuzz_check.h"
+#include "json_events.h"
 #include "kserve/json_pull_parser.h"
 
 namespace {
@@ -24,37 +24,8 @@ namespace {
 using orochi::server::kserve::JsonEvent;
 using orochi::server::kserve::JsonPullParser;
 
-std::string FloatEvent(double value) {
-  return "f:" + std::to_string(std::bit_cast<uint64_t>(value));  // tells -0.0 from 0.0
-}
-
-// nlohmann's events, written as Events() writes the pull parser's.
-class Recorder {
- public:
-  bool null() { return Add("n"); }
-  bool boolean(bool value) { return Add(value ? "true" : "false"); }
-  bool number_integer(int64_t value) { return Add("i:" + std::to_string(value)); }
-  bool number_unsigned(uint64_t value) { return Add("u:" + std::to_string(value)); }
-  bool number_float(double value, const std::string& /*text*/) { return Add(FloatEvent(value)); }
-  bool string(std::string& value) { return Add("s:" + value); }
-  static bool binary(nlohmann::json::binary_t& /*value*/) { return false; }
-  bool start_object(size_t /*size*/) { return Add("{"); }
-  bool key(std::string& value) { return Add("k:" + value); }
-  bool end_object() { return Add("}"); }
-  bool start_array(size_t /*size*/) { return Add("["); }
-  bool end_array() { return Add("]"); }
-  static bool parse_error(size_t /*position*/, const std::string& /*token*/,
-                          const nlohmann::detail::exception& /*error*/) {
-    return false;
-  }
-  std::vector<std::string> events;
-
- private:
-  bool Add(std::string event) {
-    events.push_back(std::move(event));
-    return true;
-  }
-};
+using orochi::server::kserve::json_events::EventText;
+using orochi::server::kserve::json_events::Recorder;
 
 // The parser's events to the end of `text`, or nothing when it refuses the text; traps on a
 // broken invariant.
@@ -79,46 +50,10 @@ std::optional<std::vector<std::string>> Events(std::string_view text,
     }
     OROCHI_FUZZ_CHECK(parser.offset() > last_offset, "an event that read nothing");
     last_offset = parser.offset();
-    switch (event) {
-      case JsonEvent::kStartObject:
-        events.emplace_back("{");
-        break;
-      case JsonEvent::kEndObject:
-        events.emplace_back("}");
-        break;
-      case JsonEvent::kStartArray:
-        events.emplace_back("[");
-        break;
-      case JsonEvent::kEndArray:
-        events.emplace_back("]");
-        break;
-      case JsonEvent::kKey:
-        events.push_back("k:" + parser.string());
-        break;
-      case JsonEvent::kString:
-        events.push_back("s:" + parser.string());
-        break;
-      case JsonEvent::kNull:
-        events.emplace_back("n");
-        break;
-      case JsonEvent::kBool:
-        events.emplace_back(parser.boolean() ? "true" : "false");
-        break;
-      case JsonEvent::kInteger:
-        // "-0" is one too, as nlohmann reads it.
-        OROCHI_FUZZ_CHECK(parser.integer() <= 0, "kInteger for a positive number");
-        events.push_back("i:" + std::to_string(parser.integer()));
-        break;
-      case JsonEvent::kUnsigned:
-        events.push_back("u:" + std::to_string(parser.unsigned_integer()));
-        break;
-      case JsonEvent::kFloat:
-        events.push_back(FloatEvent(parser.number()));
-        break;
-      case JsonEvent::kEnd:
-      case JsonEvent::kError:
-        break;
-    }
+    // "-0" is a kInteger too, as nlohmann reads it.
+    OROCHI_FUZZ_CHECK(event != JsonEvent::kInteger || parser.integer() <= 0,
+                      "kInteger for a positive number");
+    events.push_back(EventText(parser, event));
   }
   OROCHI_FUZZ_CHECK(false, "more events than the text has bytes");
   return std::nullopt;

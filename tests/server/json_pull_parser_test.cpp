@@ -16,42 +16,16 @@
 #include <string>
 #include <vector>
 
+#include "json_events.h"
+
 namespace orochi::server::kserve {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string FloatEvent(double value) {
-  return "f:" + std::to_string(std::bit_cast<uint64_t>(value));  // tells -0.0 from 0.0
-}
-
-// nlohmann's events, written the way Events() writes this parser's.
-class Recorder {
- public:
-  bool null() { return Add("n"); }
-  bool boolean(bool value) { return Add(value ? "true" : "false"); }
-  bool number_integer(int64_t value) { return Add("i:" + std::to_string(value)); }
-  bool number_unsigned(uint64_t value) { return Add("u:" + std::to_string(value)); }
-  bool number_float(double value, const std::string& /*text*/) { return Add(FloatEvent(value)); }
-  bool string(std::string& value) { return Add("s:" + value); }
-  static bool binary(nlohmann::json::binary_t& /*value*/) { return false; }
-  bool start_object(size_t /*size*/) { return Add("{"); }
-  bool key(std::string& value) { return Add("k:" + value); }
-  bool end_object() { return Add("}"); }
-  bool start_array(size_t /*size*/) { return Add("["); }
-  bool end_array() { return Add("]"); }
-  static bool parse_error(size_t /*position*/, const std::string& /*token*/,
-                          const nlohmann::detail::exception& /*error*/) {
-    return false;
-  }
-  std::vector<std::string> events;
-
- private:
-  bool Add(std::string event) {
-    events.push_back(std::move(event));
-    return true;
-  }
-};
+using json_events::EventText;
+using json_events::FloatEvent;
+using json_events::Recorder;
 
 // nlohmann's events, or nothing when it refuses the text.
 std::optional<std::vector<std::string>> NlohmannEvents(const std::string& text) {
@@ -65,40 +39,8 @@ std::optional<std::vector<std::string>> Events(const std::string& text,
   JsonPullParser parser(text, options);
   std::vector<std::string> events;
   for (;;) {
-    switch (parser.Next()) {
-      case JsonEvent::kStartObject:
-        events.emplace_back("{");
-        break;
-      case JsonEvent::kEndObject:
-        events.emplace_back("}");
-        break;
-      case JsonEvent::kStartArray:
-        events.emplace_back("[");
-        break;
-      case JsonEvent::kEndArray:
-        events.emplace_back("]");
-        break;
-      case JsonEvent::kKey:
-        events.push_back("k:" + parser.string());
-        break;
-      case JsonEvent::kString:
-        events.push_back("s:" + parser.string());
-        break;
-      case JsonEvent::kNull:
-        events.emplace_back("n");
-        break;
-      case JsonEvent::kBool:
-        events.emplace_back(parser.boolean() ? "true" : "false");
-        break;
-      case JsonEvent::kInteger:
-        events.push_back("i:" + std::to_string(parser.integer()));
-        break;
-      case JsonEvent::kUnsigned:
-        events.push_back("u:" + std::to_string(parser.unsigned_integer()));
-        break;
-      case JsonEvent::kFloat:
-        events.push_back(FloatEvent(parser.number()));
-        break;
+    const JsonEvent event = parser.Next();
+    switch (event) {
       case JsonEvent::kEnd:
         EXPECT_EQ(parser.Next(), JsonEvent::kEnd);  // and stays there
         return events;
@@ -107,6 +49,8 @@ std::optional<std::vector<std::string>> Events(const std::string& text,
         EXPECT_LE(parser.error_offset(), text.size()) << text;
         EXPECT_EQ(parser.Next(), JsonEvent::kError);
         return std::nullopt;
+      default:
+        events.push_back(EventText(parser, event));
     }
   }
 }
