@@ -30,11 +30,12 @@ using packaging::TensorSpec;
 Status Bad(const std::string& message) { return InvalidArgument(message); }
 
 Result<engine::Tensor> TensorFromBinary(const TensorSpec& spec, const engine::Shape& shape,
-                                        std::string_view bytes) {
+                                        std::string_view bytes, std::string_view source) {
   const engine::DType dtype = *packaging::EngineDType(spec.datatype);
   const auto expected = static_cast<size_t>(engine::NumElements(shape)) * engine::ItemSize(dtype);
   if (bytes.size() != expected) {
-    return Bad("input '" + spec.name + "': binary_data_size is " + std::to_string(bytes.size()) +
+    return Bad("input '" + spec.name + "': " + std::string(source) + " is " +
+               std::to_string(bytes.size()) +
                " bytes, but shape " + ShapeText(shape) + " of " +
                std::string(DataTypeName(spec.datatype)) + " needs " + std::to_string(expected));
   }
@@ -237,6 +238,17 @@ bool BinaryRequested(const Json& parameters) {
   return found != parameters.end() && found->is_boolean() && found->get<bool>();
 }
 
+// A classification count as JSON gives it: a count past INT64_MAX (read as unsigned) is still
+// a positive count, of all classes; anything else but a positive integer is refused.
+Result<int64_t> ClassCount(const Json& classes, const std::string& output_name) {
+  if (classes.is_number_unsigned() && classes.get<uint64_t>() >= 1) {
+    return static_cast<int64_t>(std::min<uint64_t>(classes.get<uint64_t>(), INT64_MAX));
+  }
+  if (classes.is_number_integer() && classes.get<int64_t>() >= 1) return classes.get<int64_t>();
+  return Bad("output '" + output_name +
+             "': classification must be a positive integer (how many classes to return)");
+}
+
 Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view body,
                                       std::optional<size_t> json_length,
                                       const ParseLimits& limits) {
@@ -254,7 +266,8 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
                           ReadRequestJson(json_text, manifest, limits.max_json_depth));
   const Json& json = read.document;
   if (!json.is_object()) return Bad("the request must be a JSON object");
-  InferRequest request;
+  InferRequestBuilder builder(manifest);
+  InferRequest& request = builder.request();
   if (auto id = json.find("id"); id != json.end()) {
     if (!id->is_string()) return Bad("'id' must be a string");
     request.id = id->get<std::string>();
@@ -275,9 +288,6 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
   auto inputs = json.find("inputs");
   if (inputs == json.end() || !inputs->is_array()) return Bad("'inputs' must be an array");
 
-  std::map<std::string, const TensorSpec*> specs;
-  for (const TensorSpec& spec : manifest.inputs) specs[spec.name] = &spec;
-  std::map<std::string, NamedTensor> parsed;
   size_t binary_at = 0;
   for (size_t index = 0; index < inputs->size(); ++index) {
     const Json& input = (*inputs)[index];
@@ -286,21 +296,12 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
     auto datatype = input.find("datatype");
     if (name == input.end() || !name->is_string()) return Bad("an input has no 'name'");
     const std::string input_name = name->get<std::string>();
-    auto spec_entry = specs.find(input_name);
-    if (spec_entry == specs.end()) {
-      return Bad("unexpected input '" + input_name + "' for model '" + manifest.name + "'");
-    }
-    const TensorSpec& spec = *spec_entry->second;
-    if (parsed.count(input_name) != 0) return Bad("input '" + input_name + "' is given twice");
     if (datatype == input.end() || !datatype->is_string()) {
       return Bad("input '" + input_name + "' has no 'datatype'");
     }
-    if (datatype->get<std::string>() != DataTypeName(spec.datatype)) {
-      return Bad("input '" + input_name + "' has datatype " + datatype->get<std::string>() +
-                 ", but the model expects " + std::string(DataTypeName(spec.datatype)));
-    }
     OROCHI_ASSIGN_OR_RETURN(engine::Shape shape, ReadShape(input, input_name));
-    OROCHI_RETURN_IF_ERROR(CheckShape(manifest, spec, shape));
+    OROCHI_ASSIGN_OR_RETURN(const TensorSpec* spec,
+                            builder.CheckInput(input_name, datatype->get<std::string>(), shape));
 
     std::optional<size_t> binary_size;
     if (auto parameters = input.find("parameters");
@@ -312,7 +313,6 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
         binary_size = size->get<size_t>();
       }
     }
-    NamedTensor tensor{input_name, engine::Tensor()};
     if (binary_size) {
       if (!json_length) {
         return Bad("input '" + input_name +
@@ -324,13 +324,9 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
       }
       std::string_view bytes = binary.substr(binary_at, *binary_size);
       binary_at += *binary_size;
-      if (spec.datatype == DataType::kBytes) {
-        OROCHI_ASSIGN_OR_RETURN(BytesTensor value, BytesFromBinary(spec, shape, bytes));
-        tensor.value = std::move(value);
-      } else {
-        OROCHI_ASSIGN_OR_RETURN(engine::Tensor value, TensorFromBinary(spec, shape, bytes));
-        tensor.value = std::move(value);
-      }
+      OROCHI_ASSIGN_OR_RETURN(NamedTensor tensor,
+                              builder.FromRaw(*spec, shape, bytes, "binary_data_size"));
+      builder.AddInput(std::move(tensor));
     } else {
       std::unique_ptr<TensorData> data =
           index < read.data.size() ? std::move(read.data[index]) : nullptr;
@@ -339,32 +335,17 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
         if (in_document == input.end()) {
           return Bad("input '" + input_name + "' has neither 'data' nor binary_data_size");
         }
-        data = TensorData::For(spec, std::nullopt);
+        data = TensorData::For(*spec, std::nullopt);
         data->Feed(*in_document);
       }
+      NamedTensor tensor{input_name, engine::Tensor()};
       OROCHI_ASSIGN_OR_RETURN(tensor.value, data->Finish(shape));
+      builder.AddInput(std::move(tensor));
     }
-    parsed.emplace(input_name, std::move(tensor));
   }
   if (json_length && binary_at != binary.size()) {
     return Bad("the body has " + std::to_string(binary.size() - binary_at) +
                " bytes of binary data that no input claims");
-  }
-  for (const TensorSpec& spec : manifest.inputs) {
-    auto found = parsed.find(spec.name);
-    if (found == parsed.end()) return Bad("input '" + spec.name + "' is missing");
-    if (manifest.max_batch_size > 0) {
-      const auto& value = found->second.value;
-      int64_t rows = std::holds_alternative<engine::Tensor>(value)
-                         ? std::get<engine::Tensor>(value).shape()[0]
-                         : std::get<BytesTensor>(value).shape[0];
-      if (request.rows != 0 && rows != request.rows) {
-        return Bad("inputs disagree on the batch size (" + std::to_string(request.rows) + " and " +
-                   std::to_string(rows) + ")");
-      }
-      request.rows = rows;
-    }
-    request.inputs.push_back(std::move(found->second));
   }
 
   if (auto outputs = json.find("outputs"); outputs != json.end()) {
@@ -375,45 +356,156 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
         return Bad("each requested output needs a 'name'");
       }
       const std::string output_name = name->get<std::string>();
-      bool known = false;
-      for (const TensorSpec& spec : manifest.outputs) known = known || spec.name == output_name;
-      if (!known) {  // before OutputSpec, which wants a declared name
-        return Bad("unexpected requested output '" + output_name + "' for model '" + manifest.name +
-                   "'");
-      }
-      // Asked twice, e.g. with two classifications, one answer would silently override the other.
-      if (std::find(request.outputs.begin(), request.outputs.end(), output_name) !=
-          request.outputs.end()) {
-        return Bad("output '" + output_name + "' is requested twice");
-      }
-      request.outputs.push_back(output_name);
-      auto parameters = output.find("parameters");
-      if (parameters == output.end() || !parameters->is_object()) continue;
-      if (BinaryRequested(*parameters)) request.binary_outputs.insert(output_name);
-      if (auto classes = parameters->find("classification"); classes != parameters->end()) {
-        // A count past INT64_MAX (read as unsigned) is still a positive count: all classes.
-        const bool positive = classes->is_number_unsigned()
-                                  ? classes->get<uint64_t>() >= 1
-                                  : classes->is_number_integer() && classes->get<int64_t>() >= 1;
-        if (!positive) {
-          return Bad("output '" + output_name +
-                     "': classification must be a positive integer (how many classes to return)");
+      bool binary_output = false;
+      std::optional<int64_t> classes;
+      if (auto parameters = output.find("parameters");
+          parameters != output.end() && parameters->is_object()) {
+        binary_output = BinaryRequested(*parameters);
+        if (auto count = parameters->find("classification"); count != parameters->end()) {
+          OROCHI_ASSIGN_OR_RETURN(classes, ClassCount(*count, output_name));
         }
-        if (OutputSpec(manifest, output_name).datatype == DataType::kBytes) {
-          return Bad("output '" + output_name +
-                     "' is BYTES: classification needs an output of scores");
-        }
-        request.classification[output_name] =
-            classes->is_number_unsigned()
-                ? static_cast<int64_t>(std::min<uint64_t>(classes->get<uint64_t>(), INT64_MAX))
-                : classes->get<int64_t>();
       }
+      OROCHI_RETURN_IF_ERROR(builder.RequestOutput(output_name, binary_output, classes));
     }
   }
-  return request;
+  return builder.Finish();
 }
 
 }  // namespace
+
+Result<const TensorSpec*> InferRequestBuilder::CheckInput(const std::string& name,
+                                                          std::string_view datatype,
+                                                          const engine::Shape& shape) const {
+  auto spec = std::find_if(manifest_.inputs.begin(), manifest_.inputs.end(),
+                           [&](const TensorSpec& candidate) { return candidate.name == name; });
+  if (spec == manifest_.inputs.end()) {
+    return Bad("unexpected input '" + name + "' for model '" + manifest_.name + "'");
+  }
+  if (inputs_.count(name) != 0) return Bad("input '" + name + "' is given twice");
+  if (datatype != DataTypeName(spec->datatype)) {
+    return Bad("input '" + name + "' has datatype " + std::string(datatype) +
+               ", but the model expects " + std::string(DataTypeName(spec->datatype)));
+  }
+  OROCHI_RETURN_IF_ERROR(CheckShape(manifest_, *spec, shape));
+  return &*spec;
+}
+
+Result<NamedTensor> InferRequestBuilder::FromRaw(const TensorSpec& spec, const engine::Shape& shape,
+                                                 std::string_view bytes,
+                                                 std::string_view source) const {
+  NamedTensor tensor{spec.name, engine::Tensor()};
+  if (spec.datatype == DataType::kBytes) {
+    OROCHI_ASSIGN_OR_RETURN(tensor.value, BytesFromBinary(spec, shape, bytes));
+  } else {
+    OROCHI_ASSIGN_OR_RETURN(tensor.value, TensorFromBinary(spec, shape, bytes, source));
+  }
+  return tensor;
+}
+
+void InferRequestBuilder::AddInput(NamedTensor input) {
+  std::string name = input.name;
+  inputs_.emplace(std::move(name), std::move(input));
+}
+
+Status InferRequestBuilder::RequestOutput(const std::string& name, bool binary,
+                                          std::optional<int64_t> classes) {
+  bool known = false;
+  for (const TensorSpec& spec : manifest_.outputs) known = known || spec.name == name;
+  if (!known) {  // before OutputSpec, which wants a declared name
+    return Bad("unexpected requested output '" + name + "' for model '" + manifest_.name + "'");
+  }
+  // Asked twice, e.g. with two classifications, one answer would silently override the other.
+  if (std::find(request_.outputs.begin(), request_.outputs.end(), name) !=
+      request_.outputs.end()) {
+    return Bad("output '" + name + "' is requested twice");
+  }
+  request_.outputs.push_back(name);
+  if (binary) request_.binary_outputs.insert(name);
+  if (classes) {
+    if (*classes < 1) {
+      return Bad("output '" + name +
+                 "': classification must be a positive integer (how many classes to return)");
+    }
+    if (OutputSpec(manifest_, name).datatype == DataType::kBytes) {
+      return Bad("output '" + name + "' is BYTES: classification needs an output of scores");
+    }
+    request_.classification[name] = *classes;
+  }
+  return Status::Ok();
+}
+
+Result<InferRequest> InferRequestBuilder::Finish() {
+  for (const TensorSpec& spec : manifest_.inputs) {
+    auto found = inputs_.find(spec.name);
+    if (found == inputs_.end()) return Bad("input '" + spec.name + "' is missing");
+    if (manifest_.max_batch_size > 0) {
+      const auto& value = found->second.value;
+      int64_t rows = std::holds_alternative<engine::Tensor>(value)
+                         ? std::get<engine::Tensor>(value).shape()[0]
+                         : std::get<BytesTensor>(value).shape[0];
+      if (request_.rows != 0 && rows != request_.rows) {
+        return Bad("inputs disagree on the batch size (" + std::to_string(request_.rows) +
+                   " and " + std::to_string(rows) + ")");
+      }
+      request_.rows = rows;
+    }
+    request_.inputs.push_back(std::move(found->second));
+  }
+  inputs_.clear();
+  return std::move(request_);
+}
+
+ResponseTensors SelectResponseTensors(const Manifest& manifest, const InferRequest& request,
+                                      const std::vector<NamedTensor>& outputs,
+                                      const OutputLabels& labels) {
+  ResponseTensors selected;
+  for (size_t i = 0; i < outputs.size() && i < manifest.outputs.size(); ++i) {
+    const NamedTensor& output = outputs[i];
+    if (!request.outputs.empty() && std::find(request.outputs.begin(), request.outputs.end(),
+                                              output.name) == request.outputs.end()) {
+      continue;
+    }
+    ResponseTensor item{&output.name, manifest.outputs[i].datatype, {}};
+    item.binary = request.all_outputs_binary || request.binary_outputs.count(output.name) != 0;
+    if (auto count = request.classification.find(output.name);
+        count != request.classification.end()) {
+      auto names = labels.find(output.name);
+      selected.classes.push_back(std::make_unique<BytesTensor>(
+          Classify(std::get<engine::Tensor>(output.value), count->second,
+                   names == labels.end() ? nullptr : &names->second)));
+      item.datatype = DataType::kBytes;
+      item.bytes = selected.classes.back().get();
+    } else if (const auto* bytes = std::get_if<BytesTensor>(&output.value)) {
+      item.bytes = bytes;
+    } else {
+      const auto& tensor = std::get<engine::Tensor>(output.value);
+      if (tensor.is_contiguous()) {
+        item.tensor = &tensor;
+      } else {
+        selected.contiguous.push_back(std::make_unique<engine::Tensor>(tensor.Contiguous()));
+        item.tensor = selected.contiguous.back().get();
+      }
+    }
+    item.shape = item.tensor != nullptr ? item.tensor->shape() : item.bytes->shape;
+    selected.tensors.push_back(item);
+  }
+  return selected;
+}
+
+std::optional<std::chrono::steady_clock::time_point> RequestDeadline(
+    const InferRequest& request, std::chrono::steady_clock::time_point received,
+    std::chrono::milliseconds default_timeout) {
+  // Longer than this is no deadline at all: INT64_MAX microseconds would overflow the
+  // nanosecond clock (and the watchdog adds its grace on top), wrapping into a deadline that
+  // has already passed.
+  constexpr std::chrono::microseconds kNoDeadlineFrom = std::chrono::hours(24 * 365 * 100);
+  if (request.timeout) {
+    if (*request.timeout < kNoDeadlineFrom) return received + *request.timeout;
+    return std::nullopt;
+  }
+  if (default_timeout.count() > 0) return received + default_timeout;
+  return std::nullopt;
+}
 
 Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_view body,
                                        std::optional<size_t> json_length,
@@ -434,21 +526,13 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
                                     const OutputLabels& labels) {
   // Written straight into the body: a document node per value would take many times the
   // tensor's size for the large outputs that matter.
-  auto selected = [&](const std::string& name) {
-    return request.outputs.empty() ||
-           std::find(request.outputs.begin(), request.outputs.end(), name) != request.outputs.end();
-  };
-  auto as_binary = [&](const std::string& name) {
-    return request.all_outputs_binary || request.binary_outputs.count(name) != 0;
-  };
+  const ResponseTensors selected = SelectResponseTensors(manifest, request, outputs, labels);
   std::string json;
   std::string binary;
   size_t values = 0;  // to be written as JSON
-  for (const NamedTensor& output : outputs) {
-    const auto* tensor = std::get_if<engine::Tensor>(&output.value);
-    if (tensor != nullptr && selected(output.name) && !as_binary(output.name) &&
-        request.classification.count(output.name) == 0) {
-      values += static_cast<size_t>(tensor->numel());
+  for (const ResponseTensor& output : selected.tensors) {
+    if (output.tensor != nullptr && !output.binary) {
+      values += static_cast<size_t>(output.tensor->numel());
     }
   }
   // Room for a typical float ("-0.12345678,"): reserved and never written costs address space,
@@ -459,44 +543,30 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
   if (!request.id.empty()) json += ",\"id\":" + Quoted(request.id);
   json += ",\"outputs\":[";
   bool first = true;
-  for (size_t i = 0; i < outputs.size() && i < manifest.outputs.size(); ++i) {
-    const NamedTensor& output = outputs[i];
-    const TensorSpec& spec = manifest.outputs[i];
-    if (!selected(output.name)) continue;
-    const bool binary_output = as_binary(output.name);
-    std::optional<BytesTensor> classes;
-    if (auto count = request.classification.find(output.name);
-        count != request.classification.end()) {
-      auto names = labels.find(output.name);
-      classes = Classify(std::get<engine::Tensor>(output.value), count->second,
-                         names == labels.end() ? nullptr : &names->second);
-    }
+  for (const ResponseTensor& output : selected.tensors) {
     json += first ? "{" : ",{";
     first = false;
-    json += "\"name\":" + Quoted(output.name) + ",\"datatype\":\"" +
-            std::string(DataTypeName(classes ? DataType::kBytes : spec.datatype)) + "\",\"shape\":";
+    json += "\"name\":" + Quoted(*output.name) + ",\"datatype\":\"" +
+            std::string(DataTypeName(output.datatype)) + "\",\"shape\":" + Json(output.shape).dump();
     const size_t binary_before = binary.size();
-    const BytesTensor* bytes = classes ? &*classes : std::get_if<BytesTensor>(&output.value);
-    if (bytes != nullptr) {
-      json += Json(bytes->shape).dump();
-      if (binary_output) {
-        for (const std::string& item : bytes->items) {
+    if (output.bytes != nullptr) {
+      if (output.binary) {
+        for (const std::string& item : output.bytes->items) {
           auto length = static_cast<uint32_t>(item.size());
           binary.append(reinterpret_cast<const char*>(&length), 4);
           binary += item;
         }
       } else {
         json += ",\"data\":[";
-        for (size_t k = 0; k < bytes->items.size(); ++k) {
+        for (size_t k = 0; k < output.bytes->items.size(); ++k) {
           if (k > 0) json += ',';
-          json += Quoted(bytes->items[k]);
+          json += Quoted(output.bytes->items[k]);
         }
         json += ']';
       }
     } else {
-      const engine::Tensor tensor = std::get<engine::Tensor>(output.value).Contiguous();
-      json += Json(tensor.shape()).dump();
-      if (binary_output) {
+      const engine::Tensor& tensor = *output.tensor;
+      if (output.binary) {
         binary.append(static_cast<const char*>(tensor.data()),
                       static_cast<size_t>(tensor.numel()) * engine::ItemSize(tensor.dtype()));
       } else {
@@ -511,10 +581,9 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
         json += ']';
       }
     }
-    if (binary_output) {
-      json +=
-          ",\"parameters\":{\"binary_data_size\":" + std::to_string(binary.size() - binary_before) +
-          "}";
+    if (output.binary) {
+      json += ",\"parameters\":{\"binary_data_size\":" +
+              std::to_string(binary.size() - binary_before) + "}";
     }
     json += '}';
   }

@@ -102,103 +102,24 @@ std::optional<size_t> HeaderLength(const http::Request& request, bool* malformed
 
 }  // namespace
 
-namespace {
-
-// Whether a request read against `b`'s manifest is also one for `a`: the same inputs and
-// outputs (names, datatypes, shapes) and batching.
-bool SameInterface(const packaging::Manifest& a, const packaging::Manifest& b) {
-  auto same = [](const std::vector<packaging::TensorSpec>& x,
-                 const std::vector<packaging::TensorSpec>& y) {
-    return std::equal(x.begin(), x.end(), y.begin(), y.end(),
-                      [](const packaging::TensorSpec& left, const packaging::TensorSpec& right) {
-                        return left.name == right.name && left.datatype == right.datatype &&
-                               left.shape == right.shape;
-                      });
-  };
-  return a.max_batch_size == b.max_batch_size && same(a.inputs, b.inputs) &&
-         same(a.outputs, b.outputs);
-}
-
-}  // namespace
-
-std::string FailureReason(StatusCode code) {
-  switch (code) {
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kOutOfRange:
-      return "invalid_argument";
-    case StatusCode::kResourceExhausted:
-      return "queue_full";
-    case StatusCode::kDeadlineExceeded:
-      return "timeout";
-    case StatusCode::kPythonError:
-      return "model_error";
-    case StatusCode::kFailedPrecondition:
-      return "client_gone";
-    case StatusCode::kUnavailable:
-      return "unavailable";
-    default:
-      return "internal";
-  }
-}
-
-std::string ParseFailureReason(StatusCode code) {
-  // The parse has no queue to find full: its kResourceExhausted is memory it could not get.
-  return code == StatusCode::kResourceExhausted ? "out_of_memory" : FailureReason(code);
-}
-
-unsigned HttpStatusOf(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk:
-      return 200;
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kOutOfRange:
-    case StatusCode::kFailedPrecondition:
-      return 400;
-    case StatusCode::kAlreadyExists:
-      return 409;
-    case StatusCode::kNotFound:
-      return 404;
-    case StatusCode::kUnavailable:
-    case StatusCode::kResourceExhausted:
-      return 503;
-    case StatusCode::kDeadlineExceeded:
-      return 504;
-    case StatusCode::kUnimplemented:
-      return 501;
-    default:
-      return 500;
-  }
-}
-
 KServeApi::KServeApi(ModelService& models, Metrics& metrics, const ServerConfig& config,
                      std::function<bool()> ready)
     : models_(models),
-      metrics_(metrics),
       config_(config),
       ready_(std::move(ready)),
-      memory_(config.models.max_memory_bytes) {}
+      runner_(models, metrics, config) {}
 
 std::shared_ptr<const ServedModel> KServeApi::Resolve(const http::PathParams& params,
-                                                      const http::Responder& respond) const {
-  const std::string& name = params.at("model");
-  std::optional<int64_t> version;
-  if (auto found = params.find("version"); found != params.end()) {
-    const std::string& text = found->second;
-    if (text.empty() || text.size() > 18 ||
-        text.find_first_not_of("0123456789") != std::string::npos) {
-      respond(
-          http::ErrorResponse(400, "model version must be a positive integer, got '" + text + "'"));
-      return nullptr;
-    }
-    version = std::stoll(text);
+                                                      const http::Responder& respond,
+                                                      bool count_unknown) const {
+  auto version = params.find("version");
+  Result<std::shared_ptr<const ServedModel>> model = runner_.Resolve(
+      params.at("model"), version == params.end() ? "" : version->second, count_unknown);
+  if (!model.ok()) {
+    respond(http::ErrorResponse(HttpStatusOf(model.status().code()), model.status().message()));
+    return nullptr;
   }
-  std::shared_ptr<const ServedModel> model = models_.Find(name, version);
-  if (model == nullptr) {
-    respond(http::ErrorResponse(
-        404, version ? "model '" + name + "' version " + std::to_string(*version) + " is not loaded"
-                     : "model '" + name + "' is not loaded"));
-  }
-  return model;
+  return *model;
 }
 
 void KServeApi::Register(http::Router& router) {
@@ -315,29 +236,19 @@ void KServeApi::Register(http::Router& router) {
 void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
                       http::Responder respond) {
   const Clock::time_point received = Clock::now();
-  std::shared_ptr<const ServedModel> model = Resolve(params, respond);
-  if (model == nullptr) {
-    metrics_.UnknownModel();
+  std::shared_ptr<const ServedModel> model = Resolve(params, respond, /*count_unknown=*/true);
+  if (model == nullptr) return;
+  if (std::optional<InferenceRunner::Refusal> refused =
+          runner_.Admit(*model, request.body().size(), received)) {
+    const Status& status = refused->status;
+    respond(http::ErrorResponse(refused->too_large ? 413 : HttpStatusOf(status.code()),
+                                status.message()));
     return;
   }
-  const std::string version = std::to_string(model->version);
   auto fail = [&](const Status& status, const std::string& reason) {
-    metrics_.RequestDone(model->name, version, reason, Clock::now() - received, {}, {});
+    runner_.Refused(*model, reason, received);
     respond(http::ErrorResponse(HttpStatusOf(status.code()), status.message()));
   };
-  if (const std::optional<int64_t>& limit = model->manifest().max_request_bytes;
-      limit && request.body().size() > static_cast<uint64_t>(*limit)) {
-    metrics_.RequestDone(model->name, version, "too_large", Clock::now() - received, {}, {});
-    respond(http::ErrorResponse(413, "the request body has " +
-                                         std::to_string(request.body().size()) + " bytes; model " +
-                                         model->name + " takes at most " + std::to_string(*limit) +
-                                         " (max_request_bytes in its manifest)"));
-    return;
-  }
-  if (Status memory = memory_.Admit(); !memory.ok()) {
-    fail(memory, "out_of_memory");
-    return;
-  }
   bool malformed = false;
   std::optional<size_t> json_length = HeaderLength(request, &malformed);
   if (malformed) {
@@ -352,72 +263,41 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
     fail(parsed.status(), ParseFailureReason(parsed.status().code()));
     return;
   }
-  auto infer = std::make_shared<InferRequest>(std::move(parsed).value());
-  std::optional<Clock::time_point> deadline;
-  // Longer than this is no deadline at all: INT64_MAX microseconds would overflow the
-  // nanosecond clock (and the watchdog adds its grace on top), wrapping into a deadline that
-  // has already passed.
-  constexpr std::chrono::microseconds kNoDeadlineFrom = std::chrono::hours(24 * 365 * 100);
-  if (infer->timeout) {
-    if (*infer->timeout < kNoDeadlineFrom) deadline = received + *infer->timeout;
-  } else if (config_.models.default_timeout_ms > 0) {
-    deadline = received + std::chrono::milliseconds(config_.models.default_timeout_ms);
-  }
-  std::vector<interpreters::NamedTensor> inputs = std::move(infer->inputs);
-  auto answer = [this, infer, received, respond](std::shared_ptr<const ServedModel> model) {
-    return [this, model = std::move(model), infer, received, respond](
-               Result<std::vector<interpreters::NamedTensor>> outputs,
-               const InferTimings& timings) {
-      const std::string version = std::to_string(model->version);
-      const std::chrono::nanoseconds total = Clock::now() - received;
-      if (!outputs.ok()) {
-        const Status& error = outputs.status();
-        metrics_.RequestDone(model->name, version, FailureReason(error.code()), total,
-                             timings.queue, timings.compute);
-        std::string message = error.message();
-        if (error.code() == StatusCode::kPythonError && !error.detail().empty()) {
-          message += "\n" + error.detail();
-        }
-        if (FailureReason(error.code()) == "client_gone") {
-          // Not a client error: nginx's 499, so that a vanished client is not counted as a
-          // 400 (the answer itself reaches no one).
-          http::Response response = http::ErrorResponse(499, message);
-          response.reason("Client Closed Request");
-          respond(std::move(response));
-          return;
-        }
-        respond(http::ErrorResponse(HttpStatusOf(error.code()), message));
+  InferenceCall call;
+  call.model = model;
+  call.version_named = params.count("version") != 0;
+  call.request = std::make_shared<InferRequest>(std::move(parsed).value());
+  call.received = received;
+  call.client_gone = [respond] { return respond.client_gone(); };
+  std::shared_ptr<const InferRequest> infer = call.request;
+  runner_.Run(std::move(call), [infer, respond](Result<InferenceResult> result) {
+    if (!result.ok()) {
+      const Status& error = result.status();
+      std::string message = error.message();
+      if (error.code() == StatusCode::kPythonError && !error.detail().empty()) {
+        message += "\n" + error.detail();
+      }
+      if (FailureReason(error.code()) == "client_gone") {
+        // Not a client error: nginx's 499, so that a vanished client is not counted as a
+        // 400 (the answer itself reaches no one).
+        http::Response response = http::ErrorResponse(499, message);
+        response.reason("Client Closed Request");
+        respond(std::move(response));
         return;
       }
-      EncodedResponse encoded =
-          EncodeInferResponse(model->manifest(), *infer, *outputs, model->package->labels());
-      http::Response response = http::JsonResponse(200, std::move(encoded.body));
-      if (encoded.json_length) {
-        response.set(bhttp::field::content_type, "application/octet-stream");
-        response.set("Inference-Header-Content-Length", std::to_string(*encoded.json_length));
-      }
-      metrics_.RequestDone(model->name, version, "success", total, timings.queue, timings.compute);
-      respond(std::move(response));
-    };
-  };
-  auto client_gone = [respond] { return respond.client_gone(); };
-  Status submitted = models_.Submit(model, inputs, infer->parameters, infer->rows, deadline,
-                                    client_gone, answer(model));
-  // The version resolved above may have been replaced meanwhile (a deploy, a delete of the
-  // served version): it is unloading, or gone. A request that named no version is for
-  // whichever version serves now, as the version switch promises: it goes there, if that
-  // version takes the same inputs (they were read against the old one's manifest).
-  if (!submitted.ok() && params.count("version") == 0 &&
-      (submitted.code() == StatusCode::kNotFound || submitted.code() == StatusCode::kUnavailable)) {
-    std::shared_ptr<const ServedModel> serving = models_.Find(model->name, std::nullopt);
-    if (serving != nullptr && serving != model &&
-        SameInterface(serving->manifest(), model->manifest())) {
-      Status resubmitted = models_.Submit(serving, inputs, infer->parameters, infer->rows, deadline,
-                                          client_gone, answer(serving));
-      if (resubmitted.ok()) return;
+      respond(http::ErrorResponse(HttpStatusOf(error.code()), message));
+      return;
     }
-  }
-  if (!submitted.ok()) fail(submitted, FailureReason(submitted.code()));
+    const ServedModel& served = *result->model;
+    EncodedResponse encoded = EncodeInferResponse(served.manifest(), *infer, result->outputs,
+                                                  served.package->labels());
+    http::Response response = http::JsonResponse(200, std::move(encoded.body));
+    if (encoded.json_length) {
+      response.set(bhttp::field::content_type, "application/octet-stream");
+      response.set("Inference-Header-Content-Length", std::to_string(*encoded.json_length));
+    }
+    respond(std::move(response));
+  });
 }
 
 }  // namespace orochi::server::kserve

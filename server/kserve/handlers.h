@@ -7,21 +7,12 @@
 #include <string>
 
 #include "http/router.h"
-#include "memory_guard.h"
+#include "inference.h"
 #include "metrics/metrics.h"
 #include "models/model_service.h"
 #include "orochi/server/config.h"
 
 namespace orochi::server::kserve {
-
-// The HTTP status for a library error, with Triton's mapping.
-unsigned HttpStatusOf(StatusCode code);
-
-// The `reason` label of orochi_inference_requests_total for a request answered with `code`.
-std::string FailureReason(StatusCode code);
-// The same for a request whose body could not be parsed, where kResourceExhausted means that
-// its tensors could not be allocated (`out_of_memory`), not a full queue; still a 503.
-std::string ParseFailureReason(StatusCode code);
 
 class KServeApi {
  public:
@@ -31,14 +22,15 @@ class KServeApi {
 
  private:
   void Infer(http::Request&& request, const http::PathParams& params, http::Responder respond);
+  // The model the path names, or null once `respond` has been given the 400/404.
   std::shared_ptr<const ServedModel> Resolve(const http::PathParams& params,
-                                             const http::Responder& respond) const;
+                                             const http::Responder& respond,
+                                             bool count_unknown = false) const;
 
   ModelService& models_;
-  Metrics& metrics_;
   const ServerConfig& config_;
   std::function<bool()> ready_;
-  MemoryGuard memory_;
+  InferenceRunner runner_;
 };
 
 }  // namespace orochi::server::kserve

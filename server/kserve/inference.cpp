@@ -1,0 +1,176 @@
+#include "inference.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace orochi::server::kserve {
+namespace {
+
+// Whether a request read against `b`'s manifest is also one for `a`: the same inputs and
+// outputs (names, datatypes, shapes) and batching.
+bool SameInterface(const packaging::Manifest& a, const packaging::Manifest& b) {
+  auto same = [](const std::vector<packaging::TensorSpec>& x,
+                 const std::vector<packaging::TensorSpec>& y) {
+    return std::equal(x.begin(), x.end(), y.begin(), y.end(),
+                      [](const packaging::TensorSpec& left, const packaging::TensorSpec& right) {
+                        return left.name == right.name && left.datatype == right.datatype &&
+                               left.shape == right.shape;
+                      });
+  };
+  return a.max_batch_size == b.max_batch_size && same(a.inputs, b.inputs) &&
+         same(a.outputs, b.outputs);
+}
+
+}  // namespace
+
+std::string FailureReason(StatusCode code) {
+  switch (code) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+      return "invalid_argument";
+    case StatusCode::kResourceExhausted:
+      return "queue_full";
+    case StatusCode::kDeadlineExceeded:
+      return "timeout";
+    case StatusCode::kPythonError:
+      return "model_error";
+    case StatusCode::kFailedPrecondition:
+      return "client_gone";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    default:
+      return "internal";
+  }
+}
+
+std::string ParseFailureReason(StatusCode code) {
+  // The parse has no queue to find full: its kResourceExhausted is memory it could not get.
+  return code == StatusCode::kResourceExhausted ? "out_of_memory" : FailureReason(code);
+}
+
+unsigned HttpStatusOf(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return 200;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kFailedPrecondition:
+      return 400;
+    case StatusCode::kAlreadyExists:
+      return 409;
+    case StatusCode::kNotFound:
+      return 404;
+    case StatusCode::kUnavailable:
+    case StatusCode::kResourceExhausted:
+      return 503;
+    case StatusCode::kDeadlineExceeded:
+      return 504;
+    case StatusCode::kUnimplemented:
+      return 501;
+    default:
+      return 500;
+  }
+}
+
+InferenceRunner::InferenceRunner(ModelService& models, Metrics& metrics,
+                                 const ServerConfig& config)
+    : models_(models),
+      metrics_(metrics),
+      config_(config),
+      memory_(config.models.max_memory_bytes) {}
+
+Result<std::shared_ptr<const ServedModel>> InferenceRunner::Resolve(const std::string& name,
+                                                                    std::string_view version,
+                                                                    bool count_unknown) const {
+  std::optional<int64_t> number;
+  if (!version.empty()) {
+    if (version.size() > 18 || version.find_first_not_of("0123456789") != std::string::npos) {
+      return InvalidArgument("model version must be a positive integer, got '" +
+                             std::string(version) + "'");
+    }
+    number = std::stoll(std::string(version));
+  }
+  std::shared_ptr<const ServedModel> model = models_.Find(name, number);
+  if (model == nullptr) {
+    if (count_unknown) metrics_.UnknownModel();
+    return NotFound(number ? "model '" + name + "' version " + std::to_string(*number) +
+                                 " is not loaded"
+                           : "model '" + name + "' is not loaded");
+  }
+  return model;
+}
+
+std::optional<InferenceRunner::Refusal> InferenceRunner::Admit(const ServedModel& model,
+                                                               size_t bytes,
+                                                               Clock::time_point received) {
+  if (const std::optional<int64_t>& limit = model.manifest().max_request_bytes;
+      limit && bytes > static_cast<uint64_t>(*limit)) {
+    Refused(model, "too_large", received);
+    return Refusal{Status(StatusCode::kResourceExhausted,
+                          "the request has " + std::to_string(bytes) + " bytes; model " +
+                              model.name + " takes at most " + std::to_string(*limit) +
+                              " (max_request_bytes in its manifest)"),
+                   true};
+  }
+  if (Status memory = memory_.Admit(); !memory.ok()) {
+    Refused(model, "out_of_memory", received);
+    return Refusal{memory, false};
+  }
+  return std::nullopt;
+}
+
+void InferenceRunner::Refused(const ServedModel& model, const std::string& reason,
+                              Clock::time_point received) const {
+  metrics_.RequestDone(model.name, std::to_string(model.version), reason, Clock::now() - received,
+                       {}, {});
+}
+
+void InferenceRunner::Run(InferenceCall call, InferenceDone done) {
+  std::optional<Clock::time_point> deadline = RequestDeadline(
+      *call.request, call.received, std::chrono::milliseconds(config_.models.default_timeout_ms));
+  if (call.transport_deadline && (!deadline || *call.transport_deadline < *deadline)) {
+    deadline = call.transport_deadline;
+  }
+  auto shared_done = std::make_shared<InferenceDone>(std::move(done));
+  const Clock::time_point received = call.received;
+  auto answer = [this, shared_done, received](std::shared_ptr<const ServedModel> model) {
+    return [this, model = std::move(model), shared_done, received](
+               Result<std::vector<interpreters::NamedTensor>> outputs,
+               const InferTimings& timings) {
+      const std::chrono::nanoseconds total = Clock::now() - received;
+      const std::string version = std::to_string(model->version);
+      if (!outputs.ok()) {
+        metrics_.RequestDone(model->name, version, FailureReason(outputs.status().code()), total,
+                             timings.queue, timings.compute);
+        (*shared_done)(outputs.status());
+        return;
+      }
+      metrics_.RequestDone(model->name, version, "success", total, timings.queue, timings.compute);
+      (*shared_done)(InferenceResult{model, std::move(outputs).value()});
+    };
+  };
+  std::vector<interpreters::NamedTensor> inputs = std::move(call.request->inputs);
+  const InferRequest& request = *call.request;
+  Status submitted = models_.Submit(call.model, inputs, request.parameters, request.rows, deadline,
+                                    call.client_gone, answer(call.model));
+  // The version resolved may have been replaced meanwhile (a deploy, a delete of the served
+  // version): it is unloading, or gone. A request that named no version is for whichever
+  // version serves now, as the version switch promises: it goes there, if that version takes
+  // the same inputs (they were read against the old one's manifest).
+  if (!submitted.ok() && !call.version_named &&
+      (submitted.code() == StatusCode::kNotFound || submitted.code() == StatusCode::kUnavailable)) {
+    std::shared_ptr<const ServedModel> serving = models_.Find(call.model->name, std::nullopt);
+    if (serving != nullptr && serving != call.model &&
+        SameInterface(serving->manifest(), call.model->manifest())) {
+      Status resubmitted = models_.Submit(serving, inputs, request.parameters, request.rows,
+                                          deadline, call.client_gone, answer(serving));
+      if (resubmitted.ok()) return;
+    }
+  }
+  if (!submitted.ok()) {
+    Refused(*call.model, FailureReason(submitted.code()), received);
+    (*shared_done)(submitted);
+  }
+}
+
+}  // namespace orochi::server::kserve
