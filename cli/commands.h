@@ -52,6 +52,7 @@ struct ServeOptions {
   std::vector<std::string> load_models;
   std::optional<int> http_port;
   std::optional<int> metrics_port;
+  std::optional<int> grpc_port;
   std::optional<int> management_port;
   std::string bind_address;
   std::optional<int> copies;

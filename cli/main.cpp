@@ -70,6 +70,7 @@ int Main(int argc, char** argv) {
                     "a model to load at startup (repeatable; '*' for all, the default)");
   serve->add_option("--http-port", serve_options.http_port, "inference port (default 8000)");
   serve->add_option("--metrics-port", serve_options.metrics_port, "metrics port (default 8002)");
+  serve->add_option("--grpc-port", serve_options.grpc_port, "gRPC port (default 8001)");
   serve->add_option("--management-port", serve_options.management_port,
                     "model repository API port (default 8003, on 127.0.0.1)");
   serve->add_option("--bind", serve_options.bind_address, "address to listen on (default 0.0.0.0)");

@@ -23,6 +23,7 @@ int ServeCommand(const ServeOptions& options) {
   if (!options.load_models.empty()) config.models.load = options.load_models;
   if (options.http_port) config.http.inference_port = *options.http_port;
   if (options.metrics_port) config.http.metrics_port = *options.metrics_port;
+  if (options.grpc_port) config.grpc.port = *options.grpc_port;
   if (options.management_port) config.management.port = *options.management_port;
   if (!options.bind_address.empty()) config.http.bind_address = options.bind_address;
   if (options.copies) config.copies = *options.copies;

@@ -22,6 +22,10 @@ packages=(
   zlib1g-dev
   # the server: Boost.Beast/Asio (1.81), Prometheus metrics; promtool and wrk for tests and bench
   libboost1.81-dev prometheus-cpp-dev prometheus wrk
+  # KServe v2 over gRPC: gRPC C++, protobuf and their code generators; grpcio for the tests'
+  # and benchmarks' client
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc python3-grpcio
+  python3-protobuf
   # the tensor engine: BLAS for GEMM-shaped work
   libopenblas-dev nlohmann-json3-dev
   # tests and benchmarks

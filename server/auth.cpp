@@ -54,27 +54,41 @@ bool IsLoopback(const std::string& address) {
   return address.rfind("127.", 0) == 0 || address == "::1" || address == "localhost";
 }
 
-std::optional<http::Response> CheckToken(const std::string& token, const http::Request& header) {
-  auto authorization = header.find(boost::beast::http::field::authorization);
-  if (authorization == header.end()) {
-    http::Response response = http::ErrorResponse(401,
-                                                  "authentication required: send "
-                                                  "'Authorization: Bearer <token>'");
-    response.set(boost::beast::http::field::www_authenticate, "Bearer");
-    return response;
-  }
+TokenCheck CheckBearer(std::optional<std::string_view> authorization, const std::string& token) {
+  if (!authorization) return TokenCheck::kMissing;
   // The scheme is case-insensitive (RFC 9110, 11.1), and spaces may follow it: "bearer x" and
   // "BEARER  x" are the same credentials as "Bearer x".
-  const std::string_view value = authorization->value();
+  const std::string_view value = *authorization;
   constexpr std::string_view kScheme = "bearer";
   const size_t credentials = value.find_first_not_of(' ', kScheme.size());
   if (value.size() <= kScheme.size() || value[kScheme.size()] != ' ' ||
       !boost::beast::iequals(value.substr(0, kScheme.size()), kScheme) ||
       credentials == std::string_view::npos ||
       !ConstantTimeEquals(std::string(value.substr(credentials)), token)) {
-    return http::ErrorResponse(403, "the bearer token is not valid");
+    return TokenCheck::kWrong;
   }
-  return std::nullopt;
+  return TokenCheck::kValid;
+}
+
+std::optional<http::Response> CheckToken(const std::string& token, const http::Request& header) {
+  auto authorization = header.find(boost::beast::http::field::authorization);
+  switch (CheckBearer(authorization == header.end()
+                          ? std::nullopt
+                          : std::optional<std::string_view>(authorization->value()),
+                      token)) {
+    case TokenCheck::kValid:
+      return std::nullopt;
+    case TokenCheck::kMissing: {
+      http::Response response = http::ErrorResponse(401,
+                                                    "authentication required: send "
+                                                    "'Authorization: Bearer <token>'");
+      response.set(boost::beast::http::field::www_authenticate, "Bearer");
+      return response;
+    }
+    case TokenCheck::kWrong:
+      break;
+  }
+  return http::ErrorResponse(403, "the bearer token is not valid");
 }
 
 }  // namespace orochi::server

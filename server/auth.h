@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "http/http_server.h"
 #include "orochi/base/status.h"
@@ -17,6 +18,11 @@ Result<std::optional<std::string>> LoadToken(const std::string& file, const std:
 
 // Whether `address` is a loopback address (127.0.0.0/8, ::1).
 bool IsLoopback(const std::string& address);
+
+// How an `Authorization` value (nullopt: none sent) compares with `token`. The scheme is
+// case-insensitive ("bearer x" is "Bearer x"); the token is compared in constant time.
+enum class TokenCheck { kValid, kMissing, kWrong };
+TokenCheck CheckBearer(std::optional<std::string_view> authorization, const std::string& token);
 
 // The refusal of a request whose header lacks `Authorization: Bearer <token>` (401) or carries
 // another token (403); nullopt when it carries `token`. It needs only the header, so the

@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace orochi::server {
 namespace {
@@ -145,7 +146,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   ServerConfig config;
   ObjectReader root(json, "$");
   OROCHI_RETURN_IF_ERROR(
-      root.Check({"http", "management", "models", "log", "python", "copies", "supervisor"}));
+      root.Check({"http", "grpc", "management", "models", "log", "python", "copies",
+                  "supervisor"}));
   OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
 
   ObjectReader http = root.Child("http");
@@ -156,6 +158,23 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(http.String("bind_address", &config.http.bind_address));
   OROCHI_RETURN_IF_ERROR(http.String("token_file", &config.http.token_file));
   OROCHI_RETURN_IF_ERROR(http.String("token_env", &config.http.token_env));
+
+  ObjectReader grpc = root.Child("grpc");
+  OROCHI_RETURN_IF_ERROR(grpc.Check({"enabled", "bind_address", "port", "max_message_bytes",
+                                     "max_response_bytes", "max_stream_in_flight",
+                                     "max_concurrent_streams"}));
+  OROCHI_RETURN_IF_ERROR(grpc.Boolean("enabled", &config.grpc.enabled));
+  OROCHI_RETURN_IF_ERROR(grpc.String("bind_address", &config.grpc.bind_address));
+  OROCHI_RETURN_IF_ERROR(grpc.Integer("port", &config.grpc.port, 0, 65535));
+  // gRPC's own limits are ints.
+  OROCHI_RETURN_IF_ERROR(
+      grpc.Integer("max_message_bytes", &config.grpc.max_message_bytes, 1024, INT32_MAX));
+  OROCHI_RETURN_IF_ERROR(
+      grpc.Integer("max_response_bytes", &config.grpc.max_response_bytes, 1024, INT32_MAX));
+  OROCHI_RETURN_IF_ERROR(
+      grpc.Integer("max_stream_in_flight", &config.grpc.max_stream_in_flight, 1, 65536));
+  OROCHI_RETURN_IF_ERROR(
+      grpc.Integer("max_concurrent_streams", &config.grpc.max_concurrent_streams, 1, 1 << 20));
 
   ObjectReader management = root.Child("management");
   OROCHI_RETURN_IF_ERROR(management.Check(
@@ -246,11 +265,16 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
 }
 
 Status ValidateServerConfig(const ServerConfig& config) {
-  const int ports[] = {config.http.inference_port, config.management.port,
-                       config.http.metrics_port};
-  if ((ports[0] != 0 && (ports[0] == ports[1] || ports[0] == ports[2])) ||
-      (ports[1] != 0 && ports[1] == ports[2])) {
-    return Problem("$", "the inference, management and metrics ports must differ");
+  std::vector<int> ports = {config.http.inference_port, config.management.port,
+                            config.http.metrics_port};
+  if (config.grpc.enabled) ports.push_back(config.grpc.port);
+  for (size_t i = 0; i < ports.size(); ++i) {
+    for (size_t j = i + 1; j < ports.size(); ++j) {
+      if (ports[i] != 0 && ports[i] == ports[j]) {
+        return Problem("$", "the inference, gRPC, management and metrics ports must differ (" +
+                                std::to_string(ports[i]) + " is given twice)");
+      }
+    }
   }
   return Status::Ok();
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "auth.h"
+#include "grpc/grpc_server.h"
 #include "http/http_server.h"
 #include "http/router.h"
 #include "kserve/handlers.h"
@@ -147,6 +148,7 @@ struct Server::Impl {
   std::unique_ptr<kserve::KServeApi> api;
   std::unique_ptr<http::HttpServer> inference;
   std::unique_ptr<http::HttpServer> metrics_listener;
+  std::unique_ptr<grpc_api::GrpcServer> grpc;
   std::unique_ptr<asio::signal_set> signals;
   std::vector<std::thread> io_threads;
   std::atomic<bool> ready{false};
@@ -348,6 +350,20 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   OROCHI_RETURN_IF_ERROR(ListenOrAdopt(*s.management, cfg.management.bind_address,
                                        cfg.management.port, inherited.management_fd));
 
+  if (cfg.grpc.enabled) {
+    grpc_api::ServiceOptions grpc_options;
+    grpc_options.ready = [&s] { return s.ready.load(); };
+    grpc_options.inference_token = inference_token;
+    grpc_options.management_token = management_token;
+    grpc_options.repository = !cfg.models.repository.empty();
+    // One at a time with the management API's operations, on the same queue.
+    grpc_options.run_repository_operation = [&s](std::function<void()> work) {
+      s.admin->Post(std::move(work));
+    };
+    OROCHI_ASSIGN_OR_RETURN(
+        s.grpc, grpc_api::GrpcServer::Start(*s.models, s.metrics, cfg, std::move(grpc_options)));
+  }
+
   s.signals = std::make_unique<asio::signal_set>(s.io, SIGINT, SIGTERM);
   auto server = std::unique_ptr<Server>(new Server(std::move(impl)));
   Server* raw = server.get();
@@ -368,6 +384,9 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
                        std::to_string(server->metrics_port()) + "/metrics"},
        {"management", "http://" + cfg.management.bind_address + ":" +
                           std::to_string(server->impl_->management->port())},
+       {"grpc", server->impl_->grpc != nullptr
+                    ? cfg.grpc.bind_address + ":" + std::to_string(server->impl_->grpc->port())
+                    : std::string("off")},
        {"copies", std::to_string(server->impl_->manager->size()), false},
        {"models", std::to_string(server->impl_->models->List().size()), false},
        {"pid", std::to_string(::getpid()), false}});
@@ -398,10 +417,21 @@ int Server::Run() {
   s.metrics_listener->StopAccepting();
   const auto grace_end =
       std::chrono::steady_clock::now() + std::chrono::seconds(s.config.http.shutdown_grace_s);
-  while (s.inference->in_flight() > 0 && std::chrono::steady_clock::now() < grace_end) {
+  // gRPC stops taking calls at once and lets those in flight finish within the same grace
+  // (on its own thread: Shutdown blocks until they have), then cancels the rest.
+  std::thread grpc_shutdown;
+  if (s.grpc != nullptr) {
+    grpc_shutdown = std::thread(
+        [&s, end = std::chrono::system_clock::now() +
+                   std::chrono::seconds(s.config.http.shutdown_grace_s)] { s.grpc->Shutdown(end); });
+  }
+  auto in_flight = [&s] {
+    return s.inference->in_flight() + (s.grpc != nullptr ? s.grpc->in_flight() : 0);
+  };
+  while (in_flight() > 0 && std::chrono::steady_clock::now() < grace_end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  const int64_t abandoned = s.inference->in_flight();
+  const int64_t abandoned = in_flight();
   // Whatever still blocks the shutdown past this (a repository operation stuck in a model's
   // constructor, say) must not keep the process alive: an orchestrator waiting for it to go
   // would SIGKILL it anyway, with no word of why.
@@ -431,6 +461,8 @@ int Server::Run() {
   const size_t stuck = s.models->Stop(
       std::max(grace_end, std::chrono::steady_clock::now() + std::chrono::milliseconds(500)));
   s.admin.reset();  // finishes the repository operation under way
+  // Cancelled calls were answered when their requests were (by Stop above, at the latest).
+  if (grpc_shutdown.joinable()) grpc_shutdown.join();
   if (stuck > 0) {
     // The stuck requests were just answered: let their answers go out before the sockets do.
     const auto flushed = std::chrono::steady_clock::now() + std::chrono::seconds(1);

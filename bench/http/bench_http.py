@@ -69,7 +69,7 @@ def orochi_server_time(repository: str, workers: int, scratch: str) -> float:
     with open(log_path, "w") as log:
         process = subprocess.Popen([BINARY, "serve", "--model-repository", repository,
                                     "--copies", str(workers), "--http-port", str(port),
-                                    "--metrics-port", str(metrics_port), "--bind", "127.0.0.1"],
+                                    "--grpc-port", "0", "--metrics-port", str(metrics_port), "--bind", "127.0.0.1"],
                                    stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, process)
@@ -104,7 +104,7 @@ def main() -> None:
         port, metrics_port = free_port(), free_port()
         orochi = subprocess.Popen([BINARY, "serve", "--model-repository", repository,
                                    "--copies", str(args.workers), "--http-port", str(port),
-                                   "--metrics-port", str(metrics_port), "--bind", "127.0.0.1",
+                                   "--grpc-port", "0", "--metrics-port", str(metrics_port), "--bind", "127.0.0.1",
                                    "--log-level", "warning"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"

@@ -147,7 +147,7 @@ class OrochiServer:
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
                 [BINARY, "serve", "--model-repository", repository, "--copies", str(copies),
-                 "--http-port", str(port), "--metrics-port", str(metrics_port),
+                 "--http-port", str(port), "--grpc-port", "0", "--metrics-port", str(metrics_port),
                  "--management-port", str(management_port), "--bind", "127.0.0.1",
                  "--log-level", "warning"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -71,7 +71,7 @@ def start(repository: str, config: dict, scratch: str) -> tuple[subprocess.Popen
     log = open(os.path.join(scratch, "serve.log"), "a")
     process = subprocess.Popen(
         [BINARY, "serve", "--config", config_path, "--model-repository", repository,
-         "--http-port", str(port), "--metrics-port", str(metrics_port), "--management-port",
+         "--http-port", str(port), "--grpc-port", "0", "--metrics-port", str(metrics_port), "--management-port",
          str(free_port()), "--bind", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT)
     return process, port, metrics_port
 

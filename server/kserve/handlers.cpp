@@ -17,43 +17,13 @@ using packaging::TensorSpec;
 
 http::Response Ok(const Json& body) { return http::JsonResponse(200, body.dump()); }
 
-const char* TritonType(DataType datatype) {
-  switch (datatype) {
-    case DataType::kBool:
-      return "TYPE_BOOL";
-    case DataType::kUInt8:
-      return "TYPE_UINT8";
-    case DataType::kInt8:
-      return "TYPE_INT8";
-    case DataType::kInt16:
-      return "TYPE_INT16";
-    case DataType::kInt32:
-      return "TYPE_INT32";
-    case DataType::kInt64:
-      return "TYPE_INT64";
-    case DataType::kFp16:
-      return "TYPE_FP16";
-    case DataType::kBf16:
-      return "TYPE_BF16";
-    case DataType::kFp32:
-      return "TYPE_FP32";
-    case DataType::kFp64:
-      return "TYPE_FP64";
-    case DataType::kBytes:
-      return "TYPE_STRING";
-  }
-  return "TYPE_INVALID";
-}
-
 // Shapes as clients see them: with the batch dim (-1) first for models that batch.
 Json TensorsMetadata(const Manifest& manifest, const std::vector<TensorSpec>& specs) {
   Json list = Json::array();
   for (const TensorSpec& spec : specs) {
-    std::vector<int64_t> shape = spec.shape;
-    if (manifest.max_batch_size > 0) shape.insert(shape.begin(), -1);
     list.push_back({{"name", spec.name},
                     {"datatype", std::string(packaging::DataTypeName(spec.datatype))},
-                    {"shape", shape}});
+                    {"shape", ClientShape(manifest, spec)}});
   }
   return list;
 }
@@ -184,7 +154,7 @@ void KServeApi::Register(http::Router& router) {
       Json list = Json::array();
       for (const TensorSpec& spec : specs) {
         list.push_back(
-            {{"name", spec.name}, {"data_type", TritonType(spec.datatype)}, {"dims", spec.shape}});
+            {{"name", spec.name}, {"data_type", TritonTypeName(spec.datatype)}, {"dims", spec.shape}});
       }
       return list;
     };

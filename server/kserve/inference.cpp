@@ -23,6 +23,42 @@ bool SameInterface(const packaging::Manifest& a, const packaging::Manifest& b) {
 
 }  // namespace
 
+const char* TritonTypeName(packaging::DataType datatype) {
+  using packaging::DataType;
+  switch (datatype) {
+    case DataType::kBool:
+      return "TYPE_BOOL";
+    case DataType::kUInt8:
+      return "TYPE_UINT8";
+    case DataType::kInt8:
+      return "TYPE_INT8";
+    case DataType::kInt16:
+      return "TYPE_INT16";
+    case DataType::kInt32:
+      return "TYPE_INT32";
+    case DataType::kInt64:
+      return "TYPE_INT64";
+    case DataType::kFp16:
+      return "TYPE_FP16";
+    case DataType::kBf16:
+      return "TYPE_BF16";
+    case DataType::kFp32:
+      return "TYPE_FP32";
+    case DataType::kFp64:
+      return "TYPE_FP64";
+    case DataType::kBytes:
+      return "TYPE_STRING";
+  }
+  return "TYPE_INVALID";
+}
+
+std::vector<int64_t> ClientShape(const packaging::Manifest& manifest,
+                                 const packaging::TensorSpec& spec) {
+  std::vector<int64_t> shape = spec.shape;
+  if (manifest.max_batch_size > 0) shape.insert(shape.begin(), -1);
+  return shape;
+}
+
 std::string FailureReason(StatusCode code) {
   switch (code) {
     case StatusCode::kInvalidArgument:

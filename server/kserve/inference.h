@@ -31,6 +31,12 @@ std::string FailureReason(StatusCode code);
 // its tensors could not be allocated (`out_of_memory`), not a full queue; still a 503.
 std::string ParseFailureReason(StatusCode code);
 
+// A datatype as Triton's model configuration names it ("TYPE_FP32"; BYTES is "TYPE_STRING").
+const char* TritonTypeName(packaging::DataType datatype);
+// A tensor's shape as clients see it: with the batch dim (-1) first for models that batch.
+std::vector<int64_t> ClientShape(const packaging::Manifest& manifest,
+                                 const packaging::TensorSpec& spec);
+
 struct InferenceResult {
   std::shared_ptr<const ServedModel> model;  // the version that answered
   std::vector<interpreters::NamedTensor> outputs;

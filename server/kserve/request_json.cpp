@@ -50,16 +50,26 @@ Result<engine::Shape> ReadShape(const Json& input, const std::string& input_name
   if (shape_json == input.end() || !shape_json->is_array()) {
     return InvalidArgument("input '" + input_name + "' has no 'shape'");
   }
-  engine::Shape shape;
+  std::vector<int64_t> dims;
   for (const Json& size : *shape_json) {
-    if (!size.is_number_integer() || size.get<int64_t>() < 0) {
+    if (!size.is_number_integer()) {
       return InvalidArgument("input '" + input_name + "': shape must hold non-negative integers");
     }
-    shape.push_back(size.get<int64_t>());
+    dims.push_back(size.get<int64_t>());
   }
-  if (shape.size() > engine::kMaxDims) {
+  return CheckInputShape(std::move(dims), input_name);
+}
+
+Result<engine::Shape> CheckInputShape(std::vector<int64_t> dims, const std::string& input_name) {
+  for (int64_t size : dims) {
+    if (size < 0) {
+      return InvalidArgument("input '" + input_name + "': shape must hold non-negative integers");
+    }
+  }
+  if (dims.size() > engine::kMaxDims) {
     return InvalidArgument("input '" + input_name + "': too many dims");
   }
+  engine::Shape shape(dims.begin(), dims.end());
   int64_t elements = 1;
   for (int64_t size : shape) {
     if (__builtin_mul_overflow(elements, size, &elements) || elements > (int64_t{1} << 40)) {

@@ -34,6 +34,8 @@ std::string Quoted(const std::string& text);
 // An input object's "shape": non-negative integers, at most engine::kMaxDims of them, and at
 // most 2^40 elements. Errors name `input_name`.
 Result<engine::Shape> ReadShape(const Json& input, const std::string& input_name);
+// The same checks of a shape read by another protocol.
+Result<engine::Shape> CheckInputShape(std::vector<int64_t> dims, const std::string& input_name);
 
 // One input's `data`, value by value: converted to the input's datatype as it arrives, and its
 // nesting recorded so that Finish can tell whether it follows the shape. The first wrong value

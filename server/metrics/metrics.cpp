@@ -90,6 +90,11 @@ Metrics::Metrics()
                          .Name("orochi_http_requests_total")
                          .Help("HTTP requests by route, method and status code")
                          .Register(*registry_)),
+      grpc_requests_(BuildCounter()
+                         .Name("orochi_grpc_requests_total")
+                         .Help("gRPC calls by method and status code; each request of a "
+                               "ModelStreamInfer stream counts once")
+                         .Register(*registry_)),
       server_restarts_(BuildCounter()
                            .Name("orochi_server_restarts_total")
                            .Help("Serving processes the supervisor restarted after one died")
@@ -241,6 +246,10 @@ void Metrics::Inherit(int64_t restarts, const std::map<std::string, int64_t>& mo
 void Metrics::HttpRequest(const std::string& route, const std::string& method, unsigned status) {
   http_requests_.Add({{"route", route}, {"method", method}, {"status", std::to_string(status)}})
       .Increment();
+}
+
+void Metrics::GrpcRequest(const std::string& method, const std::string& code) {
+  grpc_requests_.Add({{"method", method}, {"code", code}}).Increment();
 }
 
 std::string Metrics::Render() {

@@ -42,6 +42,8 @@ class Metrics {
   // for (a label per made-up name would grow without bound).
   void UnknownModel(int count = 1);
   void HttpRequest(const std::string& route, const std::string& method, unsigned status);
+  // One gRPC call finished: `method` is the RPC's name, `code` its gRPC status name ("OK").
+  void GrpcRequest(const std::string& method, const std::string& code);
   // What the supervisor says happened before this process started.
   void Inherit(int64_t restarts, const std::map<std::string, int64_t>& model_crashes);
 
@@ -63,6 +65,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>& model_load_seconds_;
   prometheus::Family<prometheus::Gauge>& model_load_failed_;
   prometheus::Family<prometheus::Counter>& http_requests_;
+  prometheus::Family<prometheus::Counter>& grpc_requests_;
   prometheus::Counter& server_restarts_;
   prometheus::Family<prometheus::Counter>& model_crashes_;
   prometheus::Counter& cpu_seconds_;

@@ -196,12 +196,13 @@ class ReadmeTest(unittest.TestCase):
                 (repository / name / "1").mkdir(parents=True)
                 shutil.copy(REPOSITORY / name / "1" / "model.orochi",
                             repository / name / "1" / "model.orochi")
-            ports = {8000: free_port(), 8003: free_port(), 8002: free_port()}
+            ports = {8000: free_port(), 8001: free_port(), 8003: free_port(), 8002: free_port()}
             log_path = Path(root) / "serve.log"
             with open(log_path, "w") as log:
                 server = subprocess.Popen(
                     [str(ROOT / "scripts" / "serve-examples.sh"), "--http-port", str(ports[8000]),
-                     "--management-port", str(ports[8003]), "--metrics-port", str(ports[8002])],
+                     "--management-port", str(ports[8003]), "--metrics-port", str(ports[8002]),
+                     "--grpc-port", str(ports[8001])],
                     env={**os.environ, "OROCHI_SKIP_SETUP": "1", "OROCHI_BUILD_DIR": str(BUILD),
                          "OROCHI_MODEL_REPOSITORY": str(repository)},
                     stdout=log, stderr=subprocess.STDOUT)

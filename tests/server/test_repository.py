@@ -555,7 +555,7 @@ class AuthenticationTest(unittest.TestCase):
 
     def test_an_open_management_port_needs_a_token(self):
         result = subprocess.run([BINARY, "serve", "--model-repository", self.repository,
-                                 "--http-port", "0", "--metrics-port", "0", "--management-port",
+                                 "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--management-port",
                                  "0", "--copies", "1", "--config", "/dev/stdin"],
                                 input=json.dumps({"management": {"bind_address": "0.0.0.0"}}),
                                 capture_output=True, text=True, timeout=60)

@@ -50,7 +50,7 @@ class Server:
         self.log = open(self.log_path, "w+")
         self.process = subprocess.Popen(
             [BINARY, "serve", "--config", config_path, "--model-repository", repository,
-             "--http-port", "0", "--metrics-port", "0", "--management-port", "0",
+             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--management-port", "0",
              "--copies", str(copies), "--bind",
              "127.0.0.1"], stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
             cwd=cwd, env={**os.environ, **env} if env else None)
@@ -63,6 +63,8 @@ class Server:
             if match:
                 self.port, self.metrics_port, self.management_port = map(int, match.groups())
                 self.serving_pid = int(re.findall(r" serving .* pid=(\d+)", text)[-1])
+                grpc = re.search(r" serving .* grpc=[\d.]+:(\d+)", text)
+                self.grpc_port = int(grpc.group(1)) if grpc else None
                 return
             match = re.search(r'"inference":"http://[\d.]+:(\d+)","level":"info","management":'
                               r'"http://[\d.]+:(\d+)","message":"serving","metrics":'
@@ -70,6 +72,8 @@ class Server:
             if match:
                 self.port, self.management_port, self.metrics_port = map(int, match.groups())
                 self.serving_pid = int(re.findall(r'"message":"serving".*"pid":(\d+)', text)[-1])
+                grpc = re.search(r'"grpc":"[\d.]+:(\d+)"', text)
+                self.grpc_port = int(grpc.group(1)) if grpc else None
                 return
             if self.process.poll() is not None:
                 break

@@ -36,6 +36,28 @@ struct HttpConfig {
   int shutdown_grace_s = 30;
 };
 
+// KServe v2 over gRPC (inference.GRPCInferenceService). The inference port's token
+// (http.token_file/token_env) applies to it; its repository calls follow the management API's
+// rules (its token when one is set, else callers on loopback only).
+struct GrpcConfig {
+  bool enabled = true;
+  std::string bind_address = "0.0.0.0";
+  int port = 8001;
+  // The largest request message; larger ones are refused (RESOURCE_EXHAUSTED) before they are
+  // read. As HTTP's max_body_bytes.
+  int64_t max_message_bytes = 64 * 1024 * 1024;
+  // The largest response message a client accepts is its own setting; the server sends up to
+  // this (a larger answer fails with RESOURCE_EXHAUSTED instead of being cut).
+  int64_t max_response_bytes = 256 * 1024 * 1024;
+  // Requests of one ModelStreamInfer stream read and not yet answered: at this many the server
+  // stops reading the stream until an answer is written, so a client that sends faster than it
+  // reads (or than the model runs) is held back by flow control instead of queueing without
+  // bound.
+  int64_t max_stream_in_flight = 64;
+  // HTTP/2 streams (calls) open at once on one connection.
+  int64_t max_concurrent_streams = 1024;
+};
+
 // The management API (model repository): closed by default. A bearer token is required
 // whenever it listens on anything but loopback; the server refuses to start without one.
 struct ManagementConfig {
@@ -103,6 +125,7 @@ struct SupervisorConfig {
 
 struct ServerConfig {
   HttpConfig http;
+  GrpcConfig grpc;
   SupervisorConfig supervisor;
   ManagementConfig management;
   ModelsConfig models;

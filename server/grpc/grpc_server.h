@@ -1,0 +1,50 @@
+// The gRPC transport: a grpc::Server listening for inference.GRPCInferenceService, with the
+// message and stream limits of the configuration, and a shutdown that lets the calls in flight
+// finish within the grace. What the calls do is InferenceService's (grpc_service.h).
+//
+// Thread-safety: Start, then any thread may call port() and in_flight(); Shutdown once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+
+#include "grpc_service.h"
+#include "orochi/base/status.h"
+#include "orochi/server/config.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace orochi::server::grpc_api {
+
+class GrpcServer {
+ public:
+  // Listens on config.grpc's address and port. The service's in_flight counter is this
+  // server's.
+  static Result<std::unique_ptr<GrpcServer>> Start(ModelService& models, Metrics& metrics,
+                                                   const ServerConfig& config,
+                                                   ServiceOptions options);
+  ~GrpcServer();
+  GrpcServer(const GrpcServer&) = delete;
+  GrpcServer& operator=(const GrpcServer&) = delete;
+
+  int port() const { return port_; }
+  // Calls (a stream counts once) not yet finished.
+  int64_t in_flight() const { return in_flight_.load(); }
+  // Refuses new calls at once; the calls in flight may finish until `deadline`, then are
+  // cancelled. Returns when the server has stopped.
+  void Shutdown(std::chrono::system_clock::time_point deadline);
+
+ private:
+  GrpcServer() = default;
+
+  std::atomic<int64_t> in_flight_{0};
+  std::unique_ptr<InferenceService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace orochi::server::grpc_api

@@ -1,0 +1,705 @@
+#include "grpc_service.h"
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "auth.h"
+#include "infer_codec.h"
+
+namespace orochi::server::grpc_api {
+namespace {
+
+using inference::ModelInferRequest;
+using inference::ModelStreamInferResponse;
+using packaging::Manifest;
+using packaging::TensorSpec;
+
+grpc::Status ToGrpc(const Status& status) {
+  std::string message = status.message();
+  if (status.code() == StatusCode::kPythonError && !status.detail().empty()) {
+    message += "\n" + status.detail();
+  }
+  return {GrpcCodeOf(status.code()), message};
+}
+
+// A time point of the system clock (gRPC's deadlines) on the steady clock (the scheduler's);
+// nullopt for "no deadline".
+std::optional<Clock::time_point> SteadyDeadline(std::chrono::system_clock::time_point deadline) {
+  if (deadline == std::chrono::system_clock::time_point::max()) return std::nullopt;
+  const auto left = deadline - std::chrono::system_clock::now();
+  // Beyond a century is none: it would overflow the steady clock's nanoseconds.
+  if (left > std::chrono::hours(24 * 365 * 100)) return std::nullopt;
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
+}
+
+// Whether a peer ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000") is on this machine's loopback.
+bool LoopbackPeer(const std::string& peer) {
+  return peer.rfind("ipv4:127.", 0) == 0 || peer.rfind("ipv6:[::1]", 0) == 0 ||
+         peer.rfind("ipv6:[::ffff:127.", 0) == 0 || peer.rfind("unix:", 0) == 0;
+}
+
+// A unary call in progress: answered once, counted, and flagged when its client cancels or
+// leaves (read by the scheduler through client_gone, which must not touch the context).
+class UnaryCall final : public grpc::ServerUnaryReactor {
+ public:
+  UnaryCall(InferenceService& service, const char* method)
+      : service_(service), method_(method), cancelled_(std::make_shared<std::atomic<bool>>()) {
+    service_.in_flight().fetch_add(1);
+  }
+  void Answer(const grpc::Status& status) {
+    service_.metrics().GrpcRequest(method_, GrpcCodeName(status.error_code()));
+    Finish(status);
+  }
+  std::function<bool()> client_gone() const {
+    return [cancelled = cancelled_] { return cancelled->load(); };
+  }
+  void OnCancel() override { cancelled_->store(true); }
+  void OnDone() override {
+    service_.in_flight().fetch_sub(1);
+    delete this;
+  }
+
+ private:
+  InferenceService& service_;
+  const char* method_;
+  std::shared_ptr<std::atomic<bool>> cancelled_;
+};
+
+// One ModelStreamInfer stream: requests are read one at a time and submitted as they come, each
+// answer written as it is ready (in completion order; clients match them by id). At most
+// grpc.max_stream_in_flight requests are read and not yet answered: past that the stream is
+// not read until an answer has been written, so HTTP/2 flow control holds a fast sender back,
+// and a slow reader holds back the reading of its own requests. The stream ends (OK) when the
+// client has finished sending and every answer is written; it outlives every callback it
+// handed out, since it finishes only when none is left outstanding.
+class StreamCall final
+    : public grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse> {
+ public:
+  StreamCall(InferenceService& service, grpc::CallbackServerContext* context)
+      : service_(service),
+        context_(context),
+        limit_(static_cast<size_t>(service.config().grpc.max_stream_in_flight)),
+        cancelled_(std::make_shared<std::atomic<bool>>()) {
+    service_.in_flight().fetch_add(1);
+    reading_ = true;
+    StartRead(&incoming_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client finished sending, or left
+      Next next;
+      {
+        std::lock_guard lock(mutex_);
+        reading_ = false;
+        reads_done_ = true;
+        next = DecideLocked();
+      }
+      Act(next);
+      return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      ++outstanding_;
+    }
+    ModelInferRequest request = std::move(incoming_);
+    incoming_.Clear();
+    service_.Infer(request, SteadyDeadline(context_->deadline()),
+                   [cancelled = cancelled_] { return cancelled->load(); },
+                   [this, id = request.id()](InferenceService::InferOutcome outcome) {
+                     Answered(std::move(outcome), id);
+                   });
+    Next next;
+    {
+      std::lock_guard lock(mutex_);
+      reading_ = false;
+      next = DecideLocked();
+    }
+    Act(next);
+  }
+
+  void OnWriteDone(bool ok) override {
+    Next next;
+    {
+      std::lock_guard lock(mutex_);
+      writes_.pop_front();
+      --outstanding_;
+      writing_ = false;
+      if (!ok) {
+        // The client is gone: drop what is left to write; running requests see client_gone.
+        cancelled_->store(true);
+        outstanding_ -= writes_.size();
+        writes_.clear();
+      }
+      next = DecideLocked();
+    }
+    Act(next);
+  }
+
+  void OnCancel() override {
+    cancelled_->store(true);
+    Next next;
+    {
+      std::lock_guard lock(mutex_);
+      next = DecideLocked();
+    }
+    Act(next);
+  }
+
+  void OnDone() override {
+    service_.in_flight().fetch_sub(1);
+    delete this;
+  }
+
+ private:
+  // What to start once the lock is released: gRPC may run a reaction on the thread that starts
+  // an operation, and the reaction takes the lock.
+  struct Next {
+    const ModelStreamInferResponse* write = nullptr;
+    bool read = false;
+    bool finish = false;
+  };
+
+  Next DecideLocked() {
+    Next next;
+    const bool cancelled = cancelled_->load();
+    if (!writing_ && !writes_.empty()) {
+      writing_ = true;
+      next.write = writes_.front().get();
+    }
+    if (!reading_ && !reads_done_ && !cancelled && outstanding_ < limit_) {
+      reading_ = true;
+      next.read = true;
+    }
+    if (!finished_ && outstanding_ == 0 && !reading_ && (reads_done_ || cancelled)) {
+      finished_ = true;
+      next.finish = true;
+    }
+    return next;
+  }
+
+  // Finish comes last: the stream may be deleted as soon as it is called.
+  void Act(const Next& next) {
+    if (next.write != nullptr) StartWrite(next.write);
+    if (next.read) StartRead(&incoming_);
+    if (next.finish) Finish(cancelled_->load() ? grpc::Status::CANCELLED : grpc::Status::OK);
+  }
+
+  void Answered(InferenceService::InferOutcome outcome, const std::string& id) {
+    service_.metrics().GrpcRequest("ModelStreamInfer", GrpcCodeName(outcome.status.error_code()));
+    auto response = std::make_unique<ModelStreamInferResponse>();
+    if (outcome.status.ok()) {
+      InferenceService::WriteOutcome(outcome, response->mutable_infer_response());
+    } else {
+      // The stream stays open: the error is this request's, named by its id.
+      response->set_error_message(outcome.status.error_message());
+      response->mutable_infer_response()->set_id(id);
+    }
+    Next next;
+    {
+      std::lock_guard lock(mutex_);
+      if (cancelled_->load()) {
+        --outstanding_;
+      } else {
+        writes_.push_back(std::move(response));
+      }
+      next = DecideLocked();
+    }
+    Act(next);
+  }
+
+  InferenceService& service_;
+  grpc::CallbackServerContext* context_;
+  const size_t limit_;
+  std::shared_ptr<std::atomic<bool>> cancelled_;
+  ModelInferRequest incoming_;  // the read in progress fills it
+  std::mutex mutex_;
+  size_t outstanding_ = 0;  // read and not yet written (or dropped)
+  std::deque<std::unique_ptr<ModelStreamInferResponse>> writes_;  // front: being written
+  bool writing_ = false;
+  bool reading_ = false;
+  bool reads_done_ = false;
+  bool finished_ = false;
+};
+
+void SetDuration(const DurationStat& stat, inference::StatisticDuration* duration) {
+  duration->set_count(static_cast<uint64_t>(stat.count));
+  duration->set_ns(static_cast<uint64_t>(stat.ns));
+}
+
+void WriteStatistics(const ServedModel& model, inference::ModelStatistics* written) {
+  std::lock_guard lock(model.stats_mutex);
+  const ModelStats& stats = model.stats;
+  written->set_name(model.name);
+  written->set_version(std::to_string(model.version));
+  written->set_last_inference(static_cast<uint64_t>(stats.last_inference_ms));
+  written->set_inference_count(static_cast<uint64_t>(stats.inference_count));
+  written->set_execution_count(static_cast<uint64_t>(stats.execution_count));
+  auto* inference_stats = written->mutable_inference_stats();
+  SetDuration(stats.success, inference_stats->mutable_success());
+  SetDuration(stats.fail, inference_stats->mutable_fail());
+  SetDuration(stats.queue, inference_stats->mutable_queue());
+  SetDuration(stats.compute_infer, inference_stats->mutable_compute_infer());
+  for (const auto& [size, stat] : stats.batches) {
+    auto* batch = written->add_batch_stats();
+    batch->set_batch_size(static_cast<uint64_t>(size));
+    SetDuration(stat, batch->mutable_compute_infer());
+  }
+}
+
+void WriteTensorsMetadata(
+    const Manifest& manifest, const std::vector<TensorSpec>& specs,
+    google::protobuf::RepeatedPtrField<inference::ModelMetadataResponse::TensorMetadata>* list) {
+  for (const TensorSpec& spec : specs) {
+    auto* tensor = list->Add();
+    tensor->set_name(spec.name);
+    tensor->set_datatype(std::string(packaging::DataTypeName(spec.datatype)));
+    for (int64_t size : kserve::ClientShape(manifest, spec)) tensor->add_shape(size);
+  }
+}
+
+inference::DataType ConfigType(packaging::DataType datatype) {
+  inference::DataType value = inference::TYPE_INVALID;
+  inference::DataType_Parse(kserve::TritonTypeName(datatype), &value);
+  return value;
+}
+
+}  // namespace
+
+grpc::StatusCode GrpcCodeOf(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return grpc::StatusCode::OK;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+      return grpc::StatusCode::INVALID_ARGUMENT;
+    case StatusCode::kNotFound:
+      return grpc::StatusCode::NOT_FOUND;
+    case StatusCode::kAlreadyExists:
+      return grpc::StatusCode::ALREADY_EXISTS;
+    case StatusCode::kFailedPrecondition:
+      // Inference answers it when the client left: CANCELLED, as gRPC names that.
+      return grpc::StatusCode::CANCELLED;
+    case StatusCode::kUnavailable:
+      return grpc::StatusCode::UNAVAILABLE;
+    case StatusCode::kResourceExhausted:
+      return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case StatusCode::kDeadlineExceeded:
+      return grpc::StatusCode::DEADLINE_EXCEEDED;
+    case StatusCode::kUnimplemented:
+      return grpc::StatusCode::UNIMPLEMENTED;
+    case StatusCode::kPythonError:
+    case StatusCode::kInternal:
+      return grpc::StatusCode::INTERNAL;
+  }
+  return grpc::StatusCode::UNKNOWN;
+}
+
+const char* GrpcCodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED:
+      return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS:
+      return "DATA_LOSS";
+    default:
+      return "OTHER";
+  }
+}
+
+InferenceService::InferenceService(ModelService& models, Metrics& metrics,
+                                   const ServerConfig& config, ServiceOptions options)
+    : models_(models),
+      metrics_(metrics),
+      config_(config),
+      options_(std::move(options)),
+      runner_(models, metrics, config) {}
+
+std::optional<grpc::Status> InferenceService::Refusal(const grpc::CallbackServerContext& context,
+                                                      Access access) const {
+  const std::optional<std::string>& token =
+      access == Access::kRepository ? options_.management_token : options_.inference_token;
+  if (access == Access::kRepository) {
+    if (!options_.repository) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "the server has no model repository (models.repository)");
+    }
+    // The management API's rule: without its token, only callers on this machine.
+    if (!token && !LoopbackPeer(context.peer())) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          "repository calls from other machines need the management token "
+                          "(management.token_file or management.token_env), sent as "
+                          "'authorization: Bearer <token>' metadata");
+    }
+  }
+  if (!token) return std::nullopt;
+  const auto& metadata = context.client_metadata();
+  auto found = metadata.find("authorization");
+  std::optional<std::string_view> authorization;
+  if (found != metadata.end()) authorization = std::string_view(found->second.data(), found->second.size());
+  switch (CheckBearer(authorization, *token)) {
+    case TokenCheck::kValid:
+      return std::nullopt;
+    case TokenCheck::kMissing:
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "authentication required: send 'authorization: Bearer <token>' metadata");
+    case TokenCheck::kWrong:
+      break;
+  }
+  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "the bearer token is not valid");
+}
+
+Result<std::shared_ptr<const ServedModel>> InferenceService::Resolve(
+    const std::string& name, const std::string& version) const {
+  return runner_.Resolve(name, version, /*count_unknown=*/false);
+}
+
+template <typename Body>
+grpc::ServerUnaryReactor* InferenceService::AnswerNow(grpc::CallbackServerContext* context,
+                                                      const char* method, Access access,
+                                                      Body&& body) {
+  auto* call = new UnaryCall(*this, method);
+  if (std::optional<grpc::Status> refused = Refusal(*context, access)) {
+    call->Answer(*refused);
+  } else {
+    call->Answer(body());
+  }
+  return call;
+}
+
+grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerContext* context,
+                                                       const inference::ServerLiveRequest*,
+                                                       inference::ServerLiveResponse* response) {
+  return AnswerNow(context, "ServerLive", Access::kInference, [&] {
+    response->set_live(true);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::ServerReady(grpc::CallbackServerContext* context,
+                                                        const inference::ServerReadyRequest*,
+                                                        inference::ServerReadyResponse* response) {
+  return AnswerNow(context, "ServerReady", Access::kInference, [&] {
+    response->set_ready(options_.ready());
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerContext* context,
+                                                       const inference::ModelReadyRequest* request,
+                                                       inference::ModelReadyResponse* response) {
+  return AnswerNow(context, "ModelReady", Access::kInference, [&] {
+    Result<std::shared_ptr<const ServedModel>> model = Resolve(request->name(), request->version());
+    // Not loaded is an answer here, as Triton gives it: ready=false. A malformed version is
+    // the caller's error.
+    if (!model.ok() && model.status().code() != StatusCode::kNotFound) {
+      return ToGrpc(model.status());
+    }
+    response->set_ready(model.ok() && models_.UnavailableReason((*model)->key).empty());
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
+    grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
+    inference::ServerMetadataResponse* response) {
+  return AnswerNow(context, "ServerMetadata", Access::kInference, [&] {
+    response->set_name("orochi");
+    response->set_version(OROCHI_SERVER_VERSION);
+    for (const char* extension : {"classification", "statistics", "model_configuration",
+                                  "model_repository"}) {
+      response->add_extensions(extension);
+    }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
+    grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
+    inference::ModelMetadataResponse* response) {
+  return AnswerNow(context, "ModelMetadata", Access::kInference, [&] {
+    Result<std::shared_ptr<const ServedModel>> model = Resolve(request->name(), request->version());
+    if (!model.ok()) return ToGrpc(model.status());
+    const Manifest& manifest = (*model)->manifest();
+    response->set_name((*model)->name);
+    for (int64_t version : models_.Versions((*model)->name)) {
+      response->add_versions(std::to_string(version));
+    }
+    response->set_platform("orochi_python");
+    WriteTensorsMetadata(manifest, manifest.inputs, response->mutable_inputs());
+    WriteTensorsMetadata(manifest, manifest.outputs, response->mutable_outputs());
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerContext* context,
+                                                        const inference::ModelConfigRequest* request,
+                                                        inference::ModelConfigResponse* response) {
+  return AnswerNow(context, "ModelConfig", Access::kInference, [&] {
+    Result<std::shared_ptr<const ServedModel>> model = Resolve(request->name(), request->version());
+    if (!model.ok()) return ToGrpc(model.status());
+    const ServedModel& served = **model;
+    const Manifest& manifest = served.manifest();
+    inference::ModelConfig* config = response->mutable_config();
+    config->set_name(served.name);
+    config->set_platform("orochi_python");
+    config->set_backend("orochi");
+    config->mutable_version_policy()->mutable_latest()->set_num_versions(1);
+    config->set_max_batch_size(static_cast<int32_t>(manifest.max_batch_size));
+    for (const TensorSpec& spec : manifest.inputs) {
+      auto* input = config->add_input();
+      input->set_name(spec.name);
+      input->set_data_type(ConfigType(spec.datatype));
+      for (int64_t size : spec.shape) input->add_dims(size);
+    }
+    for (const TensorSpec& spec : manifest.outputs) {
+      auto* output = config->add_output();
+      output->set_name(spec.name);
+      output->set_data_type(ConfigType(spec.datatype));
+      for (int64_t size : spec.shape) output->add_dims(size);
+    }
+    auto* group = config->add_instance_group();
+    group->set_name(served.name);
+    group->set_kind(inference::ModelInstanceGroup::KIND_CPU);
+    group->set_count(static_cast<int32_t>(served.replicas->slots().size()));
+    if (manifest.max_batch_size > 0) {
+      auto* batching = config->mutable_dynamic_batching();
+      for (int64_t size : served.batching.preferred_batch_sizes) {
+        batching->add_preferred_batch_size(static_cast<int32_t>(size));
+      }
+      batching->set_max_queue_delay_microseconds(
+          static_cast<uint64_t>(served.batching.max_queue_delay.count()));
+    }
+    // The manifest's parameters, each as its JSON text (Triton's parameters are strings).
+    const nlohmann::json parameters = nlohmann::json::parse(manifest.parameters_json);
+    for (const auto& [name, value] : parameters.items()) {
+      (*config->mutable_parameters())[name].set_string_value(
+          value.is_string() ? value.get<std::string>() : value.dump());
+    }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
+    grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
+    inference::ModelStatisticsResponse* response) {
+  return AnswerNow(context, "ModelStatistics", Access::kInference, [&] {
+    if (request->name().empty()) {
+      if (!request->version().empty()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "a version needs a model name");
+      }
+      for (const auto& model : models_.List()) WriteStatistics(*model, response->add_model_stats());
+      return grpc::Status::OK;
+    }
+    Result<std::shared_ptr<const ServedModel>> model = Resolve(request->name(), request->version());
+    if (!model.ok()) return ToGrpc(model.status());
+    WriteStatistics(**model, response->add_model_stats());
+    return grpc::Status::OK;
+  });
+}
+
+void InferenceService::Infer(const ModelInferRequest& message,
+                             std::optional<Clock::time_point> transport_deadline,
+                             std::function<bool()> client_gone,
+                             std::function<void(InferOutcome)> done) {
+  const Clock::time_point received = Clock::now();
+  auto fail = [&](const grpc::Status& status) { done(InferOutcome{status, nullptr, nullptr, {}}); };
+  if (std::string unknown = UnknownFieldPath(message); !unknown.empty()) {
+    fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      "the request sets field " + unknown +
+                          ", which this server's ModelInferRequest does not have"));
+    return;
+  }
+  Result<std::shared_ptr<const ServedModel>> resolved =
+      runner_.Resolve(message.model_name(), message.model_version(), /*count_unknown=*/true);
+  if (!resolved.ok()) {
+    fail(ToGrpc(resolved.status()));
+    return;
+  }
+  std::shared_ptr<const ServedModel> model = *resolved;
+  if (std::optional<kserve::InferenceRunner::Refusal> refused =
+          runner_.Admit(*model, message.ByteSizeLong(), received)) {
+    fail(ToGrpc(refused->status));
+    return;
+  }
+  Result<kserve::InferRequest> parsed = ReadInferRequest(model->manifest(), message);
+  if (!parsed.ok()) {
+    runner_.Refused(*model, kserve::ParseFailureReason(parsed.status().code()), received);
+    fail(ToGrpc(parsed.status()));
+    return;
+  }
+  kserve::InferenceCall call;
+  call.model = model;
+  call.version_named = !message.model_version().empty();
+  call.request = std::make_shared<kserve::InferRequest>(std::move(parsed).value());
+  call.received = received;
+  call.transport_deadline = transport_deadline;
+  call.client_gone = std::move(client_gone);
+  std::shared_ptr<const kserve::InferRequest> request = call.request;
+  runner_.Run(std::move(call),
+              [request, done = std::move(done)](Result<kserve::InferenceResult> result) {
+                if (!result.ok()) {
+                  done(InferOutcome{ToGrpc(result.status()), nullptr, request, {}});
+                  return;
+                }
+                done(InferOutcome{grpc::Status::OK, result->model, request,
+                                  std::move(result->outputs)});
+              });
+}
+
+void InferenceService::WriteOutcome(const InferOutcome& outcome,
+                                    inference::ModelInferResponse* response) {
+  const ServedModel& model = *outcome.model;
+  WriteInferResponse(model.manifest(), *outcome.request, outcome.outputs, model.package->labels(),
+                     response);
+}
+
+grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,
+                                                       const ModelInferRequest* request,
+                                                       inference::ModelInferResponse* response) {
+  auto* call = new UnaryCall(*this, "ModelInfer");
+  if (std::optional<grpc::Status> refused = Refusal(*context, Access::kInference)) {
+    call->Answer(*refused);
+    return call;
+  }
+  Infer(*request, SteadyDeadline(context->deadline()), call->client_gone(),
+        [call, response](InferOutcome outcome) {
+          if (outcome.status.ok()) WriteOutcome(outcome, response);
+          call->Answer(outcome.status);
+        });
+  return call;
+}
+
+grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse>*
+InferenceService::ModelStreamInfer(grpc::CallbackServerContext* context) {
+  if (std::optional<grpc::Status> refused = Refusal(*context, Access::kInference)) {
+    // Refused before anything is read: a reactor that only finishes.
+    class Refused final
+        : public grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse> {
+     public:
+      Refused(InferenceService& service, const grpc::Status& status) : service_(service) {
+        service_.in_flight().fetch_add(1);
+        service_.metrics().GrpcRequest("ModelStreamInfer", GrpcCodeName(status.error_code()));
+        Finish(status);
+      }
+      void OnDone() override {
+        service_.in_flight().fetch_sub(1);
+        delete this;
+      }
+
+     private:
+      InferenceService& service_;
+    };
+    return new Refused(*this, *refused);
+  }
+  return new StreamCall(*this, context);
+}
+
+grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
+    grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
+    inference::RepositoryIndexResponse* response) {
+  return AnswerNow(context, "RepositoryIndex", Access::kRepository, [&] {
+    if (!request->repository_name().empty()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "this server has one repository: leave repository_name empty");
+    }
+    for (const ModelService::IndexEntry& entry : models_.Index()) {
+      if (request->ready() && entry.state != "READY") continue;
+      auto* model = response->add_models();
+      model->set_name(entry.name);
+      model->set_version(std::to_string(entry.version));
+      model->set_state(entry.state);
+      model->set_reason(entry.reason);
+    }
+    return grpc::Status::OK;
+  });
+}
+
+namespace {
+
+// Load and unload take no parameters here; any sent (Triton's `config` override, files) is
+// refused by name rather than ignored.
+template <typename Request>
+std::optional<grpc::Status> RepositoryRequestProblem(const Request& request) {
+  if (!request.repository_name().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "this server has one repository: leave repository_name empty");
+  }
+  if (!request.parameters().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "parameter '" + request.parameters().begin()->first +
+                            "' is not supported by this server's repository calls");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
+    grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
+    inference::RepositoryModelLoadResponse*) {
+  auto* call = new UnaryCall(*this, "RepositoryModelLoad");
+  std::optional<grpc::Status> refused = Refusal(*context, Access::kRepository);
+  if (!refused) refused = RepositoryRequestProblem(*request);
+  if (refused) {
+    call->Answer(*refused);
+    return call;
+  }
+  options_.run_repository_operation([this, call, name = request->model_name()] {
+    Result<std::string> loaded = models_.LoadModel(name);
+    call->Answer(loaded.ok() ? grpc::Status::OK : ToGrpc(loaded.status()));
+  });
+  return call;
+}
+
+grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
+    grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
+    inference::RepositoryModelUnloadResponse*) {
+  auto* call = new UnaryCall(*this, "RepositoryModelUnload");
+  std::optional<grpc::Status> refused = Refusal(*context, Access::kRepository);
+  if (!refused) refused = RepositoryRequestProblem(*request);
+  if (refused) {
+    call->Answer(*refused);
+    return call;
+  }
+  options_.run_repository_operation([this, call, name = request->model_name()] {
+    Result<std::string> unloaded = models_.UnloadModel(name);
+    call->Answer(unloaded.ok() ? grpc::Status::OK : ToGrpc(unloaded.status()));
+  });
+  return call;
+}
+
+}  // namespace orochi::server::grpc_api

@@ -1,0 +1,122 @@
+// The RPCs of inference.GRPCInferenceService (inference.proto) over the ModelService: health,
+// metadata, configuration, statistics, inference (one call per request, or a stream of them)
+// and the repository calls. Requests go through the same InferenceRunner as HTTP's, so
+// scheduling, batching, deadlines, cancellation, limits and metrics are the same; only the
+// wire format and the status codes are gRPC's (Triton's mapping, see GrpcCodeOf).
+//
+// The transport (listening, message limits, shutdown) is grpc_server.h's.
+//
+// Thread-safety: gRPC calls the methods from its own threads, any number at once.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "inference.grpc.pb.h"
+#include "kserve/inference.h"
+#include "metrics/metrics.h"
+#include "models/model_service.h"
+#include "orochi/server/config.h"
+
+namespace orochi::server::grpc_api {
+
+// The gRPC status for a library error, as Triton maps its errors; `client_gone` for an
+// inference answered kFailedPrecondition because its caller left (CANCELLED).
+grpc::StatusCode GrpcCodeOf(StatusCode code);
+// "OK", "INVALID_ARGUMENT", ...: the code label of orochi_grpc_requests_total.
+const char* GrpcCodeName(grpc::StatusCode code);
+
+struct ServiceOptions {
+  std::function<bool()> ready;
+  std::optional<std::string> inference_token;   // required of every call when set
+  std::optional<std::string> management_token;  // required of repository calls when set
+  bool repository = false;                      // there is a repository to manage
+  // Runs a repository operation (loads take seconds) off gRPC's threads, one at a time with
+  // the management API's.
+  std::function<void(std::function<void()>)> run_repository_operation;
+  // Counts calls in progress (the transport waits for them at shutdown).
+  std::atomic<int64_t>* in_flight = nullptr;
+};
+
+class InferenceService final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  InferenceService(ModelService& models, Metrics& metrics, const ServerConfig& config,
+                   ServiceOptions options);
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
+                                       const inference::ServerLiveRequest* request,
+                                       inference::ServerLiveResponse* response) override;
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
+                                        const inference::ServerReadyRequest* request,
+                                        inference::ServerReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
+                                       const inference::ModelReadyRequest* request,
+                                       inference::ModelReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
+                                           const inference::ServerMetadataRequest* request,
+                                           inference::ServerMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
+                                          const inference::ModelMetadataRequest* request,
+                                          inference::ModelMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* context,
+                                        const inference::ModelConfigRequest* request,
+                                        inference::ModelConfigResponse* response) override;
+  grpc::ServerUnaryReactor* ModelStatistics(
+      grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
+      inference::ModelStatisticsResponse* response) override;
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
+                                       const inference::ModelInferRequest* request,
+                                       inference::ModelInferResponse* response) override;
+  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+  ModelStreamInfer(grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* context,
+                                            const inference::RepositoryIndexRequest* request,
+                                            inference::RepositoryIndexResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelLoad(
+      grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
+      inference::RepositoryModelLoadResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelUnload(
+      grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
+      inference::RepositoryModelUnloadResponse* response) override;
+
+  // What one inference came to, for a unary answer or a stream's.
+  struct InferOutcome {
+    grpc::Status status;
+    std::shared_ptr<const ServedModel> model;
+    std::shared_ptr<const kserve::InferRequest> request;
+    std::vector<interpreters::NamedTensor> outputs;
+  };
+  // Reads, checks and submits one request; `done` is called once, from any thread.
+  void Infer(const inference::ModelInferRequest& message,
+             std::optional<Clock::time_point> transport_deadline,
+             std::function<bool()> client_gone, std::function<void(InferOutcome)> done);
+  static void WriteOutcome(const InferOutcome& outcome, inference::ModelInferResponse* response);
+
+  Metrics& metrics() { return metrics_; }
+  const ServerConfig& config() const { return config_; }
+  std::atomic<int64_t>& in_flight() { return *options_.in_flight; }
+
+ private:
+  enum class Access { kInference, kRepository };
+  // A unary call answered at once: the access check, then `body`, which fills the response and
+  // returns the call's status.
+  template <typename Body>
+  grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context, const char* method,
+                                      Access access, Body&& body);
+  // Why a call may not proceed (a missing or wrong token, a repository call from afar), or
+  // nullopt.
+  std::optional<grpc::Status> Refusal(const grpc::CallbackServerContext& context,
+                                      Access access) const;
+  Result<std::shared_ptr<const ServedModel>> Resolve(const std::string& name,
+                                                     const std::string& version) const;
+
+  ModelService& models_;
+  Metrics& metrics_;
+  const ServerConfig& config_;
+  ServiceOptions options_;
+  kserve::InferenceRunner runner_;
+};
+
+}  // namespace orochi::server::grpc_api

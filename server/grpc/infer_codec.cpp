@@ -1,0 +1,333 @@
+#include "infer_codec.h"
+
+#include <google/protobuf/reflection.h>
+#include <google/protobuf/unknown_field_set.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string_view>
+#include <utility>
+
+#include "kserve/request_json.h"
+#include "orochi/engine/error.h"
+
+namespace orochi::server::grpc_api {
+namespace {
+
+using interpreters::BytesTensor;
+using interpreters::NamedTensor;
+using packaging::DataType;
+using packaging::TensorSpec;
+using inference::InferParameter;
+using inference::InferTensorContents;
+using ParameterMap = google::protobuf::Map<std::string, InferParameter>;
+
+Status Bad(const std::string& message) { return InvalidArgument(message); }
+
+Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
+                                         const inference::ModelInferRequest& message);
+
+// Parameters of the protocol that Orochi does not implement: refused by name rather than passed
+// to the model as if they were its own, which would drop their meaning without a word.
+constexpr std::string_view kUnimplementedRequestParameters[] = {
+    "priority", "sequence_id", "sequence_start", "sequence_end", "binary_data_output"};
+constexpr std::string_view kUnimplementedTensorParameters[] = {
+    "shared_memory_region", "shared_memory_offset", "shared_memory_byte_size", "binary_data",
+    "binary_data_size"};
+
+template <size_t N>
+bool Listed(const std::string_view (&names)[N], const std::string& name) {
+  return std::find(std::begin(names), std::end(names), name) != std::end(names);
+}
+
+std::string Unimplemented(const std::string& name) {
+  if (name.rfind("shared_memory", 0) == 0) {
+    return "parameter '" + name + "': shared memory is not served over gRPC by this server";
+  }
+  if (name.rfind("binary_data", 0) == 0) {
+    return "parameter '" + name +
+           "' belongs to HTTP's binary extension; over gRPC, send values in raw_input_contents "
+           "(outputs always come back in raw_output_contents)";
+  }
+  return "parameter '" + name + "' is not supported by this server";
+}
+
+// An integer parameter that must be >= `minimum`, as int64 or uint64 (clients send either).
+Result<int64_t> IntegerParameter(const InferParameter& value, const std::string& what,
+                                 int64_t minimum) {
+  int64_t number = 0;
+  if (value.parameter_choice_case() == InferParameter::kInt64Param) {
+    number = value.int64_param();
+  } else if (value.parameter_choice_case() == InferParameter::kUint64Param) {
+    number = static_cast<int64_t>(
+        std::min<uint64_t>(value.uint64_param(), std::numeric_limits<int64_t>::max()));
+  } else {
+    return Bad(what + " must be an integer (int64_param or uint64_param)");
+  }
+  if (number < minimum) return Bad(what + " must be at least " + std::to_string(minimum));
+  return number;
+}
+
+Result<interpreters::ParameterValue> ModelParameter(const std::string& name,
+                                                    const InferParameter& value) {
+  switch (value.parameter_choice_case()) {
+    case InferParameter::kBoolParam:
+      return interpreters::ParameterValue(value.bool_param());
+    case InferParameter::kInt64Param:
+      return interpreters::ParameterValue(value.int64_param());
+    case InferParameter::kUint64Param:
+      // As JSON reads it: past int64, a double.
+      if (value.uint64_param() <= uint64_t{INT64_MAX}) {
+        return interpreters::ParameterValue(static_cast<int64_t>(value.uint64_param()));
+      }
+      return interpreters::ParameterValue(static_cast<double>(value.uint64_param()));
+    case InferParameter::kDoubleParam:
+      return interpreters::ParameterValue(value.double_param());
+    case InferParameter::kStringParam:
+      return interpreters::ParameterValue(value.string_param());
+    case InferParameter::PARAMETER_CHOICE_NOT_SET:
+      break;
+  }
+  return Bad("parameter '" + name + "' has no value");
+}
+
+// The one contents field a datatype's values travel in, and how many values each holds.
+int ContentsField(DataType datatype) {
+  switch (datatype) {
+    case DataType::kBool:
+      return InferTensorContents::kBoolContentsFieldNumber;
+    case DataType::kInt8:
+    case DataType::kInt16:
+    case DataType::kInt32:
+      return InferTensorContents::kIntContentsFieldNumber;
+    case DataType::kInt64:
+      return InferTensorContents::kInt64ContentsFieldNumber;
+    case DataType::kUInt8:
+      return InferTensorContents::kUintContentsFieldNumber;
+    case DataType::kFp32:
+      return InferTensorContents::kFp32ContentsFieldNumber;
+    case DataType::kFp64:
+      return InferTensorContents::kFp64ContentsFieldNumber;
+    case DataType::kBytes:
+      return InferTensorContents::kBytesContentsFieldNumber;
+    case DataType::kFp16:
+    case DataType::kBf16:
+      return 0;  // no typed field: raw contents only
+  }
+  return 0;
+}
+
+// Typed contents into a tensor, through the converter that reads JSON values: the same range
+// checks and the same errors.
+Result<NamedTensor> FromContents(const TensorSpec& spec, const engine::Shape& shape,
+                                 const InferTensorContents& contents) {
+  const int field = ContentsField(spec.datatype);
+  if (field == 0) {
+    return Bad("input '" + spec.name + "' is " + std::string(DataTypeName(spec.datatype)) +
+               ", which has no typed contents field: send it in raw_input_contents");
+  }
+  const auto* reflection = contents.GetReflection();
+  const auto* descriptor = contents.GetDescriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const auto* other = descriptor->field(i);
+    if (other->number() != field && reflection->FieldSize(contents, other) > 0) {
+      return Bad("input '" + spec.name + "' is " + std::string(DataTypeName(spec.datatype)) +
+                 ", but its values are in contents." + other->name() + " (expected contents." +
+                 descriptor->FindFieldByNumber(field)->name() + ")");
+    }
+  }
+  std::unique_ptr<kserve::TensorData> data = kserve::TensorData::For(spec, shape);
+  data->StartArray();
+  switch (field) {
+    case InferTensorContents::kBoolContentsFieldNumber:
+      for (bool value : contents.bool_contents()) data->Bool(value);
+      break;
+    case InferTensorContents::kIntContentsFieldNumber:
+      for (int32_t value : contents.int_contents()) data->Integer(value);
+      break;
+    case InferTensorContents::kInt64ContentsFieldNumber:
+      for (int64_t value : contents.int64_contents()) data->Integer(value);
+      break;
+    case InferTensorContents::kUintContentsFieldNumber:
+      for (uint32_t value : contents.uint_contents()) data->Unsigned(value);
+      break;
+    case InferTensorContents::kFp32ContentsFieldNumber:
+      for (float value : contents.fp32_contents()) data->Float(value);
+      break;
+    case InferTensorContents::kFp64ContentsFieldNumber:
+      for (double value : contents.fp64_contents()) data->Float(value);
+      break;
+    case InferTensorContents::kBytesContentsFieldNumber:
+      for (const std::string& value : contents.bytes_contents()) data->String(std::string(value));
+      break;
+    default:
+      break;
+  }
+  data->EndArray();
+  NamedTensor tensor{spec.name, engine::Tensor()};
+  OROCHI_ASSIGN_OR_RETURN(tensor.value, data->Finish(shape));
+  return tensor;
+}
+
+void AppendUnknown(const google::protobuf::Message& message, const std::string& prefix,
+                   std::string* found) {
+  const auto* reflection = message.GetReflection();
+  const google::protobuf::UnknownFieldSet& unknown = reflection->GetUnknownFields(message);
+  if (!unknown.empty()) {
+    *found = prefix + std::to_string(unknown.field(0).number());
+    return;
+  }
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(message, &fields);
+  for (const auto* field : fields) {
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (field->is_repeated()) {
+      for (int i = 0; i < reflection->FieldSize(message, field) && found->empty(); ++i) {
+        AppendUnknown(reflection->GetRepeatedMessage(message, field, i),
+                      prefix + field->name() + "[" + std::to_string(i) + "].", found);
+      }
+    } else {
+      AppendUnknown(reflection->GetMessage(message, field), prefix + field->name() + ".", found);
+    }
+    if (!found->empty()) return;
+  }
+}
+
+}  // namespace
+
+std::string UnknownFieldPath(const google::protobuf::Message& message) {
+  std::string found;
+  AppendUnknown(message, "", &found);
+  return found;
+}
+
+Result<kserve::InferRequest> ReadInferRequest(const packaging::Manifest& manifest,
+                                              const inference::ModelInferRequest& message) {
+  // A tensor that cannot be allocated is a request too large for the server now, not a crash.
+  try {
+    return ReadChecked(manifest, message);
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kResourceExhausted,
+                  "the request needs more memory than the server can allocate");
+  } catch (const engine::Error& error) {
+    return error.status();
+  }
+}
+
+namespace {
+
+Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
+                                         const inference::ModelInferRequest& message) {
+  kserve::InferRequestBuilder builder(manifest);
+  kserve::InferRequest& request = builder.request();
+  request.id = message.id();
+
+  // Sorted by name, as the model's parameters are handed over (a protobuf map has no order).
+  std::vector<std::pair<std::string, const InferParameter*>> parameters;
+  for (const auto& [name, value] : message.parameters()) parameters.emplace_back(name, &value);
+  std::sort(parameters.begin(), parameters.end());
+  for (const auto& [name, value] : parameters) {
+    if (name == "timeout") {
+      OROCHI_ASSIGN_OR_RETURN(int64_t micros,
+                              IntegerParameter(*value, "parameter 'timeout' (microseconds)", 0));
+      request.timeout = std::chrono::microseconds(micros);
+    } else if (Listed(kUnimplementedRequestParameters, name)) {
+      return Bad(Unimplemented(name));
+    } else {
+      OROCHI_ASSIGN_OR_RETURN(interpreters::ParameterValue read, ModelParameter(name, *value));
+      request.parameters.emplace_back(name, std::move(read));
+    }
+  }
+
+  const bool raw = message.raw_input_contents_size() > 0;
+  if (raw && message.raw_input_contents_size() != message.inputs_size()) {
+    return Bad("raw_input_contents has " + std::to_string(message.raw_input_contents_size()) +
+               " entries, but the request has " + std::to_string(message.inputs_size()) +
+               " inputs: send every input's values there, in the order of `inputs`, or none");
+  }
+  for (int index = 0; index < message.inputs_size(); ++index) {
+    const auto& input = message.inputs(index);
+    for (const auto& [name, value] : input.parameters()) {
+      if (Listed(kUnimplementedTensorParameters, name)) {
+        return Bad("input '" + input.name() + "': " + Unimplemented(name));
+      }
+      return Bad("input '" + input.name() + "': parameter '" + name +
+                 "' is not an input parameter this server knows");
+    }
+    OROCHI_ASSIGN_OR_RETURN(
+        engine::Shape shape,
+        kserve::CheckInputShape({input.shape().begin(), input.shape().end()}, input.name()));
+    OROCHI_ASSIGN_OR_RETURN(const TensorSpec* spec,
+                            builder.CheckInput(input.name(), input.datatype(), shape));
+    if (raw) {
+      if (input.has_contents()) {
+        return Bad("input '" + input.name() +
+                   "' has contents, but the request also has raw_input_contents: use one or "
+                   "the other");
+      }
+      OROCHI_ASSIGN_OR_RETURN(
+          NamedTensor tensor,
+          builder.FromRaw(*spec, shape, message.raw_input_contents(index), "raw_input_contents"));
+      builder.AddInput(std::move(tensor));
+    } else {
+      OROCHI_ASSIGN_OR_RETURN(NamedTensor tensor, FromContents(*spec, shape, input.contents()));
+      builder.AddInput(std::move(tensor));
+    }
+  }
+
+  for (const auto& output : message.outputs()) {
+    std::optional<int64_t> classes;
+    for (const auto& [name, value] : output.parameters()) {
+      if (name == "classification") {
+        OROCHI_ASSIGN_OR_RETURN(
+            classes, IntegerParameter(value,
+                                      "output '" + output.name() +
+                                          "': classification (how many classes to return)",
+                                      1));
+      } else if (Listed(kUnimplementedTensorParameters, name)) {
+        return Bad("output '" + output.name() + "': " + Unimplemented(name));
+      } else {
+        return Bad("output '" + output.name() + "': parameter '" + name +
+                   "' is not an output parameter this server knows");
+      }
+    }
+    OROCHI_RETURN_IF_ERROR(builder.RequestOutput(output.name(), /*binary=*/true, classes));
+  }
+  return builder.Finish();
+}
+
+}  // namespace
+
+void WriteInferResponse(const packaging::Manifest& manifest, const kserve::InferRequest& request,
+                        const std::vector<NamedTensor>& outputs, const kserve::OutputLabels& labels,
+                        inference::ModelInferResponse* response) {
+  response->set_model_name(manifest.name);
+  response->set_model_version(std::to_string(manifest.version));
+  response->set_id(request.id);
+  const kserve::ResponseTensors selected =
+      kserve::SelectResponseTensors(manifest, request, outputs, labels);
+  for (const kserve::ResponseTensor& output : selected.tensors) {
+    auto* written = response->add_outputs();
+    written->set_name(*output.name);
+    written->set_datatype(std::string(DataTypeName(output.datatype)));
+    for (int64_t size : output.shape) written->add_shape(size);
+    std::string* raw = response->add_raw_output_contents();
+    if (output.bytes != nullptr) {
+      size_t total = 0;
+      for (const std::string& item : output.bytes->items) total += 4 + item.size();
+      raw->reserve(total);
+      for (const std::string& item : output.bytes->items) {
+        auto length = static_cast<uint32_t>(item.size());
+        raw->append(reinterpret_cast<const char*>(&length), 4);
+        raw->append(item);
+      }
+    } else {
+      const engine::Tensor& tensor = *output.tensor;
+      raw->assign(static_cast<const char*>(tensor.data()),
+                  static_cast<size_t>(tensor.numel()) * engine::ItemSize(tensor.dtype()));
+    }
+  }
+}
+
+}  // namespace orochi::server::grpc_api

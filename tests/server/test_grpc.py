@@ -1,0 +1,533 @@
+"""KServe v2 over gRPC against the real `orochi serve`, with a client generated from the
+server's own proto by Debian's protoc and grpcio: every RPC, raw and typed contents for every
+datatype, classification and output selection, errors and their status codes, deadlines,
+cancellation, streams (100 at once, flow control), the repository calls and their access rules,
+tokens, and hostile messages after which the server still serves.
+
+    OROCHI_BINARY=build/bin/orochi python3.11 -m unittest -v test_grpc
+"""
+
+import concurrent.futures
+import importlib
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import grpc
+
+from test_server import Server, curl, pack_repository
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROTO_DIR = os.path.join(HERE, "..", "..", "server", "grpc")
+STUBS = tempfile.mkdtemp(prefix="orochi-grpc-stubs-")
+subprocess.run(["protoc", "-I", PROTO_DIR, f"--python_out={STUBS}", f"--grpc_out={STUBS}",
+                "--plugin=protoc-gen-grpc=" + os.environ.get("OROCHI_GRPC_PYTHON_PLUGIN",
+                                                             shutil.which("grpc_python_plugin")),
+                os.path.join(PROTO_DIR, "inference.proto")], check=True)
+sys.path.insert(0, STUBS)
+pb = importlib.import_module("inference_pb2")
+pb_grpc = importlib.import_module("inference_pb2_grpc")
+
+# The echo model's datatypes: (name, little-endian struct format of one value, two values).
+ECHO = [("BOOL", "?", [True, False]), ("UINT8", "B", [255, 0]), ("INT8", "b", [-128, 127]),
+        ("INT16", "h", [-32768, 5]), ("INT32", "i", [2**31 - 1, -7]),
+        ("INT64", "q", [2**62 + 1, -3]), ("FP16", "e", [1.5, -2.0]),
+        ("FP32", "f", [0.25, 3.5]), ("FP64", "d", [0.1, -1e300])]
+BF16 = [0x4000, 0xBF00]  # 2.0 and -0.5 as bfloat16 bits
+
+
+def bytes_raw(items):
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def echo_raw_request(rows=2, request_id="grpc-1"):
+    """An echo request with every input's values in raw_input_contents."""
+    request = pb.ModelInferRequest(model_name="echo", id=request_id)
+    for datatype, fmt, values in ECHO:
+        column = [values[r % 2] for r in range(rows)]
+        request.inputs.add(name=f"in_{datatype.lower()}", datatype=datatype, shape=[rows, 1])
+        request.raw_input_contents.append(struct.pack(f"<{rows}{fmt}", *column))
+    request.inputs.add(name="in_bf16", datatype="BF16", shape=[rows, 1])
+    request.raw_input_contents.append(struct.pack(f"<{rows}H", *[BF16[r % 2] for r in range(rows)]))
+    request.inputs.add(name="in_bytes", datatype="BYTES", shape=[rows, 1])
+    request.raw_input_contents.append(bytes_raw([[b"h\xc3\xa9llo", b""][r % 2]
+                                                 for r in range(rows)]))
+    return request
+
+
+def slow_request(mode, seconds=0.0, timeout_us=None):
+    request = pb.ModelInferRequest(model_name="slow")
+    request.inputs.add(name="mode", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(bytes_raw([mode.encode()]))
+    request.inputs.add(name="seconds", datatype="FP64", shape=[1])
+    request.raw_input_contents.append(struct.pack("<d", seconds))
+    if timeout_us is not None:
+        request.parameters["timeout"].int64_param = timeout_us
+    return request
+
+
+def outputs_by_name(response):
+    return {output.name: (output, raw) for output, raw
+            in zip(response.outputs, response.raw_output_contents)}
+
+
+class GrpcServerTest(unittest.TestCase):
+    """One server with the echo, slow and extra_rows models, and a channel to its gRPC port."""
+
+    CONFIG: dict = {"grpc": {"max_message_bytes": 1 << 20, "max_stream_in_flight": 4}}
+    COPIES = 2
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix=f"orochi-{cls.__name__}-")
+        cls.repository = pack_repository(cls.root)
+        cls.server = Server(cls.repository, cls.CONFIG, copies=cls.COPIES)
+        cls.channel = grpc.insecure_channel(f"127.0.0.1:{cls.server.grpc_port}")
+        cls.stub = pb_grpc.GRPCInferenceServiceStub(cls.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        code = cls.server.stop()
+        shutil.rmtree(cls.root)
+        assert code == 0, f"orochi serve exited with {code}"
+
+    def assertCode(self, call, code, message_part=None):
+        with self.assertRaises(grpc.RpcError) as caught:
+            call()
+        self.assertEqual(caught.exception.code(), code, caught.exception.details())
+        if message_part is not None:
+            self.assertIn(message_part, caught.exception.details())
+        return caught.exception.details()
+
+    def metrics(self):
+        return curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")[2].decode()
+
+
+class HealthAndMetadataTest(GrpcServerTest):
+    def test_health(self):
+        self.assertTrue(self.stub.ServerLive(pb.ServerLiveRequest()).live)
+        self.assertTrue(self.stub.ServerReady(pb.ServerReadyRequest()).ready)
+        self.assertTrue(self.stub.ModelReady(pb.ModelReadyRequest(name="echo")).ready)
+        self.assertTrue(self.stub.ModelReady(pb.ModelReadyRequest(name="echo", version="1")).ready)
+        # Not loaded is an answer, as Triton gives it; a malformed version is an error.
+        self.assertFalse(self.stub.ModelReady(pb.ModelReadyRequest(name="nope")).ready)
+        self.assertFalse(self.stub.ModelReady(pb.ModelReadyRequest(name="echo", version="9")).ready)
+        self.assertCode(lambda: self.stub.ModelReady(pb.ModelReadyRequest(name="echo",
+                                                                          version="x1")),
+                        grpc.StatusCode.INVALID_ARGUMENT, "positive integer")
+
+    def test_server_metadata_lists_what_is_served_over_grpc(self):
+        metadata = self.stub.ServerMetadata(pb.ServerMetadataRequest())
+        self.assertEqual(metadata.name, "orochi")
+        self.assertRegex(metadata.version, r"^\d+\.\d+")
+        self.assertIn("classification", metadata.extensions)
+        self.assertIn("model_repository", metadata.extensions)
+        self.assertNotIn("binary_tensor_data", metadata.extensions)  # HTTP's
+
+    def test_model_metadata_matches_http(self):
+        metadata = self.stub.ModelMetadata(pb.ModelMetadataRequest(name="echo"))
+        _, _, body = curl(self.server.url("/v2/models/echo"))
+        import json
+        http_metadata = json.loads(body)
+        self.assertEqual(metadata.name, "echo")
+        self.assertEqual(list(metadata.versions), http_metadata["versions"])
+        self.assertEqual(metadata.platform, http_metadata["platform"])
+        for tensors, http_tensors in ((metadata.inputs, http_metadata["inputs"]),
+                                      (metadata.outputs, http_metadata["outputs"])):
+            self.assertEqual([(t.name, t.datatype, list(t.shape)) for t in tensors],
+                             [(t["name"], t["datatype"], t["shape"]) for t in http_tensors])
+        self.assertEqual(list(metadata.inputs[0].shape), [-1, -1])  # batch dim first
+        self.assertCode(lambda: self.stub.ModelMetadata(pb.ModelMetadataRequest(name="nope")),
+                        grpc.StatusCode.NOT_FOUND, "'nope'")
+
+    def test_model_config(self):
+        config = self.stub.ModelConfig(pb.ModelConfigRequest(name="echo")).config
+        self.assertEqual(config.name, "echo")
+        self.assertEqual(config.max_batch_size, 64)
+        self.assertEqual(config.backend, "orochi")
+        types = {tensor.name: pb.DataType.Name(tensor.data_type) for tensor in config.input}
+        self.assertEqual(types["in_fp32"], "TYPE_FP32")
+        self.assertEqual(types["in_bytes"], "TYPE_STRING")
+        self.assertEqual(types["in_bf16"], "TYPE_BF16")
+        self.assertEqual(list(config.input[0].dims), [-1])
+        self.assertEqual(config.instance_group[0].count, self.COPIES)
+        self.assertEqual(config.instance_group[0].kind, pb.ModelInstanceGroup.KIND_CPU)
+        self.assertTrue(config.HasField("dynamic_batching"))
+        slow = self.stub.ModelConfig(pb.ModelConfigRequest(name="slow", version="1")).config
+        self.assertEqual(slow.max_batch_size, 0)
+        self.assertFalse(slow.HasField("dynamic_batching"))
+
+    def test_statistics_count_grpc_inferences(self):
+        before = self.stub.ModelStatistics(pb.ModelStatisticsRequest(name="extra_rows"))
+        self.assertEqual(len(before.model_stats), 1)
+        request = pb.ModelInferRequest(model_name="extra_rows")
+        request.inputs.add(name="x", datatype="FP32", shape=[1, 1]).contents.fp32_contents.append(1)
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INTERNAL)
+        after = self.stub.ModelStatistics(pb.ModelStatisticsRequest(name="extra_rows"))
+        stats = after.model_stats[0].inference_stats
+        self.assertEqual(stats.fail.count, before.model_stats[0].inference_stats.fail.count + 1)
+        every = self.stub.ModelStatistics(pb.ModelStatisticsRequest())
+        self.assertEqual(sorted(s.name for s in every.model_stats),
+                         ["echo", "extra_rows", "slow"])
+        self.assertCode(lambda: self.stub.ModelStatistics(pb.ModelStatisticsRequest(name="nope")),
+                        grpc.StatusCode.NOT_FOUND)
+
+
+class InferTest(GrpcServerTest):
+    def test_raw_contents_of_every_datatype_come_back_unchanged(self):
+        request = echo_raw_request(rows=3)
+        response = self.stub.ModelInfer(request)
+        self.assertEqual(response.model_name, "echo")
+        self.assertEqual(response.model_version, "1")
+        self.assertEqual(response.id, "grpc-1")
+        outputs = outputs_by_name(response)
+        for tensor, raw in zip(request.inputs, request.raw_input_contents):
+            output, output_raw = outputs["out_" + tensor.name[3:]]
+            self.assertEqual(output.datatype, tensor.datatype)
+            self.assertEqual(list(output.shape), [3, 1])
+            self.assertEqual(output_raw, raw, tensor.name)
+        batch, raw = outputs["batch"]
+        self.assertEqual(struct.unpack("<3q", raw), (3, 3, 3))
+
+    def test_typed_contents(self):
+        request = pb.ModelInferRequest(model_name="echo")
+        contents = {"BOOL": ("bool_contents", [True, False]), "UINT8": ("uint_contents", [255, 0]),
+                    "INT8": ("int_contents", [-128, 127]), "INT16": ("int_contents", [-32768, 5]),
+                    "INT32": ("int_contents", [2**31 - 1, -7]),
+                    "INT64": ("int64_contents", [2**62 + 1, -3]),
+                    "FP32": ("fp32_contents", [0.25, 3.5]), "FP64": ("fp64_contents", [0.1, -1e300]),
+                    "BYTES": ("bytes_contents", [b"a", b"bc"])}
+        for datatype, (field, values) in contents.items():
+            tensor = request.inputs.add(name=f"in_{datatype.lower()}", datatype=datatype,
+                                        shape=[2, 1])
+            getattr(tensor.contents, field).extend(values)
+        # FP16 and BF16 have no typed field: a request that needs them sends raw contents.
+        request.inputs.add(name="in_fp16", datatype="FP16", shape=[2, 1])
+        details = self.assertCode(lambda: self.stub.ModelInfer(request),
+                                  grpc.StatusCode.INVALID_ARGUMENT, "raw_input_contents")
+        self.assertIn("in_fp16", details)
+        # Values in the wrong field, or out of the datatype's range, are named.
+        wrong = pb.ModelInferRequest(model_name="extra_rows")
+        wrong.inputs.add(name="x", datatype="FP32", shape=[1, 1]).contents.int_contents.append(1)
+        self.assertCode(lambda: self.stub.ModelInfer(wrong), grpc.StatusCode.INVALID_ARGUMENT,
+                        "contents.int_contents (expected contents.fp32_contents)")
+        short = pb.ModelInferRequest(model_name="extra_rows")
+        short.inputs.add(name="x", datatype="FP32", shape=[2, 1]).contents.fp32_contents.append(1)
+        self.assertCode(lambda: self.stub.ModelInfer(short), grpc.StatusCode.INVALID_ARGUMENT,
+                        "has 1 values, but shape [2, 1] needs 2")
+
+    def test_int8_out_of_range_is_refused_as_http_refuses_it(self):
+        request = echo_raw_request()
+        del request.raw_input_contents[:]
+        for tensor in request.inputs:
+            tensor.ClearField("contents")
+        request.inputs[2].contents.int_contents.extend([300, 1])
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT)
+
+    def test_output_selection_and_classification(self):
+        request = echo_raw_request(rows=2)
+        request.outputs.add(name="out_int32")
+        classified = request.outputs.add(name="out_fp32")
+        classified.parameters["classification"].int64_param = 1
+        response = self.stub.ModelInfer(request)
+        self.assertEqual([output.name for output in response.outputs], ["out_int32", "out_fp32"])
+        outputs = outputs_by_name(response)
+        self.assertEqual(outputs["out_fp32"][0].datatype, "BYTES")
+        # Each row's one class: "score:index".
+        raw = outputs["out_fp32"][1]
+        first_length = struct.unpack("<I", raw[:4])[0]
+        self.assertEqual(raw[4:4 + first_length], b"0.25:0")
+        bad = echo_raw_request()
+        bad.outputs.add(name="out_bytes").parameters["classification"].int64_param = 1
+        self.assertCode(lambda: self.stub.ModelInfer(bad), grpc.StatusCode.INVALID_ARGUMENT,
+                        "classification needs an output of scores")
+        unknown = echo_raw_request()
+        unknown.outputs.add(name="nope")
+        self.assertCode(lambda: self.stub.ModelInfer(unknown), grpc.StatusCode.INVALID_ARGUMENT,
+                        "unexpected requested output 'nope'")
+
+    def test_model_parameters_reach_predict_and_unsupported_ones_are_refused(self):
+        request = echo_raw_request()
+        request.parameters["priority"].int64_param = 1
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
+                        "'priority' is not supported")
+        request = echo_raw_request()
+        request.parameters["sequence_id"].int64_param = 7
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
+                        "'sequence_id'")
+        request = echo_raw_request()
+        request.inputs[0].parameters["shared_memory_region"].string_param = "r"
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
+                        "shared memory")
+        request = echo_raw_request()
+        request.parameters["empty"].CopyFrom(pb.InferParameter())
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
+                        "parameter 'empty' has no value")
+        request = echo_raw_request()
+        request.parameters["user_flag"].bool_param = True  # a model's own: passed along
+        self.stub.ModelInfer(request)
+
+    def test_errors_and_their_codes(self):
+        self.assertCode(lambda: self.stub.ModelInfer(pb.ModelInferRequest(model_name="nope")),
+                        grpc.StatusCode.NOT_FOUND, "model 'nope' is not loaded")
+        request = echo_raw_request()
+        request.model_version = "5"
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.NOT_FOUND,
+                        "version 5")
+        request = echo_raw_request()
+        request.inputs[4].datatype = "FP32"
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
+                        "input 'in_int32' has datatype FP32, but the model expects INT32")
+        request = echo_raw_request()
+        del request.inputs[-1]
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
+                        "raw_input_contents has 11 entries, but the request has 10 inputs")
+        # A lying size: the shape says 2 INT32 values, the raw bytes hold 3.
+        request = echo_raw_request()
+        request.raw_input_contents[4] = struct.pack("<3i", 1, 2, 3)
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
+                        "raw_input_contents is 12 bytes, but shape [2, 1] of INT32 needs 8")
+        request = echo_raw_request()
+        request.raw_input_contents[-1] = struct.pack("<I", 100) + b"short"
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
+                        "runs past its data")
+        request = echo_raw_request()
+        request.inputs[0].shape[:] = [-1, 1]
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
+                        "non-negative")
+        request = echo_raw_request()
+        request.inputs[0].shape[:] = [100, 1]
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
+                        "batch of 100; the model takes 1 to 64")
+        # A model error: INTERNAL with the model's traceback, as Triton answers it.
+        request = pb.ModelInferRequest(model_name="extra_rows")
+        request.inputs.add(name="x", datatype="FP32", shape=[1, 1]).contents.fp32_contents.append(1)
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INTERNAL)
+
+    def test_unknown_fields_are_refused_not_dropped(self):
+        raw = echo_raw_request().SerializeToString()
+        # Field 99, varint 1: a field this schema does not have.
+        hostile = pb.ModelInferRequest.FromString(raw + b"\x98\x06\x01")
+        self.assertCode(lambda: self.stub.ModelInfer(hostile), grpc.StatusCode.INVALID_ARGUMENT,
+                        "field 99")
+        nested = echo_raw_request()
+        nested.inputs[3].MergeFromString(b"\xa0\x01\x05")  # field 20 inside an input
+        self.assertCode(lambda: self.stub.ModelInfer(nested), grpc.StatusCode.INVALID_ARGUMENT,
+                        "inputs[3].20")
+
+    def test_oversized_messages_are_refused_and_the_server_stays_up(self):
+        request = pb.ModelInferRequest(model_name="extra_rows")
+        request.inputs.add(name="x", datatype="FP32", shape=[1, 1])
+        request.raw_input_contents.append(b"\0" * (2 << 20))  # over max_message_bytes (1 MiB)
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        # Garbage bytes where a message should be: the library refuses them.
+        garbage = self.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                           request_serializer=lambda raw: raw,
+                                           response_deserializer=lambda raw: raw)
+        with self.assertRaises(grpc.RpcError):
+            garbage(b"\xff\xff\xff\xff\xff\xff")
+        unknown_method = self.channel.unary_unary("/inference.GRPCInferenceService/Nope",
+                                                  request_serializer=lambda raw: raw,
+                                                  response_deserializer=lambda raw: raw)
+        self.assertCode(lambda: unknown_method(b""), grpc.StatusCode.UNIMPLEMENTED)
+        self.assertTrue(self.stub.ServerLive(pb.ServerLiveRequest()).live)
+        self.stub.ModelInfer(echo_raw_request())
+
+    def test_metrics_count_grpc_calls_and_inferences(self):
+        self.stub.ModelInfer(echo_raw_request())
+        self.assertCode(lambda: self.stub.ModelInfer(pb.ModelInferRequest(model_name="nope")),
+                        grpc.StatusCode.NOT_FOUND)
+        text = self.metrics()
+        self.assertRegex(text, r'orochi_grpc_requests_total\{code="OK",method="ModelInfer"\} \d+')
+        self.assertRegex(text, r'orochi_grpc_requests_total\{code="NOT_FOUND",'
+                               r'method="ModelInfer"\} \d+')
+        self.assertRegex(text, r'orochi_inference_requests_total\{model="echo",reason="success",'
+                               r'version="1"\} \d+')
+
+
+class DeadlineAndCancellationTest(GrpcServerTest):
+    def test_timeout_parameter(self):
+        start = time.time()
+        self.assertCode(lambda: self.stub.ModelInfer(slow_request("spin", timeout_us=300_000)),
+                        grpc.StatusCode.DEADLINE_EXCEEDED)
+        self.assertLess(time.time() - start, 10)
+
+    def test_client_deadline_interrupts_the_model(self):
+        start = time.time()
+        self.assertCode(lambda: self.stub.ModelInfer(slow_request("spin"), timeout=0.5),
+                        grpc.StatusCode.DEADLINE_EXCEEDED)
+        self.assertLess(time.time() - start, 10)
+        self.assertCopiesFree()
+
+    def test_cancelled_call_frees_its_copy(self):
+        futures = [self.stub.ModelInfer.future(slow_request("spin")) for _ in range(self.COPIES)]
+        time.sleep(0.5)
+        for future in futures:
+            future.cancel()
+        self.assertCopiesFree()
+        text = self.metrics()
+        self.assertRegex(text, r'orochi_inference_requests_total\{model="slow",'
+                               r'reason="client_gone",version="1"\} [1-9]')
+
+    def assertCopiesFree(self):
+        # Both copies answer a quick request promptly once the spinning ones are interrupted.
+        deadline = time.time() + 10
+        while True:
+            try:
+                results = [self.stub.ModelInfer.future(slow_request("sleep", 0.0), timeout=2)
+                           for _ in range(self.COPIES)]
+                for result in results:
+                    result.result()
+                return
+            except grpc.RpcError:
+                if time.time() > deadline:
+                    raise
+
+
+class StreamTest(GrpcServerTest):
+    def test_each_request_of_a_stream_gets_its_answer_and_errors_keep_it_open(self):
+        def requests():
+            for i in range(10):
+                yield echo_raw_request(request_id=f"s{i}")
+            yield pb.ModelInferRequest(model_name="nope", id="bad")
+            yield echo_raw_request(request_id="last")
+        answers = list(self.stub.ModelStreamInfer(requests()))
+        self.assertEqual(len(answers), 12)
+        errors = [a for a in answers if a.error_message]
+        self.assertEqual(len(errors), 1)
+        self.assertEqual(errors[0].infer_response.id, "bad")
+        self.assertIn("model 'nope' is not loaded", errors[0].error_message)
+        ids = sorted(a.infer_response.id for a in answers if not a.error_message)
+        self.assertEqual(ids, sorted([f"s{i}" for i in range(10)] + ["last"]))
+
+    def test_a_hundred_concurrent_streams(self):
+        def one_stream(index):
+            answers = list(self.stub.ModelStreamInfer(
+                echo_raw_request(request_id=f"{index}-{i}") for i in range(5)))
+            return sorted(a.infer_response.id for a in answers if not a.error_message)
+        with concurrent.futures.ThreadPoolExecutor(100) as pool:
+            results = list(pool.map(one_stream, range(100)))
+        for index, ids in enumerate(results):
+            self.assertEqual(ids, sorted(f"{index}-{i}" for i in range(5)))
+
+    def test_flow_control_holds_back_a_client_that_does_not_read(self):
+        # Each answer is 512 KB, past a stream's HTTP/2 window: while the client reads nothing,
+        # the server can write little, so at most max_stream_in_flight (4) requests are read
+        # and not yet answered, and the stream is not read further. Nothing is queued without
+        # bound, and nothing is lost once the client reads.
+        def big_request(i):
+            request = echo_raw_request(rows=1, request_id=str(i))
+            request.raw_input_contents[-1] = bytes_raw([b"x" * (512 << 10)])
+            return request
+
+        def echo_successes():
+            stats = self.stub.ModelStatistics(pb.ModelStatisticsRequest(name="echo"))
+            return stats.model_stats[0].inference_stats.success.count
+
+        before = echo_successes()
+        stream = self.stub.ModelStreamInfer(big_request(i) for i in range(80))
+        time.sleep(2)
+        ran_while_not_reading = echo_successes() - before
+        time.sleep(1)
+        # Stalled, not slow: no progress while the client reads nothing. What ran is the limit
+        # plus the answers the transports' windows and buffers took (a few MB), far from all.
+        self.assertEqual(echo_successes() - before, ran_while_not_reading)
+        self.assertLess(ran_while_not_reading, 30)
+        answers = list(stream)
+        self.assertEqual(sorted(int(a.infer_response.id) for a in answers), list(range(80)))
+        self.assertTrue(all(not a.error_message for a in answers))
+        self.assertEqual(echo_successes() - before, 80)
+
+    def test_cancelling_a_stream_interrupts_its_running_request(self):
+        stream = self.stub.ModelStreamInfer(iter([slow_request("spin")]))
+        time.sleep(0.5)
+        stream.cancel()
+        deadline = time.time() + 10
+        while True:
+            try:
+                self.stub.ModelInfer(slow_request("sleep", 0.0), timeout=2)
+                break
+            except grpc.RpcError:
+                self.assertLess(time.time(), deadline)
+
+
+class RepositoryTest(GrpcServerTest):
+    def test_index_unload_and_load_from_loopback(self):
+        index = self.stub.RepositoryIndex(pb.RepositoryIndexRequest())
+        self.assertEqual(sorted((m.name, m.version, m.state) for m in index.models),
+                         [("echo", "1", "READY"), ("extra_rows", "1", "READY"),
+                          ("slow", "1", "READY")])
+        self.stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="extra_rows"))
+        self.assertFalse(self.stub.ModelReady(pb.ModelReadyRequest(name="extra_rows")).ready)
+        ready = self.stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=True))
+        self.assertNotIn("extra_rows", [m.name for m in ready.models])
+        self.stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="extra_rows"))
+        self.assertTrue(self.stub.ModelReady(pb.ModelReadyRequest(name="extra_rows")).ready)
+        self.assertCode(lambda: self.stub.RepositoryModelLoad(
+            pb.RepositoryModelLoadRequest(model_name="nope")), grpc.StatusCode.NOT_FOUND)
+        request = pb.RepositoryModelLoadRequest(model_name="echo")
+        request.parameters["config"].string_param = "{}"
+        self.assertCode(lambda: self.stub.RepositoryModelLoad(request),
+                        grpc.StatusCode.INVALID_ARGUMENT, "parameter 'config'")
+        self.assertCode(lambda: self.stub.RepositoryIndex(
+            pb.RepositoryIndexRequest(repository_name="other")), grpc.StatusCode.INVALID_ARGUMENT)
+
+
+class TokenTest(unittest.TestCase):
+    """Tokens on the inference port apply to gRPC; repository calls need the management one,
+    and without it are for loopback callers only."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="orochi-grpc-tokens-")
+        cls.repository = pack_repository(cls.root)
+        os.environ["OROCHI_TEST_GRPC_INFERENCE"] = "inference-secret"
+        os.environ["OROCHI_TEST_GRPC_MANAGEMENT"] = "management-secret"
+        cls.server = Server(cls.repository, {
+            "http": {"token_env": "OROCHI_TEST_GRPC_INFERENCE"},
+            "management": {"token_env": "OROCHI_TEST_GRPC_MANAGEMENT"}}, copies=1)
+        cls.channel = grpc.insecure_channel(f"127.0.0.1:{cls.server.grpc_port}")
+        cls.stub = pb_grpc.GRPCInferenceServiceStub(cls.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        assert cls.server.stop() == 0
+        shutil.rmtree(cls.root)
+
+    def code_of(self, call, **kwargs):
+        try:
+            call(**kwargs)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as error:
+            return error.code()
+
+    def test_tokens(self):
+        live = lambda **kw: self.stub.ServerLive(pb.ServerLiveRequest(), **kw)  # noqa: E731
+        self.assertEqual(self.code_of(live), grpc.StatusCode.UNAUTHENTICATED)
+        self.assertEqual(self.code_of(live, metadata=[("authorization", "Bearer nope")]),
+                         grpc.StatusCode.PERMISSION_DENIED)
+        self.assertEqual(self.code_of(live, metadata=[("authorization",
+                                                       "bearer inference-secret")]),
+                         grpc.StatusCode.OK)
+        stream = self.stub.ModelStreamInfer(iter([echo_raw_request()]))
+        self.assertEqual(self.code_of(lambda: list(stream)), grpc.StatusCode.UNAUTHENTICATED)
+        index = lambda **kw: self.stub.RepositoryIndex(pb.RepositoryIndexRequest(), **kw)  # noqa
+        self.assertEqual(self.code_of(index, metadata=[("authorization",
+                                                        "Bearer inference-secret")]),
+                         grpc.StatusCode.PERMISSION_DENIED)
+        self.assertEqual(self.code_of(index, metadata=[("authorization",
+                                                        "Bearer management-secret")]),
+                         grpc.StatusCode.OK)
+
+
+if __name__ == "__main__":
+    unittest.main()
