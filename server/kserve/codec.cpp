@@ -17,6 +17,7 @@
 #include "orochi/engine/error.h"
 #include "orochi/server/kserve_codec.h"
 #include "request_json.h"
+#include "shared_memory.h"
 
 namespace orochi::server::kserve {
 namespace {
@@ -29,13 +30,14 @@ using packaging::TensorSpec;
 
 Status Bad(const std::string& message) { return InvalidArgument(message); }
 
+// `size_name` is the parameter that gave the bytes' size, for the error.
 Result<engine::Tensor> TensorFromBinary(const TensorSpec& spec, const engine::Shape& shape,
-                                        std::string_view bytes) {
+                                        std::string_view bytes, std::string_view size_name) {
   const engine::DType dtype = *packaging::EngineDType(spec.datatype);
   const auto expected = static_cast<size_t>(engine::NumElements(shape)) * engine::ItemSize(dtype);
   if (bytes.size() != expected) {
-    return Bad("input '" + spec.name + "': binary_data_size is " + std::to_string(bytes.size()) +
-               " bytes, but shape " + ShapeText(shape) + " of " +
+    return Bad("input '" + spec.name + "': " + std::string(size_name) + " is " +
+               std::to_string(bytes.size()) + " bytes, but shape " + ShapeText(shape) + " of " +
                std::string(DataTypeName(spec.datatype)) + " needs " + std::to_string(expected));
   }
   engine::Tensor tensor = engine::Tensor::Empty(shape, dtype);
@@ -232,6 +234,46 @@ BytesTensor Classify(const engine::Tensor& output, int64_t count,
   return result;
 }
 
+// Triton's shared-memory parameters of an input's or output's `object` (`what`, for errors):
+// nullopt when it has none, else all that it needs, or an error naming what is missing.
+Result<std::optional<SharedMemoryRef>> ReadSharedMemoryRef(const Json& object,
+                                                           const std::string& what) {
+  auto parameters = object.find("parameters");
+  using Found = std::optional<SharedMemoryRef>;
+  if (parameters == object.end() || !parameters->is_object()) return Found();
+  auto region = parameters->find("shared_memory_region");
+  auto offset = parameters->find("shared_memory_offset");
+  auto size = parameters->find("shared_memory_byte_size");
+  if (region == parameters->end()) {
+    // Without a region they would be silently meaningless: refused instead.
+    if (offset != parameters->end() || size != parameters->end()) {
+      return Bad(what +
+                 ": shared_memory_offset and shared_memory_byte_size need "
+                 "shared_memory_region (the name of a registered region)");
+    }
+    return Found();
+  }
+  if (!region->is_string() || region->get_ref<const std::string&>().empty()) {
+    return Bad(what + ": shared_memory_region must be the name of a registered region");
+  }
+  if (size == parameters->end()) {
+    return Bad(what + ": shared_memory_region needs shared_memory_byte_size");
+  }
+  if (!size->is_number_unsigned()) {
+    return Bad(what + ": shared_memory_byte_size must be a non-negative integer");
+  }
+  SharedMemoryRef ref;
+  ref.region = region->get<std::string>();
+  ref.byte_size = size->get<uint64_t>();
+  if (offset != parameters->end()) {
+    if (!offset->is_number_unsigned()) {
+      return Bad(what + ": shared_memory_offset must be a non-negative integer");
+    }
+    ref.offset = offset->get<uint64_t>();
+  }
+  return Found(std::move(ref));
+}
+
 bool BinaryRequested(const Json& parameters) {
   auto found = parameters.find("binary_data");
   return found != parameters.end() && found->is_boolean() && found->get<bool>();
@@ -278,6 +320,7 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
   std::map<std::string, const TensorSpec*> specs;
   for (const TensorSpec& spec : manifest.inputs) specs[spec.name] = &spec;
   std::map<std::string, NamedTensor> parsed;
+  std::map<std::string, engine::Shape> shapes;  // for the batch size, before every value is read
   size_t binary_at = 0;
   for (size_t index = 0; index < inputs->size(); ++index) {
     const Json& input = (*inputs)[index];
@@ -302,6 +345,10 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
     OROCHI_ASSIGN_OR_RETURN(engine::Shape shape, ReadShape(input, input_name));
     OROCHI_RETURN_IF_ERROR(CheckShape(manifest, spec, shape));
 
+    shapes[input_name] = shape;
+
+    OROCHI_ASSIGN_OR_RETURN(std::optional<SharedMemoryRef> shared,
+                            ReadSharedMemoryRef(input, "input '" + input_name + "'"));
     std::optional<size_t> binary_size;
     if (auto parameters = input.find("parameters");
         parameters != input.end() && parameters->is_object()) {
@@ -313,7 +360,21 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
       }
     }
     NamedTensor tensor{input_name, engine::Tensor()};
-    if (binary_size) {
+    if (shared) {
+      // Its bytes are in one place: two would leave one of them silently unread.
+      if (binary_size) {
+        return Bad("input '" + input_name +
+                   "' has both shared_memory_region and binary_data_size: its bytes are either "
+                   "in shared memory or in the body");
+      }
+      if (input.contains("data")) {  // the document keeps the key, its value read or not
+        return Bad("input '" + input_name +
+                   "' has both shared_memory_region and 'data': its values are either in "
+                   "shared memory or in the request");
+      }
+      // Read from the region by ResolveSharedMemory, once the registry is at hand.
+      request.shared_memory_inputs[input_name] = {std::move(*shared), shape};
+    } else if (binary_size) {
       if (!json_length) {
         return Bad("input '" + input_name +
                    "' uses binary_data_size, but the request has no "
@@ -328,7 +389,8 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
         OROCHI_ASSIGN_OR_RETURN(BytesTensor value, BytesFromBinary(spec, shape, bytes));
         tensor.value = std::move(value);
       } else {
-        OROCHI_ASSIGN_OR_RETURN(engine::Tensor value, TensorFromBinary(spec, shape, bytes));
+        OROCHI_ASSIGN_OR_RETURN(engine::Tensor value,
+                                TensorFromBinary(spec, shape, bytes, "binary_data_size"));
         tensor.value = std::move(value);
       }
     } else {
@@ -354,10 +416,7 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
     auto found = parsed.find(spec.name);
     if (found == parsed.end()) return Bad("input '" + spec.name + "' is missing");
     if (manifest.max_batch_size > 0) {
-      const auto& value = found->second.value;
-      int64_t rows = std::holds_alternative<engine::Tensor>(value)
-                         ? std::get<engine::Tensor>(value).shape()[0]
-                         : std::get<BytesTensor>(value).shape[0];
+      const int64_t rows = shapes.at(spec.name)[0];
       if (request.rows != 0 && rows != request.rows) {
         return Bad("inputs disagree on the batch size (" + std::to_string(request.rows) + " and " +
                    std::to_string(rows) + ")");
@@ -389,6 +448,23 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
       request.outputs.push_back(output_name);
       auto parameters = output.find("parameters");
       if (parameters == output.end() || !parameters->is_object()) continue;
+      OROCHI_ASSIGN_OR_RETURN(std::optional<SharedMemoryRef> shared,
+                              ReadSharedMemoryRef(output, "output '" + output_name + "'"));
+      if (shared) {
+        // Each would choose another place for the same bytes, or other bytes for the place.
+        if (BinaryRequested(*parameters)) {
+          return Bad("output '" + output_name +
+                     "' asks for both binary_data and shared_memory_region: its bytes go to one "
+                     "place");
+        }
+        if (parameters->contains("classification")) {
+          return Bad("output '" + output_name +
+                     "': classification cannot be written to shared memory; ask for the "
+                     "classes in the response, or for the scores in shared memory");
+        }
+        request.shared_memory_outputs[output_name] = std::move(*shared);
+        continue;
+      }
       if (BinaryRequested(*parameters)) request.binary_outputs.insert(output_name);
       if (auto classes = parameters->find("classification"); classes != parameters->end()) {
         // A count past INT64_MAX (read as unsigned) is still a positive count: all classes.
@@ -413,7 +489,118 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
   return request;
 }
 
+// An output's shape, whichever kind of tensor it is.
+engine::Shape ShapeOf(const std::variant<engine::Tensor, BytesTensor>& value) {
+  const auto* tensor = std::get_if<engine::Tensor>(&value);
+  return tensor != nullptr ? tensor->shape() : std::get<BytesTensor>(value).shape;
+}
+
+// The bytes of a tensor as the binary extension and shared memory carry it: the elements in
+// row-major order, BYTES elements each after its 4-byte little-endian length.
+size_t SerializedSize(const std::variant<engine::Tensor, BytesTensor>& value) {
+  if (const auto* tensor = std::get_if<engine::Tensor>(&value)) {
+    return static_cast<size_t>(tensor->numel()) * engine::ItemSize(tensor->dtype());
+  }
+  size_t size = 0;
+  for (const std::string& item : std::get<BytesTensor>(value).items) size += 4 + item.size();
+  return size;
+}
+
+void Serialize(const std::variant<engine::Tensor, BytesTensor>& value, std::byte* to) {
+  if (const auto* tensor = std::get_if<engine::Tensor>(&value)) {
+    const engine::Tensor contiguous = tensor->Contiguous();
+    const size_t size = SerializedSize(value);
+    if (size > 0) std::memcpy(to, contiguous.data(), size);
+    return;
+  }
+  for (const std::string& item : std::get<BytesTensor>(value).items) {
+    const auto length = static_cast<uint32_t>(item.size());
+    std::memcpy(to, &length, 4);
+    if (!item.empty()) std::memcpy(to + 4, item.data(), item.size());
+    to += 4 + item.size();
+  }
+}
+
+// The region `ref` names, for `what`: its lookup's error as a request error.
+Result<std::shared_ptr<const SharedMemoryRegion>> RegionFor(const SharedMemoryRegistry& registry,
+                                                            const SharedMemoryRef& ref,
+                                                            const std::string& what) {
+  Result<std::shared_ptr<const SharedMemoryRegion>> region = registry.Find(ref.region);
+  if (!region.ok()) return Bad(what + ": " + region.status().message());
+  return region;
+}
+
+Status ResolveSharedMemoryUnchecked(const Manifest& manifest, const SharedMemoryRegistry& registry,
+                                    InferRequest* request) {
+  for (auto& [name, input] : request->shared_memory_inputs) {
+    const std::string what = "input '" + name + "'";
+    SharedMemoryRef& where = input.where;
+    OROCHI_ASSIGN_OR_RETURN(where.mapped, RegionFor(registry, where, what));
+    OROCHI_ASSIGN_OR_RETURN(std::byte * bytes,
+                            where.mapped->Slice(where.offset, where.byte_size, what));
+    const std::string_view view(reinterpret_cast<const char*>(bytes), where.byte_size);
+    auto spec = std::find_if(manifest.inputs.begin(), manifest.inputs.end(),
+                             [&](const TensorSpec& candidate) { return candidate.name == name; });
+    auto slot = std::find_if(request->inputs.begin(), request->inputs.end(),
+                             [&](const NamedTensor& tensor) { return tensor.name == name; });
+    OROCHI_INTERNAL_ASSERT(spec != manifest.inputs.end() && slot != request->inputs.end(),
+                           "a shared-memory input that the request or the model lacks");
+    if (spec->datatype == DataType::kBytes) {
+      OROCHI_ASSIGN_OR_RETURN(BytesTensor value, BytesFromBinary(*spec, input.shape, view));
+      slot->value = std::move(value);
+    } else {
+      OROCHI_ASSIGN_OR_RETURN(engine::Tensor value, TensorFromBinary(*spec, input.shape, view,
+                                                                     "shared_memory_byte_size"));
+      slot->value = std::move(value);
+    }
+  }
+  // Checked before the model runs, so that a mistake costs no inference.
+  for (auto& [name, where] : request->shared_memory_outputs) {
+    const std::string what = "output '" + name + "'";
+    OROCHI_ASSIGN_OR_RETURN(where.mapped, RegionFor(registry, where, what));
+    OROCHI_RETURN_IF_ERROR(where.mapped->Slice(where.offset, where.byte_size, what).status());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+Status ResolveSharedMemory(const Manifest& manifest, const SharedMemoryRegistry& registry,
+                           InferRequest* request) {
+  try {
+    return ResolveSharedMemoryUnchecked(manifest, registry, request);
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kResourceExhausted,
+                  "the request needs more memory than the server can allocate");
+  }
+}
+
+Status WriteSharedMemoryOutputs(const Manifest& manifest, const InferRequest& request,
+                                const std::vector<NamedTensor>& outputs) {
+  // Every output is checked before any is written: a refused request leaves the regions as
+  // they were.
+  std::vector<std::pair<const NamedTensor*, std::byte*>> writes;
+  for (const NamedTensor& output : outputs) {
+    auto shared = request.shared_memory_outputs.find(output.name);
+    if (shared == request.shared_memory_outputs.end()) continue;
+    const SharedMemoryRef& where = shared->second;
+    OROCHI_INTERNAL_ASSERT(where.mapped != nullptr,
+                           "WriteSharedMemoryOutputs before ResolveSharedMemory");
+    const size_t needed = SerializedSize(output.value);
+    if (needed > where.byte_size) {
+      return Bad("output '" + output.name + "' of model '" + manifest.name + "' has " +
+                 std::to_string(needed) + " bytes (shape " + ShapeText(ShapeOf(output.value)) +
+                 "), more than its shared_memory_byte_size " + std::to_string(where.byte_size) +
+                 " in shared memory region '" + where.region + "' at offset " +
+                 std::to_string(where.offset));
+    }
+    OROCHI_ASSIGN_OR_RETURN(std::byte * to, where.mapped->Slice(where.offset, where.byte_size,
+                                                                "output '" + output.name + "'"));
+    writes.emplace_back(&output, to);
+  }
+  for (const auto& [output, to] : writes) Serialize(output->value, to);
+  return Status::Ok();
+}
 
 Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_view body,
                                        std::optional<size_t> json_length,
@@ -447,7 +634,8 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
   for (const NamedTensor& output : outputs) {
     const auto* tensor = std::get_if<engine::Tensor>(&output.value);
     if (tensor != nullptr && selected(output.name) && !as_binary(output.name) &&
-        request.classification.count(output.name) == 0) {
+        request.classification.count(output.name) == 0 &&
+        request.shared_memory_outputs.count(output.name) == 0) {
       values += static_cast<size_t>(tensor->numel());
     }
   }
@@ -463,6 +651,19 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
     const NamedTensor& output = outputs[i];
     const TensorSpec& spec = manifest.outputs[i];
     if (!selected(output.name)) continue;
+    json += first ? "{" : ",{";
+    first = false;
+    if (auto shared = request.shared_memory_outputs.find(output.name);
+        shared != request.shared_memory_outputs.end()) {
+      // Its bytes are in the region already (WriteSharedMemoryOutputs): only what they are.
+      json += "\"name\":" + Quoted(output.name) + ",\"datatype\":\"" +
+              std::string(DataTypeName(spec.datatype)) +
+              "\",\"shape\":" + Json(ShapeOf(output.value)).dump() +
+              ",\"parameters\":{\"shared_memory_region\":" + Quoted(shared->second.region) +
+              ",\"shared_memory_offset\":" + std::to_string(shared->second.offset) +
+              ",\"shared_memory_byte_size\":" + std::to_string(SerializedSize(output.value)) + "}}";
+      continue;
+    }
     const bool binary_output = as_binary(output.name);
     std::optional<BytesTensor> classes;
     if (auto count = request.classification.find(output.name);
@@ -471,8 +672,6 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
       classes = Classify(std::get<engine::Tensor>(output.value), count->second,
                          names == labels.end() ? nullptr : &names->second);
     }
-    json += first ? "{" : ",{";
-    first = false;
     json += "\"name\":" + Quoted(output.name) + ",\"datatype\":\"" +
             std::string(DataTypeName(classes ? DataType::kBytes : spec.datatype)) + "\",\"shape\":";
     const size_t binary_before = binary.size();
