@@ -7,6 +7,7 @@
 #include <string>
 
 #include "http/router.h"
+#include "kserve/shared_memory.h"
 #include "memory_guard.h"
 #include "metrics/metrics.h"
 #include "models/model_service.h"
@@ -25,18 +26,23 @@ std::string ParseFailureReason(StatusCode code);
 
 class KServeApi {
  public:
+  // `shared_memory` is the server's registry, shared with the other protocols.
   KServeApi(ModelService& models, Metrics& metrics, const ServerConfig& config,
-            std::function<bool()> ready);
+            SharedMemoryRegistry& shared_memory, std::function<bool()> ready);
   void Register(http::Router& router);
 
  private:
   void Infer(http::Request&& request, const http::PathParams& params, http::Responder respond);
+  // Triton's system shared-memory extension (status, register, unregister) and the CUDA one's
+  // endpoints, which answer that this server has no CUDA shared memory.
+  void RegisterSharedMemory(http::Router& router);
   std::shared_ptr<const ServedModel> Resolve(const http::PathParams& params,
                                              const http::Responder& respond) const;
 
   ModelService& models_;
   Metrics& metrics_;
   const ServerConfig& config_;
+  SharedMemoryRegistry& shared_memory_;
   std::function<bool()> ready_;
   MemoryGuard memory_;
 };
