@@ -66,6 +66,8 @@ struct ParseLimits {
 
 // Parses a request body. `json_length` is the Inference-Header-Content-Length header's value
 // when the binary extension is used. Errors are kInvalidArgument with a message for the client.
+// A request that names shared memory (shared_memory_inputs or shared_memory_outputs not empty)
+// must go through ResolveSharedMemory before its inputs are used, or be refused.
 Result<InferRequest> ParseInferRequest(const packaging::Manifest& manifest, std::string_view body,
                                        std::optional<size_t> json_length,
                                        const ParseLimits& limits);
