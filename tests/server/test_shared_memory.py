@@ -137,7 +137,8 @@ class SharedMemoryTest(unittest.TestCase):
 
         status, error = self.register("big", region.key, 4096, offset=1)
         self.assertEqual(status, 400)
-        self.assertIn("offset 1 and byte_size 4096 run past the end of shared memory object", error["error"])
+        self.assertIn("offset 1 and byte_size 4096 run past the end of shared memory object",
+                      error["error"])
         self.assertIn("(4096 bytes)", error["error"])
         status, error = self.register("big", region.key, 8192)
         self.assertEqual(status, 400)
@@ -257,8 +258,9 @@ class SharedMemoryTest(unittest.TestCase):
         self.assert_refused(self.request_with_fp32_in(shm("nope", 4)),
                             "input 'in_fp32': unable to find system shared memory region: 'nope'")
         self.assert_refused(self.request_with_fp32_in(shm("r", 4, offset=61)),
-                            "input 'in_fp32': shared_memory_offset 61 and shared_memory_byte_size 4 "
-                            "run past the end of shared memory region 'r' (64 bytes)")
+                            "input 'in_fp32': shared_memory_offset 61 and "
+                            "shared_memory_byte_size 4 run past the end of shared memory region "
+                            "'r' (64 bytes)")
         self.assert_refused(self.request_with_fp32_in(shm("r", 2**64 - 1, offset=8)),
                             "shared_memory_offset 8 and shared_memory_byte_size "
                             "18446744073709551615 run past the end of shared memory region 'r'")
@@ -297,9 +299,9 @@ class SharedMemoryTest(unittest.TestCase):
         request = echo_request(4)
         request["outputs"] = [{"name": "out_fp32", "parameters": shm("r", 8)},
                               {"name": "out_int8", "parameters": shm("r", 8, offset=16)}]
-        self.assert_refused(request, "output 'out_fp32' of model 'echo' has 16 bytes (shape [4, 1]), "
-                                     "more than its shared_memory_byte_size 8 in shared memory "
-                                     "region 'r' at offset 0")
+        self.assert_refused(request, "output 'out_fp32' of model 'echo' has 16 bytes (shape "
+                                     "[4, 1]), more than its shared_memory_byte_size 8 in shared "
+                                     "memory region 'r' at offset 0")
         self.assertEqual(bytes(region.memory.buf[4000 - 64:4000]), b"\xab" * 64)
 
     def test_region_unregistered_while_in_use(self):
@@ -352,11 +354,12 @@ class SharedMemoryDisabledTest(unittest.TestCase):
         try:
             server = Server(pack_repository(root), {}, copies=1)
             try:
-                status, _, body = curl("-X", "POST", server.url("/v2/systemsharedmemory/region/r/register"),
-                                       data=json.dumps({"key": region.key, "offset": 0,
-                                                        "byte_size": 64}).encode())
+                status, _, body = curl(
+                    "-X", "POST", server.url("/v2/systemsharedmemory/region/r/register"),
+                    data=json.dumps({"key": region.key, "offset": 0, "byte_size": 64}).encode())
                 self.assertEqual(status, 400)
-                self.assertIn("system shared memory is disabled on this server", json.loads(body)["error"])
+                self.assertIn("system shared memory is disabled on this server",
+                              json.loads(body)["error"])
                 self.assertIn("http.allow_shared_memory", json.loads(body)["error"])
                 status, _, body = curl(server.url("/v2/systemsharedmemory/status"))
                 self.assertEqual((status, json.loads(body)), (200, []))
