@@ -293,6 +293,13 @@ int Run(const RunOptions& options) {
   Result<server::kserve::InferRequest> parsed =
       server::kserve::ParseInferRequest(manifest, *body, std::nullopt, {});
   if (!parsed.ok()) return Fail(parsed.status());
+  // No server, so no registered regions: inputs named there would reach the model empty, and
+  // outputs asked for there would be listed without being written anywhere.
+  if (!parsed->shared_memory_inputs.empty() || !parsed->shared_memory_outputs.empty()) {
+    return Fail(InvalidArgument(
+        "the request names system shared memory (shared_memory_region), which only a server "
+        "has: give `orochi run` the data in the request"));
+  }
 
   interpreters::ManagerOptions manager_options;
   manager_options.copies = options.copies;

@@ -145,6 +145,8 @@ struct Server::Impl {
   std::unique_ptr<repository::RepositoryApi> repository_api;
   std::unique_ptr<http::HttpServer> management;
   std::unique_ptr<AdminQueue> admin;
+  // Before the API that uses it; regions still in use by a request outlive it (shared_ptr).
+  std::unique_ptr<kserve::SharedMemoryRegistry> shared_memory;
   std::unique_ptr<kserve::KServeApi> api;
   std::unique_ptr<http::HttpServer> inference;
   std::unique_ptr<http::HttpServer> metrics_listener;
@@ -283,7 +285,8 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   s.models->Quarantine(inherited.quarantined);
   OROCHI_RETURN_IF_ERROR(s.models->LoadFromRepository());
 
-  s.api = std::make_unique<kserve::KServeApi>(*s.models, s.metrics, cfg,
+  s.shared_memory = std::make_unique<kserve::SharedMemoryRegistry>(cfg.http.allow_shared_memory);
+  s.api = std::make_unique<kserve::KServeApi>(*s.models, s.metrics, cfg, *s.shared_memory,
                                               [&s] { return s.ready.load(); });
   s.api->Register(s.inference_router);
   s.metrics_router.Add(

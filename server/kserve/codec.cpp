@@ -17,6 +17,7 @@
 #include "orochi/engine/error.h"
 #include "orochi/server/kserve_codec.h"
 #include "request_json.h"
+#include "shared_memory.h"
 
 namespace orochi::server::kserve {
 namespace {
@@ -29,14 +30,15 @@ using packaging::TensorSpec;
 
 Status Bad(const std::string& message) { return InvalidArgument(message); }
 
+// `source` is where the bytes came from (the parameter that gave their size, or gRPC's raw
+// contents), for the error.
 Result<engine::Tensor> TensorFromBinary(const TensorSpec& spec, const engine::Shape& shape,
                                         std::string_view bytes, std::string_view source) {
   const engine::DType dtype = *packaging::EngineDType(spec.datatype);
   const auto expected = static_cast<size_t>(engine::NumElements(shape)) * engine::ItemSize(dtype);
   if (bytes.size() != expected) {
     return Bad("input '" + spec.name + "': " + std::string(source) + " is " +
-               std::to_string(bytes.size()) +
-               " bytes, but shape " + ShapeText(shape) + " of " +
+               std::to_string(bytes.size()) + " bytes, but shape " + ShapeText(shape) + " of " +
                std::string(DataTypeName(spec.datatype)) + " needs " + std::to_string(expected));
   }
   engine::Tensor tensor = engine::Tensor::Empty(shape, dtype);
@@ -233,6 +235,46 @@ BytesTensor Classify(const engine::Tensor& output, int64_t count,
   return result;
 }
 
+// Triton's shared-memory parameters of an input's or output's `object` (`what`, for errors):
+// nullopt when it has none, else all that it needs, or an error naming what is missing.
+Result<std::optional<SharedMemoryRef>> ReadSharedMemoryRef(const Json& object,
+                                                           const std::string& what) {
+  auto parameters = object.find("parameters");
+  using Found = std::optional<SharedMemoryRef>;
+  if (parameters == object.end() || !parameters->is_object()) return Found();
+  auto region = parameters->find("shared_memory_region");
+  auto offset = parameters->find("shared_memory_offset");
+  auto size = parameters->find("shared_memory_byte_size");
+  if (region == parameters->end()) {
+    // Without a region they would be silently meaningless: refused instead.
+    if (offset != parameters->end() || size != parameters->end()) {
+      return Bad(what +
+                 ": shared_memory_offset and shared_memory_byte_size need "
+                 "shared_memory_region (the name of a registered region)");
+    }
+    return Found();
+  }
+  if (!region->is_string() || region->get_ref<const std::string&>().empty()) {
+    return Bad(what + ": shared_memory_region must be the name of a registered region");
+  }
+  if (size == parameters->end()) {
+    return Bad(what + ": shared_memory_region needs shared_memory_byte_size");
+  }
+  if (!size->is_number_unsigned()) {
+    return Bad(what + ": shared_memory_byte_size must be a non-negative integer");
+  }
+  SharedMemoryRef ref;
+  ref.region = region->get<std::string>();
+  ref.byte_size = size->get<uint64_t>();
+  if (offset != parameters->end()) {
+    if (!offset->is_number_unsigned()) {
+      return Bad(what + ": shared_memory_offset must be a non-negative integer");
+    }
+    ref.offset = offset->get<uint64_t>();
+  }
+  return Found(std::move(ref));
+}
+
 bool BinaryRequested(const Json& parameters) {
   auto found = parameters.find("binary_data");
   return found != parameters.end() && found->is_boolean() && found->get<bool>();
@@ -303,6 +345,8 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
     OROCHI_ASSIGN_OR_RETURN(const TensorSpec* spec,
                             builder.CheckInput(input_name, datatype->get<std::string>(), shape));
 
+    OROCHI_ASSIGN_OR_RETURN(std::optional<SharedMemoryRef> shared,
+                            ReadSharedMemoryRef(input, "input '" + input_name + "'"));
     std::optional<size_t> binary_size;
     if (auto parameters = input.find("parameters");
         parameters != input.end() && parameters->is_object()) {
@@ -313,7 +357,21 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
         binary_size = size->get<size_t>();
       }
     }
-    if (binary_size) {
+    if (shared) {
+      // Its bytes are in one place: two would leave one of them silently unread.
+      if (binary_size) {
+        return Bad("input '" + input_name +
+                   "' has both shared_memory_region and binary_data_size: its bytes are either "
+                   "in shared memory or in the body");
+      }
+      if (input.contains("data")) {  // the document keeps the key, its value read or not
+        return Bad("input '" + input_name +
+                   "' has both shared_memory_region and 'data': its values are either in "
+                   "shared memory or in the request");
+      }
+      // Read from the region by ResolveSharedMemory, once the registry is at hand.
+      builder.AddSharedMemoryInput(input_name, std::move(*shared), shape);
+    } else if (binary_size) {
       if (!json_length) {
         return Bad("input '" + input_name +
                    "' uses binary_data_size, but the request has no "
@@ -360,6 +418,23 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
       std::optional<int64_t> classes;
       if (auto parameters = output.find("parameters");
           parameters != output.end() && parameters->is_object()) {
+        OROCHI_ASSIGN_OR_RETURN(std::optional<SharedMemoryRef> shared,
+                                ReadSharedMemoryRef(output, "output '" + output_name + "'"));
+        if (shared) {
+          // Each would choose another place for the same bytes, or other bytes for the place.
+          if (BinaryRequested(*parameters)) {
+            return Bad("output '" + output_name +
+                       "' asks for both binary_data and shared_memory_region: its bytes go to "
+                       "one place");
+          }
+          if (parameters->contains("classification")) {
+            return Bad("output '" + output_name +
+                       "': classification cannot be written to shared memory; ask for the "
+                       "classes in the response, or for the scores in shared memory");
+          }
+          OROCHI_RETURN_IF_ERROR(builder.RequestSharedMemoryOutput(output_name, std::move(*shared)));
+          continue;
+        }
         binary_output = BinaryRequested(*parameters);
         if (auto count = parameters->find("classification"); count != parameters->end()) {
           OROCHI_ASSIGN_OR_RETURN(classes, ClassCount(*count, output_name));
@@ -404,7 +479,26 @@ Result<NamedTensor> InferRequestBuilder::FromRaw(const TensorSpec& spec, const e
 
 void InferRequestBuilder::AddInput(NamedTensor input) {
   std::string name = input.name;
+  const auto* tensor = std::get_if<engine::Tensor>(&input.value);
+  rows_[name] = tensor != nullptr ? (tensor->shape().empty() ? 0 : tensor->shape()[0])
+                                  : (std::get<BytesTensor>(input.value).shape.empty()
+                                         ? 0
+                                         : std::get<BytesTensor>(input.value).shape[0]);
   inputs_.emplace(std::move(name), std::move(input));
+}
+
+void InferRequestBuilder::AddSharedMemoryInput(const std::string& name, SharedMemoryRef where,
+                                               const engine::Shape& shape) {
+  rows_[name] = shape.empty() ? 0 : shape[0];
+  inputs_.emplace(name, NamedTensor{name, engine::Tensor()});
+  request_.shared_memory_inputs[name] = {std::move(where), shape};
+}
+
+Status InferRequestBuilder::RequestSharedMemoryOutput(const std::string& name,
+                                                      SharedMemoryRef where) {
+  OROCHI_RETURN_IF_ERROR(RequestOutput(name, /*binary=*/false, std::nullopt));
+  request_.shared_memory_outputs[name] = std::move(where);
+  return Status::Ok();
 }
 
 Status InferRequestBuilder::RequestOutput(const std::string& name, bool binary,
@@ -439,10 +533,8 @@ Result<InferRequest> InferRequestBuilder::Finish() {
     auto found = inputs_.find(spec.name);
     if (found == inputs_.end()) return Bad("input '" + spec.name + "' is missing");
     if (manifest_.max_batch_size > 0) {
-      const auto& value = found->second.value;
-      int64_t rows = std::holds_alternative<engine::Tensor>(value)
-                         ? std::get<engine::Tensor>(value).shape()[0]
-                         : std::get<BytesTensor>(value).shape[0];
+      // From the shapes as given: a shared-memory input has no value yet.
+      const int64_t rows = rows_.at(spec.name);
       if (request_.rows != 0 && rows != request_.rows) {
         return Bad("inputs disagree on the batch size (" + std::to_string(request_.rows) +
                    " and " + std::to_string(rows) + ")");
@@ -467,6 +559,11 @@ ResponseTensors SelectResponseTensors(const Manifest& manifest, const InferReque
     }
     ResponseTensor item{&output.name, manifest.outputs[i].datatype, {}};
     item.binary = request.all_outputs_binary || request.binary_outputs.count(output.name) != 0;
+    if (auto shared = request.shared_memory_outputs.find(output.name);
+        shared != request.shared_memory_outputs.end()) {
+      item.shared_memory = &shared->second;
+      item.binary = false;
+    }
     if (auto count = request.classification.find(output.name);
         count != request.classification.end()) {
       auto names = labels.find(output.name);
@@ -490,6 +587,121 @@ ResponseTensors SelectResponseTensors(const Manifest& manifest, const InferReque
     selected.tensors.push_back(item);
   }
   return selected;
+}
+
+namespace {
+
+// An output's shape, whichever kind of tensor it is.
+engine::Shape ShapeOf(const std::variant<engine::Tensor, BytesTensor>& value) {
+  const auto* tensor = std::get_if<engine::Tensor>(&value);
+  return tensor != nullptr ? tensor->shape() : std::get<BytesTensor>(value).shape;
+}
+
+// The bytes of a tensor as the binary extension and shared memory carry it: the elements in
+// row-major order, BYTES elements each after its 4-byte little-endian length.
+size_t SerializedSize(const std::variant<engine::Tensor, BytesTensor>& value) {
+  if (const auto* tensor = std::get_if<engine::Tensor>(&value)) {
+    return static_cast<size_t>(tensor->numel()) * engine::ItemSize(tensor->dtype());
+  }
+  size_t size = 0;
+  for (const std::string& item : std::get<BytesTensor>(value).items) size += 4 + item.size();
+  return size;
+}
+
+void Serialize(const std::variant<engine::Tensor, BytesTensor>& value, std::byte* to) {
+  if (const auto* tensor = std::get_if<engine::Tensor>(&value)) {
+    const engine::Tensor contiguous = tensor->Contiguous();
+    const size_t size = SerializedSize(value);
+    if (size > 0) std::memcpy(to, contiguous.data(), size);
+    return;
+  }
+  for (const std::string& item : std::get<BytesTensor>(value).items) {
+    const auto length = static_cast<uint32_t>(item.size());
+    std::memcpy(to, &length, 4);
+    if (!item.empty()) std::memcpy(to + 4, item.data(), item.size());
+    to += 4 + item.size();
+  }
+}
+
+// The region `ref` names, for `what`: its lookup's error as a request error.
+Result<std::shared_ptr<const SharedMemoryRegion>> RegionFor(const SharedMemoryRegistry& registry,
+                                                            const SharedMemoryRef& ref,
+                                                            const std::string& what) {
+  Result<std::shared_ptr<const SharedMemoryRegion>> region = registry.Find(ref.region);
+  if (!region.ok()) return Bad(what + ": " + region.status().message());
+  return region;
+}
+
+Status ResolveSharedMemoryUnchecked(const Manifest& manifest, const SharedMemoryRegistry& registry,
+                                    InferRequest* request) {
+  for (auto& [name, input] : request->shared_memory_inputs) {
+    const std::string what = "input '" + name + "'";
+    SharedMemoryRef& where = input.where;
+    OROCHI_ASSIGN_OR_RETURN(where.mapped, RegionFor(registry, where, what));
+    OROCHI_ASSIGN_OR_RETURN(std::byte * bytes,
+                            where.mapped->Slice(where.offset, where.byte_size, what));
+    const std::string_view view(reinterpret_cast<const char*>(bytes), where.byte_size);
+    auto spec = std::find_if(manifest.inputs.begin(), manifest.inputs.end(),
+                             [&](const TensorSpec& candidate) { return candidate.name == name; });
+    auto slot = std::find_if(request->inputs.begin(), request->inputs.end(),
+                             [&](const NamedTensor& tensor) { return tensor.name == name; });
+    OROCHI_INTERNAL_ASSERT(spec != manifest.inputs.end() && slot != request->inputs.end(),
+                           "a shared-memory input that the request or the model lacks");
+    if (spec->datatype == DataType::kBytes) {
+      OROCHI_ASSIGN_OR_RETURN(BytesTensor value, BytesFromBinary(*spec, input.shape, view));
+      slot->value = std::move(value);
+    } else {
+      OROCHI_ASSIGN_OR_RETURN(engine::Tensor value, TensorFromBinary(*spec, input.shape, view,
+                                                                     "shared_memory_byte_size"));
+      slot->value = std::move(value);
+    }
+  }
+  // Checked before the model runs, so that a mistake costs no inference.
+  for (auto& [name, where] : request->shared_memory_outputs) {
+    const std::string what = "output '" + name + "'";
+    OROCHI_ASSIGN_OR_RETURN(where.mapped, RegionFor(registry, where, what));
+    OROCHI_RETURN_IF_ERROR(where.mapped->Slice(where.offset, where.byte_size, what).status());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ResolveSharedMemory(const Manifest& manifest, const SharedMemoryRegistry& registry,
+                           InferRequest* request) {
+  try {
+    return ResolveSharedMemoryUnchecked(manifest, registry, request);
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kResourceExhausted,
+                  "the request needs more memory than the server can allocate");
+  }
+}
+
+Status WriteSharedMemoryOutputs(const Manifest& manifest, const InferRequest& request,
+                                const std::vector<NamedTensor>& outputs) {
+  // Every output is checked before any is written: a refused request leaves the regions as
+  // they were.
+  std::vector<std::pair<const NamedTensor*, std::byte*>> writes;
+  for (const NamedTensor& output : outputs) {
+    auto shared = request.shared_memory_outputs.find(output.name);
+    if (shared == request.shared_memory_outputs.end()) continue;
+    const SharedMemoryRef& where = shared->second;
+    OROCHI_INTERNAL_ASSERT(where.mapped != nullptr,
+                           "WriteSharedMemoryOutputs before ResolveSharedMemory");
+    const size_t needed = SerializedSize(output.value);
+    if (needed > where.byte_size) {
+      return Bad("output '" + output.name + "' of model '" + manifest.name + "' has " +
+                 std::to_string(needed) + " bytes (shape " + ShapeText(ShapeOf(output.value)) +
+                 "), more than its shared_memory_byte_size " + std::to_string(where.byte_size) +
+                 " in shared memory region '" + where.region + "' at offset " +
+                 std::to_string(where.offset));
+    }
+    OROCHI_ASSIGN_OR_RETURN(std::byte * to, where.mapped->Slice(where.offset, where.byte_size,
+                                                                "output '" + output.name + "'"));
+    writes.emplace_back(&output, to);
+  }
+  for (const auto& [output, to] : writes) Serialize(output->value, to);
+  return Status::Ok();
 }
 
 std::optional<std::chrono::steady_clock::time_point> RequestDeadline(
@@ -531,7 +743,7 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
   std::string binary;
   size_t values = 0;  // to be written as JSON
   for (const ResponseTensor& output : selected.tensors) {
-    if (output.tensor != nullptr && !output.binary) {
+    if (output.tensor != nullptr && !output.binary && output.shared_memory == nullptr) {
       values += static_cast<size_t>(output.tensor->numel());
     }
   }
@@ -548,6 +760,19 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
     first = false;
     json += "\"name\":" + Quoted(*output.name) + ",\"datatype\":\"" +
             std::string(DataTypeName(output.datatype)) + "\",\"shape\":" + Json(output.shape).dump();
+    if (output.shared_memory != nullptr) {
+      // Its bytes are in the region already (WriteSharedMemoryOutputs): only where they are.
+      size_t written = 0;
+      if (output.tensor != nullptr) {
+        written = static_cast<size_t>(output.tensor->numel()) * engine::ItemSize(output.tensor->dtype());
+      } else {
+        for (const std::string& item : output.bytes->items) written += 4 + item.size();
+      }
+      json += ",\"parameters\":{\"shared_memory_region\":" + Quoted(output.shared_memory->region) +
+              ",\"shared_memory_offset\":" + std::to_string(output.shared_memory->offset) +
+              ",\"shared_memory_byte_size\":" + std::to_string(written) + "}}";
+      continue;
+    }
     const size_t binary_before = binary.size();
     if (output.bytes != nullptr) {
       if (output.binary) {

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "orochi/engine/device.h"
 #include "orochi/server/kserve_codec.h"
 
 namespace orochi::server::kserve {
@@ -73,9 +74,10 @@ std::optional<size_t> HeaderLength(const http::Request& request, bool* malformed
 }  // namespace
 
 KServeApi::KServeApi(ModelService& models, Metrics& metrics, const ServerConfig& config,
-                     std::function<bool()> ready)
+                     SharedMemoryRegistry& shared_memory, std::function<bool()> ready)
     : models_(models),
       config_(config),
+      shared_memory_(shared_memory),
       ready_(std::move(ready)),
       runner_(models, metrics, config) {}
 
@@ -103,15 +105,14 @@ void KServeApi::Register(http::Router& router) {
                respond(ready ? Ok({{"ready", true}})
                              : http::ErrorResponse(503, "the server is not ready"));
              });
-  router.Add(
-      bhttp::verb::get, "/v2",
-      [](http::Request&&, const http::PathParams&, const http::Responder& respond) {
-        respond(
-            Ok({{"name", "orochi"},
-                {"version", OROCHI_SERVER_VERSION},
-                {"extensions",
-                 {"binary_tensor_data", "classification", "statistics", "model_configuration"}}}));
-      });
+  router.Add(bhttp::verb::get, "/v2",
+             [](http::Request&&, const http::PathParams&, const http::Responder& respond) {
+               respond(Ok({{"name", "orochi"},
+                           {"version", OROCHI_SERVER_VERSION},
+                           {"extensions",
+                            {"binary_tensor_data", "classification", "statistics",
+                             "model_configuration", "system_shared_memory"}}}));
+             });
 
   auto metadata = [this](http::Request&&, const http::PathParams& params,
                          const http::Responder& respond) {
@@ -201,6 +202,116 @@ void KServeApi::Register(http::Router& router) {
   };
   router.Add(bhttp::verb::post, "/v2/models/{model}/infer", infer);
   router.Add(bhttp::verb::post, "/v2/models/{model}/versions/{version}/infer", infer);
+  RegisterSharedMemory(router);
+}
+
+void KServeApi::RegisterSharedMemory(http::Router& router) {
+  auto status = [this](http::Request&&, const http::PathParams& params,
+                       const http::Responder& respond) {
+    std::optional<std::string> name;
+    if (auto found = params.find("name"); found != params.end()) name = found->second;
+    Result<std::vector<SharedMemoryRegionStatus>> regions = shared_memory_.Describe(name);
+    if (!regions.ok()) {
+      respond(
+          http::ErrorResponse(HttpStatusOf(regions.status().code()), regions.status().message()));
+      return;
+    }
+    Json list = Json::array();
+    for (const SharedMemoryRegionStatus& region : *regions) {
+      list.push_back({{"name", region.name},
+                      {"key", region.key},
+                      {"offset", region.offset},
+                      {"byte_size", region.byte_size}});
+    }
+    respond(Ok(list));
+  };
+  router.Add(bhttp::verb::get, "/v2/systemsharedmemory/status", status);
+  router.Add(bhttp::verb::get, "/v2/systemsharedmemory/region/{name}/status", status);
+
+  router.Add(
+      bhttp::verb::post, "/v2/systemsharedmemory/region/{name}/register",
+      [this](http::Request&& request, const http::PathParams& params,
+             const http::Responder& respond) {
+        const std::string& name = params.at("name");
+        const Json body = Json::parse(request.body(), nullptr, false);
+        auto refuse = [&](const std::string& why) {
+          respond(http::ErrorResponse(
+              400, "cannot register shared memory region '" + name + "': " + why +
+                       " (the body is {\"key\": string, \"offset\": integer, "
+                       "\"byte_size\": integer})"));
+        };
+        if (body.is_discarded() || !body.is_object()) {
+          refuse("the body is not a JSON object");
+          return;
+        }
+        for (const auto& [field, unused] : body.items()) {
+          if (field != "key" && field != "offset" && field != "byte_size") {
+            refuse("unexpected field '" + field + "'");
+            return;
+          }
+        }
+        auto key = body.find("key");
+        auto offset = body.find("offset");
+        auto byte_size = body.find("byte_size");
+        if (key == body.end() || !key->is_string()) {
+          refuse("'key' must be a string (the shared memory object's name, as for shm_open)");
+          return;
+        }
+        // Optional, as shared_memory_offset is in an inference request.
+        if (offset != body.end() && !offset->is_number_unsigned()) {
+          refuse("'offset' must be a non-negative integer");
+          return;
+        }
+        if (byte_size == body.end() || !byte_size->is_number_unsigned()) {
+          refuse("'byte_size' must be a non-negative integer");
+          return;
+        }
+        Status registered = shared_memory_.Register(
+            name, key->get<std::string>(), offset == body.end() ? 0 : offset->get<uint64_t>(),
+            byte_size->get<uint64_t>());
+        if (!registered.ok()) {
+          respond(http::ErrorResponse(HttpStatusOf(registered.code()), registered.message()));
+          return;
+        }
+        respond(Ok(Json::object()));
+      });
+
+  auto unregister = [this](http::Request&& request, const http::PathParams& params,
+                           const http::Responder& respond) {
+    // Triton's protocol has no body here; one that says something would be silently unread.
+    const Json body = Json::parse(request.body(), nullptr, false);
+    const bool empty = request.body().find_first_not_of(" \t\r\n") == std::string::npos ||
+                       (body.is_object() && body.empty());
+    if (!empty) {
+      respond(http::ErrorResponse(400,
+                                  "an unregister request has no body (the region is named "
+                                  "in the path, or all are unregistered)"));
+      return;
+    }
+    if (auto found = params.find("name"); found != params.end()) {
+      shared_memory_.Unregister(found->second);
+    } else {
+      shared_memory_.UnregisterAll();
+    }
+    respond(Ok(Json::object()));
+  };
+  router.Add(bhttp::verb::post, "/v2/systemsharedmemory/unregister", unregister);
+  router.Add(bhttp::verb::post, "/v2/systemsharedmemory/region/{name}/unregister", unregister);
+
+  // The CUDA extension's endpoints say why they cannot serve, instead of 404 "no such
+  // endpoint", which reads as a wrong address to a Triton client.
+  auto no_cuda = [](http::Request&&, const http::PathParams&, const http::Responder& respond) {
+    const bool gpus = engine::DeviceCount(engine::DeviceType::kCuda) > 0;
+    respond(http::ErrorResponse(
+        501, std::string("CUDA shared memory is not supported on this server: ") +
+                 (gpus ? "cudaIpc regions are not implemented (use system shared memory)"
+                       : "no CUDA device")));
+  };
+  router.Add(bhttp::verb::get, "/v2/cudasharedmemory/status", no_cuda);
+  router.Add(bhttp::verb::get, "/v2/cudasharedmemory/region/{name}/status", no_cuda);
+  router.Add(bhttp::verb::post, "/v2/cudasharedmemory/region/{name}/register", no_cuda);
+  router.Add(bhttp::verb::post, "/v2/cudasharedmemory/unregister", no_cuda);
+  router.Add(bhttp::verb::post, "/v2/cudasharedmemory/region/{name}/unregister", no_cuda);
 }
 
 void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
@@ -233,13 +344,26 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
     fail(parsed.status(), ParseFailureReason(parsed.status().code()));
     return;
   }
+  auto infer_request = std::make_shared<InferRequest>(std::move(parsed).value());
+  // Inputs in shared memory are read here, and outputs' regions checked; the request then
+  // keeps the regions mapped until the answer is written.
+  if (Status shared = ResolveSharedMemory(model->manifest(), shared_memory_, infer_request.get());
+      !shared.ok()) {
+    fail(shared, ParseFailureReason(shared.code()));
+    return;
+  }
   InferenceCall call;
   call.model = model;
   call.version_named = params.count("version") != 0;
-  call.request = std::make_shared<InferRequest>(std::move(parsed).value());
+  call.request = std::move(infer_request);
   call.received = received;
   call.client_gone = [respond] { return respond.client_gone(); };
   std::shared_ptr<const InferRequest> infer = call.request;
+  if (!infer->shared_memory_outputs.empty()) {
+    call.complete = [infer](const ServedModel& answered_by, const auto& outputs) {
+      return WriteSharedMemoryOutputs(answered_by.manifest(), *infer, outputs);
+    };
+  }
   runner_.Run(std::move(call), [infer, respond](Result<InferenceResult> result) {
     if (!result.ok()) {
       const Status& error = result.status();

@@ -8,6 +8,7 @@
 
 #include "http/router.h"
 #include "inference.h"
+#include "kserve/shared_memory.h"
 #include "metrics/metrics.h"
 #include "models/model_service.h"
 #include "orochi/server/config.h"
@@ -16,12 +17,16 @@ namespace orochi::server::kserve {
 
 class KServeApi {
  public:
+  // `shared_memory` is the server's registry, shared with the other protocols.
   KServeApi(ModelService& models, Metrics& metrics, const ServerConfig& config,
-            std::function<bool()> ready);
+            SharedMemoryRegistry& shared_memory, std::function<bool()> ready);
   void Register(http::Router& router);
 
  private:
   void Infer(http::Request&& request, const http::PathParams& params, http::Responder respond);
+  // Triton's system shared-memory extension (status, register, unregister) and the CUDA one's
+  // endpoints, which answer that this server has no CUDA shared memory.
+  void RegisterSharedMemory(http::Router& router);
   // The model the path names, or null once `respond` has been given the 400/404.
   std::shared_ptr<const ServedModel> Resolve(const http::PathParams& params,
                                              const http::Responder& respond,
@@ -29,6 +34,7 @@ class KServeApi {
 
   ModelService& models_;
   const ServerConfig& config_;
+  SharedMemoryRegistry& shared_memory_;
   std::function<bool()> ready_;
   InferenceRunner runner_;
 };

@@ -168,9 +168,10 @@ void InferenceRunner::Run(InferenceCall call, InferenceDone done) {
     deadline = call.transport_deadline;
   }
   auto shared_done = std::make_shared<InferenceDone>(std::move(done));
+  auto complete = std::make_shared<decltype(call.complete)>(std::move(call.complete));
   const Clock::time_point received = call.received;
-  auto answer = [this, shared_done, received](std::shared_ptr<const ServedModel> model) {
-    return [this, model = std::move(model), shared_done, received](
+  auto answer = [this, shared_done, complete, received](std::shared_ptr<const ServedModel> model) {
+    return [this, model = std::move(model), shared_done, complete, received](
                Result<std::vector<interpreters::NamedTensor>> outputs,
                const InferTimings& timings) {
       const std::chrono::nanoseconds total = Clock::now() - received;
@@ -180,6 +181,14 @@ void InferenceRunner::Run(InferenceCall call, InferenceDone done) {
                              timings.queue, timings.compute);
         (*shared_done)(outputs.status());
         return;
+      }
+      if (*complete) {
+        if (Status completed = (*complete)(*model, *outputs); !completed.ok()) {
+          metrics_.RequestDone(model->name, version, FailureReason(completed.code()), total,
+                               timings.queue, timings.compute);
+          (*shared_done)(completed);
+          return;
+        }
       }
       metrics_.RequestDone(model->name, version, "success", total, timings.queue, timings.compute);
       (*shared_done)(InferenceResult{model, std::move(outputs).value()});

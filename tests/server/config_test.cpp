@@ -93,9 +93,16 @@ TEST(ServerConfig, EachBadValueNamesItsKey) {
       {R"({"log": {"format": "xml"}})",
        "config: $.log.format: expected one of text, json, got 'xml'"},
       {R"({"http": {"inference_port": 9000, "metrics_port": 9000}})",
-       "config: $: the inference, management and metrics ports must differ"},
+       "config: $: the inference, gRPC, management and metrics ports must differ"},
       {R"({"management": {"port": 8000}})",
-       "config: $: the inference, management and metrics ports must differ"},
+       "config: $: the inference, gRPC, management and metrics ports must differ (8000 is given "
+       "twice)"},
+      {R"({"grpc": {"port": 8002}})",
+       "config: $: the inference, gRPC, management and metrics ports must differ (8002 is given "
+       "twice)"},
+      {R"({"grpc": {"max_stream_in_flight": 0}})",
+       "config: $.grpc.max_stream_in_flight: expected an integer from 1 to 65536, got 0"},
+      {R"({"grpc": {"compression": "gzip"}})", "config: $.grpc.compression: unknown key"},
       {R"({"models": {"version_policies": {"m": {"policy": "specific"}}}})",
        "config: $.models.version_policies.m.versions: the 'specific' policy needs a non-empty "
        "list of versions"},

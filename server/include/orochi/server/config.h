@@ -34,6 +34,10 @@ struct HttpConfig {
   int64_t max_connections = 4096;
   int64_t max_connections_per_client = 1024;
   int shutdown_grace_s = 30;
+  // Triton's system shared-memory extension: clients may register POSIX shared-memory objects
+  // that the server maps. Off by default, as Triton's --allow-client-shm: a client could name
+  // any object the server's user can open, and read it out or overwrite it through a model.
+  bool allow_shared_memory = false;
 };
 
 // KServe v2 over gRPC (inference.GRPCInferenceService). The inference port's token

@@ -22,6 +22,26 @@
 
 namespace orochi::server::kserve {
 
+class SharedMemoryRegion;    // kserve/shared_memory.h
+class SharedMemoryRegistry;  // kserve/shared_memory.h
+
+// Where a tensor's bytes are in system shared memory, as a request names them with Triton's
+// parameters shared_memory_region, shared_memory_offset (0 when not given) and
+// shared_memory_byte_size.
+struct SharedMemoryRef {
+  std::string region;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+  // Set by ResolveSharedMemory: the region, kept mapped for as long as the request holds it
+  // (even when it is unregistered meanwhile).
+  std::shared_ptr<const SharedMemoryRegion> mapped;
+};
+
+struct SharedMemoryInput {
+  SharedMemoryRef where;
+  engine::Shape shape;  // as the request gives it, checked against the model's
+};
+
 struct InferRequest {
   std::string id;
   std::vector<interpreters::NamedTensor> inputs;  // in the manifest's order
@@ -35,6 +55,11 @@ struct InferRequest {
   // Outputs asked for as classes (Triton's classification extension): name -> how many.
   std::map<std::string, int64_t> classification;
   bool all_outputs_binary = false;
+  // Inputs whose bytes are in shared memory, by name: their entry in `inputs` holds no value
+  // until ResolveSharedMemory reads it from the region.
+  std::map<std::string, SharedMemoryInput> shared_memory_inputs;
+  // Outputs to be written into shared memory instead of the response, by name.
+  std::map<std::string, SharedMemoryRef> shared_memory_outputs;
 };
 
 // Class names by output name (packaging::Package::labels()), for classification.
@@ -60,9 +85,15 @@ class InferRequestBuilder {
                                             std::string_view source) const;
   // Adds an input checked by CheckInput.
   void AddInput(interpreters::NamedTensor input);
+  // Adds an input checked by CheckInput whose bytes are in shared memory: ResolveSharedMemory
+  // reads them later.
+  void AddSharedMemoryInput(const std::string& name, SharedMemoryRef where,
+                            const engine::Shape& shape);
   // A requested output: declared, asked once; a classification (`classes`, a count >= 1)
   // only of a numeric output.
   Status RequestOutput(const std::string& name, bool binary, std::optional<int64_t> classes);
+  // A requested output to be written into shared memory.
+  Status RequestSharedMemoryOutput(const std::string& name, SharedMemoryRef where);
 
   InferRequest& request() { return request_; }
   // Every input present, in the manifest's order, their batch sizes agreeing. Call once.
@@ -72,6 +103,7 @@ class InferRequestBuilder {
   const packaging::Manifest& manifest_;
   InferRequest request_;
   std::map<std::string, interpreters::NamedTensor> inputs_;
+  std::map<std::string, int64_t> rows_;  // each input's batch dim, as its shape gives it
 };
 
 // One output of a response as a protocol writes it: selected, and classified when asked.
@@ -82,6 +114,9 @@ struct ResponseTensor {
   const engine::Tensor* tensor = nullptr;  // contiguous; else `bytes`
   const interpreters::BytesTensor* bytes = nullptr;
   bool binary = false;  // asked for as binary data (HTTP's binary extension)
+  // Written into shared memory (WriteSharedMemoryOutputs): the response names where, with no
+  // data.
+  const SharedMemoryRef* shared_memory = nullptr;
 };
 struct ResponseTensors {
   std::vector<ResponseTensor> tensors;
@@ -108,9 +143,26 @@ struct ParseLimits {
 
 // Parses a request body. `json_length` is the Inference-Header-Content-Length header's value
 // when the binary extension is used. Errors are kInvalidArgument with a message for the client.
+// A request that names shared memory (shared_memory_inputs or shared_memory_outputs not empty)
+// must go through ResolveSharedMemory before its inputs are used, or be refused.
 Result<InferRequest> ParseInferRequest(const packaging::Manifest& manifest, std::string_view body,
                                        std::optional<size_t> json_length,
                                        const ParseLimits& limits);
+
+// The step after parsing, for every protocol that parsed a request into `request`: reads the
+// inputs in shared_memory_inputs from their regions (copied into tensors, so the client may
+// reuse the region as soon as the answer arrives, and a model may keep or change its inputs),
+// and checks that the regions of shared_memory_outputs exist and hold their ranges. Each ref
+// keeps its region mapped from here until the request is destroyed. Errors are
+// kInvalidArgument naming the input or output, the region, the offset and the size.
+Status ResolveSharedMemory(const packaging::Manifest& manifest,
+                           const SharedMemoryRegistry& registry, InferRequest* request);
+
+// Writes the outputs of `request` that go to shared memory into their regions; call before
+// EncodeInferResponse, which then lists them without data. kInvalidArgument, with nothing
+// written, when an output does not fit the byte size its request gave.
+Status WriteSharedMemoryOutputs(const packaging::Manifest& manifest, const InferRequest& request,
+                                const std::vector<interpreters::NamedTensor>& outputs);
 
 struct EncodedResponse {
   std::string body;
@@ -118,7 +170,9 @@ struct EncodedResponse {
 };
 
 // Encodes outputs (in the manifest's order) as a v2 response for `request`; classes of an
-// output with labels are written "score:index:label".
+// output with labels are written "score:index:label". An output written to shared memory
+// (WriteSharedMemoryOutputs) gets its name, datatype, shape and shared-memory parameters, with
+// shared_memory_byte_size the bytes written, and no data.
 EncodedResponse EncodeInferResponse(const packaging::Manifest& manifest,
                                     const InferRequest& request,
                                     const std::vector<interpreters::NamedTensor>& outputs,
