@@ -178,6 +178,21 @@ KServeApi::KServeApi(ModelService& models, Metrics& metrics, const ServerConfig&
       ready_(std::move(ready)),
       memory_(config.models.max_memory_bytes) {}
 
+std::string KServeApi::UnknownModelMessage(const std::string& name,
+                                           std::optional<int64_t> version) const {
+  // Triton's wording first (its clients and scripts match on it), then Orochi's detail.
+  std::string message = "Request for unknown model: '" + name + "'";
+  if (version) message += " version " + std::to_string(*version);
+  message += " is not found";
+  const std::vector<int64_t> loaded = models_.Versions(name);
+  // Without a version, a model loaded since Find looked is still one that was not served.
+  if (loaded.empty() || !version) return message + " (model '" + name + "' is not loaded)";
+  std::string versions;
+  for (int64_t each : loaded) versions += (versions.empty() ? "" : ", ") + std::to_string(each);
+  return message + " (version " + std::to_string(*version) + " is not loaded; loaded: " +
+         versions + ")";
+}
+
 std::shared_ptr<const ServedModel> KServeApi::Resolve(const http::PathParams& params,
                                                       const http::Responder& respond) const {
   const std::string& name = params.at("model");
@@ -193,11 +208,7 @@ std::shared_ptr<const ServedModel> KServeApi::Resolve(const http::PathParams& pa
     version = std::stoll(text);
   }
   std::shared_ptr<const ServedModel> model = models_.Find(name, version);
-  if (model == nullptr) {
-    respond(http::ErrorResponse(
-        404, version ? "model '" + name + "' version " + std::to_string(*version) + " is not loaded"
-                     : "model '" + name + "' is not loaded"));
-  }
+  if (model == nullptr) respond(http::ErrorResponse(404, UnknownModelMessage(name, version)));
   return model;
 }
 

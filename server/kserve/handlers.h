@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "http/router.h"
@@ -31,6 +32,8 @@ class KServeApi {
 
  private:
   void Infer(http::Request&& request, const http::PathParams& params, http::Responder respond);
+  // The 404 for a model or version that is not served, in Triton's words.
+  std::string UnknownModelMessage(const std::string& name, std::optional<int64_t> version) const;
   std::shared_ptr<const ServedModel> Resolve(const http::PathParams& params,
                                              const http::Responder& respond) const;
 

@@ -180,6 +180,34 @@ class ServerTest(SharedServerTest):
         self.assertEqual(metadata["name"], "orochi")
         self.assertIn("binary_tensor_data", metadata["extensions"])
 
+    def test_every_route_of_the_inference_port_reaches_its_handler(self):
+        # Literal segments beat captures: /v2/models/stats is the all-models statistics, not
+        # the metadata of a model called "stats" (it was, by registration order).
+        status, stats = self.get("/v2/models/stats")
+        self.assertEqual(status, 200, stats)
+        self.assertIn("echo", [entry["name"] for entry in stats["model_stats"]])
+        gets = {
+            "/v2/health/live": "live", "/v2/health/ready": "ready", "/v2": "extensions",
+            "/v2/models/echo": "inputs", "/v2/models/echo/versions/1": "inputs",
+            "/v2/models/echo/ready": "ready", "/v2/models/echo/versions/1/ready": "ready",
+            "/v2/models/echo/config": "max_batch_size",
+            "/v2/models/echo/versions/1/config": "max_batch_size",
+            "/v2/models/echo/stats": "model_stats",
+            "/v2/models/echo/versions/1/stats": "model_stats",
+            "/v2/logging": "log_verbose_level", "/v2/trace/setting": "trace_level",
+        }
+        for path, key in gets.items():
+            status, body = self.get(path)
+            self.assertEqual(status, 200, (path, body))
+            self.assertIn(key, body, path)
+        for path in ("/v2/models/echo/infer", "/v2/models/echo/versions/1/infer"):
+            status, _, body = post_json(self.server, path, echo_request())
+            self.assertEqual(status, 200, (path, body))
+        # A model really called "stats" still has its own routes below the literal one.
+        status, body = self.get("/v2/models/stats/ready")
+        self.assertEqual(status, 404, body)
+        self.assertIn("Request for unknown model: 'stats'", body["error"])
+
     def test_keep_alive_and_pipelining(self):
         with socket.create_connection(("127.0.0.1", self.server.port), timeout=30) as connection:
             # Two requests in one write: answered in order on the same connection.
@@ -313,8 +341,12 @@ class ServerTest(SharedServerTest):
 
     def test_errors_have_triton_statuses_and_messages(self):
         cases = [
-            ("/v2/models/nope/infer", echo_request(), 404, "model 'nope' is not loaded"),
-            ("/v2/models/echo/versions/7/infer", echo_request(), 404, "version 7 is not loaded"),
+            # Triton's words, which its clients and scripts match on, then Orochi's detail.
+            ("/v2/models/nope/infer", echo_request(), 404,
+             "Request for unknown model: 'nope' is not found (model 'nope' is not loaded)"),
+            ("/v2/models/echo/versions/7/infer", echo_request(), 404,
+             "Request for unknown model: 'echo' version 7 is not found (version 7 is not loaded; "
+             "loaded: 1)"),
             ("/v2/models/echo/versions/x/infer", echo_request(), 400, "positive integer"),
         ]
         for path, body, status, message in cases:
