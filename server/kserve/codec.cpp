@@ -17,6 +17,7 @@
 #include "orochi/engine/error.h"
 #include "orochi/server/kserve_codec.h"
 #include "request_json.h"
+#include "unsupported_fields.h"
 
 namespace orochi::server::kserve {
 namespace {
@@ -254,6 +255,7 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
                           ReadRequestJson(json_text, manifest, limits.max_json_depth));
   const Json& json = read.document;
   if (!json.is_object()) return Bad("the request must be a JSON object");
+  OROCHI_RETURN_IF_ERROR(RefuseUnsupportedFields(json));
   InferRequest request;
   if (auto id = json.find("id"); id != json.end()) {
     if (!id->is_string()) return Bad("'id' must be a string");
@@ -268,7 +270,8 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
       request.timeout = std::chrono::microseconds(timeout->get<int64_t>());
     }
     if (auto output = parameters->find("binary_data_output"); output != parameters->end()) {
-      request.all_outputs_binary = output->is_boolean() && output->get<bool>();
+      if (!output->is_boolean()) return Bad("parameter 'binary_data_output' must be a boolean");
+      request.all_outputs_binary = output->get<bool>();
     }
     OROCHI_ASSIGN_OR_RETURN(request.parameters, ModelParameters(*parameters));
   }
@@ -313,6 +316,12 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
       }
     }
     NamedTensor tensor{input_name, engine::Tensor()};
+    // Both would leave one of them unread: which one the client meant is a guess.
+    if (binary_size && (input.contains("data") ||
+                        (index < read.data.size() && read.data[index] != nullptr))) {
+      return Bad("input '" + input_name +
+                 "' has both 'data' and binary_data_size: send its values one way");
+    }
     if (binary_size) {
       if (!json_length) {
         return Bad("input '" + input_name +
@@ -389,6 +398,11 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
       request.outputs.push_back(output_name);
       auto parameters = output.find("parameters");
       if (parameters == output.end() || !parameters->is_object()) continue;
+      if (auto binary_data = parameters->find("binary_data"); binary_data != parameters->end()) {
+        if (!binary_data->is_boolean()) {
+          return Bad("output '" + output_name + "': binary_data must be a boolean");
+        }
+      }
       if (BinaryRequested(*parameters)) request.binary_outputs.insert(output_name);
       if (auto classes = parameters->find("classification"); classes != parameters->end()) {
         // A count past INT64_MAX (read as unsigned) is still a positive count: all classes.
