@@ -34,6 +34,10 @@ struct HttpConfig {
   int64_t max_connections = 4096;
   int64_t max_connections_per_client = 1024;
   int shutdown_grace_s = 30;
+  // Serve the repository API's index, load and unload on the inference port too, where Triton's
+  // clients send them. Needs the management token (the server refuses to start without one),
+  // which those requests must then carry; off, they are answered 403 naming the management port.
+  bool repository_on_inference_port = false;
 };
 
 // The management API (model repository): closed by default. A bearer token is required
