@@ -149,11 +149,11 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
 
   ObjectReader http = root.Child("http");
-  OROCHI_RETURN_IF_ERROR(http.Check(
-      {"bind_address", "token_file", "token_env", "inference_port", "metrics_port", "io_threads",
-       "max_header_bytes", "max_body_bytes", "max_json_depth", "idle_timeout_s",
-       "request_timeout_s", "shutdown_grace_s", "max_connections", "max_connections_per_client",
-       "repository_on_inference_port"}));
+  OROCHI_RETURN_IF_ERROR(
+      http.Check({"bind_address", "token_file", "token_env", "inference_port", "metrics_port",
+                  "io_threads", "max_header_bytes", "max_body_bytes", "max_json_depth",
+                  "idle_timeout_s", "request_timeout_s", "shutdown_grace_s", "max_connections",
+                  "max_connections_per_client", "repository_on_inference_port"}));
   OROCHI_RETURN_IF_ERROR(http.String("bind_address", &config.http.bind_address));
   OROCHI_RETURN_IF_ERROR(http.String("token_file", &config.http.token_file));
   OROCHI_RETURN_IF_ERROR(http.String("token_env", &config.http.token_env));

@@ -185,7 +185,7 @@ struct Server::Impl {
   // client accepts it (after Record, which logs the body's own size). A body the transport
   // streamed to a file (`in_file`: an upload) is stored as sent, so it may not be compressed.
   http::Handler Logged(const http::Router& router, const char* listener,
-                       std::function<bool(const http::Request&)> in_file = nullptr) {
+                       const std::function<bool(const http::Request&)>& in_file = nullptr) {
     return [this, &router, listener, in_file](http::Request&& request,
                                               const http::Responder& respond) {
       const auto start = std::chrono::steady_clock::now();
@@ -193,11 +193,10 @@ struct Server::Impl {
       if (request.method() == bhttp::verb::unknown) header.method_string(request.method_string());
       http::Router::Resolved resolved = router.Resolve(request);
       const std::string encoding = http::ChooseResponseEncoding(request);
-      http::Responder compressed =
-          respond.Wrap([respond, encoding](http::Response response) {
-            http::EncodeResponseBody(response, encoding);
-            respond(std::move(response));
-          });
+      http::Responder compressed = respond.Wrap([respond, encoding](http::Response response) {
+        http::EncodeResponseBody(response, encoding);
+        respond(std::move(response));
+      });
       http::Responder logged =
           respond.Wrap([this, compressed, start, header = std::move(header),
                         route = resolved.pattern(), listener](http::Response response) {
@@ -209,8 +208,9 @@ struct Server::Impl {
           });
       if (in_file && in_file(request)) {
         if (request.count(bhttp::field::content_encoding) != 0) {
-          logged(http::ErrorResponse(415, "an upload is stored as it is sent: send the package "
-                                          "without Content-Encoding"));
+          logged(http::ErrorResponse(415,
+                                     "an upload is stored as it is sent: send the package "
+                                     "without Content-Encoding"));
           return;
         }
       } else if (std::optional<http::Response> refused = http::DecodeRequestBody(
@@ -373,9 +373,9 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   if (inference_token || repository_here) {
     // The repository calls served here need the management token instead of the inference
     // port's (a request carries one Authorization header).
-    inference_limits.screen = [inference_token, management_token, repository_here,
-                               repository_paths](
-                                  const http::Request& header) -> std::optional<http::Response> {
+    inference_limits.screen =
+        [inference_token, management_token, repository_here,
+         repository_paths](const http::Request& header) -> std::optional<http::Response> {
       if (repository_here && repository_paths->Resolve(header).path_matched) {
         return CheckToken(*management_token, header);
       }

@@ -50,7 +50,7 @@ bool Inflate(std::string_view input, Coding coding, uint64_t max_bytes, std::str
   stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(input.data()));
   stream.avail_in = static_cast<uInt>(std::min<size_t>(input.size(), UINT32_MAX));
   size_t input_left = input.size() - stream.avail_in;
-  std::array<char, 64 * 1024> chunk{};
+  std::array<char, size_t{64} * 1024> chunk{};
   bool ok = true;
   while (true) {
     stream.next_out = reinterpret_cast<Bytef*>(chunk.data());
@@ -96,8 +96,9 @@ bool Inflate(std::string_view input, Coding coding, uint64_t max_bytes, std::str
 bool Compress(const std::string& input, const std::string& encoding, std::string* output) {
   z_stream stream{};
   // Fastest level: most of the saving for a fraction of the time, on an I/O thread.
-  if (deflateInit2(&stream, Z_BEST_SPEED, Z_DEFLATED, encoding == "gzip" ? 16 + MAX_WBITS : MAX_WBITS,
-                   8, Z_DEFAULT_STRATEGY) != Z_OK) {
+  if (deflateInit2(&stream, Z_BEST_SPEED, Z_DEFLATED,
+                   encoding == "gzip" ? 16 + MAX_WBITS : MAX_WBITS, 8,
+                   Z_DEFAULT_STRATEGY) != Z_OK) {
     return false;
   }
   output->resize(deflateBound(&stream, input.size()));

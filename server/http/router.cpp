@@ -43,9 +43,8 @@ void Router::Add(boost::beast::http::verb method, std::string_view pattern, Rout
   // whatever order the routes were added in: `/v2/models/stats` before `/v2/models/{model}`.
   // Comparing the keys as strings is a total order (a literal, '0', sorts before a capture,
   // '1', at the leftmost difference); stable, so routes of one shape keep their order.
-  std::stable_sort(routes_.begin(), routes_.end(), [](const Route& a, const Route& b) {
-    return a.precedence < b.precedence;
-  });
+  std::stable_sort(routes_.begin(), routes_.end(),
+                   [](const Route& a, const Route& b) { return a.precedence < b.precedence; });
 }
 
 bool Router::Matches(const Route& route, const std::vector<std::string>& segments,

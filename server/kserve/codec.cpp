@@ -317,8 +317,8 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
     }
     NamedTensor tensor{input_name, engine::Tensor()};
     // Both would leave one of them unread: which one the client meant is a guess.
-    if (binary_size && (input.contains("data") ||
-                        (index < read.data.size() && read.data[index] != nullptr))) {
+    if (binary_size &&
+        (input.contains("data") || (index < read.data.size() && read.data[index] != nullptr))) {
       return Bad("input '" + input_name +
                  "' has both 'data' and binary_data_size: send its values one way");
     }

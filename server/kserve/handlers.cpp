@@ -189,8 +189,8 @@ std::string KServeApi::UnknownModelMessage(const std::string& name,
   if (loaded.empty() || !version) return message + " (model '" + name + "' is not loaded)";
   std::string versions;
   for (int64_t each : loaded) versions += (versions.empty() ? "" : ", ") + std::to_string(each);
-  return message + " (version " + std::to_string(*version) + " is not loaded; loaded: " +
-         versions + ")";
+  return message + " (version " + std::to_string(*version) + " is not loaded; loaded: " + versions +
+         ")";
 }
 
 std::shared_ptr<const ServedModel> KServeApi::Resolve(const http::PathParams& params,
@@ -224,16 +224,15 @@ void KServeApi::Register(http::Router& router) {
                              : http::ErrorResponse(503, "the server is not ready"));
              });
   // Triton's names for the extensions this port serves (logging and trace: settings.h).
-  Json extensions = {"binary_tensor_data", "classification", "statistics", "model_configuration",
-                     "logging", "trace"};
+  Json extensions = {"binary_tensor_data",  "classification", "statistics",
+                     "model_configuration", "logging",        "trace"};
   if (config_.http.repository_on_inference_port) extensions.push_back("model_repository");
-  router.Add(bhttp::verb::get, "/v2",
-             [extensions](http::Request&&, const http::PathParams&,
-                          const http::Responder& respond) {
-               respond(Ok({{"name", "orochi"},
-                           {"version", OROCHI_SERVER_VERSION},
-                           {"extensions", extensions}}));
-             });
+  router.Add(
+      bhttp::verb::get, "/v2",
+      [extensions](http::Request&&, const http::PathParams&, const http::Responder& respond) {
+        respond(Ok(
+            {{"name", "orochi"}, {"version", OROCHI_SERVER_VERSION}, {"extensions", extensions}}));
+      });
 
   auto metadata = [this](http::Request&&, const http::PathParams& params,
                          const http::Responder& respond) {

@@ -116,8 +116,8 @@ Result<std::string> UpdateTraceSettings(const std::string& body) {
                              " is not supported: Orochi does not trace requests");
     }
     // Triton clears a setting with null: the same as leaving it as it is here.
-    const bool unchanged = value.is_null() || value == *found ||
-                           (key == "trace_level" && value == Json("OFF"));
+    const bool unchanged =
+        value.is_null() || value == *found || (key == "trace_level" && value == Json("OFF"));
     if (!unchanged) {
       return InvalidArgument("Orochi does not trace requests: " + key + " " + value.dump() +
                              " cannot be set; only trace_level [\"OFF\"] and the values GET "

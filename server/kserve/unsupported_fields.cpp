@@ -55,8 +55,8 @@ Status CheckTensor(const char* kind, const Json& tensor, size_t index,
     if (parameter.rfind("shared_memory_", 0) == 0) return RefuseSharedMemory(name, parameter);
     if (!OneOf(parameter, parameters)) {
       return InvalidArgument(name + " has the parameter " + Named(parameter) +
-                             ", which Orochi does not implement (an " + kind +
-                             " takes only " + parameters_text + ")");
+                             ", which Orochi does not implement (an " + kind + " takes only " +
+                             parameters_text + ")");
     }
   }
   return Status::Ok();
@@ -91,18 +91,16 @@ Status RefuseUnsupportedFields(const Json& request) {
   }
   if (auto inputs = request.find("inputs"); inputs != request.end() && inputs->is_array()) {
     for (size_t i = 0; i < inputs->size(); ++i) {
-      OROCHI_RETURN_IF_ERROR(CheckTensor("input", (*inputs)[i], i,
-                                         {"name", "datatype", "shape", "parameters", "data"},
-                                         {"binary_data_size"},
-                                         "name, datatype, shape, parameters and data",
-                                         "binary_data_size"));
+      OROCHI_RETURN_IF_ERROR(CheckTensor(
+          "input", (*inputs)[i], i, {"name", "datatype", "shape", "parameters", "data"},
+          {"binary_data_size"}, "name, datatype, shape, parameters and data", "binary_data_size"));
     }
   }
   if (auto outputs = request.find("outputs"); outputs != request.end() && outputs->is_array()) {
     for (size_t i = 0; i < outputs->size(); ++i) {
       OROCHI_RETURN_IF_ERROR(CheckTensor("output", (*outputs)[i], i, {"name", "parameters"},
-                                         {"binary_data", "classification"},
-                                         "name and parameters", "binary_data and classification"));
+                                         {"binary_data", "classification"}, "name and parameters",
+                                         "binary_data and classification"));
     }
   }
   return Status::Ok();

@@ -115,8 +115,8 @@ interpreters::LoadOptions ModelService::LoadOptionsFor(const std::vector<size_t>
 
 Status ModelService::CheckOverrides(const packaging::Manifest& manifest,
                                     const LoadOverrides& overrides) const {
-  const std::string which = "model '" + manifest.name + "' version " +
-                            std::to_string(manifest.version);
+  const std::string which =
+      "model '" + manifest.name + "' version " + std::to_string(manifest.version);
   if (overrides.max_batch_size && *overrides.max_batch_size != manifest.max_batch_size) {
     return InvalidArgument("config: max_batch_size " + std::to_string(*overrides.max_batch_size) +
                            " cannot be applied: " + which + " has max_batch_size " +
@@ -149,8 +149,7 @@ Status ModelService::CheckOverrides(const packaging::Manifest& manifest,
 std::string ModelService::OverrideMismatch(const ServedModel& model,
                                            const LoadOverrides& overrides) {
   if (overrides.max_queue_delay && *overrides.max_queue_delay != model.batching.max_queue_delay) {
-    return "max_queue_delay_microseconds " +
-           std::to_string(model.batching.max_queue_delay.count());
+    return "max_queue_delay_microseconds " + std::to_string(model.batching.max_queue_delay.count());
   }
   if (overrides.preferred_batch_sizes &&
       *overrides.preferred_batch_sizes != model.batching.preferred_batch_sizes) {
@@ -440,9 +439,10 @@ Result<std::string> ModelService::LoadModelLocked(const std::string& name,
       if (served == nullptr) continue;
       OROCHI_RETURN_IF_ERROR(CheckOverrides(served->manifest(), overrides));
       if (std::string mismatch = OverrideMismatch(*served, overrides); !mismatch.empty()) {
-        return AlreadyExists("model '" + name + "' version " + std::to_string(version) +
-                             " is already loaded, with " + mismatch +
-                             "; unload it first to load it with this config");
+        std::string message = "model '" + name + "' version " + std::to_string(version);
+        message += " is already loaded, with " + mismatch;
+        message += "; unload it first to load it with this config";
+        return AlreadyExists(message);
       }
     }
   }

@@ -35,8 +35,7 @@ Result<int64_t> Integer(const Json& value, const std::string& path, int64_t mini
   if (value.is_string()) {
     const std::string& text = value.get_ref<const std::string&>();
     if (!text.empty() && text.size() <= 18 &&
-        text.find_first_not_of("0123456789") == std::string::npos &&
-        std::stoll(text) >= minimum) {
+        text.find_first_not_of("0123456789") == std::string::npos && std::stoll(text) >= minimum) {
       return std::stoll(text);
     }
   } else if (value.is_number_integer() && value.get<int64_t>() >= minimum) {
@@ -131,8 +130,8 @@ Result<LoadOverrides> ParseLoadRequest(std::string_view body, const std::string&
     } else if (name.rfind("file:", 0) == 0) {
       return InvalidArgument("parameter " + Named(name) +
                              " is not supported: Orochi loads models from packages in its "
-                             "repository; upload one with PUT /v2/repository/models/" + model +
-                             "/versions/<version> on the management port");
+                             "repository; upload one with PUT /v2/repository/models/" +
+                             model + "/versions/<version> on the management port");
     } else {
       return InvalidArgument("parameter " + Named(name) +
                              " of the load request is not supported by Orochi (only \"config\")");

@@ -411,8 +411,9 @@ TEST(ParseInferRequest, RefusesWhatOrochiDoesNotImplementNamingIt) {
        R"(input takes only binary_data_size))"},
       {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],"parameters":1}]})",
        R"(input "x": 'parameters' must be an object)"},
-      {R"({"inputs":[)" + input + R"(],"outputs":[{"name":"y","parameters":)"
-       R"({"shared_memory_region":"out","shared_memory_offset":0}}]})",
+      {R"({"inputs":[)" + input +
+           R"(],"outputs":[{"name":"y","parameters":)"
+           R"({"shared_memory_region":"out","shared_memory_offset":0}}]})",
        R"(output "y" has the parameter "shared_memory_region")"},
       {R"({"inputs":[)" + input + R"(],"outputs":[{"name":"y","parameters":{"top":1}}]})",
        R"(output "y" has the parameter "top", which Orochi does not implement)"},
@@ -432,9 +433,8 @@ TEST(ParseInferRequest, RefusesWhatOrochiDoesNotImplementNamingIt) {
     EXPECT_THAT(parsed.status().message(), HasSubstr(each.message)) << each.body;
   }
   // An input's values one way only: both would leave one of them unread.
-  const std::string body =
-      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],)"
-      R"("parameters":{"binary_data_size":4}}]})";
+  const std::string body = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],)"
+                           R"("parameters":{"binary_data_size":4}}]})";
   const std::string binary(4, '\0');
   Result<InferRequest> both =
       ParseInferRequest(manifest, body + binary, body.size(), ParseLimits{});

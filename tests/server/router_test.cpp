@@ -68,7 +68,6 @@ TEST(Router, OnlyAMethodMismatchIsA405AndItsAllowListsThePathsMethods) {
   EXPECT_EQ(ran, 0);
 }
 
-
 // The inference listener's routes (kserve/handlers.cpp, server.cpp), each with a path that must
 // reach it. Added in the order given and in reverse: precedence, not order, decides.
 struct RouteCase {
