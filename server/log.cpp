@@ -127,6 +127,10 @@ void ConfigureLog(const std::string& level, const std::string& format) {
   (void)LogDescriptor();
 }
 
+std::string CurrentLogLevel() { return LevelName(static_cast<LogLevel>(g_level.load())); }
+
+std::string CurrentLogFormat() { return g_json.load() ? "json" : "text"; }
+
 std::string FormatLogRecord(LogLevel level, const std::string& time, const std::string& message,
                             const std::vector<LogField>& fields, bool json) {
   if (json) {

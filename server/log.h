@@ -17,7 +17,12 @@ struct LogField {
   bool quoted = true;  // false for numbers
 };
 
+// Sets the level (debug, info, warning, error) and format (text, json); may be called at any
+// time (`POST /v2/logging` changes them while the server runs), from any thread.
 void ConfigureLog(const std::string& level, const std::string& format);
+// The level and format in effect, as ConfigureLog takes them.
+std::string CurrentLogLevel();
+std::string CurrentLogFormat();
 void Log(LogLevel level, const std::string& message, const std::vector<LogField>& fields = {});
 
 // One record as Log writes it, without the newline. Whatever the message and values hold

@@ -20,9 +20,11 @@
 
 #include "auth.h"
 #include "grpc/grpc_server.h"
+#include "http/compression.h"
 #include "http/http_server.h"
 #include "http/router.h"
 #include "kserve/handlers.h"
+#include "kserve/settings.h"
 #include "log.h"
 #include "metrics/metrics.h"
 #include "model_output_log.h"
@@ -37,6 +39,12 @@ namespace {
 
 namespace asio = boost::asio;
 namespace bhttp = boost::beast::http;
+
+// The repository calls that Triton's clients send to the inference port (see
+// http.repository_on_inference_port).
+constexpr const char* kRepositoryOnInferencePort[] = {"/v2/repository/index",
+                                                      "/v2/repository/models/{model}/load",
+                                                      "/v2/repository/models/{model}/unload"};
 
 // How long the shutdown may still take once the grace period is over, for the steps after it
 // (stopping workers, finishing a repository operation) before the process exits regardless.
@@ -174,23 +182,47 @@ struct Server::Impl {
          {"bytes", std::to_string(response.body().size()), false}});
   }
 
-  // Wraps a router with Record. The route is resolved once, here: its pattern (which lives as
-  // long as the router) goes with the answer to label it.
-  http::Handler Logged(const http::Router& router, const char* listener) {
-    return [this, &router, listener](http::Request&& request, const http::Responder& respond) {
+  // Wraps a router with Record and content coding. The route is resolved once, here: its
+  // pattern (which lives as long as the router) goes with the answer to label it. Once for every
+  // route of the listener: a compressed request body is decoded before any handler reads it
+  // (its decoded size held to http.max_body_bytes), and the answer is compressed when the
+  // client accepts it (after Record, which logs the body's own size). A body the transport
+  // streamed to a file (`in_file`: an upload) is stored as sent, so it may not be compressed.
+  http::Handler Logged(const http::Router& router, const char* listener,
+                       const std::function<bool(const http::Request&)>& in_file = nullptr) {
+    return [this, &router, listener, in_file](http::Request&& request,
+                                              const http::Responder& respond) {
       const auto start = std::chrono::steady_clock::now();
       http::Request header{request.method(), request.target(), request.version()};
       if (request.method() == bhttp::verb::unknown) header.method_string(request.method_string());
       http::Router::Resolved resolved = router.Resolve(request);
+      const std::string encoding = http::ChooseResponseEncoding(request);
+      http::Responder compressed = respond.Wrap([respond, encoding](http::Response response) {
+        http::EncodeResponseBody(response, encoding);
+        respond(std::move(response));
+      });
       http::Responder logged =
-          respond.Wrap([this, respond, start, header = std::move(header),
+          respond.Wrap([this, compressed, start, header = std::move(header),
                         route = resolved.pattern(), listener](http::Response response) {
             Record(route, listener, header, response,
                    std::chrono::duration_cast<std::chrono::microseconds>(
                        std::chrono::steady_clock::now() - start)
                        .count());
-            respond(std::move(response));
+            compressed(std::move(response));
           });
+      if (in_file && in_file(request)) {
+        if (request.count(bhttp::field::content_encoding) != 0) {
+          logged(http::ErrorResponse(415,
+                                     "an upload is stored as it is sent: send the package "
+                                     "without Content-Encoding"));
+          return;
+        }
+      } else if (std::optional<http::Response> refused = http::DecodeRequestBody(
+                     request, static_cast<uint64_t>(config.http.max_body_bytes),
+                     "http.max_body_bytes")) {
+        logged(std::move(*refused));
+        return;
+      }
       router.Run(resolved, std::move(request), std::move(logged));
     };
   }
@@ -289,6 +321,41 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   s.api = std::make_unique<kserve::KServeApi>(*s.models, s.metrics, cfg, *s.shared_memory,
                                               [&s] { return s.ready.load(); });
   s.api->Register(s.inference_router);
+  kserve::RegisterSettings(s.inference_router);
+  // Triton's clients send the repository calls to the inference port. Served there only when
+  // the operator says so, and then behind the management token: loading and unloading models
+  // is the management API's power, whoever may infer.
+  const bool repository_here = cfg.http.repository_on_inference_port;
+  if (repository_here && !management_token) {
+    return FailedPrecondition(
+        "http.repository_on_inference_port needs a management token (management.token_file or "
+        "management.token_env): the repository calls on the inference port must carry it");
+  }
+  auto repository_paths = std::make_shared<http::Router>();
+  for (const char* pattern : kRepositoryOnInferencePort) {
+    repository_paths->Add(bhttp::verb::post, pattern,
+                          [](http::Request&&, const http::PathParams&, const http::Responder&) {});
+    s.inference_router.Add(
+        bhttp::verb::post, pattern,
+        [&s, repository_here](http::Request&& request, const http::PathParams&,
+                              const http::Responder& respond) {
+          if (!repository_here) {
+            respond(http::ErrorResponse(
+                403, "the model repository API is served on port " +
+                         std::to_string(s.management->port()) +
+                         " (management), not on the inference port: send " +
+                         std::string(request.method_string()) + " " +
+                         std::string(request.target()) +
+                         " there, or set http.repository_on_inference_port (with a management "
+                         "token) to serve index, load and unload here too"));
+            return;
+          }
+          // On the admin queue, as on the management port: a load takes seconds.
+          auto shared = std::make_shared<http::Request>(std::move(request));
+          s.admin->Post(
+              [&s, shared, respond] { s.management_router.Dispatch(std::move(*shared), respond); });
+        });
+  }
   s.metrics_router.Add(
       bhttp::verb::get, "/metrics",
       [&s](http::Request&&, const http::PathParams&, const http::Responder& respond) {
@@ -308,9 +375,17 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   limits.max_connections_per_client = static_cast<size_t>(cfg.http.max_connections_per_client);
   http::Limits inference_limits = limits;
   inference_limits.observe = s.Observer(s.inference_router, "inference");
-  if (inference_token) {
-    inference_limits.screen = [token = *inference_token](const http::Request& header) {
-      return CheckToken(token, header);
+  if (inference_token || repository_here) {
+    // The repository calls served here need the management token instead of the inference
+    // port's (a request carries one Authorization header).
+    inference_limits.screen =
+        [inference_token, management_token, repository_here,
+         repository_paths](const http::Request& header) -> std::optional<http::Response> {
+      if (repository_here && repository_paths->Resolve(header).path_matched) {
+        return CheckToken(*management_token, header);
+      }
+      if (inference_token) return CheckToken(*inference_token, header);
+      return std::nullopt;
     };
   }
   s.inference = std::make_unique<http::HttpServer>(s.io, inference_limits,
@@ -335,7 +410,8 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
     management_limits.upload_directory = s.models->upload_directory();
     management_limits.max_upload_bytes = static_cast<uint64_t>(cfg.management.max_upload_bytes);
   }
-  http::Handler logged_management = s.Logged(s.management_router, "management");
+  http::Handler logged_management =
+      s.Logged(s.management_router, "management", management_limits.stream_body_to_file);
   http::Handler management_handler = [&s, logged_management](http::Request&& request,
                                                              const http::Responder& respond) {
     auto shared = std::make_shared<http::Request>(std::move(request));

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kserve/request_json.h"
+#include "kserve/unsupported_fields.h"
 #include "orochi/engine/error.h"
 
 namespace orochi::server::grpc_api {
@@ -28,10 +29,10 @@ Status Bad(const std::string& message) { return InvalidArgument(message); }
 Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
                                          const inference::ModelInferRequest& message);
 
-// Parameters of the protocol that Orochi does not implement: refused by name rather than passed
-// to the model as if they were its own, which would drop their meaning without a word.
-constexpr std::string_view kUnimplementedRequestParameters[] = {
-    "priority", "sequence_id", "sequence_start", "sequence_end", "binary_data_output"};
+// Parameters that belong to HTTP or to shared memory (which gRPC does not serve here): refused
+// by name rather than passed to the model as if they were its own, which would drop their
+// meaning without a word. Triton's reserved ones are refused as HTTP refuses them.
+constexpr std::string_view kUnimplementedRequestParameters[] = {"binary_data_output"};
 constexpr std::string_view kUnimplementedTensorParameters[] = {
     "shared_memory_region", "shared_memory_offset", "shared_memory_byte_size", "binary_data",
     "binary_data_size"};
@@ -232,6 +233,8 @@ Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
       OROCHI_ASSIGN_OR_RETURN(int64_t micros,
                               IntegerParameter(*value, "parameter 'timeout' (microseconds)", 0));
       request.timeout = std::chrono::microseconds(micros);
+    } else if (kserve::IsReservedParameter(name)) {
+      return kserve::RefuseReservedParameter(name);
     } else if (Listed(kUnimplementedRequestParameters, name)) {
       return Bad(Unimplemented(name));
     } else {

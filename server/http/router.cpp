@@ -1,5 +1,7 @@
 #include "router.h"
 
+#include <algorithm>
+
 namespace orochi::server::http {
 namespace {
 
@@ -22,8 +24,27 @@ std::string_view PathOf(const Request& request) {
 
 }  // namespace
 
+bool Router::IsCapture(const std::string& segment) {
+  return segment.size() > 2 && segment.front() == '{' && segment.back() == '}';
+}
+
+std::string Router::PrecedenceKey(const std::vector<std::string>& segments) {
+  std::string key;
+  for (const std::string& segment : segments) key += IsCapture(segment) ? '1' : '0';
+  return key;
+}
+
 void Router::Add(boost::beast::http::verb method, std::string_view pattern, RouteHandler handler) {
-  routes_.push_back({method, std::string(pattern), Split(pattern), std::move(handler)});
+  std::vector<std::string> segments = Split(pattern);
+  std::string key = PrecedenceKey(segments);
+  routes_.push_back(
+      {method, std::string(pattern), std::move(segments), std::move(key), std::move(handler)});
+  // Kept ordered by precedence, so that Resolve's first match is the most specific route
+  // whatever order the routes were added in: `/v2/models/stats` before `/v2/models/{model}`.
+  // Comparing the keys as strings is a total order (a literal, '0', sorts before a capture,
+  // '1', at the leftmost difference); stable, so routes of one shape keep their order.
+  std::stable_sort(routes_.begin(), routes_.end(),
+                   [](const Route& a, const Route& b) { return a.precedence < b.precedence; });
 }
 
 bool Router::Matches(const Route& route, const std::vector<std::string>& segments,
@@ -31,7 +52,7 @@ bool Router::Matches(const Route& route, const std::vector<std::string>& segment
   if (route.segments.size() != segments.size()) return false;
   for (size_t i = 0; i < segments.size(); ++i) {
     const std::string& part = route.segments[i];
-    if (part.size() > 2 && part.front() == '{' && part.back() == '}') {
+    if (IsCapture(part)) {
       if (captured != nullptr) (*captured)[part.substr(1, part.size() - 2)] = segments[i];
     } else if (part != segments[i]) {
       return false;
@@ -58,13 +79,21 @@ Router::Resolved Router::Resolve(const Request& request) const {
 }
 
 std::string Router::AllowedMethods(const std::vector<std::string>& segments) const {
-  std::string allowed;
+  // Each method once, though several patterns may match the path (`/v2/models/stats` and
+  // `/v2/models/{model}` both have GET).
+  std::vector<std::string> methods;
+  auto note = [&methods](std::string_view method) {
+    if (std::find(methods.begin(), methods.end(), method) == methods.end()) {
+      methods.emplace_back(method);
+    }
+  };
   for (const Route& route : routes_) {
     if (!Matches(route, segments, nullptr)) continue;
-    allowed +=
-        (allowed.empty() ? "" : ", ") + std::string(boost::beast::http::to_string(route.method));
-    if (route.method == boost::beast::http::verb::get) allowed += ", HEAD";
+    note(boost::beast::http::to_string(route.method));
+    if (route.method == boost::beast::http::verb::get) note("HEAD");
   }
+  std::string allowed;
+  for (const std::string& method : methods) allowed += (allowed.empty() ? "" : ", ") + method;
   return allowed;
 }
 

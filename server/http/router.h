@@ -1,5 +1,11 @@
 // One route table for a listener: (method, path pattern) -> handler. Patterns are literal
 // segments and {name} captures, e.g. "/v2/models/{model}/versions/{version}/infer".
+//
+// Precedence: when several patterns match a path, the one with a literal segment where the
+// others capture, at the leftmost position where they differ, wins, whatever the order the
+// routes were added in: `GET /v2/models/stats` is the all-models statistics route, not
+// `/v2/models/{model}` with model "stats". Registration order decides only between patterns
+// of the same shape (which a listener should not have).
 #pragma once
 
 #include <map>
@@ -20,6 +26,7 @@ class Router {
     boost::beast::http::verb method;
     std::string pattern;
     std::vector<std::string> segments;
+    std::string precedence;  // PrecedenceKey(segments)
     RouteHandler handler;
   };
 
@@ -48,10 +55,13 @@ class Router {
  private:
   // The methods of the routes with this path, for a 405's Allow: only a 405 pays for it.
   std::string AllowedMethods(const std::vector<std::string>& segments) const;
+  static bool IsCapture(const std::string& segment);
+  // A pattern's shape, one character a segment: '0' literal, '1' capture (see Add).
+  static std::string PrecedenceKey(const std::vector<std::string>& segments);
   static bool Matches(const Route& route, const std::vector<std::string>& segments,
                       PathParams* captured);
 
-  std::vector<Route> routes_;
+  std::vector<Route> routes_;  // most specific first (see Add)
 };
 
 }  // namespace orochi::server::http

@@ -18,6 +18,7 @@
 #include "orochi/server/kserve_codec.h"
 #include "request_json.h"
 #include "shared_memory.h"
+#include "unsupported_fields.h"
 
 namespace orochi::server::kserve {
 namespace {
@@ -308,6 +309,7 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
                           ReadRequestJson(json_text, manifest, limits.max_json_depth));
   const Json& json = read.document;
   if (!json.is_object()) return Bad("the request must be a JSON object");
+  OROCHI_RETURN_IF_ERROR(RefuseUnsupportedFields(json));
   InferRequestBuilder builder(manifest);
   InferRequest& request = builder.request();
   if (auto id = json.find("id"); id != json.end()) {
@@ -323,7 +325,8 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
       request.timeout = std::chrono::microseconds(timeout->get<int64_t>());
     }
     if (auto output = parameters->find("binary_data_output"); output != parameters->end()) {
-      request.all_outputs_binary = output->is_boolean() && output->get<bool>();
+      if (!output->is_boolean()) return Bad("parameter 'binary_data_output' must be a boolean");
+      request.all_outputs_binary = output->get<bool>();
     }
     OROCHI_ASSIGN_OR_RETURN(request.parameters, ModelParameters(*parameters));
   }
@@ -356,6 +359,12 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
         }
         binary_size = size->get<size_t>();
       }
+    }
+    // Both would leave one of them unread: which one the client meant is a guess.
+    if (binary_size &&
+        (input.contains("data") || (index < read.data.size() && read.data[index] != nullptr))) {
+      return Bad("input '" + input_name +
+                 "' has both 'data' and binary_data_size: send its values one way");
     }
     if (shared) {
       // Its bytes are in one place: two would leave one of them silently unread.
@@ -418,6 +427,10 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
       std::optional<int64_t> classes;
       if (auto parameters = output.find("parameters");
           parameters != output.end() && parameters->is_object()) {
+        if (auto binary_data = parameters->find("binary_data");
+            binary_data != parameters->end() && !binary_data->is_boolean()) {
+          return Bad("output '" + output_name + "': binary_data must be a boolean");
+        }
         OROCHI_ASSIGN_OR_RETURN(std::optional<SharedMemoryRef> shared,
                                 ReadSharedMemoryRef(output, "output '" + output_name + "'"));
         if (shared) {

@@ -105,14 +105,16 @@ void KServeApi::Register(http::Router& router) {
                respond(ready ? Ok({{"ready", true}})
                              : http::ErrorResponse(503, "the server is not ready"));
              });
-  router.Add(bhttp::verb::get, "/v2",
-             [](http::Request&&, const http::PathParams&, const http::Responder& respond) {
-               respond(Ok({{"name", "orochi"},
-                           {"version", OROCHI_SERVER_VERSION},
-                           {"extensions",
-                            {"binary_tensor_data", "classification", "statistics",
-                             "model_configuration", "system_shared_memory"}}}));
-             });
+  // Triton's names for the extensions this port serves (logging and trace: settings.h).
+  Json extensions = {"binary_tensor_data",   "classification", "statistics", "model_configuration",
+                     "system_shared_memory", "logging",        "trace"};
+  if (config_.http.repository_on_inference_port) extensions.push_back("model_repository");
+  router.Add(
+      bhttp::verb::get, "/v2",
+      [extensions](http::Request&&, const http::PathParams&, const http::Responder& respond) {
+        respond(Ok(
+            {{"name", "orochi"}, {"version", OROCHI_SERVER_VERSION}, {"extensions", extensions}}));
+      });
 
   auto metadata = [this](http::Request&&, const http::PathParams& params,
                          const http::Responder& respond) {

@@ -129,11 +129,24 @@ Result<std::shared_ptr<const ServedModel>> InferenceRunner::Resolve(const std::s
   std::shared_ptr<const ServedModel> model = models_.Find(name, number);
   if (model == nullptr) {
     if (count_unknown) metrics_.UnknownModel();
-    return NotFound(number ? "model '" + name + "' version " + std::to_string(*number) +
-                                 " is not loaded"
-                           : "model '" + name + "' is not loaded");
+    return NotFound(UnknownModelMessage(name, number));
   }
   return model;
+}
+
+std::string InferenceRunner::UnknownModelMessage(const std::string& name,
+                                                 std::optional<int64_t> version) const {
+  // Triton's wording first (its clients and scripts match on it), then Orochi's detail.
+  std::string message = "Request for unknown model: '" + name + "'";
+  if (version) message += " version " + std::to_string(*version);
+  message += " is not found";
+  const std::vector<int64_t> loaded = models_.Versions(name);
+  // Without a version, a model loaded since Find looked is still one that was not served.
+  if (loaded.empty() || !version) return message + " (model '" + name + "' is not loaded)";
+  std::string versions;
+  for (int64_t each : loaded) versions += (versions.empty() ? "" : ", ") + std::to_string(each);
+  return message + " (version " + std::to_string(*version) + " is not loaded; loaded: " + versions +
+         ")";
 }
 
 std::optional<InferenceRunner::Refusal> InferenceRunner::Admit(const ServedModel& model,

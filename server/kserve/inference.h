@@ -89,6 +89,9 @@ class InferenceRunner {
   void Run(InferenceCall call, InferenceDone done);
 
  private:
+  // The NotFound message for a model or version that is not served, in Triton's words.
+  std::string UnknownModelMessage(const std::string& name, std::optional<int64_t> version) const;
+
   ModelService& models_;
   Metrics& metrics_;
   const ServerConfig& config_;

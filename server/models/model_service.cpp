@@ -54,9 +54,11 @@ size_t ModelService::Stop(std::optional<Clock::time_point> deadline) {
   return scheduler_.Stop(deadline);
 }
 
-std::vector<size_t> ModelService::SlotsFor(const packaging::Manifest& manifest) {
+std::vector<size_t> ModelService::SlotsFor(const packaging::Manifest& manifest,
+                                           std::optional<int64_t> instances) {
   const size_t copies = manager_.size();
-  size_t wanted = manifest.instances ? static_cast<size_t>(*manifest.instances) : copies;
+  if (!instances) instances = manifest.instances;
+  size_t wanted = instances ? static_cast<size_t>(*instances) : copies;
   wanted = std::min(wanted, copies);
   // Models with fewer instances than copies start at rotating copies, to spread the load.
   std::vector<size_t> slots;
@@ -111,8 +113,57 @@ interpreters::LoadOptions ModelService::LoadOptionsFor(const std::vector<size_t>
   return options;
 }
 
+Status ModelService::CheckOverrides(const packaging::Manifest& manifest,
+                                    const LoadOverrides& overrides) const {
+  const std::string which =
+      "model '" + manifest.name + "' version " + std::to_string(manifest.version);
+  if (overrides.max_batch_size && *overrides.max_batch_size != manifest.max_batch_size) {
+    return InvalidArgument("config: max_batch_size " + std::to_string(*overrides.max_batch_size) +
+                           " cannot be applied: " + which + " has max_batch_size " +
+                           std::to_string(manifest.max_batch_size) +
+                           " in its manifest, which its inputs' shapes depend on (repack it to "
+                           "change it)");
+  }
+  if ((overrides.max_queue_delay || overrides.preferred_batch_sizes) &&
+      manifest.max_batch_size == 0) {
+    return InvalidArgument("config: dynamic_batching cannot be applied: " + which +
+                           " does not batch (max_batch_size 0 in its manifest)");
+  }
+  if (overrides.preferred_batch_sizes) {
+    for (int64_t size : *overrides.preferred_batch_sizes) {
+      if (size > manifest.max_batch_size) {
+        return InvalidArgument("config: dynamic_batching.preferred_batch_size " +
+                               std::to_string(size) + " is larger than the max_batch_size " +
+                               std::to_string(manifest.max_batch_size) + " of " + which);
+      }
+    }
+  }
+  if (overrides.instances && static_cast<size_t>(*overrides.instances) > manager_.size()) {
+    return InvalidArgument("config: instance_group count " + std::to_string(*overrides.instances) +
+                           " is more than the server's " + std::to_string(manager_.size()) +
+                           " interpreter copies (--copies)");
+  }
+  return Status::Ok();
+}
+
+std::string ModelService::OverrideMismatch(const ServedModel& model,
+                                           const LoadOverrides& overrides) {
+  if (overrides.max_queue_delay && *overrides.max_queue_delay != model.batching.max_queue_delay) {
+    return "max_queue_delay_microseconds " + std::to_string(model.batching.max_queue_delay.count());
+  }
+  if (overrides.preferred_batch_sizes &&
+      *overrides.preferred_batch_sizes != model.batching.preferred_batch_sizes) {
+    return "other preferred batch sizes";
+  }
+  if (overrides.instances &&
+      static_cast<size_t>(*overrides.instances) != model.replicas->slots().size()) {
+    return "instance_group count " + std::to_string(model.replicas->slots().size());
+  }
+  return "";
+}
+
 Status ModelService::LoadVersion(const std::string& path, const std::string& expected_name,
-                                 int64_t expected_version) {
+                                 int64_t expected_version, const LoadOverrides& overrides) {
   const Clock::time_point start = Clock::now();
   const std::string version_text = std::to_string(expected_version);
   const std::string key = expected_name + ":" + version_text;
@@ -136,6 +187,9 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
   if (std::optional<std::string> missing = MissingDevice(manifest.device)) {
     return fail(Status(StatusCode::kUnavailable, path + ": " + *missing));
   }
+  // A refused override is the request's mistake, not the version's: nothing recorded for the
+  // index, nothing loaded.
+  OROCHI_RETURN_IF_ERROR(CheckOverrides(manifest, overrides));
   interpreters::ModelSource source;
   source.key = manifest.name + ":" + version_text;
   source.manifest_json = manifest.json;
@@ -144,7 +198,7 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
   source.read_resource = [package](std::string_view resource) {
     return package->ReadResource(resource);
   };
-  const std::vector<size_t> slots = SlotsFor(manifest);
+  const std::vector<size_t> slots = SlotsFor(manifest, overrides.instances);
   Result<std::unique_ptr<interpreters::ReplicatedModel>> replicas =
       interpreters::ReplicatedModel::Load(manager_, std::move(source), slots,
                                           LoadOptionsFor(slots));
@@ -161,8 +215,10 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
   served->package = package;
   served->replicas = std::move(replicas).value();
   served->batching.max_batch_size = manifest.max_batch_size;
-  served->batching.max_queue_delay = std::chrono::microseconds(config_.max_queue_delay_us);
-  served->batching.preferred_batch_sizes = config_.preferred_batch_sizes;
+  served->batching.max_queue_delay =
+      overrides.max_queue_delay.value_or(std::chrono::microseconds(config_.max_queue_delay_us));
+  served->batching.preferred_batch_sizes =
+      overrides.preferred_batch_sizes.value_or(config_.preferred_batch_sizes);
   scheduler_.AddModel(served->replicas, served->batching);
   {
     std::lock_guard lock(mutex_);
@@ -359,22 +415,40 @@ std::string Joined(const std::string& first, const std::string& second) {
 
 }  // namespace
 
-Result<std::string> ModelService::LoadModel(const std::string& name) {
+Result<std::string> ModelService::LoadModel(const std::string& name,
+                                            const LoadOverrides& overrides) {
   OROCHI_RETURN_IF_ERROR(CheckModelName(name));
   std::lock_guard admin(admin_mutex_);
-  return LoadModelLocked(name);
+  return LoadModelLocked(name, overrides);
 }
 
-Result<std::string> ModelService::LoadModelLocked(const std::string& name) {
+Result<std::string> ModelService::LoadModelLocked(const std::string& name,
+                                                  const LoadOverrides& overrides) {
   std::vector<int64_t> selected = SelectedVersions(name);
   if (selected.empty()) {
     return NotFound("model '" + name +
                     "' has no version in the repository that its policy selects");
   }
   std::vector<int64_t> loaded = Versions(name);
+  if (!overrides.empty()) {
+    // Checked before anything loads: a version that serves goes on serving as it is. Reloading
+    // it in place with other settings would need its copies twice over; unloading it first is
+    // the caller's explicit choice.
+    for (int64_t version : selected) {
+      std::shared_ptr<const ServedModel> served = Find(name, version);
+      if (served == nullptr) continue;
+      OROCHI_RETURN_IF_ERROR(CheckOverrides(served->manifest(), overrides));
+      if (std::string mismatch = OverrideMismatch(*served, overrides); !mismatch.empty()) {
+        std::string message = "model '" + name + "' version " + std::to_string(version);
+        message += " is already loaded, with " + mismatch;
+        message += "; unload it first to load it with this config";
+        return AlreadyExists(message);
+      }
+    }
+  }
   for (int64_t version : selected) {
     if (std::find(loaded.begin(), loaded.end(), version) == loaded.end()) {
-      OROCHI_RETURN_IF_ERROR(LoadVersion(PackagePath(name, version), name, version));
+      OROCHI_RETURN_IF_ERROR(LoadVersion(PackagePath(name, version), name, version, overrides));
     }
   }
   // The new versions serve now; the old ones finish what they hold and go.

@@ -58,6 +58,21 @@ struct ServedModel {
   mutable ModelStats stats;  // guarded by stats_mutex
 };
 
+// Settings a `load` request's config override (Triton's model configuration subset) changes
+// for the versions it loads; absent: the manifest's and the server config's. See
+// repository/load_request.h for how they are read.
+struct LoadOverrides {
+  // Not a setting: the manifest fixes it (the inputs' shapes depend on it). The load is refused
+  // when a selected version's manifest says otherwise.
+  std::optional<int64_t> max_batch_size;
+  std::optional<std::chrono::microseconds> max_queue_delay;
+  std::optional<std::vector<int64_t>> preferred_batch_sizes;
+  std::optional<int64_t> instances;  // copies to load into, in place of the manifest's
+  bool empty() const {
+    return !max_batch_size && !max_queue_delay && !preferred_batch_sizes && !instances;
+  }
+};
+
 class ModelService : public SchedulerObserver {
  public:
   ModelService(interpreters::InterpreterManager& manager, const ModelsConfig& config,
@@ -87,7 +102,10 @@ class ModelService : public SchedulerObserver {
   // Loads the versions of `name` its version policy selects, then drains and unloads the
   // loaded versions it no longer selects: new requests move to the new version before the
   // old one goes, and none is lost.
-  Result<std::string> LoadModel(const std::string& name);
+  // With `overrides`, the versions it loads get those settings; a selected version already
+  // loaded with other settings is refused (kAlreadyExists: unload it first), as is an override
+  // that does not fit the version (kInvalidArgument).
+  Result<std::string> LoadModel(const std::string& name, const LoadOverrides& overrides = {});
   // Drains and unloads every loaded version of `name`, and remembers that it is unloaded.
   // kNotFound when the model is neither loaded nor in the repository.
   Result<std::string> UnloadModel(const std::string& name);
@@ -153,10 +171,15 @@ class ModelService : public SchedulerObserver {
 
  private:
   std::shared_ptr<ServedModel> FindByKey(const std::string& key) const;
-  std::vector<size_t> SlotsFor(const packaging::Manifest& manifest);
+  std::vector<size_t> SlotsFor(const packaging::Manifest& manifest,
+                               std::optional<int64_t> instances);
   // Loads one package file as a served version.
   Status LoadVersion(const std::string& path, const std::string& expected_name,
-                     int64_t expected_version);
+                     int64_t expected_version, const LoadOverrides& overrides = {});
+  // Whether `overrides` fit `manifest` (and this server); kInvalidArgument naming what not.
+  Status CheckOverrides(const packaging::Manifest& manifest, const LoadOverrides& overrides) const;
+  // Why a loaded version does not have the settings `overrides` asks for, or empty.
+  static std::string OverrideMismatch(const ServedModel& model, const LoadOverrides& overrides);
   Result<std::string> UnloadVersion(const std::string& name, int64_t version);
   // Whether `name` has a selected version that is quarantined: if so it is left unloaded, its
   // reason recorded and logged, and the start goes on without it.
@@ -165,7 +188,8 @@ class ModelService : public SchedulerObserver {
   interpreters::LoadOptions LoadOptionsFor(const std::vector<size_t>& slots);
   // The idle-copies gauge: neither running a batch nor out of service for a load.
   void ReportIdle();
-  Result<std::string> LoadModelLocked(const std::string& name);  // LoadModel, admin_mutex_ held
+  // LoadModel, admin_mutex_ held.
+  Result<std::string> LoadModelLocked(const std::string& name, const LoadOverrides& overrides = {});
   std::vector<int64_t> VersionsOnDisk(const std::string& name) const;
   std::vector<int64_t> SelectedVersions(const std::string& name) const;
   std::string PackagePath(const std::string& name, int64_t version) const;

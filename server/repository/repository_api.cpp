@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kserve/handlers.h"
+#include "load_request.h"
 
 namespace orochi::server::repository {
 namespace {
@@ -120,16 +121,26 @@ void RepositoryApi::Register(http::Router& router) {
                }
                respond(http::JsonResponse(200, index.dump()));
              });
-  router.Add(
-      bhttp::verb::post, "/v2/repository/models/{model}/load",
-      [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
-        respond(Answer(models_.LoadModel(params.at("model"))));
-      });
-  router.Add(
-      bhttp::verb::post, "/v2/repository/models/{model}/unload",
-      [this](http::Request&&, const http::PathParams& params, const http::Responder& respond) {
-        respond(Answer(models_.UnloadModel(params.at("model"))));
-      });
+  router.Add(bhttp::verb::post, "/v2/repository/models/{model}/load",
+             [this](http::Request&& request, const http::PathParams& params,
+                    const http::Responder& respond) {
+               Result<LoadOverrides> overrides =
+                   ParseLoadRequest(request.body(), params.at("model"));
+               if (!overrides.ok()) {
+                 respond(Answer(overrides.status()));
+                 return;
+               }
+               respond(Answer(models_.LoadModel(params.at("model"), *overrides)));
+             });
+  router.Add(bhttp::verb::post, "/v2/repository/models/{model}/unload",
+             [this](http::Request&& request, const http::PathParams& params,
+                    const http::Responder& respond) {
+               if (Status checked = CheckUnloadRequest(request.body()); !checked.ok()) {
+                 respond(Answer(checked));
+                 return;
+               }
+               respond(Answer(models_.UnloadModel(params.at("model"))));
+             });
 }
 
 }  // namespace orochi::server::repository

@@ -381,6 +381,66 @@ TEST(ParseInferRequest, KeepsTheRequestParametersThatAreTheModels) {
   }
 }
 
+// Nothing a client asks for is accepted and ignored: what Orochi does not implement is refused,
+// named, while the model's own parameters still reach it.
+TEST(ParseInferRequest, RefusesWhatOrochiDoesNotImplementNamingIt) {
+  const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {1});
+  const std::string input = R"({"name":"x","datatype":"FP32","shape":[1],"data":[1]})";
+  struct Case {
+    std::string body;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {R"({"parameters":{"priority":1},"inputs":[)" + input + "]}",
+       R"(parameter "priority" is not supported)"},
+      {R"({"parameters":{"sequence_id":7,"sequence_start":true},"inputs":[)" + input + "]}",
+       R"(parameter "sequence_id" is not supported)"},
+      {R"({"parameters":{"sequence_end":true},"inputs":[)" + input + "]}",
+       R"(parameter "sequence_end" is not supported)"},
+      {R"({"inputs":[)" + input + R"(],"model_name":"echo"})",
+       R"(the request has the key "model_name", which Orochi does not implement)"},
+      {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],"contents":{}}]})",
+       R"(input "x" has the key "contents", which Orochi does not implement)"},
+      {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],"parameters":)"
+       R"({"shared_memory_region":"r","shared_memory_byte_size":4}}]})",
+       R"(input 'x' has both shared_memory_region and 'data')"},
+      {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],"parameters":)"
+       R"({"content_type":"np"}}]})",
+       R"(input "x" has the parameter "content_type", which Orochi does not implement (an )"
+       R"(input takes only binary_data_size and shared_memory_region, _offset and _byte_size))"},
+      {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],"parameters":1}]})",
+       R"(input "x": 'parameters' must be an object)"},
+      {R"({"inputs":[)" + input +
+           R"(],"outputs":[{"name":"y","parameters":)"
+           R"({"shared_memory_region":"out","shared_memory_offset":0}}]})",
+       R"(output 'y': shared_memory_region needs shared_memory_byte_size)"},
+      {R"({"inputs":[)" + input + R"(],"outputs":[{"name":"y","parameters":{"top":1}}]})",
+       R"(output "y" has the parameter "top", which Orochi does not implement)"},
+      {R"({"inputs":[)" + input + R"(],"outputs":[{"name":"y","datatype":"FP32"}]})",
+       R"(output "y" has the key "datatype")"},
+      {R"({"inputs":[)" + input + R"(],"outputs":[{"name":"y","parameters":"binary"}]})",
+       R"(output "y": 'parameters' must be an object)"},
+      {R"({"inputs":[)" + input + R"(],"outputs":[{"name":"y","parameters":{"binary_data":1}}]})",
+       "output 'y': binary_data must be a boolean"},
+      {R"({"parameters":{"binary_data_output":"yes"},"inputs":[)" + input + "]}",
+       "parameter 'binary_data_output' must be a boolean"},
+  };
+  for (const Case& each : cases) {
+    Result<InferRequest> parsed = Parse(manifest, each.body);
+    ASSERT_FALSE(parsed.ok()) << each.body;
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(parsed.status().message(), HasSubstr(each.message)) << each.body;
+  }
+  // An input's values one way only: both would leave one of them unread.
+  const std::string body = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],)"
+                           R"("parameters":{"binary_data_size":4}}]})";
+  const std::string binary(4, '\0');
+  Result<InferRequest> both =
+      ParseInferRequest(manifest, body + binary, body.size(), ParseLimits{});
+  ASSERT_FALSE(both.ok());
+  EXPECT_THAT(both.status().message(), HasSubstr("has both 'data' and binary_data_size"));
+}
+
 TEST(ParseInferRequest, RefusesAKeyGivenTwice) {
   const packaging::Manifest manifest = EchoManifest(DataType::kFp32, {1});
   for (const std::string& body :

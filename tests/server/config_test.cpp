@@ -48,6 +48,7 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->management.token_file, defaults.management.token_file);
   EXPECT_EQ(shipped->management.token_env, defaults.management.token_env);
   EXPECT_EQ(shipped->http.token_file, defaults.http.token_file);
+  EXPECT_EQ(shipped->http.repository_on_inference_port, defaults.http.repository_on_inference_port);
   EXPECT_TRUE(shipped->models.version_policies.empty());
 }
 

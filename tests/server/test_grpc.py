@@ -258,11 +258,11 @@ class InferTest(GrpcServerTest):
         request = echo_raw_request()
         request.parameters["priority"].int64_param = 1
         self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
-                        "'priority' is not supported")
+                        '"priority" is not supported')
         request = echo_raw_request()
         request.parameters["sequence_id"].int64_param = 7
         self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
-                        "'sequence_id'")
+                        '"sequence_id" is not supported')
         request = echo_raw_request()
         request.inputs[0].parameters["shared_memory_region"].string_param = "r"
         self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,

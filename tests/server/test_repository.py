@@ -125,6 +125,74 @@ class RepositoryTest(unittest.TestCase):
         self.assertEqual(self.infer(server)[0], 404)
         self.assertEqual(self.manage(server, "POST", "/v2/repository/index")[1], [])
 
+    def test_load_applies_a_config_override_or_refuses_it_naming_the_field(self):
+        # Triton's load with a JSON model config: what maps onto Orochi's settings is applied to
+        # the versions the load loads, the rest refused, never answered 200 and ignored.
+        server = self.start()
+        package = make_package(self.root, 1, bias=0.5)
+        self.assertEqual(self.deploy(server, package, 1, query="?load=false")[0], 200)
+
+        def load(config=None, parameters=None):
+            body = {"parameters": parameters if parameters is not None else
+                    {"config": json.dumps(config)}}
+            return self.manage(server, "POST", "/v2/repository/models/calculator/load",
+                               data=json.dumps(body).encode())
+
+        refusals = [
+            ({"parameters": {"greeting": {"string_value": "hi"}}},
+             "config: parameters is not supported by Orochi"),
+            ({"max_batch_size": 4}, "config: max_batch_size 4 cannot be applied: model "
+                                    "'calculator' version 1 has max_batch_size 8"),
+            ({"dynamic_batching": {"priority_levels": 2}},
+             "config: dynamic_batching.priority_levels is not supported"),
+            ({"dynamic_batching": {"preferred_batch_size": [16]}},
+             "preferred_batch_size 16 is larger than the max_batch_size 8"),
+            ({"instance_group": [{"count": 1, "kind": "KIND_GPU"}]},
+             "config: instance_group[0].kind is not supported"),
+            ({"instance_group": [{"count": 9}]}, "instance_group count 9 is more than the "
+                                                 "server's 2 interpreter copies"),
+            ({"sequence_batching": {}}, "config: sequence_batching is not supported"),
+            ({"name": "other"}, 'config: name "other" is not the model\'s'),
+        ]
+        for config, message in refusals:
+            status, answer = load(config)
+            self.assertEqual(status, 400, (config, answer))
+            self.assertIn(message, answer["error"])
+        status, answer = load(parameters={"file:1/model.py": "aW1wb3J0IG9z"})
+        self.assertEqual(status, 400, answer)
+        self.assertIn('parameter "file:1/model.py" is not supported', answer["error"])
+        self.assertEqual(self.infer(server)[0], 404)  # nothing was loaded by the refusals
+
+        config = {"name": "calculator", "max_batch_size": 8,
+                  "dynamic_batching": {"max_queue_delay_microseconds": 1500,
+                                       "preferred_batch_size": [2, 4]},
+                  "instance_group": [{"count": 1}]}
+        status, answer = load(config)
+        self.assertEqual(status, 200, answer)
+        status, _, body = curl(server.url("/v2/models/calculator/config"))
+        applied = json.loads(body)
+        self.assertEqual(applied["dynamic_batching"],
+                         {"max_queue_delay_microseconds": 1500, "preferred_batch_size": [2, 4]})
+        self.assertEqual(applied["instance_group"][0]["count"], 1)
+        self.assertEqual(self.infer(server)[0], 200)
+        # The same settings again: nothing to do. Others: the loaded version would keep its
+        # own, so the load is refused until it is unloaded.
+        self.assertEqual(load(config)[0], 200)
+        status, answer = load({"instance_group": [{"count": 2}]})
+        self.assertEqual(status, 409, answer)
+        self.assertIn("already loaded, with instance_group count 1; unload it first",
+                      answer["error"])
+        self.assertEqual(self.manage(server, "POST", "/v2/repository/models/calculator/unload",
+                                     data=b'{"parameters": {"unload_dependents": false}}')[0], 200)
+        self.assertEqual(load({"instance_group": [{"count": 2}]})[0], 200)
+        status, _, body = curl(server.url("/v2/models/calculator/config"))
+        self.assertEqual(json.loads(body)["instance_group"][0]["count"], 2)
+        status, answer = self.manage(server, "POST", "/v2/repository/models/calculator/unload",
+                                     data=b'{"parameters": {"force": true}}')
+        self.assertEqual(status, 400, answer)
+        self.assertIn('parameter "force" of the unload request is not supported',
+                      answer["error"])
+
     def test_deploy_errors(self):
         server = self.start()
         garbage = os.path.join(self.root, "garbage.orochi")
@@ -513,6 +581,67 @@ class AuthenticationTest(unittest.TestCase):
             self.assertNotIn("s3cret-token", server.log_text())
         finally:
             self.assertEqual(server.stop(), 0)
+
+    def test_repository_calls_on_the_inference_port(self):
+        # Off (the default): a clear answer naming the management port, not 404.
+        server = Server(self.repository, {})
+        try:
+            status, _, body = curl("-X", "POST", server.url("/v2/repository/index"))
+            self.assertEqual(status, 403, body)
+            self.assertIn(f"the model repository API is served on port {server.management_port} "
+                          "(management)", json.loads(body)["error"])
+            self.assertIn("http.repository_on_inference_port", json.loads(body)["error"])
+            status, _, body = curl(server.url("/v2"))
+            self.assertNotIn("model_repository", json.loads(body)["extensions"])
+        finally:
+            self.assertEqual(server.stop(), 0)
+        # On, it needs the management token, which those calls must carry.
+        failed = subprocess.run(
+            [BINARY, "serve", "--model-repository", self.repository, "--http-port", "0",
+             "--metrics-port", "0", "--management-port", "0", "--config",
+             self._config({"http": {"repository_on_inference_port": True}})],
+            capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(failed.returncode, 0)
+        self.assertIn("http.repository_on_inference_port needs a management token",
+                      failed.stdout + failed.stderr)
+        with open(os.path.join(self.root, "inference-token"), "w") as file:
+            file.write("inference-token\n")
+        server = Server(self.repository, {
+            "management": {"token_file": self.token_file},
+            "http": {"repository_on_inference_port": True,
+                     "token_file": os.path.join(self.root, "inference-token")}})
+        try:
+            index = server.url("/v2/repository/index")
+            self.assertEqual(curl("-X", "POST", index)[0], 401)
+            self.assertEqual(curl("-X", "POST", "-H", "Authorization: Bearer inference-token",
+                                  index)[0], 403)
+            status, _, body = curl("-X", "POST", "-H", "Authorization: Bearer s3cret-token", index)
+            self.assertEqual((status, json.loads(body)), (200, []))
+            package = make_package(self.root, 1, bias=0.5)
+            status, _, _ = curl("-T", package, "-H", "Authorization: Bearer s3cret-token",
+                                f"http://127.0.0.1:{server.management_port}"
+                                "/v2/repository/models/calculator/versions/1?load=false")
+            self.assertEqual(status, 200)
+            auth = ["-H", "Authorization: Bearer s3cret-token"]
+            status, _, body = curl("-X", "POST", *auth,
+                                   server.url("/v2/repository/models/calculator/load"))
+            self.assertEqual(status, 200, body)
+            status, _, body = curl("-H", "Authorization: Bearer inference-token",
+                                   server.url("/v2/models/calculator/ready"))
+            self.assertEqual(status, 200, body)
+            status, _, body = curl("-X", "POST", *auth,
+                                   server.url("/v2/repository/models/calculator/unload"))
+            self.assertEqual(status, 200, body)
+            status, _, body = curl("-H", "Authorization: Bearer inference-token", server.url("/v2"))
+            self.assertIn("model_repository", json.loads(body)["extensions"])
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def _config(self, config):
+        path = os.path.join(self.root, "config.json")
+        with open(path, "w") as file:
+            json.dump(config, file)
+        return path
 
     def test_an_unauthenticated_upload_is_refused_before_its_body_is_read(self):
         os.environ["OROCHI_TEST_MGMT_TOKEN"] = "s3cret-token"

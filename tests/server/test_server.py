@@ -169,6 +169,35 @@ class SharedServerTest(unittest.TestCase):
         assert code == 0, f"orochi serve exited with {code}"
 
 
+class CompressionLimitsTest(SharedServerTest):
+    CONFIG = {"http": {"max_body_bytes": 1 << 20}}
+
+    def test_the_body_limit_holds_for_the_decompressed_size_and_bombs_stop_there(self):
+        import gzip
+        import zlib
+        # 64 MB of zeros is 64 KB of gzip: refused once 1 MB has come out, never inflated whole.
+        bomb = gzip.compress(b"0" * (64 << 20), compresslevel=9)
+        self.assertLess(len(bomb), 1 << 20)
+        started = time.monotonic()
+        status, _, body = curl("-X", "POST", "-H", "Content-Encoding: gzip",
+                               self.server.url("/v2/models/echo/infer"), data=bomb)
+        self.assertEqual(status, 413, body)
+        self.assertEqual(json.loads(body)["error"],
+                         "the request body decompresses (gzip) to more than the limit of "
+                         "1048576 bytes (http.max_body_bytes)")
+        self.assertLess(time.monotonic() - started, 5)
+        status, _, body = curl("-X", "POST", "-H", "Content-Encoding: deflate",
+                               self.server.url("/v2/models/echo/infer"),
+                               data=zlib.compress(b" " * (2 << 20)))
+        self.assertEqual(status, 413, body)
+        request = json.dumps(echo_request()).encode()
+        status, _, body = curl("-X", "POST", "-H", "Content-Encoding: gzip",
+                               self.server.url("/v2/models/echo/infer"),
+                               data=gzip.compress(request))
+        self.assertEqual(status, 200, body)
+        self.assertEqual(self.server.process.poll(), None)
+
+
 class ServerTest(SharedServerTest):
     CONFIG = {"models": {"max_queue_delay_us": 200000}}
 
@@ -183,6 +212,122 @@ class ServerTest(SharedServerTest):
         self.assertEqual(status, 200)
         self.assertEqual(metadata["name"], "orochi")
         self.assertIn("binary_tensor_data", metadata["extensions"])
+
+    def test_every_route_of_the_inference_port_reaches_its_handler(self):
+        # Literal segments beat captures: /v2/models/stats is the all-models statistics, not
+        # the metadata of a model called "stats" (it was, by registration order).
+        status, stats = self.get("/v2/models/stats")
+        self.assertEqual(status, 200, stats)
+        self.assertIn("echo", [entry["name"] for entry in stats["model_stats"]])
+        gets = {
+            "/v2/health/live": "live", "/v2/health/ready": "ready", "/v2": "extensions",
+            "/v2/models/echo": "inputs", "/v2/models/echo/versions/1": "inputs",
+            "/v2/models/echo/ready": "ready", "/v2/models/echo/versions/1/ready": "ready",
+            "/v2/models/echo/config": "max_batch_size",
+            "/v2/models/echo/versions/1/config": "max_batch_size",
+            "/v2/models/echo/stats": "model_stats",
+            "/v2/models/echo/versions/1/stats": "model_stats",
+            "/v2/logging": "log_verbose_level", "/v2/trace/setting": "trace_level",
+        }
+        for path, key in gets.items():
+            status, body = self.get(path)
+            self.assertEqual(status, 200, (path, body))
+            self.assertIn(key, body, path)
+        for path in ("/v2/models/echo/infer", "/v2/models/echo/versions/1/infer"):
+            status, _, body = post_json(self.server, path, echo_request())
+            self.assertEqual(status, 200, (path, body))
+        # A model really called "stats" still has its own routes below the literal one.
+        status, body = self.get("/v2/models/stats/ready")
+        self.assertEqual(status, 404, body)
+        self.assertIn("Request for unknown model: 'stats'", body["error"])
+
+    def test_logging_settings_are_read_and_changed_at_run_time(self):
+        status, settings = self.get("/v2/logging")
+        self.assertEqual((status, settings), (200, {
+            "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+            "log_verbose_level": 0, "log_format": "text"}))
+        try:
+            status, _, body = post_json(self.server, "/v2/logging",
+                                        {"log_verbose_level": 1, "log_format": "json"})
+            self.assertEqual(status, 200, body)
+            self.assertEqual(json.loads(body)["log_verbose_level"], 1)
+            self.assertEqual(self.get("/v2/logging")[1]["log_format"], "json")
+            self.assertIn('"message":"log settings changed"', self.server.log_text())
+            refusals = [
+                ({"log_file": "/tmp/triton.log"}, "log_file \"/tmp/triton.log\" is not supported"),
+                ({"log_error": False}, "log_error false is not supported"),
+                ({"log_info": True, "log_warning": False}, "this combination is not supported"),
+                ({"log_format": "ISO8601"}, 'log_format "ISO8601" is not supported'),
+                ({"log_rotation": 3}, 'the log setting "log_rotation" is not supported'),
+            ]
+            for update, message in refusals:
+                status, _, body = post_json(self.server, "/v2/logging", update)
+                self.assertEqual(status, 400, body)
+                self.assertIn(message, json.loads(body)["error"])
+            self.assertEqual(self.get("/v2/logging")[1]["log_verbose_level"], 1)  # unchanged
+        finally:
+            status, _, body = post_json(self.server, "/v2/logging",
+                                        {"log_verbose_level": 0, "log_format": "text"})
+            self.assertEqual(status, 200, body)
+        status, _, body = post_json(self.server, "/v2/logging",
+                                    {"log_info": False, "log_warning": True})
+        self.assertEqual((status, json.loads(body)["log_info"]), (200, False))
+        post_json(self.server, "/v2/logging", {"log_info": True})
+        status, metadata = self.get("/v2")
+        self.assertIn("logging", metadata["extensions"])
+        self.assertIn("trace", metadata["extensions"])
+
+    def test_trace_settings_say_tracing_is_off_and_stay_off(self):
+        status, settings = self.get("/v2/trace/setting")
+        self.assertEqual((status, settings["trace_level"]), (200, ["OFF"]))
+        status, _, body = post_json(self.server, "/v2/trace/setting", {"trace_level": ["OFF"]})
+        self.assertEqual((status, json.loads(body)["trace_level"]), (200, ["OFF"]))
+        for update in ({"trace_level": ["TIMESTAMPS"]}, {"trace_rate": "1"},
+                       {"trace_file": "/tmp/trace.json"}):
+            status, _, body = post_json(self.server, "/v2/trace/setting", update)
+            self.assertEqual(status, 400, body)
+            self.assertIn("Orochi does not trace requests", json.loads(body)["error"])
+
+    def test_compressed_requests_and_responses(self):
+        import gzip
+        import zlib
+        request = json.dumps(echo_request()).encode()
+        for encoding, compressed in (("gzip", gzip.compress(request)),
+                                     ("deflate", zlib.compress(request)),
+                                     ("deflate", zlib.compress(request)[2:-4])):  # raw deflate
+            status, _, body = curl("-X", "POST", "-H", f"Content-Encoding: {encoding}",
+                                   self.server.url("/v2/models/echo/infer"), data=compressed)
+            self.assertEqual(status, 200, body)
+            self.assertEqual(json.loads(body)["id"], "echo-1")
+        status, _, body = curl("-X", "POST", "-H", "Content-Encoding: br",
+                               self.server.url("/v2/models/echo/infer"), data=request)
+        self.assertEqual(status, 415, body)
+        self.assertIn("Content-Encoding 'br' is not supported", json.loads(body)["error"])
+        status, _, body = curl("-X", "POST", "-H", "Content-Encoding: gzip",
+                               self.server.url("/v2/models/echo/infer"), data=request)
+        self.assertEqual(status, 400, body)
+        self.assertIn("not valid gzip data", json.loads(body)["error"])
+        # Responses: compressed when the client takes it and the body is not tiny.
+        rows = echo_request(rows=8)
+        status, headers, body = curl("-X", "POST", "-H", "Accept-Encoding: gzip",
+                                     self.server.url("/v2/models/echo/infer"),
+                                     data=json.dumps(rows).encode())
+        self.assertEqual(status, 200)
+        self.assertRegex(headers, r"(?i)content-encoding: gzip")
+        self.assertRegex(headers, r"(?i)vary: Accept-Encoding")
+        self.assertEqual(json.loads(gzip.decompress(body))["id"], "echo-1")
+        status, headers, body = curl("-X", "POST", "-H", "Accept-Encoding: gzip;q=0, deflate",
+                                     self.server.url("/v2/models/echo/infer"),
+                                     data=json.dumps(rows).encode())
+        self.assertEqual(status, 200)
+        self.assertRegex(headers, r"(?i)content-encoding: deflate")
+        self.assertEqual(json.loads(zlib.decompress(body))["id"], "echo-1")
+        status, headers, body = curl(self.server.url("/v2/models/echo/infer"), "-X", "POST",
+                                     data=json.dumps(rows).encode())
+        self.assertNotRegex(headers, r"(?i)content-encoding")
+        status, headers, _ = curl("-H", "Accept-Encoding: gzip", self.server.url("/v2/health/live"))
+        self.assertNotRegex(headers, r"(?i)content-encoding")  # too small to be worth it
+
 
     def test_keep_alive_and_pipelining(self):
         with socket.create_connection(("127.0.0.1", self.server.port), timeout=30) as connection:
@@ -315,10 +460,38 @@ class ServerTest(SharedServerTest):
         self.assertEqual(status, 400, body)
         self.assertIn("found 'nan'; write NaN, Infinity and -Infinity", json.loads(body)["error"])
 
+    def test_request_fields_orochi_does_not_implement_are_refused_naming_them(self):
+        # Accepted and ignored, a sequence or a shared-memory output would silently be wrong.
+        cases = [
+            ({"parameters": {"priority": 2}}, 'parameter "priority" is not supported'),
+            ({"parameters": {"sequence_id": 5, "sequence_start": True}},
+             'parameter "sequence_id" is not supported'),
+            ({"outputs": [{"name": "out_fp32",
+                           "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8}}]},
+             'output "out_fp32" has the parameter "shared_memory_region": Orochi does not '
+             'implement the shared-memory extensions'),
+            ({"model_version": "1"}, 'the request has the key "model_version"'),
+        ]
+        for extra, message in cases:
+            request = {**echo_request(), **extra}
+            status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
+            self.assertEqual(status, 400, body)
+            self.assertIn(message, json.loads(body)["error"])
+        request = echo_request()
+        request["inputs"][0]["parameters"] = {"shared_memory_region": "r"}
+        status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
+        self.assertEqual(status, 400, body)
+        self.assertIn('input "in_bool" has the parameter "shared_memory_region"',
+                      json.loads(body)["error"])
+
     def test_errors_have_triton_statuses_and_messages(self):
         cases = [
-            ("/v2/models/nope/infer", echo_request(), 404, "model 'nope' is not loaded"),
-            ("/v2/models/echo/versions/7/infer", echo_request(), 404, "version 7 is not loaded"),
+            # Triton's words, which its clients and scripts match on, then Orochi's detail.
+            ("/v2/models/nope/infer", echo_request(), 404,
+             "Request for unknown model: 'nope' is not found (model 'nope' is not loaded)"),
+            ("/v2/models/echo/versions/7/infer", echo_request(), 404,
+             "Request for unknown model: 'echo' version 7 is not found (version 7 is not loaded; "
+             "loaded: 1)"),
             ("/v2/models/echo/versions/x/infer", echo_request(), 400, "positive integer"),
         ]
         for path, body, status, message in cases:

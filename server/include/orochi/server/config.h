@@ -38,6 +38,10 @@ struct HttpConfig {
   // that the server maps. Off by default, as Triton's --allow-client-shm: a client could name
   // any object the server's user can open, and read it out or overwrite it through a model.
   bool allow_shared_memory = false;
+  // Serve the repository API's index, load and unload on the inference port too, where Triton's
+  // clients send them. Needs the management token (the server refuses to start without one),
+  // which those requests must then carry; off, they are answered 403 naming the management port.
+  bool repository_on_inference_port = false;
 };
 
 // KServe v2 over gRPC (inference.GRPCInferenceService). The inference port's token
