@@ -461,15 +461,15 @@ class ServerTest(SharedServerTest):
         self.assertIn("found 'nan'; write NaN, Infinity and -Infinity", json.loads(body)["error"])
 
     def test_request_fields_orochi_does_not_implement_are_refused_naming_them(self):
-        # Accepted and ignored, a sequence or a shared-memory output would silently be wrong.
+        # Accepted and ignored, a sequence would silently be wrong; shared memory is served, and
+        # a region this server does not have is named (test_shared_memory has the rest).
         cases = [
             ({"parameters": {"priority": 2}}, 'parameter "priority" is not supported'),
             ({"parameters": {"sequence_id": 5, "sequence_start": True}},
              'parameter "sequence_id" is not supported'),
             ({"outputs": [{"name": "out_fp32",
                            "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8}}]},
-             'output "out_fp32" has the parameter "shared_memory_region": Orochi does not '
-             'implement the shared-memory extensions'),
+             "output 'out_fp32': unable to find system shared memory region: 'r'"),
             ({"model_version": "1"}, 'the request has the key "model_version"'),
         ]
         for extra, message in cases:
@@ -481,7 +481,7 @@ class ServerTest(SharedServerTest):
         request["inputs"][0]["parameters"] = {"shared_memory_region": "r"}
         status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
         self.assertEqual(status, 400, body)
-        self.assertIn('input "in_bool" has the parameter "shared_memory_region"',
+        self.assertIn("input 'in_bool': shared_memory_region needs shared_memory_byte_size",
                       json.loads(body)["error"])
 
     def test_errors_have_triton_statuses_and_messages(self):
