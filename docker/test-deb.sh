@@ -51,7 +51,8 @@ deb=$work/package/orochi_${version}_amd64.deb
 echo "docker/test-deb.sh: $(basename "$deb"), $(($(stat -c %s "$deb") / 1000000)) MB"
 
 dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles >"$work/conffiles"
-grep -qx /etc/orochi/orochi.json "$work/conffiles" || fail "orochi.json is no conffile: $(cat "$work/conffiles")"
+grep -qx /etc/orochi/orochi.json "$work/conffiles" ||
+  fail "orochi.json is no conffile: $(cat "$work/conffiles")"
 grep -qx /etc/default/orochi "$work/conffiles" || fail "/etc/default/orochi is no conffile"
 depends=$(dpkg-deb -f "$deb" Depends)
 # From dpkg-shlibdeps: prometheus-cpp and libstdc++ (the binary), expat (the embedded copy
@@ -96,9 +97,11 @@ ensure_base
 # The sources are the base image's, i.e. the archive this machine's apt uses.
 in_root sh -c "cd /tmp && apt-get update -q >/tmp/apt.log 2>&1 &&
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-    ./$(basename "$deb") >>/tmp/apt.log 2>&1" || fail "apt-get install: $(in_root tail -20 /tmp/apt.log)"
+    ./$(basename "$deb") >>/tmp/apt.log 2>&1" ||
+  fail "apt-get install: $(in_root tail -20 /tmp/apt.log)"
 for compiler in cc gcc c++ g++ clang; do
-  ! in_root sh -c "command -v $compiler" >/dev/null || fail "installing pulled in a compiler ($compiler)"
+  ! in_root sh -c "command -v $compiler" >/dev/null ||
+    fail "installing pulled in a compiler ($compiler)"
 done
 in_root getent passwd orochi >"$work/passwd" || fail "no user orochi"
 IFS=: read -r _ _ uid _ _ home shell <"$work/passwd"
