@@ -255,6 +255,16 @@ if [[ "$systemd_state" == running || "$systemd_state" == degraded ]]; then
   fi
   wait_ready unit_active
   expect 200 localhost:8000/v2/models/digits/versions/1/ready
+  # An upgrade (the same package again: its postinst runs as for one) restarts the running
+  # service onto the new files.
+  # (Into /root: systemd emptied /tmp when it booted.)
+  "$docker" cp "$deb" "$target:/root/"
+  in_server dpkg -i "/root/$(basename "$deb")" >"$work/dpkg.log" 2>&1 ||
+    fail "dpkg -i over the running service: $(cat "$work/dpkg.log")"
+  [ "$(in_server systemctl show -p MainPID --value orochi.service)" != "$new_pid" ] ||
+    fail "an upgrade did not restart the running service"
+  wait_ready unit_active
+  expect 200 localhost:8000/v2/models/digits/versions/1/ready
   in_server systemctl stop orochi.service
   result=$(in_server systemctl show -p Result -p ExecMainStatus --value orochi.service | paste -sd' ')
   [ "$result" = "success 0" ] || fail "systemctl stop: result and status $result"
