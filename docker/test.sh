@@ -10,8 +10,8 @@
 #   docker/test.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source docker/common.sh
 build=${1:-build}
-docker=/usr/bin/docker  # Debian's docker.io client
 image=orochi-test:latest
 name=orochi-test-$$
 work=$(mktemp -d)
@@ -22,29 +22,8 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "docker/test.sh: $*" >&2; "$docker" logs "$name" 2>&1 | tail -30 >&2 || true; exit 1; }
 
-if ! "$docker" info >/dev/null 2>&1; then
-  echo "docker/test.sh: starting dockerd"
-  (nohup /usr/sbin/dockerd >/tmp/orochi-dockerd.log 2>&1 &)
-  for _ in $(seq 1 60); do "$docker" info >/dev/null 2>&1 && break; sleep 0.5; done
-  "$docker" info >/dev/null 2>&1 || { cat /tmp/orochi-dockerd.log >&2; exit 1; }
-fi
-
-base=${OROCHI_DOCKER_BASE:-debian:bookworm-slim}
-if ! "$docker" image inspect "$base" >/dev/null 2>&1 && ! "$docker" pull "$base" >/dev/null 2>&1; then
-  base=orochi-base:bookworm
-  if ! "$docker" image inspect "$base" >/dev/null 2>&1; then
-    mirror=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' | awk '$2 == "bookworm" {print $1; exit}')
-    echo "docker/test.sh: no base image; debootstrap from $mirror"
-    debootstrap --variant=minbase bookworm "$work/rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 ||
-      { tail -20 "$work/debootstrap.log" >&2; exit 1; }
-    # What debian:bookworm-slim leaves out too: documentation, manuals, translations, caches.
-    rm -rf "$work/rootfs"/var/cache/apt/* "$work/rootfs"/var/lib/apt/lists/* \
-      "$work/rootfs"/usr/share/doc/* "$work/rootfs"/usr/share/man/* "$work/rootfs"/usr/share/info/* \
-      "$work/rootfs"/usr/share/locale/*
-    tar -C "$work/rootfs" -c . | "$docker" import - "$base" >/dev/null
-    rm -rf "$work/rootfs"
-  fi
-fi
+ensure_dockerd
+ensure_base
 
 rm -rf "$build/docker-prefix"
 cmake --install "$build" --prefix "$build/docker-prefix" --strip >/dev/null
