@@ -25,7 +25,11 @@ int ServeCommand(const ServeOptions& options) {
   if (options.metrics_port) config.http.metrics_port = *options.metrics_port;
   if (options.grpc_port) config.grpc.port = *options.grpc_port;
   if (options.management_port) config.management.port = *options.management_port;
-  if (!options.bind_address.empty()) config.http.bind_address = options.bind_address;
+  if (!options.bind_address.empty()) {
+    // Every port that listens beyond loopback by default: HTTP, metrics and gRPC.
+    config.http.bind_address = options.bind_address;
+    config.grpc.bind_address = options.bind_address;
+  }
   if (options.copies) config.copies = *options.copies;
   if (!options.log_format.empty()) config.log.format = options.log_format;
   if (!options.log_level.empty()) config.log.level = options.log_level;

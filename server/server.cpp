@@ -435,6 +435,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
     grpc_options.inference_token = inference_token;
     grpc_options.management_token = management_token;
     grpc_options.repository = !cfg.models.repository.empty();
+    grpc_options.shared_memory = s.shared_memory.get();
     // One at a time with the management API's operations, on the same queue.
     grpc_options.run_repository_operation = [&s](std::function<void()> work) {
       s.admin->Post(std::move(work));

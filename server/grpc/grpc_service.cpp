@@ -9,6 +9,7 @@
 
 #include "auth.h"
 #include "infer_codec.h"
+#include "kserve/settings.h"
 
 namespace orochi::server::grpc_api {
 namespace {
@@ -438,8 +439,9 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
   return AnswerNow(context, "ServerMetadata", Access::kInference, [&] {
     response->set_name("orochi");
     response->set_version(OROCHI_SERVER_VERSION);
-    for (const char* extension : {"classification", "statistics", "model_configuration",
-                                  "model_repository"}) {
+    for (const char* extension :
+         {"classification", "statistics", "model_configuration", "model_repository",
+          "system_shared_memory", "logging", "trace"}) {
       response->add_extensions(extension);
     }
     return grpc::Status::OK;
@@ -561,10 +563,25 @@ void InferenceService::Infer(const ModelInferRequest& message,
     fail(ToGrpc(parsed.status()));
     return;
   }
+  auto request_read = std::make_shared<kserve::InferRequest>(std::move(parsed).value());
+  // Inputs in shared memory are read now, outputs' regions checked; the request keeps the
+  // regions mapped until it is answered.
+  if (Status shared = ResolveSharedMemory(model->manifest(), *options_.shared_memory,
+                                          request_read.get());
+      !shared.ok()) {
+    runner_.Refused(*model, kserve::ParseFailureReason(shared.code()), received);
+    fail(ToGrpc(shared));
+    return;
+  }
   kserve::InferenceCall call;
   call.model = model;
   call.version_named = !message.model_version().empty();
-  call.request = std::make_shared<kserve::InferRequest>(std::move(parsed).value());
+  call.request = std::move(request_read);
+  if (!call.request->shared_memory_outputs.empty()) {
+    call.complete = [request = call.request](const ServedModel& answered_by, const auto& outputs) {
+      return kserve::WriteSharedMemoryOutputs(answered_by.manifest(), *request, outputs);
+    };
+  }
   call.received = received;
   call.transport_deadline = transport_deadline;
   call.client_gone = std::move(client_gone);
@@ -700,6 +717,167 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
     call->Answer(unloaded.ok() ? grpc::Status::OK : ToGrpc(unloaded.status()));
   });
   return call;
+}
+
+grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryStatus(
+    grpc::CallbackServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
+    inference::SystemSharedMemoryStatusResponse* response) {
+  return AnswerNow(context, "SystemSharedMemoryStatus", Access::kInference, [&] {
+    Result<std::vector<kserve::SharedMemoryRegionStatus>> regions =
+        options_.shared_memory->Describe(request->name().empty()
+                                             ? std::nullopt
+                                             : std::optional<std::string>(request->name()));
+    if (!regions.ok()) return ToGrpc(regions.status());
+    for (const kserve::SharedMemoryRegionStatus& region : *regions) {
+      auto& written = (*response->mutable_regions())[region.name];
+      written.set_name(region.name);
+      written.set_key(region.key);
+      written.set_offset(region.offset);
+      written.set_byte_size(region.byte_size);
+    }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryRegister(
+    grpc::CallbackServerContext* context,
+    const inference::SystemSharedMemoryRegisterRequest* request,
+    inference::SystemSharedMemoryRegisterResponse*) {
+  return AnswerNow(context, "SystemSharedMemoryRegister", Access::kInference, [&] {
+    Status registered = options_.shared_memory->Register(request->name(), request->key(),
+                                                         request->offset(), request->byte_size());
+    if (registered.code() == StatusCode::kFailedPrecondition) {
+      // Disabled by the operator: the call is one this server refuses, not a transient state.
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, registered.message());
+    }
+    return registered.ok() ? grpc::Status::OK : ToGrpc(registered);
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryUnregister(
+    grpc::CallbackServerContext* context,
+    const inference::SystemSharedMemoryUnregisterRequest* request,
+    inference::SystemSharedMemoryUnregisterResponse*) {
+  return AnswerNow(context, "SystemSharedMemoryUnregister", Access::kInference, [&] {
+    if (request->name().empty()) {
+      options_.shared_memory->UnregisterAll();
+    } else {
+      options_.shared_memory->Unregister(request->name());
+    }
+    return grpc::Status::OK;
+  });
+}
+
+namespace {
+
+// CUDA shared memory (cudaIpc handles) is not implemented: said plainly, as over HTTP.
+grpc::Status NoCudaSharedMemory() {
+  return {grpc::StatusCode::UNIMPLEMENTED,
+          "CUDA shared memory is not supported on this server (use system shared memory)"};
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryStatus(
+    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest*,
+    inference::CudaSharedMemoryStatusResponse*) {
+  return AnswerNow(context, "CudaSharedMemoryStatus", Access::kInference, NoCudaSharedMemory);
+}
+
+grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryRegister(
+    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryRegisterRequest*,
+    inference::CudaSharedMemoryRegisterResponse*) {
+  return AnswerNow(context, "CudaSharedMemoryRegister", Access::kInference, NoCudaSharedMemory);
+}
+
+grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryUnregister(
+    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryUnregisterRequest*,
+    inference::CudaSharedMemoryUnregisterResponse*) {
+  return AnswerNow(context, "CudaSharedMemoryUnregister", Access::kInference, NoCudaSharedMemory);
+}
+
+grpc::ServerUnaryReactor* InferenceService::LogSettings(grpc::CallbackServerContext* context,
+                                                        const inference::LogSettingsRequest* request,
+                                                        inference::LogSettingsResponse* response) {
+  return AnswerNow(context, "LogSettings", Access::kInference, [&] {
+    // Through HTTP's /v2/logging logic, so both protocols accept and refuse the same settings.
+    nlohmann::json update = nlohmann::json::object();
+    for (const auto& [name, value] : request->settings()) {
+      using Value = inference::LogSettingsRequest::SettingValue;
+      switch (value.parameter_choice_case()) {
+        case Value::kBoolParam:
+          update[name] = value.bool_param();
+          break;
+        case Value::kUint32Param:
+          update[name] = value.uint32_param();
+          break;
+        case Value::kStringParam:
+          update[name] = value.string_param();
+          break;
+        case Value::PARAMETER_CHOICE_NOT_SET:
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "log setting '" + name + "' has no value");
+      }
+    }
+    Result<std::string> settings = request->settings().empty()
+                                       ? Result<std::string>(kserve::LogSettingsJson())
+                                       : kserve::UpdateLogSettings(update.dump());
+    if (!settings.ok()) return ToGrpc(settings.status());
+    // Named: a range over items() of a temporary would outlive the document.
+    const nlohmann::json current = nlohmann::json::parse(*settings);
+    for (const auto& [name, value] : current.items()) {
+      auto& written = (*response->mutable_settings())[name];
+      if (value.is_boolean()) {
+        written.set_bool_param(value.get<bool>());
+      } else if (value.is_number_unsigned()) {
+        written.set_uint32_param(value.get<uint32_t>());
+      } else {
+        written.set_string_param(value.is_string() ? value.get<std::string>() : value.dump());
+      }
+    }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::TraceSetting(
+    grpc::CallbackServerContext* context, const inference::TraceSettingRequest* request,
+    inference::TraceSettingResponse* response) {
+  return AnswerNow(context, "TraceSetting", Access::kInference, [&] {
+    if (!request->model_name().empty()) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          "per-model trace settings are not supported: Orochi does not trace "
+                          "requests");
+    }
+    // Through HTTP's /v2/trace/setting logic: trace_level is a list, the others one value.
+    nlohmann::json update = nlohmann::json::object();
+    for (const auto& [name, value] : request->settings()) {
+      if (name == "trace_level") {
+        update[name] = std::vector<std::string>(value.value().begin(), value.value().end());
+      } else if (value.value_size() == 0) {
+        update[name] = nullptr;  // Triton's way of clearing a setting
+      } else if (value.value_size() == 1) {
+        update[name] = value.value(0);
+      } else {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "trace setting '" + name + "' takes one value");
+      }
+    }
+    Result<std::string> settings = request->settings().empty()
+                                       ? Result<std::string>(kserve::TraceSettingsJson())
+                                       : kserve::UpdateTraceSettings(update.dump());
+    if (!settings.ok()) return ToGrpc(settings.status());
+    // Named: a range over items() of a temporary would outlive the document.
+    const nlohmann::json current = nlohmann::json::parse(*settings);
+    for (const auto& [name, value] : current.items()) {
+      auto* values = (*response->mutable_settings())[name].mutable_value();
+      if (value.is_array()) {
+        for (const auto& item : value) values->Add(item.is_string() ? item.get<std::string>() : item.dump());
+      } else {
+        values->Add(value.is_string() ? value.get<std::string>() : value.dump());
+      }
+    }
+    return grpc::Status::OK;
+  });
 }
 
 }  // namespace orochi::server::grpc_api

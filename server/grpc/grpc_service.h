@@ -16,6 +16,7 @@
 
 #include "inference.grpc.pb.h"
 #include "kserve/inference.h"
+#include "kserve/shared_memory.h"
 #include "metrics/metrics.h"
 #include "models/model_service.h"
 #include "orochi/server/config.h"
@@ -38,6 +39,8 @@ struct ServiceOptions {
   std::function<void(std::function<void()>)> run_repository_operation;
   // Counts calls in progress (the transport waits for them at shutdown).
   std::atomic<int64_t>* in_flight = nullptr;
+  // The server's system shared-memory regions, shared with HTTP.
+  kserve::SharedMemoryRegistry* shared_memory = nullptr;
 };
 
 class InferenceService final : public inference::GRPCInferenceService::CallbackService {
@@ -80,6 +83,35 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* RepositoryModelUnload(
       grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
       inference::RepositoryModelUnloadResponse* response) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryStatusRequest* request,
+      inference::SystemSharedMemoryStatusResponse* response) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryRegisterRequest* request,
+      inference::SystemSharedMemoryRegisterResponse* response) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryUnregisterRequest* request,
+      inference::SystemSharedMemoryUnregisterResponse* response) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryStatus(
+      grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
+      inference::CudaSharedMemoryStatusResponse* response) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryRegister(
+      grpc::CallbackServerContext* context,
+      const inference::CudaSharedMemoryRegisterRequest* request,
+      inference::CudaSharedMemoryRegisterResponse* response) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
+      grpc::CallbackServerContext* context,
+      const inference::CudaSharedMemoryUnregisterRequest* request,
+      inference::CudaSharedMemoryUnregisterResponse* response) override;
+  grpc::ServerUnaryReactor* LogSettings(grpc::CallbackServerContext* context,
+                                        const inference::LogSettingsRequest* request,
+                                        inference::LogSettingsResponse* response) override;
+  grpc::ServerUnaryReactor* TraceSetting(grpc::CallbackServerContext* context,
+                                         const inference::TraceSettingRequest* request,
+                                         inference::TraceSettingResponse* response) override;
 
   // What one inference came to, for a unary answer or a stream's.
   struct InferOutcome {

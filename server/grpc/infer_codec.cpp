@@ -33,9 +33,10 @@ Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
 // by name rather than passed to the model as if they were its own, which would drop their
 // meaning without a word. Triton's reserved ones are refused as HTTP refuses them.
 constexpr std::string_view kUnimplementedRequestParameters[] = {"binary_data_output"};
-constexpr std::string_view kUnimplementedTensorParameters[] = {
-    "shared_memory_region", "shared_memory_offset", "shared_memory_byte_size", "binary_data",
-    "binary_data_size"};
+constexpr std::string_view kUnimplementedTensorParameters[] = {"binary_data",
+                                                              "binary_data_size"};
+constexpr std::string_view kSharedMemoryParameters[] = {
+    "shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"};
 
 template <size_t N>
 bool Listed(const std::string_view (&names)[N], const std::string& name) {
@@ -43,9 +44,6 @@ bool Listed(const std::string_view (&names)[N], const std::string& name) {
 }
 
 std::string Unimplemented(const std::string& name) {
-  if (name.rfind("shared_memory", 0) == 0) {
-    return "parameter '" + name + "': shared memory is not served over gRPC by this server";
-  }
   if (name.rfind("binary_data", 0) == 0) {
     return "parameter '" + name +
            "' belongs to HTTP's binary extension; over gRPC, send values in raw_input_contents "
@@ -91,6 +89,51 @@ Result<interpreters::ParameterValue> ModelParameter(const std::string& name,
       break;
   }
   return Bad("parameter '" + name + "' has no value");
+}
+
+// Triton's shared-memory parameters of a tensor (`what`, for errors): nullopt when it has none,
+// else all that it needs, or an error naming what is missing; the other parameters are
+// refused by name.
+Result<std::optional<kserve::SharedMemoryRef>> ReadTensorParameters(
+    const ParameterMap& parameters, const std::string& what,
+    std::initializer_list<std::string_view> also_allowed) {
+  using Found = std::optional<kserve::SharedMemoryRef>;
+  for (const auto& [name, value] : parameters) {
+    if (Listed(kSharedMemoryParameters, name) ||
+        std::find(also_allowed.begin(), also_allowed.end(), name) != also_allowed.end()) {
+      continue;
+    }
+    if (Listed(kUnimplementedTensorParameters, name)) return Bad(what + ": " + Unimplemented(name));
+    return Bad(what + ": parameter '" + name + "' is not a parameter this server knows");
+  }
+  auto region = parameters.find("shared_memory_region");
+  auto offset = parameters.find("shared_memory_offset");
+  auto size = parameters.find("shared_memory_byte_size");
+  if (region == parameters.end()) {
+    if (offset != parameters.end() || size != parameters.end()) {
+      return Bad(what +
+                 ": shared_memory_offset and shared_memory_byte_size need shared_memory_region "
+                 "(the name of a registered region)");
+    }
+    return Found();
+  }
+  if (region->second.parameter_choice_case() != InferParameter::kStringParam ||
+      region->second.string_param().empty()) {
+    return Bad(what + ": shared_memory_region must be the name of a registered region "
+                      "(string_param)");
+  }
+  if (size == parameters.end()) return Bad(what + ": shared_memory_region needs shared_memory_byte_size");
+  kserve::SharedMemoryRef ref;
+  ref.region = region->second.string_param();
+  OROCHI_ASSIGN_OR_RETURN(int64_t byte_size,
+                          IntegerParameter(size->second, what + ": shared_memory_byte_size", 0));
+  ref.byte_size = static_cast<uint64_t>(byte_size);
+  if (offset != parameters.end()) {
+    OROCHI_ASSIGN_OR_RETURN(int64_t at,
+                            IntegerParameter(offset->second, what + ": shared_memory_offset", 0));
+    ref.offset = static_cast<uint64_t>(at);
+  }
+  return Found(std::move(ref));
 }
 
 // The one contents field a datatype's values travel in, and how many values each holds.
@@ -243,27 +286,39 @@ Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
     }
   }
 
-  const bool raw = message.raw_input_contents_size() > 0;
-  if (raw && message.raw_input_contents_size() != message.inputs_size()) {
-    return Bad("raw_input_contents has " + std::to_string(message.raw_input_contents_size()) +
-               " entries, but the request has " + std::to_string(message.inputs_size()) +
-               " inputs: send every input's values there, in the order of `inputs`, or none");
-  }
+  // Inputs in shared memory carry no values in the message: raw_input_contents holds those of
+  // the others, in order (as Triton's clients send them).
+  std::vector<std::optional<kserve::SharedMemoryRef>> shared(message.inputs_size());
+  int in_message = 0;
   for (int index = 0; index < message.inputs_size(); ++index) {
     const auto& input = message.inputs(index);
-    for (const auto& [name, value] : input.parameters()) {
-      if (Listed(kUnimplementedTensorParameters, name)) {
-        return Bad("input '" + input.name() + "': " + Unimplemented(name));
-      }
-      return Bad("input '" + input.name() + "': parameter '" + name +
-                 "' is not an input parameter this server knows");
-    }
+    OROCHI_ASSIGN_OR_RETURN(shared[index], ReadTensorParameters(input.parameters(),
+                                                                "input '" + input.name() + "'", {}));
+    if (!shared[index]) ++in_message;
+  }
+  const bool raw = message.raw_input_contents_size() > 0;
+  if (raw && message.raw_input_contents_size() != in_message) {
+    return Bad("raw_input_contents has " + std::to_string(message.raw_input_contents_size()) +
+               " entries, but the request has " + std::to_string(in_message) +
+               " inputs: send every input's values there, in the order of `inputs` (leaving "
+               "out those in shared memory), or none");
+  }
+  int raw_at = 0;
+  for (int index = 0; index < message.inputs_size(); ++index) {
+    const auto& input = message.inputs(index);
     OROCHI_ASSIGN_OR_RETURN(
         engine::Shape shape,
         kserve::CheckInputShape({input.shape().begin(), input.shape().end()}, input.name()));
     OROCHI_ASSIGN_OR_RETURN(const TensorSpec* spec,
                             builder.CheckInput(input.name(), input.datatype(), shape));
-    if (raw) {
+    if (shared[index]) {
+      if (input.has_contents()) {
+        return Bad("input '" + input.name() +
+                   "' has both shared_memory_region and contents: its values are either in "
+                   "shared memory or in the request");
+      }
+      builder.AddSharedMemoryInput(input.name(), std::move(*shared[index]), shape);
+    } else if (raw) {
       if (input.has_contents()) {
         return Bad("input '" + input.name() +
                    "' has contents, but the request also has raw_input_contents: use one or "
@@ -271,7 +326,7 @@ Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
       }
       OROCHI_ASSIGN_OR_RETURN(
           NamedTensor tensor,
-          builder.FromRaw(*spec, shape, message.raw_input_contents(index), "raw_input_contents"));
+          builder.FromRaw(*spec, shape, message.raw_input_contents(raw_at++), "raw_input_contents"));
       builder.AddInput(std::move(tensor));
     } else {
       OROCHI_ASSIGN_OR_RETURN(NamedTensor tensor, FromContents(*spec, shape, input.contents()));
@@ -280,22 +335,26 @@ Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
   }
 
   for (const auto& output : message.outputs()) {
+    const std::string what = "output '" + output.name() + "'";
+    OROCHI_ASSIGN_OR_RETURN(std::optional<kserve::SharedMemoryRef> shared,
+                            ReadTensorParameters(output.parameters(), what, {"classification"}));
     std::optional<int64_t> classes;
-    for (const auto& [name, value] : output.parameters()) {
-      if (name == "classification") {
-        OROCHI_ASSIGN_OR_RETURN(
-            classes, IntegerParameter(value,
-                                      "output '" + output.name() +
-                                          "': classification (how many classes to return)",
-                                      1));
-      } else if (Listed(kUnimplementedTensorParameters, name)) {
-        return Bad("output '" + output.name() + "': " + Unimplemented(name));
-      } else {
-        return Bad("output '" + output.name() + "': parameter '" + name +
-                   "' is not an output parameter this server knows");
+    if (auto count = output.parameters().find("classification");
+        count != output.parameters().end()) {
+      if (shared) {
+        return Bad(what +
+                   ": classification cannot be written to shared memory; ask for the classes in "
+                   "the response, or for the scores in shared memory");
       }
+      OROCHI_ASSIGN_OR_RETURN(
+          classes, IntegerParameter(count->second,
+                                    what + ": classification (how many classes to return)", 1));
     }
-    OROCHI_RETURN_IF_ERROR(builder.RequestOutput(output.name(), /*binary=*/true, classes));
+    if (shared) {
+      OROCHI_RETURN_IF_ERROR(builder.RequestSharedMemoryOutput(output.name(), std::move(*shared)));
+    } else {
+      OROCHI_RETURN_IF_ERROR(builder.RequestOutput(output.name(), /*binary=*/true, classes));
+    }
   }
   return builder.Finish();
 }
@@ -311,24 +370,34 @@ void WriteInferResponse(const packaging::Manifest& manifest, const kserve::Infer
   const kserve::ResponseTensors selected =
       kserve::SelectResponseTensors(manifest, request, outputs, labels);
   for (const kserve::ResponseTensor& output : selected.tensors) {
-    auto* written = response->add_outputs();
-    written->set_name(*output.name);
-    written->set_datatype(std::string(DataTypeName(output.datatype)));
-    for (int64_t size : output.shape) written->add_shape(size);
+    auto* tensor = response->add_outputs();
+    tensor->set_name(*output.name);
+    tensor->set_datatype(std::string(DataTypeName(output.datatype)));
+    for (int64_t size : output.shape) tensor->add_shape(size);
     std::string* raw = response->add_raw_output_contents();
-    if (output.bytes != nullptr) {
-      size_t total = 0;
-      for (const std::string& item : output.bytes->items) total += 4 + item.size();
-      raw->reserve(total);
+    size_t bytes = 0;
+    if (output.tensor != nullptr) {
+      bytes = static_cast<size_t>(output.tensor->numel()) * engine::ItemSize(output.tensor->dtype());
+    } else {
+      for (const std::string& item : output.bytes->items) bytes += 4 + item.size();
+    }
+    if (output.shared_memory != nullptr) {
+      // In the region already (WriteSharedMemoryOutputs): where, and how many bytes. Its raw
+      // entry stays empty, so that the others keep their positions (clients index
+      // raw_output_contents as `outputs`).
+      auto& parameters = *tensor->mutable_parameters();
+      parameters["shared_memory_region"].set_string_param(output.shared_memory->region);
+      parameters["shared_memory_offset"].set_uint64_param(output.shared_memory->offset);
+      parameters["shared_memory_byte_size"].set_uint64_param(bytes);
+    } else if (output.bytes != nullptr) {
+      raw->reserve(bytes);
       for (const std::string& item : output.bytes->items) {
         auto length = static_cast<uint32_t>(item.size());
         raw->append(reinterpret_cast<const char*>(&length), 4);
         raw->append(item);
       }
     } else {
-      const engine::Tensor& tensor = *output.tensor;
-      raw->assign(static_cast<const char*>(tensor.data()),
-                  static_cast<size_t>(tensor.numel()) * engine::ItemSize(tensor.dtype()));
+      raw->assign(static_cast<const char*>(output.tensor->data()), bytes);
     }
   }
 }

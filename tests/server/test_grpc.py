@@ -7,6 +7,7 @@ tokens, and hostile messages after which the server still serves.
     OROCHI_BINARY=build/bin/orochi python3.11 -m unittest -v test_grpc
 """
 
+import atexit
 import concurrent.futures
 import importlib
 import os
@@ -27,6 +28,7 @@ from test_server import Server, curl, pack_repository
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_DIR = os.path.join(HERE, "..", "..", "server", "grpc")
 STUBS = tempfile.mkdtemp(prefix="orochi-grpc-stubs-")
+atexit.register(shutil.rmtree, STUBS, True)
 subprocess.run(["protoc", "-I", PROTO_DIR, f"--python_out={STUBS}", f"--grpc_out={STUBS}",
                 "--plugin=protoc-gen-grpc=" + os.environ.get("OROCHI_GRPC_PYTHON_PLUGIN",
                                                              shutil.which("grpc_python_plugin")),
@@ -81,7 +83,8 @@ def outputs_by_name(response):
 class GrpcServerTest(unittest.TestCase):
     """One server with the echo, slow and extra_rows models, and a channel to its gRPC port."""
 
-    CONFIG: dict = {"grpc": {"max_message_bytes": 1 << 20, "max_stream_in_flight": 4}}
+    CONFIG: dict = {"grpc": {"max_message_bytes": 1 << 20, "max_stream_in_flight": 4},
+                    "http": {"allow_shared_memory": True}}
     COPIES = 2
 
     @classmethod
@@ -266,7 +269,11 @@ class InferTest(GrpcServerTest):
         request = echo_raw_request()
         request.inputs[0].parameters["shared_memory_region"].string_param = "r"
         self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
-                        "shared memory")
+                        "shared_memory_region needs shared_memory_byte_size")
+        request = echo_raw_request()
+        request.inputs[0].parameters["binary_data_size"].int64_param = 2
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
+                        "belongs to HTTP's binary extension")
         request = echo_raw_request()
         request.parameters["empty"].CopyFrom(pb.InferParameter())
         self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
@@ -351,6 +358,95 @@ class InferTest(GrpcServerTest):
                                r'method="ModelInfer"\} \d+')
         self.assertRegex(text, r'orochi_inference_requests_total\{model="echo",reason="success",'
                                r'version="1"\} \d+')
+
+
+class SharedMemoryAndSettingsTest(GrpcServerTest):
+    def test_system_shared_memory_over_grpc(self):
+        from multiprocessing import shared_memory
+        region = shared_memory.SharedMemory(create=True, size=64)
+        try:
+            key = "/" + region.name.lstrip("/")
+            self.stub.SystemSharedMemoryRegister(pb.SystemSharedMemoryRegisterRequest(
+                name="grpc-region", key=key, offset=0, byte_size=64))
+            self.assertCode(lambda: self.stub.SystemSharedMemoryRegister(
+                pb.SystemSharedMemoryRegisterRequest(name="grpc-region", key=key, byte_size=64)),
+                grpc.StatusCode.ALREADY_EXISTS)
+            status = self.stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest())
+            self.assertEqual(status.regions["grpc-region"].byte_size, 64)
+            self.assertEqual(status.regions["grpc-region"].key, key)
+            # Registered over gRPC, visible over HTTP: one registry.
+            _, _, body = curl(self.server.url("/v2/systemsharedmemory/status"))
+            self.assertIn(b"grpc-region", body)
+            # INT32 input at offset 0 (2 values), INT32 output at offset 16 (2 values).
+            region.buf[0:8] = struct.pack("<2i", 41, -5)
+            request = echo_raw_request(rows=2)
+            index = [t.name for t in request.inputs].index("in_int32")
+            del request.raw_input_contents[index]
+            tensor = request.inputs[index]
+            tensor.parameters["shared_memory_region"].string_param = "grpc-region"
+            tensor.parameters["shared_memory_byte_size"].int64_param = 8
+            output = request.outputs.add(name="out_int32")
+            output.parameters["shared_memory_region"].string_param = "grpc-region"
+            output.parameters["shared_memory_offset"].uint64_param = 16
+            output.parameters["shared_memory_byte_size"].uint64_param = 8
+            request.outputs.add(name="out_int8")
+            response = self.stub.ModelInfer(request)
+            self.assertEqual(struct.unpack("<2i", bytes(region.buf[16:24])), (41, -5))
+            outputs = outputs_by_name(response)  # in the manifest's order
+            written, raw = outputs["out_int32"]
+            self.assertEqual(written.parameters["shared_memory_byte_size"].uint64_param, 8)
+            self.assertEqual(raw, b"")  # an empty entry keeps the others' positions
+            self.assertEqual(outputs["out_int8"][1], struct.pack("<2b", -128, 127))
+            # A region too small for the output: refused before anything is written elsewhere.
+            output.parameters["shared_memory_byte_size"].uint64_param = 4
+            self.assertCode(lambda: self.stub.ModelInfer(request),
+                            grpc.StatusCode.INVALID_ARGUMENT, "shared_memory_byte_size")
+            self.assertCode(lambda: self.stub.SystemSharedMemoryStatus(
+                pb.SystemSharedMemoryStatusRequest(name="nope")), grpc.StatusCode.NOT_FOUND)
+            self.stub.SystemSharedMemoryUnregister(
+                pb.SystemSharedMemoryUnregisterRequest(name="grpc-region"))
+            self.assertEqual(len(self.stub.SystemSharedMemoryStatus(
+                pb.SystemSharedMemoryStatusRequest()).regions), 0)
+            # As over HTTP (400): the request names a region that is not there.
+            self.assertCode(lambda: self.stub.ModelInfer(request),
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            "unable to find system shared memory region: 'grpc-region'")
+        finally:
+            region.close()
+            region.unlink()
+
+    def test_cuda_shared_memory_is_refused_clearly(self):
+        self.assertCode(lambda: self.stub.CudaSharedMemoryStatus(
+            pb.CudaSharedMemoryStatusRequest()), grpc.StatusCode.UNIMPLEMENTED,
+            "CUDA shared memory is not supported")
+        self.assertCode(lambda: self.stub.CudaSharedMemoryRegister(
+            pb.CudaSharedMemoryRegisterRequest(name="x", raw_handle=b"h", byte_size=8)),
+            grpc.StatusCode.UNIMPLEMENTED)
+
+    def test_log_settings(self):
+        settings = self.stub.LogSettings(pb.LogSettingsRequest()).settings
+        self.assertEqual(settings["log_file"].string_param, "")
+        self.assertTrue(settings["log_error"].bool_param)
+        request = pb.LogSettingsRequest()
+        request.settings["log_verbose_level"].uint32_param = 1
+        changed = self.stub.LogSettings(request).settings
+        self.assertEqual(changed["log_verbose_level"].uint32_param, 1)
+        request.settings["log_verbose_level"].uint32_param = 0
+        self.stub.LogSettings(request)
+        refused = pb.LogSettingsRequest()
+        refused.settings["log_file"].string_param = "/tmp/x.log"
+        self.assertCode(lambda: self.stub.LogSettings(refused), grpc.StatusCode.INVALID_ARGUMENT,
+                        "log_file")
+
+    def test_trace_setting(self):
+        settings = self.stub.TraceSetting(pb.TraceSettingRequest()).settings
+        self.assertEqual(list(settings["trace_level"].value), ["OFF"])
+        request = pb.TraceSettingRequest()
+        request.settings["trace_level"].value.append("TIMESTAMPS")
+        self.assertCode(lambda: self.stub.TraceSetting(request), grpc.StatusCode.INVALID_ARGUMENT,
+                        "Orochi does not trace requests")
+        self.assertCode(lambda: self.stub.TraceSetting(pb.TraceSettingRequest(model_name="echo")),
+                        grpc.StatusCode.UNIMPLEMENTED)
 
 
 class DeadlineAndCancellationTest(GrpcServerTest):
