@@ -145,27 +145,25 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   if (json.is_discarded()) return Problem("$", "not valid JSON");
   ServerConfig config;
   ObjectReader root(json, "$");
-  OROCHI_RETURN_IF_ERROR(
-      root.Check({"http", "grpc", "management", "models", "log", "python", "copies",
-                  "supervisor"}));
+  OROCHI_RETURN_IF_ERROR(root.Check(
+      {"http", "grpc", "management", "models", "log", "python", "copies", "supervisor"}));
   OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
 
   ObjectReader http = root.Child("http");
-  OROCHI_RETURN_IF_ERROR(
-      http.Check({"bind_address", "token_file", "token_env", "inference_port", "metrics_port",
-                  "io_threads", "max_header_bytes", "max_body_bytes", "max_json_depth",
-                  "idle_timeout_s", "request_timeout_s", "shutdown_grace_s", "max_connections",
-                  "max_connections_per_client", "allow_shared_memory",
-                  "repository_on_inference_port"}));
+  OROCHI_RETURN_IF_ERROR(http.Check(
+      {"bind_address", "token_file", "token_env", "inference_port", "metrics_port", "io_threads",
+       "max_header_bytes", "max_body_bytes", "max_json_depth", "idle_timeout_s",
+       "request_timeout_s", "shutdown_grace_s", "max_connections", "max_connections_per_client",
+       "allow_shared_memory", "repository_on_inference_port"}));
   OROCHI_RETURN_IF_ERROR(http.Boolean("allow_shared_memory", &config.http.allow_shared_memory));
   OROCHI_RETURN_IF_ERROR(http.String("bind_address", &config.http.bind_address));
   OROCHI_RETURN_IF_ERROR(http.String("token_file", &config.http.token_file));
   OROCHI_RETURN_IF_ERROR(http.String("token_env", &config.http.token_env));
 
   ObjectReader grpc = root.Child("grpc");
-  OROCHI_RETURN_IF_ERROR(grpc.Check({"enabled", "bind_address", "port", "max_message_bytes",
-                                     "max_response_bytes", "max_stream_in_flight",
-                                     "max_concurrent_streams"}));
+  OROCHI_RETURN_IF_ERROR(
+      grpc.Check({"enabled", "bind_address", "port", "max_message_bytes", "max_response_bytes",
+                  "max_stream_in_flight", "max_concurrent_streams"}));
   OROCHI_RETURN_IF_ERROR(grpc.Boolean("enabled", &config.grpc.enabled));
   OROCHI_RETURN_IF_ERROR(grpc.String("bind_address", &config.grpc.bind_address));
   OROCHI_RETURN_IF_ERROR(grpc.Integer("port", &config.grpc.port, 0, 65535));

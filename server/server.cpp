@@ -501,9 +501,10 @@ int Server::Run() {
   // (on its own thread: Shutdown blocks until they have), then cancels the rest.
   std::thread grpc_shutdown;
   if (s.grpc != nullptr) {
-    grpc_shutdown = std::thread(
-        [&s, end = std::chrono::system_clock::now() +
-                   std::chrono::seconds(s.config.http.shutdown_grace_s)] { s.grpc->Shutdown(end); });
+    grpc_shutdown = std::thread([&s, end = std::chrono::system_clock::now() +
+                                           std::chrono::seconds(s.config.http.shutdown_grace_s)] {
+      s.grpc->Shutdown(end);
+    });
   }
   auto in_flight = [&s] {
     return s.inference->in_flight() + (s.grpc != nullptr ? s.grpc->in_flight() : 0);

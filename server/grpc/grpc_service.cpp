@@ -108,11 +108,12 @@ class StreamCall final
     }
     ModelInferRequest request = std::move(incoming_);
     incoming_.Clear();
-    service_.Infer(request, SteadyDeadline(context_->deadline()),
-                   [cancelled = cancelled_] { return cancelled->load(); },
-                   [this, id = request.id()](InferenceService::InferOutcome outcome) {
-                     Answered(std::move(outcome), id);
-                   });
+    service_.Infer(
+        request, SteadyDeadline(context_->deadline()),
+        [cancelled = cancelled_] { return cancelled->load(); },
+        [this, id = request.id()](InferenceService::InferOutcome outcome) {
+          Answered(std::move(outcome), id);
+        });
     Next next;
     {
       std::lock_guard lock(mutex_);
@@ -369,7 +370,8 @@ std::optional<grpc::Status> InferenceService::Refusal(const grpc::CallbackServer
   const auto& metadata = context.client_metadata();
   auto found = metadata.find("authorization");
   std::optional<std::string_view> authorization;
-  if (found != metadata.end()) authorization = std::string_view(found->second.data(), found->second.size());
+  if (found != metadata.end())
+    authorization = std::string_view(found->second.data(), found->second.size());
   switch (CheckBearer(authorization, *token)) {
     case TokenCheck::kValid:
       return std::nullopt;
@@ -439,9 +441,8 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
   return AnswerNow(context, "ServerMetadata", Access::kInference, [&] {
     response->set_name("orochi");
     response->set_version(OROCHI_SERVER_VERSION);
-    for (const char* extension :
-         {"classification", "statistics", "model_configuration", "model_repository",
-          "system_shared_memory", "logging", "trace"}) {
+    for (const char* extension : {"classification", "statistics", "model_configuration",
+                                  "model_repository", "system_shared_memory", "logging", "trace"}) {
       response->add_extensions(extension);
     }
     return grpc::Status::OK;
@@ -466,9 +467,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
   });
 }
 
-grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerContext* context,
-                                                        const inference::ModelConfigRequest* request,
-                                                        inference::ModelConfigResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::ModelConfig(
+    grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
+    inference::ModelConfigResponse* response) {
   return AnswerNow(context, "ModelConfig", Access::kInference, [&] {
     Result<std::shared_ptr<const ServedModel>> model = Resolve(request->name(), request->version());
     if (!model.ok()) return ToGrpc(model.status());
@@ -520,8 +521,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
   return AnswerNow(context, "ModelStatistics", Access::kInference, [&] {
     if (request->name().empty()) {
       if (!request->version().empty()) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "a version needs a model name");
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a version needs a model name");
       }
       for (const auto& model : models_.List()) WriteStatistics(*model, response->add_model_stats());
       return grpc::Status::OK;
@@ -566,8 +566,8 @@ void InferenceService::Infer(const ModelInferRequest& message,
   auto request_read = std::make_shared<kserve::InferRequest>(std::move(parsed).value());
   // Inputs in shared memory are read now, outputs' regions checked; the request keeps the
   // regions mapped until it is answered.
-  if (Status shared = ResolveSharedMemory(model->manifest(), *options_.shared_memory,
-                                          request_read.get());
+  if (Status shared =
+          ResolveSharedMemory(model->manifest(), *options_.shared_memory, request_read.get());
       !shared.ok()) {
     runner_.Refused(*model, kserve::ParseFailureReason(shared.code()), received);
     fail(ToGrpc(shared));
@@ -586,15 +586,14 @@ void InferenceService::Infer(const ModelInferRequest& message,
   call.transport_deadline = transport_deadline;
   call.client_gone = std::move(client_gone);
   std::shared_ptr<const kserve::InferRequest> request = call.request;
-  runner_.Run(std::move(call),
-              [request, done = std::move(done)](Result<kserve::InferenceResult> result) {
-                if (!result.ok()) {
-                  done(InferOutcome{ToGrpc(result.status()), nullptr, request, {}});
-                  return;
-                }
-                done(InferOutcome{grpc::Status::OK, result->model, request,
-                                  std::move(result->outputs)});
-              });
+  runner_.Run(
+      std::move(call), [request, done = std::move(done)](Result<kserve::InferenceResult> result) {
+        if (!result.ok()) {
+          done(InferOutcome{ToGrpc(result.status()), nullptr, request, {}});
+          return;
+        }
+        done(InferOutcome{grpc::Status::OK, result->model, request, std::move(result->outputs)});
+      });
 }
 
 void InferenceService::WriteOutcome(const InferOutcome& outcome,
@@ -724,9 +723,8 @@ grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryStatus(
     inference::SystemSharedMemoryStatusResponse* response) {
   return AnswerNow(context, "SystemSharedMemoryStatus", Access::kInference, [&] {
     Result<std::vector<kserve::SharedMemoryRegionStatus>> regions =
-        options_.shared_memory->Describe(request->name().empty()
-                                             ? std::nullopt
-                                             : std::optional<std::string>(request->name()));
+        options_.shared_memory->Describe(
+            request->name().empty() ? std::nullopt : std::optional<std::string>(request->name()));
     if (!regions.ok()) return ToGrpc(regions.status());
     for (const kserve::SharedMemoryRegionStatus& region : *regions) {
       auto& written = (*response->mutable_regions())[region.name];
@@ -796,9 +794,9 @@ grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryUnregister(
   return AnswerNow(context, "CudaSharedMemoryUnregister", Access::kInference, NoCudaSharedMemory);
 }
 
-grpc::ServerUnaryReactor* InferenceService::LogSettings(grpc::CallbackServerContext* context,
-                                                        const inference::LogSettingsRequest* request,
-                                                        inference::LogSettingsResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::LogSettings(
+    grpc::CallbackServerContext* context, const inference::LogSettingsRequest* request,
+    inference::LogSettingsResponse* response) {
   return AnswerNow(context, "LogSettings", Access::kInference, [&] {
     // Through HTTP's /v2/logging logic, so both protocols accept and refuse the same settings.
     nlohmann::json update = nlohmann::json::object();
@@ -871,7 +869,8 @@ grpc::ServerUnaryReactor* InferenceService::TraceSetting(
     for (const auto& [name, value] : current.items()) {
       auto* values = (*response->mutable_settings())[name].mutable_value();
       if (value.is_array()) {
-        for (const auto& item : value) values->Add(item.is_string() ? item.get<std::string>() : item.dump());
+        for (const auto& item : value)
+          values->Add(item.is_string() ? item.get<std::string>() : item.dump());
       } else {
         values->Add(value.is_string() ? value.get<std::string>() : value.dump());
       }

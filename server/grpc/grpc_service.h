@@ -66,9 +66,9 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* context,
                                         const inference::ModelConfigRequest* request,
                                         inference::ModelConfigResponse* response) override;
-  grpc::ServerUnaryReactor* ModelStatistics(
-      grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
-      inference::ModelStatisticsResponse* response) override;
+  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
+                                            const inference::ModelStatisticsRequest* request,
+                                            inference::ModelStatisticsResponse* response) override;
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) override;
@@ -122,8 +122,8 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   };
   // Reads, checks and submits one request; `done` is called once, from any thread.
   void Infer(const inference::ModelInferRequest& message,
-             std::optional<Clock::time_point> transport_deadline,
-             std::function<bool()> client_gone, std::function<void(InferOutcome)> done);
+             std::optional<Clock::time_point> transport_deadline, std::function<bool()> client_gone,
+             std::function<void(InferOutcome)> done);
   static void WriteOutcome(const InferOutcome& outcome, inference::ModelInferResponse* response);
 
   Metrics& metrics() { return metrics_; }

@@ -16,12 +16,12 @@
 namespace orochi::server::grpc_api {
 namespace {
 
+using inference::InferParameter;
+using inference::InferTensorContents;
 using interpreters::BytesTensor;
 using interpreters::NamedTensor;
 using packaging::DataType;
 using packaging::TensorSpec;
-using inference::InferParameter;
-using inference::InferTensorContents;
 using ParameterMap = google::protobuf::Map<std::string, InferParameter>;
 
 Status Bad(const std::string& message) { return InvalidArgument(message); }
@@ -33,8 +33,7 @@ Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
 // by name rather than passed to the model as if they were its own, which would drop their
 // meaning without a word. Triton's reserved ones are refused as HTTP refuses them.
 constexpr std::string_view kUnimplementedRequestParameters[] = {"binary_data_output"};
-constexpr std::string_view kUnimplementedTensorParameters[] = {"binary_data",
-                                                              "binary_data_size"};
+constexpr std::string_view kUnimplementedTensorParameters[] = {"binary_data", "binary_data_size"};
 constexpr std::string_view kSharedMemoryParameters[] = {
     "shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"};
 
@@ -119,10 +118,12 @@ Result<std::optional<kserve::SharedMemoryRef>> ReadTensorParameters(
   }
   if (region->second.parameter_choice_case() != InferParameter::kStringParam ||
       region->second.string_param().empty()) {
-    return Bad(what + ": shared_memory_region must be the name of a registered region "
-                      "(string_param)");
+    return Bad(what +
+               ": shared_memory_region must be the name of a registered region "
+               "(string_param)");
   }
-  if (size == parameters.end()) return Bad(what + ": shared_memory_region needs shared_memory_byte_size");
+  if (size == parameters.end())
+    return Bad(what + ": shared_memory_region needs shared_memory_byte_size");
   kserve::SharedMemoryRef ref;
   ref.region = region->second.string_param();
   OROCHI_ASSIGN_OR_RETURN(int64_t byte_size,
@@ -292,8 +293,9 @@ Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
   int in_message = 0;
   for (int index = 0; index < message.inputs_size(); ++index) {
     const auto& input = message.inputs(index);
-    OROCHI_ASSIGN_OR_RETURN(shared[index], ReadTensorParameters(input.parameters(),
-                                                                "input '" + input.name() + "'", {}));
+    OROCHI_ASSIGN_OR_RETURN(
+        shared[index],
+        ReadTensorParameters(input.parameters(), "input '" + input.name() + "'", {}));
     if (!shared[index]) ++in_message;
   }
   const bool raw = message.raw_input_contents_size() > 0;
@@ -324,9 +326,9 @@ Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
                    "' has contents, but the request also has raw_input_contents: use one or "
                    "the other");
       }
-      OROCHI_ASSIGN_OR_RETURN(
-          NamedTensor tensor,
-          builder.FromRaw(*spec, shape, message.raw_input_contents(raw_at++), "raw_input_contents"));
+      OROCHI_ASSIGN_OR_RETURN(NamedTensor tensor,
+                              builder.FromRaw(*spec, shape, message.raw_input_contents(raw_at++),
+                                              "raw_input_contents"));
       builder.AddInput(std::move(tensor));
     } else {
       OROCHI_ASSIGN_OR_RETURN(NamedTensor tensor, FromContents(*spec, shape, input.contents()));
@@ -377,7 +379,8 @@ void WriteInferResponse(const packaging::Manifest& manifest, const kserve::Infer
     std::string* raw = response->add_raw_output_contents();
     size_t bytes = 0;
     if (output.tensor != nullptr) {
-      bytes = static_cast<size_t>(output.tensor->numel()) * engine::ItemSize(output.tensor->dtype());
+      bytes =
+          static_cast<size_t>(output.tensor->numel()) * engine::ItemSize(output.tensor->dtype());
     } else {
       for (const std::string& item : output.bytes->items) bytes += 4 + item.size();
     }

@@ -19,7 +19,8 @@ Result<kserve::InferRequest> ReadInferRequest(const packaging::Manifest& manifes
 // Fills `response` (empty) with the outputs that `request` asked for.
 void WriteInferResponse(const packaging::Manifest& manifest, const kserve::InferRequest& request,
                         const std::vector<interpreters::NamedTensor>& outputs,
-                        const kserve::OutputLabels& labels, inference::ModelInferResponse* response);
+                        const kserve::OutputLabels& labels,
+                        inference::ModelInferResponse* response);
 
 // The first field of `message` (or of a message in it) that this server's schema does not
 // declare, as a path ("inputs[0].7"); empty when there is none. A field a client sets that the

@@ -445,7 +445,8 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
                        "': classification cannot be written to shared memory; ask for the "
                        "classes in the response, or for the scores in shared memory");
           }
-          OROCHI_RETURN_IF_ERROR(builder.RequestSharedMemoryOutput(output_name, std::move(*shared)));
+          OROCHI_RETURN_IF_ERROR(
+              builder.RequestSharedMemoryOutput(output_name, std::move(*shared)));
           continue;
         }
         binary_output = BinaryRequested(*parameters);
@@ -522,8 +523,7 @@ Status InferRequestBuilder::RequestOutput(const std::string& name, bool binary,
     return Bad("unexpected requested output '" + name + "' for model '" + manifest_.name + "'");
   }
   // Asked twice, e.g. with two classifications, one answer would silently override the other.
-  if (std::find(request_.outputs.begin(), request_.outputs.end(), name) !=
-      request_.outputs.end()) {
+  if (std::find(request_.outputs.begin(), request_.outputs.end(), name) != request_.outputs.end()) {
     return Bad("output '" + name + "' is requested twice");
   }
   request_.outputs.push_back(name);
@@ -549,8 +549,8 @@ Result<InferRequest> InferRequestBuilder::Finish() {
       // From the shapes as given: a shared-memory input has no value yet.
       const int64_t rows = rows_.at(spec.name);
       if (request_.rows != 0 && rows != request_.rows) {
-        return Bad("inputs disagree on the batch size (" + std::to_string(request_.rows) +
-                   " and " + std::to_string(rows) + ")");
+        return Bad("inputs disagree on the batch size (" + std::to_string(request_.rows) + " and " +
+                   std::to_string(rows) + ")");
       }
       request_.rows = rows;
     }
@@ -772,12 +772,14 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
     json += first ? "{" : ",{";
     first = false;
     json += "\"name\":" + Quoted(*output.name) + ",\"datatype\":\"" +
-            std::string(DataTypeName(output.datatype)) + "\",\"shape\":" + Json(output.shape).dump();
+            std::string(DataTypeName(output.datatype)) +
+            "\",\"shape\":" + Json(output.shape).dump();
     if (output.shared_memory != nullptr) {
       // Its bytes are in the region already (WriteSharedMemoryOutputs): only where they are.
       size_t written = 0;
       if (output.tensor != nullptr) {
-        written = static_cast<size_t>(output.tensor->numel()) * engine::ItemSize(output.tensor->dtype());
+        written =
+            static_cast<size_t>(output.tensor->numel()) * engine::ItemSize(output.tensor->dtype());
       } else {
         for (const std::string& item : output.bytes->items) written += 4 + item.size();
       }
@@ -820,8 +822,9 @@ EncodedResponse EncodeInferResponse(const Manifest& manifest, const InferRequest
       }
     }
     if (output.binary) {
-      json += ",\"parameters\":{\"binary_data_size\":" +
-              std::to_string(binary.size() - binary_before) + "}";
+      json +=
+          ",\"parameters\":{\"binary_data_size\":" + std::to_string(binary.size() - binary_before) +
+          "}";
     }
     json += '}';
   }

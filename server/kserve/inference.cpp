@@ -108,8 +108,7 @@ unsigned HttpStatusOf(StatusCode code) {
   }
 }
 
-InferenceRunner::InferenceRunner(ModelService& models, Metrics& metrics,
-                                 const ServerConfig& config)
+InferenceRunner::InferenceRunner(ModelService& models, Metrics& metrics, const ServerConfig& config)
     : models_(models),
       metrics_(metrics),
       config_(config),

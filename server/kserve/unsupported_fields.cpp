@@ -86,12 +86,12 @@ Status RefuseUnsupportedFields(const Json& request) {
   }
   if (auto inputs = request.find("inputs"); inputs != request.end() && inputs->is_array()) {
     for (size_t i = 0; i < inputs->size(); ++i) {
-      OROCHI_RETURN_IF_ERROR(CheckTensor(
-          "input", (*inputs)[i], i, {"name", "datatype", "shape", "parameters", "data"},
-          {"binary_data_size", "shared_memory_region", "shared_memory_offset",
-           "shared_memory_byte_size"},
-          "name, datatype, shape, parameters and data",
-          "binary_data_size and shared_memory_region, _offset and _byte_size"));
+      OROCHI_RETURN_IF_ERROR(
+          CheckTensor("input", (*inputs)[i], i, {"name", "datatype", "shape", "parameters", "data"},
+                      {"binary_data_size", "shared_memory_region", "shared_memory_offset",
+                       "shared_memory_byte_size"},
+                      "name, datatype, shape, parameters and data",
+                      "binary_data_size and shared_memory_region, _offset and _byte_size"));
     }
   }
   if (auto outputs = request.find("outputs"); outputs != request.end() && outputs->is_array()) {
