@@ -111,8 +111,8 @@ class StreamCall final
     service_.Infer(
         request, SteadyDeadline(context_->deadline()),
         [cancelled = cancelled_] { return cancelled->load(); },
-        [this, id = request.id()](InferenceService::InferOutcome outcome) {
-          Answered(std::move(outcome), id);
+        [this, id = request.id()](const InferenceService::InferOutcome& outcome) {
+          Answered(outcome, id);
         });
     Next next;
     {
@@ -190,7 +190,7 @@ class StreamCall final
     if (next.finish) Finish(cancelled_->load() ? grpc::Status::CANCELLED : grpc::Status::OK);
   }
 
-  void Answered(InferenceService::InferOutcome outcome, const std::string& id) {
+  void Answered(const InferenceService::InferOutcome& outcome, const std::string& id) {
     service_.metrics().GrpcRequest("ModelStreamInfer", GrpcCodeName(outcome.status.error_code()));
     auto response = std::make_unique<ModelStreamInferResponse>();
     if (outcome.status.ok()) {
@@ -370,8 +370,9 @@ std::optional<grpc::Status> InferenceService::Refusal(const grpc::CallbackServer
   const auto& metadata = context.client_metadata();
   auto found = metadata.find("authorization");
   std::optional<std::string_view> authorization;
-  if (found != metadata.end())
+  if (found != metadata.end()) {
     authorization = std::string_view(found->second.data(), found->second.size());
+  }
   switch (CheckBearer(authorization, *token)) {
     case TokenCheck::kValid:
       return std::nullopt;
@@ -612,7 +613,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
     return call;
   }
   Infer(*request, SteadyDeadline(context->deadline()), call->client_gone(),
-        [call, response](InferOutcome outcome) {
+        [call, response](const InferOutcome& outcome) {
           if (outcome.status.ok()) WriteOutcome(outcome, response);
           call->Answer(outcome.status);
         });
@@ -869,8 +870,9 @@ grpc::ServerUnaryReactor* InferenceService::TraceSetting(
     for (const auto& [name, value] : current.items()) {
       auto* values = (*response->mutable_settings())[name].mutable_value();
       if (value.is_array()) {
-        for (const auto& item : value)
+        for (const auto& item : value) {
           values->Add(item.is_string() ? item.get<std::string>() : item.dump());
+        }
       } else {
         values->Add(value.is_string() ? value.get<std::string>() : value.dump());
       }

@@ -18,7 +18,6 @@ namespace {
 
 using inference::InferParameter;
 using inference::InferTensorContents;
-using interpreters::BytesTensor;
 using interpreters::NamedTensor;
 using packaging::DataType;
 using packaging::TensorSpec;
@@ -102,8 +101,16 @@ Result<std::optional<kserve::SharedMemoryRef>> ReadTensorParameters(
         std::find(also_allowed.begin(), also_allowed.end(), name) != also_allowed.end()) {
       continue;
     }
-    if (Listed(kUnimplementedTensorParameters, name)) return Bad(what + ": " + Unimplemented(name));
-    return Bad(what + ": parameter '" + name + "' is not a parameter this server knows");
+    std::string message = what;
+    message += ": ";
+    if (Listed(kUnimplementedTensorParameters, name)) {
+      message += Unimplemented(name);
+    } else {
+      message += "parameter '";
+      message += name;
+      message += "' is not a parameter this server knows";
+    }
+    return Bad(message);
   }
   auto region = parameters.find("shared_memory_region");
   auto offset = parameters.find("shared_memory_offset");
@@ -122,8 +129,9 @@ Result<std::optional<kserve::SharedMemoryRef>> ReadTensorParameters(
                ": shared_memory_region must be the name of a registered region "
                "(string_param)");
   }
-  if (size == parameters.end())
+  if (size == parameters.end()) {
     return Bad(what + ": shared_memory_region needs shared_memory_byte_size");
+  }
   kserve::SharedMemoryRef ref;
   ref.region = region->second.string_param();
   OROCHI_ASSIGN_OR_RETURN(int64_t byte_size,

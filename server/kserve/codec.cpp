@@ -647,7 +647,10 @@ Result<std::shared_ptr<const SharedMemoryRegion>> RegionFor(const SharedMemoryRe
 
 Status ResolveSharedMemoryUnchecked(const Manifest& manifest, const SharedMemoryRegistry& registry,
                                     InferRequest* request) {
-  for (auto& [name, input] : request->shared_memory_inputs) {
+  for (auto& entry : request->shared_memory_inputs) {
+    // Not a structured binding: lambdas below name it, which C++20 allows but clang 14 does not.
+    const std::string& name = entry.first;
+    SharedMemoryInput& input = entry.second;
     const std::string what = "input '" + name + "'";
     SharedMemoryRef& where = input.where;
     OROCHI_ASSIGN_OR_RETURN(where.mapped, RegionFor(registry, where, what));

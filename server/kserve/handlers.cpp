@@ -12,7 +12,6 @@ namespace {
 
 namespace bhttp = boost::beast::http;
 using Json = nlohmann::json;
-using packaging::DataType;
 using packaging::Manifest;
 using packaging::TensorSpec;
 
