@@ -43,7 +43,8 @@ token=s3cret-$$
 port() { "$docker" port "$name" "$1/tcp" | head -1 | sed 's/.*://'; }
 start() {
   "$docker" run -d --name "$name" -e OROCHI_MANAGEMENT_TOKEN="$token" -v "$work/models:/models" \
-    -p 127.0.0.1::8000 -p 127.0.0.1::8002 -p 127.0.0.1::8003 "$@" "$image" >/dev/null
+    -p 127.0.0.1::8000 -p 127.0.0.1::8001 -p 127.0.0.1::8002 -p 127.0.0.1::8003 "$@" "$image" \
+    >/dev/null
 }
 wait_ready() {
   for _ in $(seq 1 120); do
@@ -69,6 +70,9 @@ for model in digits sentiment encoder; do
   expect 200 -X POST "localhost:$http/v2/models/$model/infer" \
     --data-binary @"$build/models/$model/request.json"
 done
+# KServe v2 over gRPC from outside the container (the image carries gRPC's libraries).
+/usr/bin/python3.11 docker/grpc_ready.py "localhost:$(port 8001)" digits sentiment encoder resnet ||
+  fail "the image's gRPC port does not serve"
 expect 200 -X POST "localhost:$http/v2/models/resnet/infer" \
   --data-binary @"$build/models/resnet/request.bin" \
   -H "Inference-Header-Content-Length: $(cat "$build/models/resnet/request.bin.header-length")"
