@@ -19,7 +19,6 @@ Needs a built build/bin/orochi with build/model-repository, and wrk.
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ BUILD = os.path.join(ROOT, "build")
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "server"))
 from load import free_port, stop, wrk  # noqa: E402
-from test_server import echo_request  # noqa: E402
+from server_fixtures import echo_request  # noqa: E402
 
 BINARY = os.environ.get("OROCHI_BINARY", os.path.join(BUILD, "bin", "orochi"))
 EXAMPLES = os.path.join(BUILD, "model-repository")

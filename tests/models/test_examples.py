@@ -19,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "server"), str(HERE.parent.parent / "models")]
 import expected  # noqa: E402
-from test_server import BINARY, Server, curl  # noqa: E402
+from server_fixtures import BINARY, Server, curl  # noqa: E402
 
 BUILD = Path(BINARY).resolve().parent.parent
 EXAMPLES = Path(os.environ.get("OROCHI_EXAMPLES", BUILD / "models"))

@@ -24,7 +24,7 @@ import urllib.request
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(TESTS, "server"))
-from test_server import (BINARY, HERE as SERVER_TESTS, Server, curl, echo_request,  # noqa: E402
+from server_fixtures import (BINARY, HERE as SERVER_TESTS, Server, curl, echo_request,  # noqa: E402
                          pack_repository, post_json, slow_request)
 from test_repository import make_package  # noqa: E402
 

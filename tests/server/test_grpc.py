@@ -11,19 +11,17 @@ import atexit
 import concurrent.futures
 import importlib
 import os
-import re
 import shutil
 import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unittest
 
 import grpc
 
-from test_server import Server, curl, pack_repository
+from server_fixtures import Server, curl, pack_repository
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_DIR = os.path.join(HERE, "..", "..", "server", "grpc")

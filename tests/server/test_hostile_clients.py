@@ -18,7 +18,7 @@ import threading
 import time
 import unittest
 
-from test_server import (BINARY, HERE, HeldConnectionsTest, Server, SharedServerTest, child_pids,
+from server_fixtures import (BINARY, HERE, HeldConnectionsTest, Server, SharedServerTest, child_pids,
                          curl, echo_request, pack_repository, post_json, slow_request)
 
 

@@ -17,7 +17,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_server import BINARY, Server, curl  # noqa: E402
+from server_fixtures import BINARY, Server, curl  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "packaging"))
 from test_package_commands import hostile_cases, safetensors  # noqa: E402

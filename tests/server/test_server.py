@@ -20,153 +20,9 @@ import threading
 import time
 import unittest
 
-BINARY = os.environ.get("OROCHI_BINARY", os.path.join(os.path.dirname(__file__), "..", "..",
-                                                      "build", "bin", "orochi"))
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def pack_repository(root: str) -> str:
-    repository = os.path.join(root, "repository")
-    for name in ("echo", "slow", "extra_rows"):
-        target = os.path.join(repository, name, "1")
-        os.makedirs(target)
-        subprocess.run([BINARY, "pack", os.path.join(HERE, "models", name), "-o",
-                        os.path.join(target, "model.orochi")], check=True, capture_output=True)
-    return repository
-
-
-class Server:
-    """An `orochi serve` process on free ports."""
-
-    def __init__(self, repository: str, config: dict, copies: int = 2, preexec_fn=None,
-                 cwd: str | None = None, env: dict | None = None):
-        self.directory = tempfile.mkdtemp(prefix="orochi-serve-")
-        config_path = os.path.join(self.directory, "config.json")
-        # Every request logged, unless a test says otherwise: several read the request lines.
-        config = {**config, "log": {"requests": "all", **config.get("log", {})}}
-        with open(config_path, "w") as file:
-            json.dump(config, file)
-        self.log_path = os.path.join(self.directory, "serve.log")
-        self.log = open(self.log_path, "w+")
-        self.process = subprocess.Popen(
-            [BINARY, "serve", "--config", config_path, "--model-repository", repository,
-             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--management-port", "0",
-             "--copies", str(copies), "--bind",
-             "127.0.0.1"], stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
-            cwd=cwd, env={**os.environ, **env} if env else None)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            with open(self.log_path) as log:
-                text = log.read()
-            match = re.search(r"serving inference=http://[\d.]+:(\d+) metrics=http://[\d.]+:"
-                              r"(\d+)/metrics management=http://[\d.]+:(\d+)", text)
-            if match:
-                self.port, self.metrics_port, self.management_port = map(int, match.groups())
-                self.serving_pid = int(re.findall(r" serving .* pid=(\d+)", text)[-1])
-                grpc = re.search(r" serving .* grpc=[\d.]+:(\d+)", text)
-                self.grpc_port = int(grpc.group(1)) if grpc else None
-                return
-            match = re.search(r'"inference":"http://[\d.]+:(\d+)","level":"info","management":'
-                              r'"http://[\d.]+:(\d+)","message":"serving","metrics":'
-                              r'"http://[\d.]+:(\d+)/metrics"', text)  # log.format json
-            if match:
-                self.port, self.management_port, self.metrics_port = map(int, match.groups())
-                self.serving_pid = int(re.findall(r'"message":"serving".*"pid":(\d+)', text)[-1])
-                grpc = re.search(r'"grpc":"[\d.]+:(\d+)"', text)
-                self.grpc_port = int(grpc.group(1)) if grpc else None
-                return
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError("the server did not start:\n" + open(self.log_path).read())
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def wait_for_serving(self, count: int, timeout: float = 60) -> None:
-        """Waits until the log says `serving` `count` times (a restarted serving process says it
-        again), and notes the serving process's pid."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            pids = re.findall(r" serving .* pid=(\d+)", self.log_text())
-            if len(pids) >= count:
-                self.serving_pid = int(pids[-1])
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"serving was not logged {count} times:\n" + self.log_text())
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=60)
-        self.log.close()
-        shutil.rmtree(self.directory)
-        return code
-
-    def log_text(self) -> str:
-        with open(self.log_path) as log:
-            return log.read()
-
-
-def curl(*args, data: bytes | None = None):
-    """(status, headers text, body bytes) of one curl call."""
-    command = ["curl", "-s", "-S", "-D", "-", "--max-time", "60", *args]
-    if data is not None:
-        command += ["--data-binary", "@-"]
-    result = subprocess.run(command, input=data, capture_output=True, timeout=90)
-    raw = result.stdout
-    # The last header block (curl prints one per response, e.g. after 100-continue).
-    parts = raw.split(b"\r\n\r\n")
-    headers_end = 0
-    while raw.startswith(b"HTTP/", headers_end):
-        headers_end = raw.index(b"\r\n\r\n", headers_end) + 4
-        if not raw.startswith(b"HTTP/", headers_end):
-            break
-    del parts
-    head = raw[:headers_end].decode("latin-1")
-    statuses = re.findall(r"HTTP/1\.1 (\d+)", head)
-    return (int(statuses[-1]) if statuses else 0), head, raw[headers_end:]
-
-
-def post_json(server, path, body):
-    return curl("-X", "POST", "-H", "Content-Type: application/json", server.url(path),
-                data=json.dumps(body).encode())
-
-
-def echo_request(rows=1, values=None):
-    """A JSON request to the echo model with one value per datatype and row."""
-    values = values or {}
-    data = {
-        "BOOL": [True, False], "UINT8": [255, 0], "INT8": [-128, 127], "INT16": [-32768, 5],
-        "INT32": [2**31 - 1, -7], "INT64": [2**62 + 1, -3], "FP16": [1.5, -2.0],
-        "BF16": [2.0, -0.5], "FP32": [0.25, 3.5], "FP64": [0.1, -1e300],
-        "BYTES": ["héllo", ""],
-    }
-    inputs = []
-    for datatype, sample in data.items():
-        column = values.get(datatype, [sample[r % 2] for r in range(rows)])
-        inputs.append({"name": f"in_{datatype.lower()}", "datatype": datatype,
-                       "shape": [rows, 1], "data": column})
-    return {"id": "echo-1", "inputs": inputs}
-
-
-class SharedServerTest(unittest.TestCase):
-    """Tests that share one server, started with CONFIG and COPIES, which must exit cleanly."""
-
-    CONFIG: dict = {}
-    COPIES = 2
-
-    @classmethod
-    def setUpClass(cls):
-        cls.root = tempfile.mkdtemp(prefix=f"orochi-{cls.__name__}-")
-        cls.repository = pack_repository(cls.root)
-        cls.server = Server(cls.repository, cls.CONFIG, copies=cls.COPIES)
-
-    @classmethod
-    def tearDownClass(cls):
-        code = cls.server.stop()
-        shutil.rmtree(cls.root)
-        assert code == 0, f"orochi serve exited with {code}"
+from server_fixtures import (BINARY, HERE, HeldConnectionsTest, Server, SharedServerTest,
+                             child_pids, cpu_seconds, curl, echo_request, pack_repository,
+                             post_json, slow_request, socket_inodes, tcp_inodes_on_port)
 
 
 class CompressionLimitsTest(SharedServerTest):
@@ -842,14 +698,6 @@ class ServerTest(SharedServerTest):
         print(f"\n100 keep-alive clients, {duration:.0f} s: {answered[0]} answers, no errors")
 
 
-def slow_request(mode: str, seconds: float = 0.0, timeout_us: int | None = None) -> dict:
-    body = {"inputs": [{"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]},
-                       {"name": "seconds", "datatype": "FP64", "shape": [1], "data": [seconds]}]}
-    if timeout_us is not None:
-        body["parameters"] = {"timeout": timeout_us}
-    return body
-
-
 class DeadlineTest(SharedServerTest):
     """Requests still running at their deadline, in a server with one copy."""
 
@@ -1176,27 +1024,6 @@ class ModelOutputTest(unittest.TestCase):
         self.assertEqual((len(long_lines[0]["line"]), long_lines[0]["cut"]), (4096, True))
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class HeldConnectionsTest(unittest.TestCase):
-    """For tests that hold connections: the test models packed, and `self.sockets`, closed
-    after each test."""
-
-    def setUp(self):
-        self.root = tempfile.mkdtemp(prefix="orochi-connections-test-")
-        self.repository = pack_repository(self.root)
-        self.sockets = []
-
-    def tearDown(self):
-        for sock in self.sockets:
-            sock.close()
-        shutil.rmtree(self.root)
-
-
 class ConnectionFloodTest(HeldConnectionsTest):
     """Many idle connections: the server neither spins nor stops answering once they go."""
 
@@ -1283,38 +1110,6 @@ class IdleTimeoutTest(SharedServerTest):
             start = time.time()
             self.assertEqual(self.read_all(sock), b"", "closed without an answer")
             self.assertLess(time.time() - start, 3)
-
-
-def child_pids(pid: int) -> list[int]:
-    children = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as file:
-            children += [int(child) for child in file.read().split()]
-    return children
-
-
-def socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    return inodes
-
-
-def tcp_inodes_on_port(port: int) -> set[str]:
-    """Inodes of the TCP sockets (listening or connected) whose local port is `port`."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as file:
-            for line in file.readlines()[1:]:
-                fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port:
-                    inodes.add(fields[9])
-    return inodes
 
 
 class ForkTest(unittest.TestCase):

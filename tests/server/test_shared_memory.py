@@ -17,7 +17,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-from test_server import Server, curl, echo_request, pack_repository, post_json
+from server_fixtures import Server, curl, echo_request, pack_repository, post_json
 
 
 class Region:
