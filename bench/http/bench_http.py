@@ -66,8 +66,12 @@ def orochi_server_time(repository: str, workers: int, scratch: str) -> float:
     """p50 of the time Orochi spends per identity request (its request log), in µs."""
     port, metrics_port = free_port(), free_port()
     log_path = os.path.join(scratch, "server-time.log")
+    config_path = os.path.join(scratch, "log-every-request.json")
+    with open(config_path, "w") as file:
+        json.dump({"log": {"requests": "all"}}, file)  # the default logs errors only
     with open(log_path, "w") as log:
-        process = subprocess.Popen([BINARY, "serve", "--model-repository", repository,
+        process = subprocess.Popen([BINARY, "serve", "--config", config_path,
+                                    "--model-repository", repository,
                                     "--copies", str(workers), "--http-port", str(port),
                                     "--grpc-port", "0", "--metrics-port", str(metrics_port), "--bind", "127.0.0.1"],
                                    stdout=log, stderr=subprocess.STDOUT)
