@@ -174,6 +174,7 @@ async def grpc_loop(port: int, request: bytes, seconds: float, in_flight: int) -
     latencies, errors = [], [0]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         infer = channel.unary_unary(grpc_messages.MODEL_INFER)  # bytes in, bytes out
+        await channel.channel_ready()  # connected before the clock, as http_loop's connections
 
         async def caller(deadline):
             while time.perf_counter() < deadline:
@@ -197,9 +198,10 @@ def percentile_ms(latencies: list, percent: float) -> float:
 def python_clients(http_port: int, grpc_port: int, server_pid: int, seconds: float,
                    in_flight: int) -> dict:
     """Identity over HTTP JSON and over gRPC (raw_input_contents) from the two Python asyncio
-    clients, alternated in ABBA order (HTTP, gRPC, gRPC, HTTP; seconds / 2 each) so that a
-    drift in the machine's load falls on both alike. Per protocol: req/s, p50, p99, errors, and
-    the server's and the client's CPU time per request."""
+    clients, alternated in slices of about a second (HTTP, gRPC, gRPC, HTTP, HTTP, ...: `seconds`
+    each in all) so that the load of whatever else runs on the machine falls on both alike. Per
+    protocol: req/s, p50, p99, errors, and the server's and the client's CPU time per request;
+    and the range of the gRPC / HTTP req/s ratio over the slice pairs."""
     pb = grpc_messages.load()
     http_body = json.dumps(BODIES["identity"]).encode()
     values = BODIES["identity"]["inputs"][0]["data"]
@@ -221,16 +223,23 @@ def python_clients(http_port: int, grpc_port: int, server_pid: int, seconds: flo
                      "client_cpu": 0.0} for name in loops}
     for name in loops:  # warm-up: connections, the channel, the server's caches
         asyncio.run(loops[name](0.5))
-    for name in ("HTTP", "gRPC", "gRPC", "HTTP"):
-        server_before, client_before = tree_cpu_seconds(server_pid), client_cpu_seconds()
-        started = time.perf_counter()
-        latencies, errors = asyncio.run(loops[name](seconds / 2))
-        total = totals[name]
-        total["elapsed"] += time.perf_counter() - started
-        total["server_cpu"] += tree_cpu_seconds(server_pid) - server_before
-        total["client_cpu"] += client_cpu_seconds() - client_before
-        total["latencies"] += latencies
-        total["errors"] += errors
+    pairs = max(1, round(seconds))
+    pair_ratios = []
+    for pair in range(pairs):
+        rates = {}
+        for name in (("HTTP", "gRPC") if pair % 2 == 0 else ("gRPC", "HTTP")):
+            server_before, client_before = tree_cpu_seconds(server_pid), client_cpu_seconds()
+            started = time.perf_counter()
+            latencies, errors = asyncio.run(loops[name](seconds / pairs))
+            elapsed = time.perf_counter() - started
+            rates[name] = len(latencies) / elapsed
+            total = totals[name]
+            total["elapsed"] += elapsed
+            total["server_cpu"] += tree_cpu_seconds(server_pid) - server_before
+            total["client_cpu"] += client_cpu_seconds() - client_before
+            total["latencies"] += latencies
+            total["errors"] += errors
+        pair_ratios.append(rates["gRPC"] / rates["HTTP"])
     results = {}
     for name, total in totals.items():
         count = len(total["latencies"])
@@ -240,6 +249,7 @@ def python_clients(http_port: int, grpc_port: int, server_pid: int, seconds: flo
                          "errors": total["errors"],
                          "server_us": total["server_cpu"] / count * 1e6,
                          "client_us": total["client_cpu"] / count * 1e6}
+    results["pair_ratios"] = pair_ratios
     return results
 
 
@@ -320,7 +330,7 @@ def main() -> None:
             print()
             print(f"identity, Orochi over HTTP and gRPC: {args.workers} copies, closed loop, "
                   f"{args.connections} requests in flight, {args.grpc_seconds:g} s per protocol "
-                  f"(ABBA halves), same server, same run")
+                  f"(alternated in 1 s slices), same server, same run")
             print("  wrk: C, HTTP/1.1 JSON (the row above). Python HTTP: asyncio, "
                   f"{args.connections} keep-alive connections, the same JSON body. Python gRPC: "
                   f"grpc.aio {grpc.__version__}, one channel, ModelInfer with raw_input_contents.")
@@ -342,6 +352,9 @@ def main() -> None:
                   f"req/s {g['rps'] / h['rps']:.2f}x, p50 {g['p50_ms'] / h['p50_ms']:.2f}x, "
                   f"p99 {g['p99_ms'] / h['p99_ms']:.2f}x, server CPU per request "
                   f"{g['server_us'] / h['server_us']:.2f}x")
+            ratios = sorted(protocols["pair_ratios"])
+            print(f"  gRPC / HTTP req/s over the {len(ratios)} slice pairs: median "
+                  f"{statistics.median(ratios):.2f}x, range {ratios[0]:.2f}x-{ratios[-1]:.2f}x")
             print(f"  Python HTTP / wrk req/s: {h['rps'] / wrk_identity['rps']:.2f}x "
                   f"(the Python client's own cost; not a protocol difference)")
     finally:
