@@ -278,17 +278,18 @@ def main() -> None:
         port, grpc_port, metrics_port = free_port(), free_port(), free_port()
         orochi = subprocess.Popen([BINARY, "serve", "--model-repository", repository,
                                    "--copies", str(args.workers), "--http-port", str(port),
-                                   "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-                                   "--bind", "127.0.0.1", "--log-level", "warning"],
+                                   "--grpc-port", str(grpc_port),
+                                   "--metrics-port", str(metrics_port), "--bind", "127.0.0.1",
+                                   "--log-level", "warning"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, orochi)
         for model in BODIES:
             server_before = tree_cpu_seconds(orochi.pid)
-            results[("orochi", model)] = post_model(url, model, args.seconds, args.connections, scratch)
-            results[("orochi", model)]["server_us"] = (
-                (tree_cpu_seconds(orochi.pid) - server_before)
-                / results[("orochi", model)]["requests"] * 1e6)
+            result = post_model(url, model, args.seconds, args.connections, scratch)
+            result["server_us"] = ((tree_cpu_seconds(orochi.pid) - server_before)
+                                   / result["requests"] * 1e6)
+            results[("orochi", model)] = result
         protocols = {}
         if args.grpc_seconds > 0:
             protocols = python_clients(port, grpc_port, orochi.pid, args.grpc_seconds,
@@ -334,8 +335,9 @@ def main() -> None:
             print("  wrk: C, HTTP/1.1 JSON (the row above). Python HTTP: asyncio, "
                   f"{args.connections} keep-alive connections, the same JSON body. Python gRPC: "
                   f"grpc.aio {grpc.__version__}, one channel, ModelInfer with raw_input_contents.")
-            print("  Both Python clients send a body built once and read answers as bytes, unparsed. "
-                  "CPU us/req: the server's (process tree) and the client's CPU time per request.")
+            print("  Both Python clients send a body built once and read answers as bytes, "
+                  "unparsed. CPU us/req: the server's (process tree) and the client's CPU time "
+                  "per request.")
             wrk_identity = results[("orochi", "identity")]
             rows = [("wrk", "HTTP JSON", wrk_identity),
                     ("Python asyncio", "HTTP JSON", protocols["HTTP"]),
