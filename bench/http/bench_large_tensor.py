@@ -1,19 +1,22 @@
 """bench/http: one large FP32 tensor (64 MB by default) through the identity model, in and out,
-by HTTP JSON, HTTP with the binary tensor extension, and system shared memory (Triton's
-extension), in the same run. For each: the time of a request from the first
+by HTTP JSON, HTTP with the binary tensor extension, gRPC with raw_input_contents (ModelInfer,
+the answer in raw_output_contents), and system shared memory (Triton's extension), in the same
+run. For each: the time of a request from the first
 byte sent to the last byte of the answer received, and the serving process's peak resident
 memory above the idle server's (VmHWM, reset through /proc/PID/clear_refs; a fresh server for
 each transport, so that none inherits another's freed blocks). Prints the ratios to shared
 memory.
 
-Client-side encoding is left out of every time: the JSON and binary bodies are built before the
-clock starts, the shared-memory input is written into the region before it, and the answers are
-read as bytes (the JSON one is parsed once afterwards, untimed, to check it). So the times are
+Client-side encoding is left out of every time: the JSON and binary bodies and the gRPC message
+(serialized) are built before the clock starts, the shared-memory input is written into the
+region before it, and the answers are read as bytes (the JSON and gRPC ones are parsed once
+afterwards, untimed, to check them). So the times are
 the server's and the transport's cost, which is what shared memory removes.
 
     /usr/bin/python3.11 bench/http/bench_large_tensor.py [--megabytes 64] [--repeats 5]
 
-Needs numpy (Debian's python3-numpy) and a built build/bin/orochi; Linux (/proc, /dev/shm).
+Needs numpy, grpcio and protobuf (Debian's python3-numpy, python3-grpcio, python3-protobuf),
+protoc, and a built build/bin/orochi; Linux (/proc, /dev/shm).
 """
 
 import argparse
@@ -29,12 +32,14 @@ import time
 import urllib.request
 from multiprocessing import shared_memory
 
+import grpc
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.dirname(HERE))
 from load import free_port, stop  # noqa: E402
+import grpc_messages  # noqa: E402  (bench/http, next to this file)
 BINARY = os.environ.get("OROCHI_BINARY", os.path.join(ROOT, "build", "bin", "orochi"))
 
 
@@ -86,10 +91,11 @@ class Server:
     earlier one left allocated (the engine keeps freed blocks for reuse)."""
 
     def __init__(self, repository: str, config_path: str):
-        self.port = free_port()
+        self.port, self.grpc_port = free_port(), free_port()
         self.process = subprocess.Popen(
             [BINARY, "serve", "--config", config_path, "--model-repository", repository,
-             "--copies", "1", "--http-port", str(self.port), "--metrics-port", str(free_port()),
+             "--copies", "1", "--http-port", str(self.port), "--grpc-port", str(self.grpc_port),
+             "--metrics-port", str(free_port()),
              "--management-port", str(free_port()), "--bind", "127.0.0.1", "--log-level",
              "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_ready(self.port, self.process)
@@ -144,7 +150,9 @@ def main() -> None:
         config_path = os.path.join(scratch, "config.json")
         with open(config_path, "w") as file:
             # No supervisor: the process started is the one serving, whose memory is measured.
+            # gRPC's limits (64 MiB a request by default) raised like HTTP's body limit.
             json.dump({"http": {"allow_shared_memory": True, "max_body_bytes": 1 << 30},
+                       "grpc": {"max_message_bytes": 1 << 30, "max_response_bytes": 1 << 30},
                        "supervisor": {"enabled": False}}, file)
         path = "/v2/models/identity/infer"
         results = {}
@@ -188,6 +196,33 @@ def main() -> None:
         np.testing.assert_array_equal(np.frombuffer(body[json_length:], dtype=np.float32), values)
         del binary_answer[:], binary_body, body
 
+        # gRPC: ModelInfer with the tensor in raw_input_contents, serialized once; the answer is
+        # taken as bytes (grpc's serializers left out) and parsed after the clock.
+        pb = grpc_messages.load()
+        message = pb.ModelInferRequest(model_name="identity")
+        message.inputs.add(name="x", datatype="FP32", shape=[count])
+        message.raw_input_contents.append(values.tobytes())
+        grpc_body = message.SerializeToString()
+        del message
+        grpc_answer = []
+        server = Server(repository, config_path)
+        channel = grpc.insecure_channel(
+            f"127.0.0.1:{server.grpc_port}",
+            options=[("grpc.max_send_message_length", -1),
+                     ("grpc.max_receive_message_length", -1)])
+        infer = channel.unary_unary(grpc_messages.MODEL_INFER)  # bytes in, bytes out
+
+        def run_grpc(_client):
+            grpc_answer[:] = [infer(grpc_body, timeout=600)]
+
+        results["gRPC raw"] = server.measure(args.repeats, run_grpc)
+        channel.close()
+        server.stop()
+        answer = pb.ModelInferResponse.FromString(grpc_answer[0])
+        np.testing.assert_array_equal(np.frombuffer(answer.raw_output_contents[0],
+                                                    dtype=np.float32), values)
+        del grpc_answer[:], grpc_body, answer
+
         # System shared memory: the input at offset 0 of the region, the output after it.
         np.ndarray((count,), np.float32, region.buf)[:] = values
         server = Server(repository, config_path)
@@ -225,6 +260,9 @@ def main() -> None:
             print(f"{name:<14} {r['median_ms']:>10.1f} {r['min_ms']:>9.1f} {r['peak_mb']:>9.0f} "
                   f"{r['shared_mb']:>10.0f} {r['median_ms'] / shm['median_ms']:>10.1f}x "
                   f"{(r['peak_mb'] - r['shared_mb']) / shm_private:>18.1f}x")
+        grpc_ratio = results["gRPC raw"]["median_ms"] / results["HTTP binary"]["median_ms"]
+        print(f"gRPC raw / HTTP binary time: {grpc_ratio:.2f}x; peak: "
+              f"{results['gRPC raw']['peak_mb'] / max(results['HTTP binary']['peak_mb'], 1):.2f}x")
         ratio = results["HTTP binary"]["median_ms"] / shm["median_ms"]
         print(f"goal: shared memory >= 10x faster than HTTP binary: "
               f"{'met' if ratio >= 10 else 'MISSED'} ({ratio:.1f}x)")
