@@ -45,6 +45,8 @@ GrpcServer::~GrpcServer() {
 void GrpcServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   if (shut_down_) return;
   shut_down_ = true;
+  // Idle streams would otherwise stay open until the deadline; busy ones finish their requests.
+  service_->streams().CloseAll();
   server_->Shutdown(deadline);
   server_->Wait();
 }

@@ -70,6 +70,8 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   std::shared_ptr<std::atomic<bool>> cancelled_;
 };
 
+}  // namespace
+
 // One ModelStreamInfer stream: requests are read one at a time and submitted as they come, each
 // answer written as it is ready (in completion order; clients match them by id). At most
 // grpc.max_stream_in_flight requests are read and not yet answered: past that the stream is
@@ -86,8 +88,18 @@ class StreamCall final
         limit_(static_cast<size_t>(service.config().grpc.max_stream_in_flight)),
         cancelled_(std::make_shared<std::atomic<bool>>()) {
     service_.in_flight().fetch_add(1);
+    service_.streams().Add(this);
     reading_ = true;
     StartRead(&incoming_);
+  }
+
+  // At shutdown: the stream reads no more requests, and ends once those it read are answered
+  // (at once when there are none), so that a client holding an idle stream open does not hold
+  // the shutdown for its whole grace.
+  void Close() {
+    std::lock_guard lock(mutex_);
+    closing_ = true;
+    if (outstanding_ == 0) context_->TryCancel();
   }
 
   void OnReadDone(bool ok) override {
@@ -152,6 +164,7 @@ class StreamCall final
   }
 
   void OnDone() override {
+    service_.streams().Remove(this);
     service_.in_flight().fetch_sub(1);
     delete this;
   }
@@ -172,7 +185,7 @@ class StreamCall final
       writing_ = true;
       next.write = writes_.front().get();
     }
-    if (!reading_ && !reads_done_ && !cancelled && outstanding_ < limit_) {
+    if (!reading_ && !reads_done_ && !cancelled && !closing_ && outstanding_ < limit_) {
       reading_ = true;
       next.read = true;
     }
@@ -180,6 +193,9 @@ class StreamCall final
       finished_ = true;
       next.finish = true;
     }
+    // Shutting down with nothing left to answer, but the client may still send: ended here
+    // (its pending read completes, and the stream finishes as cancelled).
+    if (closing_ && outstanding_ == 0 && !finished_) context_->TryCancel();
     return next;
   }
 
@@ -225,7 +241,10 @@ class StreamCall final
   bool reading_ = false;
   bool reads_done_ = false;
   bool finished_ = false;
+  bool closing_ = false;  // the server is shutting down
 };
+
+namespace {
 
 void SetDuration(const DurationStat& stat, inference::StatisticDuration* duration) {
   duration->set_count(static_cast<uint64_t>(stat.count));
@@ -339,6 +358,27 @@ const char* GrpcCodeName(grpc::StatusCode code) {
     default:
       return "OTHER";
   }
+}
+
+void OpenStreams::Add(StreamCall* stream) {
+  std::lock_guard lock(mutex_);
+  if (closed_) {
+    stream->Close();
+    return;
+  }
+  streams_.insert(stream);
+}
+
+void OpenStreams::Remove(StreamCall* stream) {
+  std::lock_guard lock(mutex_);
+  streams_.erase(stream);
+}
+
+void OpenStreams::CloseAll() {
+  std::lock_guard lock(mutex_);
+  closed_ = true;
+  // Each stream leaves the set in its OnDone, under this lock: none is deleted while closed.
+  for (StreamCall* stream : streams_) stream->Close();
 }
 
 InferenceService::InferenceService(ModelService& models, Metrics& metrics,

@@ -11,7 +11,9 @@
 
 #include <atomic>
 #include <functional>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "inference.grpc.pb.h"
@@ -41,6 +43,23 @@ struct ServiceOptions {
   std::atomic<int64_t>* in_flight = nullptr;
   // The server's system shared-memory regions, shared with HTTP.
   kserve::SharedMemoryRegistry* shared_memory = nullptr;
+};
+
+class StreamCall;  // grpc_service.cpp: one ModelStreamInfer stream
+
+// The ModelStreamInfer streams open now, to be closed at shutdown.
+class OpenStreams {
+ public:
+  void Add(StreamCall* stream);
+  void Remove(StreamCall* stream);
+  // Every stream open and every one opened from now on reads no more requests and ends once
+  // those it read are answered.
+  void CloseAll();
+
+ private:
+  std::mutex mutex_;
+  std::set<StreamCall*> streams_;
+  bool closed_ = false;
 };
 
 class InferenceService final : public inference::GRPCInferenceService::CallbackService {
@@ -129,6 +148,7 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   Metrics& metrics() { return metrics_; }
   const ServerConfig& config() const { return config_; }
   std::atomic<int64_t>& in_flight() { return *options_.in_flight; }
+  OpenStreams& streams() { return streams_; }
 
  private:
   enum class Access { kInference, kRepository };
@@ -149,6 +169,7 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   const ServerConfig& config_;
   ServiceOptions options_;
   kserve::InferenceRunner runner_;
+  OpenStreams streams_;
 };
 
 }  // namespace orochi::server::grpc_api

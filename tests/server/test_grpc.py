@@ -9,6 +9,7 @@ tokens, and hostile messages after which the server still serves.
 
 import atexit
 import concurrent.futures
+import signal
 import importlib
 import os
 import shutil
@@ -16,6 +17,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -573,6 +575,42 @@ class RepositoryTest(GrpcServerTest):
                         grpc.StatusCode.INVALID_ARGUMENT, "parameter 'config'")
         self.assertCode(lambda: self.stub.RepositoryIndex(
             pb.RepositoryIndexRequest(repository_name="other")), grpc.StatusCode.INVALID_ARGUMENT)
+
+
+class ShutdownTest(unittest.TestCase):
+    def test_an_idle_stream_does_not_hold_the_shutdown_and_a_busy_one_is_answered(self):
+        root = tempfile.mkdtemp(prefix="orochi-grpc-shutdown-")
+        try:
+            server = Server(pack_repository(root), {"http": {"shutdown_grace_s": 30}}, copies=2)
+            channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            idle_sent = threading.Event()
+            hold = threading.Event()
+
+            def idle_requests():  # one request, then the stream stays open, sending nothing
+                yield echo_raw_request(request_id="idle")
+                idle_sent.set()
+                hold.wait(60)
+
+            idle = stub.ModelStreamInfer(idle_requests())
+            self.assertEqual(next(idle).infer_response.id, "idle")
+            busy = stub.ModelStreamInfer(iter([slow_request("sleep", 2.0)]))
+            time.sleep(0.5)  # the slow request is running
+            start = time.time()
+            server.process.send_signal(signal.SIGTERM)
+            answers = list(busy)
+            self.assertEqual(len(answers), 1)
+            self.assertEqual(answers[0].error_message, "")
+            with self.assertRaises(grpc.RpcError):
+                list(idle)  # ended by the server, not left open until the grace
+            hold.set()
+            code = server.process.wait(timeout=60)
+            self.assertLess(time.time() - start, 15)
+            channel.close()
+            self.assertEqual(server.stop(), 0)
+            self.assertEqual(code, 0)
+        finally:
+            shutil.rmtree(root)
 
 
 class TokenTest(unittest.TestCase):
