@@ -107,11 +107,12 @@ class StreamCall final
     }
     ModelInferRequest request = std::move(incoming_);
     incoming_.Clear();
-    service_.Infer(request, SteadyDeadline(context_->deadline()),
-                   [cancelled = cancelled_] { return cancelled->load(); },
-                   [this, id = request.id()](InferenceService::InferOutcome outcome) {
-                     Answered(std::move(outcome), id);
-                   });
+    service_.Infer(
+        request, SteadyDeadline(context_->deadline()),
+        [cancelled = cancelled_] { return cancelled->load(); },
+        [this, id = request.id()](InferenceService::InferOutcome outcome) {
+          Answered(std::move(outcome), id);
+        });
     Next next;
     {
       std::lock_guard lock(mutex_);
@@ -368,7 +369,8 @@ std::optional<grpc::Status> InferenceService::Refusal(const grpc::CallbackServer
   const auto& metadata = context.client_metadata();
   auto found = metadata.find("authorization");
   std::optional<std::string_view> authorization;
-  if (found != metadata.end()) authorization = std::string_view(found->second.data(), found->second.size());
+  if (found != metadata.end())
+    authorization = std::string_view(found->second.data(), found->second.size());
   switch (CheckBearer(authorization, *token)) {
     case TokenCheck::kValid:
       return std::nullopt;
@@ -438,8 +440,8 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
   return AnswerNow(context, "ServerMetadata", Access::kInference, [&] {
     response->set_name("orochi");
     response->set_version(OROCHI_SERVER_VERSION);
-    for (const char* extension : {"classification", "statistics", "model_configuration",
-                                  "model_repository"}) {
+    for (const char* extension :
+         {"classification", "statistics", "model_configuration", "model_repository"}) {
       response->add_extensions(extension);
     }
     return grpc::Status::OK;
@@ -464,9 +466,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
   });
 }
 
-grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerContext* context,
-                                                        const inference::ModelConfigRequest* request,
-                                                        inference::ModelConfigResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::ModelConfig(
+    grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
+    inference::ModelConfigResponse* response) {
   return AnswerNow(context, "ModelConfig", Access::kInference, [&] {
     Result<std::shared_ptr<const ServedModel>> model = Resolve(request->name(), request->version());
     if (!model.ok()) return ToGrpc(model.status());
@@ -518,8 +520,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
   return AnswerNow(context, "ModelStatistics", Access::kInference, [&] {
     if (request->name().empty()) {
       if (!request->version().empty()) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "a version needs a model name");
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a version needs a model name");
       }
       for (const auto& model : models_.List()) WriteStatistics(*model, response->add_model_stats());
       return grpc::Status::OK;
@@ -569,15 +570,14 @@ void InferenceService::Infer(const ModelInferRequest& message,
   call.transport_deadline = transport_deadline;
   call.client_gone = std::move(client_gone);
   std::shared_ptr<const kserve::InferRequest> request = call.request;
-  runner_.Run(std::move(call),
-              [request, done = std::move(done)](Result<kserve::InferenceResult> result) {
-                if (!result.ok()) {
-                  done(InferOutcome{ToGrpc(result.status()), nullptr, request, {}});
-                  return;
-                }
-                done(InferOutcome{grpc::Status::OK, result->model, request,
-                                  std::move(result->outputs)});
-              });
+  runner_.Run(
+      std::move(call), [request, done = std::move(done)](Result<kserve::InferenceResult> result) {
+        if (!result.ok()) {
+          done(InferOutcome{ToGrpc(result.status()), nullptr, request, {}});
+          return;
+        }
+        done(InferOutcome{grpc::Status::OK, result->model, request, std::move(result->outputs)});
+      });
 }
 
 void InferenceService::WriteOutcome(const InferOutcome& outcome,

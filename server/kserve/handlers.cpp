@@ -156,8 +156,9 @@ void KServeApi::Register(http::Router& router) {
     auto tensors = [](const std::vector<TensorSpec>& specs) {
       Json list = Json::array();
       for (const TensorSpec& spec : specs) {
-        list.push_back(
-            {{"name", spec.name}, {"data_type", TritonTypeName(spec.datatype)}, {"dims", spec.shape}});
+        list.push_back({{"name", spec.name},
+                        {"data_type", TritonTypeName(spec.datatype)},
+                        {"dims", spec.shape}});
       }
       return list;
     };
@@ -385,8 +386,8 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
       return;
     }
     const ServedModel& served = *result->model;
-    EncodedResponse encoded = EncodeInferResponse(served.manifest(), *infer, result->outputs,
-                                                  served.package->labels());
+    EncodedResponse encoded =
+        EncodeInferResponse(served.manifest(), *infer, result->outputs, served.package->labels());
     http::Response response = http::JsonResponse(200, std::move(encoded.body));
     if (encoded.json_length) {
       response.set(bhttp::field::content_type, "application/octet-stream");
