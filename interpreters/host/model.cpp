@@ -1,5 +1,7 @@
 #include "orochi/interpreters/model.h"
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -66,10 +68,22 @@ Value ToValue(const NamedTensor& input) {
   return pair;
 }
 
-Result<std::vector<NamedTensor>> FromOutputs(const Value& value) {
+// `value`: [outputs, [input_ns, output_ns]] (see orochi.serving._predict); the copy's own
+// input and output times go to `copy_input` and `copy_output`.
+Result<std::vector<NamedTensor>> FromOutputs(const Value& value,
+                                             std::chrono::nanoseconds* copy_input,
+                                             std::chrono::nanoseconds* copy_output) {
   auto malformed = [] { return Internal("orochi.serving returned malformed outputs"); };
-  const auto* outputs = std::get_if<ValueList>(&value);
-  if (outputs == nullptr) return malformed();
+  const auto* answer = std::get_if<ValueList>(&value);
+  if (answer == nullptr || answer->items.size() != 2) return malformed();
+  const auto* outputs = std::get_if<ValueList>(&answer->items[0]);
+  const auto* times = std::get_if<ValueList>(&answer->items[1]);
+  if (outputs == nullptr || times == nullptr || times->items.size() != 2) return malformed();
+  const auto* input_ns = std::get_if<int64_t>(&times->items[0]);
+  const auto* output_ns = std::get_if<int64_t>(&times->items[1]);
+  if (input_ns == nullptr || output_ns == nullptr) return malformed();
+  *copy_input = std::chrono::nanoseconds(std::max<int64_t>(*input_ns, 0));
+  *copy_output = std::chrono::nanoseconds(std::max<int64_t>(*output_ns, 0));
   std::vector<NamedTensor> result;
   for (const Value& entry : outputs->items) {
     const auto* pair = std::get_if<ValueList>(&entry);
@@ -270,7 +284,13 @@ Result<std::vector<NamedTensor>> ReplicatedModel::Predict(const std::vector<Name
 
 Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(Interpreter& copy,
                                                             const std::vector<NamedTensor>& inputs,
-                                                            const RequestParameters& parameters) {
+                                                            const RequestParameters& parameters,
+                                                            PredictTimings* timings) {
+  using Clock = std::chrono::steady_clock;
+  PredictTimings ignored;
+  if (timings == nullptr) timings = &ignored;
+  *timings = {};
+  const Clock::time_point started = Clock::now();
   if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
   ValueList arguments;
   for (const NamedTensor& input : inputs) arguments.items.push_back(ToValue(input));
@@ -282,7 +302,11 @@ Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(Interpreter& copy,
   }
   const std::vector<Value> call{key_, std::move(arguments), std::move(named_parameters)};
   copy.SetCaller(key_);
+  const Clock::time_point calling = Clock::now();
   Result<Value> outputs = copy.Call("orochi.serving:_predict", call);
+  const Clock::time_point returned = Clock::now();
+  timings->input = calling - started;
+  timings->infer = returned - calling;
   if (!outputs.ok()) {
     const Status& error = outputs.status();
     if (error.code() == StatusCode::kPythonError &&
@@ -291,7 +315,16 @@ Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(Interpreter& copy,
     }
     return error;
   }
-  return FromOutputs(*outputs);
+  std::chrono::nanoseconds copy_input{0};
+  std::chrono::nanoseconds copy_output{0};
+  Result<std::vector<NamedTensor>> result = FromOutputs(*outputs, &copy_input, &copy_output);
+  // The copy's own times are part of the call; moved from infer, which never goes below 0.
+  copy_input = std::min(copy_input, timings->infer);
+  copy_output = std::min(copy_output, timings->infer - copy_input);
+  timings->input += copy_input;
+  timings->infer -= copy_input + copy_output;
+  timings->output = copy_output + (Clock::now() - returned);
+  return result;
 }
 
 Status ReplicatedModel::LoadInto(size_t slot) {

@@ -263,11 +263,15 @@ void WriteStatistics(const ServedModel& model, inference::ModelStatistics* writt
   SetDuration(stats.success, inference_stats->mutable_success());
   SetDuration(stats.fail, inference_stats->mutable_fail());
   SetDuration(stats.queue, inference_stats->mutable_queue());
-  SetDuration(stats.compute_infer, inference_stats->mutable_compute_infer());
+  SetDuration(stats.compute.compute_input, inference_stats->mutable_compute_input());
+  SetDuration(stats.compute.compute_infer, inference_stats->mutable_compute_infer());
+  SetDuration(stats.compute.compute_output, inference_stats->mutable_compute_output());
   for (const auto& [size, stat] : stats.batches) {
     auto* batch = written->add_batch_stats();
     batch->set_batch_size(static_cast<uint64_t>(size));
-    SetDuration(stat, batch->mutable_compute_infer());
+    SetDuration(stat.compute_input, batch->mutable_compute_input());
+    SetDuration(stat.compute_infer, batch->mutable_compute_infer());
+    SetDuration(stat.compute_output, batch->mutable_compute_output());
   }
 }
 

@@ -36,9 +36,9 @@ Json ModelStatsJson(const ServedModel& model) {
   Json batches = Json::array();
   for (const auto& [size, stat] : stats.batches) {
     batches.push_back({{"batch_size", size},
-                       {"compute_input", StatJson({})},
-                       {"compute_infer", StatJson(stat)},
-                       {"compute_output", StatJson({})}});
+                       {"compute_input", StatJson(stat.compute_input)},
+                       {"compute_infer", StatJson(stat.compute_infer)},
+                       {"compute_output", StatJson(stat.compute_output)}});
   }
   return {{"name", model.name},
           {"version", std::to_string(model.version)},
@@ -49,9 +49,9 @@ Json ModelStatsJson(const ServedModel& model) {
            {{"success", StatJson(stats.success)},
             {"fail", StatJson(stats.fail)},
             {"queue", StatJson(stats.queue)},
-            {"compute_input", StatJson({})},
-            {"compute_infer", StatJson(stats.compute_infer)},
-            {"compute_output", StatJson({})},
+            {"compute_input", StatJson(stats.compute.compute_input)},
+            {"compute_infer", StatJson(stats.compute.compute_infer)},
+            {"compute_output", StatJson(stats.compute.compute_output)},
             {"cache_hit", StatJson({})},
             {"cache_miss", StatJson({})}}},
           {"batch_stats", batches}};

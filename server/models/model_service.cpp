@@ -751,14 +751,14 @@ Status ModelService::Submit(const std::shared_ptr<const ServedModel>& model,
 }
 
 void ModelService::OnBatch(const std::string& model_key, int64_t rows, int64_t requests,
-                           std::chrono::nanoseconds compute, bool ok) {
+                           const BatchTimings& timings, bool ok) {
   std::shared_ptr<ServedModel> model = FindByKey(model_key);
   if (model == nullptr) return;
   {
     std::lock_guard lock(model->stats_mutex);
     model->stats.execution_count += 1;
-    model->stats.compute_infer.Add(compute);
-    model->stats.batches[std::max<int64_t>(rows, requests)].Add(compute);
+    model->stats.compute.Add(timings);
+    model->stats.batches[std::max<int64_t>(rows, requests)].Add(timings);
   }
   (void)ok;
   metrics_.BatchRan(model->name, std::to_string(model->version), std::max<int64_t>(rows, requests));

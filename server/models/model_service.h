@@ -34,15 +34,27 @@ struct DurationStat {
   }
 };
 
+// Triton's compute statistics of batches run (see BatchTimings): one of each per batch.
+struct ComputeStats {
+  DurationStat compute_input;
+  DurationStat compute_infer;
+  DurationStat compute_output;
+  void Add(const BatchTimings& timings) {
+    compute_input.Add(timings.input);
+    compute_infer.Add(timings.infer);
+    compute_output.Add(timings.output);
+  }
+};
+
 struct ModelStats {
   DurationStat success;
   DurationStat fail;
   DurationStat queue;
-  DurationStat compute_infer;
+  ComputeStats compute;                     // every batch
   int64_t inference_count = 0;              // rows (or requests, for models that do not batch)
   int64_t execution_count = 0;              // batches run
   int64_t last_inference_ms = 0;            // since the Unix epoch
-  std::map<int64_t, DurationStat> batches;  // by batch size
+  std::map<int64_t, ComputeStats> batches;  // by batch size
 };
 
 struct ServedModel {
@@ -157,7 +169,7 @@ class ModelService : public SchedulerObserver {
 
   // SchedulerObserver
   void OnBatch(const std::string& model_key, int64_t rows, int64_t requests,
-               std::chrono::nanoseconds compute, bool ok) override;
+               const BatchTimings& timings, bool ok) override;
   void OnQueueDepth(const std::string& model_key, int64_t depth) override;
   void OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) override;
   void OnCopyReplaced(size_t slot) override;

@@ -503,12 +503,14 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
   // comes back, if ever.
   const std::shared_ptr<interpreters::ReplicatedModel> model = queue.model;
   Result<std::vector<NamedTensor>> outputs = inputs.status();
+  interpreters::PredictTimings predict;
+  const Clock::time_point predicting = Clock::now();
   if (inputs.ok()) {
     // Named in the crash record if the model's code takes the process down.
     const ScopedCrashContext crash_context(model->key(), static_cast<int>(slot), "predict");
-    outputs = model->PredictIn(*lease, *inputs, batch->jobs.front().parameters);
+    outputs = model->PredictIn(*lease, *inputs, batch->jobs.front().parameters, &predict);
   }
-  const Clock::time_point end = Clock::now();
+  const Clock::time_point predicted = Clock::now();
   bool interrupted = false;
   bool unloading = false;
   bool clients_gone = false;
@@ -525,13 +527,39 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
     worker.deadline.reset();
     worker.queue = nullptr;
   }
+  // Each request's outputs, split from the batch's (and their rows checked) before any answer
+  // goes out, so that the batch's compute_output covers them.
+  const bool ok = outputs.ok();
+  std::vector<Result<std::vector<NamedTensor>>> answers;
+  if (ok) {
+    answers.reserve(batch->jobs.size());
+    if (batch->jobs.size() == 1) {
+      Status rows = queue.batching.max_batch_size > 0
+                        ? CheckRows(*outputs, batch->jobs.front().rows)
+                        : Status::Ok();
+      answers.push_back(rows.ok() ? std::move(outputs) : Result<std::vector<NamedTensor>>(rows));
+    } else {
+      int64_t start_row = 0;
+      for (const InferJob& job : batch->jobs) {
+        answers.push_back(Slice(*outputs, start_row, job.rows, total_rows));
+        start_row += job.rows;
+      }
+    }
+  }
+  const Clock::time_point end = Clock::now();
+  // Before predict() (concatenating, taking the copy) counts as input; from its return to the
+  // answers (the worker's bookkeeping, splitting) as output: the three add up to end - start.
+  BatchTimings ran;
+  ran.input = (predicting - start) + predict.input;
+  ran.infer = (predicted - predicting) - predict.input - predict.output;
+  ran.output = predict.output + (end - predicted);
   if (observer_ != nullptr) {
     observer_->OnCopyRunning(slot, false);
     observer_->OnBatch(queue.model->key(), total_rows, static_cast<int64_t>(batch->jobs.size()),
-                       end - start, outputs.ok());
+                       ran, ok);
     observer_->OnCopyBusy(slot, end - start);
   }
-  if (unloading && !outputs.ok()) {
+  if (unloading && !ok) {
     Answer(*batch,
            Unavailable("model " + queue.model->key() +
                        " was unloaded while the request ran: it did not finish within the unload "
@@ -539,40 +567,31 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
            InferTimings{{}, end - start, total_rows});
     return true;
   }
-  if (clients_gone && !outputs.ok()) {
-    Answer(*batch, ClientsGone(end - start), InferTimings{{}, end - start, total_rows});
+  if (clients_gone && !ok) {
+    Answer(*batch, ClientsGone(predicted - start), InferTimings{{}, end - start, total_rows});
     return true;
   }
-  if (interrupted && !outputs.ok()) {
+  if (interrupted && !ok) {
     InferTimings timings{{}, end - start, total_rows};
-    Answer(
-        *batch,
-        Status(StatusCode::kDeadlineExceeded,
-               "the request ran past its deadline and was interrupted after " +
-                   std::to_string(
-                       std::chrono::duration_cast<std::chrono::milliseconds>(end - start).count()) +
-                   " ms of execution"),
-        timings);
+    Answer(*batch,
+           Status(StatusCode::kDeadlineExceeded,
+                  "the request ran past its deadline and was interrupted after " +
+                      std::to_string(
+                          std::chrono::duration_cast<std::chrono::milliseconds>(predicted - start)
+                              .count()) +
+                      " ms of execution"),
+           timings);
     return true;
   }
   if (batch->answered.exchange(true)) return true;
-  int64_t start_row = 0;
-  for (InferJob& job : batch->jobs) {
+  for (size_t i = 0; i < batch->jobs.size(); ++i) {
+    InferJob& job = batch->jobs[i];
     InferTimings timings{start - job.enqueued, end - start, total_rows};
-    if (!outputs.ok()) {
+    if (answers.empty()) {
       job.done(outputs.status(), timings);
-    } else if (batch->jobs.size() == 1) {
-      Status rows =
-          queue.batching.max_batch_size > 0 ? CheckRows(*outputs, job.rows) : Status::Ok();
-      if (rows.ok()) {
-        job.done(*outputs, timings);
-      } else {
-        job.done(rows, timings);
-      }
     } else {
-      job.done(Slice(*outputs, start_row, job.rows, total_rows), timings);
+      job.done(std::move(answers[i]), timings);
     }
-    start_row += job.rows;
   }
   return true;
 }

@@ -46,6 +46,20 @@ struct InferTimings {
   int64_t batch_rows = 0;  // rows of the batch the request ran in (1 request = its own rows)
 };
 
+// Where a batch's time in its copy's worker went (Triton's compute_input, compute_infer and
+// compute_output); the three add up to the batch's time, from taking it to its answers.
+struct BatchTimings {
+  // Taking the batch, concatenating its requests' inputs along dim 0, and making them into
+  // predict()'s arguments (interpreters::PredictTimings::input).
+  std::chrono::nanoseconds input{0};
+  // The model's predict() (interpreters::PredictTimings::infer).
+  std::chrono::nanoseconds infer{0};
+  // predict()'s result made into host tensors (interpreters::PredictTimings::output), then
+  // split back into each request's rows, which are checked.
+  std::chrono::nanoseconds output{0};
+  std::chrono::nanoseconds total() const { return input + infer + output; }
+};
+
 // Called once per request, from a worker thread (or the submitting thread on refusal).
 using InferDone =
     std::function<void(Result<std::vector<interpreters::NamedTensor>>, const InferTimings&)>;
@@ -73,8 +87,9 @@ struct BatchingOptions {
 class SchedulerObserver {
  public:
   virtual ~SchedulerObserver() = default;
+  // A batch ran (its answers are about to go out).
   virtual void OnBatch(const std::string& model_key, int64_t rows, int64_t requests,
-                       std::chrono::nanoseconds compute, bool ok) = 0;
+                       const BatchTimings& timings, bool ok) = 0;
   virtual void OnQueueDepth(const std::string& model_key, int64_t depth) = 0;
   virtual void OnCopyBusy(size_t slot, std::chrono::nanoseconds busy) = 0;
   // A copy starts (true) or ends (false) running a batch; a copy abandoned while running one

@@ -76,7 +76,7 @@ class RecordingObserver : public SchedulerObserver {
   };
 
   void OnBatch(const std::string& /*model_key*/, int64_t /*rows*/, int64_t /*requests*/,
-               std::chrono::nanoseconds /*compute*/, bool /*ok*/) override {}
+               const BatchTimings& /*timings*/, bool /*ok*/) override {}
   void OnQueueDepth(const std::string& /*model_key*/, int64_t /*depth*/) override {}
   void OnCopyBusy(size_t /*slot*/, std::chrono::nanoseconds /*busy*/) override {}
   void OnModelUnavailable(const std::string& /*model_key*/,

@@ -177,9 +177,24 @@ class HealthAndMetadataTest(GrpcServerTest):
         after = self.stub.ModelStatistics(pb.ModelStatisticsRequest(name="extra_rows"))
         stats = after.model_stats[0].inference_stats
         self.assertEqual(stats.fail.count, before.model_stats[0].inference_stats.fail.count + 1)
+        # compute_input, compute_infer and compute_output: one of each per batch (the failed
+        # one too: its rows were checked as its outputs were split), in all and by batch size.
+        self.stub.ModelInfer(echo_raw_request(rows=2))
         every = self.stub.ModelStatistics(pb.ModelStatisticsRequest())
         self.assertEqual(sorted(s.name for s in every.model_stats),
                          ["echo", "extra_rows", "slow"])
+        for model in every.model_stats:
+            if model.name == "slow":
+                continue
+            self.assertGreater(model.execution_count, 0, model.name)
+            for field in ("compute_input", "compute_infer", "compute_output"):
+                duration = getattr(model.inference_stats, field)
+                self.assertEqual(duration.count, model.execution_count, (model.name, field))
+                self.assertGreater(duration.ns, 0, (model.name, field))
+                by_size = [getattr(batch, field) for batch in model.batch_stats]
+                self.assertEqual(sum(d.count for d in by_size), model.execution_count,
+                                 (model.name, field))
+                self.assertTrue(all(d.ns > 0 for d in by_size), (model.name, field))
         self.assertCode(lambda: self.stub.ModelStatistics(pb.ModelStatisticsRequest(name="nope")),
                         grpc.StatusCode.NOT_FOUND)
 

@@ -97,6 +97,38 @@ class ServerTest(SharedServerTest):
         self.assertEqual(status, 404, body)
         self.assertIn("Request for unknown model: 'stats'", body["error"])
 
+    def test_statistics_measure_compute_input_infer_and_output(self):
+        def echo_stats():
+            status, stats = self.get("/v2/models/echo/stats")
+            self.assertEqual(status, 200, stats)
+            return stats["model_stats"][0]
+
+        before = echo_stats()
+        for _ in range(3):  # one at a time: each runs as a batch of its own
+            status, _, body = post_json(self.server, "/v2/models/echo/infer", echo_request(rows=2))
+            self.assertEqual(status, 200, body)
+        after = echo_stats()
+        self.assertEqual(after["execution_count"], before["execution_count"] + 3)
+        stats, earlier = after["inference_stats"], before["inference_stats"]
+
+        def grew(name):
+            return stats[name]["ns"] - earlier[name]["ns"]
+
+        computes = ("compute_input", "compute_infer", "compute_output")
+        for name in computes:
+            # One of each per batch, in all and by batch size, and each took time.
+            self.assertEqual(stats[name]["count"], after["execution_count"], name)
+            self.assertEqual(sum(batch[name]["count"] for batch in after["batch_stats"]),
+                             after["execution_count"], name)
+            self.assertGreater(grew(name), 0, name)
+        pairs = [batch for batch in after["batch_stats"] if batch["batch_size"] == 2]
+        self.assertEqual(len(pairs), 1, after["batch_stats"])
+        for name in computes:
+            self.assertGreater(pairs[0][name]["ns"], 0, name)
+        # A request that ran alone spent its time queued or in its batch, which the three
+        # share out without a gap or an overlap.
+        self.assertEqual(grew("success") - grew("queue"), sum(grew(name) for name in computes))
+
     def test_logging_settings_are_read_and_changed_at_run_time(self):
         status, settings = self.get("/v2/logging")
         self.assertEqual((status, settings), (200, {

@@ -11,6 +11,7 @@ import gc
 import importlib.util
 import json
 import linecache
+import time
 import types
 
 import _orochi
@@ -289,8 +290,11 @@ def _load(key, manifest_json, config_json, code, weights):
 
 
 def _predict(key, inputs, parameters=()):
-    """inputs: [[name, tensor | [shape, [bytes, ...]]], ...] -> outputs in the same form;
+    """inputs: [[name, tensor | [shape, [bytes, ...]]], ...] -> [outputs in the same form,
+    [input_ns, output_ns]]: how long making the inputs into predict()'s arguments, and its
+    result into outputs, took (the host's compute_input and compute_output statistics);
     parameters: the request's [[name, value], ...], for a predict() that takes them."""
+    started = time.perf_counter_ns()
     model = _loaded.get(key)
     if model is None:
         raise LookupError(f"model {key} is not loaded in this copy")
@@ -321,10 +325,12 @@ def _predict(key, inputs, parameters=()):
     missing = sorted(set(specs) - set(arguments))
     if missing:
         raise InputError(f"missing inputs {missing}")
+    calling = time.perf_counter_ns()
     if model.takes_parameters:
         result = model.instance.predict(arguments, parameters=dict(parameters))
     else:
         result = model.instance.predict(arguments)
+    returned = time.perf_counter_ns()
     if not isinstance(result, dict):
         raise TypeError(f"predict() must return a dict of outputs, not {type(result).__name__}")
     declared = {spec["name"] for spec in model.outputs}
@@ -338,7 +344,7 @@ def _predict(key, inputs, parameters=()):
         if spec["name"] not in result:
             raise ValueError(f"predict() did not return output '{spec['name']}'")
         outputs.append([spec["name"], _output_value(spec, result[spec["name"]], model.batched)])
-    return outputs
+    return [outputs, [calling - started, time.perf_counter_ns() - returned]]
 
 
 def _unload(key):

@@ -74,6 +74,21 @@ struct LoadOptions {
   std::function<void(size_t slot)> resume;
 };
 
+// Where the time of one predict() call went, for Triton's compute_input, compute_infer and
+// compute_output statistics; the three add up to the call's time.
+struct PredictTimings {
+  // The inputs made into the copy's values (host), then, in the copy, checked against the
+  // manifest and made into predict()'s arguments (BYTES as nested lists, tensors moved to the
+  // model's device).
+  std::chrono::nanoseconds input{0};
+  // The model's predict(), and entering and leaving the copy. All of the call when the copy
+  // raised (its own split is then unknown).
+  std::chrono::nanoseconds infer{0};
+  // In the copy, predict()'s result checked against the manifest and made into host tensors
+  // (BYTES flattened), then those read back into NamedTensors (host).
+  std::chrono::nanoseconds output{0};
+};
+
 class ReplicatedModel {
  public:
   // Loads `source` into copies `slots` of `manager` (every copy when empty). Fails, with the
@@ -97,10 +112,12 @@ class ReplicatedModel {
                                            const RequestParameters& parameters = {});
 
   // Runs predict() in `copy`, which the caller holds through a Lease on one of slots(). For
-  // schedulers that give each copy its own worker thread.
+  // schedulers that give each copy its own worker thread. Says where the time went in
+  // `timings` when given, whether the call succeeds or not.
   Result<std::vector<NamedTensor>> PredictIn(Interpreter& copy,
                                              const std::vector<NamedTensor>& inputs,
-                                             const RequestParameters& parameters = {});
+                                             const RequestParameters& parameters = {},
+                                             PredictTimings* timings = nullptr);
 
   // Unloads the model from every copy, freeing its Python objects; weights are released when
   // the last tensor viewing them goes. Idempotent.
