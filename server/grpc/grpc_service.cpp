@@ -10,6 +10,7 @@
 #include "auth.h"
 #include "infer_codec.h"
 #include "kserve/settings.h"
+#include "repository/load_request.h"
 
 namespace orochi::server::grpc_api {
 namespace {
@@ -711,20 +712,36 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
 
 namespace {
 
-// Load and unload take no parameters here; any sent (Triton's `config` override, files) is
-// refused by name rather than ignored.
+// Load and unload read their parameters as HTTP's repository API reads its bodies
+// (repository/load_request.h): the same config override applied, the same refusals.
 template <typename Request>
-std::optional<grpc::Status> RepositoryRequestProblem(const Request& request) {
+Result<std::string> RepositoryRequestBody(const Request& request) {
   if (!request.repository_name().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "this server has one repository: leave repository_name empty");
+    return InvalidArgument("this server has one repository: leave repository_name empty");
   }
-  if (!request.parameters().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "parameter '" + request.parameters().begin()->first +
-                            "' is not supported by this server's repository calls");
+  nlohmann::json parameters = nlohmann::json::object();
+  for (const auto& [name, value] : request.parameters()) {
+    using Value = inference::ModelRepositoryParameter;
+    switch (value.parameter_choice_case()) {
+      case Value::kBoolParam:
+        parameters[name] = value.bool_param();
+        break;
+      case Value::kInt64Param:
+        parameters[name] = value.int64_param();
+        break;
+      case Value::kStringParam:
+        parameters[name] = value.string_param();
+        break;
+      case Value::kBytesParam:
+        parameters[name] = value.bytes_param();  // refused by name, as a `file:` or unknown one
+        break;
+      case Value::PARAMETER_CHOICE_NOT_SET:
+        return InvalidArgument("parameter '" + name + "' has no value");
+    }
   }
-  return std::nullopt;
+  if (parameters.empty()) return std::string();
+  return nlohmann::json{{"parameters", parameters}}.dump(-1, ' ', false,
+                                                         nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace
@@ -733,16 +750,23 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
     grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
   auto* call = new UnaryCall(*this, "RepositoryModelLoad");
-  std::optional<grpc::Status> refused = Refusal(*context, Access::kRepository);
-  if (!refused) refused = RepositoryRequestProblem(*request);
-  if (refused) {
+  if (std::optional<grpc::Status> refused = Refusal(*context, Access::kRepository)) {
     call->Answer(*refused);
     return call;
   }
-  options_.run_repository_operation([this, call, name = request->model_name()] {
-    Result<std::string> loaded = models_.LoadModel(name);
-    call->Answer(loaded.ok() ? grpc::Status::OK : ToGrpc(loaded.status()));
-  });
+  Result<std::string> body = RepositoryRequestBody(*request);
+  Result<LoadOverrides> overrides = body.ok()
+                                        ? repository::ParseLoadRequest(*body, request->model_name())
+                                        : Result<LoadOverrides>(body.status());
+  if (!overrides.ok()) {
+    call->Answer(ToGrpc(overrides.status()));
+    return call;
+  }
+  options_.run_repository_operation(
+      [this, call, name = request->model_name(), overrides = *std::move(overrides)] {
+        Result<std::string> loaded = models_.LoadModel(name, overrides);
+        call->Answer(loaded.ok() ? grpc::Status::OK : ToGrpc(loaded.status()));
+      });
   return call;
 }
 
@@ -750,10 +774,14 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
     grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
   auto* call = new UnaryCall(*this, "RepositoryModelUnload");
-  std::optional<grpc::Status> refused = Refusal(*context, Access::kRepository);
-  if (!refused) refused = RepositoryRequestProblem(*request);
-  if (refused) {
+  if (std::optional<grpc::Status> refused = Refusal(*context, Access::kRepository)) {
     call->Answer(*refused);
+    return call;
+  }
+  Result<std::string> body = RepositoryRequestBody(*request);
+  Status checked = body.ok() ? repository::CheckUnloadRequest(*body) : body.status();
+  if (!checked.ok()) {
+    call->Answer(ToGrpc(checked));
     return call;
   }
   options_.run_repository_operation([this, call, name = request->model_name()] {

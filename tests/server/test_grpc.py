@@ -9,6 +9,7 @@ tokens, and hostile messages after which the server still serves.
 
 import atexit
 import concurrent.futures
+import json
 import signal
 import importlib
 import os
@@ -138,7 +139,6 @@ class HealthAndMetadataTest(GrpcServerTest):
     def test_model_metadata_matches_http(self):
         metadata = self.stub.ModelMetadata(pb.ModelMetadataRequest(name="echo"))
         _, _, body = curl(self.server.url("/v2/models/echo"))
-        import json
         http_metadata = json.loads(body)
         self.assertEqual(metadata.name, "echo")
         self.assertEqual(list(metadata.versions), http_metadata["versions"])
@@ -584,10 +584,29 @@ class RepositoryTest(GrpcServerTest):
         self.assertTrue(self.stub.ModelReady(pb.ModelReadyRequest(name="extra_rows")).ready)
         self.assertCode(lambda: self.stub.RepositoryModelLoad(
             pb.RepositoryModelLoadRequest(model_name="nope")), grpc.StatusCode.NOT_FOUND)
+        # Triton's config override, read as HTTP's load reads it: applied, or refused by name.
+        self.stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="echo"))
         request = pb.RepositoryModelLoadRequest(model_name="echo")
-        request.parameters["config"].string_param = "{}"
+        request.parameters["config"].string_param = json.dumps(
+            {"dynamic_batching": {"max_queue_delay_microseconds": 1500},
+             "instance_group": [{"count": 1}]})
+        self.stub.RepositoryModelLoad(request)
+        config = self.stub.ModelConfig(pb.ModelConfigRequest(name="echo")).config
+        self.assertEqual(config.dynamic_batching.max_queue_delay_microseconds, 1500)
+        self.assertEqual(config.instance_group[0].count, 1)
+        request.parameters["config"].string_param = json.dumps({"backend": "python"})
         self.assertCode(lambda: self.stub.RepositoryModelLoad(request),
-                        grpc.StatusCode.INVALID_ARGUMENT, "parameter 'config'")
+                        grpc.StatusCode.INVALID_ARGUMENT, "backend")
+        files = pb.RepositoryModelLoadRequest(model_name="echo")
+        files.parameters["file:1/model.py"].bytes_param = b"print(1)"
+        self.assertCode(lambda: self.stub.RepositoryModelLoad(files),
+                        grpc.StatusCode.INVALID_ARGUMENT, "file:1/model.py")
+        unload = pb.RepositoryModelUnloadRequest(model_name="echo")
+        unload.parameters["unload_dependents"].bool_param = True
+        self.stub.RepositoryModelUnload(unload)
+        self.stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="echo"))
+        self.assertEqual(self.stub.ModelConfig(pb.ModelConfigRequest(name="echo"))
+                         .config.instance_group[0].count, self.COPIES)
         self.assertCode(lambda: self.stub.RepositoryIndex(
             pb.RepositoryIndexRequest(repository_name="other")), grpc.StatusCode.INVALID_ARGUMENT)
 
