@@ -530,6 +530,8 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
   // Each request's outputs, split from the batch's (and their rows checked) before any answer
   // goes out, so that the batch's compute_output covers them.
   const bool ok = outputs.ok();
+  // The batch's error, for every request when there are no outputs (read before they move).
+  const Status failed = ok ? Status::Ok() : outputs.status();
   std::vector<Result<std::vector<NamedTensor>>> answers;
   if (ok) {
     answers.reserve(batch->jobs.size());
@@ -587,8 +589,8 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
   for (size_t i = 0; i < batch->jobs.size(); ++i) {
     InferJob& job = batch->jobs[i];
     InferTimings timings{start - job.enqueued, end - start, total_rows};
-    if (answers.empty()) {
-      job.done(outputs.status(), timings);
+    if (!ok) {
+      job.done(failed, timings);
     } else {
       job.done(std::move(answers[i]), timings);
     }
