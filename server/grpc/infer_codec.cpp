@@ -223,36 +223,54 @@ Result<NamedTensor> FromContents(const TensorSpec& spec, const engine::Shape& sh
   return tensor;
 }
 
-void AppendUnknown(const google::protobuf::Message& message, const std::string& prefix,
-                   std::string* found) {
-  const auto* reflection = message.GetReflection();
-  const google::protobuf::UnknownFieldSet& unknown = reflection->GetUnknownFields(message);
-  if (!unknown.empty()) {
-    *found = prefix + std::to_string(unknown.field(0).number());
-    return;
-  }
-  std::vector<const google::protobuf::FieldDescriptor*> fields;
-  reflection->ListFields(message, &fields);
-  for (const auto* field : fields) {
-    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
-    if (field->is_repeated()) {
-      for (int i = 0; i < reflection->FieldSize(message, field) && found->empty(); ++i) {
-        AppendUnknown(reflection->GetRepeatedMessage(message, field, i),
-                      prefix + field->name() + "[" + std::to_string(i) + "].", found);
-      }
-    } else {
-      AppendUnknown(reflection->GetMessage(message, field), prefix + field->name() + ".", found);
+// The number of the first field `message` carries that the schema does not declare, or 0.
+int FirstUnknown(const google::protobuf::Message& message) {
+  const google::protobuf::UnknownFieldSet& unknown =
+      message.GetReflection()->GetUnknownFields(message);
+  return unknown.empty() ? 0 : unknown.field(0).number();
+}
+
+// The same through a parameter map's values, named "parameters[key].N".
+std::string UnknownInParameters(const ParameterMap& parameters, const std::string& prefix) {
+  for (const auto& [name, value] : parameters) {
+    if (int number = FirstUnknown(value); number != 0) {
+      return prefix + "parameters[" + name + "]." + std::to_string(number);
     }
-    if (!found->empty()) return;
   }
+  return {};
 }
 
 }  // namespace
 
-std::string UnknownFieldPath(const google::protobuf::Message& message) {
-  std::string found;
-  AppendUnknown(message, "", &found);
-  return found;
+std::string UnknownFieldPath(const inference::ModelInferRequest& message) {
+  // Walked through the generated accessors rather than reflection, which would build map
+  // entries for every parameter map of every request.
+  if (int number = FirstUnknown(message); number != 0) return std::to_string(number);
+  if (std::string found = UnknownInParameters(message.parameters(), ""); !found.empty()) {
+    return found;
+  }
+  for (int i = 0; i < message.inputs_size(); ++i) {
+    const auto& input = message.inputs(i);
+    const std::string prefix = "inputs[" + std::to_string(i) + "].";
+    if (int number = FirstUnknown(input); number != 0) return prefix + std::to_string(number);
+    if (std::string found = UnknownInParameters(input.parameters(), prefix); !found.empty()) {
+      return found;
+    }
+    if (input.has_contents()) {
+      if (int number = FirstUnknown(input.contents()); number != 0) {
+        return prefix + "contents." + std::to_string(number);
+      }
+    }
+  }
+  for (int i = 0; i < message.outputs_size(); ++i) {
+    const auto& output = message.outputs(i);
+    const std::string prefix = "outputs[" + std::to_string(i) + "].";
+    if (int number = FirstUnknown(output); number != 0) return prefix + std::to_string(number);
+    if (std::string found = UnknownInParameters(output.parameters(), prefix); !found.empty()) {
+      return found;
+    }
+  }
+  return {};
 }
 
 Result<kserve::InferRequest> ReadInferRequest(const packaging::Manifest& manifest,

@@ -24,7 +24,8 @@ void WriteInferResponse(const packaging::Manifest& manifest, const kserve::Infer
 
 // The first field of `message` (or of a message in it) that this server's schema does not
 // declare, as a path ("inputs[0].7"); empty when there is none. A field a client sets that the
-// server does not know would otherwise be dropped without a word.
-std::string UnknownFieldPath(const google::protobuf::Message& message);
+// server does not know would otherwise be dropped without a word. (Unknown fields inside a map
+// entry are dropped by protobuf's parser itself, before this can see them.)
+std::string UnknownFieldPath(const inference::ModelInferRequest& message);
 
 }  // namespace orochi::server::grpc_api

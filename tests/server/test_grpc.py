@@ -344,6 +344,10 @@ class InferTest(GrpcServerTest):
         nested.inputs[3].MergeFromString(b"\xa0\x01\x05")  # field 20 inside an input
         self.assertCode(lambda: self.stub.ModelInfer(nested), grpc.StatusCode.INVALID_ARGUMENT,
                         "inputs[3].20")
+        in_parameter = echo_raw_request()
+        in_parameter.parameters["user_flag"].MergeFromString(b"\xb0\x02\x01")  # field 38
+        self.assertCode(lambda: self.stub.ModelInfer(in_parameter),
+                        grpc.StatusCode.INVALID_ARGUMENT, "parameters[user_flag].38")
 
     def test_oversized_messages_are_refused_and_the_server_stays_up(self):
         request = pb.ModelInferRequest(model_name="extra_rows")
