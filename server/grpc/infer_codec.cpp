@@ -234,7 +234,12 @@ int FirstUnknown(const google::protobuf::Message& message) {
 std::string UnknownInParameters(const ParameterMap& parameters, const std::string& prefix) {
   for (const auto& [name, value] : parameters) {
     if (int number = FirstUnknown(value); number != 0) {
-      return prefix + "parameters[" + name + "]." + std::to_string(number);
+      std::string path = prefix;
+      path += "parameters[";
+      path += name;
+      path += "].";
+      path += std::to_string(number);
+      return path;
     }
   }
   return {};
