@@ -30,6 +30,8 @@ packages=(
   libopenblas-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps
+  # the rolling-restart test's load balancer (tests/server/test_rolling_restart.py)
+  nginx
   # the image test (docker/test.sh): a real dockerd, and debootstrap for a base image where no
   # registry can be reached
   docker.io debootstrap
