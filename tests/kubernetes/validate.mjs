@@ -65,7 +65,9 @@ function render(directory) {
   const kustomization = readDocuments(path.join(directory, "kustomization.yaml"))[0];
   const known = new Set(["apiVersion", "kind", "resources", "images", "patches"]);
   for (const field of Object.keys(kustomization)) {
-    if (!known.has(field)) throw new Error(`${directory}: kustomization field ${field} unsupported`);
+    if (!known.has(field)) {
+      throw new Error(`${directory}: kustomization field ${field} unsupported`);
+    }
   }
   let objects = [];
   for (const resource of kustomization.resources ?? []) {
@@ -182,18 +184,26 @@ function checkInvariants(where, objects) {
     fail(where, "orochi-config is not mounted at /etc/orochi, where the image reads it");
   }
   const labels = deployment.spec.template.metadata.labels;
-  const selects = (selector) => selector && Object.entries(selector).every(([k, v]) => labels[k] === v);
+  const selects = (selector) => selector &&
+    Object.entries(selector).every(([name, value]) => labels[name] === value);
   const service = find("Service", "orochi");
   const servicePorts = Object.fromEntries(service.spec.ports.map((p) => [p.name, p]));
   for (const name of ["http", "grpc", "metrics"]) {
-    if (servicePorts[name]?.port !== ports[name]) fail(where, `Service port ${name} is not ${ports[name]}`);
+    if (servicePorts[name]?.port !== ports[name]) {
+      fail(where, `Service port ${name} is not ${ports[name]}`);
+    }
   }
-  if (servicePorts.grpc?.appProtocol !== "grpc") fail(where, "the grpc port lacks appProtocol grpc");
+  if (servicePorts.grpc?.appProtocol !== "grpc") {
+    fail(where, "the grpc port lacks appProtocol grpc");
+  }
   if (servicePorts.management) fail(where, "the inference Service exposes the management port");
-  for (const [kind, selector] of [["Service", service.spec.selector],
-                                  ["PodDisruptionBudget", find("PodDisruptionBudget", "orochi")?.spec.selector.matchLabels],
-                                  ["PodMonitor", find("PodMonitor", "orochi")?.spec.selector.matchLabels],
-                                  ["NetworkPolicy", find("NetworkPolicy", "orochi")?.spec.podSelector.matchLabels]]) {
+  const selectors = [
+    ["Service", service.spec.selector],
+    ["PodDisruptionBudget", find("PodDisruptionBudget", "orochi")?.spec.selector.matchLabels],
+    ["PodMonitor", find("PodMonitor", "orochi")?.spec.selector.matchLabels],
+    ["NetworkPolicy", find("NetworkPolicy", "orochi")?.spec.podSelector.matchLabels],
+  ];
+  for (const [kind, selector] of selectors) {
     if (!selects(selector)) fail(where, `the ${kind} does not select the Deployment's pods`);
   }
   const monitor = find("PodMonitor", "orochi");
@@ -210,7 +220,9 @@ function checkInvariants(where, objects) {
     }
   }
   const hpa = find("HorizontalPodAutoscaler", "orochi");
-  if (hpa?.spec.scaleTargetRef.name !== "orochi") fail(where, "the HPA does not scale the Deployment");
+  if (hpa?.spec.scaleTargetRef.name !== "orochi") {
+    fail(where, "the HPA does not scale the Deployment");
+  }
 }
 
 // Objects in a comparable form: keys sorted at every level, objects sorted by kind and name.
@@ -240,16 +252,19 @@ for (const overlay of overlays) {
   checkInvariants(where, objects);
   let kubectl = "";
   try {
-    kubectl = execFileSync("kubectl", ["kustomize", directory], { encoding: "utf8",
-                                                                  stdio: ["ignore", "pipe", "pipe"] });
+    kubectl = execFileSync("kubectl", ["kustomize", directory],
+                           { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
   } catch (error) {
     if (error.code !== "ENOENT") fail(where, `kubectl kustomize: ${error.stderr || error.message}`);
   }
   let compared = "";
   if (kubectl) {
     const theirs = canonical(YAML.parseAllDocuments(kubectl).map((d) => d.toJS()));
-    if (theirs !== canonical(objects)) fail(where, "our rendering differs from kubectl kustomize's");
-    else compared = ", the same as kubectl kustomize renders";
+    if (theirs !== canonical(objects)) {
+      fail(where, "our rendering differs from kubectl kustomize's");
+    } else {
+      compared = ", the same as kubectl kustomize renders";
+    }
   }
   console.log(`${where}: ${objects.length} objects (${objects.map(key).join(", ")})${compared}`);
 }
