@@ -505,6 +505,11 @@ int Server::Run() {
     s.stop_requested.wait(lock, [&] { return s.stop_requests > 0; });
   }
   s.ready = false;
+  // Keep-alive clients (a node's proxy pins a connection to one pod) would otherwise go on
+  // sending here on their open connections until the listeners close.
+  s.inference->CloseAfterEachAnswer();
+  s.management->CloseAfterEachAnswer();
+  s.metrics_listener->CloseAfterEachAnswer();
   // Not ready, yet still serving everything: a load balancer (a Kubernetes Service, whose
   // endpoints change only after the pod is told to stop) keeps sending requests for a moment,
   // and would see them refused if the listeners closed now.

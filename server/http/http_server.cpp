@@ -153,6 +153,9 @@ class ConnectionTable {
     std::lock_guard lock(mutex_);
     return entries_.size();
   }
+  // Once set, every answer says `Connection: close` and its connection closes after it.
+  void SetClosing() { closing_ = true; }
+  bool closing() const { return closing_; }
 
  private:
   struct Entry {
@@ -169,6 +172,7 @@ class ConnectionTable {
   std::unordered_map<uint64_t, Entry> entries_;
   std::map<asio::ip::address, size_t> per_client_;
   uint64_t next_id_ = 0;
+  std::atomic<bool> closing_{false};
 };
 
 namespace {
@@ -567,6 +571,7 @@ class Session : public std::enable_shared_from_this<Session> {
     RemoveUpload();
     response.version(version_);
     response.set(bhttp::field::server, kServerName);
+    if (connections_->closing()) keep_alive_ = false;
     response.keep_alive(keep_alive_);
     response.prepare_payload();
     if (head_) response.body().clear();  // Content-Length stays that of the GET
@@ -723,6 +728,8 @@ Status HttpServer::Adopt(int fd) {
   Accept();
   return Status::Ok();
 }
+
+void HttpServer::CloseAfterEachAnswer() { connections_->SetClosing(); }
 
 void HttpServer::StopAccepting() {
   asio::dispatch(acceptor_.get_executor(), [this] {

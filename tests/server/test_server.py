@@ -1331,11 +1331,28 @@ class ShutdownTest(unittest.TestCase):
                             {"http": {"shutdown_delay_s": delay, "shutdown_grace_s": grace}})
             self.addCleanup(lambda: server.process.poll() is None and server.process.kill())
             self.assertEqual(curl(server.url("/v2/health/ready"))[0], 200)
+            # A keep-alive connection opened before the signal.
+            kept = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            self.addCleanup(kept.close)
+            live = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+            kept.sendall(live)
+            answer = kept.recv(65536)
+            self.assertIn(b" 200 ", answer.split(b"\r\n")[0])
+            self.assertNotIn(b"Connection: close", answer)
             start = time.time()
             server.process.send_signal(signal.SIGTERM)  # the supervisor, which passes it on
             while curl(server.url("/v2/health/ready"))[0] != 503:
                 self.assertLess(time.time() - start, 1.5, "still ready after SIGTERM")
                 time.sleep(0.02)
+            # Its next request is answered, and the connection closed after it: the client
+            # reconnects, through a balancer that by then routes elsewhere.
+            kept.sendall(live)
+            answer = b""
+            while chunk := kept.recv(65536):  # to the end: the server closes it
+                answer += chunk
+            self.assertIn(b" 200 ", answer.split(b"\r\n")[0])
+            self.assertIn(b"Connection: close", answer)
+            self.assertLess(time.time() - start, delay, "closed only at the exit")
             # Until the delay ends, every listener takes new connections (each curl is one)
             # and answers them: a load balancer that has not yet noticed loses nothing.
             answered = 0
