@@ -540,7 +540,10 @@ int Server::Run() {
   auto in_flight = [&s] {
     return s.inference->in_flight() + (s.grpc != nullptr ? s.grpc->in_flight() : 0);
   };
-  while (in_flight() > 0 && std::chrono::steady_clock::now() < grace_end) {
+  // A connection accepted just before the listener closed may not have delivered its request
+  // yet: stopping the models now would answer it 503.
+  while ((in_flight() > 0 || s.inference->busy_connections() > 0) &&
+         std::chrono::steady_clock::now() < grace_end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const int64_t abandoned = in_flight();

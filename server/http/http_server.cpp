@@ -147,7 +147,23 @@ class ConnectionTable {
     auto found = entries_.find(id);
     if (found == entries_.end() || found->second.evicting) return;
     found->second.idle = idle;
-    if (idle) found->second.idle_since = Clock::now();
+    if (idle) {
+      found->second.idle_since = Clock::now();
+    } else {
+      found->second.fresh = false;
+    }
+  }
+  // The connections a drain waits for: reading or answering a request, or opened less than
+  // `fresh_wait` ago with no request begun yet (it may be on its way: a balancer connects,
+  // then writes). The others are idle keep-alive connections.
+  size_t Busy(Clock::duration fresh_wait) const {
+    std::lock_guard lock(mutex_);
+    const Clock::time_point now = Clock::now();
+    return static_cast<size_t>(
+        std::count_if(entries_.begin(), entries_.end(), [&](const auto& item) {
+          const Entry& entry = item.second;
+          return !entry.idle || (entry.fresh && now - entry.added < fresh_wait);
+        }));
   }
   size_t size() const {
     std::lock_guard lock(mutex_);
@@ -163,6 +179,8 @@ class ConnectionTable {
     std::function<void()> evict;
     bool idle = false;
     bool evicting = false;  // chosen to make room: counted until it has closed
+    bool fresh = true;      // no request begun on it yet
+    Clock::time_point added = Clock::now();
     Clock::time_point idle_since{};
   };
   // Closes the connection idle longest (of `client` only, if given); false if none is idle.
@@ -730,6 +748,10 @@ Status HttpServer::Adopt(int fd) {
 }
 
 void HttpServer::CloseAfterEachAnswer() { connections_->SetClosing(); }
+
+int64_t HttpServer::busy_connections() const {
+  return static_cast<int64_t>(connections_->Busy(std::chrono::seconds(1)));
+}
 
 void HttpServer::StopAccepting() {
   asio::dispatch(acceptor_.get_executor(), [this] {

@@ -116,6 +116,10 @@ class HttpServer {
   void CloseAfterEachAnswer();
   // Requests read and not yet answered.
   int64_t in_flight() const { return in_flight_->load(); }
+  // Connections reading or answering a request, or accepted within the last second without
+  // one yet: after StopAccepting, their requests are still to come (in_flight() counts only
+  // requests read), so a drain waits for them too.
+  int64_t busy_connections() const;
 
  private:
   void Accept();
