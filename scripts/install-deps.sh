@@ -30,6 +30,10 @@ packages=(
   libopenblas-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps
+  # the rolling-restart test's load balancer (tests/server/test_rolling_restart.py)
+  nginx
+  # the Kubernetes manifests' validator (tests/kubernetes: npm packages, run by node)
+  nodejs
   # the image test (docker/test.sh): a real dockerd, and debootstrap for a base image where no
   # registry can be reached
   docker.io debootstrap
@@ -63,6 +67,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo[@]}" apt-get install -y --no-install-recommends "${packages[@]}"
 fi
 echo "install-deps: all ${#packages[@]} packages present"
+# Debian's nodejs comes without npm, which is a package of its own there; other builds of
+# nodejs (NodeSource's) include it, and Debian's npm package would clash with them.
+if ! command -v npm >/dev/null 2>&1; then
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends npm
+fi
 
 # scikit-learn (for its digits dataset and train/test split) cannot be installed with apt here:
 # python3-scipy depends on python3-pythran, which pulls in libboost1.74-dev, and that conflicts

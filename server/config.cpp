@@ -153,8 +153,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(http.Check(
       {"bind_address", "token_file", "token_env", "inference_port", "metrics_port", "io_threads",
        "max_header_bytes", "max_body_bytes", "max_json_depth", "idle_timeout_s",
-       "request_timeout_s", "shutdown_grace_s", "max_connections", "max_connections_per_client",
-       "allow_shared_memory", "repository_on_inference_port"}));
+       "request_timeout_s", "shutdown_delay_s", "shutdown_grace_s", "max_connections",
+       "max_connections_per_client", "allow_shared_memory", "repository_on_inference_port"}));
   OROCHI_RETURN_IF_ERROR(http.Boolean("allow_shared_memory", &config.http.allow_shared_memory));
   OROCHI_RETURN_IF_ERROR(http.String("bind_address", &config.http.bind_address));
   OROCHI_RETURN_IF_ERROR(http.String("token_file", &config.http.token_file));
@@ -205,6 +205,7 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
       http.Integer("max_connections", &config.http.max_connections, 1, 1'000'000));
   OROCHI_RETURN_IF_ERROR(http.Integer("max_connections_per_client",
                                       &config.http.max_connections_per_client, 1, 1'000'000));
+  OROCHI_RETURN_IF_ERROR(http.Integer("shutdown_delay_s", &config.http.shutdown_delay_s, 0, 3600));
   OROCHI_RETURN_IF_ERROR(http.Integer("shutdown_grace_s", &config.http.shutdown_grace_s, 0, 3600));
   OROCHI_RETURN_IF_ERROR(
       http.Boolean("repository_on_inference_port", &config.http.repository_on_inference_port));

@@ -164,7 +164,32 @@ struct Server::Impl {
   std::atomic<bool> ready{false};
   std::mutex stop_mutex;
   std::condition_variable stop_requested;
-  bool stop = false;
+  int stop_requests = 0;    // signals and RequestStop calls so far
+  bool skip_delay = false;  // stop without the shutdown delay (SIGINT, or a second request)
+
+  void Stop(bool at_once) {
+    {
+      std::lock_guard lock(stop_mutex);
+      ++stop_requests;
+      // A second request means someone is waiting on the shutdown itself: don't make them
+      // wait out the delay too.
+      if (at_once || stop_requests > 1) skip_delay = true;
+    }
+    stop_requested.notify_all();
+  }
+
+  // Re-armed after each signal: a second one during the shutdown delay ends the delay.
+  void AwaitSignal() {
+    signals->async_wait([this](const boost::system::error_code& error, int signal) {
+      if (error) return;
+      Log(LogLevel::kInfo, "signal received; shutting down",
+          {{"signal", std::to_string(signal), false}});
+      // SIGTERM is what orchestrators send, and they go on routing to the process for a moment
+      // (the delay covers that); SIGINT is a person at a terminal, who wants it gone now.
+      Stop(signal == SIGINT);
+      AwaitSignal();
+    });
+  }
 
   // The per-request log line and HTTP metrics, for handlers' answers and the transport's own.
   // `route` is the matched pattern (or "unmatched"), the metric's label.
@@ -447,12 +472,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   s.signals = std::make_unique<asio::signal_set>(s.io, SIGINT, SIGTERM);
   auto server = std::unique_ptr<Server>(new Server(std::move(impl)));
   Server* raw = server.get();
-  server->impl_->signals->async_wait([raw](const boost::system::error_code& error, int signal) {
-    if (error) return;
-    Log(LogLevel::kInfo, "signal received; shutting down",
-        {{"signal", std::to_string(signal), false}});
-    raw->RequestStop();
-  });
+  server->impl_->AwaitSignal();
   for (int i = 0; i < cfg.http.io_threads; ++i) {
     server->impl_->io_threads.emplace_back([raw] { RunIo(raw->impl_->io); });
   }
@@ -476,22 +496,33 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
 int Server::inference_port() const { return impl_->inference->port(); }
 int Server::metrics_port() const { return impl_->metrics_listener->port(); }
 
-void Server::RequestStop() {
-  {
-    std::lock_guard lock(impl_->stop_mutex);
-    impl_->stop = true;
-  }
-  impl_->stop_requested.notify_all();
-}
+void Server::RequestStop() { impl_->Stop(false); }
 
 int Server::Run() {
   Impl& s = *impl_;
   {
     std::unique_lock lock(s.stop_mutex);
-    s.stop_requested.wait(lock, [&] { return s.stop; });
+    s.stop_requested.wait(lock, [&] { return s.stop_requests > 0; });
+  }
+  s.ready = false;
+  // Keep-alive clients (a node's proxy pins a connection to one pod) would otherwise go on
+  // sending here on their open connections until the listeners close.
+  s.inference->CloseAfterEachAnswer();
+  s.management->CloseAfterEachAnswer();
+  s.metrics_listener->CloseAfterEachAnswer();
+  // Not ready, yet still serving everything: a load balancer (a Kubernetes Service, whose
+  // endpoints change only after the pod is told to stop) keeps sending requests for a moment,
+  // and would see them refused if the listeners closed now.
+  if (s.config.http.shutdown_delay_s > 0) {
+    std::unique_lock lock(s.stop_mutex);
+    if (!s.skip_delay) {
+      Log(LogLevel::kInfo, "not ready; still serving until the shutdown delay ends",
+          {{"shutdown_delay_s", std::to_string(s.config.http.shutdown_delay_s), false}});
+      s.stop_requested.wait_for(lock, std::chrono::seconds(s.config.http.shutdown_delay_s),
+                                [&] { return s.skip_delay; });
+    }
   }
   // Graceful shutdown: no new connections, then the requests in flight get their answers.
-  s.ready = false;
   s.inference->StopAccepting();
   s.management->StopAccepting();
   s.metrics_listener->StopAccepting();
@@ -509,7 +540,10 @@ int Server::Run() {
   auto in_flight = [&s] {
     return s.inference->in_flight() + (s.grpc != nullptr ? s.grpc->in_flight() : 0);
   };
-  while (in_flight() > 0 && std::chrono::steady_clock::now() < grace_end) {
+  // A connection accepted just before the listener closed may not have delivered its request
+  // yet: stopping the models now would answer it 503.
+  while ((in_flight() > 0 || s.inference->busy_connections() > 0) &&
+         std::chrono::steady_clock::now() < grace_end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const int64_t abandoned = in_flight();

@@ -273,7 +273,9 @@ class Supervisor {
  private:
   [[noreturn]] void ServeInChild(int report_fd, pid_t supervisor) {
     // If the supervisor is killed outright, the serving process must not linger on its ports.
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    // SIGINT, not SIGTERM: it skips http.shutdown_delay_s (nothing routes here by then that
+    // waiting would help) and goes straight to the drain.
+    ::prctl(PR_SET_PDEATHSIG, SIGINT);
     // The supervisor may have gone before the request above took effect. (It may be PID 1 itself,
     // in a container: compare with its pid, not with init's.)
     if (::getppid() != supervisor) std::_Exit(1);

@@ -147,12 +147,31 @@ class ConnectionTable {
     auto found = entries_.find(id);
     if (found == entries_.end() || found->second.evicting) return;
     found->second.idle = idle;
-    if (idle) found->second.idle_since = Clock::now();
+    if (idle) {
+      found->second.idle_since = Clock::now();
+    } else {
+      found->second.fresh = false;
+    }
+  }
+  // The connections a drain waits for: reading or answering a request, or opened less than
+  // `fresh_wait` ago with no request begun yet (it may be on its way: a balancer connects,
+  // then writes). The others are idle keep-alive connections.
+  size_t Busy(Clock::duration fresh_wait) const {
+    std::lock_guard lock(mutex_);
+    const Clock::time_point now = Clock::now();
+    return static_cast<size_t>(
+        std::count_if(entries_.begin(), entries_.end(), [&](const auto& item) {
+          const Entry& entry = item.second;
+          return !entry.idle || (entry.fresh && now - entry.added < fresh_wait);
+        }));
   }
   size_t size() const {
     std::lock_guard lock(mutex_);
     return entries_.size();
   }
+  // Once set, every answer says `Connection: close` and its connection closes after it.
+  void SetClosing() { closing_ = true; }
+  bool closing() const { return closing_; }
 
  private:
   struct Entry {
@@ -160,6 +179,8 @@ class ConnectionTable {
     std::function<void()> evict;
     bool idle = false;
     bool evicting = false;  // chosen to make room: counted until it has closed
+    bool fresh = true;      // no request begun on it yet
+    Clock::time_point added = Clock::now();
     Clock::time_point idle_since{};
   };
   // Closes the connection idle longest (of `client` only, if given); false if none is idle.
@@ -169,6 +190,7 @@ class ConnectionTable {
   std::unordered_map<uint64_t, Entry> entries_;
   std::map<asio::ip::address, size_t> per_client_;
   uint64_t next_id_ = 0;
+  std::atomic<bool> closing_{false};
 };
 
 namespace {
@@ -567,6 +589,7 @@ class Session : public std::enable_shared_from_this<Session> {
     RemoveUpload();
     response.version(version_);
     response.set(bhttp::field::server, kServerName);
+    if (connections_->closing()) keep_alive_ = false;
     response.keep_alive(keep_alive_);
     response.prepare_payload();
     if (head_) response.body().clear();  // Content-Length stays that of the GET
@@ -722,6 +745,12 @@ Status HttpServer::Adopt(int fd) {
   RegisterListeningPort(acceptor_.native_handle(), port_);
   Accept();
   return Status::Ok();
+}
+
+void HttpServer::CloseAfterEachAnswer() { connections_->SetClosing(); }
+
+int64_t HttpServer::busy_connections() const {
+  return static_cast<int64_t>(connections_->Busy(std::chrono::seconds(1)));
 }
 
 void HttpServer::StopAccepting() {

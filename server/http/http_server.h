@@ -110,8 +110,16 @@ class HttpServer {
   int port() const { return port_; }
   // Stops accepting new connections; requests in flight are still answered.
   void StopAccepting();
+  // From now on every answer closes its connection (`Connection: close`), so that keep-alive
+  // clients reconnect, through a load balancer that routes them elsewhere once this server is
+  // out of its endpoints. Accepting goes on.
+  void CloseAfterEachAnswer();
   // Requests read and not yet answered.
   int64_t in_flight() const { return in_flight_->load(); }
+  // Connections reading or answering a request, or accepted within the last second without
+  // one yet: after StopAccepting, their requests are still to come (in_flight() counts only
+  // requests read), so a drain waits for them too.
+  int64_t busy_connections() const;
 
  private:
   void Accept();

@@ -23,6 +23,7 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->http.max_body_bytes, defaults.http.max_body_bytes);
   EXPECT_EQ(shipped->http.max_json_depth, defaults.http.max_json_depth);
   EXPECT_EQ(shipped->http.idle_timeout_s, defaults.http.idle_timeout_s);
+  EXPECT_EQ(shipped->http.shutdown_delay_s, defaults.http.shutdown_delay_s);
   EXPECT_EQ(shipped->http.shutdown_grace_s, defaults.http.shutdown_grace_s);
   EXPECT_EQ(shipped->http.max_connections, defaults.http.max_connections);
   EXPECT_EQ(shipped->http.max_connections_per_client, defaults.http.max_connections_per_client);
@@ -87,6 +88,8 @@ TEST(ServerConfig, EachBadValueNamesItsKey) {
        "config: $.models.load_timeout_s: expected an integer from 1 to 86400, got 0"},
       {R"({"copies": -1})", "config: $.copies: expected an integer from 0 to 1024, got -1"},
       {R"({"models": {"load": "all"}})", "config: $.models.load: expected an array of strings"},
+      {R"({"http": {"shutdown_delay_s": 3601}})",
+       "config: $.http.shutdown_delay_s: expected an integer from 0 to 3600, got 3601"},
       {R"({"models": {"unload_grace_s": -1}})",
        "config: $.models.unload_grace_s: expected an integer from 0 to 86400, got -1"},
       {R"({"models": {"preferred_batch_sizes": [0]}})",

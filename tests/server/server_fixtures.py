@@ -32,18 +32,21 @@ class Server:
     """An `orochi serve` process on free ports."""
 
     def __init__(self, repository: str, config: dict, copies: int = 2, preexec_fn=None,
-                 cwd: str | None = None, env: dict | None = None):
+                 cwd: str | None = None, env: dict | None = None, http_port: int = 0):
         self.directory = tempfile.mkdtemp(prefix="orochi-serve-")
         config_path = os.path.join(self.directory, "config.json")
         # Every request logged, unless a test says otherwise: several read the request lines.
         config = {**config, "log": {"requests": "all", **config.get("log", {})}}
+        # No shutdown delay unless a test asks for one: nothing routes to these servers through
+        # a load balancer, and every stop() would otherwise wait it out.
+        config["http"] = {"shutdown_delay_s": 0, **config.get("http", {})}
         with open(config_path, "w") as file:
             json.dump(config, file)
         self.log_path = os.path.join(self.directory, "serve.log")
         self.log = open(self.log_path, "w+")
         self.process = subprocess.Popen(
             [BINARY, "serve", "--config", config_path, "--model-repository", repository,
-             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--management-port", "0",
+             "--http-port", str(http_port), "--grpc-port", "0", "--metrics-port", "0", "--management-port", "0",
              "--copies", str(copies), "--bind",
              "127.0.0.1"], stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
             cwd=cwd, env={**os.environ, **env} if env else None)

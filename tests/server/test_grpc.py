@@ -14,6 +14,7 @@ import signal
 import importlib
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -697,6 +698,38 @@ class TokenTest(unittest.TestCase):
         self.assertEqual(self.code_of(index, metadata=[("authorization",
                                                         "Bearer management-secret")]),
                          grpc.StatusCode.OK)
+
+
+class ShutdownDelayTest(unittest.TestCase):
+    def test_server_ready_is_false_but_new_channels_are_served_during_the_delay(self):
+        root = tempfile.mkdtemp(prefix="orochi-grpc-shutdown-delay-")
+        try:
+            delay = 3
+            server = Server(pack_repository(root), {"http": {"shutdown_delay_s": delay}})
+            self.addCleanup(lambda: server.process.poll() is None and server.process.kill())
+            target = f"127.0.0.1:{server.grpc_port}"
+            with grpc.insecure_channel(target) as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                self.assertTrue(stub.ServerReady(pb.ServerReadyRequest()).ready)
+                start = time.time()
+                server.process.send_signal(signal.SIGTERM)
+                while stub.ServerReady(pb.ServerReadyRequest()).ready:
+                    self.assertLess(time.time() - start, 1.5, "still ready after SIGTERM")
+                    time.sleep(0.02)
+            # A channel opened now (a new connection, as from a client that has not yet
+            # learnt of the shutdown) is still served.
+            with grpc.insecure_channel(target) as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                self.assertFalse(stub.ServerReady(pb.ServerReadyRequest(), timeout=5).ready)
+                self.assertTrue(stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live)
+                response = stub.ModelInfer(echo_raw_request(), timeout=5)
+                self.assertEqual(response.model_name, "echo")
+            self.assertLess(time.time() - start, delay, "the checks ran past the delay")
+            self.assertEqual(server.process.wait(timeout=delay + 30), 0, server.log_text())
+            self.assertGreaterEqual(time.time() - start, delay)
+            server.stop()
+        finally:
+            shutil.rmtree(root)
 
 
 if __name__ == "__main__":

@@ -1355,6 +1355,81 @@ class ShutdownTest(unittest.TestCase):
         finally:
             shutil.rmtree(root)
 
+    def test_sigterm_reports_not_ready_but_serves_through_the_shutdown_delay(self):
+        root = tempfile.mkdtemp(prefix="orochi-shutdown-delay-test-")
+        try:
+            delay, grace = 3, 5
+            server = Server(pack_repository(root),
+                            {"http": {"shutdown_delay_s": delay, "shutdown_grace_s": grace}})
+            self.addCleanup(lambda: server.process.poll() is None and server.process.kill())
+            self.assertEqual(curl(server.url("/v2/health/ready"))[0], 200)
+            # A keep-alive connection opened before the signal.
+            kept = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            self.addCleanup(kept.close)
+            live = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+            kept.sendall(live)
+            answer = kept.recv(65536)
+            self.assertIn(b" 200 ", answer.split(b"\r\n")[0])
+            self.assertNotIn(b"Connection: close", answer)
+            start = time.time()
+            server.process.send_signal(signal.SIGTERM)  # the supervisor, which passes it on
+            while curl(server.url("/v2/health/ready"))[0] != 503:
+                self.assertLess(time.time() - start, 1.5, "still ready after SIGTERM")
+                time.sleep(0.02)
+            # Its next request is answered, and the connection closed after it: the client
+            # reconnects, through a balancer that by then routes elsewhere.
+            kept.sendall(live)
+            answer = b""
+            while chunk := kept.recv(65536):  # to the end: the server closes it
+                answer += chunk
+            self.assertIn(b" 200 ", answer.split(b"\r\n")[0])
+            self.assertIn(b"Connection: close", answer)
+            self.assertLess(time.time() - start, delay, "closed only at the exit")
+            # Until the delay ends, every listener takes new connections (each curl is one)
+            # and answers them: a load balancer that has not yet noticed loses nothing.
+            answered = 0
+            while time.time() - start < delay - 1:
+                status, _, body = post_json(server, "/v2/models/echo/infer", echo_request())
+                self.assertEqual(status, 200, body)
+                self.assertEqual(curl(server.url("/v2/health/live"))[0], 200)
+                self.assertEqual(curl(server.url("/v2/health/ready"))[0], 503)
+                self.assertEqual(curl(f"http://127.0.0.1:{server.metrics_port}/metrics")[0], 200)
+                self.assertEqual(curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
+                                      "/v2/repository/index")[0], 200)
+                answered += 1
+            self.assertGreater(answered, 0)
+            code = server.process.wait(timeout=delay + grace + 10)
+            elapsed = time.time() - start
+            log = server.log_text()
+            self.assertEqual(code, 0, log)
+            self.assertGreaterEqual(elapsed, delay, "the shutdown delay was not given")
+            self.assertLess(elapsed, delay + grace, log)
+            self.assertIn("not ready; still serving until the shutdown delay ends "
+                          f"shutdown_delay_s={delay}", log)
+            self.assertIn("stopped unanswered_requests=0 stuck_copies=0", log)
+            server.stop()
+        finally:
+            shutil.rmtree(root)
+
+    def test_a_second_sigterm_or_a_sigint_skips_the_shutdown_delay(self):
+        root = tempfile.mkdtemp(prefix="orochi-shutdown-skip-test-")
+        try:
+            repository = pack_repository(root)
+            for signals in ([signal.SIGTERM, signal.SIGTERM], [signal.SIGINT]):
+                server = Server(repository, {"http": {"shutdown_delay_s": 60}})
+                self.addCleanup(lambda server=server: server.process.poll() is None
+                                and server.process.kill())
+                start = time.time()
+                for number in signals:
+                    server.process.send_signal(number)
+                    time.sleep(0.3)
+                code = server.process.wait(timeout=30)
+                self.assertEqual(code, 0, server.log_text())
+                self.assertLess(time.time() - start, 10, f"{signals}: {server.log_text()}")
+                server.stop()
+        finally:
+            shutil.rmtree(root)
+
 
 if __name__ == "__main__":
     unittest.main()

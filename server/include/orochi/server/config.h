@@ -33,6 +33,10 @@ struct HttpConfig {
   // get 503 and close.
   int64_t max_connections = 4096;
   int64_t max_connections_per_client = 1024;
+  // After SIGTERM: how long the server reports not-ready while it still accepts and serves on
+  // every listener, so that a load balancer (a Kubernetes Service's endpoints) stops routing to
+  // it before it stops accepting; only then does the drain within shutdown_grace_s begin.
+  int shutdown_delay_s = 5;
   int shutdown_grace_s = 30;
   // Triton's system shared-memory extension: clients may register POSIX shared-memory objects
   // that the server maps. Off by default, as Triton's --allow-client-shm: a client could name

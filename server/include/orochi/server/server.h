@@ -1,7 +1,9 @@
 // `orochi serve`: the inference server. Start() loads the configured models into interpreter
 // copies and listens on the inference and metrics ports; Run() serves until SIGTERM or SIGINT
-// (or RequestStop), then shuts down gracefully: it stops accepting connections, answers the
-// requests in flight within the grace period, and returns.
+// (or RequestStop), then shuts down gracefully: after SIGTERM or RequestStop it first reports
+// not-ready while still serving for http.shutdown_delay_s (SIGINT, or a second request, skips
+// that), then stops accepting connections, answers the requests in flight within the grace
+// period, and returns.
 //
 // Thread-safety: RequestStop may be called from any thread.
 #pragma once
