@@ -152,7 +152,11 @@ class RollingRestartTest(unittest.TestCase):
         prefix = os.path.join(self.root, "nginx")
         os.makedirs(prefix)
         port = free_port()
-        servers = "\n".join(f"        server 127.0.0.1:{p} max_fails=1 fail_timeout=2s;"
+        # max_fails=0: a replica that reset one connection while closing is not taken out of
+        # the rotation for a while; with every replica restarted within seconds, those pauses
+        # overlapped and left nginx with no upstream at all. Retries (proxy_next_upstream) are
+        # what carry a refused request to another replica.
+        servers = "\n".join(f"        server 127.0.0.1:{p} max_fails=0;"
                             for p in ports)
         # As root, the workers would otherwise run as nobody and could not use the temp paths.
         user = "user root;" if os.geteuid() == 0 else ""
@@ -229,7 +233,9 @@ class RollingRestartTest(unittest.TestCase):
               f"{total} requests answered ({during} during the restart), "
               f"{len(load.failures)} failed, {retried} retried by nginx on another replica",
               flush=True)
-        self.assertEqual(load.failures, [], "\n".join(load.failures[:20]))
+        nginx_errors = "\n".join(line for line in self.nginx_errors().splitlines()
+                                 if "no live upstreams" not in line)
+        self.assertEqual(load.failures, [], "\n".join(load.failures[:3]) + "\n" + nginx_errors[-3000:])
         self.assertGreater(during, 10 * REPLICAS, "too little load ran during the restart")
         for port, count in served_by.items():
             self.assertGreater(count, 0, f"the replica on port {port} served nothing")
