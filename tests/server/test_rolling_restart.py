@@ -235,7 +235,8 @@ class RollingRestartTest(unittest.TestCase):
               flush=True)
         nginx_errors = "\n".join(line for line in self.nginx_errors().splitlines()
                                  if "no live upstreams" not in line)
-        self.assertEqual(load.failures, [], "\n".join(load.failures[:3]) + "\n" + nginx_errors[-3000:])
+        self.assertEqual(load.failures, [],
+                         "\n".join(load.failures[:3]) + "\n" + nginx_errors[-3000:])
         self.assertGreater(during, 10 * REPLICAS, "too little load ran during the restart")
         for port, count in served_by.items():
             self.assertGreater(count, 0, f"the replica on port {port} served nothing")
