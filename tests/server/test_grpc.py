@@ -9,9 +9,8 @@ tokens, and hostile messages after which the server still serves.
 
 import atexit
 import concurrent.futures
-import json
-import signal
 import importlib
+import json
 import os
 import shutil
 import signal
@@ -25,7 +24,7 @@ import unittest
 
 import grpc
 
-from server_fixtures import Server, curl, pack_repository
+from server_fixtures import Server, SharedServerTest, curl, pack_repository
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_DIR = os.path.join(HERE, "..", "..", "server", "grpc")
@@ -82,27 +81,22 @@ def outputs_by_name(response):
             in zip(response.outputs, response.raw_output_contents)}
 
 
-class GrpcServerTest(unittest.TestCase):
+class GrpcServerTest(SharedServerTest):
     """One server with the echo, slow and extra_rows models, and a channel to its gRPC port."""
 
     CONFIG: dict = {"grpc": {"max_message_bytes": 1 << 20, "max_stream_in_flight": 4},
                     "http": {"allow_shared_memory": True}}
-    COPIES = 2
 
     @classmethod
     def setUpClass(cls):
-        cls.root = tempfile.mkdtemp(prefix=f"orochi-{cls.__name__}-")
-        cls.repository = pack_repository(cls.root)
-        cls.server = Server(cls.repository, cls.CONFIG, copies=cls.COPIES)
+        super().setUpClass()
         cls.channel = grpc.insecure_channel(f"127.0.0.1:{cls.server.grpc_port}")
         cls.stub = pb_grpc.GRPCInferenceServiceStub(cls.channel)
 
     @classmethod
     def tearDownClass(cls):
         cls.channel.close()
-        code = cls.server.stop()
-        shutil.rmtree(cls.root)
-        assert code == 0, f"orochi serve exited with {code}"
+        super().tearDownClass()
 
     def assertCode(self, call, code, message_part=None):
         with self.assertRaises(grpc.RpcError) as caught:
