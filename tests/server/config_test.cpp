@@ -32,6 +32,8 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->models.load_timeout_s, defaults.models.load_timeout_s);
   EXPECT_EQ(shipped->models.max_memory_bytes, defaults.models.max_memory_bytes);
   EXPECT_EQ(shipped->models.repository, defaults.models.repository);
+  EXPECT_EQ(shipped->models.model_dir, defaults.models.model_dir);
+  EXPECT_EQ(shipped->models.model_name, defaults.models.model_name);
   EXPECT_EQ(shipped->models.load, defaults.models.load);
   EXPECT_EQ(shipped->models.max_queue_size, defaults.models.max_queue_size);
   EXPECT_EQ(shipped->models.default_timeout_ms, defaults.models.default_timeout_ms);
