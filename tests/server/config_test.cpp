@@ -67,6 +67,10 @@ TEST(ServerConfig, ValuesOverrideDefaults) {
   EXPECT_EQ(config->models.load, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(config->models.preferred_batch_sizes, (std::vector<int64_t>{4, 8}));
   EXPECT_EQ(config->log.format, "json");
+  config = ParseServerConfig(R"({"models": {"model_dir": "/mnt/models", "model_name": "iris"}})");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->models.model_dir, "/mnt/models");
+  EXPECT_EQ(config->models.model_name, "iris");
 }
 
 TEST(ServerConfig, EachBadValueNamesItsKey) {
@@ -114,6 +118,11 @@ TEST(ServerConfig, EachBadValueNamesItsKey) {
        "list of versions"},
       {R"({"models": {"version_policies": {"m": {"policy": "newest"}}}})",
        "config: $.models.version_policies.m.policy: expected one of latest, all, specific"},
+      {R"({"models": {"repository": "/models", "model_dir": "/mnt/models"}})",
+       "config: $.models: model_dir and repository are both set"},
+      {R"({"models": {"model_name": "iris"}})",
+       "config: $.models.model_name: names the package of a model_dir, and none is set"},
+      {R"({"models": {"model_dir": 1}})", "config: $.models.model_dir: expected a string"},
   };
   for (const auto& [text, message] : cases) {
     Result<ServerConfig> config = ParseServerConfig(text);
