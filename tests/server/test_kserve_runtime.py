@@ -47,13 +47,17 @@ def pack(model: str, output: str) -> None:
 class RuntimeContainer:
     """`orochi serve` as the runtime's container runs it, with TMPDIR as its /tmp emptyDir."""
 
-    def __init__(self, name: str, model_dir: str, root: str):
+    def __init__(self, name: str, model_dir: str, root: str, underscores: bool = False):
         self.tmp = os.path.join(root, "tmp")
         os.makedirs(self.tmp, exist_ok=True)
         descriptor, self.log_path = tempfile.mkstemp(prefix="serve-", suffix=".log", dir=root)
         os.close(descriptor)
         self.log = open(self.log_path, "w+")
-        self.process = subprocess.Popen(runtime_command(name, model_dir), stdout=self.log,
+        command = runtime_command(name, model_dir)
+        if underscores:  # KServe's own runtimes spell them --model_name and --model_dir
+            command = [a.replace("--model-name=", "--model_name=")
+                       .replace("--model-dir=", "--model_dir=") for a in command]
+        self.process = subprocess.Popen(command, stdout=self.log,
                                         stderr=subprocess.STDOUT,
                                         env={**os.environ, "TMPDIR": self.tmp})
 
@@ -95,11 +99,11 @@ class KServeRuntimeTest(unittest.TestCase):
         self.assertIn(b'"model_name":"' + name.encode() + b'"', body)
         self.assertIn(b'"out_fp32"', body)
 
-    def serve(self, name: str):
+    def serve(self, name: str, underscores: bool = False):
         """Starts the runtime on self.models, and checks afterwards that it exited 0, wrote
         nothing into the model directory and left nothing in its /tmp."""
         before = snapshot(self.models)
-        server = RuntimeContainer(name, self.models, self.root).start()
+        server = RuntimeContainer(name, self.models, self.root, underscores).start()
 
         def finish():
             self.assertEqual(server.stop(), 0, server.log_text())
@@ -124,6 +128,11 @@ class KServeRuntimeTest(unittest.TestCase):
         pack("echo", os.path.join(self.models, "echo.orochi"))
         server = self.serve("echo")
         self.infer_echo(server, "echo")
+
+    def test_kserve_spelling_of_the_flags(self):
+        pack("echo", os.path.join(self.models, "model.orochi"))
+        server = self.serve("spelt", underscores=True)
+        self.infer_echo(server, "spelt")
 
     def test_repository_models_keep_their_names(self):
         for model in ("echo", "slow"):
