@@ -167,7 +167,7 @@ Result<std::unique_ptr<ModelDirectoryView>> ModelDirectoryView::Create(
 
   const fs::path& path = contents.packages[0];
   Result<std::unique_ptr<packaging::Package>> package = packaging::Package::Open(path.string());
-  if (!package.ok()) return package.status();
+  if (!package.ok()) return package.status();  // it names the file
   const packaging::Manifest& manifest = (*package)->manifest();
   const std::string name = model_name.empty() ? manifest.name : model_name;
   if (!packaging::IsName(name)) {

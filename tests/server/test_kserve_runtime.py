@@ -181,6 +181,13 @@ class KServeRuntimeTest(unittest.TestCase):
         self.assertEqual(code, 1, log)
         self.assertIn("absent is not a directory", log)
 
+    def test_a_broken_package_is_refused(self):
+        with open(os.path.join(self.models, "model.orochi"), "wb") as file:
+            file.write(b"not a package")
+        code, log = RuntimeContainer("svc", self.models, self.root).failure()
+        self.assertEqual(code, 1, log)
+        self.assertIn("model.orochi: not a zip archive", log)
+
     def test_a_name_kserve_could_not_give_is_refused(self):
         pack("echo", os.path.join(self.models, "model.orochi"))
         code, log = RuntimeContainer("bad/name", self.models, self.root).failure()
