@@ -212,10 +212,12 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
 
   ObjectReader models = root.Child("models");
   OROCHI_RETURN_IF_ERROR(models.Check(
-      {"repository", "load", "max_queue_size", "default_timeout_ms", "max_memory_bytes",
-       "execution_grace_ms", "load_timeout_s", "max_abandoned_copies", "unload_grace_s",
-       "max_queue_delay_us", "preferred_batch_sizes", "version_policies"}));
+      {"repository", "model_dir", "model_name", "load", "max_queue_size", "default_timeout_ms",
+       "max_memory_bytes", "execution_grace_ms", "load_timeout_s", "max_abandoned_copies",
+       "unload_grace_s", "max_queue_delay_us", "preferred_batch_sizes", "version_policies"}));
   OROCHI_RETURN_IF_ERROR(models.String("repository", &config.models.repository));
+  OROCHI_RETURN_IF_ERROR(models.String("model_dir", &config.models.model_dir));
+  OROCHI_RETURN_IF_ERROR(models.String("model_name", &config.models.model_name));
   OROCHI_RETURN_IF_ERROR(models.Strings("load", &config.models.load));
   OROCHI_RETURN_IF_ERROR(
       models.Integer("max_queue_size", &config.models.max_queue_size, 1, int64_t{1} << 30));
@@ -279,6 +281,14 @@ Status ValidateServerConfig(const ServerConfig& config) {
                                 std::to_string(ports[i]) + " is given twice)");
       }
     }
+  }
+  if (!config.models.model_dir.empty() && !config.models.repository.empty()) {
+    return Problem("$.models",
+                   "model_dir and repository are both set: serve a model directory or "
+                   "a repository, not both");
+  }
+  if (!config.models.model_name.empty() && config.models.model_dir.empty()) {
+    return Problem("$.models.model_name", "names the package of a model_dir, and none is set");
   }
   return Status::Ok();
 }
