@@ -41,12 +41,20 @@ class PyRef {
 
 PyInterpreterState* g_interpreter = nullptr;
 
+// Whether the calling OS thread holds this copy's GIL. Not PyGILState_Check(): CPython turns
+// that check off for good once a subinterpreter has been created (from then on it answers yes to
+// every thread), and a program in a copy may create one (_testcapi.run_in_subinterp).
+bool ThisThreadHoldsGil() {
+  const PyThreadState* current = _PyThreadState_UncheckedGet();
+  return current != nullptr && current->thread_id == PyThread_get_thread_ident();
+}
+
 // Takes this copy's GIL on the calling OS thread. Each OS thread gets its own Python thread
 // state the first time it enters and keeps it, so threading.local data survives between calls;
 // CPython frees them all at finalization. Returns false when the thread already holds the GIL
 // (a host function calling back in), in which case there is nothing to release.
 bool AcquireGil() {
-  if (PyGILState_Check()) return false;
+  if (ThisThreadHoldsGil()) return false;
   PyThreadState* thread_state = PyGILState_GetThisThreadState();
   if (thread_state == nullptr) thread_state = PyThreadState_New(g_interpreter);
   PyEval_RestoreThread(thread_state);
