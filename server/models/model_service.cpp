@@ -482,6 +482,12 @@ Result<std::string> ModelService::Deploy(const std::string& name, int64_t versio
     return AlreadyExists(Which(name, version) +
                          " is already deployed; delete it first or deploy a new version");
   }
+  std::string notice;
+  if (Find(name, version) != nullptr) {
+    // Loaded, but its package left the repository (deleted through another server sharing it,
+    // before this one's next poll): the new package takes its place.
+    OROCHI_ASSIGN_OR_RETURN(notice, UnloadVersion(name, version));
+  }
   {
     Result<std::unique_ptr<packaging::Package>> package = packaging::Package::Open(uploaded_file);
     if (!package.ok()) {
@@ -546,7 +552,9 @@ Result<std::string> ModelService::Deploy(const std::string& name, int64_t versio
     return std::string();
   }
   // The policy's other versions: the ones it selects load, the ones it no longer selects go.
-  return polling() ? Reconcile(name) : LoadModelLocked(name);
+  Result<std::string> applied = polling() ? Reconcile(name) : LoadModelLocked(name);
+  if (!applied.ok()) return applied;
+  return Joined(notice, *applied);
 }
 
 Result<std::string> ModelService::Delete(const std::string& name, std::optional<int64_t> version) {
