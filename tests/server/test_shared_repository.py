@@ -107,6 +107,17 @@ class SharedRepositoryTest(FleetTest):
         for replica in self.replicas:
             self.wait_until_ready(replica)
             self.assertEqual(self.serving(replica), (200, "1", 2.5))
+        # The repository decides what every replica serves: nothing one replica alone would do.
+        status, answer = self.manage(self.replicas[0], "POST",
+                                     "/v2/repository/models/calculator/unload")
+        self.assertEqual(status, 400, answer)
+        self.assertIn('cannot unload a model with models.model_control_mode "poll"',
+                      answer["error"])
+        status, _, body = curl("-T", make_package(self.root, 9, bias=0),
+                               f"http://127.0.0.1:{self.replicas[0].management_port}"
+                               "/v2/repository/models/calculator/versions/9?load=false")
+        self.assertEqual(status, 400, body)
+        self.assertIn("load=false cannot be honoured", json.loads(body)["error"])
         balancer = self.start_nginx(ports)
         echo_expected = None
 
@@ -173,7 +184,15 @@ class SharedRepositoryTest(FleetTest):
             reasons = {self.index(replica)[-1]["reason"] for replica in self.replicas}
             self.assertEqual(len(reasons), 1, f"the replicas report it differently: {reasons}")
             print(f"every replica reports version 4: {reasons}", flush=True)
-            time.sleep(2 * POLL_SECONDS)  # the next polls change nothing: 2 goes on serving
+            # A replica started now comes to the same answer as those that saw it appear.
+            late = Server(self.repository, CONFIG, copies=1, args=ARGS)
+            try:
+                self.wait_until_ready(late)
+                self.assertEqual(self.serving(late), (200, "2", 102.0))
+                self.assertEqual({self.index(late)[-1]["reason"]}, reasons)
+            finally:
+                self.assertEqual(late.stop(), 0)
+            time.sleep(POLL_SECONDS)  # the next polls change nothing: 2 goes on serving
             for replica in self.replicas:
                 self.assertEqual(self.serving(replica), (200, "2", 102.0))
                 self.assertEqual({self.index(replica)[-1]["reason"]}, reasons)
