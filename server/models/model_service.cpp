@@ -631,10 +631,15 @@ Result<std::string> ModelService::Reconcile(const std::string& name) {
   }
   const std::vector<int64_t> on_disk = store_.Versions(name);
   std::vector<int64_t> selected;
+  // Failed in this pass: not tried again in it even if its file changes meanwhile (one being
+  // copied in place changes all the time), but at the next poll.
+  std::set<int64_t> failed_now;
   for (;;) {
     std::vector<int64_t> candidates;
     for (int64_t version : on_disk) {
-      if (!KnownBroken(name, version)) candidates.push_back(version);
+      if (failed_now.count(version) == 0 && !KnownBroken(name, version)) {
+        candidates.push_back(version);
+      }
     }
     selected = SelectVersions(name, candidates);
     const std::vector<int64_t> loaded = Versions(name);
@@ -647,6 +652,7 @@ Result<std::string> ModelService::Reconcile(const std::string& name) {
       // Not tried again until its file changes; the policy chooses again without it. Each
       // round marks one more version, so this ends.
       failed = true;
+      failed_now.insert(version);
       broken_files_[name + ":" + std::to_string(version)] =
           file.value_or(repository::FileIdentity{});
       Log(LogLevel::kWarning, "model not loaded",
