@@ -307,8 +307,9 @@ Status ModelService::LoadFromRepository() {
   }
   for (const std::string& name : names) {
     if (SelectedVersions(name).empty()) {
-      return NotFound("model '" + name + "' has no version in the repository (expected " +
-                      store_.root() + "/" + name + "/<version>/model.orochi)");
+      std::string message = "model '" + name + "' has no version in the repository (expected ";
+      message += store_.root() + "/" + name + "/<version>/model.orochi)";
+      return NotFound(message);
     }
     if (SkipQuarantined(name)) continue;
     Status loaded = LoadModel(name).status();
