@@ -49,6 +49,8 @@ int RunCommand(const RunOptions& options);
 struct ServeOptions {
   std::string config_path;
   std::string model_repository;
+  std::string model_dir;   // KServe's model directory (/mnt/models): a repository or a package
+  std::string model_name;  // the name its single package is served as
   std::vector<std::string> load_models;
   std::optional<int> http_port;
   std::optional<int> metrics_port;

@@ -64,8 +64,18 @@ int Main(int argc, char** argv) {
   CLI::App* serve = app.add_subcommand("serve", "Serve models over KServe v2 HTTP");
   serve->add_option("--config", serve_options.config_path,
                     "a config file (see config/orochi.json)");
-  serve->add_option("--model-repository", serve_options.model_repository,
-                    "the model repository: DIR/<name>/<version>/model.orochi");
+  CLI::Option* model_repository =
+      serve->add_option("--model-repository", serve_options.model_repository,
+                        "the model repository: DIR/<name>/<version>/model.orochi");
+  // KServe's runtimes take --model_dir and --model_name: both spellings are accepted.
+  serve
+      ->add_option("--model-dir,--model_dir", serve_options.model_dir,
+                   "a model directory as KServe mounts one (/mnt/models): a repository or a "
+                   "single .orochi package; read, never written")
+      ->excludes(model_repository);
+  serve->add_option("--model-name,--model_name", serve_options.model_name,
+                    "the name a --model-dir's single package is served as (default: its "
+                    "manifest's)");
   serve->add_option("--load-model", serve_options.load_models,
                     "a model to load at startup (repeatable; '*' for all, the default)");
   serve->add_option("--http-port", serve_options.http_port, "inference port (default 8000)");

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "orochi/server/model_directory.h"
 #include "orochi/server/server.h"
 #include "orochi/server/supervisor.h"
 
@@ -19,8 +20,18 @@ int ServeCommand(const ServeOptions& options) {
     }
     config = std::move(loaded).value();
   }
-  // Flags override the file.
-  if (!options.model_repository.empty()) config.models.repository = options.model_repository;
+  // Flags override the file: a model directory replaces the file's repository, and the other way
+  // round.
+  if (!options.model_repository.empty()) {
+    config.models.repository = options.model_repository;
+    config.models.model_dir.clear();
+    config.models.model_name.clear();
+  }
+  if (!options.model_dir.empty()) {
+    config.models.model_dir = options.model_dir;
+    config.models.repository.clear();
+  }
+  if (!options.model_name.empty()) config.models.model_name = options.model_name;
   if (!options.load_models.empty()) config.models.load = options.load_models;
   if (options.http_port) config.http.inference_port = *options.http_port;
   if (options.metrics_port) config.http.metrics_port = *options.metrics_port;
@@ -40,6 +51,17 @@ int ServeCommand(const ServeOptions& options) {
   }
   if (!options.log_format.empty()) config.log.format = options.log_format;
   if (!options.log_level.empty()) config.log.level = options.log_level;
+  if (Status valid = server::ValidateServerConfig(config); !valid.ok()) {
+    std::fprintf(stderr, "orochi serve: %s\n", valid.message().c_str());
+    return 2;
+  }
+  // Lives as long as the server: it removes the scratch repository it made.
+  Result<std::unique_ptr<server::ModelDirectoryView>> model_directory =
+      server::PrepareModelDirectory(config);
+  if (!model_directory.ok()) {
+    std::fprintf(stderr, "orochi serve: %s\n", model_directory.status().message().c_str());
+    return 1;
+  }
 
   if (config.supervisor.enabled) {
     Result<int> served = server::RunSupervised(std::move(config));

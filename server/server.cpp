@@ -274,6 +274,10 @@ Server::~Server() {
 
 Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inheritance& inherited) {
   OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config));
+  if (!config.models.model_dir.empty()) {
+    // Its view must outlive every serving process, so it is made once, before them.
+    return FailedPrecondition("models.model_dir is resolved by PrepareModelDirectory before start");
+  }
   ConfigureLog(config.log.level, config.log.format);
   // The working directory is the process's, and a model's os.chdir() changes it for everyone:
   // a relative repository would then be looked for elsewhere by every later upload, load and

@@ -7,6 +7,7 @@
 #include <Python.h>
 #include <pthread.h>
 
+#include <cstdio>
 #include <string>
 
 #include "copy_state.h"
@@ -97,6 +98,30 @@ PyObject* WriteOutput(PyObject* /*module*/, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// _orochi.run_file(path, globals): runs a program file as CPython's own runner does, through
+// the tokenizer reading the file, so that source it cannot decode is reported as CPython reports
+// it ("Non-UTF-8 code starting with ... in file ..."), not as compile()'s "(unicode error)".
+PyObject* RunFile(PyObject* /*module*/, PyObject* args) {
+  PyObject* path = nullptr;
+  PyObject* globals = nullptr;
+  if (!PyArg_ParseTuple(args, "O&O!:run_file", PyUnicode_FSConverter, &path, &PyDict_Type,
+                        &globals)) {
+    return nullptr;
+  }
+  const char* path_bytes = PyBytes_AS_STRING(path);
+  FILE* file = std::fopen(path_bytes, "rb");
+  if (file == nullptr) {
+    PyErr_SetFromErrnoWithFilename(PyExc_OSError, path_bytes);
+    Py_DECREF(path);
+    return nullptr;
+  }
+  PyCompilerFlags flags = _PyCompilerFlags_INIT;
+  PyObject* result =
+      PyRun_FileExFlags(file, path_bytes, Py_file_input, globals, globals, /*closeit=*/1, &flags);
+  Py_DECREF(path);
+  return result;
+}
+
 PyObject* CopyId(PyObject* /*module*/, PyObject* /*unused*/) {
   return PyLong_FromLong(State().copy_id);
 }
@@ -113,6 +138,8 @@ PyMethodDef kOrochiMethods[] = {
     {"call_host", CallHost, METH_VARARGS,
      "call_host(name, payload=b'') -> result of the host function registered as `name`"},
     {"copy_id", CopyId, METH_NOARGS, "copy_id() -> the number of this interpreter copy"},
+    {"run_file", RunFile, METH_VARARGS,
+     "run_file(path, globals) -> None: runs a program file as CPython's file runner does"},
     {"write_output", WriteOutput, METH_VARARGS,
      "write_output(stream, line, cut=False): one line of sys.stdout (1) or sys.stderr (2) to "
      "the host; only when the host redirects the copy's output"},

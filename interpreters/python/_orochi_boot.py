@@ -317,10 +317,8 @@ def _run_file(path, main, prepend_path):
         runpy._run_module_as_main("__main__", alter_argv=False)
         return
     prepend_path(os.path.dirname(os.path.realpath(path)))
-    with open(path, "rb") as source_file:
-        source = source_file.read()
     main.__dict__.update(__file__=path, __cached__=None)
-    exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
+    _orochi.run_file(path, main.__dict__)
 
 
 def _is_zip(path):
@@ -390,7 +388,13 @@ def run_program(kind, target, argv, safe_path=False):
             return _exit_status(exit_exception)
         except BaseException as exc:  # noqa: B036 - an uncaught exception ends the program
             exc = exc.with_traceback(_without_own_frames(exc.__traceback__))
-            sys.excepthook(type(exc), exc, exc.__traceback__)
+            if sys.excepthook is sys.__excepthook__:
+                # CPython's own printer reads source lines from files on disk only; the
+                # traceback module reads them through each module's loader too, which finds
+                # the stdlib's sources in the embedded archive.
+                traceback.print_exception(type(exc), exc, exc.__traceback__)
+            else:
+                sys.excepthook(type(exc), exc, exc.__traceback__)
             return 130 if isinstance(exc, KeyboardInterrupt) else 1
         return 0
     finally:

@@ -1,8 +1,10 @@
 """Builds the zip archives that interpreter copies import from.
 
 Run at build time with Debian's /usr/bin/python3.11, whose bytecode format matches the
-libpython3.11-pic.a that the copies are linked from. Sources are compiled to .pyc and stored
-without their .py files; nothing is read from the source tree at run time.
+libpython3.11-pic.a that the copies are linked from. Each source is stored compiled (.pyc, what
+imports load) and as it is (.py, deflated), so that tracebacks, `inspect.getsource` and
+`linecache` show stdlib and `orochi` source lines through the zip importer's `get_source`;
+nothing is read from the source tree at run time.
 
     pack_python_zip.py stdlib SRC_DIR OUT.zip      # Debian's stdlib, minus tests, GUIs, installers
     pack_python_zip.py package SRC_DIR OUT.zip [NATIVE_DIR]
@@ -61,23 +63,28 @@ def native_modules_source(native_dir: Path) -> bytes:
     return "\n".join(lines).encode()
 
 
-def add_pyc(archive: zipfile.ZipFile, pyc_name: str, code_name: str, source: bytes) -> None:
-    info = zipfile.ZipInfo(pyc_name, date_time=(2020, 1, 1, 0, 0, 0))
+def add_file(archive: zipfile.ZipFile, name: str, data: bytes) -> None:
+    # A fixed date keeps the archive reproducible.
+    info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
     info.compress_type = zipfile.ZIP_DEFLATED
-    archive.writestr(info, compile_source(source, code_name))
+    archive.writestr(info, data)
+
+
+def add_module(archive: zipfile.ZipFile, relative: Path, code_name: str, source: bytes) -> None:
+    add_file(archive, relative.with_suffix(".pyc").as_posix(), compile_source(source, code_name))
+    add_file(archive, relative.as_posix(), source)
 
 
 def pack(kind: str, root: Path, out: Path, native_dir: Path | None) -> None:
     entries = 0
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as archive:
         if native_dir is not None:
-            add_pyc(archive, "_orochi_native_modules.pyc", "<orochi>/_orochi_native_modules.py",
-                    native_modules_source(native_dir))
+            add_module(archive, Path("_orochi_native_modules.py"),
+                       "<orochi>/_orochi_native_modules.py", native_modules_source(native_dir))
         for path, relative in iter_sources(root, stdlib=(kind == "stdlib")):
-            pyc_name = relative.with_suffix(".pyc").as_posix()
             # Tracebacks name the module as it lives in the archive, e.g. "<stdlib>/json/decoder.py".
             code_name = f"<{'stdlib' if kind == 'stdlib' else 'orochi'}>/{relative.as_posix()}"
-            add_pyc(archive, pyc_name, code_name, path.read_bytes())
+            add_module(archive, relative, code_name, path.read_bytes())
             entries += 1
     if entries == 0:
         sys.exit(f"pack_python_zip: no Python sources under {root}")

@@ -32,6 +32,8 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->models.load_timeout_s, defaults.models.load_timeout_s);
   EXPECT_EQ(shipped->models.max_memory_bytes, defaults.models.max_memory_bytes);
   EXPECT_EQ(shipped->models.repository, defaults.models.repository);
+  EXPECT_EQ(shipped->models.model_dir, defaults.models.model_dir);
+  EXPECT_EQ(shipped->models.model_name, defaults.models.model_name);
   EXPECT_EQ(shipped->models.load, defaults.models.load);
   EXPECT_EQ(shipped->models.max_queue_size, defaults.models.max_queue_size);
   EXPECT_EQ(shipped->models.default_timeout_ms, defaults.models.default_timeout_ms);
@@ -67,6 +69,10 @@ TEST(ServerConfig, ValuesOverrideDefaults) {
   EXPECT_EQ(config->models.load, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(config->models.preferred_batch_sizes, (std::vector<int64_t>{4, 8}));
   EXPECT_EQ(config->log.format, "json");
+  config = ParseServerConfig(R"({"models": {"model_dir": "/mnt/models", "model_name": "iris"}})");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->models.model_dir, "/mnt/models");
+  EXPECT_EQ(config->models.model_name, "iris");
 }
 
 TEST(ServerConfig, EachBadValueNamesItsKey) {
@@ -122,6 +128,11 @@ TEST(ServerConfig, EachBadValueNamesItsKey) {
        "config: $.models.load: must be empty (or [\"*\"]) with model_control_mode \"poll\""},
       {R"({"models": {"model_control_mode": "poll"}})",
        "config: $.models.repository: model_control_mode \"poll\" needs a repository"},
+      {R"({"models": {"repository": "/models", "model_dir": "/mnt/models"}})",
+       "config: $.models: model_dir and repository are both set"},
+      {R"({"models": {"model_name": "iris"}})",
+       "config: $.models.model_name: names the package of a model_dir, and none is set"},
+      {R"({"models": {"model_dir": 1}})", "config: $.models.model_dir: expected a string"},
   };
   for (const auto& [text, message] : cases) {
     Result<ServerConfig> config = ParseServerConfig(text);

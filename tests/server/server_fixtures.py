@@ -28,6 +28,36 @@ def pack_repository(root: str) -> str:
     return repository
 
 
+def wait_for_ports(server, process, log_path: str, timeout: float = 60) -> None:
+    """Waits for the `serving` line of an `orochi serve` writing its log (text or JSON) to
+    log_path, and sets the ports it names and the serving process's pid on `server`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with open(log_path) as log:
+            text = log.read()
+        match = re.search(r"serving inference=http://[\d.]+:(\d+) metrics=http://[\d.]+:"
+                          r"(\d+)/metrics management=http://[\d.]+:(\d+)", text)
+        if match:
+            server.port, server.metrics_port, server.management_port = map(int, match.groups())
+            server.serving_pid = int(re.findall(r" serving .* pid=(\d+)", text)[-1])
+            grpc = re.search(r" serving .* grpc=[\d.]+:(\d+)", text)
+            server.grpc_port = int(grpc.group(1)) if grpc else None
+            return
+        match = re.search(r'"inference":"http://[\d.]+:(\d+)","level":"info","management":'
+                          r'"http://[\d.]+:(\d+)","message":"serving","metrics":'
+                          r'"http://[\d.]+:(\d+)/metrics"', text)  # log.format json
+        if match:
+            server.port, server.management_port, server.metrics_port = map(int, match.groups())
+            server.serving_pid = int(re.findall(r'"message":"serving".*"pid":(\d+)', text)[-1])
+            grpc = re.search(r'"grpc":"[\d.]+:(\d+)"', text)
+            server.grpc_port = int(grpc.group(1)) if grpc else None
+            return
+        if process.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise AssertionError("the server did not start:\n" + open(log_path).read())
+
+
 class Server:
     """An `orochi serve` process on free ports."""
 
@@ -51,31 +81,7 @@ class Server:
              "--copies", str(copies), "--bind",
              "127.0.0.1", *args], stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
             cwd=cwd, env={**os.environ, **env} if env else None)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            with open(self.log_path) as log:
-                text = log.read()
-            match = re.search(r"serving inference=http://[\d.]+:(\d+) metrics=http://[\d.]+:"
-                              r"(\d+)/metrics management=http://[\d.]+:(\d+)", text)
-            if match:
-                self.port, self.metrics_port, self.management_port = map(int, match.groups())
-                self.serving_pid = int(re.findall(r" serving .* pid=(\d+)", text)[-1])
-                grpc = re.search(r" serving .* grpc=[\d.]+:(\d+)", text)
-                self.grpc_port = int(grpc.group(1)) if grpc else None
-                return
-            match = re.search(r'"inference":"http://[\d.]+:(\d+)","level":"info","management":'
-                              r'"http://[\d.]+:(\d+)","message":"serving","metrics":'
-                              r'"http://[\d.]+:(\d+)/metrics"', text)  # log.format json
-            if match:
-                self.port, self.management_port, self.metrics_port = map(int, match.groups())
-                self.serving_pid = int(re.findall(r'"message":"serving".*"pid":(\d+)', text)[-1])
-                grpc = re.search(r'"grpc":"[\d.]+:(\d+)"', text)
-                self.grpc_port = int(grpc.group(1)) if grpc else None
-                return
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError("the server did not start:\n" + open(self.log_path).read())
+        wait_for_ports(self, self.process, self.log_path)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"

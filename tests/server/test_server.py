@@ -807,6 +807,15 @@ class DeadlineTest(SharedServerTest):
         self.assertIn("<package slow:1>/code/model.py", error)
         self.assertIn("raise ValueError", error)
 
+    def test_a_traceback_shows_the_source_lines_of_stdlib_frames(self):
+        status, _, body = post_json(self.server, "/v2/models/slow/infer",
+                                    slow_request("fail_in_stdlib", 0))
+        self.assertEqual(status, 500, body)
+        error = json.loads(body)["error"]
+        self.assertIn('File "<stdlib>/json/decoder.py", line', error)
+        # The line itself, read from the sources shipped in the embedded stdlib archive.
+        self.assertIn("obj, end = self.scan_once(s, idx)", error)
+
     def test_a_copy_stuck_in_c_code_is_replaced(self):
         start = time.time()
         status, _, body = post_json(self.server, "/v2/models/slow/infer",

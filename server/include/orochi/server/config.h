@@ -87,7 +87,11 @@ struct VersionPolicy {
 };
 
 struct ModelsConfig {
-  std::string repository;         // <repository>/<name>/<version>/model.orochi
+  std::string repository;  // <repository>/<name>/<version>/model.orochi
+  // A model directory as KServe gives a runtime (/mnt/models): a repository or one .orochi
+  // package, read but never written (see model_directory.h). Not with `repository`.
+  std::string model_dir;
+  std::string model_name;         // the name a model_dir's single package is served as
   std::vector<std::string> load;  // names to load at startup; "*" for all
   int64_t max_queue_size = 1024;  // waiting requests per model; more are refused (503)
   // Per-request deadline when the request sets none; 0: none. On by default: a request whose

@@ -1,5 +1,6 @@
 """A model that takes its time: for deadlines, interrupts and graceful shutdown."""
 
+import json
 import os
 import time
 
@@ -18,6 +19,8 @@ class Slow:
                 pass
         elif mode == "fail":
             raise ValueError(f"asked to fail after {seconds} s")
+        elif mode == "fail_in_stdlib":  # an exception raised inside the standard library
+            json.loads("{")
         elif mode == "csleep":  # C code that ignores interrupts, then returns after all
             import ctypes
             ctypes.CDLL("libc.so.6").sleep(int(seconds))
