@@ -60,6 +60,8 @@ struct ServeOptions {
   std::optional<int> copies;
   std::string log_format;
   std::string log_level;
+  std::string model_control_mode;                 // models.model_control_mode
+  std::optional<double> repository_poll_seconds;  // models.repository_poll_ms, in seconds
 };
 // `orochi serve`: the inference server until SIGTERM/SIGINT.
 int ServeCommand(const ServeOptions& options);

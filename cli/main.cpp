@@ -86,6 +86,15 @@ int Main(int argc, char** argv) {
   serve->add_option("--bind", serve_options.bind_address, "address to listen on (default 0.0.0.0)");
   serve->add_option("--copies", serve_options.copies, "interpreter copies (default: one per core)")
       ->check(CLI::Range(1, 1024));
+  serve
+      ->add_option("--model-control-mode", serve_options.model_control_mode,
+                   "explicit (the repository API loads and unloads; the default) or poll (serve "
+                   "what the repository holds, e.g. one shared by several servers)")
+      ->check(CLI::IsMember({"explicit", "poll"}));
+  serve
+      ->add_option("--repository-poll-secs", serve_options.repository_poll_seconds,
+                   "poll mode: seconds between two looks at the repository (default 15)")
+      ->check(CLI::Range(0.1, 86400.0));
   serve->add_option("--log-format", serve_options.log_format, "text or json")
       ->check(CLI::IsMember({"text", "json"}));
   serve->add_option("--log-level", serve_options.log_level, "debug, info, warning or error")

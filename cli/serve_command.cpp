@@ -1,5 +1,6 @@
 // `orochi serve`: configuration from a file (config/orochi.json documents it) and flags, then
 // the server until SIGTERM or SIGINT.
+#include <cmath>
 #include <cstdio>
 
 #include "commands.h"
@@ -42,6 +43,12 @@ int ServeCommand(const ServeOptions& options) {
     config.grpc.bind_address = options.bind_address;
   }
   if (options.copies) config.copies = *options.copies;
+  if (!options.model_control_mode.empty()) {
+    config.models.model_control_mode = options.model_control_mode;
+  }
+  if (options.repository_poll_seconds) {
+    config.models.repository_poll_ms = std::llround(*options.repository_poll_seconds * 1000);
+  }
   if (!options.log_format.empty()) config.log.format = options.log_format;
   if (!options.log_level.empty()) config.log.level = options.log_level;
   if (Status valid = server::ValidateServerConfig(config); !valid.ok()) {

@@ -214,10 +214,15 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(models.Check(
       {"repository", "model_dir", "model_name", "load", "max_queue_size", "default_timeout_ms",
        "max_memory_bytes", "execution_grace_ms", "load_timeout_s", "max_abandoned_copies",
-       "unload_grace_s", "max_queue_delay_us", "preferred_batch_sizes", "version_policies"}));
+       "unload_grace_s", "max_queue_delay_us", "preferred_batch_sizes", "version_policies",
+       "model_control_mode", "repository_poll_ms"}));
   OROCHI_RETURN_IF_ERROR(models.String("repository", &config.models.repository));
   OROCHI_RETURN_IF_ERROR(models.String("model_dir", &config.models.model_dir));
   OROCHI_RETURN_IF_ERROR(models.String("model_name", &config.models.model_name));
+  OROCHI_RETURN_IF_ERROR(
+      models.String("model_control_mode", &config.models.model_control_mode, {"explicit", "poll"}));
+  OROCHI_RETURN_IF_ERROR(
+      models.Integer("repository_poll_ms", &config.models.repository_poll_ms, 100, 86'400'000));
   OROCHI_RETURN_IF_ERROR(models.Strings("load", &config.models.load));
   OROCHI_RETURN_IF_ERROR(
       models.Integer("max_queue_size", &config.models.max_queue_size, 1, int64_t{1} << 30));
@@ -289,6 +294,19 @@ Status ValidateServerConfig(const ServerConfig& config) {
   }
   if (!config.models.model_name.empty() && config.models.model_dir.empty()) {
     return Problem("$.models.model_name", "names the package of a model_dir, and none is set");
+  }
+  if (config.models.model_control_mode == "poll") {
+    const std::vector<std::string>& load = config.models.load;
+    if (!load.empty() && !(load.size() == 1 && load[0] == "*")) {
+      return Problem("$.models.load",
+                     "must be empty (or [\"*\"]) with model_control_mode \"poll\": every model "
+                     "of the repository is served");
+    }
+    if (config.models.repository.empty()) {
+      return Problem("$.models.repository",
+                     "model_control_mode \"poll\" needs a repository (a model_dir is read once, "
+                     "at startup)");
+    }
   }
   return Status::Ok();
 }

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -407,7 +408,8 @@ class Session : public std::enable_shared_from_this<Session> {
     ::fchmod(fd, 0644);  // mkstemp makes it private; a deployed package is an ordinary file
     struct stat created {};
     ::fstat(fd, &created);
-    ::close(fd);
+    ::flock(fd, LOCK_EX | LOCK_NB);  // held until RemoveUpload: the file is in use
+    upload_lock_ = fd;
     upload_path_ = pattern;
     upload_inode_ = created.st_ino;
     upload_parser_.emplace(std::move(*parser_));
@@ -434,6 +436,8 @@ class Session : public std::enable_shared_from_this<Session> {
       ::unlink(upload_path_.c_str());
     }
     upload_path_.clear();
+    ::close(upload_lock_);
+    upload_lock_ = -1;
   }
 
   void OnUploaded(beast::error_code error) {
@@ -656,6 +660,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<bhttp::request_parser<bhttp::file_body>> upload_parser_;
   std::string upload_path_;  // while an upload file is this session's to remove
   ino_t upload_inode_ = 0;
+  int upload_lock_ = -1;  // the upload file, open with an flock while it exists
   const Limits& limits_;
   const Handler& handler_;
   std::shared_ptr<std::atomic<int64_t>> in_flight_;

@@ -77,7 +77,9 @@ struct Limits {
   // upload_directory, up to max_upload_bytes, instead of kept in memory: the handler then gets
   // the file's path as request.body(). The transport created the file and alone removes it:
   // when the answer goes out (or the upload breaks off, or the connection goes), unless the
-  // handler has renamed it away to keep it. A handler never removes it itself.
+  // handler has renamed it away to keep it. A handler never removes it itself. Until then the
+  // transport holds an flock(2) on it: servers sharing the directory tell a live upload from
+  // one a dead server left.
   std::function<bool(const Request& header)> stream_body_to_file;
   std::string upload_directory;
   uint64_t max_upload_bytes = 0;

@@ -1,14 +1,6 @@
 #include "model_service.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -19,29 +11,26 @@
 namespace orochi::server {
 namespace {
 
-namespace fs = std::filesystem;
-
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
-bool IsVersionDirectory(const fs::path& path, int64_t* version) {
-  std::string name = path.filename().string();
-  if (name.empty() || name.size() > 18 ||
-      name.find_first_not_of("0123456789") != std::string::npos) {
-    return false;
-  }
-  *version = std::stoll(name);
-  return *version >= 1;
+std::string Which(const std::string& name, int64_t version) {
+  return "model '" + name + "' version " + std::to_string(version);
+}
+
+std::string Joined(const std::string& first, const std::string& second) {
+  return first.empty() || second.empty() ? first + second : first + "; " + second;
 }
 
 }  // namespace
 
 ModelService::ModelService(interpreters::InterpreterManager& manager, const ModelsConfig& config,
                            Metrics& metrics)
-    : manager_(manager),
+    : store_(config.repository),
+      manager_(manager),
       config_(config),
       metrics_(metrics),
       scheduler_(manager, static_cast<size_t>(config.max_queue_size),
@@ -51,6 +40,12 @@ ModelService::ModelService(interpreters::InterpreterManager& manager, const Mode
 ModelService::~ModelService() { Stop(); }
 
 size_t ModelService::Stop(std::optional<Clock::time_point> deadline) {
+  {
+    std::lock_guard lock(poll_mutex_);
+    poll_stopping_ = true;
+  }
+  poll_wake_.notify_all();
+  if (poller_.joinable()) poller_.join();
   return scheduler_.Stop(deadline);
 }
 
@@ -162,8 +157,10 @@ std::string ModelService::OverrideMismatch(const ServedModel& model,
   return "";
 }
 
-Status ModelService::LoadVersion(const std::string& path, const std::string& expected_name,
-                                 int64_t expected_version, const LoadOverrides& overrides) {
+Result<std::shared_ptr<ServedModel>> ModelService::LoadCopies(const std::string& path,
+                                                              const std::string& expected_name,
+                                                              int64_t expected_version,
+                                                              const LoadOverrides& overrides) {
   const Clock::time_point start = Clock::now();
   const std::string version_text = std::to_string(expected_version);
   const std::string key = expected_name + ":" + version_text;
@@ -191,7 +188,7 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
   // index, nothing loaded.
   OROCHI_RETURN_IF_ERROR(CheckOverrides(manifest, overrides));
   interpreters::ModelSource source;
-  source.key = manifest.name + ":" + version_text;
+  source.key = key;
   source.manifest_json = manifest.json;
   source.code = package->code();
   source.weights = package->weights();
@@ -211,7 +208,7 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
   auto served = std::make_shared<ServedModel>();
   served->name = manifest.name;
   served->version = manifest.version;
-  served->key = manifest.name + ":" + version_text;
+  served->key = key;
   served->package = package;
   served->replicas = std::move(replicas).value();
   served->batching.max_batch_size = manifest.max_batch_size;
@@ -219,136 +216,83 @@ Status ModelService::LoadVersion(const std::string& path, const std::string& exp
       overrides.max_queue_delay.value_or(std::chrono::microseconds(config_.max_queue_delay_us));
   served->batching.preferred_batch_sizes =
       overrides.preferred_batch_sizes.value_or(config_.preferred_batch_sizes);
+  metrics_.ModelLoaded(served->name, version_text, true, Clock::now() - start);
+  return served;
+}
+
+void ModelService::Serve(const std::shared_ptr<ServedModel>& served) {
   scheduler_.AddModel(served->replicas, served->batching);
   {
     std::lock_guard lock(mutex_);
     models_[served->name][served->version] = served;
     by_key_[served->key] = served;
   }
-  metrics_.ModelLoaded(served->name, version_text, true, Clock::now() - start);
   Log(LogLevel::kInfo, "model loaded",
       {{"model", served->name},
-       {"version", version_text, false},
+       {"version", std::to_string(served->version), false},
        {"copies", std::to_string(served->replicas->slots().size()), false}});
+}
+
+void ModelService::Discard(const std::shared_ptr<ServedModel>& staged) {
+  Status unloaded = staged->replicas->Unload();
+  metrics_.ModelGone(staged->name, std::to_string(staged->version));
+  if (!unloaded.ok()) {
+    Log(LogLevel::kWarning, "unloading a version that never served failed",
+        {{"model", staged->key}, {"error", unloaded.message()}});
+  }
+}
+
+Status ModelService::LoadVersion(const std::string& name, int64_t version,
+                                 const LoadOverrides& overrides) {
+  // Taken before the file is read: if it is replaced meanwhile, the next poll sees a file other
+  // than the one loaded and loads it.
+  std::optional<repository::FileIdentity> file = store_.Identify(name, version);
+  OROCHI_ASSIGN_OR_RETURN(std::shared_ptr<ServedModel> served,
+                          LoadCopies(store_.PackagePath(name, version), name, version, overrides));
+  served->file = file;
+  Serve(served);
   return Status::Ok();
 }
 
-namespace {
+std::string ModelService::upload_directory() const { return store_.upload_directory(); }
 
-constexpr const char* kStateDirectory = ".orochi";
-
-// Writes `text` to `path` so that readers see the old or the new contents, never a mix: a
-// temporary file, fsync, rename, fsync of the directory.
-Status WriteAtomically(const fs::path& path, const std::string& text) {
-  const fs::path temporary = path.string() + ".tmp";
-  int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Internal("cannot write " + temporary.string() + ": " + std::strerror(errno));
-  bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  written = ::fsync(fd) == 0 && written;
-  written = ::close(fd) == 0 && written;
-  if (!written || ::rename(temporary.c_str(), path.c_str()) != 0) {
-    ::unlink(temporary.c_str());
-    return Internal("cannot write " + path.string() + ": " + std::strerror(errno));
-  }
-  int directory = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (directory >= 0) {
-    ::fsync(directory);
-    ::close(directory);
-  }
-  return Status::Ok();
-}
-
-Status SyncFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    if (fd >= 0) ::close(fd);
-    return Internal("cannot sync " + path + ": " + std::strerror(errno));
-  }
-  ::close(fd);
-  return Status::Ok();
-}
-
-void SyncDirectory(const fs::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-}  // namespace
-
-std::string ModelService::upload_directory() const {
-  return (fs::path(config_.repository) / kStateDirectory / "uploads").string();
-}
-
-std::string ModelService::PackagePath(const std::string& name, int64_t version) const {
-  return (fs::path(config_.repository) / name / std::to_string(version) / "model.orochi").string();
-}
-
-std::vector<int64_t> ModelService::VersionsOnDisk(const std::string& name) const {
-  std::vector<int64_t> versions;
-  std::error_code error;
-  for (auto it = fs::directory_iterator(fs::path(config_.repository) / name, error);
-       !error && it != fs::directory_iterator(); it.increment(error)) {
-    int64_t version = 0;
-    if (it->is_directory() && IsVersionDirectory(it->path(), &version) &&
-        fs::exists(it->path() / "model.orochi")) {
-      versions.push_back(version);
-    }
-  }
-  std::sort(versions.begin(), versions.end());
-  return versions;
-}
-
-std::vector<int64_t> ModelService::SelectedVersions(const std::string& name) const {
-  std::vector<int64_t> on_disk = VersionsOnDisk(name);
+std::vector<int64_t> ModelService::SelectVersions(const std::string& name,
+                                                  const std::vector<int64_t>& candidates) const {
   auto policy = config_.version_policies.find(name);
   if (policy == config_.version_policies.end() || policy->second.kind == "latest") {
-    return on_disk.empty() ? on_disk : std::vector<int64_t>{on_disk.back()};
+    return candidates.empty() ? candidates : std::vector<int64_t>{candidates.back()};
   }
-  if (policy->second.kind == "all") return on_disk;
+  if (policy->second.kind == "all") return candidates;
   std::vector<int64_t> selected;
   for (int64_t version : policy->second.versions) {
-    if (std::binary_search(on_disk.begin(), on_disk.end(), version)) selected.push_back(version);
+    if (std::binary_search(candidates.begin(), candidates.end(), version)) {
+      selected.push_back(version);
+    }
   }
   return selected;
 }
 
-Status ModelService::SaveState() {
-  nlohmann::json state{{"unloaded", unloaded_}};
-  return WriteAtomically(fs::path(config_.repository) / kStateDirectory / "state.json",
-                         state.dump(2) + "\n");
+std::vector<int64_t> ModelService::SelectedVersions(const std::string& name) const {
+  return SelectVersions(name, store_.Versions(name));
 }
+
+Status ModelService::SaveState() { return store_.WriteUnloaded(unloaded_); }
 
 Status ModelService::LoadFromRepository() {
   if (config_.repository.empty()) return Status::Ok();
-  const fs::path repository(config_.repository);
-  std::error_code error;
-  if (!fs::is_directory(repository, error)) {
-    return NotFound("the model repository " + config_.repository + " is not a directory");
+  // An upload cut short (client gone, server killed) left at most a file: never a package.
+  OROCHI_RETURN_IF_ERROR(store_.Open());
+  if (polling()) {
+    // What the repository holds, as every poll applies it: the state file's unloaded models
+    // are not read (an unload is refused in this mode), and a version that does not load is
+    // reported, as the servers already running report it.
+    PollRepository();
+    poller_ = std::thread([this] { PollLoop(); });
+    return Status::Ok();
   }
-  // An upload cut short (client gone, server killed) left at most a file here: never a package.
-  fs::remove_all(upload_directory(), error);
-  fs::create_directories(upload_directory(), error);
-  if (error) return Internal("cannot create " + upload_directory() + ": " + error.message());
-  std::ifstream state_file(repository / kStateDirectory / "state.json");
-  if (state_file) {
-    nlohmann::json state = nlohmann::json::parse(state_file, nullptr, false);
-    if (state.is_object() && state.contains("unloaded") && state["unloaded"].is_array()) {
-      for (const auto& name : state["unloaded"]) {
-        if (name.is_string()) unloaded_.insert(name.get<std::string>());
-      }
-    }
-  }
+  unloaded_ = store_.ReadUnloaded();
 
-  std::vector<std::string> names;
-  for (const fs::directory_entry& entry : fs::directory_iterator(repository)) {
-    if (entry.is_directory() && entry.path().filename().string().front() != '.') {
-      names.push_back(entry.path().filename().string());
-    }
-  }
-  std::sort(names.begin(), names.end());
+  std::vector<std::string> names = store_.Models();
   const bool all = config_.load.empty() ||
                    std::find(config_.load.begin(), config_.load.end(), "*") != config_.load.end();
   if (all) {
@@ -363,8 +307,9 @@ Status ModelService::LoadFromRepository() {
   }
   for (const std::string& name : names) {
     if (SelectedVersions(name).empty()) {
-      return NotFound("model '" + name + "' has no version in the repository (expected " +
-                      (repository / name / "<version>" / "model.orochi").string() + ")");
+      std::string message = "model '" + name + "' has no version in the repository (expected ";
+      message += store_.root() + "/" + name + "/<version>/model.orochi)";
+      return NotFound(message);
     }
     if (SkipQuarantined(name)) continue;
     Status loaded = LoadModel(name).status();
@@ -409,8 +354,12 @@ Status ModelService::CheckModelName(const std::string& name) {
 
 namespace {
 
-std::string Joined(const std::string& first, const std::string& second) {
-  return first.empty() || second.empty() ? first + second : first + "; " + second;
+Status RefusedWhilePolling(const std::string& what) {
+  return Status(StatusCode::kFailedPrecondition,
+                "cannot " + what +
+                    " with models.model_control_mode \"poll\": the server serves what the "
+                    "repository holds, as every server sharing it does (an explicit load or "
+                    "unload would make them differ); deploy or delete a version instead");
 }
 
 }  // namespace
@@ -418,6 +367,7 @@ std::string Joined(const std::string& first, const std::string& second) {
 Result<std::string> ModelService::LoadModel(const std::string& name,
                                             const LoadOverrides& overrides) {
   OROCHI_RETURN_IF_ERROR(CheckModelName(name));
+  if (polling()) return RefusedWhilePolling("load a model");
   std::lock_guard admin(admin_mutex_);
   return LoadModelLocked(name, overrides);
 }
@@ -448,7 +398,7 @@ Result<std::string> ModelService::LoadModelLocked(const std::string& name,
   }
   for (int64_t version : selected) {
     if (std::find(loaded.begin(), loaded.end(), version) == loaded.end()) {
-      OROCHI_RETURN_IF_ERROR(LoadVersion(PackagePath(name, version), name, version, overrides));
+      OROCHI_RETURN_IF_ERROR(LoadVersion(name, version, overrides));
     }
   }
   // The new versions serve now; the old ones finish what they hold and go.
@@ -498,11 +448,11 @@ Result<std::string> ModelService::UnloadVersion(const std::string& name, int64_t
 
 Result<std::string> ModelService::UnloadModel(const std::string& name) {
   OROCHI_RETURN_IF_ERROR(CheckModelName(name));
+  if (polling()) return RefusedWhilePolling("unload a model");
   std::lock_guard admin(admin_mutex_);
-  std::error_code error;
   // Remembering an unknown name would keep a model of that name from loading at startup once
   // it is deployed, with no trace of why.
-  if (Versions(name).empty() && !fs::is_directory(fs::path(config_.repository) / name, error)) {
+  if (Versions(name).empty() && !store_.HasModel(name)) {
     return NotFound("model '" + name + "' is not in the repository");
   }
   // Remembered on disk first: if it cannot be (a full disk), nothing changes, rather than an
@@ -523,14 +473,23 @@ Result<std::string> ModelService::UnloadModel(const std::string& name) {
 Result<std::string> ModelService::Deploy(const std::string& name, int64_t version,
                                          const std::string& uploaded_file, bool load) {
   OROCHI_RETURN_IF_ERROR(CheckModelName(name));
+  if (polling() && !load) {
+    return InvalidArgument(
+        "load=false cannot be honoured with models.model_control_mode \"poll\": every server "
+        "sharing the repository serves what it holds; deploy without it");
+  }
   std::lock_guard admin(admin_mutex_);
-  const std::string target = PackagePath(name, version);
+  if (store_.HasVersion(name, version)) {
+    return AlreadyExists(Which(name, version) +
+                         " is already deployed; delete it first or deploy a new version");
+  }
+  std::string notice;
+  if (Find(name, version) != nullptr) {
+    // Loaded, but its package left the repository (deleted through another server sharing it,
+    // before this one's next poll): the new package takes its place.
+    OROCHI_ASSIGN_OR_RETURN(notice, UnloadVersion(name, version));
+  }
   {
-    std::error_code error;
-    if (fs::exists(target, error)) {
-      return AlreadyExists("model '" + name + "' version " + std::to_string(version) +
-                           " is already deployed; delete it first or deploy a new version");
-    }
     Result<std::unique_ptr<packaging::Package>> package = packaging::Package::Open(uploaded_file);
     if (!package.ok()) {
       std::string message = package.status().message();
@@ -547,19 +506,44 @@ Result<std::string> ModelService::Deploy(const std::string& name, int64_t versio
                              std::to_string(manifest.version) + ", but it was uploaded as " + name +
                              " version " + std::to_string(version));
     }
-    package->reset();
-    OROCHI_RETURN_IF_ERROR(SyncFile(uploaded_file));
-    const fs::path directory = fs::path(target).parent_path();
-    fs::create_directories(directory, error);
-    if (error) return Internal("cannot create " + directory.string() + ": " + error.message());
-    // The rename is the moment the package appears, whole; before it, only the upload file.
-    if (::rename(uploaded_file.c_str(), target.c_str()) != 0) {
-      return Internal("cannot move the upload into " + target + ": " + std::strerror(errno));
+  }
+  // Loaded before it is published, when it is to serve: a package that does not load never
+  // reaches the repository, where the servers sharing it would try it too (and a restart would
+  // meet it). What served before goes on serving.
+  std::shared_ptr<ServedModel> staged;
+  std::vector<int64_t> would_be = store_.Versions(name);
+  would_be.insert(std::upper_bound(would_be.begin(), would_be.end(), version), version);
+  const std::vector<int64_t> selected = SelectVersions(name, would_be);
+  if (load && std::find(selected.begin(), selected.end(), version) != selected.end()) {
+    Result<std::shared_ptr<ServedModel>> loaded = LoadCopies(uploaded_file, name, version);
+    if (!loaded.ok()) {
+      {
+        std::lock_guard lock(mutex_);
+        load_failures_.erase(name + ":" + std::to_string(version));  // it is in no index
+      }
+      const Status& failure = loaded.status();
+      Log(LogLevel::kWarning, "deployed package refused: it does not load",
+          {{"model", name},
+           {"version", std::to_string(version), false},
+           {"error", failure.message()}});
+      std::string message = failure.message();
+      if (message.rfind(uploaded_file, 0) == 0) {
+        message = "the package" + message.substr(uploaded_file.size());
+      }
+      return Status(failure.code(), message + " (the package was not kept)", failure.detail());
     }
-    SyncDirectory(directory);
-    SyncDirectory(directory.parent_path());
-    Log(LogLevel::kInfo, "model deployed",
-        {{"model", name}, {"version", std::to_string(version), false}});
+    staged = std::move(loaded).value();
+  }
+  // A server sharing the repository may have published this version since the check above.
+  if (Status published = store_.Publish(name, version, uploaded_file); !published.ok()) {
+    if (staged != nullptr) Discard(staged);
+    return published;
+  }
+  Log(LogLevel::kInfo, "model deployed",
+      {{"model", name}, {"version", std::to_string(version), false}});
+  if (staged != nullptr) {
+    staged->file = store_.Identify(name, version);
+    Serve(staged);
   }
   if (!load) {
     if (Versions(name).empty()) {
@@ -568,32 +552,10 @@ Result<std::string> ModelService::Deploy(const std::string& name, int64_t versio
     }
     return std::string();
   }
-  const std::string key = name + ":" + std::to_string(version);
-  {
-    std::lock_guard lock(mutex_);
-    load_failures_.erase(key);  // so that a failure recorded below is this load's own
-  }
-  Result<std::string> loaded = LoadModelLocked(name);
-  bool failed_itself = false;
-  {
-    std::lock_guard lock(mutex_);
-    failed_itself = load_failures_.count(key) != 0;
-  }
-  if (loaded.ok() || !failed_itself) return loaded;
-  // A package that cannot load is not kept: on disk, the version policy would select it again
-  // at every restart, where a model that fails to load stops the server from starting. What
-  // served before goes on serving (LoadModelLocked unloads nothing when a load fails). Only
-  // this version's own failure removes it, not one of another version the policy selects.
-  std::error_code error;
-  const fs::path version_directory = fs::path(target).parent_path();
-  fs::remove(target, error);
-  fs::remove(version_directory, error);                // only if now empty
-  fs::remove(version_directory.parent_path(), error);  // likewise
-  SyncDirectory(version_directory.parent_path().parent_path());
-  const Status& failure = loaded.status();
-  Log(LogLevel::kWarning, "deployed package removed: it does not load",
-      {{"model", name}, {"version", std::to_string(version), false}, {"error", failure.message()}});
-  return Status(failure.code(), failure.message() + " (the package was not kept)");
+  // The policy's other versions: the ones it selects load, the ones it no longer selects go.
+  Result<std::string> applied = polling() ? Reconcile(name) : LoadModelLocked(name);
+  if (!applied.ok()) return applied;
+  return Joined(notice, *applied);
 }
 
 Result<std::string> ModelService::Delete(const std::string& name, std::optional<int64_t> version) {
@@ -601,38 +563,26 @@ Result<std::string> ModelService::Delete(const std::string& name, std::optional<
   // component, would reach outside it.
   OROCHI_RETURN_IF_ERROR(CheckModelName(name));
   std::lock_guard admin(admin_mutex_);
-  const fs::path model_directory = fs::path(config_.repository) / name;
-  std::error_code error;
-  if (!fs::is_directory(model_directory, error)) {
-    return NotFound("model '" + name + "' is not in the repository");
-  }
-  if (version && !fs::exists(PackagePath(name, *version), error)) {
-    return NotFound("model '" + name + "' version " + std::to_string(*version) +
-                    " is not in the repository");
+  if (!store_.HasModel(name)) return NotFound("model '" + name + "' is not in the repository");
+  if (version && !store_.HasVersion(name, *version)) {
+    return NotFound(Which(name, *version) + " is not in the repository");
   }
   const bool served = !Versions(name).empty() && unloaded_.count(name) == 0;
-  const std::vector<int64_t> versions =
-      version ? std::vector<int64_t>{*version} : VersionsOnDisk(name);
   std::string notice;
   if (!version) {
-    for (int64_t each : versions) {
+    for (int64_t each : Versions(name)) {
       OROCHI_ASSIGN_OR_RETURN(std::string unloaded, UnloadVersion(name, each));
       notice = Joined(notice, unloaded);
     }
   }
   // Out of sight first (one rename), then removed: a crash in between leaves only trash.
-  const fs::path doomed = version ? model_directory / std::to_string(*version) : model_directory;
-  const fs::path trash = fs::path(config_.repository) / kStateDirectory /
-                         ("trash-" + name + "-" + std::to_string(NowMs()));
-  fs::rename(doomed, trash, error);
-  if (error) return Internal("cannot remove " + doomed.string() + ": " + error.message());
-  SyncDirectory(doomed.parent_path());
+  OROCHI_ASSIGN_OR_RETURN(std::string trash, store_.MoveToTrash(name, version));
   Status reloaded;
   if (version && served && !SelectedVersions(name).empty()) {
     // The policy chooses again among the versions left (`latest`: the next newest), which
     // load beside the deleted one before it drains and goes, as in a deploy: a served model
     // stays served. Its package is mapped, so it keeps running from the trash meanwhile.
-    Result<std::string> loaded = LoadModelLocked(name);
+    Result<std::string> loaded = polling() ? Reconcile(name) : LoadModelLocked(name);
     reloaded = loaded.status();
     if (loaded.ok()) notice = Joined(notice, *loaded);
   }
@@ -641,34 +591,124 @@ Result<std::string> ModelService::Delete(const std::string& name, std::optional<
     if (reloaded.ok()) reloaded = unloaded.status();
     if (unloaded.ok()) notice = Joined(notice, *unloaded);
   }
-  fs::remove_all(trash, error);
+  repository::RepositoryStore::RemoveTrash(trash);
   if (!reloaded.ok()) {
     return Status(reloaded.code(),
-                  "model '" + name + "' version " + std::to_string(*version) +
+                  Which(name, *version) +
                       " was deleted, but loading the versions left failed: " + reloaded.message(),
                   reloaded.detail());
   }
-  if (!version) {
-    unloaded_.erase(name);
-    OROCHI_RETURN_IF_ERROR(SaveState());
+  if (!version && unloaded_.erase(name) != 0) OROCHI_RETURN_IF_ERROR(SaveState());
+  return notice;
+}
+
+bool ModelService::KnownBroken(const std::string& name, int64_t version) {
+  const std::string key = name + ":" + std::to_string(version);
+  {
+    std::lock_guard lock(mutex_);
+    if (auto quarantined = quarantined_.find(key); quarantined != quarantined_.end()) {
+      load_failures_[key] = quarantined->second;
+      return true;
+    }
+  }
+  auto broken = broken_files_.find(key);
+  if (broken == broken_files_.end()) return false;
+  if (store_.Identify(name, version) == broken->second) return true;
+  broken_files_.erase(broken);  // another file took its place: worth a try
+  return false;
+}
+
+Result<std::string> ModelService::Reconcile(const std::string& name) {
+  std::string notice;
+  // A loaded version whose file was replaced (deleted and deployed again through another
+  // server between two polls) is another package under the same key: it goes first.
+  for (int64_t version : Versions(name)) {
+    std::shared_ptr<const ServedModel> served = Find(name, version);
+    std::optional<repository::FileIdentity> file = store_.Identify(name, version);
+    if (served != nullptr && file && served->file && *file != *served->file) {
+      OROCHI_ASSIGN_OR_RETURN(std::string unloaded, UnloadVersion(name, version));
+      notice = Joined(notice, unloaded);
+    }
+  }
+  const std::vector<int64_t> on_disk = store_.Versions(name);
+  std::vector<int64_t> selected;
+  // Failed in this pass: not tried again in it even if its file changes meanwhile (one being
+  // copied in place changes all the time), but at the next poll.
+  std::set<int64_t> failed_now;
+  for (;;) {
+    std::vector<int64_t> candidates;
+    for (int64_t version : on_disk) {
+      if (failed_now.count(version) == 0 && !KnownBroken(name, version)) {
+        candidates.push_back(version);
+      }
+    }
+    selected = SelectVersions(name, candidates);
+    const std::vector<int64_t> loaded = Versions(name);
+    bool failed = false;
+    for (int64_t version : selected) {
+      if (std::find(loaded.begin(), loaded.end(), version) != loaded.end()) continue;
+      std::optional<repository::FileIdentity> file = store_.Identify(name, version);
+      Status status = LoadVersion(name, version);
+      if (status.ok()) continue;
+      // Not tried again until its file changes; the policy chooses again without it. Each
+      // round marks one more version, so this ends.
+      failed = true;
+      failed_now.insert(version);
+      broken_files_[name + ":" + std::to_string(version)] =
+          file.value_or(repository::FileIdentity{});
+      Log(LogLevel::kWarning, "model not loaded",
+          {{"model", name},
+           {"version", std::to_string(version), false},
+           {"reason", status.message()}});
+    }
+    if (!failed) break;
+  }
+  // What serves now, the new versions included; the ones no longer selected drain and go.
+  for (int64_t version : Versions(name)) {
+    if (std::find(selected.begin(), selected.end(), version) == selected.end()) {
+      OROCHI_ASSIGN_OR_RETURN(std::string unloaded, UnloadVersion(name, version));
+      notice = Joined(notice, unloaded);
+    }
   }
   return notice;
 }
 
-std::vector<ModelService::IndexEntry> ModelService::Index() const {
-  std::vector<IndexEntry> entries;
-  std::error_code error;
-  std::vector<std::string> names;
-  for (auto it = fs::directory_iterator(config_.repository, error);
-       !error && it != fs::directory_iterator(); it.increment(error)) {
-    if (it->is_directory() && it->path().filename().string().front() != '.') {
-      names.push_back(it->path().filename().string());
+void ModelService::PollRepository() {
+  std::lock_guard admin(admin_mutex_);
+  std::set<std::string> names;
+  for (const std::string& name : store_.Models()) names.insert(name);
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [name, versions] : models_) names.insert(name);
+  }
+  for (const std::string& name : names) {
+    // Names a manifest could not have (a directory someone made by hand) are not models.
+    if (!packaging::IsName(name)) continue;
+    Result<std::string> reconciled = Reconcile(name);
+    if (!reconciled.ok()) {
+      Log(LogLevel::kError, "repository poll failed",
+          {{"model", name}, {"error", reconciled.status().message()}});
+    } else if (!reconciled->empty()) {
+      Log(LogLevel::kWarning, "repository poll", {{"model", name}, {"notice", *reconciled}});
     }
   }
-  std::sort(names.begin(), names.end());
-  for (const std::string& name : names) {
+}
+
+void ModelService::PollLoop() {
+  const std::chrono::milliseconds interval(config_.repository_poll_ms);
+  std::unique_lock lock(poll_mutex_);
+  while (!poll_wake_.wait_for(lock, interval, [this] { return poll_stopping_; })) {
+    lock.unlock();
+    PollRepository();
+    lock.lock();
+  }
+}
+
+std::vector<ModelService::IndexEntry> ModelService::Index() const {
+  std::vector<IndexEntry> entries;
+  for (const std::string& name : store_.Models()) {
     std::vector<int64_t> loaded = Versions(name);
-    for (int64_t version : VersionsOnDisk(name)) {
+    for (int64_t version : store_.Versions(name)) {
       bool ready = std::find(loaded.begin(), loaded.end(), version) != loaded.end();
       std::string reason;
       if (!ready) {

@@ -1,12 +1,15 @@
 // The models a server serves: loading packages from the repository into interpreter copies,
 // finding them by name and version, queueing inference through the scheduler, and keeping
-// Triton-style statistics.
+// Triton-style statistics. The files themselves are repository::RepositoryStore's.
 //
-// Thread-safety: every method may be called from any thread.
+// Thread-safety: every method may be called from any thread. In poll mode
+// (models.model_control_mode "poll") a thread of its own applies what other servers sharing the
+// repository changed; it serialises with the repository API like any of its calls.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -14,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "metrics/metrics.h"
@@ -21,6 +25,7 @@
 #include "orochi/interpreters/model.h"
 #include "orochi/packaging/package.h"
 #include "orochi/server/config.h"
+#include "repository/repository_store.h"
 #include "scheduler/scheduler.h"
 
 namespace orochi::server {
@@ -64,6 +69,9 @@ struct ServedModel {
   std::shared_ptr<const packaging::Package> package;
   std::shared_ptr<interpreters::ReplicatedModel> replicas;
   BatchingOptions batching;
+  // The package file it was loaded from, as it was then: poll mode reloads a version whose
+  // file was replaced.
+  std::optional<repository::FileIdentity> file;
   const packaging::Manifest& manifest() const { return package->manifest(); }
 
   mutable std::mutex stats_mutex;
@@ -91,10 +99,12 @@ class ModelService : public SchedulerObserver {
                Metrics& metrics);
   ~ModelService() override;
 
-  // Startup: removes stale uploads, then loads the models named in config.load, or, when it is
-  // empty or "*", every model of the repository that was loaded when the server last stopped
-  // (the repository's state file remembers models unloaded through the API). Stops at the
-  // first failure, naming the model.
+  // Startup: removes what a server killed mid-way left in the repository (RepositoryStore::Open),
+  // then loads the models named in config.load, or, when it is empty or "*", every model of the
+  // repository that was loaded when the server last stopped (the repository's state file
+  // remembers models unloaded through the API). Stops at the first failure, naming the model.
+  // In poll mode: loads what the repository holds as every poll does (a version that does not
+  // load is reported in the index, not fatal), then starts polling.
   Status LoadFromRepository();
   // Model versions ("name:version" -> why) that LoadFromRepository leaves unloaded, reporting
   // the reason in the index: they crashed the process too often (see supervisor.h). Call before
@@ -111,6 +121,8 @@ class ModelService : public SchedulerObserver {
   // up to models.unload_grace_s for its running requests, then interrupts them and abandons
   // the copies that ignore it; on success, each returns what its answer must add (that copies
   // were abandoned), or an empty string.
+  // In poll mode, LoadModel and UnloadModel are refused (kFailedPrecondition): the repository
+  // decides what every server sharing it serves.
   // Loads the versions of `name` its version policy selects, then drains and unloads the
   // loaded versions it no longer selects: new requests move to the new version before the
   // old one goes, and none is lost.
@@ -121,12 +133,16 @@ class ModelService : public SchedulerObserver {
   // Drains and unloads every loaded version of `name`, and remembers that it is unloaded.
   // kNotFound when the model is neither loaded nor in the repository.
   Result<std::string> UnloadModel(const std::string& name);
-  // Moves an uploaded package (a file in upload_directory()) into the repository as
-  // <name>/<version>/model.orochi after validating it, then loads it unless `load` is false.
-  // The file is not Deploy's: it renames it away only when it keeps the package, and
-  // otherwise leaves it where it is for its owner (the transport that created it) to remove.
+  // Publishes an uploaded package (a file in upload_directory()) into the repository as
+  // <name>/<version>/model.orochi after validating it, then serves it unless `load` is false.
+  // When the version policy selects it, it is loaded into copies before it is published, and
+  // published only if it loads: a package that does not load never reaches the repository,
+  // where servers sharing it would load it too. The file is not Deploy's: it takes it away
+  // only when it publishes it, and otherwise leaves it for its owner (the transport that
+  // created it) to remove.
   // Errors: kInvalidArgument (not a valid package, or its manifest names another model or
-  // version), kAlreadyExists (the version is deployed).
+  // version, or `load` false in poll mode), kAlreadyExists (the version is deployed, by this
+  // server or, meanwhile, by another sharing the repository), the load's error.
   Result<std::string> Deploy(const std::string& name, int64_t version,
                              const std::string& uploaded_file, bool load);
   // Unloads and removes one version, or (no version) the whole model, from the repository.
@@ -141,6 +157,7 @@ class ModelService : public SchedulerObserver {
     std::string reason;
   };
   // Every version in the repository with its state, as Triton's repository index lists them.
+  // A version that does not load is UNAVAILABLE with the load's error as its reason.
   std::vector<IndexEntry> Index() const;
   std::string upload_directory() const;
 
@@ -162,8 +179,8 @@ class ModelService : public SchedulerObserver {
                 std::optional<Clock::time_point> deadline, std::function<bool()> abandoned,
                 Done done);
 
-  // Answers queued requests, stops the workers; see Scheduler::Stop for `deadline` and what
-  // it returns.
+  // Stops polling, answers queued requests, stops the workers; see Scheduler::Stop for
+  // `deadline` and what it returns.
   size_t Stop(std::optional<Clock::time_point> deadline = std::nullopt);
   size_t copies() const { return manager_.size(); }
 
@@ -185,9 +202,18 @@ class ModelService : public SchedulerObserver {
   std::shared_ptr<ServedModel> FindByKey(const std::string& key) const;
   std::vector<size_t> SlotsFor(const packaging::Manifest& manifest,
                                std::optional<int64_t> instances);
-  // Loads one package file as a served version.
-  Status LoadVersion(const std::string& path, const std::string& expected_name,
-                     int64_t expected_version, const LoadOverrides& overrides = {});
+  // Loads one package file into copies as a version that does not serve yet, recording a
+  // failure for the index.
+  Result<std::shared_ptr<ServedModel>> LoadCopies(const std::string& path,
+                                                  const std::string& expected_name,
+                                                  int64_t expected_version,
+                                                  const LoadOverrides& overrides = {});
+  // Makes a version LoadCopies loaded serve.
+  void Serve(const std::shared_ptr<ServedModel>& served);
+  // Unloads a version LoadCopies loaded that never served.
+  void Discard(const std::shared_ptr<ServedModel>& staged);
+  // Loads one version of the repository and serves it.
+  Status LoadVersion(const std::string& name, int64_t version, const LoadOverrides& overrides = {});
   // Whether `overrides` fit `manifest` (and this server); kInvalidArgument naming what not.
   Status CheckOverrides(const packaging::Manifest& manifest, const LoadOverrides& overrides) const;
   // Why a loaded version does not have the settings `overrides` asks for, or empty.
@@ -202,13 +228,36 @@ class ModelService : public SchedulerObserver {
   void ReportIdle();
   // LoadModel, admin_mutex_ held.
   Result<std::string> LoadModelLocked(const std::string& name, const LoadOverrides& overrides = {});
-  std::vector<int64_t> VersionsOnDisk(const std::string& name) const;
+  // The versions of `name` its policy selects among `candidates` (ascending).
+  std::vector<int64_t> SelectVersions(const std::string& name,
+                                      const std::vector<int64_t>& candidates) const;
   std::vector<int64_t> SelectedVersions(const std::string& name) const;
-  std::string PackagePath(const std::string& name, int64_t version) const;
   Status SaveState();
 
-  std::mutex admin_mutex_;          // serialises loads, unloads and deploys
+  bool polling() const { return config_.model_control_mode == "poll"; }
+  // Poll mode: makes what `name` serves what the repository holds, as every server sharing it
+  // does: loads the versions its policy selects among those that load, then drains and unloads
+  // the loaded versions it no longer selects (removed, or replaced by a newer one). A version
+  // that fails to load is reported in the index and not tried again until its file changes,
+  // and the policy chooses among the others: every server comes to the same choice. admin_mutex_
+  // held.
+  Result<std::string> Reconcile(const std::string& name);
+  // Whether name:version failed to load from the file the repository holds now (or is
+  // quarantined). admin_mutex_ held.
+  bool KnownBroken(const std::string& name, int64_t version);
+  // Reconcile for every model in the repository or loaded.
+  void PollRepository();
+  void PollLoop();
+
+  repository::RepositoryStore store_;
+  std::mutex admin_mutex_;          // serialises loads, unloads, deploys and polls
   std::set<std::string> unloaded_;  // models unloaded through the API; persisted
+  // Poll mode: versions that failed to load ("name:version"), with the file they failed from.
+  std::map<std::string, repository::FileIdentity> broken_files_;  // admin_mutex_
+  std::thread poller_;
+  std::mutex poll_mutex_;
+  std::condition_variable poll_wake_;
+  bool poll_stopping_ = false;  // poll_mutex_
   interpreters::InterpreterManager& manager_;
   const ModelsConfig& config_;
   Metrics& metrics_;

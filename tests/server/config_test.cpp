@@ -42,6 +42,8 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->models.unload_grace_s, defaults.models.unload_grace_s);
   EXPECT_EQ(shipped->models.max_queue_delay_us, defaults.models.max_queue_delay_us);
   EXPECT_EQ(shipped->models.preferred_batch_sizes, defaults.models.preferred_batch_sizes);
+  EXPECT_EQ(shipped->models.model_control_mode, defaults.models.model_control_mode);
+  EXPECT_EQ(shipped->models.repository_poll_ms, defaults.models.repository_poll_ms);
   EXPECT_EQ(shipped->log.level, defaults.log.level);
   EXPECT_EQ(shipped->log.format, defaults.log.format);
   EXPECT_EQ(shipped->log.requests, defaults.log.requests);
@@ -118,6 +120,14 @@ TEST(ServerConfig, EachBadValueNamesItsKey) {
        "list of versions"},
       {R"({"models": {"version_policies": {"m": {"policy": "newest"}}}})",
        "config: $.models.version_policies.m.policy: expected one of latest, all, specific"},
+      {R"({"models": {"model_control_mode": "none"}})",
+       "config: $.models.model_control_mode: expected one of explicit, poll"},
+      {R"({"models": {"repository": "/r", "repository_poll_ms": 10}})",
+       "config: $.models.repository_poll_ms: expected an integer from 100 to 86400000, got 10"},
+      {R"({"models": {"model_control_mode": "poll", "repository": "/r", "load": ["a"]}})",
+       "config: $.models.load: must be empty (or [\"*\"]) with model_control_mode \"poll\""},
+      {R"({"models": {"model_control_mode": "poll"}})",
+       "config: $.models.repository: model_control_mode \"poll\" needs a repository"},
       {R"({"models": {"repository": "/models", "model_dir": "/mnt/models"}})",
        "config: $.models: model_dir and repository are both set"},
       {R"({"models": {"model_name": "iris"}})",

@@ -445,8 +445,10 @@ class RepositoryTest(unittest.TestCase):
         # model was unloaded, and came back at the next restart.
         server = self.start()
         self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200)
-        blocker = os.path.join(self.repository, ".orochi", "state.json.tmp")
-        os.mkdir(blocker)  # the state file's temporary name cannot be written
+        blocker = os.path.join(self.repository, ".orochi", "state.json")
+        if os.path.exists(blocker):
+            os.remove(blocker)
+        os.mkdir(blocker)  # a directory: the state file cannot be renamed into place
         status, answer = self.manage(server, "POST", "/v2/repository/models/calculator/unload")
         self.assertEqual(status, 500, answer)
         self.assertIn("the model stays loaded: cannot write", answer["error"])

@@ -113,6 +113,11 @@ struct ModelsConfig {
   int64_t max_queue_delay_us = 0;  // dynamic batching: how long a batch may wait to fill
   std::vector<int64_t> preferred_batch_sizes;
   std::map<std::string, VersionPolicy> version_policies;  // by model name; "latest" otherwise
+  // "explicit": the repository API loads and unloads. "poll": every repository_poll_ms, the
+  // server serves what the repository holds (several servers sharing one repository directory
+  // follow each other's deploys and deletes), as Triton's poll mode.
+  std::string model_control_mode = "explicit";
+  int64_t repository_poll_ms = 15000;
 };
 
 struct LogConfig {

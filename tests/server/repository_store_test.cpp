@@ -1,0 +1,188 @@
+// The repository on disk: listing, publishing without replacing (one winner among concurrent
+// writers), removal through the trash, the state file, and what Open cleans up, on a real
+// directory.
+#include "repository/repository_store.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+namespace orochi::server::repository {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+std::string Read(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+void Write(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+class RepositoryStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "orochi-store-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+    store_ = RepositoryStore(root_.string());
+    ASSERT_TRUE(store_.Open().ok());
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // A finished upload, as the transport leaves it for the handler.
+  std::string Upload(const std::string& contents) {
+    std::string path = store_.upload_directory() + "/.upload-XXXXXX";
+    int fd = ::mkstemp(path.data());
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(::write(fd, contents.data(), contents.size()), static_cast<ssize_t>(contents.size()));
+    ::close(fd);
+    return path;
+  }
+
+  fs::path root_;
+  RepositoryStore store_{""};
+};
+
+TEST_F(RepositoryStoreTest, ListsModelsAndVersionsThatHoldAPackage) {
+  Write(root_ / "b" / "2" / "model.orochi", "b2");
+  Write(root_ / "b" / "10" / "model.orochi", "b10");
+  Write(root_ / "b" / "3" / "notes.txt", "no package");  // not a version
+  Write(root_ / "b" / "0" / "model.orochi", "x");        // versions start at 1
+  Write(root_ / "b" / "v4" / "model.orochi", "x");       // not a number
+  Write(root_ / "a" / "1" / "model.orochi", "a1");
+  Write(root_ / "stray.txt", "not a model");
+  EXPECT_THAT(store_.Models(), ElementsAre("a", "b"));  // .orochi is Orochi's, not a model
+  EXPECT_THAT(store_.Versions("b"), ElementsAre(2, 10));
+  EXPECT_THAT(store_.Versions("missing"), IsEmpty());
+  EXPECT_TRUE(store_.HasModel("a"));
+  EXPECT_FALSE(store_.HasModel("stray.txt"));
+  EXPECT_TRUE(store_.HasVersion("b", 10));
+  EXPECT_FALSE(store_.HasVersion("b", 3));
+  EXPECT_EQ(store_.PackagePath("a", 1), (root_ / "a" / "1" / "model.orochi").string());
+  EXPECT_THAT(RepositoryStore("").Models(), IsEmpty());
+}
+
+TEST_F(RepositoryStoreTest, PublishesWholeAndNeverReplaces) {
+  const std::string first = Upload("the first package");
+  ASSERT_TRUE(store_.Publish("m", 2, first).ok());
+  EXPECT_EQ(Read(store_.PackagePath("m", 2)), "the first package");
+  EXPECT_FALSE(fs::exists(first)) << "the upload's name goes once published";
+  EXPECT_THAT(store_.Versions("m"), ElementsAre(2));
+
+  const std::string second = Upload("the second package");
+  Status again = store_.Publish("m", 2, second);
+  EXPECT_EQ(again.code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(again.message(), HasSubstr("model 'm' version 2 is already deployed"));
+  EXPECT_EQ(Read(store_.PackagePath("m", 2)), "the first package");
+  EXPECT_TRUE(fs::exists(second)) << "a refused upload stays its owner's to remove";
+}
+
+TEST_F(RepositoryStoreTest, OfConcurrentPublishersOfOneVersionExactlyOneWins) {
+  constexpr int kWriters = 8;
+  std::vector<std::string> uploads;
+  for (int i = 0; i < kWriters; ++i) uploads.push_back(Upload("package " + std::to_string(i)));
+  std::atomic<int> won{0};
+  std::atomic<int> conflicts{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> writers;
+  for (int i = 0; i < kWriters; ++i) {
+    writers.emplace_back([&, i] {
+      while (!go) std::this_thread::yield();
+      Status published = store_.Publish("m", 1, uploads[i]);
+      if (published.ok()) ++won;
+      if (published.code() == StatusCode::kAlreadyExists) ++conflicts;
+    });
+  }
+  go = true;
+  for (std::thread& writer : writers) writer.join();
+  EXPECT_EQ(won, 1);
+  EXPECT_EQ(conflicts, kWriters - 1);
+  const std::string published = Read(store_.PackagePath("m", 1));
+  int owners = 0;
+  for (const std::string& upload : uploads) owners += fs::exists(upload) ? 0 : 1;
+  EXPECT_EQ(owners, 1) << "only the winner's upload was taken";
+  EXPECT_THAT(published, HasSubstr("package ")) << "one writer's package, whole";
+}
+
+TEST_F(RepositoryStoreTest, ARemovedVersionIsOutOfSightAtOnce) {
+  ASSERT_TRUE(store_.Publish("m", 1, Upload("one")).ok());
+  ASSERT_TRUE(store_.Publish("m", 2, Upload("two")).ok());
+  Result<std::string> trash = store_.MoveToTrash("m", 1);
+  ASSERT_TRUE(trash.ok()) << trash.status().ToString();
+  EXPECT_THAT(store_.Versions("m"), ElementsAre(2));
+  EXPECT_EQ(store_.MoveToTrash("m", 1).status().code(), StatusCode::kNotFound)
+      << "deleted meanwhile (by another server) is not found, not an internal error";
+  RepositoryStore::RemoveTrash(*trash);
+  EXPECT_FALSE(fs::exists(*trash));
+  Result<std::string> model = store_.MoveToTrash("m", std::nullopt);
+  ASSERT_TRUE(model.ok());
+  EXPECT_THAT(store_.Models(), IsEmpty());
+  EXPECT_EQ(store_.MoveToTrash("m", std::nullopt).status().code(), StatusCode::kNotFound);
+  // Trash a server left behind goes at the next Open.
+  ASSERT_TRUE(store_.Open().ok());
+  EXPECT_FALSE(fs::exists(*model));
+}
+
+TEST_F(RepositoryStoreTest, OpenRemovesOnlyUploadsNoLiveServerHolds) {
+  const std::string abandoned = Upload("cut short when its server died");
+  const std::string held = Upload("still being received");
+  const int held_fd = ::open(held.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_EQ(::flock(held_fd, LOCK_EX | LOCK_NB), 0);
+  const std::string just_created = Upload("");  // not locked yet, and empty: being created
+  ASSERT_TRUE(store_.Open().ok());
+  EXPECT_FALSE(fs::exists(abandoned));
+  EXPECT_TRUE(fs::exists(held));
+  EXPECT_TRUE(fs::exists(just_created));
+  ::close(held_fd);
+  ASSERT_TRUE(store_.Open().ok());
+  EXPECT_FALSE(fs::exists(held)) << "its server let go of it";
+  EXPECT_EQ(store_.Open().code(), StatusCode::kOk);
+  EXPECT_EQ(RepositoryStore((root_ / "missing").string()).Open().code(), StatusCode::kNotFound);
+}
+
+TEST_F(RepositoryStoreTest, TellsAReplacedPackageFromTheOneLoaded) {
+  ASSERT_TRUE(store_.Publish("m", 1, Upload("first")).ok());
+  std::optional<FileIdentity> first = store_.Identify("m", 1);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(store_.Identify("m", 1), first);
+  RepositoryStore::RemoveTrash(*store_.MoveToTrash("m", 1));
+  EXPECT_FALSE(store_.Identify("m", 1).has_value());
+  ASSERT_TRUE(store_.Publish("m", 1, Upload("second, deployed again")).ok());
+  EXPECT_NE(store_.Identify("m", 1), first);
+}
+
+TEST_F(RepositoryStoreTest, TheStateFileIsReplacedWhole) {
+  EXPECT_THAT(store_.ReadUnloaded(), IsEmpty());
+  ASSERT_TRUE(store_.WriteUnloaded({"a", "b"}).ok());
+  EXPECT_THAT(store_.ReadUnloaded(), ElementsAre("a", "b"));
+  ASSERT_TRUE(store_.WriteUnloaded({"b"}).ok());
+  EXPECT_THAT(store_.ReadUnloaded(), ElementsAre("b"));
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(root_ / ".orochi")) {
+    files.push_back(entry.path().filename().string());
+  }
+  std::sort(files.begin(), files.end());
+  EXPECT_THAT(files, ElementsAre("state.json", "uploads")) << "no temporary left behind";
+}
+
+}  // namespace
+}  // namespace orochi::server::repository
