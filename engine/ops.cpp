@@ -149,13 +149,30 @@ Tensor Binary(Op op, const Tensor& a, const Tensor& b) {
                      "instead.");
   }
   const Device device = CommonDevice(OpName(op), {&a, &b}, CpuScalars::kFollow);
-  Shape shape = BroadcastShapes(a.shape(), b.shape());
+  // Same shapes, device and dtype (the common case, and all of a tiny op's cost): the operands
+  // as they are, with no temporary tensors.
+  Shape broadcast;
+  const Shape& shape =
+      a.shape() == b.shape() ? a.shape() : (broadcast = BroadcastShapes(a.shape(), b.shape()));
   DType compute = ResultType(a, b);
   if (op == Op::div && !IsFloating(compute)) compute = DType::kFloat32;  // true division
   auto kernel = Kernels().FindAs<BinaryKernel>(op, device, compute);
   Tensor output = Tensor::Empty(shape, IsComparison(op) ? DType::kBool : compute, device);
-  kernel(op, OnDevice(a, device).To(compute).Expand(shape),
-         OnDevice(b, device).To(compute).Expand(shape), output);
+  auto prepared = [&](const Tensor& operand, Tensor& converted) -> const Tensor& {
+    if (operand.device() == device && operand.dtype() == compute && operand.shape() == shape) {
+      return operand;
+    }
+    if (operand.device() == device && operand.dtype() == compute) {
+      converted = operand.Expand(shape);
+      return converted;
+    }
+    converted = OnDevice(operand, device).To(compute);
+    if (converted.shape() != shape) converted = converted.Expand(shape);
+    return converted;
+  };
+  Tensor converted_a;
+  Tensor converted_b;
+  kernel(op, prepared(a, converted_a), prepared(b, converted_b), output);
   return output;
 }
 

@@ -1,7 +1,6 @@
 #include "orochi/engine/tensor.h"
 
 #include <algorithm>
-#include <numeric>
 #include <sstream>
 
 #include "device_backend.h"
@@ -186,11 +185,13 @@ Tensor Tensor::Permute(const std::vector<int64_t>& order) const {
                    "permute needs " << dim() << " dimensions, got " << order.size());
   Shape shape(order.size());
   Shape strides(order.size());
-  std::vector<bool> seen(order.size(), false);
+  static_assert(kMaxDims <= 64, "one bit per dimension");
+  uint64_t seen = 0;  // a bit per source dimension: no allocation for a small op's views
   for (size_t i = 0; i < order.size(); ++i) {
     int64_t source = WrapDim(order[i], dim());
-    OROCHI_CHECK_ARG(!seen[source], "permute repeats dimension " << order[i]);
-    seen[source] = true;
+    const uint64_t bit = uint64_t{1} << static_cast<unsigned>(source);
+    OROCHI_CHECK_ARG((seen & bit) == 0, "permute repeats dimension " << order[i]);
+    seen |= bit;
     shape[i] = shape_[source];
     strides[i] = strides_[source];
   }
@@ -203,10 +204,13 @@ Tensor Tensor::Transpose(int64_t dim0, int64_t dim1) const {
     WrapScalarDim(dim1, 0);
     return *this;
   }
-  std::vector<int64_t> order(static_cast<size_t>(dim()));
-  std::iota(order.begin(), order.end(), 0);
-  std::swap(order[WrapDim(dim0, dim())], order[WrapDim(dim1, dim())]);
-  return Permute(order);
+  const int64_t first = WrapDim(dim0, dim());
+  const int64_t second = WrapDim(dim1, dim());
+  Shape shape = shape_;
+  Shape strides = strides_;
+  std::swap(shape[first], shape[second]);
+  std::swap(strides[first], strides[second]);
+  return {storage_, std::move(shape), std::move(strides), storage_offset_, dtype_};
 }
 
 Tensor Tensor::Squeeze(std::optional<int64_t> squeezed) const {
