@@ -193,8 +193,8 @@ StoragePtr Storage::Allocate(size_t bytes, Device device) {
     void* block = std::malloc(sizeof(Storage) + kAlignment - 1 + rounded);
     OROCHI_CHECK(block != nullptr, StatusCode::kResourceExhausted,
                  "cannot allocate " << bytes << " bytes");
-    const auto after = reinterpret_cast<uintptr_t>(block) + sizeof(Storage);
-    auto* data = reinterpret_cast<std::byte*>((after + kAlignment - 1) & ~(kAlignment - 1));
+    std::byte* data = static_cast<std::byte*>(block) + sizeof(Storage);
+    data += (kAlignment - reinterpret_cast<uintptr_t>(data) % kAlignment) % kAlignment;
     return StoragePtr(new (block) Storage(Kind::kInline, data, bytes, /*read_only=*/false));
   }
   std::byte* data = rounded >= kLargeBlock ? LargeBlockCache::Instance().Take(rounded) : nullptr;

@@ -88,14 +88,18 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kElements * 4 * 2);  // read, write
 }
 
-// Runs a benchmark with the scalar CPU kernels (range 0) or the widest vectorised ones this CPU
-// has (range 1), and restores the instruction set afterwards.
+// Runs a benchmark with the CPU kernels of one instruction set (the benchmark's argument is a
+// CpuVectorIsa: 0 scalar, 1 AVX2, 2 AVX-512), and restores the one in use afterwards.
 class IsaForBenchmark {
  public:
-  explicit IsaForBenchmark(const benchmark::State& state)
-      : previous_(orochi::engine::CpuVectorIsaInUse()) {
-    orochi::engine::SetCpuVectorIsa(state.range(0) == 0 ? orochi::engine::CpuVectorIsa::kScalar
-                                                        : orochi::engine::CpuVectorIsaSupported());
+  explicit IsaForBenchmark(benchmark::State& state)
+      : previous_(orochi::engine::CpuVectorIsaInUse()),
+        isa_(static_cast<orochi::engine::CpuVectorIsa>(state.range(0))) {
+    if (isa_ > orochi::engine::CpuVectorIsaSupported()) {
+      state.SkipWithError("this CPU does not have the instruction set");
+      return;
+    }
+    orochi::engine::SetCpuVectorIsa(isa_);
   }
   ~IsaForBenchmark() { orochi::engine::SetCpuVectorIsa(previous_); }
   IsaForBenchmark(const IsaForBenchmark&) = delete;
@@ -103,6 +107,7 @@ class IsaForBenchmark {
 
  private:
   orochi::engine::CpuVectorIsa previous_;
+  orochi::engine::CpuVectorIsa isa_;
 };
 
 void BM_EngineSoftmax(benchmark::State& state) {
@@ -174,8 +179,8 @@ BENCHMARK(BM_EngineMatmul)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(bench
 BENCHMARK(BM_DirectSgemm)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EngineAdd)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_EngineSoftmax)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_EngineLayerNorm)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EngineSoftmax)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EngineLayerNorm)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 // Keeps every run's time per iteration and bytes per second, by benchmark name.
 class CapturingReporter : public benchmark::ConsoleReporter {
@@ -204,7 +209,7 @@ class CapturingReporter : public benchmark::ConsoleReporter {
 };
 
 void PrintRatio(const char* label, double value, double baseline, const char* goal) {
-  if (value > 0 && baseline > 0) std::printf("  %-36s %.3f  %s\n", label, value / baseline, goal);
+  if (value > 0 && baseline > 0) std::printf("  %-40s %.3f  %s\n", label, value / baseline, goal);
 }
 
 }  // namespace
@@ -234,14 +239,16 @@ int main(int argc, char** argv) {
   double memcpy_rate = reporter.BytesPerSecond("BM_Memcpy");
   PrintRatio("add vs memcpy (bytes moved/s):", reporter.BytesPerSecond("BM_EngineAdd"), memcpy_rate,
              "(goal >= 0.7)");
-  const std::string isa(orochi::engine::CpuVectorIsaName(orochi::engine::CpuVectorIsaSupported()));
   for (const char* name : {"Softmax", "LayerNorm"}) {
-    for (const char* kernels : {"1", "0"}) {
-      const std::string which = *kernels == '1' ? isa : "scalar";
-      double rate = reporter.BytesPerSecond("BM_Engine" + std::string(name) + "/" + kernels);
-      if (rate > 0) std::printf("  %-36s %.2f GB/s\n", (name + (" " + which)).c_str(), rate / 1e9);
-      std::string label = std::string(name) + " " + which + " vs memcpy (bytes/s):";
-      PrintRatio(label.c_str(), rate, memcpy_rate, *kernels == '1' ? "(goal >= 0.5)" : "");
+    for (auto isa : {orochi::engine::CpuVectorIsa::kAvx512, orochi::engine::CpuVectorIsa::kAvx2,
+                     orochi::engine::CpuVectorIsa::kScalar}) {
+      const std::string which(orochi::engine::CpuVectorIsaName(isa));
+      const double rate = reporter.BytesPerSecond("BM_Engine" + std::string(name) + "/" +
+                                                  std::to_string(static_cast<int>(isa)));
+      if (rate > 0) std::printf("  %-40s %.2f GB/s\n", (name + (" " + which)).c_str(), rate / 1e9);
+      const std::string label = std::string(name) + " " + which + " vs memcpy (bytes/s):";
+      PrintRatio(label.c_str(), rate, memcpy_rate,
+                 isa == orochi::engine::CpuVectorIsaSupported() ? "(goal >= 0.5)" : "");
     }
   }
   benchmark::Shutdown();
