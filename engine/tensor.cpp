@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <utility>
 
 #include "device_backend.h"
 #include "orochi/engine/device.h"
@@ -169,13 +170,13 @@ Tensor Tensor::View(const Shape& shape) const {
   OROCHI_CHECK_ARG(strides.has_value(), "view " << ShapeString(resolved)
                                                 << " is not compatible with the strides of a "
                                                 << ShapeString(shape_) << " tensor; use Reshape");
-  return {storage_, resolved, *strides, storage_offset_, dtype_};
+  return {storage_, std::move(resolved), std::move(*strides), storage_offset_, dtype_};
 }
 
 Tensor Tensor::Reshape(const Shape& shape) const {
   Shape resolved = InferShape(shape, numel());
   if (std::optional<Shape> strides = ViewStrides(shape_, strides_, resolved)) {
-    return {storage_, resolved, *strides, storage_offset_, dtype_};
+    return {storage_, std::move(resolved), std::move(*strides), storage_offset_, dtype_};
   }
   return Contiguous().View(resolved);
 }
@@ -195,7 +196,7 @@ Tensor Tensor::Permute(const std::vector<int64_t>& order) const {
     shape[i] = shape_[source];
     strides[i] = strides_[source];
   }
-  return {storage_, shape, strides, storage_offset_, dtype_};
+  return {storage_, std::move(shape), std::move(strides), storage_offset_, dtype_};
 }
 
 Tensor Tensor::Transpose(int64_t dim0, int64_t dim1) const {
@@ -224,17 +225,23 @@ Tensor Tensor::Squeeze(std::optional<int64_t> squeezed) const {
       strides.push_back(strides_[d]);
     }
   }
-  return {storage_, shape, strides, storage_offset_, dtype_};
+  return {storage_, std::move(shape), std::move(strides), storage_offset_, dtype_};
 }
 
 Tensor Tensor::Unsqueeze(int64_t at) const {
   int64_t position = WrapDim(at, dim() + 1);
-  Shape shape = shape_;
-  Shape strides = strides_;
   int64_t stride = position < dim() ? strides_[position] * shape_[position] : 1;
-  shape.insert(shape.begin() + position, 1);
-  strides.insert(strides.begin() + position, stride);
-  return {storage_, shape, strides, storage_offset_, dtype_};
+  Shape shape;  // built at its final size: one allocation each
+  Shape strides;
+  shape.reserve(shape_.size() + 1);
+  strides.reserve(shape_.size() + 1);
+  shape.insert(shape.end(), shape_.begin(), shape_.begin() + position);
+  strides.insert(strides.end(), strides_.begin(), strides_.begin() + position);
+  shape.push_back(1);
+  strides.push_back(stride);
+  shape.insert(shape.end(), shape_.begin() + position, shape_.end());
+  strides.insert(strides.end(), strides_.begin() + position, strides_.end());
+  return {storage_, std::move(shape), std::move(strides), storage_offset_, dtype_};
 }
 
 Tensor Tensor::Expand(const Shape& target) const {
@@ -258,7 +265,7 @@ Tensor Tensor::Expand(const Shape& target) const {
     shape[i] = wanted;
     strides[i] = own == wanted ? strides_[i - leading] : 0;
   }
-  return {storage_, shape, strides, storage_offset_, dtype_};
+  return {storage_, std::move(shape), std::move(strides), storage_offset_, dtype_};
 }
 
 Tensor Tensor::Flatten(int64_t start_dim, int64_t end_dim) const {
@@ -304,7 +311,8 @@ Tensor Tensor::Slice(int64_t along, int64_t start, int64_t end, int64_t step) co
   Shape strides = strides_;
   shape[d] = last > first ? (last - first - 1) / step + 1 : 0;  // no overflow for huge steps
   strides[d] = strides_[d] * step;
-  return {storage_, shape, strides, storage_offset_ + first * strides_[d], dtype_};
+  return {storage_, std::move(shape), std::move(strides), storage_offset_ + first * strides_[d],
+          dtype_};
 }
 
 Tensor Tensor::Select(int64_t along, int64_t index) const {
@@ -317,7 +325,8 @@ Tensor Tensor::Select(int64_t along, int64_t index) const {
   Shape strides = strides_;
   shape.erase(shape.begin() + d);
   strides.erase(strides.begin() + d);
-  return {storage_, shape, strides, storage_offset_ + wrapped * strides_[d], dtype_};
+  return {storage_, std::move(shape), std::move(strides), storage_offset_ + wrapped * strides_[d],
+          dtype_};
 }
 
 Tensor Tensor::Contiguous() const { return is_contiguous() ? *this : Clone(); }

@@ -4,6 +4,7 @@
 // check runs everywhere, the comparisons only where a CUDA GPU is usable.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <set>
@@ -480,6 +481,17 @@ std::vector<CpuVectorIsa> VectorIsas() {
     if (isa <= CpuVectorIsaSupported()) isas.push_back(isa);
   }
   return isas;
+}
+
+// OROCHI_CPU_ISA caps the instruction set chosen at start-up (ctest runs this file once more
+// with OROCHI_CPU_ISA=scalar); without it the engine uses the widest the CPU has.
+TEST(CpuMath, TheEnvironmentChoosesTheInstructionSet) {
+  const char* wanted = std::getenv("OROCHI_CPU_ISA");
+  if (wanted == nullptr || *wanted == '\0') {
+    EXPECT_EQ(CpuVectorIsaInUse(), CpuVectorIsaSupported());
+  } else {
+    EXPECT_EQ(CpuVectorIsaName(CpuVectorIsaInUse()), wanted);
+  }
 }
 
 // Every case, in every dtype of the CPU kernel, gives the same results (within the dtype's
