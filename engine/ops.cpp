@@ -149,13 +149,30 @@ Tensor Binary(Op op, const Tensor& a, const Tensor& b) {
                      "instead.");
   }
   const Device device = CommonDevice(OpName(op), {&a, &b}, CpuScalars::kFollow);
-  Shape shape = BroadcastShapes(a.shape(), b.shape());
+  // Same shapes, device and dtype (the common case, and all of a tiny op's cost): the operands
+  // as they are, with no temporary tensors.
+  Shape broadcast;
+  const Shape& shape =
+      a.shape() == b.shape() ? a.shape() : (broadcast = BroadcastShapes(a.shape(), b.shape()));
   DType compute = ResultType(a, b);
   if (op == Op::div && !IsFloating(compute)) compute = DType::kFloat32;  // true division
   auto kernel = Kernels().FindAs<BinaryKernel>(op, device, compute);
   Tensor output = Tensor::Empty(shape, IsComparison(op) ? DType::kBool : compute, device);
-  kernel(op, OnDevice(a, device).To(compute).Expand(shape),
-         OnDevice(b, device).To(compute).Expand(shape), output);
+  auto prepared = [&](const Tensor& operand, Tensor& converted) -> const Tensor& {
+    if (operand.device() == device && operand.dtype() == compute && operand.shape() == shape) {
+      return operand;
+    }
+    if (operand.device() == device && operand.dtype() == compute) {
+      converted = operand.Expand(shape);
+      return converted;
+    }
+    converted = OnDevice(operand, device).To(compute);
+    if (converted.shape() != shape) converted = converted.Expand(shape);
+    return converted;
+  };
+  Tensor converted_a;
+  Tensor converted_b;
+  kernel(op, prepared(a, converted_a), prepared(b, converted_b), output);
   return output;
 }
 
@@ -294,6 +311,22 @@ Tensor Matmul(const Tensor& a, const Tensor& b) {
   OROCHI_CHECK_ARG(a.dtype() == b.dtype(), "matmul: dtypes differ, " << DTypeName(a.dtype())
                                                                      << " and "
                                                                      << DTypeName(b.dtype()));
+  auto kernel = Kernels().Find<Op::matmul>(a.device(), a.dtype());
+  if (a.dim() == 2 && b.dim() == 2 && a.is_contiguous()) {
+    // Two matrices (linear's [rows, in] x weight.T): one GEMM, without the batch bookkeeping
+    // below, whose temporaries cost more than a small product itself.
+    const int64_t m = a.shape()[0];
+    const int64_t k = a.shape()[1];
+    const int64_t n = b.shape()[1];
+    OROCHI_CHECK_ARG(b.shape()[0] == k, "matmul: shapes " << ShapeString(a.shape()) << " and "
+                                                          << ShapeString(b.shape())
+                                                          << " cannot be multiplied");
+    Tensor output = Tensor::Empty({m, n}, a.dtype(), a.device());
+    Tensor output_batch(output.storage(), {1, m, n}, {m * n, n, 1}, 0, a.dtype());
+    kernel(Tensor(a.storage(), {1, m, k}, {m * k, k, 1}, a.storage_offset(), a.dtype()),
+           GemmOperand(b.Unsqueeze(0), 1), output_batch);
+    return output;
+  }
   // 1-D operands become matrices, and the added dimension is removed from the result.
   Tensor left = a.dim() == 1 ? a.Unsqueeze(0) : a;
   Tensor right = b.dim() == 1 ? b.Unsqueeze(1) : b;
@@ -313,7 +346,6 @@ Tensor Matmul(const Tensor& a, const Tensor& b) {
     shape.push_back(columns);
     return shape;
   };
-  auto kernel = Kernels().Find<Op::matmul>(a.device(), a.dtype());
   Tensor output;
   if (right.dim() == 2 && left.is_contiguous()) {
     // One matrix on the right: the batch of the left is one tall matrix, one GEMM.

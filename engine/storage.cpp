@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "device_backend.h"
@@ -24,6 +26,7 @@ namespace {
 constexpr size_t kAlignment = 64;
 constexpr size_t kLargeBlock = size_t{1} << 20;  // blocks from here up are cached
 constexpr size_t kLargeGranule = size_t{2} << 20;
+constexpr size_t kInlineBlock = 4096;  // blocks up to here share the Storage's allocation
 
 // Freed large blocks, kept for reuse by size. A fresh large block comes from mmap, and every
 // page of it faults on first touch; inference allocates the same sizes again and again, so
@@ -163,7 +166,13 @@ Storage::~Storage() {
 void Storage::Retain() { references_.fetch_add(1, std::memory_order_relaxed); }
 
 void Storage::Release() {
-  if (references_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  if (references_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (kind_ == Kind::kInline) {
+    this->~Storage();
+    std::free(this);  // the block Allocate made, bytes included
+    return;
+  }
+  delete this;
 }
 
 StoragePtr Storage::Allocate(size_t bytes, Device device) {
@@ -178,6 +187,16 @@ StoragePtr Storage::Allocate(size_t bytes, Device device) {
     return StoragePtr(storage);
   }
   size_t rounded = RoundedSize(bytes);
+  if (rounded <= kInlineBlock) {
+    // The Storage and its bytes in one plain malloc, aligned by hand: aligned_alloc's splitting
+    // and the second allocation were most of a tiny op's cost.
+    void* block = std::malloc(sizeof(Storage) + kAlignment - 1 + rounded);
+    OROCHI_CHECK(block != nullptr, StatusCode::kResourceExhausted,
+                 "cannot allocate " << bytes << " bytes");
+    std::byte* data = static_cast<std::byte*>(block) + sizeof(Storage);
+    data += (kAlignment - reinterpret_cast<uintptr_t>(data) % kAlignment) % kAlignment;
+    return StoragePtr(new (block) Storage(Kind::kInline, data, bytes, /*read_only=*/false));
+  }
   std::byte* data = rounded >= kLargeBlock ? LargeBlockCache::Instance().Take(rounded) : nullptr;
   if (data == nullptr) data = static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded));
   OROCHI_CHECK(data != nullptr, StatusCode::kResourceExhausted,

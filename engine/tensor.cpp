@@ -1,8 +1,8 @@
 #include "orochi/engine/tensor.h"
 
 #include <algorithm>
-#include <numeric>
 #include <sstream>
+#include <utility>
 
 #include "device_backend.h"
 #include "orochi/engine/device.h"
@@ -170,13 +170,13 @@ Tensor Tensor::View(const Shape& shape) const {
   OROCHI_CHECK_ARG(strides.has_value(), "view " << ShapeString(resolved)
                                                 << " is not compatible with the strides of a "
                                                 << ShapeString(shape_) << " tensor; use Reshape");
-  return {storage_, resolved, *strides, storage_offset_, dtype_};
+  return {storage_, std::move(resolved), std::move(*strides), storage_offset_, dtype_};
 }
 
 Tensor Tensor::Reshape(const Shape& shape) const {
   Shape resolved = InferShape(shape, numel());
   if (std::optional<Shape> strides = ViewStrides(shape_, strides_, resolved)) {
-    return {storage_, resolved, *strides, storage_offset_, dtype_};
+    return {storage_, std::move(resolved), std::move(*strides), storage_offset_, dtype_};
   }
   return Contiguous().View(resolved);
 }
@@ -186,15 +186,17 @@ Tensor Tensor::Permute(const std::vector<int64_t>& order) const {
                    "permute needs " << dim() << " dimensions, got " << order.size());
   Shape shape(order.size());
   Shape strides(order.size());
-  std::vector<bool> seen(order.size(), false);
+  static_assert(kMaxDims <= 64, "one bit per dimension");
+  uint64_t seen = 0;  // a bit per source dimension: no allocation for a small op's views
   for (size_t i = 0; i < order.size(); ++i) {
     int64_t source = WrapDim(order[i], dim());
-    OROCHI_CHECK_ARG(!seen[source], "permute repeats dimension " << order[i]);
-    seen[source] = true;
+    const uint64_t bit = uint64_t{1} << static_cast<unsigned>(source);
+    OROCHI_CHECK_ARG((seen & bit) == 0, "permute repeats dimension " << order[i]);
+    seen |= bit;
     shape[i] = shape_[source];
     strides[i] = strides_[source];
   }
-  return {storage_, shape, strides, storage_offset_, dtype_};
+  return {storage_, std::move(shape), std::move(strides), storage_offset_, dtype_};
 }
 
 Tensor Tensor::Transpose(int64_t dim0, int64_t dim1) const {
@@ -203,10 +205,13 @@ Tensor Tensor::Transpose(int64_t dim0, int64_t dim1) const {
     WrapScalarDim(dim1, 0);
     return *this;
   }
-  std::vector<int64_t> order(static_cast<size_t>(dim()));
-  std::iota(order.begin(), order.end(), 0);
-  std::swap(order[WrapDim(dim0, dim())], order[WrapDim(dim1, dim())]);
-  return Permute(order);
+  const int64_t first = WrapDim(dim0, dim());
+  const int64_t second = WrapDim(dim1, dim());
+  Shape shape = shape_;
+  Shape strides = strides_;
+  std::swap(shape[first], shape[second]);
+  std::swap(strides[first], strides[second]);
+  return {storage_, std::move(shape), std::move(strides), storage_offset_, dtype_};
 }
 
 Tensor Tensor::Squeeze(std::optional<int64_t> squeezed) const {
@@ -220,17 +225,23 @@ Tensor Tensor::Squeeze(std::optional<int64_t> squeezed) const {
       strides.push_back(strides_[d]);
     }
   }
-  return {storage_, shape, strides, storage_offset_, dtype_};
+  return {storage_, std::move(shape), std::move(strides), storage_offset_, dtype_};
 }
 
 Tensor Tensor::Unsqueeze(int64_t at) const {
   int64_t position = WrapDim(at, dim() + 1);
-  Shape shape = shape_;
-  Shape strides = strides_;
   int64_t stride = position < dim() ? strides_[position] * shape_[position] : 1;
-  shape.insert(shape.begin() + position, 1);
-  strides.insert(strides.begin() + position, stride);
-  return {storage_, shape, strides, storage_offset_, dtype_};
+  Shape shape;  // built at its final size: one allocation each
+  Shape strides;
+  shape.reserve(shape_.size() + 1);
+  strides.reserve(shape_.size() + 1);
+  shape.insert(shape.end(), shape_.begin(), shape_.begin() + position);
+  strides.insert(strides.end(), strides_.begin(), strides_.begin() + position);
+  shape.push_back(1);
+  strides.push_back(stride);
+  shape.insert(shape.end(), shape_.begin() + position, shape_.end());
+  strides.insert(strides.end(), strides_.begin() + position, strides_.end());
+  return {storage_, std::move(shape), std::move(strides), storage_offset_, dtype_};
 }
 
 Tensor Tensor::Expand(const Shape& target) const {
@@ -254,7 +265,7 @@ Tensor Tensor::Expand(const Shape& target) const {
     shape[i] = wanted;
     strides[i] = own == wanted ? strides_[i - leading] : 0;
   }
-  return {storage_, shape, strides, storage_offset_, dtype_};
+  return {storage_, std::move(shape), std::move(strides), storage_offset_, dtype_};
 }
 
 Tensor Tensor::Flatten(int64_t start_dim, int64_t end_dim) const {
@@ -300,7 +311,8 @@ Tensor Tensor::Slice(int64_t along, int64_t start, int64_t end, int64_t step) co
   Shape strides = strides_;
   shape[d] = last > first ? (last - first - 1) / step + 1 : 0;  // no overflow for huge steps
   strides[d] = strides_[d] * step;
-  return {storage_, shape, strides, storage_offset_ + first * strides_[d], dtype_};
+  return {storage_, std::move(shape), std::move(strides), storage_offset_ + first * strides_[d],
+          dtype_};
 }
 
 Tensor Tensor::Select(int64_t along, int64_t index) const {
@@ -313,7 +325,8 @@ Tensor Tensor::Select(int64_t along, int64_t index) const {
   Shape strides = strides_;
   shape.erase(shape.begin() + d);
   strides.erase(strides.begin() + d);
-  return {storage_, shape, strides, storage_offset_ + wrapped * strides_[d], dtype_};
+  return {storage_, std::move(shape), std::move(strides), storage_offset_ + wrapped * strides_[d],
+          dtype_};
 }
 
 Tensor Tensor::Contiguous() const { return is_contiguous() ? *this : Clone(); }

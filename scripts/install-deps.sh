@@ -28,6 +28,8 @@ packages=(
   python3-protobuf
   # the tensor engine: BLAS for GEMM-shaped work
   libopenblas-dev nlohmann-json3-dev
+  # its vectorised math (exp, log, tanh, erf, ...) for AVX2 and AVX-512
+  libsleef-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps
   # the rolling-restart test's load balancer (tests/server/test_rolling_restart.py)

@@ -3,7 +3,8 @@
 //   matmul        vs a direct cblas_sgemm on the same buffers (goal >= 0.95)
 //   conv2d        vs the im2col + sgemm lower bound on buffers allocated once
 //   add           vs memcpy, in bytes moved per second (goal >= 0.7)
-//   softmax, layer_norm in GB/s of input read plus output written, and vs memcpy
+//   softmax, layer_norm in GB/s of input read plus output written, and vs memcpy (goal >= 0.5),
+//                 with the vectorised kernels and with the scalar ones (OROCHI_CPU_ISA=scalar)
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <dlfcn.h>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "orochi/engine/cpu_math.h"
 #include "orochi/engine/ops.h"
 
 namespace {
@@ -86,13 +88,37 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kElements * 4 * 2);  // read, write
 }
 
+// Runs a benchmark with the CPU kernels of one instruction set (the benchmark's argument is a
+// CpuVectorIsa: 0 scalar, 1 AVX2, 2 AVX-512), and restores the one in use afterwards.
+class IsaForBenchmark {
+ public:
+  explicit IsaForBenchmark(benchmark::State& state)
+      : previous_(orochi::engine::CpuVectorIsaInUse()),
+        isa_(static_cast<orochi::engine::CpuVectorIsa>(state.range(0))) {
+    if (isa_ > orochi::engine::CpuVectorIsaSupported()) {
+      state.SkipWithError("this CPU does not have the instruction set");
+      return;
+    }
+    orochi::engine::SetCpuVectorIsa(isa_);
+  }
+  ~IsaForBenchmark() { orochi::engine::SetCpuVectorIsa(previous_); }
+  IsaForBenchmark(const IsaForBenchmark&) = delete;
+  IsaForBenchmark& operator=(const IsaForBenchmark&) = delete;
+
+ private:
+  orochi::engine::CpuVectorIsa previous_;
+  orochi::engine::CpuVectorIsa isa_;
+};
+
 void BM_EngineSoftmax(benchmark::State& state) {
+  IsaForBenchmark isa(state);
   Tensor x = Filled({kElements / 1024, 1024});
   for (auto _ : state) benchmark::DoNotOptimize(orochi::engine::Softmax(x, -1));
   state.SetBytesProcessed(state.iterations() * kElements * 4 * 2);
 }
 
 void BM_EngineLayerNorm(benchmark::State& state) {
+  IsaForBenchmark isa(state);
   Tensor x = Filled({kElements / 1024, 1024});
   Tensor weight = Filled({1024});
   Tensor bias = Filled({1024});
@@ -153,8 +179,8 @@ BENCHMARK(BM_EngineMatmul)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(bench
 BENCHMARK(BM_DirectSgemm)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EngineAdd)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_EngineSoftmax)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_EngineLayerNorm)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EngineSoftmax)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EngineLayerNorm)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 // Keeps every run's time per iteration and bytes per second, by benchmark name.
 class CapturingReporter : public benchmark::ConsoleReporter {
@@ -183,7 +209,7 @@ class CapturingReporter : public benchmark::ConsoleReporter {
 };
 
 void PrintRatio(const char* label, double value, double baseline, const char* goal) {
-  if (value > 0 && baseline > 0) std::printf("  %-36s %.3f  %s\n", label, value / baseline, goal);
+  if (value > 0 && baseline > 0) std::printf("  %-40s %.3f  %s\n", label, value / baseline, goal);
 }
 
 }  // namespace
@@ -213,11 +239,17 @@ int main(int argc, char** argv) {
   double memcpy_rate = reporter.BytesPerSecond("BM_Memcpy");
   PrintRatio("add vs memcpy (bytes moved/s):", reporter.BytesPerSecond("BM_EngineAdd"), memcpy_rate,
              "(goal >= 0.7)");
-  for (const char* name : {"BM_EngineSoftmax", "BM_EngineLayerNorm"}) {
-    double rate = reporter.BytesPerSecond(name);
-    if (rate > 0) std::printf("  %-36s %.2f GB/s\n", name + 9, rate / 1e9);
-    std::string label = std::string(name + 9) + " vs memcpy (bytes/s):";
-    PrintRatio(label.c_str(), rate, memcpy_rate, "");
+  for (const char* name : {"Softmax", "LayerNorm"}) {
+    for (auto isa : {orochi::engine::CpuVectorIsa::kAvx512, orochi::engine::CpuVectorIsa::kAvx2,
+                     orochi::engine::CpuVectorIsa::kScalar}) {
+      const std::string which(orochi::engine::CpuVectorIsaName(isa));
+      const double rate = reporter.BytesPerSecond("BM_Engine" + std::string(name) + "/" +
+                                                  std::to_string(static_cast<int>(isa)));
+      if (rate > 0) std::printf("  %-40s %.2f GB/s\n", (name + (" " + which)).c_str(), rate / 1e9);
+      const std::string label = std::string(name) + " " + which + " vs memcpy (bytes/s):";
+      PrintRatio(label.c_str(), rate, memcpy_rate,
+                 isa == orochi::engine::CpuVectorIsaSupported() ? "(goal >= 0.5)" : "");
+    }
   }
   benchmark::Shutdown();
   return 0;

@@ -1,4 +1,5 @@
 // CPU kernels for copies, fills and elementwise ops. Half types compute in float.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -6,6 +7,7 @@
 #include "orochi/engine/dispatch.h"
 #include "scalar_rules.h"
 #include "strided.h"
+#include "vector_math.h"
 
 namespace orochi::engine::cpu {
 namespace {
@@ -145,8 +147,81 @@ void MapRows(Tensor& output, const std::array<const Tensor*, N>& inputs, Fn fn) 
   });
 }
 
+// The ops with a vectorised float32 kernel (vector_math.h).
+bool VectorFormOf(Op op, VectorUnary* form) {
+  switch (op) {
+    case Op::exp:
+      *form = VectorUnary::kExp;
+      return true;
+    case Op::log:
+      *form = VectorUnary::kLog;
+      return true;
+    case Op::tanh:
+      *form = VectorUnary::kTanh;
+      return true;
+    case Op::sigmoid:
+      *form = VectorUnary::kSigmoid;
+      return true;
+    case Op::silu:
+      *form = VectorUnary::kSilu;
+      return true;
+    case Op::gelu:
+      *form = VectorUnary::kGelu;
+      return true;
+    case Op::gelu_tanh:
+      *form = VectorUnary::kGeluTanh;
+      return true;
+    case Op::erf:
+      *form = VectorUnary::kErf;
+      return true;
+    case Op::sin:
+      *form = VectorUnary::kSin;
+      return true;
+    case Op::cos:
+      *form = VectorUnary::kCos;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A row of `count` values through the vectorised kernel: float32 rows of unit stride directly,
+// the others (16-bit floats, strided views) in float32 chunks on the stack.
+template <typename T>
+void VectorUnaryRow(const VectorKernels& kernels, VectorUnary form, std::byte* out,
+                    int64_t out_stride, const std::byte* in, int64_t in_stride, int64_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (out_stride == sizeof(float) && in_stride == sizeof(float)) {
+      kernels.unary(form, reinterpret_cast<const float*>(in), reinterpret_cast<float*>(out), count);
+      return;
+    }
+  }
+  constexpr int64_t kChunk = 256;
+  float buffer[kChunk];
+  for (int64_t start = 0; start < count; start += kChunk) {
+    const int64_t length = std::min(kChunk, count - start);
+    for (int64_t i = 0; i < length; ++i) {
+      buffer[i] = Convert<float>(At<T>(const_cast<std::byte*>(in), in_stride, start + i));
+    }
+    kernels.unary(form, buffer, buffer, length);
+    for (int64_t i = 0; i < length; ++i) At<T>(out, out_stride, start + i) = Convert<T>(buffer[i]);
+  }
+}
+
 void UnaryOp(Op op, const Tensor& input, Tensor& output) {
   VisitDType(input.dtype(), [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, Half> ||
+                  std::is_same_v<T, BFloat16>) {
+      VectorUnary form{};
+      const VectorKernels* kernels = ActiveVectorKernels();
+      if (kernels != nullptr && VectorFormOf(op, &form)) {
+        ForEachRow<2>(
+            output.shape(), {&output, &input}, [&](auto rows, int64_t count, auto strides) {
+              VectorUnaryRow<T>(*kernels, form, rows[0], strides[0], rows[1], strides[1], count);
+            });
+        return;
+      }
+    }
     if constexpr (!std::is_same_v<T, bool>) {
       MapRows<T, T, 1>(output, {&input}, [op](T value) {
         return Convert<T>(ApplyUnary(op, Convert<Compute<T>>(value)));

@@ -1,8 +1,10 @@
 // CPU reductions and softmax over the inner dimension of a contiguous [outer, inner] input.
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "orochi/engine/dispatch.h"
+#include "vector_math.h"
 
 namespace orochi::engine::cpu {
 namespace {
@@ -72,10 +74,51 @@ void ReduceOp(Op op, const Tensor& input, Tensor& output) {
   });
 }
 
+template <typename T>
+constexpr bool kHasVectorKernels =
+    std::is_same_v<T, float> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+// Runs `row(x, y)` on float32 rows of `inner` values: the tensors' own for float32, else copies
+// of each row in a buffer (16-bit floats), converted back afterwards.
+template <typename T, typename Row>
+void ForEachFloatRow(const T* in, T* out, int64_t outer, int64_t inner, Row row) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t r = 0; r < outer; ++r) row(in + r * inner, out + r * inner);
+  } else {
+    std::vector<float> buffer(static_cast<size_t>(inner));
+    for (int64_t r = 0; r < outer; ++r) {
+      for (int64_t i = 0; i < inner; ++i) buffer[i] = Convert<float>(in[r * inner + i]);
+      row(buffer.data(), buffer.data());
+      for (int64_t i = 0; i < inner; ++i) out[r * inner + i] = Convert<T>(buffer[i]);
+    }
+  }
+}
+
+// `values` (null, or [inner] of T) as float32: the same pointer for float32, else `converted`.
+template <typename T>
+const float* AsFloat(const T* values, int64_t inner, std::vector<float>& converted) {
+  if constexpr (std::is_same_v<T, float>) {
+    return values;
+  } else {
+    if (values == nullptr) return nullptr;
+    converted.resize(static_cast<size_t>(inner));
+    for (int64_t i = 0; i < inner; ++i) converted[i] = Convert<float>(values[i]);
+    return converted.data();
+  }
+}
+
 void SoftmaxOp(Op op, const Tensor& input, Tensor& output) {
   const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
   const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
   VisitDType(input.dtype(), [&]<typename T>() {
+    if constexpr (kHasVectorKernels<T>) {
+      if (const VectorKernels* kernels = ActiveVectorKernels(); kernels != nullptr) {
+        auto* row_kernel = op == Op::softmax ? kernels->softmax : kernels->log_softmax;
+        ForEachFloatRow(input.data_as<T>(), output.mutable_data_as<T>(), outer, inner,
+                        [&](const float* x, float* y) { row_kernel(x, y, inner); });
+        return;
+      }
+    }
     using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
     const T* in = input.data_as<T>();
     T* out = output.mutable_data_as<T>();
@@ -110,6 +153,19 @@ void NormOp(Op op, const Tensor& input, const Tensor* weight, const Tensor* bias
     const T* gamma = weight != nullptr ? weight->data_as<T>() : nullptr;
     const T* beta = bias != nullptr ? bias->data_as<T>() : nullptr;
     T* out = output.mutable_data_as<T>();
+    if constexpr (kHasVectorKernels<T>) {
+      if (const VectorKernels* kernels = ActiveVectorKernels(); kernels != nullptr) {
+        std::vector<float> gamma_buffer;
+        std::vector<float> beta_buffer;
+        const float* scale = AsFloat(gamma, inner, gamma_buffer);
+        const float* shift = AsFloat(beta, inner, beta_buffer);
+        ForEachFloatRow(in, out, outer, inner, [&](const float* x, float* y) {
+          kernels->normalize(x, scale, shift, static_cast<float>(eps), op == Op::layer_norm, y,
+                             inner);
+        });
+        return;
+      }
+    }
     for (int64_t row = 0; row < outer; ++row) {
       const T* x = in + row * inner;
       T* y = out + row * inner;

@@ -1,4 +1,5 @@
 #include "orochi/engine/dispatch.h"
+#include "vector_math.h"
 
 namespace orochi::engine {
 namespace cpu {
@@ -11,6 +12,9 @@ void RegisterSortKernels(KernelRegistry& registry);
 }  // namespace cpu
 
 void RegisterCpuKernels(KernelRegistry& registry) {
+  // Chooses the vectorised kernels' instruction set now: an OROCHI_CPU_ISA this CPU cannot honour
+  // then fails the registry, so every op reports it instead of running other kernels.
+  cpu::ActiveVectorKernels();
   cpu::RegisterElementwiseKernels(registry);
   cpu::RegisterReductionKernels(registry);
   cpu::RegisterMatmulKernels(registry);

@@ -4,6 +4,7 @@
 // check runs everywhere, the comparisons only where a CUDA GPU is usable.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <set>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "engine_test_support.h"
+#include "orochi/engine/cpu_math.h"
 #include "orochi/engine/device.h"
 #include "orochi/engine/dispatch.h"
 
@@ -388,16 +390,12 @@ Tensors OnDevice(const Tensors& tensors, Device device) {
   return moved;
 }
 
-// Compares `actual` (from the device) with `expected` (from the CPU); returns the failures.
-int Compare(const Tensor& actual_on_device, const Tensor& expected, double tolerance,
-            const std::string& what) {
-  if (actual_on_device.device() != kCuda0) {
-    ADD_FAILURE() << what << ": the result is on " << DeviceName(actual_on_device.device())
-                  << ", not cuda:0";
-    return 1;
-  }
-  const Tensor actual = actual_on_device.To(kCpu);
-  if (actual.shape() != expected.shape() || actual.dtype() != expected.dtype()) {
+// Compares the values of two CPU tensors of one shape; `dtypes` says whether their dtypes must
+// match too. Returns the failures.
+int CompareValues(const Tensor& actual, const Tensor& expected, double tolerance,
+                  const std::string& what, const std::string& actual_name,
+                  const std::string& expected_name, bool dtypes = true) {
+  if (actual.shape() != expected.shape() || (dtypes && actual.dtype() != expected.dtype())) {
     ADD_FAILURE() << what << ": got " << ShapeString(actual.shape()) << " "
                   << DTypeName(actual.dtype()) << ", expected " << ShapeString(expected.shape())
                   << " " << DTypeName(expected.dtype());
@@ -410,11 +408,22 @@ int Compare(const Tensor& actual_on_device, const Tensor& expected, double toler
     const bool same = (std::isnan(got) && std::isnan(want)) || got == want ||
                       std::abs(got - want) <= tolerance * (1 + std::abs(want));
     if (!same && failures++ < 5) {
-      ADD_FAILURE() << what << ": element " << i << " is " << got << " on cuda:0 and " << want
-                    << " on the cpu";
+      ADD_FAILURE() << what << ": element " << i << " is " << got << " on " << actual_name
+                    << " and " << want << " on " << expected_name;
     }
   }
   return failures;
+}
+
+// Compares `actual` (from the device) with `expected` (from the CPU); returns the failures.
+int Compare(const Tensor& actual_on_device, const Tensor& expected, double tolerance,
+            const std::string& what) {
+  if (actual_on_device.device() != kCuda0) {
+    ADD_FAILURE() << what << ": the result is on " << DeviceName(actual_on_device.device())
+                  << ", not cuda:0";
+    return 1;
+  }
+  return CompareValues(actual_on_device.To(kCpu), expected, tolerance, what, "cuda:0", "the cpu");
 }
 
 TEST(DeviceOps, TheCaseTableCoversEveryOp) {
@@ -451,6 +460,102 @@ TEST(DeviceOps, TheCaseTableRunsOnTheCpu) {
       }
     }
   }
+}
+
+// Switches the CPU's vectorised kernels to `isa` for one scope (cpu_math.h).
+class CpuIsaScope {
+ public:
+  explicit CpuIsaScope(CpuVectorIsa isa) : previous_(CpuVectorIsaInUse()) { SetCpuVectorIsa(isa); }
+  ~CpuIsaScope() { SetCpuVectorIsa(previous_); }
+  CpuIsaScope(const CpuIsaScope&) = delete;
+  CpuIsaScope& operator=(const CpuIsaScope&) = delete;
+
+ private:
+  CpuVectorIsa previous_;
+};
+
+// The instruction sets of the vectorised CPU kernels that this CPU runs (none: scalar only).
+std::vector<CpuVectorIsa> VectorIsas() {
+  std::vector<CpuVectorIsa> isas;
+  for (CpuVectorIsa isa : {CpuVectorIsa::kAvx2, CpuVectorIsa::kAvx512}) {
+    if (isa <= CpuVectorIsaSupported()) isas.push_back(isa);
+  }
+  return isas;
+}
+
+// OROCHI_CPU_ISA caps the instruction set chosen at start-up (ctest runs this file once more
+// with OROCHI_CPU_ISA=scalar); without it the engine uses the widest the CPU has.
+TEST(CpuMath, TheEnvironmentChoosesTheInstructionSet) {
+  const char* wanted = std::getenv("OROCHI_CPU_ISA");
+  if (wanted == nullptr || *wanted == '\0') {
+    EXPECT_EQ(CpuVectorIsaInUse(), CpuVectorIsaSupported());
+  } else {
+    EXPECT_EQ(CpuVectorIsaName(CpuVectorIsaInUse()), wanted);
+  }
+}
+
+// Every case, in every dtype of the CPU kernel, gives the same results (within the dtype's
+// tolerance) with the scalar kernels and with each vectorised instruction set.
+TEST(DeviceOps, TheCpuVectorKernelsMatchTheScalarOnes) {
+  if (VectorIsas().empty()) GTEST_SKIP() << "this CPU has no AVX2: only the scalar kernels run";
+  for (const OpCase& op_case : Cases()) {
+    for (DType dtype : RegisteredDTypes(op_case.ops.front(), kCpu)) {
+      const Tensors inputs = op_case.inputs(dtype);
+      Tensors scalar;
+      {
+        CpuIsaScope scope(CpuVectorIsa::kScalar);
+        scalar = op_case.run(inputs, kCpu, dtype);
+      }
+      for (CpuVectorIsa isa : VectorIsas()) {
+        const std::string what = op_case.name + " (" + std::string(DTypeName(dtype)) + ", " +
+                                 std::string(CpuVectorIsaName(isa)) + ")";
+        CpuIsaScope scope(isa);
+        const Tensors vector = op_case.run(inputs, kCpu, dtype);
+        ASSERT_EQ(vector.size(), scalar.size()) << what;
+        for (size_t i = 0; i < vector.size(); ++i) {
+          CompareValues(
+              vector[i], scalar[i], DeviceTolerance(scalar[i].dtype()) * op_case.tolerance_scale,
+              what + " output " + std::to_string(i), CpuVectorIsaName(isa).data(), "scalar");
+        }
+      }
+    }
+  }
+}
+
+// The ops with vectorised kernels, in float32 and the 16-bit floats, against the same inputs
+// computed in float64 (whose kernels are scalar): an error the scalar and vector kernels shared
+// would show here.
+TEST(DeviceOps, TheCpuVectorKernelsMatchAFloat64Reference) {
+  const std::set<Op> vectorised{Op::exp,     Op::log,         Op::tanh,       Op::sigmoid, Op::silu,
+                                Op::gelu,    Op::gelu_tanh,   Op::erf,        Op::sin,     Op::cos,
+                                Op::softmax, Op::log_softmax, Op::layer_norm, Op::rms_norm};
+  std::vector<CpuVectorIsa> isas = VectorIsas();
+  isas.push_back(CpuVectorIsa::kScalar);
+  int checked = 0;
+  for (const OpCase& op_case : Cases()) {
+    if (vectorised.count(op_case.ops.front()) == 0) continue;
+    ++checked;
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      const Tensors inputs = op_case.inputs(dtype);
+      Tensors wide_inputs;
+      for (const Tensor& input : inputs) wide_inputs.push_back(input.To(DType::kFloat64));
+      const Tensors reference = op_case.run(wide_inputs, kCpu, DType::kFloat64);
+      for (CpuVectorIsa isa : isas) {
+        const std::string what = op_case.name + " (" + std::string(DTypeName(dtype)) + ", " +
+                                 std::string(CpuVectorIsaName(isa)) + ")";
+        CpuIsaScope scope(isa);
+        const Tensors actual = op_case.run(inputs, kCpu, dtype);
+        ASSERT_EQ(actual.size(), reference.size()) << what;
+        for (size_t i = 0; i < actual.size(); ++i) {
+          CompareValues(actual[i], reference[i],
+                        DeviceTolerance(actual[i].dtype()) * op_case.tolerance_scale,
+                        what + " output " + std::to_string(i), CpuVectorIsaName(isa).data(),
+                        "float64", /*dtypes=*/false);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, static_cast<int>(vectorised.size()));
 }
 
 TEST(DeviceOps, EveryOpAndDTypeMatchesTheCpuOnCuda) {

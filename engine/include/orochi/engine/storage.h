@@ -88,8 +88,9 @@ class OROCHI_ENGINE_API Storage {
  private:
   friend class StoragePtr;
 
-  // kDevice memory is returned with release_(release_context_), like kBorrowed memory.
-  enum class Kind : uint8_t { kOwned, kMapped, kBorrowed, kDevice };
+  // kDevice memory is returned with release_(release_context_), like kBorrowed memory. kInline
+  // bytes follow the Storage object in one heap block (small CPU tensors: one malloc).
+  enum class Kind : uint8_t { kOwned, kInline, kMapped, kBorrowed, kDevice };
   Storage(Kind kind, std::byte* data, size_t size, bool read_only, Device device = {});
   ~Storage();
   void Retain();

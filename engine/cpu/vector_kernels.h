@@ -1,0 +1,191 @@
+// The bodies of the vectorised kernels, written once over an instruction-set type `Isa` and
+// instantiated by vector_avx2.cpp and vector_avx512.cpp, each compiled with its own flags.
+//
+// Every function here is a template of `Isa`, and each Isa type lives in its translation unit's
+// anonymous namespace, so each instantiation is local to the file that made it: no AVX-512 code
+// can be merged into a function the rest of the engine calls. For the same reason this header
+// uses no inline function of the standard library (which the linker would share between files).
+//
+// Isa provides: V (the vector type), kWidth, Load, Store, Set1, Add, Sub, Mul, Div, Fma (a*b+c),
+// Max, ReduceAdd, ReduceMax, and the SLEEF functions Exp, Log, Tanh, Erf, Sin, Cos.
+#pragma once
+
+#include <cstdint>
+
+#include "vector_math.h"
+
+namespace orochi::engine::cpu::vector {
+
+// Applies `f` to x[0, n) into y: whole vectors, then the tail through a padded buffer.
+template <typename Isa, typename F>
+void Map(const float* x, float* y, int64_t n, F f) {
+  constexpr int64_t kWidth = Isa::kWidth;
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) Isa::Store(y + i, f(Isa::Load(x + i)));
+  if (i < n) {
+    float buffer[kWidth] = {};
+    for (int64_t j = 0; j < n - i; ++j) buffer[j] = x[i + j];
+    Isa::Store(buffer, f(Isa::Load(buffer)));
+    for (int64_t j = 0; j < n - i; ++j) y[i + j] = buffer[j];
+  }
+}
+
+// Folds x[0, n) into one vector with `f`, the tail padded with `pad` (f's identity).
+template <typename Isa, typename F>
+typename Isa::V Fold(const float* x, int64_t n, float pad, typename Isa::V accumulator, F f) {
+  constexpr int64_t kWidth = Isa::kWidth;
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) accumulator = f(accumulator, Isa::Load(x + i));
+  if (i < n) {
+    float buffer[kWidth];
+    for (int64_t j = 0; j < kWidth; ++j) buffer[j] = i + j < n ? x[i + j] : pad;
+    accumulator = f(accumulator, Isa::Load(buffer));
+  }
+  return accumulator;
+}
+
+// The same formulas as the scalar kernels (elementwise.cpp), so both paths agree to rounding.
+template <typename Isa>
+void Unary(VectorUnary op, const float* x, float* y, int64_t n) {
+  using V = typename Isa::V;
+  const V one = Isa::Set1(1.0F);
+  const V half = Isa::Set1(0.5F);
+  switch (op) {
+    case VectorUnary::kExp:
+      return Map<Isa>(x, y, n, [](V v) { return Isa::Exp(v); });
+    case VectorUnary::kLog:
+      return Map<Isa>(x, y, n, [](V v) { return Isa::Log(v); });
+    case VectorUnary::kTanh:
+      return Map<Isa>(x, y, n, [](V v) { return Isa::Tanh(v); });
+    case VectorUnary::kErf:
+      return Map<Isa>(x, y, n, [](V v) { return Isa::Erf(v); });
+    case VectorUnary::kSin:
+      return Map<Isa>(x, y, n, [](V v) { return Isa::Sin(v); });
+    case VectorUnary::kCos:
+      return Map<Isa>(x, y, n, [](V v) { return Isa::Cos(v); });
+    case VectorUnary::kSigmoid:
+      return Map<Isa>(x, y, n, [one](V v) {
+        return Isa::Div(one, Isa::Add(one, Isa::Exp(Isa::Sub(Isa::Set1(0.0F), v))));
+      });
+    case VectorUnary::kSilu:
+      return Map<Isa>(x, y, n, [one](V v) {
+        return Isa::Div(v, Isa::Add(one, Isa::Exp(Isa::Sub(Isa::Set1(0.0F), v))));
+      });
+    case VectorUnary::kGelu: {
+      const V inverse_sqrt2 = Isa::Set1(0.70710678118654752440F);
+      return Map<Isa>(x, y, n, [=](V v) {
+        return Isa::Mul(Isa::Mul(half, v), Isa::Add(one, Isa::Erf(Isa::Mul(v, inverse_sqrt2))));
+      });
+    }
+    case VectorUnary::kGeluTanh: {
+      const V sqrt_2_over_pi = Isa::Set1(0.79788456080286535588F);
+      const V cubic = Isa::Set1(0.044715F);
+      return Map<Isa>(x, y, n, [=](V v) {
+        const V inner = Isa::Mul(sqrt_2_over_pi, Isa::Fma(Isa::Mul(cubic, Isa::Mul(v, v)), v, v));
+        return Isa::Mul(Isa::Mul(half, v), Isa::Add(one, Isa::Tanh(inner)));
+      });
+    }
+  }
+}
+
+template <typename Isa>
+float RowMax(const float* x, int64_t n) {
+  const float negative_infinity = -__builtin_inff();
+  return Isa::ReduceMax(Fold<Isa>(x, n, negative_infinity, Isa::Set1(negative_infinity),
+                                  [](typename Isa::V a, typename Isa::V b) {
+                                    return Isa::Max(b, a);  // a NaN in x is passed over, as in
+                                  }));                      // the scalar max; the sum gets it
+}
+
+// Softmax: the row is read from memory once; exp is computed once per element, into y, which
+// the last pass scales while it is still in the cache.
+template <typename Isa>
+void Softmax(const float* x, float* y, int64_t n) {
+  using V = typename Isa::V;
+  constexpr int64_t kWidth = Isa::kWidth;
+  const V maximum = Isa::Set1(RowMax<Isa>(x, n));
+  V total = Isa::Set1(0.0F);
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) {
+    const V e = Isa::Exp(Isa::Sub(Isa::Load(x + i), maximum));
+    Isa::Store(y + i, e);
+    total = Isa::Add(total, e);
+  }
+  if (i < n) {
+    float buffer[kWidth];
+    for (int64_t j = 0; j < kWidth; ++j) buffer[j] = i + j < n ? x[i + j] : -__builtin_inff();
+    const V e = Isa::Exp(Isa::Sub(Isa::Load(buffer), maximum));
+    Isa::Store(buffer, e);
+    for (int64_t j = 0; j < n - i; ++j) y[i + j] = buffer[j];
+    total = Isa::Add(total, e);
+  }
+  const V scale = Isa::Set1(1.0F / Isa::ReduceAdd(total));
+  Map<Isa>(y, y, n, [scale](V v) { return Isa::Mul(v, scale); });
+}
+
+template <typename Isa>
+void LogSoftmax(const float* x, float* y, int64_t n) {
+  using V = typename Isa::V;
+  const float maximum = RowMax<Isa>(x, n);
+  const V shift = Isa::Set1(maximum);
+  const V total = Fold<Isa>(x, n, -__builtin_inff(), Isa::Set1(0.0F), [shift](V sum, V v) {
+    return Isa::Add(sum, Isa::Exp(Isa::Sub(v, shift)));
+  });
+  float log_total[Isa::kWidth];
+  Isa::Store(log_total, Isa::Log(Isa::Set1(Isa::ReduceAdd(total))));
+  const V offset = Isa::Set1(maximum + log_total[0]);
+  Map<Isa>(x, y, n, [offset](V v) { return Isa::Sub(v, offset); });
+}
+
+template <typename Isa>
+void Normalize(const float* x, const float* gamma, const float* beta, float eps, bool center,
+               float* y, int64_t n) {
+  using V = typename Isa::V;
+  constexpr int64_t kWidth = Isa::kWidth;
+  const auto count = static_cast<float>(n);
+  float mean = 0;
+  if (center) {
+    mean = Isa::ReduceAdd(Fold<Isa>(x, n, 0.0F, Isa::Set1(0.0F),
+                                    [](V sum, V v) { return Isa::Add(sum, v); })) /
+           count;
+  }
+  // Squares of deviations from the mean, in a second pass over the cached row (a sum of squares
+  // minus the squared mean would cancel badly for rows far from zero).
+  const V centre = Isa::Set1(mean);
+  const V square_sum = Fold<Isa>(x, n, mean, Isa::Set1(0.0F), [centre](V sum, V v) {
+    const V deviation = Isa::Sub(v, centre);
+    return Isa::Fma(deviation, deviation, sum);
+  });
+  const V scale = Isa::Set1(1.0F / __builtin_sqrtf(Isa::ReduceAdd(square_sum) / count + eps));
+  int64_t i = 0;
+  auto write = [&](const float* in, const float* weight, const float* shift, float* out) {
+    V value = Isa::Mul(Isa::Sub(Isa::Load(in), centre), scale);
+    if (weight != nullptr) value = Isa::Mul(value, Isa::Load(weight));
+    if (shift != nullptr) value = Isa::Add(value, Isa::Load(shift));
+    Isa::Store(out, value);
+  };
+  for (; i + kWidth <= n; i += kWidth) {
+    write(x + i, gamma == nullptr ? nullptr : gamma + i, beta == nullptr ? nullptr : beta + i,
+          y + i);
+  }
+  if (i < n) {
+    float in[kWidth] = {};
+    float weight[kWidth] = {};
+    float shift[kWidth] = {};
+    float out[kWidth];
+    for (int64_t j = 0; j < n - i; ++j) {
+      in[j] = x[i + j];
+      if (gamma != nullptr) weight[j] = gamma[i + j];
+      if (beta != nullptr) shift[j] = beta[i + j];
+    }
+    write(in, gamma == nullptr ? nullptr : weight, beta == nullptr ? nullptr : shift, out);
+    for (int64_t j = 0; j < n - i; ++j) y[i + j] = out[j];
+  }
+}
+
+template <typename Isa>
+VectorKernels Table() {
+  return {Unary<Isa>, Softmax<Isa>, LogSoftmax<Isa>, Normalize<Isa>};
+}
+
+}  // namespace orochi::engine::cpu::vector
