@@ -26,8 +26,8 @@ packages=(
   # and benchmarks' client
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc python3-grpcio
   python3-protobuf
-  # the tensor engine: BLAS for GEMM-shaped work
-  libopenblas-dev nlohmann-json3-dev
+  # the tensor engine: BLAS for GEMM-shaped work, oneDNN (2.x) for float32 convolution
+  libopenblas-dev libdnnl-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps
   # the rolling-restart test's load balancer (tests/server/test_rolling_restart.py)
