@@ -1,6 +1,7 @@
 // Engine benchmarks (Google Benchmark). After the usual table, every figure is printed as a ratio
 // to a baseline measured in the same run:
 //   matmul        vs a direct cblas_sgemm on the same buffers (goal >= 0.95)
+//   linear        oneDNN's matmul against OpenBLAS's sgemm at the example networks' shapes
 //   conv2d        vs oneDNN called directly on the same buffers, its weights prepared once
 //                 (goal >= 0.95), and vs the im2col + sgemm lower bound
 //   add           vs memcpy, in bytes moved per second (goal >= 0.7)
@@ -70,6 +71,66 @@ void BM_DirectSgemm(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   SetFlopRate(state, n);
+}
+
+// Linear layers of the example networks, x [m, k] times weight.T ([n, k] stored): OpenBLAS's
+// sgemm against oneDNN's matmul with its weight layout prepared once, to choose per shape.
+// Args: m, k, n.
+void BM_LinearSgemm(benchmark::State& state) {
+  const int m = static_cast<int>(state.range(0));
+  const int k = static_cast<int>(state.range(1));
+  const int n = static_cast<int>(state.range(2));
+  Tensor x = Filled({m, k});
+  Tensor weight = Filled({n, k});
+  Tensor y = Filled({m, n});
+  for (auto _ : state) {
+    EngineSgemm()(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0F, x.data_as<float>(), k,
+                  weight.data_as<float>(), k, 0.0F, y.mutable_data_as<float>(), n);
+    benchmark::ClobberMemory();
+  }
+}
+
+void BM_LinearOnednn(benchmark::State& state) {
+  using dnnl::memory;
+  const int64_t m = state.range(0);
+  const int64_t k = state.range(1);
+  const int64_t n = state.range(2);
+  omp_set_num_threads(orochi::engine::IntraOpThreads());
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const auto f32 = memory::data_type::f32;
+  const memory::desc x_desc({m, k}, f32, memory::format_tag::ab);
+  const memory::desc weight_plain({k, n}, f32, memory::format_tag::ba);  // [n, k] row-major
+  const memory::desc y_desc({m, n}, f32, memory::format_tag::ab);
+  const dnnl::matmul::primitive_desc descriptor(
+      {x_desc, memory::desc({k, n}, f32, memory::format_tag::any), y_desc}, engine);
+  const dnnl::matmul matmul(descriptor);
+  std::vector<float> x(static_cast<size_t>(m * k), 0.5F);
+  std::vector<float> weight(static_cast<size_t>(n * k), 0.5F);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  memory x_memory(x_desc, engine, x.data());
+  memory y_memory(y_desc, engine, y.data());
+  memory plain(weight_plain, engine, weight.data());
+  memory prepared(descriptor.weights_desc(), engine);
+  dnnl::reorder(plain, prepared).execute(stream, plain, prepared);
+  stream.wait();
+  for (auto _ : state) {
+    matmul.execute(
+        stream, {{DNNL_ARG_SRC, x_memory}, {DNNL_ARG_WEIGHTS, prepared}, {DNNL_ARG_DST, y_memory}});
+    stream.wait();
+    benchmark::ClobberMemory();
+  }
+}
+
+// resnet's classifier at batch 1 and 8; encoder's projections and feed-forward layers at 1 and 8
+// sequences of 128 tokens.
+void LinearShapes(benchmark::internal::Benchmark* benchmark) {
+  for (int64_t m : {1, 8}) benchmark->Args({m, 256, 1000});
+  for (int64_t m : {128, 1024}) {
+    benchmark->Args({m, 256, 256});
+    benchmark->Args({m, 256, 1024});
+    benchmark->Args({m, 1024, 256});
+  }
 }
 
 constexpr int64_t kElements = int64_t{1} << 25;  // 128 MiB of float32: beyond the caches
@@ -222,6 +283,8 @@ BENCHMARK(BM_DirectOnednnConv2dBlocked)->Arg(1)->Arg(8)->Unit(benchmark::kMillis
 BENCHMARK(BM_DirectOnednnConv2dNchw)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EngineMatmul)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DirectSgemm)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LinearSgemm)->Apply(LinearShapes)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LinearOnednn)->Apply(LinearShapes)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EngineAdd)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EngineSoftmax)->Unit(benchmark::kMillisecond);
@@ -288,6 +351,12 @@ int main(int argc, char** argv) {
     double direct = blocked > 0 && nchw > 0 ? std::min(blocked, nchw) : std::max(blocked, nchw);
     std::string label = std::string("conv2d batch ") + batch + " vs direct oneDNN:";
     PrintRatio(label.c_str(), direct, reporter.Seconds(engine), "(goal >= 0.95)");
+  }
+  for (const char* shape : {"1/256/1000", "8/256/1000", "128/256/256", "128/256/1024",
+                            "128/1024/256", "1024/256/256", "1024/256/1024", "1024/1024/256"}) {
+    std::string label = std::string("linear ") + shape + " oneDNN vs OpenBLAS:";
+    PrintRatio(label.c_str(), reporter.Seconds(std::string("BM_LinearSgemm/") + shape),
+               reporter.Seconds(std::string("BM_LinearOnednn/") + shape), "(> 1: oneDNN faster)");
   }
   double memcpy_rate = reporter.BytesPerSecond("BM_Memcpy");
   PrintRatio("add vs memcpy (bytes moved/s):", reporter.BytesPerSecond("BM_EngineAdd"), memcpy_rate,

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cstring>
@@ -106,17 +107,22 @@ std::shared_ptr<const ConvPlan> MakePlan(const PlanKey& key) {
   return plan;
 }
 
-// Plans by shape, for the life of the process (a model has a handful of shapes). oneDNN's own
-// primitive cache would also find the primitives, but only after building a descriptor per call.
-std::shared_ptr<const ConvPlan> FindPlan(const PlanKey& key) {
+// Plans by shape (a model has a handful). oneDNN's own primitive cache would also find the
+// primitives, but only after building a descriptor per call. Shapes come from requests, so the
+// cache is bounded: past kMaxPlans one plan is dropped (calls running it keep their reference).
+template <typename Plan, typename Key>
+std::shared_ptr<const Plan> FindPlan(const Key& key,
+                                     std::shared_ptr<const Plan> (*make)(const Key&)) {
+  constexpr size_t kMaxPlans = 256;
   static std::mutex mutex;
-  static std::map<PlanKey, std::shared_ptr<const ConvPlan>> plans;
+  static std::map<Key, std::shared_ptr<const Plan>> plans;
   {
     std::lock_guard lock(mutex);
     if (auto found = plans.find(key); found != plans.end()) return found->second;
   }
-  std::shared_ptr<const ConvPlan> plan = MakePlan(key);  // outside the lock: JIT takes a while
+  std::shared_ptr<const Plan> plan = make(key);  // outside the lock: JIT takes a while
   std::lock_guard lock(mutex);
+  if (plans.size() >= kMaxPlans) plans.erase(plans.begin());
   return plans.try_emplace(key, plan).first->second;
 }
 
@@ -168,6 +174,64 @@ void Run(const dnnl::primitive& primitive, dnnl::stream& stream,
   primitive.execute(stream, arguments);
 }
 
+// `weight` (whose bytes `plain` describes) in `layout`: for a read-only weight the one copy kept
+// with its storage, made by the first call that needs it; for a writable one, made now.
+std::shared_ptr<const PreparedWeights> Prepare(const Tensor& weight, const memory& plain,
+                                               const memory::desc& layout,
+                                               const dnnl::reorder& reorder, dnnl::stream& stream,
+                                               const memory& scratchpad) {
+  auto prepare = [&]() -> Storage::Prepared {
+    auto made = std::make_shared<PreparedWeights>();
+    made->bytes = Buffer(layout.get_size());
+    memory rearranged(layout, CpuEngine(), made->bytes.mutable_data());
+    Run(reorder, stream,
+        {{DNNL_ARG_FROM, plain}, {DNNL_ARG_TO, rearranged}, {DNNL_ARG_SCRATCHPAD, scratchpad}});
+    stream.wait();  // complete before another thread can be handed it
+    return made;
+  };
+  if (!weight.read_only()) return std::static_pointer_cast<const PreparedWeights>(prepare());
+  // The layout's full description is the key: one weight may serve several plans.
+  std::string key = "onednn weights@" + std::to_string(weight.storage_offset()) + ":";
+  key.append(reinterpret_cast<const char*>(&layout.data), sizeof(layout.data));
+  return std::static_pointer_cast<const PreparedWeights>(
+      weight.storage()->PreparedLayout(key, prepare));
+}
+
+// One linear shape's matmul: input [rows, in] times the weight viewed as [in, out] (its [out, in]
+// bytes read column-major), plus an optional [1, out] bias.
+struct LinearPlan {
+  dnnl::matmul::primitive_desc descriptor;
+  dnnl::matmul primitive;
+  memory::desc plain_weights;
+  std::optional<dnnl::reorder> weights_in;
+  size_t scratchpad_bytes = 0;
+};
+
+// rows, in, out, whether there is a bias, threads.
+using LinearKey = std::array<int64_t, 5>;
+
+std::shared_ptr<const LinearPlan> MakeLinearPlan(const LinearKey& key) {
+  const auto [rows, in, out, bias, threads] = key;
+  const auto f32 = memory::data_type::f32;
+  auto plan = std::make_shared<LinearPlan>();
+  plan->plain_weights = memory::desc(Dims({in, out}), f32, Tag::ba);
+  const dnnl::matmul::desc matmul(
+      memory::desc(Dims({rows, in}), f32, Tag::ab), memory::desc(Dims({in, out}), f32, Tag::any),
+      bias != 0 ? memory::desc(Dims({1, out}), f32, Tag::ab) : memory::desc(),
+      memory::desc(Dims({rows, out}), f32, Tag::ab));
+  plan->descriptor = dnnl::matmul::primitive_desc(matmul, UserScratchpad(), CpuEngine());
+  plan->primitive = dnnl::matmul(plan->descriptor);
+  plan->scratchpad_bytes = plan->descriptor.scratchpad_desc().get_size();
+  plan->weights_in =
+      ReorderIfNeeded(plan->plain_weights, plan->descriptor.weights_desc(), plan->scratchpad_bytes);
+  return plan;
+}
+
+memory ScratchpadMemory(size_t bytes) {
+  return {memory::desc(Dims({static_cast<int64_t>(bytes)}), memory::data_type::u8, Tag::x),
+          CpuEngine(), ThreadWorkspace().Get(Workspace::kScratchpad, bytes)};
+}
+
 }  // namespace
 
 void OnednnConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
@@ -195,14 +259,12 @@ void OnednnConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
                     geometry.groups,
                     bias != nullptr ? 1 : 0,
                     threads};
-  const std::shared_ptr<const ConvPlan> plan = FindPlan(key);
+  const std::shared_ptr<const ConvPlan> plan = FindPlan(key, MakePlan);
   const PlainDescs plain = Plain(key);
   const dnnl::engine& engine = CpuEngine();
   dnnl::stream stream(engine);
   Workspace& workspace = ThreadWorkspace();
-  memory scratchpad(dnnl::memory::desc(Dims({static_cast<int64_t>(plan->scratchpad_bytes)}),
-                                       memory::data_type::u8, Tag::x),
-                    engine, workspace.Get(Workspace::kScratchpad, plan->scratchpad_bytes));
+  const memory scratchpad = ScratchpadMemory(plan->scratchpad_bytes);
   auto plain_memory = [&](const memory::desc& desc, const void* data) {
     return memory(desc, engine, const_cast<void*>(data));  // oneDNN takes inputs as void*
   };
@@ -219,26 +281,9 @@ void OnednnConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
   memory weights = plain_memory(plain.weights, weight.data());
   std::shared_ptr<const PreparedWeights> prepared;
   if (plan->weights_in) {
-    const memory::desc& layout = plan->descriptor.weights_desc();
-    auto prepare = [&]() -> Storage::Prepared {
-      auto made = std::make_shared<PreparedWeights>();
-      made->bytes = Buffer(layout.get_size());
-      memory blocked(layout, engine, made->bytes.mutable_data());
-      Run(*plan->weights_in, stream,
-          {{DNNL_ARG_FROM, weights}, {DNNL_ARG_TO, blocked}, {DNNL_ARG_SCRATCHPAD, scratchpad}});
-      stream.wait();  // complete before another thread can be handed it
-      return made;
-    };
-    if (weight.read_only()) {
-      // The layout's full description is the key: one weight may serve several plans.
-      std::string layout_key = "onednn weights@" + std::to_string(weight.storage_offset()) + ":";
-      layout_key.append(reinterpret_cast<const char*>(&layout.data), sizeof(layout.data));
-      prepared = std::static_pointer_cast<const PreparedWeights>(
-          weight.storage()->PreparedLayout(layout_key, prepare));
-    } else {
-      prepared = std::static_pointer_cast<const PreparedWeights>(prepare());
-    }
-    weights = plain_memory(layout, prepared->bytes.data());
+    prepared = Prepare(weight, weights, plan->descriptor.weights_desc(), *plan->weights_in, stream,
+                       scratchpad);
+    weights = plain_memory(plan->descriptor.weights_desc(), prepared->bytes.data());
   }
 
   std::unordered_map<int, memory> arguments{
@@ -258,6 +303,45 @@ void OnednnConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
     arguments.emplace(DNNL_ARG_DST, dst);
     Run(plan->primitive, stream, arguments);
   }
+  stream.wait();
+}
+
+bool PrefersOnednnLinear(const Tensor& input, const Tensor& weight) {
+  return input.device().type == DeviceType::kCpu && input.dtype() == DType::kFloat32 &&
+         weight.dtype() == DType::kFloat32 && weight.read_only() && weight.dim() == 2 &&
+         weight.is_contiguous() &&
+         input.numel() / std::max<int64_t>(1, weight.shape()[1]) >= kOnednnLinearMinRows &&
+         weight.numel() > 0;
+}
+
+void OnednnLinear(const Tensor& input, const Tensor& weight, const Tensor* bias, Tensor& output) {
+  const int threads = IntraOpThreads();  // before the plan: see OnednnConv2d
+  omp_set_num_threads(threads);
+  const LinearKey key{input.shape()[0], input.shape()[1], weight.shape()[0],
+                      bias != nullptr ? 1 : 0, threads};
+  const std::shared_ptr<const LinearPlan> plan = FindPlan(key, MakeLinearPlan);
+  const dnnl::engine& engine = CpuEngine();
+  dnnl::stream stream(engine);
+  const memory scratchpad = ScratchpadMemory(plan->scratchpad_bytes);
+  auto wrap = [&](const memory::desc& desc, const void* data) {
+    return memory(desc, engine, const_cast<void*>(data));  // oneDNN takes inputs as void*
+  };
+  memory weights = wrap(plan->plain_weights, weight.data());
+  std::shared_ptr<const PreparedWeights> prepared;
+  if (plan->weights_in) {
+    prepared = Prepare(weight, weights, plan->descriptor.weights_desc(), *plan->weights_in, stream,
+                       scratchpad);
+    weights = wrap(plan->descriptor.weights_desc(), prepared->bytes.data());
+  }
+  std::unordered_map<int, memory> arguments{
+      {DNNL_ARG_SRC, wrap(plan->descriptor.src_desc(), input.data())},
+      {DNNL_ARG_WEIGHTS, weights},
+      {DNNL_ARG_DST, memory(plan->descriptor.dst_desc(), engine, output.mutable_data())},
+      {DNNL_ARG_SCRATCHPAD, scratchpad}};
+  if (bias != nullptr) {
+    arguments.emplace(DNNL_ARG_BIAS, wrap(plan->descriptor.bias_desc(), bias->data()));
+  }
+  Run(plan->primitive, stream, arguments);
   stream.wait();
 }
 

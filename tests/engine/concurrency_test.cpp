@@ -17,12 +17,12 @@
 namespace orochi::engine {
 namespace {
 
-// One round of the mixed workload: matmul, broadcasting arithmetic, a reduction, softmax,
+// One round of the mixed workload: linear, broadcasting arithmetic, a reduction, softmax,
 // views, a dtype cast and a convolution (oneDNN, its weight layout prepared once for all
 // threads), all reading `weights`, `filters` and `input`.
 Tensor Workload(const Tensor& weights, const Tensor& bias, const Tensor& filters,
                 const Tensor& input) {
-  Tensor hidden = Binary(Op::add, Matmul(input, weights.Transpose(0, 1)), bias);
+  Tensor hidden = Linear(input, weights, bias);  // oneDNN's matmul, its weight prepared once
   Tensor activated = Unary(Op::gelu, hidden);
   Tensor normalized = Softmax(activated.Slice(1, 0, 16, 2), -1);
   Tensor half = normalized.To(DType::kFloat16).To(DType::kFloat32);
