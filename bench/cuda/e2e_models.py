@@ -20,7 +20,9 @@ PyTorch's default turns on only cuDNN's). Prints one JSON line per model and bat
 In Orochi the weights are then saved and loaded back as a package's are (read-only, memory
 mapped), so that kernels which prepare weights once per weight tensor (oneDNN's convolution
 layouts) run as they do in the server; PyTorch eager keeps its modules' own tensors. --threads
-sets both frameworks' intra-op threads (default 1: one copy per core).
+sets both frameworks' intra-op threads (default 1: one copy per core); --cpu-time times with
+the process's CPU time instead of the wall clock (steadier on a busy machine; at one thread the
+same figure, with more threads their sum).
 
 It uses Orochi's Python CUDA API (Tensor.to("cuda"), Module.to, orochi.cuda.synchronize); with
 --device cpu it runs anywhere, which checks the script itself.
@@ -49,17 +51,17 @@ def load_model_code(example: str):
     return module
 
 
-def per_call_ms(call, synchronize, seconds: float) -> float:
+def per_call_ms(call, synchronize, seconds: float, clock=time.perf_counter) -> float:
     for _ in range(3):  # warm up: handles, allocator caches, clocks
         call()
     synchronize()
 
     def timed(iterations):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(iterations):
             call()
         synchronize()
-        return (time.perf_counter() - start) / iterations
+        return (clock() - start) / iterations
 
     iterations = max(3, int(seconds / TRIALS / max(timed(2), 1e-6)))
     trials = sorted(timed(iterations) for _ in range(TRIALS))
@@ -82,6 +84,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tf32", action="store_true", help="allow TF32 for float32 in both")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads, both frameworks")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with the process's CPU time (all its threads) instead of the "
+                             "wall clock: steadier on a shared machine, for CPU runs")
     parser.add_argument("--json", action="store_true", help="JSON lines only")
     args = parser.parse_args()
     if args.torch:
@@ -129,7 +134,8 @@ def main() -> None:
     with orochi.no_grad():
         for model, make_call in calls.items():
             for batch in (int(text) for text in args.batches.split(",")):
-                ms = per_call_ms(make_call(batch), synchronize, args.seconds)
+                ms = per_call_ms(make_call(batch), synchronize, args.seconds,
+                                 time.process_time if args.cpu_time else time.perf_counter)
                 row = {"model": model, "batch": batch, "ms": ms, "framework": framework,
                        "threads": args.threads}
                 print(json.dumps(row) if args.json else

@@ -8,10 +8,12 @@ Both frameworks run the same model code (models/resnet, models/encoder) with the
 weights' shapes; Orochi's are loaded back read-only, as a package's are.
 
     /usr/bin/python3.11 bench/models_cpu/models_cpu.py [--batches 1,8] [--seconds 3]
-        [--threads 1,N] [--before OTHER_BUILD] [--json results.json]
+        [--threads 1,N] [--before OTHER_BUILD] [--cpu-time] [--json results.json]
 
 Needs build/bin/orochi (OROCHI_BUILD names another build folder). --before also runs another
 build's Orochi (e.g. the previous commit's) in the same run, for a before/after column.
+--cpu-time compares CPU time rather than wall time: on a machine others are using, wall times
+swing with their load while one thread's CPU time does not (meaningful at one thread only).
 """
 
 import argparse
@@ -30,10 +32,10 @@ GOAL_ONE_THREAD = 0.9  # Orochi's latency over PyTorch eager's, at most
 GOAL_ALL_THREADS = 1.0
 
 
-def run(framework: str, threads: int, batches: str, seconds: float, build: str = BUILD) -> dict:
+def run(framework: str, threads: int, args, build: str = BUILD) -> dict:
     """{(model, batch): ms} of one framework at `threads` intra-op threads."""
-    common = ["--device", "cpu", "--batches", batches, "--seconds", str(seconds),
-              "--threads", str(threads), "--json"]
+    common = ["--device", "cpu", "--batches", args.batches, "--seconds", str(args.seconds),
+              "--threads", str(threads), "--json"] + (["--cpu-time"] if args.cpu_time else [])
     command = ([os.path.join(build, "bin", "orochi"), "python", SCRIPT] if framework == "orochi"
                else [sys.executable, SCRIPT, "--torch"]) + common
     result = subprocess.run(command, capture_output=True, text=True)
@@ -51,6 +53,8 @@ def main() -> None:
     parser.add_argument("--threads", default=f"1,{os.cpu_count()}",
                         help="intra-op thread counts to run (default: 1 and every core)")
     parser.add_argument("--before", help="another build folder whose Orochi also runs")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="CPU time instead of wall time (a busy machine; one thread only)")
     parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args()
 
@@ -63,10 +67,9 @@ def main() -> None:
     rows = []
     for threads in sorted({int(text) for text in args.threads.split(",")}):
         # Alternating frameworks per thread count keeps both halves of a ratio close in time.
-        ours = run("orochi", threads, args.batches, args.seconds)
-        theirs = run("torch", threads, args.batches, args.seconds)
-        before = run("orochi", threads, args.batches, args.seconds, args.before) \
-            if args.before else {}
+        ours = run("orochi", threads, args)
+        theirs = run("torch", threads, args)
+        before = run("orochi", threads, args, args.before) if args.before else {}
         goal = GOAL_ONE_THREAD if threads == 1 else GOAL_ALL_THREADS
         for (model, batch), ms in sorted(ours.items()):
             ratio = ms / theirs[(model, batch)]
