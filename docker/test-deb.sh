@@ -56,9 +56,9 @@ grep -qx /etc/orochi/orochi.json "$work/conffiles" ||
 grep -qx /etc/default/orochi "$work/conffiles" || fail "/etc/default/orochi is no conffile"
 depends=$(dpkg-deb -f "$deb" Depends)
 # From dpkg-shlibdeps: prometheus-cpp and libstdc++ (the binary), expat (the embedded copy
-# library); declared: what is loaded by name or path, and adduser.
+# library), oneDNN (the engine); declared: what is loaded by name or path, and adduser.
 for dependency in libprometheus-cpp-core1.0 libstdc++6 libc6 libexpat1 zlib1g libopenblas0 \
-  libpython3.11-stdlib adduser; do
+  libdnnl2 libsleef3 libpython3.11-stdlib adduser; do
   [[ ",$depends," == *[\ ,]"$dependency"[\ ,\|]* ]] || fail "Depends lacks $dependency: $depends"
 done
 dpkg-deb -c "$deb" | awk '{print $6}' >"$work/contents"

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <utility>
 
+#include "cpu/onednn.h"
 #include "front_end.h"
 #include "orochi/engine/dispatch.h"
 #include "orochi/engine/ops.h"
@@ -398,6 +399,17 @@ Tensor Linear(const Tensor& input, const Tensor& weight, const std::optional<Ten
   OROCHI_CHECK_ARG(!bias || (bias->dim() <= 1 && bias->numel() == weight.shape()[0]),
                    "linear: the bias must have out_features = "
                        << weight.shape()[0] << " elements, got " << ShapeString(bias->shape()));
+  if (cpu::PrefersOnednnLinear(input, weight) && (!bias || bias->dtype() == DType::kFloat32)) {
+    // Loaded weights on the CPU: oneDNN's matmul on the weight's prepared layout, bias fused.
+    const int64_t in = weight.shape()[1];
+    const Tensor rows = input.Contiguous().View({input.numel() / in, in});
+    const Tensor contiguous_bias = bias ? bias->Contiguous() : Tensor();
+    Tensor output = Tensor::Empty({rows.shape()[0], weight.shape()[0]}, DType::kFloat32);
+    cpu::OnednnLinear(rows, weight, bias ? &contiguous_bias : nullptr, output);
+    Shape shape = input.shape();
+    shape.back() = weight.shape()[0];
+    return output.View(shape);
+  }
   Tensor output = Matmul(input, weight.Transpose(0, 1));
   return bias ? Binary(Op::add, output, *bias) : output;
 }

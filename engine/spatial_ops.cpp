@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cpu/onednn.h"
 #include "front_end.h"
 #include "orochi/engine/dispatch.h"
 #include "orochi/engine/ops.h"
@@ -153,9 +154,19 @@ Tensor Conv2d(const Tensor& input, const Tensor& weight, const std::optional<Ten
                               {options.padding[0], options.padding[1]},
                               {options.dilation[0], options.dilation[1]},
                               groups};
-  Kernels().Find<Op::conv2d>(input.device(), input.dtype())(batched.Contiguous(),
-                                                            weight.Contiguous(), geometry, output);
-  if (bias) output = Binary(Op::add, output, bias->View({out_channels, 1, 1}));
+  const Tensor contiguous_input = batched.Contiguous();
+  const Tensor contiguous_weight = weight.Contiguous();
+  if (input.device().type == DeviceType::kCpu && input.dtype() == DType::kFloat32 &&
+      contiguous_input.numel() > 0 && weight.numel() > 0) {
+    // oneDNN adds the bias as it writes the output: no second pass over it.
+    const Tensor contiguous_bias = bias ? bias->Contiguous() : Tensor();
+    cpu::OnednnConv2d(contiguous_input, contiguous_weight, bias ? &contiguous_bias : nullptr,
+                      geometry, output);
+  } else {
+    Kernels().Find<Op::conv2d>(input.device(), input.dtype())(contiguous_input, contiguous_weight,
+                                                              geometry, output);
+    if (bias) output = Binary(Op::add, output, bias->View({out_channels, 1, 1}));
+  }
   return input.dim() == 3 ? output.Squeeze(0) : output;
 }
 

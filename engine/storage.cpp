@@ -13,6 +13,8 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "device_backend.h"
@@ -126,6 +128,7 @@ struct Storage::DeviceReplicas {
     StoragePtr replica;
   };
   std::vector<Entry> entries;
+  std::vector<std::pair<std::string, Prepared>> prepared;  // by PreparedLayout's key
 };
 
 namespace {
@@ -147,6 +150,27 @@ StoragePtr Storage::DeviceReplica(Device device, size_t begin, size_t end, Uploa
   StoragePtr replica = upload(data_ + begin, end - begin, device);  // nothing kept if it throws
   replicas_->entries.push_back({device, begin, end, replica});
   return replica;
+}
+
+Storage::Prepared Storage::PreparedLayout(const std::string& key,
+                                          const std::function<Prepared()>& prepare) {
+  OROCHI_INTERNAL_ASSERT(read_only_, "prepared layouts are of read-only bytes only");
+  {
+    std::lock_guard lock(ReplicaMutex());
+    if (replicas_ != nullptr) {
+      for (const auto& [existing, layout] : replicas_->prepared) {
+        if (existing == key) return layout;
+      }
+    }
+  }
+  Prepared made = prepare();  // outside the lock: preparing one weight never waits on another's
+  std::lock_guard lock(ReplicaMutex());
+  if (replicas_ == nullptr) replicas_ = new DeviceReplicas;
+  for (const auto& [existing, layout] : replicas_->prepared) {
+    if (existing == key) return layout;  // another thread finished first
+  }
+  replicas_->prepared.emplace_back(key, made);
+  return made;
 }
 
 Storage::~Storage() {

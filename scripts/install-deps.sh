@@ -26,10 +26,9 @@ packages=(
   # and benchmarks' client
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc python3-grpcio
   python3-protobuf
-  # the tensor engine: BLAS for GEMM-shaped work
-  libopenblas-dev nlohmann-json3-dev
-  # its vectorised math (exp, log, tanh, erf, ...) for AVX2 and AVX-512
-  libsleef-dev
+  # the tensor engine: BLAS for GEMM-shaped work, oneDNN (2.x) for float32 convolution and
+  # linear, SLEEF for its vectorised math (exp, log, tanh, erf, ...) on AVX2 and AVX-512
+  libopenblas-dev libdnnl-dev libsleef-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps
   # the rolling-restart test's load balancer (tests/server/test_rolling_restart.py)

@@ -1,17 +1,23 @@
 // Engine benchmarks (Google Benchmark). After the usual table, every figure is printed as a ratio
 // to a baseline measured in the same run:
 //   matmul        vs a direct cblas_sgemm on the same buffers (goal >= 0.95)
-//   conv2d        vs the im2col + sgemm lower bound on buffers allocated once
+//   linear        oneDNN's matmul against OpenBLAS's sgemm at the example networks' shapes
+//   conv2d        vs oneDNN called directly on the same buffers, its weights prepared once
+//                 (goal >= 0.95), and vs the im2col + sgemm lower bound
 //   add           vs memcpy, in bytes moved per second (goal >= 0.7)
 //   softmax, layer_norm in GB/s of input read plus output written, and vs memcpy (goal >= 0.5),
 //                 with the vectorised kernels and with the scalar ones (OROCHI_CPU_ISA=scalar)
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <dlfcn.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +73,66 @@ void BM_DirectSgemm(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   SetFlopRate(state, n);
+}
+
+// Linear layers of the example networks, x [m, k] times weight.T ([n, k] stored): OpenBLAS's
+// sgemm against oneDNN's matmul with its weight layout prepared once, to choose per shape.
+// Args: m, k, n.
+void BM_LinearSgemm(benchmark::State& state) {
+  const int m = static_cast<int>(state.range(0));
+  const int k = static_cast<int>(state.range(1));
+  const int n = static_cast<int>(state.range(2));
+  Tensor x = Filled({m, k});
+  Tensor weight = Filled({n, k});
+  Tensor y = Filled({m, n});
+  for (auto _ : state) {
+    EngineSgemm()(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0F, x.data_as<float>(), k,
+                  weight.data_as<float>(), k, 0.0F, y.mutable_data_as<float>(), n);
+    benchmark::ClobberMemory();
+  }
+}
+
+void BM_LinearOnednn(benchmark::State& state) {
+  using dnnl::memory;
+  const int64_t m = state.range(0);
+  const int64_t k = state.range(1);
+  const int64_t n = state.range(2);
+  omp_set_num_threads(orochi::engine::IntraOpThreads());
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const auto f32 = memory::data_type::f32;
+  const memory::desc x_desc({m, k}, f32, memory::format_tag::ab);
+  const memory::desc weight_plain({k, n}, f32, memory::format_tag::ba);  // [n, k] row-major
+  const memory::desc y_desc({m, n}, f32, memory::format_tag::ab);
+  const dnnl::matmul::primitive_desc descriptor(
+      {x_desc, memory::desc({k, n}, f32, memory::format_tag::any), y_desc}, engine);
+  const dnnl::matmul matmul(descriptor);
+  std::vector<float> x(static_cast<size_t>(m * k), 0.5F);
+  std::vector<float> weight(static_cast<size_t>(n * k), 0.5F);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  memory x_memory(x_desc, engine, x.data());
+  memory y_memory(y_desc, engine, y.data());
+  memory plain(weight_plain, engine, weight.data());
+  memory prepared(descriptor.weights_desc(), engine);
+  dnnl::reorder(plain, prepared).execute(stream, plain, prepared);
+  stream.wait();
+  for (auto _ : state) {
+    matmul.execute(
+        stream, {{DNNL_ARG_SRC, x_memory}, {DNNL_ARG_WEIGHTS, prepared}, {DNNL_ARG_DST, y_memory}});
+    stream.wait();
+    benchmark::ClobberMemory();
+  }
+}
+
+// resnet's classifier at batch 1 and 8; encoder's projections and feed-forward layers at 1 and 8
+// sequences of 128 tokens.
+void LinearShapes(benchmark::internal::Benchmark* benchmark) {
+  for (int64_t m : {1, 8}) benchmark->Args({m, 256, 1000});
+  for (int64_t m : {128, 1024}) {
+    benchmark->Args({m, 256, 256});
+    benchmark->Args({m, 256, 1024});
+    benchmark->Args({m, 1024, 256});
+  }
 }
 
 constexpr int64_t kElements = int64_t{1} << 25;  // 128 MiB of float32: beyond the caches
@@ -131,15 +197,79 @@ void BM_EngineLayerNorm(benchmark::State& state) {
 // A ResNet-style layer: 64 -> 64 channels, 3x3, padding 1, on 56x56.
 constexpr int kConvBatch = 1, kConvChannels = 64, kConvSize = 56, kConvKernel = 3;
 
+// The weight is read-only, as loaded weights are, so the engine prepares its layout once.
 void BM_EngineConv2d(benchmark::State& state) {
-  Tensor input = Filled({kConvBatch, kConvChannels, kConvSize, kConvSize});
+  const int64_t batch = state.range(0);
+  Tensor input = Filled({batch, kConvChannels, kConvSize, kConvSize});
   Tensor weight = Filled({kConvChannels, kConvChannels, kConvKernel, kConvKernel});
+  weight.storage()->MarkReadOnly();
   orochi::engine::Conv2dOptions options;
   options.padding = {1, 1};
   for (auto _ : state) {
     benchmark::DoNotOptimize(orochi::engine::Conv2d(input, weight, std::nullopt, options));
   }
 }
+
+// oneDNN as an application would call it on NCHW buffers: the primitive made and the weights
+// reordered into its layout once, outside the loop; per call only what the call needs. With
+// `blocked`, oneDNN picks the activations' layout and the input and output are reordered around
+// each call; without, it works on NCHW as it is. The better of the two is the baseline.
+void DirectOnednnConv2d(benchmark::State& state, bool blocked) {
+  using dnnl::memory;
+  const int64_t batch = state.range(0);
+  const int64_t c = kConvChannels, size = kConvSize, k = kConvKernel;
+  omp_set_num_threads(orochi::engine::IntraOpThreads());  // the engine's thread count
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const auto f32 = memory::data_type::f32;
+  const memory::desc src_plain({batch, c, size, size}, f32, memory::format_tag::nchw);
+  const memory::desc weights_plain({c, c, k, k}, f32, memory::format_tag::oihw);
+  const memory::desc dst_plain({batch, c, size, size}, f32, memory::format_tag::nchw);
+  const auto layout = [&](const memory::desc& plain, bool choose) {
+    return choose ? memory::desc(plain.dims(), f32, memory::format_tag::any) : plain;
+  };
+  const dnnl::convolution_forward::primitive_desc descriptor({dnnl::prop_kind::forward_inference,
+                                                              dnnl::algorithm::convolution_direct,
+                                                              layout(src_plain, blocked),
+                                                              layout(weights_plain, true),
+                                                              memory::desc(),
+                                                              layout(dst_plain, blocked),
+                                                              {1, 1},
+                                                              {0, 0},
+                                                              {1, 1},
+                                                              {1, 1}},
+                                                             engine);
+  const dnnl::convolution_forward conv(descriptor);
+  std::vector<float> input(static_cast<size_t>(batch * c * size * size), 0.5F);
+  std::vector<float> weight(static_cast<size_t>(c * c * k * k), 0.5F);
+  std::vector<float> output(input.size());
+  memory src(src_plain, engine, input.data());
+  memory dst(dst_plain, engine, output.data());
+  memory weights(descriptor.weights_desc(), engine);
+  memory plain_weights(weights_plain, engine, weight.data());
+  dnnl::reorder(plain_weights, weights).execute(stream, plain_weights, weights);
+  std::optional<memory> src_blocked;
+  std::optional<memory> dst_blocked;
+  if (descriptor.src_desc() != src_plain) src_blocked.emplace(descriptor.src_desc(), engine);
+  if (descriptor.dst_desc() != dst_plain) dst_blocked.emplace(descriptor.dst_desc(), engine);
+  std::optional<dnnl::reorder> src_in;
+  std::optional<dnnl::reorder> dst_out;
+  if (src_blocked) src_in.emplace(src, *src_blocked);
+  if (dst_blocked) dst_out.emplace(*dst_blocked, dst);
+  stream.wait();
+  for (auto _ : state) {
+    if (src_in) src_in->execute(stream, src, *src_blocked);
+    conv.execute(stream, {{DNNL_ARG_SRC, src_blocked ? *src_blocked : src},
+                          {DNNL_ARG_WEIGHTS, weights},
+                          {DNNL_ARG_DST, dst_blocked ? *dst_blocked : dst}});
+    if (dst_out) dst_out->execute(stream, *dst_blocked, dst);
+    stream.wait();
+    benchmark::ClobberMemory();
+  }
+}
+
+void BM_DirectOnednnConv2dBlocked(benchmark::State& state) { DirectOnednnConv2d(state, true); }
+void BM_DirectOnednnConv2dNchw(benchmark::State& state) { DirectOnednnConv2d(state, false); }
 
 // The lower bound of im2col + GEMM: the same unfolding and one sgemm, on buffers allocated once.
 void BM_Im2colSgemmLowerBound(benchmark::State& state) {
@@ -173,10 +303,14 @@ void BM_Im2colSgemmLowerBound(benchmark::State& state) {
   }
 }
 
-BENCHMARK(BM_EngineConv2d)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Im2colSgemmLowerBound)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EngineConv2d)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DirectOnednnConv2dBlocked)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DirectOnednnConv2dNchw)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EngineMatmul)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DirectSgemm)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LinearSgemm)->Apply(LinearShapes)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LinearOnednn)->Apply(LinearShapes)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EngineAdd)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EngineSoftmax)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
@@ -235,7 +369,21 @@ int main(int argc, char** argv) {
                reporter.Seconds("BM_EngineMatmul/" + size), "(goal >= 0.95)");
   }
   PrintRatio("conv2d 64x56x56 3x3 vs im2col+sgemm:", reporter.Seconds("BM_Im2colSgemmLowerBound"),
-             reporter.Seconds("BM_EngineConv2d"), "(1.0 = the lower bound)");
+             reporter.Seconds("BM_EngineConv2d/1"), "(1.0 = the lower bound)");
+  for (const char* batch : {"1", "8"}) {
+    const std::string engine = std::string("BM_EngineConv2d/") + batch;
+    double blocked = reporter.Seconds(std::string("BM_DirectOnednnConv2dBlocked/") + batch);
+    double nchw = reporter.Seconds(std::string("BM_DirectOnednnConv2dNchw/") + batch);
+    double direct = blocked > 0 && nchw > 0 ? std::min(blocked, nchw) : std::max(blocked, nchw);
+    std::string label = std::string("conv2d batch ") + batch + " vs direct oneDNN:";
+    PrintRatio(label.c_str(), direct, reporter.Seconds(engine), "(goal >= 0.95)");
+  }
+  for (const char* shape : {"1/256/1000", "8/256/1000", "128/256/256", "128/256/1024",
+                            "128/1024/256", "1024/256/256", "1024/256/1024", "1024/1024/256"}) {
+    std::string label = std::string("linear ") + shape + " oneDNN vs OpenBLAS:";
+    PrintRatio(label.c_str(), reporter.Seconds(std::string("BM_LinearSgemm/") + shape),
+               reporter.Seconds(std::string("BM_LinearOnednn/") + shape), "(> 1: oneDNN faster)");
+  }
   double memcpy_rate = reporter.BytesPerSecond("BM_Memcpy");
   PrintRatio("add vs memcpy (bytes moved/s):", reporter.BytesPerSecond("BM_EngineAdd"), memcpy_rate,
              "(goal >= 0.7)");

@@ -1,4 +1,5 @@
 // CPU kernels for images: unfolding (im2col), the first half of pooling, and convolution.
+#include "onednn.h"
 #include "orochi/engine/dispatch.h"
 
 namespace orochi::engine::cpu {
@@ -32,12 +33,23 @@ void Im2col(const Tensor& input, const Im2colGeometry& g, Tensor& output) {
   });
 }
 
+// float32 through oneDNN, unless an operand is empty (oneDNN refuses zero-sized dimensions); the
+// other dtypes through im2col and the BLAS (or, for integers, loop) matmul kernels.
+void Conv2d(const Tensor& input, const Tensor& weight, const ConvGeometry& geometry,
+            Tensor& output) {
+  if (output.numel() == 0) return;
+  if (input.dtype() != DType::kFloat32 || input.numel() == 0 || weight.numel() == 0) {
+    Conv2dThroughIm2col(input, weight, geometry, output);
+    return;
+  }
+  OnednnConv2d(input, weight, /*bias=*/nullptr, geometry, output);
+}
+
 }  // namespace
 
 void RegisterSpatialKernels(KernelRegistry& registry) {
   registry.Register<Op::im2col>(DeviceType::kCpu, Im2col, kNumericDTypes);
-  // im2col and the BLAS (or, for integers, loop) matmul kernels.
-  registry.Register<Op::conv2d>(DeviceType::kCpu, Conv2dThroughIm2col, kNumericDTypes);
+  registry.Register<Op::conv2d>(DeviceType::kCpu, Conv2d, kNumericDTypes);
 }
 
 }  // namespace orochi::engine::cpu

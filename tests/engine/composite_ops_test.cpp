@@ -220,18 +220,26 @@ TEST(LinearAlgebra, LinearBmmAndAttention) {
   Tensor input = RandomTensor({2, 5, 4}, DType::kFloat32, -1, 1, 1);
   Tensor weight = RandomTensor({3, 4}, DType::kFloat32, -1, 1, 2);
   Tensor bias = RandomTensor({3}, DType::kFloat32, -1, 1, 3);
-  Tensor output = Linear(input, weight, bias);
-  EXPECT_EQ(output.shape(), (Shape{2, 5, 3}));
-  std::vector<double> expected;
-  for (int64_t i = 0; i < output.numel(); ++i) {
-    std::vector<int64_t> index = UnflattenIndex(i, output.shape());
-    double total = bias.ItemAsDouble(index[2]);
-    for (int64_t k = 0; k < 4; ++k) {
-      total += ElementAt(input, {index[0], index[1], k}) * ElementAt(weight, {index[2], k});
+  // A read-only (loaded) weight and 10 rows take oneDNN's matmul on the prepared weight; a
+  // writable one OpenBLAS's sgemm. Both with and without the bias, which oneDNN fuses.
+  Tensor loaded = weight.Clone();
+  loaded.storage()->MarkReadOnly();
+  for (const Tensor* w : {&weight, &loaded}) {
+    for (bool with_bias : {true, false}) {
+      Tensor output = Linear(input, *w, with_bias ? std::optional<Tensor>(bias) : std::nullopt);
+      EXPECT_EQ(output.shape(), (Shape{2, 5, 3}));
+      std::vector<double> expected;
+      for (int64_t i = 0; i < output.numel(); ++i) {
+        std::vector<int64_t> index = UnflattenIndex(i, output.shape());
+        double total = with_bias ? bias.ItemAsDouble(index[2]) : 0.0;
+        for (int64_t k = 0; k < 4; ++k) {
+          total += ElementAt(input, {index[0], index[1], k}) * ElementAt(*w, {index[2], k});
+        }
+        expected.push_back(total);
+      }
+      ExpectNear(output, expected, 1e-5, w->read_only() ? "linear, loaded weight" : "linear");
     }
-    expected.push_back(total);
   }
-  ExpectNear(output, expected, 1e-5, "linear");
   EXPECT_EQ(Bmm(Zeros({2, 3, 4}), Zeros({2, 4, 5})).shape(), (Shape{2, 3, 5}));
   EXPECT_THROW(Bmm(Zeros({2, 3, 4}), Zeros({4, 5})), Error);
 

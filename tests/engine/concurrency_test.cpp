@@ -17,14 +17,20 @@
 namespace orochi::engine {
 namespace {
 
-// One round of the mixed workload: matmul, broadcasting arithmetic, a reduction, softmax,
-// views and a dtype cast, all reading `weights` and `input`.
-Tensor Workload(const Tensor& weights, const Tensor& bias, const Tensor& input) {
-  Tensor hidden = Binary(Op::add, Matmul(input, weights.Transpose(0, 1)), bias);
+// One round of the mixed workload: linear, broadcasting arithmetic, a reduction, softmax,
+// views, a dtype cast and a convolution (oneDNN, its weight layout prepared once for all
+// threads), all reading `weights`, `filters` and `input`.
+Tensor Workload(const Tensor& weights, const Tensor& bias, const Tensor& filters,
+                const Tensor& input) {
+  Tensor hidden = Linear(input, weights, bias);  // oneDNN's matmul, its weight prepared once
   Tensor activated = Unary(Op::gelu, hidden);
   Tensor normalized = Softmax(activated.Slice(1, 0, 16, 2), -1);
   Tensor half = normalized.To(DType::kFloat16).To(DType::kFloat32);
-  return Reduce(Op::sum, Binary(Op::mul, half, half), {1}, /*keepdim=*/true);
+  Conv2dOptions same;
+  same.padding = {1, 1};
+  Tensor convolved = Conv2d(input.View({2, 2, 6, 8}), filters, bias.Slice(0, 0, 4, 1), same);
+  return Binary(Op::add, Reduce(Op::sum, Binary(Op::mul, half, half), {1}, /*keepdim=*/true),
+                Reduce(Op::sum, convolved.View({8, 48}), {1}, /*keepdim=*/true));
 }
 
 TEST(Concurrency, ThreadsShareReadOnlyTensorsWithoutRaces) {
@@ -35,17 +41,20 @@ TEST(Concurrency, ThreadsShareReadOnlyTensorsWithoutRaces) {
   std::string path = (std::filesystem::temp_directory_path() /
                       ("orochi-concurrency-" + std::to_string(getpid()) + ".safetensors"))
                          .string();
-  ASSERT_TRUE(SaveSafetensors(path, {{"weight", RandomTensor({32, 24}, DType::kFloat32, -1, 1, 1)},
-                                     {"bias", RandomTensor({32}, DType::kFloat32, -1, 1, 2)}})
-                  .ok());
+  ASSERT_TRUE(
+      SaveSafetensors(path, {{"weight", RandomTensor({32, 24}, DType::kFloat32, -1, 1, 1)},
+                             {"bias", RandomTensor({32}, DType::kFloat32, -1, 1, 2)},
+                             {"filters", RandomTensor({4, 2, 3, 3}, DType::kFloat32, -1, 1, 4)}})
+          .ok());
   Result<SafetensorsContents> loaded = LoadSafetensors(path);
   std::filesystem::remove(path);  // the mapping keeps the data alive
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   const Tensor weights = loaded->tensors.at("weight");
   const Tensor bias = loaded->tensors.at("bias");
+  const Tensor filters = loaded->tensors.at("filters");
   ASSERT_TRUE(weights.read_only());
   const Tensor input = RandomTensor({8, 24}, DType::kFloat32, -1, 1, 3);
-  const Tensor expected = Workload(weights, bias, input);
+  const Tensor expected = Workload(weights, bias, filters, input);
 
   std::atomic<int64_t> rounds{0};
   std::atomic<int64_t> mismatches{0};
@@ -55,7 +64,7 @@ TEST(Concurrency, ThreadsShareReadOnlyTensorsWithoutRaces) {
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&] {
         while (std::chrono::steady_clock::now() < deadline) {
-          Tensor result = Workload(weights, bias, input);
+          Tensor result = Workload(weights, bias, filters, input);
           for (int64_t i = 0; i < result.numel(); ++i) {
             if (result.ItemAsDouble(i) != expected.ItemAsDouble(i)) ++mismatches;
           }
@@ -68,8 +77,9 @@ TEST(Concurrency, ThreadsShareReadOnlyTensorsWithoutRaces) {
               static_cast<long long>(rounds.load()));
   EXPECT_GT(rounds.load(), kThreads);
   EXPECT_EQ(mismatches.load(), 0);
-  // weights, bias and the two tensors in `loaded` share the one mapping
-  EXPECT_EQ(weights.storage().use_count(), 4);
+  // weights, bias, filters and the three tensors in `loaded` share the one mapping (the prepared
+  // filter layout lives with it and does not hold it)
+  EXPECT_EQ(weights.storage().use_count(), 6);
 }
 
 }  // namespace

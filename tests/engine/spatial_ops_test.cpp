@@ -88,6 +88,29 @@ TEST(Convolution, Conv2dMatchesTheDefinition) {
   for (double value : Values(empty_sum)) EXPECT_EQ(value, 1.0);
 }
 
+TEST(Convolution, ReadOnlyWeightsGiveTheSameResultsAsWritableOnes) {
+  // A read-only weight's oneDNN layout is prepared once and reused; a writable one's every call.
+  Tensor input = RandomTensor({2, 8, 9, 9}, DType::kFloat32, -1, 1, 1);
+  Tensor writable = RandomTensor({16, 8, 3, 3}, DType::kFloat32, -1, 1, 2);
+  Tensor bias = RandomTensor({16}, DType::kFloat32, -1, 1, 3);
+  Tensor read_only = writable.Clone();
+  read_only.storage()->MarkReadOnly();
+  Tensor expected = Conv2d(input, writable, bias);
+  for (int call = 0; call < 2; ++call) {
+    Tensor result = Conv2d(input, read_only, bias);
+    for (int64_t i = 0; i < expected.numel(); ++i) {
+      ASSERT_EQ(result.ItemAsDouble(i), expected.ItemAsDouble(i)) << "call " << call;
+    }
+  }
+  // A weight rewritten between calls is read anew.
+  writable.CopyFrom(Binary(Op::mul, writable, Scalar(2.0, DType::kFloat32)));
+  Tensor doubled = Conv2d(input, writable);
+  Tensor single = Conv2d(input, read_only);
+  for (int64_t i = 0; i < single.numel(); ++i) {
+    ASSERT_FLOAT_EQ(doubled.ItemAsDouble(i), 2 * single.ItemAsDouble(i));
+  }
+}
+
 TEST(Convolution, Conv1dIsConv2dOverOneRow) {
   Tensor input = RandomTensor({2, 4, 11}, DType::kFloat64, -1, 1, 4);
   Tensor weight = RandomTensor({6, 2, 3}, DType::kFloat64, -1, 1, 5);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <memory>
 
 #include "engine_test_support.h"
 #include "orochi/engine/dispatch.h"
@@ -221,6 +222,29 @@ TEST(Views, DimsAndIndicesOutsideTheirRangeAreOutOfRange) {
   // A start at the very end selects nothing; a transposed 0-d tensor is itself.
   EXPECT_EQ(base.Narrow(1, 3, 0).shape(), (Shape{2, 0}));
   EXPECT_EQ(scalar.Transpose(0, -1).shape(), Shape{});
+}
+
+TEST(Storage, PreparedLayoutsAreMadeOncePerKeyAndFreedWithTheStorage) {
+  Tensor weight = Ones({4});
+  weight.storage()->MarkReadOnly();
+  int prepared = 0;
+  auto prepare = [&]() -> Storage::Prepared {
+    ++prepared;
+    return std::make_shared<int>(prepared);
+  };
+  Storage::Prepared first = weight.storage()->PreparedLayout("layout a", prepare);
+  Storage::Prepared again = weight.View({2, 2}).storage()->PreparedLayout("layout a", prepare);
+  Storage::Prepared other = weight.storage()->PreparedLayout("layout b", prepare);
+  EXPECT_EQ(prepared, 2);
+  EXPECT_EQ(first, again);  // one object for every caller
+  EXPECT_EQ(*static_cast<const int*>(other.get()), 2);
+  std::weak_ptr<const void> kept = first;
+  first.reset();
+  again.reset();
+  other.reset();
+  EXPECT_FALSE(kept.expired());  // the storage keeps it
+  weight = Tensor();
+  EXPECT_TRUE(kept.expired());  // and frees it with itself
 }
 
 TEST(Views, ReadOnlyTensorsRefuseWrites) {

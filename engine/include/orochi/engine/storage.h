@@ -13,6 +13,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -70,6 +72,14 @@ class OROCHI_ENGINE_API Storage {
   // copy moves to a GPU are uploaded once.
   using Upload = StoragePtr (*)(const std::byte* bytes, size_t size, Device device);
   StoragePtr DeviceReplica(Device device, size_t begin, size_t end, Upload upload);
+
+  // For kernels that read read-only bytes in a layout of their own (oneDNN's blocked conv
+  // weights): the object `prepare()` made for `key` on the first call, shared by every later
+  // call with that key from any thread and freed with this storage. Weights are prepared once
+  // per storage, so every interpreter copy uses the one prepared layout. `prepare` runs without
+  // the lock held: two first calls racing may both prepare, and the first to finish is kept.
+  using Prepared = std::shared_ptr<const void>;
+  Prepared PreparedLayout(const std::string& key, const std::function<Prepared()>& prepare);
 
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -1,0 +1,31 @@
+// oneDNN: float32 convolution on the CPU, with weights kept in oneDNN's own layout.
+#pragma once
+
+#include "orochi/engine/dispatch.h"
+#include "orochi/engine/tensor.h"
+
+namespace orochi::engine::cpu {
+
+// conv2d of contiguous float32 [N, C, H, W] input and [O, C/groups, kh, kw] weight into the
+// contiguous float32 output [N, O, oh, ow] (geometry checked and output sized by the caller).
+// Runs on IntraOpThreads() threads. A read-only weight (loaded weights) is rearranged into
+// oneDNN's blocked layout once and kept with its storage (Storage::PreparedLayout); a writable
+// one is rearranged on every call, since its bytes may change between calls.
+// `bias` (null: none), a contiguous float32 [O], is added by oneDNN as it writes the output.
+void OnednnConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
+                  const ConvGeometry& geometry, Tensor& output);
+
+// Whether OnednnLinear is the faster way to compute `input @ weight.T` (float32 on the CPU): only
+// for a read-only weight, whose layout is prepared once (a writable one would be rearranged on
+// every call), and for at least kOnednnLinearMinRows rows of input. Chosen by measurement
+// (bench_engine's linear cases, docs/PERFORMANCE.md): oneDNN's matmul on a prepared weight beat
+// OpenBLAS's sgemm by 1.1-2.4x from 8 rows up and matched it at 1 row.
+inline constexpr int64_t kOnednnLinearMinRows = 8;
+bool PrefersOnednnLinear(const Tensor& input, const Tensor& weight);
+
+// linear: contiguous float32 input [rows, in] times weight [out, in] (contiguous, read-only)
+// transposed, plus `bias` (null: none; contiguous [out]) added by oneDNN as it writes, into the
+// contiguous output [rows, out].
+void OnednnLinear(const Tensor& input, const Tensor& weight, const Tensor* bias, Tensor& output);
+
+}  // namespace orochi::engine::cpu
