@@ -43,6 +43,8 @@ const cases = [
    "not published per pod"],
   [hpa, "name: orochi_queue_depth", "name: orochi_queue_length",
    "the HPA asks for orochi_queue_length"],
+  ["base/configmap.yaml", '"model_control_mode": "poll"', '"model_control_mode": "explicit"',
+   "replicas would not follow the shared repository"],
 ];
 
 // Runs one case: the failures validate.mjs printed for its broken copy.

@@ -157,6 +157,12 @@ function checkInvariants(where, objects) {
                          config.management?.bind_address]) {
     if (address !== "0.0.0.0") fail(where, `a listener is bound to ${address}, not 0.0.0.0`);
   }
+  // Replicas share one repository volume: each must follow it, or an upload through one
+  // replica would reach only that one.
+  if (config.models?.model_control_mode !== "poll") {
+    fail(where, "models.model_control_mode is not \"poll\": replicas would not follow the " +
+                "shared repository");
+  }
   if (config.management?.token_env !== "OROCHI_MANAGEMENT_TOKEN" ||
       !container.env?.some((e) => e.name === "OROCHI_MANAGEMENT_TOKEN" &&
                            e.valueFrom?.secretKeyRef?.name)) {
