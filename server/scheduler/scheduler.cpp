@@ -643,6 +643,8 @@ void Scheduler::Watch() {
   // How often running batches are checked for clients that hung up: a hang-up is noticed by the
   // transport at once, and a copy should not run much longer for nobody.
   constexpr auto kHangUpCheck = std::chrono::milliseconds(100);
+  // A call of a stream whose client left that runs this long is interrupted.
+  constexpr auto kStuckStreamCall = std::chrono::seconds(1);
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     const Clock::time_point now = Clock::now();
@@ -651,7 +653,11 @@ void Scheduler::Watch() {
       Worker& worker = workers_[slot];
       if (worker.between_calls) continue;  // streams: their worker watches them itself
       if (worker.batch && !worker.interrupted) {
-        if (AllClientsGone(*worker.batch)) {
+        // A stream's call is left to return (its generator is then closed at its yield)
+        // unless it is stuck in the call.
+        const bool streams = worker.queue != nullptr && worker.queue->batching.streaming;
+        if (AllClientsGone(*worker.batch) &&
+            (!streams || now - worker.call_started >= kStuckStreamCall)) {
           // As at a deadline, from now: interrupted, and replaced if it does not stop.
           worker.interrupted = true;
           worker.clients_gone = true;

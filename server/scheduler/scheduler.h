@@ -233,7 +233,8 @@ class Scheduler {
     // Running streams, between two calls into the copy: nothing to interrupt, the worker
     // itself ends the streams whose deadline passed, whose clients went, or whose model goes.
     bool between_calls = false;
-    int paused = 0;       // PauseSlot calls not yet resumed: takes no work while > 0
+    Clock::time_point call_started;  // streams: the running call into the copy began
+    int paused = 0;                  // PauseSlot calls not yet resumed: takes no work while > 0
     bool exited = false;  // the thread of this generation has returned: joining it is quick
     // After an abandon: the stuck copy is still in the slot until manager.Abandon succeeds.
     bool needs_fresh_copy = false;

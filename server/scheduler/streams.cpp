@@ -96,6 +96,7 @@ bool Scheduler::RunStreams(size_t slot, uint64_t generation, ModelQueue& queue, 
       worker.interrupted = false;
       worker.clients_gone = false;
       worker.between_calls = false;
+      worker.call_started = Clock::now();
     }
     watch_.notify_all();
     const ScopedCrashContext crash_context(key, static_cast<int>(slot), "stream");

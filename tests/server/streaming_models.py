@@ -3,7 +3,8 @@
 `tokens`: predict() is a generator yielding `max_tokens` tokens "t0 ", "t1 ", ... `delay_s`
 apart; the `mode` parameter makes it hostile ("raise" after two tokens, "malformed" output,
 "spin" forever without yielding, "forever" yielding without end). With `marker`, a path, it
-writes "closed" there when it is closed inside its copy (GeneratorExit), "done" when it ends.
+writes the exception's name there when one ends it inside its copy (GeneratorExit when it is
+closed at a yield, TimeoutError when interrupted), "done" when it ends by itself.
 
 `stepper`: the step interface. start() takes `max_tokens`; step() records how many states it
 got and streams "s{i} " with that count as `batch`; finish() appends the sequence's end to
@@ -24,6 +25,7 @@ TOKENS_MANIFEST = {
 }
 
 TOKENS_CODE = '''
+import os
 import time
 
 
@@ -51,10 +53,12 @@ class Tokens:
                 if delay:
                     time.sleep(delay)
             if marker:
-                open(marker, "w").write("done")
-        except GeneratorExit:
+                open(marker + ".tmp", "w").write("done")
+                os.rename(marker + ".tmp", marker)
+        except BaseException as error:  # GeneratorExit (closed), TimeoutError (interrupted)
             if marker:
-                open(marker, "w").write("closed")
+                open(marker + ".tmp", "w").write(type(error).__name__)
+                os.rename(marker + ".tmp", marker)
             raise
 '''
 
