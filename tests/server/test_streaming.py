@@ -290,6 +290,21 @@ class StreamingTest(unittest.TestCase):
         self.assertIn(b"max_queued_streams", refused[0])
         self.assertIn(200, statuses)
 
+    def test_orochi_run_prints_responses_as_they_come(self):
+        request = os.path.join(self.root, "request.json")
+        with open(request, "w") as file:
+            json.dump({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1],
+                                   "data": ["x"]}],
+                       "parameters": {"max_tokens": 3, "delay_s": 0.5}}, file)
+        process = subprocess.Popen(
+            [BINARY, "run", os.path.join(self.repository, "tokens", "1", "model.orochi"),
+             "--request", request], stdout=subprocess.PIPE)
+        arrivals = [(time.monotonic(), json.loads(line)) for line in process.stdout]
+        self.assertEqual(process.wait(timeout=30), 0)
+        self.assertEqual([answer["outputs"][0]["data"] for _, answer in arrivals],
+                         [["t0 "], ["t1 "], ["t2 "]])
+        self.assertGreater(arrivals[-1][0] - arrivals[0][0], 0.8)  # printed as they came
+
     def test_many_aborted_streams_keep_memory_flat(self):
         def rss():
             with open(f"/proc/{self.server.serving_pid}/status") as status:
