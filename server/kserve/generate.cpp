@@ -211,7 +211,7 @@ class StreamToClient : public std::enable_shared_from_this<StreamToClient> {
 }  // namespace
 
 void KServeApi::Generate(http::Request&& request, const http::PathParams& params,
-                         http::Responder respond, bool stream) {
+                         const http::Responder& respond, bool stream) {
   const Clock::time_point received = Clock::now();
   std::shared_ptr<const ServedModel> model = Resolve(params, respond, /*count_unknown=*/true);
   if (model == nullptr) return;

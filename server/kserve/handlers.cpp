@@ -207,7 +207,7 @@ void KServeApi::Register(http::Router& router) {
   for (const bool stream : {false, true}) {
     auto generate = [this, stream](http::Request&& request, const http::PathParams& params,
                                    http::Responder respond) {
-      Generate(std::move(request), params, std::move(respond), stream);
+      Generate(std::move(request), params, respond, stream);
     };
     const std::string path = stream ? "/generate_stream" : "/generate";
     router.Add(bhttp::verb::post, "/v2/models/{model}" + path, generate);

@@ -32,8 +32,8 @@ class KServeApi {
   void Infer(http::Request&& request, const http::PathParams& params, http::Responder respond);
   // Triton's generate extension: /generate answers once (the responses of a streaming model
   // combined), /generate_stream as Server-Sent Events, one event per response.
-  void Generate(http::Request&& request, const http::PathParams& params, http::Responder respond,
-                bool stream);
+  void Generate(http::Request&& request, const http::PathParams& params,
+                const http::Responder& respond, bool stream);
   // Triton's system shared-memory extension (status, register, unregister) and the CUDA one's
   // endpoints, which answer that this server has no CUDA shared memory.
   void RegisterSharedMemory(http::Router& router);
