@@ -344,7 +344,8 @@ def _outputs(model, result, produced_by="predict()"):
     # In the dict's order, not sorted: keys that are not strings (1, None) do not sort together.
     unknown = [key for key in result if key not in declared]
     if unknown:
-        raise ValueError(f"{produced_by} gave outputs {unknown} that the manifest does not "
+        verb = "returned" if produced_by == "predict()" else "gave"
+        raise ValueError(f"{produced_by} {verb} outputs {unknown} that the manifest does not "
                          f"declare (declared: {sorted(declared)})")
     outputs = []
     for spec in model.outputs:
