@@ -43,7 +43,8 @@ int PackCommand(const PackOptions& options);
 // `orochi inspect FILE [--json]`: manifest, members and weights (names, dtypes, shapes).
 int InspectCommand(const InspectOptions& options);
 // `orochi run FILE --input NAME=JSON ...` (or `--request BODY.json`): loads the package into
-// private copies, runs predict() once and prints the server's KServe v2 JSON response.
+// private copies, runs predict() once and prints the server's KServe v2 JSON response. A
+// streaming model's responses are printed one JSON line each, as they come.
 int RunCommand(const RunOptions& options);
 
 struct ServeOptions {

@@ -279,6 +279,43 @@ Result<std::string> RequestFromInputs(const Manifest& manifest,
   return request.dump();
 }
 
+// A streaming model's responses, each printed (one JSON line, KServe v2's response) as soon as
+// the model produces it.
+int RunStream(interpreters::InterpreterManager& manager, interpreters::ReplicatedModel& model,
+              const Package& package, const server::kserve::InferRequest& request) {
+  constexpr uint64_t kStream = 1;
+  interpreters::InterpreterManager::Lease copy = manager.AcquireSlot(model.slots().front());
+  Result<interpreters::ReplicatedModel::StreamKind> kind =
+      model.StreamOpen(*copy, kStream, request.inputs, request.parameters);
+  if (!kind.ok()) return Fail(kind.status());
+  auto print = [&](const std::vector<interpreters::NamedTensor>& outputs) {
+    server::kserve::EncodedResponse response =
+        server::kserve::EncodeInferResponse(package.manifest(), request, outputs, package.labels());
+    std::string_view json = response.body;
+    if (response.json_length) json = json.substr(0, *response.json_length);
+    std::printf("%s\n",
+                Json::parse(json).dump(-1, ' ', false, Json::error_handler_t::replace).c_str());
+    std::fflush(stdout);
+  };
+  while (true) {
+    if (*kind == interpreters::ReplicatedModel::StreamKind::kGenerator) {
+      Result<std::optional<std::vector<interpreters::NamedTensor>>> next =
+          model.StreamNext(*copy, kStream);
+      if (!next.ok()) return Fail(next.status());
+      if (!next->has_value()) return 0;
+      print(**next);
+      continue;
+    }
+    Result<std::vector<interpreters::ReplicatedModel::StepResult>> stepped =
+        model.StreamStep(*copy, {kStream});
+    if (!stepped.ok()) return Fail(stepped.status());
+    interpreters::ReplicatedModel::StepResult& result = stepped->front();
+    if (result.outputs) print(*result.outputs);
+    if (!result.error.ok()) return Fail(result.error);
+    if (result.finished) return 0;
+  }
+}
+
 int Run(const RunOptions& options) {
   Result<std::unique_ptr<Package>> opened = Package::Open(options.path);
   if (!opened.ok()) return Fail(opened.status());
@@ -310,6 +347,7 @@ int Run(const RunOptions& options) {
   Result<std::unique_ptr<interpreters::ReplicatedModel>> model =
       interpreters::ReplicatedModel::Load(**manager, ModelSourceFrom(package, options.config));
   if (!model.ok()) return Fail(model.status());
+  if (manifest.streaming) return RunStream(**manager, **model, *package, *parsed);
   Result<std::vector<interpreters::NamedTensor>> outputs =
       (*model)->Predict(parsed->inputs, parsed->parameters);
   if (!outputs.ok()) return Fail(outputs.status());

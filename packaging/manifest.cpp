@@ -277,10 +277,11 @@ Result<Manifest> ParseManifest(std::string_view text) {
   if (json.is_discarded()) return Problem("$", "not valid JSON");
   OROCHI_RETURN_IF_ERROR(duplicates.duplicate());
   if (!json.is_object()) return Problem("$", "expected a JSON object, got " + TypeName(json));
-  OROCHI_RETURN_IF_ERROR(OnlyKeys(
-      json, "$",
-      {"format_version", "name", "version", "entry", "description", "inputs", "outputs",
-       "max_batch_size", "instances", "device", "requires", "parameters", "max_request_bytes"}));
+  OROCHI_RETURN_IF_ERROR(
+      OnlyKeys(json, "$",
+               {"format_version", "name", "version", "entry", "description", "inputs", "outputs",
+                "max_batch_size", "instances", "device", "requires", "parameters",
+                "max_request_bytes", "streaming", "max_live_sequences"}));
   Manifest manifest;
   OROCHI_ASSIGN_OR_RETURN(std::optional<int64_t> format, Integer(json, "$", "format_version", 1));
   if (!format) return Problem("$", "missing required key 'format_version'");
@@ -312,6 +313,24 @@ Result<Manifest> ParseManifest(std::string_view text) {
   OROCHI_ASSIGN_OR_RETURN(std::optional<int64_t> batch, Integer(json, "$", "max_batch_size", 0));
   manifest.max_batch_size = batch.value_or(0);
   OROCHI_ASSIGN_OR_RETURN(manifest.instances, Integer(json, "$", "instances", 1));
+  if (auto streaming = json.find("streaming"); streaming != json.end()) {
+    if (!streaming->is_boolean()) {
+      return Problem("$.streaming", "expected true or false, got " + TypeName(*streaming));
+    }
+    manifest.streaming = streaming->get<bool>();
+  }
+  if (manifest.streaming && manifest.max_batch_size != 0) {
+    return Problem("$.max_batch_size",
+                   "a streaming model takes no batch dimension (its requests are batched step by "
+                   "step through the step interface instead): max_batch_size must be 0, got " +
+                       std::to_string(manifest.max_batch_size));
+  }
+  OROCHI_ASSIGN_OR_RETURN(std::optional<int64_t> live, Integer(json, "$", "max_live_sequences", 1));
+  if (live && !manifest.streaming) {
+    return Problem("$.max_live_sequences",
+                   "only a streaming model (\"streaming\": true) has live sequences");
+  }
+  manifest.max_live_sequences = live.value_or(16);
   OROCHI_ASSIGN_OR_RETURN(manifest.max_request_bytes, Integer(json, "$", "max_request_bytes", 1));
   if (json.contains("device")) {
     OROCHI_ASSIGN_OR_RETURN(manifest.device, String(json, "$", "device", true));

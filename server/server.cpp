@@ -226,15 +226,20 @@ struct Server::Impl {
         http::EncodeResponseBody(response, encoding);
         respond(std::move(response));
       });
-      http::Responder logged =
-          respond.Wrap([this, compressed, start, header = std::move(header),
-                        route = resolved.pattern(), listener](http::Response response) {
-            Record(route, listener, header, response,
-                   std::chrono::duration_cast<std::chrono::microseconds>(
-                       std::chrono::steady_clock::now() - start)
-                       .count());
+      auto record = [this, start, header = std::move(header), route = resolved.pattern(),
+                     listener](const http::Response& response) {
+        Record(route, listener, header, response,
+               std::chrono::duration_cast<std::chrono::microseconds>(
+                   std::chrono::steady_clock::now() - start)
+                   .count());
+      };
+      // A streamed answer is recorded when its header goes, and sent as it comes (uncompressed).
+      http::Responder logged = compressed.Wrap(
+          [record, compressed](http::Response response) {
+            record(response);
             compressed(std::move(response));
-          });
+          },
+          record);
       if (in_file && in_file(request)) {
         if (request.count(bhttp::field::content_encoding) != 0) {
           logged(http::ErrorResponse(415,

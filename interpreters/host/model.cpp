@@ -68,43 +68,74 @@ Value ToValue(const NamedTensor& input) {
   return pair;
 }
 
-// `value`: [outputs, [input_ns, output_ns]] (see orochi.serving._predict); the copy's own
-// input and output times go to `copy_input` and `copy_output`.
-Result<std::vector<NamedTensor>> FromOutputs(const Value& value,
-                                             std::chrono::nanoseconds* copy_input,
-                                             std::chrono::nanoseconds* copy_output) {
-  auto malformed = [] { return Internal("orochi.serving returned malformed outputs"); };
-  const auto* answer = std::get_if<ValueList>(&value);
-  if (answer == nullptr || answer->items.size() != 2) return malformed();
-  const auto* outputs = std::get_if<ValueList>(&answer->items[0]);
-  const auto* times = std::get_if<ValueList>(&answer->items[1]);
-  if (outputs == nullptr || times == nullptr || times->items.size() != 2) return malformed();
-  const auto* input_ns = std::get_if<int64_t>(&times->items[0]);
-  const auto* output_ns = std::get_if<int64_t>(&times->items[1]);
-  if (input_ns == nullptr || output_ns == nullptr) return malformed();
-  *copy_input = std::chrono::nanoseconds(std::max<int64_t>(*input_ns, 0));
-  *copy_output = std::chrono::nanoseconds(std::max<int64_t>(*output_ns, 0));
+Status Malformed() { return Internal("orochi.serving returned malformed outputs"); }
+
+// `value`: [[name, tensor | [shape, [bytes, ...]]], ...], as orochi.serving._outputs makes it.
+Result<std::vector<NamedTensor>> ParseOutputs(const Value& value) {
+  const auto* outputs = std::get_if<ValueList>(&value);
+  if (outputs == nullptr) return Malformed();
   std::vector<NamedTensor> result;
   for (const Value& entry : outputs->items) {
     const auto* pair = std::get_if<ValueList>(&entry);
-    if (pair == nullptr || pair->items.size() != 2) return malformed();
+    if (pair == nullptr || pair->items.size() != 2) return Malformed();
     const auto* name = std::get_if<std::string>(&pair->items[0]);
-    if (name == nullptr) return malformed();
+    if (name == nullptr) return Malformed();
     if (const auto* tensor = std::get_if<engine::Tensor>(&pair->items[1])) {
       result.push_back({*name, *tensor});
       continue;
     }
     const auto* bytes = std::get_if<ValueList>(&pair->items[1]);
-    if (bytes == nullptr || bytes->items.size() != 2) return malformed();
+    if (bytes == nullptr || bytes->items.size() != 2) return Malformed();
     const auto* shape = std::get_if<ValueList>(&bytes->items[0]);
     const auto* items = std::get_if<ValueList>(&bytes->items[1]);
-    if (shape == nullptr || items == nullptr) return malformed();
+    if (shape == nullptr || items == nullptr) return Malformed();
     BytesTensor tensor;
     for (const Value& size : shape->items) tensor.shape.push_back(std::get<int64_t>(size));
     for (const Value& item : items->items) tensor.items.push_back(std::get<Bytes>(item).data);
     result.push_back({*name, std::move(tensor)});
   }
   return result;
+}
+
+// `value`: [outputs, [input_ns, output_ns]] (see orochi.serving._predict); the copy's own
+// input and output times go to `copy_input` and `copy_output`.
+Result<std::vector<NamedTensor>> FromOutputs(const Value& value,
+                                             std::chrono::nanoseconds* copy_input,
+                                             std::chrono::nanoseconds* copy_output) {
+  const auto* answer = std::get_if<ValueList>(&value);
+  if (answer == nullptr || answer->items.size() != 2) return Malformed();
+  const auto* times = std::get_if<ValueList>(&answer->items[1]);
+  if (times == nullptr || times->items.size() != 2) return Malformed();
+  const auto* input_ns = std::get_if<int64_t>(&times->items[0]);
+  const auto* output_ns = std::get_if<int64_t>(&times->items[1]);
+  if (input_ns == nullptr || output_ns == nullptr) return Malformed();
+  *copy_input = std::chrono::nanoseconds(std::max<int64_t>(*input_ns, 0));
+  *copy_output = std::chrono::nanoseconds(std::max<int64_t>(*output_ns, 0));
+  return ParseOutputs(answer->items[0]);
+}
+
+// The model's own InputError is the client's mistake: kInvalidArgument, without its type.
+Status ClientErrorOf(const Status& error) {
+  if (error.code() == StatusCode::kPythonError && error.message().rfind(kInputErrorType, 0) == 0) {
+    return InvalidArgument(error.message().substr(std::string_view(kInputErrorType).size() + 2));
+  }
+  return error;
+}
+
+ValueList ToArguments(const std::vector<NamedTensor>& inputs) {
+  ValueList arguments;
+  for (const NamedTensor& input : inputs) arguments.items.push_back(ToValue(input));
+  return arguments;
+}
+
+// [[name, value], ...]: plain values, which the copy makes into a dict.
+ValueList ToParameters(const RequestParameters& parameters) {
+  ValueList named_parameters;
+  for (const auto& [name, value] : parameters) {
+    Value item = std::visit([](const auto& held) { return Value(held); }, value);
+    named_parameters.items.push_back(ValueList{{Value(name), std::move(item)}});
+  }
+  return named_parameters;
 }
 
 }  // namespace
@@ -292,29 +323,14 @@ Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(Interpreter& copy,
   *timings = {};
   const Clock::time_point started = Clock::now();
   if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
-  ValueList arguments;
-  for (const NamedTensor& input : inputs) arguments.items.push_back(ToValue(input));
-  // [[name, value], ...]: plain values, which the copy makes into a dict.
-  ValueList named_parameters;
-  for (const auto& [name, value] : parameters) {
-    Value item = std::visit([](const auto& held) { return Value(held); }, value);
-    named_parameters.items.push_back(ValueList{{Value(name), std::move(item)}});
-  }
-  const std::vector<Value> call{key_, std::move(arguments), std::move(named_parameters)};
+  const std::vector<Value> call{key_, ToArguments(inputs), ToParameters(parameters)};
   copy.SetCaller(key_);
   const Clock::time_point calling = Clock::now();
   Result<Value> outputs = copy.Call("orochi.serving:_predict", call);
   const Clock::time_point returned = Clock::now();
   timings->input = calling - started;
   timings->infer = returned - calling;
-  if (!outputs.ok()) {
-    const Status& error = outputs.status();
-    if (error.code() == StatusCode::kPythonError &&
-        error.message().rfind(kInputErrorType, 0) == 0) {
-      return InvalidArgument(error.message().substr(std::string_view(kInputErrorType).size() + 2));
-    }
-    return error;
-  }
+  if (!outputs.ok()) return ClientErrorOf(outputs.status());
   std::chrono::nanoseconds copy_input{0};
   std::chrono::nanoseconds copy_output{0};
   Result<std::vector<NamedTensor>> result = FromOutputs(*outputs, &copy_input, &copy_output);
@@ -325,6 +341,70 @@ Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(Interpreter& copy,
   timings->infer -= copy_input + copy_output;
   timings->output = copy_output + (Clock::now() - returned);
   return result;
+}
+
+Result<ReplicatedModel::StreamKind> ReplicatedModel::StreamOpen(
+    Interpreter& copy, uint64_t stream, const std::vector<NamedTensor>& inputs,
+    const RequestParameters& parameters) {
+  if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
+  copy.SetCaller(key_);
+  Result<Value> kind = copy.Call("orochi.serving:_stream_open",
+                                 std::vector<Value>{key_, static_cast<int64_t>(stream),
+                                                    ToArguments(inputs), ToParameters(parameters)});
+  if (!kind.ok()) return ClientErrorOf(kind.status());
+  const auto* name = std::get_if<std::string>(&*kind);
+  if (name == nullptr) return Malformed();
+  return *name == "step" ? StreamKind::kStep : StreamKind::kGenerator;
+}
+
+Result<std::optional<std::vector<NamedTensor>>> ReplicatedModel::StreamNext(Interpreter& copy,
+                                                                            uint64_t stream) {
+  copy.SetCaller(key_);
+  Result<Value> next = copy.Call("orochi.serving:_stream_next",
+                                 std::vector<Value>{key_, static_cast<int64_t>(stream)});
+  if (!next.ok()) return next.status();
+  if (std::holds_alternative<std::monostate>(*next)) {
+    return std::optional<std::vector<NamedTensor>>();
+  }
+  OROCHI_ASSIGN_OR_RETURN(std::vector<NamedTensor> outputs, ParseOutputs(*next));
+  return std::optional<std::vector<NamedTensor>>(std::move(outputs));
+}
+
+Result<std::vector<ReplicatedModel::StepResult>> ReplicatedModel::StreamStep(
+    Interpreter& copy, const std::vector<uint64_t>& streams) {
+  copy.SetCaller(key_);
+  ValueList ids;
+  for (uint64_t stream : streams) ids.items.emplace_back(static_cast<int64_t>(stream));
+  Result<Value> stepped =
+      copy.Call("orochi.serving:_stream_step", std::vector<Value>{key_, std::move(ids)});
+  if (!stepped.ok()) return stepped.status();
+  const auto* entries = std::get_if<ValueList>(&*stepped);
+  if (entries == nullptr || entries->items.size() != streams.size()) return Malformed();
+  std::vector<StepResult> results;
+  for (const Value& value : entries->items) {
+    const auto* entry = std::get_if<ValueList>(&value);
+    if (entry == nullptr || entry->items.size() != 3) return Malformed();
+    const auto* finished = std::get_if<bool>(&entry->items[1]);
+    if (finished == nullptr) return Malformed();
+    StepResult result;
+    result.finished = *finished;
+    if (const auto* error = std::get_if<std::string>(&entry->items[2])) {
+      result.error = Status(StatusCode::kPythonError, *error);
+    }
+    if (!std::holds_alternative<std::monostate>(entry->items[0])) {
+      OROCHI_ASSIGN_OR_RETURN(std::vector<NamedTensor> outputs, ParseOutputs(entry->items[0]));
+      result.outputs = std::move(outputs);
+    }
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
+Status ReplicatedModel::StreamClose(Interpreter& copy, uint64_t stream) {
+  copy.SetCaller(key_);
+  Result<Value> closed = copy.Call("orochi.serving:_stream_close",
+                                   std::vector<Value>{key_, static_cast<int64_t>(stream)});
+  return closed.ok() ? Status::Ok() : closed.status();
 }
 
 Status ReplicatedModel::LoadInto(size_t slot) {

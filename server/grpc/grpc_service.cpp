@@ -121,11 +121,23 @@ class StreamCall final
     }
     ModelInferRequest request = std::move(incoming_);
     incoming_.Clear();
+    auto stream = std::make_shared<std::shared_ptr<ResponseStream>>();
     service_.Infer(
         request, SteadyDeadline(context_->deadline()),
-        [cancelled = cancelled_] { return cancelled->load(); },
-        [this, id = request.id()](const InferenceService::InferOutcome& outcome) {
+        [cancelled = cancelled_, stream] {
+          return cancelled->load() || (*stream != nullptr && (*stream)->cancelled());
+        },
+        [this, id = request.id(), stream](const InferenceService::InferOutcome& outcome) {
+          if (outcome.streamed) {
+            (*stream)->End(outcome.error);
+            return;
+          }
           Answered(outcome, id);
+        },
+        [this, id = request.id(), stream](std::shared_ptr<const ServedModel> model,
+                                          std::shared_ptr<const kserve::InferRequest> read) {
+          *stream = OpenStream(std::move(model), std::move(read), id);
+          return *stream;
         });
     Next next;
     {
@@ -140,15 +152,19 @@ class StreamCall final
     Next next;
     {
       std::lock_guard lock(mutex_);
+      if (writes_.front().last) --outstanding_;
       writes_.pop_front();
-      --outstanding_;
       writing_ = false;
       if (!ok) {
-        // The client is gone: drop what is left to write; running requests see client_gone.
+        // The client is gone: drop what is left to write; running requests see client_gone,
+        // and running streams are cancelled (each still ends, see TakeStreamResponse).
         cancelled_->store(true);
-        outstanding_ -= writes_.size();
+        for (const Write& write : writes_) {
+          if (write.last) --outstanding_;
+        }
         writes_.clear();
       }
+      if (cancelled_->load()) CancelStreamsLocked();
       next = DecideLocked();
     }
     Act(next);
@@ -159,6 +175,7 @@ class StreamCall final
     Next next;
     {
       std::lock_guard lock(mutex_);
+      CancelStreamsLocked();
       next = DecideLocked();
     }
     Act(next);
@@ -179,12 +196,89 @@ class StreamCall final
     bool finish = false;
   };
 
+  // A streaming request's responses: written as they come, one at a time, each taken from its
+  // stream only when nothing else waits to be written (so a slow reader leaves them in the
+  // stream's bounded buffer, and its model waits).
+  struct OpenedStream {
+    std::shared_ptr<ResponseStream> responses;
+    std::shared_ptr<const ServedModel> model;
+    std::shared_ptr<const kserve::InferRequest> request;
+    std::string id;
+  };
+
+  std::shared_ptr<ResponseStream> OpenStream(std::shared_ptr<const ServedModel> model,
+                                             std::shared_ptr<const kserve::InferRequest> request,
+                                             const std::string& id) {
+    auto responses = std::make_shared<ResponseStream>(
+        static_cast<size_t>(service_.config().models.stream_buffer_responses));
+    // Called by the stream's producer; the call outlives the stream, which ends before its
+    // request stops counting as outstanding.
+    responses->SetListener([this] {
+      Next next;
+      {
+        std::lock_guard lock(mutex_);
+        next = DecideLocked();
+      }
+      Act(next);
+    });
+    std::lock_guard lock(mutex_);
+    streams_.push_back({responses, std::move(model), std::move(request), id});
+    return responses;
+  }
+
+  void CancelStreamsLocked() {
+    for (const OpenedStream& stream : streams_) stream.responses->Cancel();
+  }
+
+  // The next response of the open streams, into writes_; ended streams leave.
+  void TakeStreamResponseLocked() {
+    for (auto it = streams_.begin(); it != streams_.end(); ++it) {
+      std::optional<ResponseStream::Item> item = it->responses->Pop();
+      if (!item) continue;
+      const bool last = !item->response.has_value();
+      if (cancelled_->load()) {  // nobody to write to: only the end matters
+        if (last) {
+          --outstanding_;
+          streams_.erase(it);
+        }
+        return;
+      }
+      auto response = std::make_unique<ModelStreamInferResponse>();
+      auto* infer = response->mutable_infer_response();
+      if (item->response) {
+        WriteInferResponse(it->model->manifest(), *it->request, *item->response,
+                           it->model->package->labels(), infer);
+      } else {
+        infer->set_model_name(it->model->name);
+        infer->set_model_version(std::to_string(it->model->version));
+        if (!item->end.ok()) {
+          response->set_error_message(ToGrpc(item->end).error_message());
+        }
+        service_.metrics().GrpcRequest(
+            "ModelStreamInfer",
+            GrpcCodeName(item->end.ok() ? grpc::StatusCode::OK : GrpcCodeOf(item->end.code())));
+      }
+      infer->set_id(it->id);
+      (*infer->mutable_parameters())["triton_final_response"].set_bool_param(last);
+      writes_.push_back({std::move(response), last});
+      if (last) streams_.erase(it);
+      return;
+    }
+  }
+
   Next DecideLocked() {
     Next next;
+    if (!writing_ && writes_.empty()) TakeStreamResponseLocked();
+    while (cancelled_->load() && !streams_.empty()) {
+      // Drain the ended streams of a cancelled call; those still running end later.
+      const size_t before = streams_.size();
+      TakeStreamResponseLocked();
+      if (streams_.size() == before) break;
+    }
     const bool cancelled = cancelled_->load();
     if (!writing_ && !writes_.empty()) {
       writing_ = true;
-      next.write = writes_.front().get();
+      next.write = writes_.front().response.get();
     }
     if (!reading_ && !reads_done_ && !cancelled && !closing_ && outstanding_ < limit_) {
       reading_ = true;
@@ -223,7 +317,7 @@ class StreamCall final
       if (cancelled_->load()) {
         --outstanding_;
       } else {
-        writes_.push_back(std::move(response));
+        writes_.push_back({std::move(response), true});
       }
       next = DecideLocked();
     }
@@ -237,7 +331,12 @@ class StreamCall final
   ModelInferRequest incoming_;  // the read in progress fills it
   std::mutex mutex_;
   size_t outstanding_ = 0;  // read and not yet written (or dropped)
-  std::deque<std::unique_ptr<ModelStreamInferResponse>> writes_;  // front: being written
+  struct Write {
+    std::unique_ptr<ModelStreamInferResponse> response;
+    bool last = true;  // its request's last response: answered once it is written
+  };
+  std::deque<Write> writes_;           // front: being written
+  std::vector<OpenedStream> streams_;  // streaming requests still running
   bool writing_ = false;
   bool reading_ = false;
   bool reads_done_ = false;
@@ -582,7 +681,8 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
 void InferenceService::Infer(const ModelInferRequest& message,
                              std::optional<Clock::time_point> transport_deadline,
                              std::function<bool()> client_gone,
-                             std::function<void(InferOutcome)> done) {
+                             std::function<void(InferOutcome)> done,
+                             const OpenStream& open_stream) {
   const Clock::time_point received = Clock::now();
   auto fail = [&](const grpc::Status& status) { done(InferOutcome{status, nullptr, nullptr, {}}); };
   if (std::string unknown = UnknownFieldPath(message); !unknown.empty()) {
@@ -632,14 +732,17 @@ void InferenceService::Infer(const ModelInferRequest& message,
   call.transport_deadline = transport_deadline;
   call.client_gone = std::move(client_gone);
   std::shared_ptr<const kserve::InferRequest> request = call.request;
-  runner_.Run(
-      std::move(call), [request, done = std::move(done)](Result<kserve::InferenceResult> result) {
-        if (!result.ok()) {
-          done(InferOutcome{ToGrpc(result.status()), nullptr, request, {}});
-          return;
-        }
-        done(InferOutcome{grpc::Status::OK, result->model, request, std::move(result->outputs)});
-      });
+  if (model->manifest().streaming && open_stream) call.stream = open_stream(model, request);
+  const bool streamed = call.stream != nullptr;
+  runner_.Run(std::move(call), [request, streamed,
+                                done = std::move(done)](Result<kserve::InferenceResult> result) {
+    if (!result.ok()) {
+      done(InferOutcome{ToGrpc(result.status()), nullptr, request, {}, streamed, result.status()});
+      return;
+    }
+    done(InferOutcome{grpc::Status::OK, result->model, request, std::move(result->outputs),
+                      streamed});
+  });
 }
 
 void InferenceService::WriteOutcome(const InferOutcome& outcome,

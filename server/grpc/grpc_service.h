@@ -138,11 +138,17 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
     std::shared_ptr<const ServedModel> model;
     std::shared_ptr<const kserve::InferRequest> request;
     std::vector<interpreters::NamedTensor> outputs;
+    bool streamed = false;  // its responses went to the stream open_stream gave
+    Status error;           // for a streamed one, `status` as the server's status
   };
-  // Reads, checks and submits one request; `done` is called once, from any thread.
+  // For a streaming model, once the request is read: where its responses go.
+  using OpenStream = std::function<std::shared_ptr<ResponseStream>(
+      std::shared_ptr<const ServedModel> model, std::shared_ptr<const kserve::InferRequest>)>;
+  // Reads, checks and submits one request; `done` is called once, from any thread. A request
+  // for a streaming model is refused unless `open_stream` is given.
   void Infer(const inference::ModelInferRequest& message,
              std::optional<Clock::time_point> transport_deadline, std::function<bool()> client_gone,
-             std::function<void(InferOutcome)> done);
+             std::function<void(InferOutcome)> done, const OpenStream& open_stream = nullptr);
   static void WriteOutcome(const InferOutcome& outcome, inference::ModelInferResponse* response);
 
   Metrics& metrics() { return metrics_; }

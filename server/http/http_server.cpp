@@ -16,6 +16,7 @@
 #include <boost/beast/version.hpp>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -536,7 +537,16 @@ class Session : public std::enable_shared_from_this<Session> {
                            self->Write(std::move(response));
                          });
         },
-        client_gone_);
+        client_gone_,
+        [self = shared_from_this(), answered](Response header) -> std::shared_ptr<BodyStream> {
+          if (answered->exchange(true)) return nullptr;
+          auto body = std::make_shared<ChunkedBody>(self);
+          asio::dispatch(self->stream_.get_executor(),
+                         [self, header = std::move(header)]() mutable {
+                           self->WriteStreamHeader(std::move(header));
+                         });
+          return body;
+        });
     // A handler that throws is a bug of the server's, answered for this request alone: left to
     // unwind through the I/O thread it would end the process for every client.
     try {
@@ -614,6 +624,110 @@ class Session : public std::enable_shared_from_this<Session> {
                        });
   }
 
+  // A streamed answer (Responder::Stream): the header now, the parts as ChunkedBody sends them.
+  // Writes go one after another on this connection's executor, in the order they were asked.
+  class ChunkedBody final : public BodyStream {
+   public:
+    explicit ChunkedBody(std::shared_ptr<Session> session) : session_(std::move(session)) {}
+    void Send(std::string data, std::function<void(bool ok)> sent) override {
+      asio::dispatch(session_->stream_.get_executor(),
+                     [session = session_, data = std::make_shared<std::string>(std::move(data)),
+                      sent = std::move(sent)]() mutable {
+                       session->QueueStreamWrite(std::move(data), std::move(sent));
+                     });
+    }
+    void End() override {
+      asio::dispatch(session_->stream_.get_executor(),
+                     [session = session_] { session->QueueStreamWrite(nullptr, nullptr); });
+    }
+
+   private:
+    std::shared_ptr<Session> session_;
+  };
+
+  void WriteStreamHeader(Response header) {
+    answering_done_ = true;
+    RemoveUpload();
+    header.version(version_);
+    header.set(bhttp::field::server, kServerName);
+    if (connections_->closing()) keep_alive_ = false;
+    header.keep_alive(keep_alive_);
+    header.body().clear();
+    header.chunked(true);
+    stream_writing_ = true;
+    auto shared = std::make_shared<Response>(std::move(header));
+    auto serializer = std::make_shared<bhttp::response_serializer<bhttp::string_body>>(*shared);
+    stream_.expires_after(limits_.idle_timeout);
+    bhttp::async_write_header(
+        stream_, *serializer,
+        [self = shared_from_this(), shared, serializer](beast::error_code error, size_t) {
+          self->StreamWritten(!error);
+        });
+  }
+
+  // A part (or, with null `data`, the end) of the streamed answer, written after those before.
+  void QueueStreamWrite(std::shared_ptr<std::string> data, std::function<void(bool ok)> sent) {
+    stream_parts_.push_back({std::move(data), std::move(sent)});
+    if (!stream_writing_) WriteNextPart();
+  }
+
+  void WriteNextPart() {
+    if (stream_parts_.empty()) return;
+    if (stream_failed_) {
+      StreamPart part = std::move(stream_parts_.front());
+      stream_parts_.pop_front();
+      if (part.sent) part.sent(false);
+      if (part.data == nullptr) {
+        EndStreamedAnswer(false);
+        return;
+      }
+      WriteNextPart();
+      return;
+    }
+    stream_writing_ = true;
+    stream_.expires_after(limits_.idle_timeout);
+    const StreamPart& part = stream_parts_.front();
+    auto done = [self = shared_from_this(), data = part.data](beast::error_code error, size_t) {
+      self->StreamWritten(!error);
+    };
+    if (part.data == nullptr) {
+      asio::async_write(stream_, bhttp::make_chunk_last(), std::move(done));
+    } else {
+      asio::async_write(stream_, bhttp::make_chunk(asio::buffer(*part.data)), std::move(done));
+    }
+  }
+
+  void EndStreamedAnswer(bool ok) {
+    in_flight_->fetch_sub(1);
+    stream_header_written_ = false;
+    stream_failed_ = false;
+    if (!ok || !keep_alive_) {
+      Close();
+    } else {
+      Read();
+    }
+  }
+
+  void StreamWritten(bool ok) {
+    if (!ok) stream_failed_ = true;
+    if (!stream_header_written_) {
+      stream_header_written_ = true;
+      stream_writing_ = false;
+      WriteNextPart();
+      return;
+    }
+    StreamPart part = std::move(stream_parts_.front());
+    stream_parts_.pop_front();
+    // Still writing while the callback runs: a part it sends waits for WriteNextPart below.
+    if (part.sent) part.sent(ok);
+    stream_writing_ = false;
+    if (part.data == nullptr) {
+      EndStreamedAnswer(ok);
+      return;
+    }
+    WriteNextPart();
+  }
+
   // Closing with the client's body still arriving would reset the connection, and the reset
   // can destroy the answer before the client reads it: stop sending, then read and drop what
   // comes for a moment (as nginx's lingering close does) before closing.
@@ -652,6 +766,15 @@ class Session : public std::enable_shared_from_this<Session> {
   bool expects_continue_ = false;
   bool head_ = false;    // the request is a HEAD: its answer goes without the body
   bool probed_ = false;  // see WatchForHangUp
+  // A streamed answer: its parts waiting (the front one being written) and their callbacks.
+  struct StreamPart {
+    std::shared_ptr<std::string> data;  // null: the end
+    std::function<void(bool ok)> sent;
+  };
+  std::deque<StreamPart> stream_parts_;
+  bool stream_writing_ = false;
+  bool stream_header_written_ = false;
+  bool stream_failed_ = false;
   // Bounded by the header limit: it holds only what the parser has not taken yet, which is a
   // header, a chunk line or a trailer section (bodies go straight into their parser's body), so
   // none of them can grow it without bound.

@@ -40,22 +40,53 @@ namespace orochi::server::http {
 
 using Request = boost::beast::http::request<boost::beast::http::string_body>;
 using Response = boost::beast::http::response<boost::beast::http::string_body>;
+// A response whose body goes out in parts as they come (chunked transfer coding), e.g. Server-Sent
+// Events. One part at a time: the next Send only once the previous one's `sent` was called.
+class BodyStream {
+ public:
+  virtual ~BodyStream() = default;
+  // Writes `data` as the next part; `sent` is called (on the connection's thread) once it is
+  // written (true) or the connection failed (false: the client is gone, the stream is over).
+  virtual void Send(std::string data, std::function<void(bool ok)> sent) = 0;
+  // Ends the body; the connection then goes on to its next request (or closes).
+  virtual void End() = 0;
+};
+using StartStream = std::function<std::shared_ptr<BodyStream>(Response header)>;
+
 // Answers one request; callable from any thread, once (later calls are ignored). It also tells
 // whether the client has gone away meanwhile, so that work for it can be skipped.
 class Responder {
  public:
   Responder() = default;
-  Responder(std::function<void(Response)> send, std::shared_ptr<const std::atomic<bool>> gone)
-      : send_(std::move(send)), gone_(std::move(gone)) {}
+  Responder(std::function<void(Response)> send, std::shared_ptr<const std::atomic<bool>> gone,
+            StartStream start_stream = nullptr)
+      : send_(std::move(send)), gone_(std::move(gone)), start_stream_(std::move(start_stream)) {}
   void operator()(Response response) const { send_(std::move(response)); }
+  // Answers with `header` (its body is ignored) and a body sent in parts through the result;
+  // null when the request was answered already. Counts as the answer.
+  std::shared_ptr<BodyStream> Stream(Response header) const {
+    return start_stream_ ? start_stream_(std::move(header)) : nullptr;
+  }
   // True once the connection was closed by the client while its request was being handled.
   bool client_gone() const { return gone_ != nullptr && gone_->load(); }
-  // The same client, another way to send (e.g. adding a log line).
-  Responder Wrap(std::function<void(Response)> send) const { return {std::move(send), gone_}; }
+  // The same client, another way to send (e.g. adding a log line); `on_stream` sees the header
+  // of a streamed answer before it goes.
+  Responder Wrap(std::function<void(Response)> send,
+                 std::function<void(const Response&)> on_stream = nullptr) const {
+    StartStream start = start_stream_;
+    if (on_stream && start) {
+      start = [start, on_stream = std::move(on_stream)](Response header) {
+        on_stream(header);
+        return start(std::move(header));
+      };
+    }
+    return {std::move(send), gone_, std::move(start)};
+  }
 
  private:
   std::function<void(Response)> send_;
   std::shared_ptr<const std::atomic<bool>> gone_;
+  StartStream start_stream_;
 };
 using Handler = std::function<void(Request&& request, Responder respond)>;
 

@@ -204,6 +204,15 @@ void KServeApi::Register(http::Router& router) {
   };
   router.Add(bhttp::verb::post, "/v2/models/{model}/infer", infer);
   router.Add(bhttp::verb::post, "/v2/models/{model}/versions/{version}/infer", infer);
+  for (const bool stream : {false, true}) {
+    auto generate = [this, stream](http::Request&& request, const http::PathParams& params,
+                                   http::Responder respond) {
+      Generate(std::move(request), params, respond, stream);
+    };
+    const std::string path = stream ? "/generate_stream" : "/generate";
+    router.Add(bhttp::verb::post, "/v2/models/{model}" + path, generate);
+    router.Add(bhttp::verb::post, "/v2/models/{model}/versions/{version}" + path, generate);
+  }
   RegisterSharedMemory(router);
 }
 
@@ -316,6 +325,25 @@ void KServeApi::RegisterSharedMemory(http::Router& router) {
   router.Add(bhttp::verb::post, "/v2/cudasharedmemory/region/{name}/unregister", no_cuda);
 }
 
+std::string ErrorMessage(const Status& error) {
+  std::string message = error.message();
+  if (error.code() == StatusCode::kPythonError && !error.detail().empty()) {
+    message += "\n" + error.detail();
+  }
+  return message;
+}
+
+http::Response InferErrorResponse(const Status& error) {
+  if (FailureReason(error.code()) == "client_gone") {
+    // Not a client error: nginx's 499, so that a vanished client is not counted as a 400 (the
+    // answer itself reaches no one).
+    http::Response response = http::ErrorResponse(499, ErrorMessage(error));
+    response.reason("Client Closed Request");
+    return response;
+  }
+  return http::ErrorResponse(HttpStatusOf(error.code()), ErrorMessage(error));
+}
+
 void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
                       http::Responder respond) {
   const Clock::time_point received = Clock::now();
@@ -368,20 +396,7 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
   }
   runner_.Run(std::move(call), [infer, respond](Result<InferenceResult> result) {
     if (!result.ok()) {
-      const Status& error = result.status();
-      std::string message = error.message();
-      if (error.code() == StatusCode::kPythonError && !error.detail().empty()) {
-        message += "\n" + error.detail();
-      }
-      if (FailureReason(error.code()) == "client_gone") {
-        // Not a client error: nginx's 499, so that a vanished client is not counted as a
-        // 400 (the answer itself reaches no one).
-        http::Response response = http::ErrorResponse(499, message);
-        response.reason("Client Closed Request");
-        respond(std::move(response));
-        return;
-      }
-      respond(http::ErrorResponse(HttpStatusOf(error.code()), message));
+      respond(InferErrorResponse(result.status()));
       return;
     }
     const ServedModel& served = *result->model;

@@ -16,6 +16,11 @@
 
 namespace orochi::server::kserve {
 
+// An inference error's message for its client (a Python error with its traceback), and its
+// answer: Triton's status, or nginx's 499 for a client that left.
+std::string ErrorMessage(const Status& error);
+http::Response InferErrorResponse(const Status& error);
+
 class KServeApi {
  public:
   // `shared_memory` is the server's registry, shared with the other protocols.
@@ -25,6 +30,10 @@ class KServeApi {
 
  private:
   void Infer(http::Request&& request, const http::PathParams& params, http::Responder respond);
+  // Triton's generate extension: /generate answers once (the responses of a streaming model
+  // combined), /generate_stream as Server-Sent Events, one event per response.
+  void Generate(http::Request&& request, const http::PathParams& params,
+                const http::Responder& respond, bool stream);
   // Triton's system shared-memory extension (status, register, unregister) and the CUDA one's
   // endpoints, which answer that this server has no CUDA shared memory.
   void RegisterSharedMemory(http::Router& router);

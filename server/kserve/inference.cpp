@@ -208,8 +208,20 @@ void InferenceRunner::Run(InferenceCall call, InferenceDone done) {
   };
   std::vector<interpreters::NamedTensor> inputs = std::move(call.request->inputs);
   const InferRequest& request = *call.request;
+  auto stream_for = [&call](const ServedModel& model) {
+    return model.manifest().streaming ? call.stream : nullptr;
+  };
+  if (call.model->manifest().streaming && call.stream == nullptr) {
+    const Status refused =
+        InvalidArgument("model " + call.model->name +
+                        " is a streaming model: it answers through the generate extension "
+                        "(/v2/models/{m}/generate, /generate_stream) or gRPC ModelStreamInfer");
+    Refused(*call.model, FailureReason(refused.code()), received);
+    (*shared_done)(refused);
+    return;
+  }
   Status submitted = models_.Submit(call.model, inputs, request.parameters, request.rows, deadline,
-                                    call.client_gone, answer(call.model));
+                                    call.client_gone, answer(call.model), stream_for(*call.model));
   // The version resolved may have been replaced meanwhile (a deploy, a delete of the served
   // version): it is unloading, or gone. A request that named no version is for whichever
   // version serves now, as the version switch promises: it goes there, if that version takes
@@ -219,8 +231,9 @@ void InferenceRunner::Run(InferenceCall call, InferenceDone done) {
     std::shared_ptr<const ServedModel> serving = models_.Find(call.model->name, std::nullopt);
     if (serving != nullptr && serving != call.model &&
         SameInterface(serving->manifest(), call.model->manifest())) {
-      Status resubmitted = models_.Submit(serving, inputs, request.parameters, request.rows,
-                                          deadline, call.client_gone, answer(serving));
+      Status resubmitted =
+          models_.Submit(serving, inputs, request.parameters, request.rows, deadline,
+                         call.client_gone, answer(serving), stream_for(*serving));
       if (resubmitted.ok()) return;
     }
   }

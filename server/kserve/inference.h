@@ -54,6 +54,9 @@ struct InferenceCall {
   // A deadline of the transport's own (gRPC's); the earlier of it and the request's applies.
   std::optional<Clock::time_point> transport_deadline;
   std::function<bool()> client_gone;  // polled while the request waits and runs
+  // Where a streaming model's responses go as they come (its InferenceResult then has no
+  // outputs). A model that does not stream answers through `done` as usual.
+  std::shared_ptr<ResponseStream> stream;
   // Optional: the last step of a success before it is counted and answered (writing outputs
   // into shared memory, say); its error fails the request instead.
   std::function<Status(const ServedModel& answered_by,

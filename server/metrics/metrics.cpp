@@ -65,6 +65,29 @@ Metrics::Metrics()
                        .Name("orochi_queue_depth")
                        .Help("Requests waiting in each model's queue")
                        .Register(*registry_)),
+      first_response_seconds_(BuildHistogram()
+                                  .Name("orochi_time_to_first_response_seconds")
+                                  .Help("Streams: time from receiving the request to its first "
+                                        "response (time to first token)")
+                                  .Register(*registry_)),
+      between_responses_seconds_(BuildHistogram()
+                                     .Name("orochi_time_between_responses_seconds")
+                                     .Help("Streams: time between two responses of one stream "
+                                           "(time per output token)")
+                                     .Register(*registry_)),
+      stream_responses_(BuildCounter()
+                            .Name("orochi_stream_responses_total")
+                            .Help("Streams: responses (tokens) generated")
+                            .Register(*registry_)),
+      live_streams_(BuildGauge()
+                        .Name("orochi_live_streams")
+                        .Help("Streams: sequences live in interpreter copies now")
+                        .Register(*registry_)),
+      streams_ended_(BuildCounter()
+                         .Name("orochi_streams_total")
+                         .Help("Streams ended, by how: finished, cancelled (the client went), "
+                               "deadline, unloaded, stalled (the client read nothing), error")
+                         .Register(*registry_)),
       copies_(BuildGauge()
                   .Name("orochi_interpreter_copies")
                   .Help("Interpreter copies by state")
@@ -223,12 +246,38 @@ void Metrics::ModelGone(const std::string& model, const std::string& version) {
   compute_seconds_.Remove(&compute_seconds_.Add(labels, LatencyBuckets()));
   batch_size_.Remove(&batch_size_.Add(labels, BatchBuckets()));
   queue_depth_.Remove(&queue_depth_.Add(labels));
+  first_response_seconds_.Remove(&first_response_seconds_.Add(labels, LatencyBuckets()));
+  between_responses_seconds_.Remove(&between_responses_seconds_.Add(labels, LatencyBuckets()));
+  stream_responses_.Remove(&stream_responses_.Add(labels));
+  live_streams_.Remove(&live_streams_.Add(labels));
+  for (const char* end : {"finished", "cancelled", "deadline", "unloaded", "stalled", "error"}) {
+    streams_ended_.Remove(
+        &streams_ended_.Add({{"model", model}, {"version", version}, {"end", end}}));
+  }
   for (const char* result : {"success", "failure"}) {
     model_loads_.Remove(
         &model_loads_.Add({{"model", model}, {"version", version}, {"result", result}}));
   }
   model_load_seconds_.Remove(&model_load_seconds_.Add(labels, LatencyBuckets()));
   model_load_failed_.Remove(&model_load_failed_.Add(labels));
+}
+
+void Metrics::StreamResponse(const std::string& model, const std::string& version, bool first,
+                             std::chrono::nanoseconds since) {
+  const prometheus::Labels labels{{"model", model}, {"version", version}};
+  (first ? first_response_seconds_ : between_responses_seconds_)
+      .Add(labels, LatencyBuckets())
+      .Observe(Seconds(since));
+  stream_responses_.Add(labels).Increment();
+}
+
+void Metrics::LiveStreams(const std::string& model, const std::string& version, int64_t live) {
+  live_streams_.Add({{"model", model}, {"version", version}}).Set(static_cast<double>(live));
+}
+
+void Metrics::StreamEnded(const std::string& model, const std::string& version,
+                          const std::string& end) {
+  streams_ended_.Add({{"model", model}, {"version", version}, {"end", end}}).Increment();
 }
 
 void Metrics::UnknownModel(int count) {

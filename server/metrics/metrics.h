@@ -28,6 +28,12 @@ class Metrics {
                    std::chrono::nanoseconds compute);
   void BatchRan(const std::string& model, const std::string& version, int64_t rows);
   void QueueDepth(const std::string& model, const std::string& version, int64_t depth);
+  // Streams (streaming models): a response sent to a stream, `since` its request arrived (the
+  // first) or its previous response; streams live in copies now; a stream that ended, and how.
+  void StreamResponse(const std::string& model, const std::string& version, bool first,
+                      std::chrono::nanoseconds since);
+  void LiveStreams(const std::string& model, const std::string& version, int64_t live);
+  void StreamEnded(const std::string& model, const std::string& version, const std::string& end);
   void CopyBusy(size_t slot, std::chrono::nanoseconds busy);
   void Copies(const std::string& state, int64_t count);
   void ModelLoaded(const std::string& model, const std::string& version, bool ok,
@@ -59,6 +65,11 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>& compute_seconds_;
   prometheus::Family<prometheus::Histogram>& batch_size_;
   prometheus::Family<prometheus::Gauge>& queue_depth_;
+  prometheus::Family<prometheus::Histogram>& first_response_seconds_;
+  prometheus::Family<prometheus::Histogram>& between_responses_seconds_;
+  prometheus::Family<prometheus::Counter>& stream_responses_;
+  prometheus::Family<prometheus::Gauge>& live_streams_;
+  prometheus::Family<prometheus::Counter>& streams_ended_;
   prometheus::Family<prometheus::Gauge>& copies_;
   prometheus::Family<prometheus::Counter>& copy_busy_seconds_;
   prometheus::Family<prometheus::Counter>& model_loads_;

@@ -35,7 +35,10 @@ ModelService::ModelService(interpreters::InterpreterManager& manager, const Mode
       metrics_(metrics),
       scheduler_(manager, static_cast<size_t>(config.max_queue_size),
                  std::chrono::milliseconds(config.execution_grace_ms),
-                 static_cast<size_t>(config.max_abandoned_copies), this) {}
+                 static_cast<size_t>(config.max_abandoned_copies), this) {
+  scheduler_.SetStreamLimits({static_cast<size_t>(config.max_queued_streams),
+                              std::chrono::milliseconds(config.stream_stall_timeout_ms)});
+}
 
 ModelService::~ModelService() { Stop(); }
 
@@ -212,6 +215,8 @@ Result<std::shared_ptr<ServedModel>> ModelService::LoadCopies(const std::string&
   served->package = package;
   served->replicas = std::move(replicas).value();
   served->batching.max_batch_size = manifest.max_batch_size;
+  served->batching.streaming = manifest.streaming;
+  served->batching.max_live_sequences = manifest.max_live_sequences;
   served->batching.max_queue_delay =
       overrides.max_queue_delay.value_or(std::chrono::microseconds(config_.max_queue_delay_us));
   served->batching.preferred_batch_sizes =
@@ -765,8 +770,10 @@ Status ModelService::Submit(const std::shared_ptr<const ServedModel>& model,
                             std::vector<interpreters::NamedTensor>& inputs,
                             const interpreters::RequestParameters& parameters, int64_t rows,
                             std::optional<Clock::time_point> deadline,
-                            std::function<bool()> abandoned, Done done) {
+                            std::function<bool()> abandoned, Done done,
+                            std::shared_ptr<ResponseStream> stream) {
   InferJob job;
+  job.stream = std::move(stream);
   job.abandoned = std::move(abandoned);
   job.inputs = std::move(inputs);
   job.parameters = parameters;
@@ -802,6 +809,30 @@ void ModelService::OnBatch(const std::string& model_key, int64_t rows, int64_t r
   }
   (void)ok;
   metrics_.BatchRan(model->name, std::to_string(model->version), std::max<int64_t>(rows, requests));
+}
+
+namespace {
+// "name:version" as the two labels of a metric.
+std::pair<std::string, std::string> KeyLabels(const std::string& model_key) {
+  const size_t colon = model_key.rfind(':');
+  return {model_key.substr(0, colon), model_key.substr(colon + 1)};
+}
+}  // namespace
+
+void ModelService::OnStreamResponse(const std::string& model_key, bool first,
+                                    std::chrono::nanoseconds since) {
+  const auto [name, version] = KeyLabels(model_key);
+  metrics_.StreamResponse(name, version, first, since);
+}
+
+void ModelService::OnLiveStreams(const std::string& model_key, int64_t live) {
+  const auto [name, version] = KeyLabels(model_key);
+  metrics_.LiveStreams(name, version, live);
+}
+
+void ModelService::OnStreamEnded(const std::string& model_key, StreamEnd end) {
+  const auto [name, version] = KeyLabels(model_key);
+  metrics_.StreamEnded(name, version, StreamEndName(end));
 }
 
 void ModelService::OnQueueDepth(const std::string& model_key, int64_t depth) {

@@ -177,7 +177,7 @@ class ModelService : public SchedulerObserver {
                 std::vector<interpreters::NamedTensor>& inputs,
                 const interpreters::RequestParameters& parameters, int64_t rows,
                 std::optional<Clock::time_point> deadline, std::function<bool()> abandoned,
-                Done done);
+                Done done, std::shared_ptr<ResponseStream> stream = nullptr);
 
   // Stops polling, answers queued requests, stops the workers; see Scheduler::Stop for
   // `deadline` and what it returns.
@@ -194,6 +194,10 @@ class ModelService : public SchedulerObserver {
   void OnCopyRunning(size_t slot, bool running) override;
   void OnAbandonedCopies(int64_t running) override;
   void OnModelUnavailable(const std::string& model_key, const std::string& reason) override;
+  void OnStreamResponse(const std::string& model_key, bool first,
+                        std::chrono::nanoseconds since) override;
+  void OnLiveStreams(const std::string& model_key, int64_t live) override;
+  void OnStreamEnded(const std::string& model_key, StreamEnd end) override;
 
   // Why a loaded version takes no requests (see Scheduler), or empty.
   std::string UnavailableReason(const std::string& model_key) const;

@@ -178,6 +178,12 @@ size_t Scheduler::RemoveModel(const std::string& key, std::optional<Clock::durat
         for (size_t slot = 0; slot < workers_.size(); ++slot) {
           Worker& worker = workers_[slot];
           if (worker.queue != queue || !worker.batch) continue;
+          if (worker.between_calls) {
+            // Streams between two calls: their worker ends them at its next look.
+            worker.unloading = true;
+            interrupting = true;
+            continue;
+          }
           if (!worker.unloading) {
             worker.unloading = true;
             if (!worker.interrupted) Interrupt(worker);
@@ -243,6 +249,19 @@ Status Scheduler::Submit(const std::string& model_key, InferJob& job) {
   if (queue.closing) return Unavailable("model " + model_key + " is being unloaded");
   if (!queue.unavailable.empty()) return Unavailable(queue.unavailable);
   if (std::string no_copy = NoCopyReason(queue); !no_copy.empty()) return Unavailable(no_copy);
+  if (queue.batching.streaming != (job.stream != nullptr)) {
+    return InvalidArgument(queue.batching.streaming
+                               ? "model " + model_key +
+                                     " is a streaming model: it answers through generate, "
+                                     "generate_stream or gRPC ModelStreamInfer"
+                               : "model " + model_key + " is not a streaming model");
+  }
+  if (queue.batching.streaming && queue.jobs.size() >= stream_limits_.max_queued_streams) {
+    return Status(StatusCode::kResourceExhausted,
+                  "model " + model_key + " has " +
+                      std::to_string(stream_limits_.max_queued_streams) +
+                      " streams waiting for a copy (models.max_queued_streams); retry later");
+  }
   if (queue.jobs.size() >= max_queue_size_) {
     return Status(StatusCode::kResourceExhausted, "the queue of model " + model_key + " is full (" +
                                                       std::to_string(max_queue_size_) +
@@ -406,14 +425,22 @@ void Scheduler::Work(size_t slot, uint64_t generation) {
       }
       continue;
     }
-    std::vector<InferJob> batch = TakeBatch(lock, *queue);
+    std::vector<InferJob> batch;
+    if (queue->batching.streaming) {
+      batch.push_back(std::move(queue->jobs.front()));
+      queue->jobs.pop_front();
+    } else {
+      batch = TakeBatch(lock, *queue);
+    }
     if (observer_ != nullptr) {
       observer_->OnQueueDepth(queue->model->key(), static_cast<int64_t>(queue->jobs.size()));
     }
     queue->running++;
     worker.busy = true;
     lock.unlock();
-    const bool current = Run(slot, generation, *queue, std::move(batch));
+    const bool current = queue->batching.streaming
+                             ? RunStreams(slot, generation, *queue, std::move(batch.front()))
+                             : Run(slot, generation, *queue, std::move(batch));
     lock.lock();
     if (!current) {
       // The copy was abandoned under this thread and a new worker took over; the code it was
@@ -616,14 +643,21 @@ void Scheduler::Watch() {
   // How often running batches are checked for clients that hung up: a hang-up is noticed by the
   // transport at once, and a copy should not run much longer for nobody.
   constexpr auto kHangUpCheck = std::chrono::milliseconds(100);
+  // A call of a stream whose client left that runs this long is interrupted.
+  constexpr auto kStuckStreamCall = std::chrono::seconds(1);
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     const Clock::time_point now = Clock::now();
     Clock::time_point next = now + std::chrono::seconds(1);
     for (size_t slot = 0; slot < workers_.size(); ++slot) {
       Worker& worker = workers_[slot];
+      if (worker.between_calls) continue;  // streams: their worker watches them itself
       if (worker.batch && !worker.interrupted) {
-        if (AllClientsGone(*worker.batch)) {
+        // A stream's call is left to return (its generator is then closed at its yield)
+        // unless it is stuck in the call.
+        const bool streams = worker.queue != nullptr && worker.queue->batching.streaming;
+        if (AllClientsGone(*worker.batch) &&
+            (!streams || now - worker.call_started >= kStuckStreamCall)) {
           // As at a deadline, from now: interrupted, and replaced if it does not stop.
           worker.interrupted = true;
           worker.clients_gone = true;
@@ -678,6 +712,11 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   ModelQueue* queue = worker.queue;
   worker.generation++;
   worker.busy = false;  // the stuck thread is no longer the slot's worker
+  worker.between_calls = false;
+  if (queue != nullptr && queue->batching.streaming && batch) {
+    queue->live_streams -= static_cast<int64_t>(batch->jobs.size());
+    if (observer_ != nullptr) observer_->OnLiveStreams(queue->model->key(), queue->live_streams);
+  }
   worker.copy.reset();
   worker.deadline.reset();
   worker.queue = nullptr;

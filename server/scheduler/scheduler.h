@@ -35,6 +35,7 @@
 
 #include "orochi/interpreters/interpreter_manager.h"
 #include "orochi/interpreters/model.h"
+#include "response_stream.h"
 
 namespace orochi::server {
 
@@ -74,6 +75,9 @@ struct InferJob {
   std::optional<Clock::time_point> deadline;
   // True once nobody waits for the answer any more (the client hung up): the job is skipped.
   std::function<bool()> abandoned;
+  // For a streaming model: where its responses go as they come; `done` then ends the stream
+  // (with no outputs on success). Set only for streaming models.
+  std::shared_ptr<ResponseStream> stream;
   InferDone done;
 };
 
@@ -81,7 +85,21 @@ struct BatchingOptions {
   int64_t max_batch_size = 0;  // 0: requests run one by one
   std::chrono::microseconds max_queue_delay{0};
   std::vector<int64_t> preferred_batch_sizes;
+  // A streaming model: each request is a stream (InferJob::stream), run by RunStreams.
+  bool streaming = false;
+  int64_t max_live_sequences = 16;  // step interface: sequences stepped together per copy
 };
+
+// How the scheduler treats streams (streaming models).
+struct StreamLimits {
+  size_t max_queued_streams = 64;  // per model; more are refused (kResourceExhausted)
+  // A stream whose buffer stays full this long (its client reads nothing) is ended.
+  std::chrono::milliseconds stall_timeout{30000};
+};
+
+// Why a stream ended, for metrics.
+enum class StreamEnd { kFinished, kCancelled, kDeadline, kUnloaded, kStalled, kError };
+const char* StreamEndName(StreamEnd end);
 
 // What the scheduler observes, for metrics and statistics.
 class SchedulerObserver {
@@ -105,6 +123,13 @@ class SchedulerObserver {
   virtual void OnAbandonedCopies(int64_t running) = 0;
   // The model takes no more requests: its code got copies stuck once too often.
   virtual void OnModelUnavailable(const std::string& model_key, const std::string& reason) = 0;
+  // Streams: a response went to a stream's buffer, `since` its request was queued (the first)
+  // or since its previous response.
+  virtual void OnStreamResponse(const std::string& /*model_key*/, bool /*first*/,
+                                std::chrono::nanoseconds /*since*/) {}
+  // The sequences (streams) live in copies now for the model.
+  virtual void OnLiveStreams(const std::string& /*model_key*/, int64_t /*live*/) {}
+  virtual void OnStreamEnded(const std::string& /*model_key*/, StreamEnd /*end*/) {}
 };
 
 // How a failed replacement of a stuck copy is retried: after `first`, then twice as long after
@@ -128,6 +153,9 @@ class Scheduler {
   ~Scheduler();  // Stop()
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
+
+  // Applies to streams queued from now on.
+  void SetStreamLimits(StreamLimits limits);
 
   // Starts taking requests for `model` (under model->key()). The model must stay loaded until
   // RemoveModel returns.
@@ -176,6 +204,10 @@ class Scheduler {
     // stuck one; held_by is false there until a load succeeds.
     std::vector<bool> missing_in;
     std::string load_error;  // why its last load into a replacement copy failed, until one works
+    // Streaming models: whether the model has the step interface, once a stream has told
+    // (until then one stream per copy at a time), and its sequences live in copies now.
+    std::optional<bool> step_interface;
+    int64_t live_streams = 0;
   };
 
   // A batch being run; answered once, by its worker or, if the copy is stuck, the watchdog.
@@ -198,8 +230,12 @@ class Scheduler {
     bool unloading = false;     // interrupted because its model is being removed, not a deadline
     bool clients_gone = false;  // interrupted because every client of its batch hung up
     bool busy = false;          // this generation has taken a batch and not finished it
-    int paused = 0;             // PauseSlot calls not yet resumed: takes no work while > 0
-    bool exited = false;        // the thread of this generation has returned: joining it is quick
+    // Running streams, between two calls into the copy: nothing to interrupt, the worker
+    // itself ends the streams whose deadline passed, whose clients went, or whose model goes.
+    bool between_calls = false;
+    Clock::time_point call_started;  // streams: the running call into the copy began
+    int paused = 0;                  // PauseSlot calls not yet resumed: takes no work while > 0
+    bool exited = false;  // the thread of this generation has returned: joining it is quick
     // After an abandon: the stuck copy is still in the slot until manager.Abandon succeeds.
     bool needs_fresh_copy = false;
     int failed_attempts = 0;     // repairs in a row that failed, for the backoff
@@ -213,6 +249,11 @@ class Scheduler {
   std::vector<InferJob> TakeBatch(std::unique_lock<std::mutex>& lock, ModelQueue& queue);
   // Runs a batch; false when the worker was superseded meanwhile and must exit.
   bool Run(size_t slot, uint64_t generation, ModelQueue& queue, std::vector<InferJob> jobs);
+  // Runs streams of a streaming model in `slot`'s copy, starting with `first`: a generator's
+  // stream alone, or with the step interface up to max_live_sequences sequences stepped
+  // together, admitting queued streams between steps, until none is left. False when the
+  // worker was superseded meanwhile and must exit.
+  bool RunStreams(size_t slot, uint64_t generation, ModelQueue& queue, InferJob first);
   void Watch();
   // Interrupts the batch running on `slot` from a thread of its own (interrupting waits for
   // the copy's GIL, which a copy stuck in C never gives up).
@@ -250,6 +291,8 @@ class Scheduler {
 
   interpreters::InterpreterManager& manager_;
   const size_t max_queue_size_;
+  StreamLimits stream_limits_;  // guarded by mutex_
+  std::atomic<uint64_t> next_stream_id_{1};
   const std::chrono::milliseconds execution_grace_;
   const size_t max_abandoned_copies_;
   const RetryBackoff replacement_retry_;

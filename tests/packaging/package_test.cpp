@@ -145,6 +145,13 @@ TEST(Manifest, EachProblemIsReportedWithItsJsonPath) {
        "$.max_batch_size: expected an integer >= 0"},
       {"{" + base + io + R"(, "parameters": {"k": [1]}})",
        "$.parameters.k: expected a string, number or boolean, got array"},
+      {"{" + base + io + R"(, "streaming": "yes"})", "$.streaming: expected true or false"},
+      {"{" + base + io + R"(, "streaming": true, "max_batch_size": 8})",
+       "$.max_batch_size: a streaming model takes no batch dimension"},
+      {"{" + base + io + R"(, "max_live_sequences": 4})",
+       "$.max_live_sequences: only a streaming model"},
+      {"{" + base + io + R"(, "streaming": true, "max_live_sequences": 0})",
+       "$.max_live_sequences: expected an integer >= 1"},
   };
   for (const Case& test : cases) {
     Result<Manifest> manifest = ParseManifest(test.json);
@@ -157,6 +164,22 @@ TEST(Manifest, EachProblemIsReportedWithItsJsonPath) {
 
 // nlohmann keeps the last of two equal keys and skips a byte order mark; the manifest's reader
 // refuses both, naming the key and the object it is in, or the BOM.
+TEST(Manifest, StreamingModelsAndTheirLiveSequences) {
+  const std::string base = R"({"format_version": 1, "name": "m", "version": 1, "entry": "a:B", )"
+                           R"("inputs": [{"name": "x", "datatype": "BYTES", "shape": [1]}], )"
+                           R"("outputs": [{"name": "y", "datatype": "BYTES", "shape": [1]}])";
+  Result<Manifest> plain = ParseManifest(base + "}");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->streaming);
+  Result<Manifest> streaming = ParseManifest(base + R"(, "streaming": true})");
+  ASSERT_TRUE(streaming.ok());
+  EXPECT_TRUE(streaming->streaming);
+  EXPECT_EQ(streaming->max_live_sequences, 16);
+  Result<Manifest> live = ParseManifest(base + R"(, "streaming": true, "max_live_sequences": 3})");
+  ASSERT_TRUE(live.ok());
+  EXPECT_EQ(live->max_live_sequences, 3);
+}
+
 TEST(Manifest, DuplicateKeysAndAByteOrderMarkAreRefused) {
   const std::string base = R"("format_version": 1, "name": "m", "version": 1, "entry": "a:B")";
   const std::string inputs = R"("inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2]}])";

@@ -197,11 +197,18 @@ class _LoadedModel:
             target = getattr(target, part)
         self.context = ModelContext(key, manifest, config, weights, self.device)
         self.instance = target(self.context)
-        if not callable(getattr(self.instance, "predict", None)):
+        if not callable(getattr(self.instance, "predict", None)) and \
+                not callable(getattr(self.instance, "step", None)):
             raise TypeError(f"{manifest['entry']} has no predict(inputs) method")
-        self.takes_parameters = _takes_parameters(self.instance.predict)
+        predict = getattr(self.instance, "predict", None)
+        self.takes_parameters = callable(predict) and _takes_parameters(predict)
         self.outputs = manifest["outputs"]
         self.batched = manifest.get("max_batch_size", 0) > 0
+        self.streaming = bool(manifest.get("streaming", False))
+        self.step_interface = self.streaming and callable(getattr(self.instance, "step", None))
+        if self.step_interface and not callable(getattr(self.instance, "start", None)):
+            raise TypeError(f"{manifest['entry']} has step() but no start(inputs, parameters): "
+                            "the step interface needs both")
 
 
 def _takes_parameters(predict):
@@ -289,15 +296,16 @@ def _load(key, manifest_json, config_json, code, weights):
     return True
 
 
-def _predict(key, inputs, parameters=()):
-    """inputs: [[name, tensor | [shape, [bytes, ...]]], ...] -> [outputs in the same form,
-    [input_ns, output_ns]]: how long making the inputs into predict()'s arguments, and its
-    result into outputs, took (the host's compute_input and compute_output statistics);
-    parameters: the request's [[name, value], ...], for a predict() that takes them."""
-    started = time.perf_counter_ns()
+def _model(key):
     model = _loaded.get(key)
     if model is None:
         raise LookupError(f"model {key} is not loaded in this copy")
+    return model
+
+
+def _arguments(model, inputs):
+    """predict()'s inputs dict from the host's [[name, tensor | [shape, [bytes, ...]]], ...],
+    checked against the manifest (InputError for what does not match)."""
     arguments = {}
     specs = {spec["name"]: spec for spec in model.manifest["inputs"]}
     for name, value in inputs:
@@ -325,32 +333,195 @@ def _predict(key, inputs, parameters=()):
     missing = sorted(set(specs) - set(arguments))
     if missing:
         raise InputError(f"missing inputs {missing}")
+    return arguments
+
+
+def _outputs(model, result, produced_by="predict()"):
+    """The host's [[name, value], ...] of a dict of outputs, checked against the manifest."""
+    if not isinstance(result, dict):
+        raise TypeError(f"{produced_by} must give a dict of outputs, not {type(result).__name__}")
+    declared = {spec["name"] for spec in model.outputs}
+    # In the dict's order, not sorted: keys that are not strings (1, None) do not sort together.
+    unknown = [key for key in result if key not in declared]
+    if unknown:
+        verb = "returned" if produced_by == "predict()" else "gave"
+        raise ValueError(f"{produced_by} {verb} outputs {unknown} that the manifest does not "
+                         f"declare (declared: {sorted(declared)})")
+    outputs = []
+    for spec in model.outputs:
+        if spec["name"] not in result:
+            raise ValueError(f"{produced_by} did not give output '{spec['name']}'")
+        outputs.append([spec["name"], _output_value(spec, result[spec["name"]], model.batched)])
+    return outputs
+
+
+def _predict(key, inputs, parameters=()):
+    """inputs: [[name, tensor | [shape, [bytes, ...]]], ...] -> [outputs in the same form,
+    [input_ns, output_ns]]: how long making the inputs into predict()'s arguments, and its
+    result into outputs, took (the host's compute_input and compute_output statistics);
+    parameters: the request's [[name, value], ...], for a predict() that takes them."""
+    started = time.perf_counter_ns()
+    model = _model(key)
+    if model.streaming:
+        raise InputError(f"model {key} is a streaming model: it answers through generate, "
+                         "generate_stream or gRPC ModelStreamInfer")
+    arguments = _arguments(model, inputs)
     calling = time.perf_counter_ns()
     if model.takes_parameters:
         result = model.instance.predict(arguments, parameters=dict(parameters))
     else:
         result = model.instance.predict(arguments)
     returned = time.perf_counter_ns()
-    if not isinstance(result, dict):
-        raise TypeError(f"predict() must return a dict of outputs, not {type(result).__name__}")
-    declared = {spec["name"] for spec in model.outputs}
-    # In the dict's order, not sorted: keys that are not strings (1, None) do not sort together.
-    unknown = [key for key in result if key not in declared]
-    if unknown:
-        raise ValueError(f"predict() returned outputs {unknown} that the manifest does not "
-                         f"declare (declared: {sorted(declared)})")
-    outputs = []
-    for spec in model.outputs:
-        if spec["name"] not in result:
-            raise ValueError(f"predict() did not return output '{spec['name']}'")
-        outputs.append([spec["name"], _output_value(spec, result[spec["name"]], model.batched)])
+    outputs = _outputs(model, result)
     return [outputs, [calling - started, time.perf_counter_ns() - returned]]
+
+
+# --- streaming models ---------------------------------------------------------------------
+#
+# A stream is opened once (_stream_open), then advanced by the host: one _stream_next per
+# response of a generator, or one _stream_step for every live sequence of a model with the
+# step interface. The host closes each stream exactly once it no longer advances it
+# (_stream_close): a generator is closed (GeneratorExit at its `yield`), a sequence finished.
+
+class _Sequence:
+    """A live stream in this copy: a generator, or a step-interface sequence's state."""
+
+    __slots__ = ("model", "generator", "state", "closed")
+
+    def __init__(self, model, generator=None, state=None):
+        self.model = model
+        self.generator = generator
+        self.state = state
+        self.closed = False
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        if self.generator is not None:
+            generator, self.generator = self.generator, None
+            generator.close()
+            return
+        finish = getattr(self.model.instance, "finish", None)
+        state, self.state = self.state, None
+        if callable(finish):
+            finish(state)
+
+
+_live = {}  # (model key, stream id) -> _Sequence
+
+
+def _stream_open(key, stream_id, inputs, parameters=()):
+    """Starts stream `stream_id`: the step interface's start(), or predict() as a generator.
+    Returns "step" or "generator"."""
+    model = _model(key)
+    if not model.streaming:
+        raise InputError(f"model {key} is not a streaming model (its manifest has no "
+                         "\"streaming\": true)")
+    if (key, stream_id) in _live:
+        raise RuntimeError(f"stream {stream_id} of model {key} is already open")
+    arguments = _arguments(model, inputs)
+    if model.step_interface:
+        state = model.instance.start(arguments, dict(parameters))
+        _live[(key, stream_id)] = _Sequence(model, state=state)
+        return "step"
+    if model.takes_parameters:
+        generator = model.instance.predict(arguments, parameters=dict(parameters))
+    else:
+        generator = model.instance.predict(arguments)
+    if not isinstance(generator, types.GeneratorType):
+        close = getattr(generator, "close", None)
+        if callable(close):
+            close()
+        raise TypeError("predict() of a streaming model must be a generator (use `yield`), "
+                        f"not return {type(generator).__name__}")
+    _live[(key, stream_id)] = _Sequence(model, generator=generator)
+    return "generator"
+
+
+def _stream_next(key, stream_id):
+    """The generator's next response as outputs, or None once it has returned. A generator
+    that raises, or yields what the manifest does not declare, is closed and its error raised."""
+    sequence = _live.get((key, stream_id))
+    if sequence is None or sequence.generator is None:
+        raise LookupError(f"stream {stream_id} of model {key} is not open in this copy")
+    try:
+        result = next(sequence.generator)
+    except StopIteration:
+        _live.pop((key, stream_id), None)
+        sequence.closed = True
+        return None
+    except BaseException:
+        _live.pop((key, stream_id), None)
+        sequence.closed = True
+        raise
+    try:
+        return _outputs(sequence.model, result, "a yield of predict()")
+    except BaseException:
+        _live.pop((key, stream_id), None)
+        sequence.close()
+        raise
+
+
+def _stream_step(key, stream_ids):
+    """One step() for the live sequences `stream_ids` -> [[outputs or None, finished, error or
+    None], ...] in the same order. A sequence that finished, or whose entry was malformed (its
+    error given), is finished here. A step() that raises finishes every sequence it was given,
+    then raises."""
+    model = _model(key)
+    sequences = []
+    for stream_id in stream_ids:
+        sequence = _live.get((key, stream_id))
+        if sequence is None or sequence.generator is not None:
+            raise LookupError(f"sequence {stream_id} of model {key} is not live in this copy")
+        sequences.append(sequence)
+    try:
+        results = model.instance.step([sequence.state for sequence in sequences])
+        if not isinstance(results, (list, tuple)) or len(results) != len(sequences):
+            got = len(results) if isinstance(results, (list, tuple)) else type(results).__name__
+            raise TypeError(f"step() must return a list with one (outputs, finished) entry per "
+                            f"state: {len(sequences)} states, got {got}")
+    except BaseException:
+        for stream_id in stream_ids:
+            _stream_close(key, stream_id)
+        raise
+    answers = []
+    for stream_id, entry in zip(stream_ids, results):
+        try:
+            if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+                raise TypeError("each entry of step()'s list must be (outputs or None, "
+                                f"finished), not {entry!r:.200}")
+            outputs, finished = entry
+            if outputs is not None:
+                outputs = _outputs(model, outputs, "step()")
+            answers.append([outputs, bool(finished), None])
+        except Exception as error:  # this sequence's: the others go on
+            answers.append([None, True, f"{type(error).__name__}: {error}"])
+            finished = True
+        if finished:
+            _stream_close(key, stream_id)
+    return answers
+
+
+def _stream_close(key, stream_id):
+    """Ends stream `stream_id` if it is still open: the generator closed, or the sequence's
+    finish() called. Returns whether it was open."""
+    sequence = _live.pop((key, stream_id), None)
+    if sequence is None:
+        return False
+    sequence.close()
+    return True
 
 
 def _unload(key):
     model = _loaded.pop(key, None)
     if model is None:
         return False
+    for live_key, live_id in [live for live in _live if live[0] == key]:
+        try:
+            _stream_close(live_key, live_id)
+        except Exception:  # noqa: S110 - the model goes regardless of one sequence's finish()
+            pass
     close = getattr(model.instance, "close", None)
     try:
         if callable(close):

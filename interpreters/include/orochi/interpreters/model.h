@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -118,6 +119,27 @@ class ReplicatedModel {
                                              const std::vector<NamedTensor>& inputs,
                                              const RequestParameters& parameters = {},
                                              PredictTimings* timings = nullptr);
+
+  // Streaming models (orochi.serving's streams), each call in `copy`, which the caller holds.
+  // A stream is opened once, advanced by StreamNext (a generator) or StreamStep (the step
+  // interface, several sequences in one call), and closed once with StreamClose unless it
+  // ended by itself (StreamNext gave nullopt, StreamStep said finished or failed).
+  enum class StreamKind { kGenerator, kStep };
+  Result<StreamKind> StreamOpen(Interpreter& copy, uint64_t stream,
+                                const std::vector<NamedTensor>& inputs,
+                                const RequestParameters& parameters);
+  // The generator's next response, or nullopt once it has returned. An error has ended it.
+  Result<std::optional<std::vector<NamedTensor>>> StreamNext(Interpreter& copy, uint64_t stream);
+  struct StepResult {
+    std::optional<std::vector<NamedTensor>> outputs;  // nothing streamed this step
+    bool finished = false;
+    Status error;  // this sequence's entry was malformed; it is finished
+  };
+  // One step() for `streams`, one result each in order. An error has ended all of them.
+  Result<std::vector<StepResult>> StreamStep(Interpreter& copy,
+                                             const std::vector<uint64_t>& streams);
+  // Closes the generator (GeneratorExit at its yield) or calls the sequence's finish().
+  Status StreamClose(Interpreter& copy, uint64_t stream);
 
   // Unloads the model from every copy, freeing its Python objects; weights are released when
   // the last tensor viewing them goes. Idempotent.

@@ -70,6 +70,12 @@ struct Manifest {
   // a copy for minutes or take gigabytes.
   std::optional<int64_t> max_request_bytes;
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
+  // A streaming model answers each request with any number of responses: its predict() is a
+  // generator, or its entry class has the step interface (start/step/finish). max_batch_size
+  // is 0 for it.
+  bool streaming = false;
+  // Step interface: the most sequences one copy steps together (one step() call).
+  int64_t max_live_sequences = 16;
   // Python modules from outside the package ("requires"), e.g. "numpy": the server's
   // python.site_packages must provide each, or loading fails naming the module.
   std::vector<std::string> required_modules;

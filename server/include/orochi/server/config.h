@@ -110,6 +110,15 @@ struct ModelsConfig {
   // Unloading: how long a version's running requests may take to finish before they are
   // interrupted, and their copies abandoned if they ignore it.
   int64_t unload_grace_s = 30;
+  // Streaming models: streams waiting for a copy (or a live-sequence place) per model; more
+  // are refused (503 / RESOURCE_EXHAUSTED).
+  int64_t max_queued_streams = 64;
+  // Responses one stream holds for its client (written to the connection one at a time); when
+  // they are all waiting, its generator or sequence is paused.
+  int64_t stream_buffer_responses = 16;
+  // How long a stream may stay paused by a full buffer (a client that reads nothing) before it
+  // is ended with an error and its copy freed.
+  int64_t stream_stall_timeout_ms = 30000;
   int64_t max_queue_delay_us = 0;  // dynamic batching: how long a batch may wait to fill
   std::vector<int64_t> preferred_batch_sizes;
   std::map<std::string, VersionPolicy> version_policies;  // by model name; "latest" otherwise
