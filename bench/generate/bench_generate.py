@@ -55,8 +55,10 @@ def model_level(args) -> list:
     command = [BINARY, "python", os.path.join(HERE, "model_level.py"), "--package", PACKAGE,
                "--streams", args.streams, "--max-tokens", str(args.max_tokens),
                "--repeat", str(args.repeat)]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return [dict(json.loads(line), level="model") for line in output.splitlines() if line]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"model_level.py failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return [dict(json.loads(line), level="model") for line in result.stdout.splitlines() if line]
 
 
 class Server:
@@ -169,23 +171,32 @@ def server_level(args) -> list:
 
 def report(rows: list) -> None:
     for level in dict.fromkeys(row["level"] for row in rows):
-        print(f"\n{level} level: tokens/s (x one stream), time to first token p50 / p99")
-        print("| streams | stepped together | TTFT p50 / p99 | one at a time | TTFT p50 / p99 |"
-              " together / one at a time |")
-        print("| ---: | ---: | ---: | ---: | ---: | ---: |")
         table = {(row["streams"], row["mode"]): row for row in rows if row["level"] == level}
-        single = {mode: table.get((1, mode)) for mode in (BATCHED, ONE_AT_A_TIME)}
+        cpu = all("tokens_per_cpu_s" in row for row in table.values())
+        print(f"\n{level} level: tokens/s (and against one stream), time to first token"
+              + ("; tokens per CPU second of the copy" if cpu else ""))
+        header = ["streams"]
+        for mode in (BATCHED, ONE_AT_A_TIME):
+            header += [f"{mode}: tokens/s", "TTFT p50 / p99"] + (["per CPU s"] if cpu else [])
+        header.append("together / one at a time")
+        print("| " + " | ".join(header) + " |")
+        print("| " + " | ".join(["---:"] * len(header)) + " |")
         for streams in sorted({streams for streams, _ in table}):
-            cells = []
+            cells = [str(streams)]
             for mode in (BATCHED, ONE_AT_A_TIME):
-                row = table[(streams, mode)]
-                ratio = (f" ({row['tokens_per_s'] / single[mode]['tokens_per_s']:.2f}x)"
-                         if single[mode] else "")
+                row, single = table[(streams, mode)], table.get((1, mode))
+                ratio = (f" ({row['tokens_per_s'] / single['tokens_per_s']:.2f}x)"
+                         if single else "")
                 cells += [f"{row['tokens_per_s']:,.0f}{ratio}",
                           f"{row['ttft_p50_ms']:.1f} / {row['ttft_p99_ms']:.1f} ms"]
+                if cpu:
+                    cpu_ratio = (f" ({row['tokens_per_cpu_s'] / single['tokens_per_cpu_s']:.2f}x)"
+                                 if single else "")
+                    cells.append(f"{row['tokens_per_cpu_s']:,.0f}{cpu_ratio}")
             gain = table[(streams, BATCHED)]["tokens_per_s"] / \
                 table[(streams, ONE_AT_A_TIME)]["tokens_per_s"]
-            print(f"| {streams} | " + " | ".join(cells) + f" | {gain:.2f}x |")
+            cells.append(f"{gain:.2f}x")
+            print("| " + " | ".join(cells) + " |")
 
 
 def main():

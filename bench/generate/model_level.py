@@ -1,7 +1,8 @@
 """Runs inside an interpreter copy (`orochi python`): the text generator's tokens/s and time to
 first token for N sequences arriving together, stepped together (one step() for all live
 sequences, as the server's step-level batching does) or one at a time (max_live_sequences 1).
-Prints one JSON object per line. Driven by bench_generate.py."""
+Tokens are counted per second of wall time and per second of the copy's own CPU time (which a
+busy machine disturbs less). Prints one JSON object per line. Driven by bench_generate.py."""
 
 import argparse
 import json
@@ -80,13 +81,16 @@ def main():
     model.warmup()
     for streams in [int(item) for item in args.streams.split(",")]:
         for mode, run in (("stepped together", together), ("one at a time", one_at_a_time)):
-            rates, firsts = [], []
+            rates, cpu_rates, firsts = [], [], []
             for _ in range(args.repeat):
+                cpu = time.thread_time()
                 tokens, seconds, first = run(model, requests(streams, args.max_tokens))
                 rates.append(tokens / seconds)
+                cpu_rates.append(tokens / (time.thread_time() - cpu))
                 firsts += first
             print(json.dumps({"streams": streams, "mode": mode,
                               "tokens_per_s": statistics.median(rates),
+                              "tokens_per_cpu_s": statistics.median(cpu_rates),
                               "ttft_p50_ms": 1000 * percentile(firsts, 0.5),
                               "ttft_p99_ms": 1000 * percentile(firsts, 0.99)}), flush=True)
 

@@ -139,17 +139,19 @@ class TextGeneratorTest(unittest.TestCase):
 
     def test_sequences_in_any_slot_order(self):
         # Slots not in order and with gaps: the decode's scattered path.
-        first = [self.model.start({"text_input": [b"GNU"]}, {"temperature": 0}) for _ in range(4)]
+        greedy = {"temperature": 0, "max_tokens": 20}
+        first = [self.model.start({"text_input": [b"GNU"]}, greedy) for _ in range(4)]
         for state in first[::2]:
             self.model.finish(state)
-        late = self.model.start({"text_input": [b"The Program"]}, {"temperature": 0})
+        late = self.model.start({"text_input": [b"The Program"]}, greedy)
         states = [late, first[3], first[1]]
         self.assertNotEqual([state.slot for state in states],
                             sorted(state.slot for state in states))
         pieces = [[], [], []]
-        for _ in range(20):
-            for row, (outputs, _) in enumerate(self.model.step(states)):
+        for step in range(20):
+            for row, (outputs, finished) in enumerate(self.model.step(states)):
                 pieces[row].append(outputs["text_output"][0] if outputs else b"")
+                self.assertEqual(finished, step == 19)
         for state in states:
             self.model.finish(state)
         self.assertEqual(b"".join(pieces[0]), generate(self.model, "The Program", temperature=0,

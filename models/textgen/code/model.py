@@ -57,11 +57,11 @@ class Sequence:
             self.finished = True
             return self.held + self.decoder.decode(b"", final=True), True
         text = self.held + self.decoder.decode(bytes((token,)))
-        for stop in self.stop:
-            found = text.find(stop)
-            if found >= 0:
-                self.finished = True
-                return text[:found], True
+        found = min((at for at in (text.find(stop) for stop in self.stop) if at >= 0),
+                    default=-1)
+        if found >= 0:  # the text ends before the earliest stop string
+            self.finished = True
+            return text[:found], True
         if self.generated >= self.max_tokens:
             self.finished = True
             return text + self.decoder.decode(b"", final=True), True
