@@ -97,17 +97,23 @@ class TextGeneratorTest(unittest.TestCase):
             prompt = reference["prompt"]
             state = self.model.start({"text_input": [prompt.encode()]},
                                      {"temperature": 0, "max_tokens": len(reference["tokens"])})
-            tokens = []
-            for expected in reference["logits"]:
+            for step, (expected, token) in enumerate(zip(reference["logits"],
+                                                         reference["tokens"])):
                 difference = (state.logits - orochi.tensor(expected)).abs().max()
-                self.assertLess(float(difference), LOGIT_TOLERANCE, (prompt, len(tokens)))
-                tokens.append(int(state.logits.argmax()))
+                self.assertLess(float(difference), LOGIT_TOLERANCE, (prompt, step))
+                chosen = int(state.logits.argmax())
+                if chosen != token:
+                    # Only a tie within the tolerance may choose differently; the texts part
+                    # there, so the comparison ends.
+                    best, second = sorted(expected, reverse=True)[:2]
+                    self.assertLess(best - second, 2 * LOGIT_TOLERANCE, (prompt, step))
+                    break
                 (_, finished), = self.model.step([state])
-                if finished:
+                if finished:  # at max_tokens, or at the end of a document
+                    self.assertTrue(step == len(reference["tokens"]) - 1
+                                    or token == network.BOUNDARY, (prompt, step))
                     break
             self.model.finish(state)
-            self.assertEqual(tokens, reference["tokens"][:len(tokens)], prompt)
-            self.assertEqual(len(tokens), len(reference["tokens"]), prompt)
 
     def test_one_step_for_many_sequences_equals_each_alone(self):
         requests = [("This program is free software", {"temperature": 0, "max_tokens": 40}),
