@@ -41,9 +41,9 @@ CORPUS = ("Apache-2.0", "Artistic", "BSD", "GFDL-1.3", "GPL-2", "GPL-3", "LGPL-2
           "MPL-2.0")
 SEED = 27
 THREADS = 2
-STEPS = 700
-BATCH = 8
-LEARNING_RATE = 3e-3
+STEPS = 900
+BATCH = 16
+LEARNING_RATE = 5e-3
 WARMUP = 50
 HELD_OUT = 0.05  # the last 5% of each licence: the validation text
 REFERENCE_PROMPTS = ("This program is free software", "You may not ", "\n  3. ")

@@ -15,10 +15,10 @@ import orochi.nn.functional as F
 
 BOUNDARY = 256  # between documents: the first token of every prompt, and the end of a text
 VOCABULARY = 257  # the 256 byte values, then BOUNDARY
-WIDTH = 96
+WIDTH = 64
 HEADS = 4
 HEAD_WIDTH = WIDTH // HEADS
-LAYERS = 4
+LAYERS = 3
 CONTEXT = 256  # positions: the prompt's tokens and the generated ones together
 
 
