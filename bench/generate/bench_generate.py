@@ -78,9 +78,12 @@ class Server:
             with open(manifest_path, "w") as file:
                 json.dump(manifest, file)
             os.makedirs(os.path.join(repository, name, "1"))
-            subprocess.run([BINARY, "pack", source, "-o",
-                            os.path.join(repository, name, "1", "model.orochi")], check=True,
-                           capture_output=True)
+            packed = subprocess.run([BINARY, "pack", source, "-o",
+                                     os.path.join(repository, name, "1", "model.orochi")],
+                                    capture_output=True, text=True)
+            if packed.returncode != 0:
+                raise SystemExit(f"orochi pack refused {name} (a server without streaming "
+                                 f"models?): {packed.stderr.strip()}")
         self.port = free_port()
         self.log_path = os.path.join(scratch, "server.log")
         with open(self.log_path, "w") as log:
