@@ -4,7 +4,8 @@ The examples use Orochi's PyTorch-compatible names only, so their code runs unch
 Debian's python3-torch. Two things use that: `python3.11 torch_runner.py` recomputes the
 expected answers of the examples with random weights from PyTorch (an independent
 implementation of every op) and checks the others, and bench/models serves the text model's
-code with FastAPI as the baseline. Neither runs in CI, which has no PyTorch.
+code with FastAPI as the baseline. Neither runs in CI (where PyTorch is installed only to
+train models/textgen).
 """
 
 import argparse

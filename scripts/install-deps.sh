@@ -44,6 +44,8 @@ packages=(
   # the example models' build scripts (numpy; scikit-learn's runtime dependencies, see below),
   # and bench/: the FastAPI + uvicorn baseline and matplotlib's plots
   python3-numpy python3-joblib python3-threadpoolctl python3-decorator liblbfgsb0
+  # models/textgen trains its weights with PyTorch; models/torch_runner.py checks the examples
+  python3-torch
   python3-matplotlib python3-fastapi python3-uvicorn
 )
 

@@ -31,7 +31,7 @@ BINARY = Path(os.environ.get("OROCHI_BINARY", ROOT / "build" / "bin" / "orochi")
 BUILD = BINARY.parent.parent
 REPOSITORY = Path(os.environ.get("OROCHI_EXAMPLE_REPOSITORY", BUILD / "model-repository"))
 README = ROOT / "README.md"
-EXAMPLES = ("digits", "encoder", "resnet", "sentiment")
+EXAMPLES = ("digits", "encoder", "resnet", "sentiment", "textgen")
 
 
 def section(text: str, title: str) -> str:
