@@ -21,7 +21,7 @@
 
 namespace orochi::engine {
 
-inline constexpr int kDeviceBackendAbiVersion = 1;
+inline constexpr int kDeviceBackendAbiVersion = 2;
 
 // Every function may throw Error, except release (called from destructors), which reports a
 // failure on stderr and carries on.
