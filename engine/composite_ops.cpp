@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "cpu/onednn.h"
+#include "dispatch.h"
 #include "front_end.h"
-#include "orochi/engine/dispatch.h"
 #include "orochi/engine/ops.h"
 
 namespace orochi::engine {
@@ -310,9 +310,8 @@ Tensor Flip(const Tensor& input, const std::vector<int64_t>& dims) {
   for (int64_t dim : flipped) {
     if (input.dim() == 0 || input.shape()[dim] <= 1) continue;
     const int64_t size = input.shape()[dim];
-    result = IndexSelect(result, dim,
-                         Arange(static_cast<double>(size - 1), -1, -1, DType::kInt64,
-                                input.device()));
+    result = IndexSelect(
+        result, dim, Arange(static_cast<double>(size - 1), -1, -1, DType::kInt64, input.device()));
     copied = true;
   }
   return copied ? result : input.Clone();

@@ -15,8 +15,8 @@
 #include <optional>
 #include <string>
 
+#include "dispatch.h"
 #include "orochi/engine/device.h"
-#include "orochi/engine/dispatch.h"
 #include "orochi/engine/tensor.h"
 
 namespace orochi::engine {

@@ -1,4 +1,4 @@
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
 
 #include "orochi/base/check.h"
 #include "orochi/engine/error.h"

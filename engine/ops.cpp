@@ -9,9 +9,9 @@
 #include <numeric>
 
 #include "cpu/blas.h"
+#include "dispatch.h"
 #include "front_end.h"
 #include "orochi/base/check.h"
-#include "orochi/engine/dispatch.h"
 
 namespace orochi::engine {
 namespace {
@@ -124,10 +124,10 @@ Tensor ExactIntegerRange(int64_t start, int64_t count, int64_t step, Device devi
     *scalar.mutable_data_as<int64_t>() = value;
     return scalar;
   };
-  return Binary(Op::add,
-                Binary(Op::mul, Arange(0, static_cast<double>(count), 1, DType::kInt64, device),
-                       exact(step)),
-                exact(start));
+  return Binary(
+      Op::add,
+      Binary(Op::mul, Arange(0, static_cast<double>(count), 1, DType::kInt64, device), exact(step)),
+      exact(start));
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
 #include "kernels.h"
 #include "scalar_rules.h"
 #include "strided.h"

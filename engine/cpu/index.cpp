@@ -1,7 +1,7 @@
 // CPU indexing kernels.
 #include <cstring>
 
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
 #include "kernels.h"
 
 namespace orochi::engine::cpu {

@@ -2,7 +2,7 @@
 // register.cpp puts them in the CPU's kernel table.
 #pragma once
 
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
 
 namespace orochi::engine::cpu {
 

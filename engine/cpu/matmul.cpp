@@ -2,7 +2,7 @@
 #include <cstring>
 
 #include "blas.h"
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
 #include "kernels.h"
 
 namespace orochi::engine::cpu {

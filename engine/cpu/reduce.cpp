@@ -3,7 +3,7 @@
 #include <limits>
 #include <vector>
 
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
 #include "kernels.h"
 #include "vector_math.h"
 

@@ -1,5 +1,5 @@
+#include "dispatch.h"
 #include "kernels.h"
-#include "orochi/engine/dispatch.h"
 #include "vector_math.h"
 
 namespace orochi::engine {

@@ -4,7 +4,7 @@
 #include <numeric>
 #include <vector>
 
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
 #include "kernels.h"
 
 namespace orochi::engine::cpu {

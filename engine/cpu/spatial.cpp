@@ -1,7 +1,7 @@
 // CPU kernels for images: unfolding (im2col), the first half of pooling, and convolution.
-#include "onednn.h"
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
 #include "kernels.h"
+#include "onednn.h"
 
 namespace orochi::engine::cpu {
 void Im2col(const Tensor& input, const Im2colGeometry& g, Tensor& output) {

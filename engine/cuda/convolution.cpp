@@ -10,9 +10,9 @@
 #include <tuple>
 #include <vector>
 
+#include "dispatch.h"
 #include "orochi/base/check.h"
 #include "orochi/engine/device.h"
-#include "orochi/engine/dispatch.h"
 #include "runtime.h"
 
 namespace orochi::engine::cuda {

@@ -9,9 +9,9 @@
 #include <climits>
 #include <cstring>
 
+#include "dispatch.h"
 #include "orochi/base/check.h"
 #include "orochi/engine/device.h"
-#include "orochi/engine/dispatch.h"
 #include "runtime.h"
 
 namespace orochi::engine::cuda {

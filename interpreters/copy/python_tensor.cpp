@@ -614,8 +614,10 @@ void BindShapeMethods(py::class_<Tensor>& cls, py::module_& module) {
                         const py::args& sizes) { return self.Expand(IntList(sizes, "expand")); })
       .def("expand_as",
            [](const Tensor& self, const Tensor& other) { return self.Expand(other.shape()); })
-      .def("repeat", [](const Tensor& self,
-                        const py::args& sizes) { return engine::Repeat(self, IntList(sizes, "repeat")); })
+      .def("repeat",
+           [](const Tensor& self, const py::args& sizes) {
+             return engine::Repeat(self, IntList(sizes, "repeat"));
+           })
       .def("t",
            [](const Tensor& self) {
              if (self.dim() > 2) {

@@ -207,8 +207,7 @@ TEST(Creation, IntegerArangeIsExactOverInt64) {
   EXPECT_EQ(span.data_as<int64_t>()[3], kLarge * 4);
   EXPECT_EQ(CodeOf([] { IntegerArange(0, 5, 0); }), StatusCode::kInvalidArgument);
   EXPECT_EQ(CodeOf([] { IntegerArange(0, 5, -1); }), StatusCode::kInvalidArgument);
-  EXPECT_EQ(CodeOf([] { IntegerArange(0, 5, 1, DType::kFloat32); }),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([] { IntegerArange(0, 5, 1, DType::kFloat32); }), StatusCode::kInvalidArgument);
 }
 
 TEST(Indexing, IndexSelectAndEmbedding) {

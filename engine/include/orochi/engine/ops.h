@@ -1,8 +1,8 @@
 // The engine's operations, with PyTorch's names and semantics.
 //
-// Every op works on any device for which a kernel is registered (see dispatch.h) and throws
-// Error (kInvalidArgument) for bad arguments, naming the op, device and dtype when a kernel is
-// missing, and Error (kOutOfRange) for a dim or an index outside its range. Ops never modify
+// Every op works on any device for which a kernel is registered (the engine's kernel registry) and
+// throws Error (kInvalidArgument) for bad arguments, naming the op, device and dtype when a kernel
+// is missing, and Error (kOutOfRange) for a dim or an index outside its range. Ops never modify
 // their inputs; results are new contiguous tensors unless documented as views, on the inputs'
 // device. Inputs must share one device ("expected all tensors on the same device"), except that
 // elementwise ops (Binary, Where, Clamp, MaskedFill, ...) accept 0-dim CPU tensors beside

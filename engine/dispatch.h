@@ -1,5 +1,9 @@
 // Kernel registry: one kernel per (op, device type), taking the op's dtypes (kKernelDTypes).
 //
+// Private to the engine, its device libraries and its tests (not installed): users call ops.h.
+// Its functions are exported all the same, for liborochi_engine_cuda.so, which registers into
+// the registry of the engine library that loads it.
+//
 // Thread-safety: the registry is filled once, on first use, before any lookup can see it;
 // lookups are then read-only and safe from any thread.
 //
