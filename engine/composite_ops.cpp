@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "cpu/onednn.h"
+#include "dispatch.h"
 #include "front_end.h"
-#include "orochi/engine/dispatch.h"
 #include "orochi/engine/ops.h"
 
 namespace orochi::engine {
@@ -249,6 +249,104 @@ std::vector<Tensor> Chunk(const Tensor& input, int64_t chunks, int64_t dim) {
   OROCHI_CHECK_ARG(input.dim() > 0, "chunk expects a tensor of at least 1 dimension");
   int64_t size = input.shape()[WrapDim(dim, input.dim())];
   return Split(input, std::max<int64_t>((size + chunks - 1) / chunks, 1), dim);
+}
+
+std::vector<Tensor> SplitWithSizes(const Tensor& input, const std::vector<int64_t>& sizes,
+                                   int64_t dim) {
+  OROCHI_CHECK_ARG(input.dim() > 0, "split expects a tensor of at least 1 dimension");
+  const int64_t d = WrapDim(dim, input.dim());
+  int64_t total = 0;
+  for (int64_t size : sizes) {
+    OROCHI_CHECK_ARG(size >= 0, "split: section sizes must be non-negative, got " << size);
+    total += size;
+  }
+  OROCHI_CHECK_ARG(total == input.shape()[d], "split: the section sizes add up to "
+                                                  << total << ", but dimension " << d
+                                                  << " has size " << input.shape()[d]);
+  std::vector<Tensor> pieces;
+  int64_t start = 0;
+  for (int64_t size : sizes) {
+    pieces.push_back(input.Narrow(d, start, size));
+    start += size;
+  }
+  return pieces;
+}
+
+// A view [1, d0, 1, d1, ...] expanded to [r0, d0, r1, d1, ...] and copied once (one copy kernel
+// on any device) into [r0 * d0, r1 * d1, ...].
+Tensor Repeat(const Tensor& input, const std::vector<int64_t>& repeats) {
+  OROCHI_CHECK_ARG(repeats.size() >= static_cast<size_t>(input.dim()),
+                   "repeat: Number of dimensions of repeat dims can not be smaller than number "
+                   "of dimensions of tensor ("
+                       << repeats.size() << " repeats for a tensor of shape "
+                       << ShapeString(input.shape()) << ")");
+  const size_t added = repeats.size() - static_cast<size_t>(input.dim());
+  Shape tiles;
+  Shape expanded;
+  Shape result;
+  for (size_t i = 0; i < repeats.size(); ++i) {
+    OROCHI_CHECK_ARG(repeats[i] >= 0, "repeat: the repeats must be non-negative, got "
+                                          << repeats[i] << " for dimension " << i);
+    const int64_t size = i < added ? 1 : input.shape()[i - added];
+    tiles.insert(tiles.end(), {1, size});
+    expanded.insert(expanded.end(), {repeats[i], size});
+    result.push_back(repeats[i] * size);
+  }
+  return input.Reshape(tiles).Expand(expanded).Contiguous().Reshape(result);
+}
+
+// One index_select along each flipped dim, by descending positions made on the input's device.
+Tensor Flip(const Tensor& input, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> flipped;
+  for (int64_t dim : dims) {
+    // A 0-dim tensor takes dims 0 and -1, as in PyTorch.
+    const int64_t wrapped = WrapDim(dim, std::max<int64_t>(input.dim(), 1));
+    OROCHI_CHECK_ARG(std::find(flipped.begin(), flipped.end(), wrapped) == flipped.end(),
+                     "flip: dim " << wrapped << " appears multiple times in the list of dims");
+    flipped.push_back(wrapped);
+  }
+  Tensor result = input;
+  bool copied = false;
+  for (int64_t dim : flipped) {
+    if (input.dim() == 0 || input.shape()[dim] <= 1) continue;
+    const int64_t size = input.shape()[dim];
+    result = IndexSelect(
+        result, dim, Arange(static_cast<double>(size - 1), -1, -1, DType::kInt64, input.device()));
+    copied = true;
+  }
+  return copied ? result : input.Clone();
+}
+
+Tensor Pad(const Tensor& input, const std::vector<int64_t>& pad, double value) {
+  OROCHI_CHECK_ARG(pad.size() % 2 == 0 && static_cast<int64_t>(pad.size()) <= 2 * input.dim(),
+                   "pad: expected an even number of sizes, at most two per dimension of the "
+                   "input, got "
+                       << pad.size() << " for an input of shape " << ShapeString(input.shape()));
+  // Negative padding crops: the part of the input kept and where it lands in the output.
+  Shape shape = input.shape();
+  Tensor kept = input;
+  std::vector<std::pair<int64_t, int64_t>> placed;  // (dim, offset in the output)
+  for (size_t i = 0; i < pad.size() / 2; ++i) {
+    const int64_t d = input.dim() - 1 - static_cast<int64_t>(i);
+    const int64_t before = pad[2 * i];
+    const int64_t after = pad[2 * i + 1];
+    shape[d] += before + after;
+    OROCHI_CHECK_ARG(shape[d] >= 0, "pad: padding " << before << " and " << after
+                                                    << " leave dimension " << d << " of size "
+                                                    << input.shape()[d] << " with size "
+                                                    << shape[d]);
+    const int64_t skipped = std::max<int64_t>(-before, 0);
+    const int64_t length =
+        std::max<int64_t>(input.shape()[d] - skipped - std::max<int64_t>(-after, 0), 0);
+    kept = kept.Narrow(d, std::min(skipped, input.shape()[d]), length);
+    placed.emplace_back(d, std::max<int64_t>(before, 0));
+  }
+  Tensor output = Full(shape, value, input.dtype(), input.device());
+  if (kept.numel() == 0) return output;
+  Tensor inner = output;
+  for (const auto& [d, offset] : placed) inner = inner.Narrow(d, offset, kept.shape()[d]);
+  inner.CopyFrom(kept);
+  return output;
 }
 
 namespace {

@@ -108,6 +108,11 @@ const DeviceBackend* CudaBackend(std::string* reason) {
 
 int DeviceCount(DeviceType type) { return type == DeviceType::kCpu ? 1 : CudaProbe().count; }
 
+std::string DeviceName(Device device) {
+  if (device.type == DeviceType::kCpu) return "cpu";
+  return "cuda:" + std::to_string(device.index);
+}
+
 std::string DeviceUnavailableReason(DeviceType type) {
   return type == DeviceType::kCpu ? "" : CudaProbe().reason;
 }

@@ -15,13 +15,13 @@
 #include <optional>
 #include <string>
 
+#include "dispatch.h"
 #include "orochi/engine/device.h"
-#include "orochi/engine/dispatch.h"
 #include "orochi/engine/tensor.h"
 
 namespace orochi::engine {
 
-inline constexpr int kDeviceBackendAbiVersion = 1;
+inline constexpr int kDeviceBackendAbiVersion = 2;
 
 // Every function may throw Error, except release (called from destructors), which reports a
 // failure on stderr and carries on.

@@ -1,4 +1,4 @@
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
 
 #include "orochi/base/check.h"
 #include "orochi/engine/error.h"
@@ -21,10 +21,16 @@ std::string_view OpName(Op op) {
   return "?";
 }
 
-void KernelRegistry::RegisterErased(Op op, DeviceType device, void* kernel, DTypeSet dtypes) {
-  Entry& entry = entries_[static_cast<int>(op)][static_cast<int>(device)];
-  OROCHI_INTERNAL_ASSERT(entry.kernel == nullptr, "a kernel was registered twice");
-  entry = {kernel, dtypes};
+void KernelRegistry::Register(DeviceType device, const KernelTable& table) {
+  auto add = [&](Op op, void* kernel) {
+    Entry& entry = entries_[static_cast<int>(op)][static_cast<int>(device)];
+    OROCHI_INTERNAL_ASSERT(entry.kernel == nullptr, "a kernel was registered twice");
+    entry = {kernel, KernelDTypes(op)};
+  };
+#define OROCHI_REGISTER_FROM_TABLE(name, signature) \
+  add(Op::name, reinterpret_cast<void*>(table.name));
+  OROCHI_ENGINE_OPS(OROCHI_REGISTER_FROM_TABLE)
+#undef OROCHI_REGISTER_FROM_TABLE
 }
 
 void* KernelRegistry::FindErased(Op op, Device device, DType dtype) const {

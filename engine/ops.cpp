@@ -5,12 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "cpu/blas.h"
+#include "dispatch.h"
 #include "front_end.h"
 #include "orochi/base/check.h"
-#include "orochi/engine/dispatch.h"
 
 namespace orochi::engine {
 namespace {
@@ -99,6 +100,61 @@ Tensor Arange(double start, double end, double step, DType dtype, Device device)
   Tensor output = Tensor::Empty({count}, dtype, device);
   Kernels().Find<Op::arange>(device, dtype)(output, start, step);
   return output;
+}
+
+namespace {
+
+// int64 start + i * step for i in [0, count), on `device`, computed in int64 without overflow:
+// positions times the step plus the start (0-dim CPU operands, exact where a double-valued
+// Scalar is not, follow the positions to their device as Python numbers do). A range whose
+// offsets would not fit in int64 (over 2^63 wide) is made in two halves, either side of zero.
+Tensor ExactIntegerRange(int64_t start, int64_t count, int64_t step, Device device) {
+  const __int128 last_offset = static_cast<__int128>(count - 1) * step;
+  if (count > 0 && (last_offset > std::numeric_limits<int64_t>::max() ||
+                    last_offset < std::numeric_limits<int64_t>::min())) {
+    const __int128 distance_to_zero = step > 0 ? -static_cast<__int128>(start) : start;
+    const __int128 magnitude = step > 0 ? step : -static_cast<__int128>(step);
+    const auto before_zero = static_cast<int64_t>((distance_to_zero + magnitude - 1) / magnitude);
+    const auto restart = static_cast<int64_t>(start + static_cast<__int128>(before_zero) * step);
+    return Cat({ExactIntegerRange(start, before_zero, step, device),
+                ExactIntegerRange(restart, count - before_zero, step, device)});
+  }
+  const auto exact = [](int64_t value) {
+    Tensor scalar = Tensor::Empty({}, DType::kInt64);
+    *scalar.mutable_data_as<int64_t>() = value;
+    return scalar;
+  };
+  return Binary(
+      Op::add,
+      Binary(Op::mul, Arange(0, static_cast<double>(count), 1, DType::kInt64, device), exact(step)),
+      exact(start));
+}
+
+}  // namespace
+
+Tensor IntegerArange(int64_t start, int64_t end, int64_t step, DType dtype, Device device) {
+  OROCHI_CHECK_ARG(IsIntegral(dtype),
+                   "arange: integer bounds make an integer tensor, not " << DTypeName(dtype));
+  OROCHI_CHECK_ARG(step != 0, "arange: step must be non-zero");
+  const __int128 span = static_cast<__int128>(end) - start;
+  OROCHI_CHECK_ARG(span == 0 || (span > 0) == (step > 0),
+                   "arange: the range [" << start << ", " << end << ") and step " << step
+                                         << " have inconsistent signs");
+  const auto count = static_cast<int64_t>(span == 0 ? 0 : (span - (step > 0 ? 1 : -1)) / step + 1);
+  // Doubles hold every value exactly up to 2^53: there the arange kernel computes the values in
+  // one pass; past it, they are computed in int64.
+  const auto magnitude = [](int64_t value) {
+    return value < 0 ? -static_cast<__int128>(value) : static_cast<__int128>(value);
+  };
+  Tensor values;
+  if (magnitude(start) + magnitude(end) + magnitude(step) <= (__int128{1} << 53)) {
+    values = Tensor::Empty({count}, DType::kInt64, device);
+    Kernels().Find<Op::arange>(device, DType::kInt64)(values, static_cast<double>(start),
+                                                      static_cast<double>(step));
+  } else {
+    values = ExactIntegerRange(start, count, step, device);
+  }
+  return dtype == DType::kInt64 ? values : values.To(dtype);
 }
 
 Tensor Unary(Op op, const Tensor& input) {

@@ -4,8 +4,8 @@
 #include <limits>
 
 #include "cpu/onednn.h"
+#include "dispatch.h"
 #include "front_end.h"
-#include "orochi/engine/dispatch.h"
 #include "orochi/engine/ops.h"
 
 namespace orochi::engine {

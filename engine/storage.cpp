@@ -112,11 +112,6 @@ size_t CpuCacheLimit() { return LargeBlockCache::Instance().limit(); }
 size_t CpuCachedBytes() { return LargeBlockCache::Instance().cached_bytes(); }
 void EmptyCpuCache() { LargeBlockCache::Instance().Empty(); }
 
-std::string DeviceName(Device device) {
-  if (device.type == DeviceType::kCpu) return "cpu";
-  return "cuda:" + std::to_string(device.index);
-}
-
 Storage::Storage(Kind kind, std::byte* data, size_t size, bool read_only, Device device)
     : kind_(kind), data_(data), size_(size), read_only_(read_only), device_(device) {}
 

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "device_backend.h"
+#include "dispatch.h"
 #include "orochi/engine/device.h"
-#include "orochi/engine/dispatch.h"
 #include "orochi/engine/ops.h"
 
 namespace orochi::engine {

@@ -4,7 +4,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
+#include "kernels.h"
 #include "scalar_rules.h"
 #include "strided.h"
 #include "vector_math.h"
@@ -16,6 +17,8 @@ namespace {
 template <typename T>
 using Compute =
     std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
+
+}  // namespace
 
 void Copy(const Tensor& source, Tensor& destination) {
   VisitDType(destination.dtype(), [&]<typename To>() {
@@ -52,6 +55,8 @@ void ArangeFill(Tensor& output, double start, double step) {
     }
   });
 }
+
+namespace {
 
 template <typename C>
 C ApplyUnary(Op op, C x) {
@@ -208,6 +213,8 @@ void VectorUnaryRow(const VectorKernels& kernels, VectorUnary form, std::byte* o
   }
 }
 
+}  // namespace
+
 void UnaryOp(Op op, const Tensor& input, Tensor& output) {
   VisitDType(input.dtype(), [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, Half> ||
@@ -229,6 +236,8 @@ void UnaryOp(Op op, const Tensor& input, Tensor& output) {
     }
   });
 }
+
+namespace {
 
 template <typename C>
 C ApplyArithmetic(Op op, C a, C b) {
@@ -272,6 +281,8 @@ bool IsComparison(Op op) {
          op == Op::ge || op == Op::logical_and || op == Op::logical_or || op == Op::logical_xor;
 }
 
+}  // namespace
+
 void BinaryOp(Op op, const Tensor& a, const Tensor& b, Tensor& output) {
   VisitDType(a.dtype(), [&]<typename T>() {
     using C = std::conditional_t<std::is_same_v<T, bool>, int, Compute<T>>;
@@ -313,28 +324,6 @@ void WhereOp(const Tensor& condition, const Tensor& a, const Tensor& b, Tensor& 
                     }
                   });
   });
-}
-
-}  // namespace
-
-void RegisterElementwiseKernels(KernelRegistry& registry) {
-  constexpr DeviceType kCpu = DeviceType::kCpu;
-  registry.Register<Op::copy>(kCpu, Copy, kAllDTypes);
-  registry.Register<Op::fill>(kCpu, Fill, kAllDTypes);
-  registry.Register<Op::arange>(kCpu, ArangeFill, kNumericDTypes);
-  registry.RegisterEach<Op::neg, Op::abs, Op::relu, Op::floor, Op::ceil, Op::round>(kCpu, UnaryOp,
-                                                                                    kNumericDTypes);
-  registry.RegisterEach<Op::exp, Op::log, Op::sqrt, Op::rsqrt, Op::sin, Op::cos, Op::tanh,
-                        Op::sigmoid, Op::silu, Op::gelu, Op::gelu_tanh, Op::erf>(kCpu, UnaryOp,
-                                                                                 kFloatingDTypes);
-  registry.RegisterEach<Op::add, Op::mul, Op::div, Op::pow, Op::floor_divide, Op::maximum,
-                        Op::minimum, Op::eq, Op::ne, Op::lt, Op::le, Op::gt, Op::ge,
-                        Op::logical_and, Op::logical_or, Op::logical_xor>(kCpu, BinaryOp,
-                                                                          kAllDTypes);
-  // Binary refuses bool operands of sub, as PyTorch does; remainder has no bool kernel there.
-  registry.Register<Op::sub>(kCpu, BinaryOp, kNumericDTypes);
-  registry.Register<Op::remainder>(kCpu, BinaryOp, kNumericDTypes);
-  registry.Register<Op::where>(kCpu, WhereOp, kAllDTypes);
 }
 
 }  // namespace orochi::engine::cpu

@@ -1,11 +1,10 @@
 // CPU indexing kernels.
 #include <cstring>
 
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
+#include "kernels.h"
 
 namespace orochi::engine::cpu {
-namespace {
-
 void IndexSelect(const Tensor& input, const Tensor& index, Tensor& output) {
   const int64_t outer = input.shape()[0];
   const int64_t size = input.shape()[1];
@@ -20,12 +19,6 @@ void IndexSelect(const Tensor& input, const Tensor& index, Tensor& output) {
                   row_bytes);
     }
   }
-}
-
-}  // namespace
-
-void RegisterIndexKernels(KernelRegistry& registry) {
-  registry.Register<Op::index_select>(DeviceType::kCpu, IndexSelect, kAllDTypes);
 }
 
 }  // namespace orochi::engine::cpu

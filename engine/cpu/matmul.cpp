@@ -2,11 +2,10 @@
 #include <cstring>
 
 #include "blas.h"
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
+#include "kernels.h"
 
 namespace orochi::engine::cpu {
-namespace {
-
 void Matmul(const Tensor& a, const Tensor& b, Tensor& output) {
   const int64_t batch = a.shape()[0];
   const int64_t m = a.shape()[1];
@@ -67,12 +66,6 @@ void Matmul(const Tensor& a, const Tensor& b, Tensor& output) {
       }
     }
   });
-}
-
-}  // namespace
-
-void RegisterMatmulKernels(KernelRegistry& registry) {
-  registry.Register<Op::matmul>(DeviceType::kCpu, Matmul, kAllDTypes);
 }
 
 }  // namespace orochi::engine::cpu

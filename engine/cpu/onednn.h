@@ -1,7 +1,7 @@
 // oneDNN: float32 convolution on the CPU, with weights kept in oneDNN's own layout.
 #pragma once
 
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
 #include "orochi/engine/tensor.h"
 
 namespace orochi::engine::cpu {

@@ -3,7 +3,8 @@
 #include <limits>
 #include <vector>
 
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
+#include "kernels.h"
 #include "vector_math.h"
 
 namespace orochi::engine::cpu {
@@ -14,6 +15,8 @@ template <typename T>
 using Accumulator = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16> ||
                                            std::is_floating_point_v<T>,
                                        double, int64_t>;
+
+}  // namespace
 
 void ReduceOp(Op op, const Tensor& input, Tensor& output) {
   const int64_t outer = output.numel();
@@ -74,6 +77,8 @@ void ReduceOp(Op op, const Tensor& input, Tensor& output) {
   });
 }
 
+namespace {
+
 template <typename T>
 constexpr bool kHasVectorKernels =
     std::is_same_v<T, float> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
@@ -106,6 +111,8 @@ const float* AsFloat(const T* values, int64_t inner, std::vector<float>& convert
     return converted.data();
   }
 }
+
+}  // namespace
 
 void SoftmaxOp(Op op, const Tensor& input, Tensor& output) {
   const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
@@ -188,16 +195,6 @@ void NormOp(Op op, const Tensor& input, const Tensor* weight, const Tensor* bias
       }
     }
   });
-}
-
-}  // namespace
-
-void RegisterReductionKernels(KernelRegistry& registry) {
-  registry.RegisterEach<Op::sum, Op::amax, Op::amin, Op::prod, Op::argmax, Op::argmin>(
-      DeviceType::kCpu, ReduceOp, kAllDTypes);
-  registry.RegisterEach<Op::layer_norm, Op::rms_norm>(DeviceType::kCpu, NormOp, kFloatingDTypes);
-  registry.Register<Op::mean>(DeviceType::kCpu, ReduceOp, kFloatingDTypes);
-  registry.RegisterEach<Op::softmax, Op::log_softmax>(DeviceType::kCpu, SoftmaxOp, kFloatingDTypes);
 }
 
 }  // namespace orochi::engine::cpu

@@ -4,11 +4,10 @@
 #include <numeric>
 #include <vector>
 
-#include "orochi/engine/dispatch.h"
+#include "dispatch.h"
+#include "kernels.h"
 
 namespace orochi::engine::cpu {
-namespace {
-
 void SortRows(const Tensor& input, bool descending, Tensor& values, Tensor& indices) {
   const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
   const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
@@ -43,12 +42,6 @@ void SortRows(const Tensor& input, bool descending, Tensor& values, Tensor& indi
       }
     }
   });
-}
-
-}  // namespace
-
-void RegisterSortKernels(KernelRegistry& registry) {
-  registry.Register<Op::sort>(DeviceType::kCpu, SortRows, kNumericDTypes);
 }
 
 }  // namespace orochi::engine::cpu

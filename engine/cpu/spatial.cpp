@@ -1,10 +1,9 @@
 // CPU kernels for images: unfolding (im2col), the first half of pooling, and convolution.
+#include "dispatch.h"
+#include "kernels.h"
 #include "onednn.h"
-#include "orochi/engine/dispatch.h"
 
 namespace orochi::engine::cpu {
-namespace {
-
 void Im2col(const Tensor& input, const Im2colGeometry& g, Tensor& output) {
   const int64_t batch = input.shape()[0];
   const int64_t channels = input.shape()[1];
@@ -33,8 +32,6 @@ void Im2col(const Tensor& input, const Im2colGeometry& g, Tensor& output) {
   });
 }
 
-// float32 through oneDNN, unless an operand is empty (oneDNN refuses zero-sized dimensions); the
-// other dtypes through im2col and the BLAS (or, for integers, loop) matmul kernels.
 void Conv2d(const Tensor& input, const Tensor& weight, const ConvGeometry& geometry,
             Tensor& output) {
   if (output.numel() == 0) return;
@@ -43,13 +40,6 @@ void Conv2d(const Tensor& input, const Tensor& weight, const ConvGeometry& geome
     return;
   }
   OnednnConv2d(input, weight, /*bias=*/nullptr, geometry, output);
-}
-
-}  // namespace
-
-void RegisterSpatialKernels(KernelRegistry& registry) {
-  registry.Register<Op::im2col>(DeviceType::kCpu, Im2col, kNumericDTypes);
-  registry.Register<Op::conv2d>(DeviceType::kCpu, Conv2d, kNumericDTypes);
 }
 
 }  // namespace orochi::engine::cpu

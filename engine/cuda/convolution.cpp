@@ -10,9 +10,9 @@
 #include <tuple>
 #include <vector>
 
+#include "dispatch.h"
 #include "orochi/base/check.h"
 #include "orochi/engine/device.h"
-#include "orochi/engine/dispatch.h"
 #include "runtime.h"
 
 namespace orochi::engine::cuda {
@@ -198,6 +198,9 @@ void CheckSizes(const Tensor& input, const Tensor& weight, const Tensor& output)
   }
 }
 
+}  // namespace
+
+// The CUDA conv2d kernel (registered in kernels.cpp).
 void CudaConv2d(const Tensor& input, const Tensor& weight, const ConvGeometry& geometry,
                 Tensor& output) {
   if (output.numel() == 0) return;
@@ -260,13 +263,6 @@ void CudaConv2d(const Tensor& input, const Tensor& weight, const ConvGeometry& g
     }
   }
   Conv2dThroughIm2col(input, weight, geometry, output);
-}
-
-}  // namespace
-
-void RegisterConvolutionKernels(KernelRegistry& registry) {
-  // The CPU's dtypes: cuDNN for the floating ones, im2col + matmul for the integers.
-  registry.Register<Op::conv2d>(DeviceType::kCuda, CudaConv2d, kNumericDTypes);
 }
 
 }  // namespace orochi::engine::cuda

@@ -6,15 +6,13 @@
 #include "runtime.h"
 
 namespace orochi::engine::cuda {
-void RegisterCudaKernels(KernelRegistry& registry);         // kernels.cpp
-void RegisterConvolutionKernels(KernelRegistry& registry);  // convolution.cpp
+void RegisterCudaKernels(KernelRegistry& registry);  // kernels.cpp
 }  // namespace orochi::engine::cuda
 
 extern "C" __attribute__((visibility("default"))) int orochi_register_cuda_backend(
     orochi::engine::KernelRegistry* registry, orochi::engine::DeviceBackend* backend) {
   namespace cuda = orochi::engine::cuda;
   cuda::RegisterCudaKernels(*registry);
-  cuda::RegisterConvolutionKernels(*registry);
   backend->device_count = cuda::ProbeDevices;
   backend->allocate = cuda::Allocate;
   backend->release = cuda::Release;

@@ -9,12 +9,17 @@
 #include <climits>
 #include <cstring>
 
+#include "dispatch.h"
 #include "orochi/base/check.h"
 #include "orochi/engine/device.h"
-#include "orochi/engine/dispatch.h"
 #include "runtime.h"
 
 namespace orochi::engine::cuda {
+
+// convolution.cpp
+void CudaConv2d(const Tensor& input, const Tensor& weight, const ConvGeometry& geometry,
+                Tensor& output);
+
 namespace {
 
 #define OROCHI_SAME_ENUMERATOR(name, type, text, code, category) \
@@ -330,38 +335,74 @@ void CudaMatmul(const Tensor& a, const Tensor& b, Tensor& output) {
   }
 }
 
+// Every op's CUDA kernel, in op_list.h's order; the dtypes are the CPU's (kKernelDTypes).
+constexpr KernelTable kCudaKernels = {
+    .copy = CudaCopy,
+    .fill = CudaFill,
+    .arange = CudaArangeFill,
+    .neg = CudaUnary,
+    .abs = CudaUnary,
+    .exp = CudaUnary,
+    .log = CudaUnary,
+    .sqrt = CudaUnary,
+    .rsqrt = CudaUnary,
+    .sin = CudaUnary,
+    .cos = CudaUnary,
+    .tanh = CudaUnary,
+    .sigmoid = CudaUnary,
+    .relu = CudaUnary,
+    .silu = CudaUnary,
+    .gelu = CudaUnary,
+    .gelu_tanh = CudaUnary,
+    .erf = CudaUnary,
+    .floor = CudaUnary,
+    .ceil = CudaUnary,
+    .round = CudaUnary,
+    .add = CudaBinary,
+    .sub = CudaBinary,
+    .mul = CudaBinary,
+    .div = CudaBinary,
+    .pow = CudaBinary,
+    .floor_divide = CudaBinary,
+    .remainder = CudaBinary,
+    .maximum = CudaBinary,
+    .minimum = CudaBinary,
+    .eq = CudaBinary,
+    .ne = CudaBinary,
+    .lt = CudaBinary,
+    .le = CudaBinary,
+    .gt = CudaBinary,
+    .ge = CudaBinary,
+    .logical_and = CudaBinary,
+    .logical_or = CudaBinary,
+    .logical_xor = CudaBinary,
+    .where = CudaWhere,
+    .sum = CudaReduce,
+    .mean = CudaReduce,
+    .amax = CudaReduce,
+    .amin = CudaReduce,
+    .prod = CudaReduce,
+    .argmax = CudaReduce,
+    .argmin = CudaReduce,
+    .layer_norm = CudaNorm,
+    .rms_norm = CudaNorm,
+    .index_select = CudaIndexSelect,
+    .im2col = CudaIm2col,
+    // cuDNN for the floating dtypes, im2col + matmul for the integers (convolution.cpp).
+    .conv2d = CudaConv2d,
+    .sort = CudaSort,
+    .softmax = CudaSoftmax,
+    .log_softmax = CudaSoftmax,
+    // float16/bfloat16/float32 (TF32 when allowed)/float64 through cuBLAS; bool and integers
+    // with a plain kernel, as the CPU's loops.
+    .matmul = CudaMatmul,
+};
+static_assert(HasEveryKernel(kCudaKernels), "CUDA has a kernel for every op of op_list.h");
+
 }  // namespace
 
 void RegisterCudaKernels(KernelRegistry& registry) {
-  constexpr DeviceType kCuda = DeviceType::kCuda;
-  // The same dtypes as the CPU kernels (cpu/*.cpp), so that a model runs on either device.
-  registry.Register<Op::copy>(kCuda, CudaCopy, kAllDTypes);
-  registry.Register<Op::fill>(kCuda, CudaFill, kAllDTypes);
-  registry.Register<Op::arange>(kCuda, CudaArangeFill, kNumericDTypes);
-  registry.RegisterEach<Op::neg, Op::abs, Op::relu, Op::floor, Op::ceil, Op::round>(
-      kCuda, CudaUnary, kNumericDTypes);
-  registry.RegisterEach<Op::exp, Op::log, Op::sqrt, Op::rsqrt, Op::sin, Op::cos, Op::tanh,
-                        Op::sigmoid, Op::silu, Op::gelu, Op::gelu_tanh, Op::erf>(kCuda, CudaUnary,
-                                                                                 kFloatingDTypes);
-  registry.RegisterEach<Op::add, Op::mul, Op::div, Op::pow, Op::floor_divide, Op::maximum,
-                        Op::minimum, Op::eq, Op::ne, Op::lt, Op::le, Op::gt, Op::ge,
-                        Op::logical_and, Op::logical_or, Op::logical_xor>(kCuda, CudaBinary,
-                                                                          kAllDTypes);
-  // Binary refuses bool operands of sub, as PyTorch does; remainder has no bool kernel there.
-  registry.Register<Op::sub>(kCuda, CudaBinary, kNumericDTypes);
-  registry.Register<Op::remainder>(kCuda, CudaBinary, kNumericDTypes);
-  registry.Register<Op::where>(kCuda, CudaWhere, kAllDTypes);
-  registry.RegisterEach<Op::sum, Op::amax, Op::amin, Op::prod, Op::argmax, Op::argmin>(
-      kCuda, CudaReduce, kAllDTypes);
-  registry.Register<Op::mean>(kCuda, CudaReduce, kFloatingDTypes);
-  registry.RegisterEach<Op::layer_norm, Op::rms_norm>(kCuda, CudaNorm, kFloatingDTypes);
-  registry.RegisterEach<Op::softmax, Op::log_softmax>(kCuda, CudaSoftmax, kFloatingDTypes);
-  registry.Register<Op::index_select>(kCuda, CudaIndexSelect, kAllDTypes);
-  registry.Register<Op::im2col>(kCuda, CudaIm2col, kNumericDTypes);
-  registry.Register<Op::sort>(kCuda, CudaSort, kNumericDTypes);
-  // float16/bfloat16/float32 (TF32 when allowed)/float64 through cuBLAS; bool and integers with
-  // a plain kernel, as the CPU's loops.
-  registry.Register<Op::matmul>(kCuda, CudaMatmul, kAllDTypes);
+  registry.Register(DeviceType::kCuda, kCudaKernels);
 }
 
 }  // namespace orochi::engine::cuda

@@ -63,31 +63,6 @@ Device DeviceArgument(py::handle device) {
   return device.is_none() ? Device{} : ParseDevice(device);
 }
 
-// torch.nn.functional.pad with constant padding: (left, right) pairs from the last dim back.
-Tensor Pad(const Tensor& input, const std::vector<int64_t>& pad, double value) {
-  if (pad.size() % 2 != 0 || static_cast<int64_t>(pad.size()) > 2 * input.dim()) {
-    throw py::value_error(
-        "pad: expected an even number of sizes, at most two per dimension of "
-        "the input");
-  }
-  Shape shape = input.shape();
-  for (size_t i = 0; i < pad.size() / 2; ++i) {
-    int64_t d = input.dim() - 1 - static_cast<int64_t>(i);
-    shape[d] += pad[2 * i] + pad[2 * i + 1];
-    if (pad[2 * i] < 0 || pad[2 * i + 1] < 0) {
-      throw py::value_error("pad: negative padding (cropping) is not supported");
-    }
-  }
-  Tensor output = engine::Full(shape, value, input.dtype());
-  Tensor inner = output;
-  for (size_t i = 0; i < pad.size() / 2; ++i) {
-    int64_t d = input.dim() - 1 - static_cast<int64_t>(i);
-    inner = inner.Narrow(d, pad[2 * i], input.shape()[d]);
-  }
-  inner.CopyFrom(input);
-  return output;
-}
-
 // Conv padding: an int, a pair, "valid" or "same" (stride 1; extra padding goes on the end
 // when the total is odd, as in PyTorch).
 Tensor ConvNd(int spatial, const Tensor& input, const Tensor& weight,
@@ -125,7 +100,7 @@ Tensor ConvNd(int spatial, const Tensor& input, const Tensor& weight,
         explicit_pad.push_back(total / 2);
         explicit_pad.push_back(total - total / 2);
       }
-      padded = Pad(input, explicit_pad, 0);
+      padded = engine::Pad(input, explicit_pad, 0);
     } else if (mode != "valid") {
       throw py::value_error("padding must be an int, a pair, 'valid' or 'same', got '" + mode +
                             "'");
@@ -146,22 +121,6 @@ Tensor ConvNd(int spatial, const Tensor& input, const Tensor& weight,
   if (work < (int64_t{1} << 16)) return run();
   py::gil_scoped_release release;
   return run();
-}
-
-// arange over Python ints, exact beyond 2^53 where the engine's double-based Arange is not.
-Tensor IntegerArange(int64_t start, int64_t end, int64_t step, DType dtype) {
-  if (step == 0) throw std::runtime_error("arange: step must be non-zero");
-  if ((end - start > 0 && step < 0) || (end - start < 0 && step > 0)) {
-    throw std::runtime_error("arange: the range [" + std::to_string(start) + ", " +
-                             std::to_string(end) + ") and step " + std::to_string(step) +
-                             " have inconsistent signs");
-  }
-  const __int128 span = static_cast<__int128>(end) - start;
-  const auto count = static_cast<int64_t>(span == 0 ? 0 : (span - (step > 0 ? 1 : -1)) / step + 1);
-  Tensor values = Tensor::Empty({count}, DType::kInt64);
-  auto* out = values.mutable_data_as<int64_t>();
-  for (int64_t i = 0; i < count; ++i) out[i] = start + i * step;
-  return dtype == DType::kInt64 ? values : values.To(dtype);
 }
 
 std::map<std::string, Tensor> TensorDict(const py::dict& tensors) {
@@ -273,10 +232,9 @@ void BindCreation(py::module_& module) {
         }
         const DType target = DTypeOr(dtype, integral ? DType::kInt64 : DType::kFloat32);
         if (integral && engine::IsIntegral(target)) {
-          return IntegerArange(end.is_none() ? 0 : start.cast<int64_t>(),
-                               end.is_none() ? start.cast<int64_t>() : end.cast<int64_t>(),
-                               step.cast<int64_t>(), target)
-              .To(on);
+          return engine::IntegerArange(end.is_none() ? 0 : start.cast<int64_t>(),
+                                       end.is_none() ? start.cast<int64_t>() : end.cast<int64_t>(),
+                                       step.cast<int64_t>(), target, on);
         }
         double first = end.is_none() ? 0 : start.cast<double>();
         double last = end.is_none() ? start.cast<double>() : end.cast<double>();
@@ -490,7 +448,7 @@ void BindNeuralNetwork(py::module_& module) {
         if (mode != "constant") {
           throw py::value_error("pad: only mode='constant' is supported, got '" + mode + "'");
         }
-        return Pad(input, pad, value);
+        return engine::Pad(input, pad, value);
       },
       py::arg("input"), py::arg("pad"), py::arg("mode") = "constant", py::arg("value") = 0.0);
 }

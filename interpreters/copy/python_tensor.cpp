@@ -172,30 +172,6 @@ py::object ReduceWithIndices(Op values_op, Op index_op, const Tensor& self, py::
   return pair(py::cast(std::move(values)), py::cast(std::move(indices)));
 }
 
-// split([3, 7]): consecutive pieces of the given sizes, which must add up to the dim's size.
-std::vector<Tensor> SplitWithSizes(const Tensor& self, const std::vector<int64_t>& sizes,
-                                   int64_t dim) {
-  if (self.dim() == 0) throw std::runtime_error("split expects a tensor of at least 1 dimension");
-  const int64_t length = self.size(dim);
-  int64_t total = 0;
-  for (int64_t size : sizes) {
-    if (size < 0) throw std::runtime_error("split: section sizes must be non-negative");
-    total += size;
-  }
-  if (total != length) {
-    throw std::runtime_error("split: the section sizes add up to " + std::to_string(total) +
-                             ", but dimension " + std::to_string(dim) + " has size " +
-                             std::to_string(length));
-  }
-  std::vector<Tensor> pieces;
-  int64_t start = 0;
-  for (int64_t size : sizes) {
-    pieces.push_back(self.Narrow(dim, start, size));
-    start += size;
-  }
-  return pieces;
-}
-
 py::object SortPair(const engine::SortResult& result) {
   py::object pair = py::module_::import("orochi").attr("_values_indices");
   return pair(py::cast(result.values), py::cast(result.indices));
@@ -565,7 +541,7 @@ void BindSelection(py::class_<Tensor>& cls, py::module_& module) {
         for (py::handle size : py::reinterpret_borrow<py::sequence>(split_size)) {
           sizes.push_back(size.cast<int64_t>());
         }
-        return py::tuple(py::cast(SplitWithSizes(self, sizes, dim)));
+        return py::tuple(py::cast(engine::SplitWithSizes(self, sizes, dim)));
       },
       py::arg("split_size_or_sections"), py::arg("dim") = 0);
   DefBoth(
@@ -583,56 +559,9 @@ py::object SizeObject(const Tensor& self) {
   return py::module_::import("orochi").attr("Size")(shape);
 }
 
-// t.repeat(*sizes): tiled sizes[i] times along each dim, with a leading dim for each size past
-// the tensor's dims, as PyTorch's repeat. Through a view [1, d0, 1, d1, ...] expanded to
-// [r0, d0, r1, d1, ...], then copied once into [r0 * d0, r1 * d1, ...].
-Tensor Repeat(const Tensor& self, const std::vector<int64_t>& repeats) {
-  if (repeats.size() < static_cast<size_t>(self.dim())) {
-    throw std::runtime_error(
-        "Number of dimensions of repeat dims can not be smaller than number of dimensions of "
-        "tensor");
-  }
-  const size_t added = repeats.size() - static_cast<size_t>(self.dim());
-  engine::Shape tiles;
-  engine::Shape expanded;
-  engine::Shape result;
-  for (size_t i = 0; i < repeats.size(); ++i) {
-    if (repeats[i] < 0) {
-      throw std::runtime_error("repeat: the sizes must be non-negative, got " +
-                               std::to_string(repeats[i]));
-    }
-    const int64_t size = i < added ? 1 : self.shape()[i - added];
-    tiles.insert(tiles.end(), {1, size});
-    expanded.insert(expanded.end(), {repeats[i], size});
-    result.push_back(repeats[i] * size);
-  }
-  return self.Reshape(tiles).Expand(expanded).Contiguous().Reshape(result);
-}
-
-// t.flip(*dims): a copy with the order of each given dim reversed, as PyTorch's flip.
-Tensor Flip(const Tensor& self, const std::vector<int64_t>& dims) {
-  Tensor result = self.Clone();
-  std::vector<int64_t> flipped;
-  for (int64_t dim : dims) {
-    // A 0-d tensor takes dim 0 and -1, as in PyTorch.
-    const int64_t wrapped = engine::WrapDim(dim, std::max<int64_t>(self.dim(), 1));
-    if (std::find(flipped.begin(), flipped.end(), wrapped) != flipped.end()) {
-      throw std::runtime_error("dim " + std::to_string(wrapped) +
-                               " appears multiple times in the list of dims");
-    }
-    flipped.push_back(wrapped);
-    if (self.dim() == 0) continue;
-    const int64_t size = self.shape()[wrapped];
-    result = engine::IndexSelect(
-        result, wrapped,
-        engine::Arange(static_cast<double>(size - 1), -1, -1, DType::kInt64, self.device()));
-  }
-  return result;
-}
-
 void BindShapeMethods(py::class_<Tensor>& cls, py::module_& module) {
   DefBoth(cls, module, "flip", [](const Tensor& self, const py::args& dims) {
-    return Flip(self, IntList(dims, "flip"));
+    return engine::Flip(self, IntList(dims, "flip"));
   });
   cls.def_property_readonly("shape", &SizeObject)
       .def_property_readonly("ndim", &Tensor::dim)
@@ -685,8 +614,10 @@ void BindShapeMethods(py::class_<Tensor>& cls, py::module_& module) {
                         const py::args& sizes) { return self.Expand(IntList(sizes, "expand")); })
       .def("expand_as",
            [](const Tensor& self, const Tensor& other) { return self.Expand(other.shape()); })
-      .def("repeat", [](const Tensor& self,
-                        const py::args& sizes) { return Repeat(self, IntList(sizes, "repeat")); })
+      .def("repeat",
+           [](const Tensor& self, const py::args& sizes) {
+             return engine::Repeat(self, IntList(sizes, "repeat"));
+           })
       .def("t",
            [](const Tensor& self) {
              if (self.dim() > 2) {

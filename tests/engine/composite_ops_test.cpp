@@ -124,6 +124,92 @@ TEST(Joining, CatStackSplitChunk) {
   EXPECT_EQ(chunks[3].numel(), 1);
 }
 
+// The code an op refuses an argument with (kInvalidArgument: a bad argument; kOutOfRange: a dim).
+template <typename Call>
+StatusCode CodeOf(Call call) {
+  try {
+    call();
+  } catch (const Error& error) {
+    return error.status().code();
+  }
+  return StatusCode::kOk;
+}
+
+TEST(Joining, SplitWithSizesGivesViewsOfTheSizes) {
+  Tensor x = Arange(0, 12).View({2, 6});
+  std::vector<Tensor> pieces = SplitWithSizes(x, {1, 0, 5}, -1);
+  ASSERT_EQ(pieces.size(), 3U);
+  ExpectNear(pieces[0], {0, 6}, 0, "first piece");
+  EXPECT_EQ(pieces[1].shape(), (Shape{2, 0}));
+  ExpectNear(pieces[2], {1, 2, 3, 4, 5, 7, 8, 9, 10, 11}, 0, "last piece");
+  EXPECT_EQ(pieces[2].storage().get(), x.storage().get());
+  EXPECT_EQ(CodeOf([&] { SplitWithSizes(x, {2, 3}, 1); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([&] { SplitWithSizes(x, {-1, 7}, 1); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([&] { SplitWithSizes(x, {6}, 2); }), StatusCode::kOutOfRange);
+  EXPECT_EQ(CodeOf([&] { SplitWithSizes(Scalar(1, DType::kInt64), {1}); }),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(Shaping, RepeatTilesAndAddsLeadingDims) {
+  Tensor x = Arange(0, 4).View({2, 2});
+  ExpectNear(Repeat(x, {1, 2}), {0, 1, 0, 1, 2, 3, 2, 3}, 0, "repeat columns");
+  Tensor tiled = Repeat(x.Transpose(0, 1), {2, 1, 1});
+  EXPECT_EQ(tiled.shape(), (Shape{2, 2, 2}));
+  ExpectNear(tiled, {0, 2, 1, 3, 0, 2, 1, 3}, 0, "repeat of a view, with a leading dim");
+  EXPECT_EQ(Repeat(x, {0, 3}).shape(), (Shape{0, 6}));
+  ExpectNear(Repeat(Scalar(5, DType::kInt64), {3}), {5, 5, 5}, 0, "repeat of a 0-dim tensor");
+  EXPECT_EQ(CodeOf([&] { Repeat(x, {2}); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([&] { Repeat(x, {-1, 1}); }), StatusCode::kInvalidArgument);
+}
+
+TEST(Shaping, FlipReversesTheGivenDimsIntoACopy) {
+  Tensor x = Arange(0, 6).View({2, 3});
+  ExpectNear(Flip(x, {0}), {3, 4, 5, 0, 1, 2}, 0, "flip rows");
+  ExpectNear(Flip(x, {-1, 0}), {5, 4, 3, 2, 1, 0}, 0, "flip both");
+  ExpectNear(Flip(x.Transpose(0, 1), {1}), {3, 0, 4, 1, 5, 2}, 0, "flip a view");
+  Tensor same = Flip(x, {});
+  EXPECT_NE(same.storage().get(), x.storage().get());  // a copy, as PyTorch's
+  ExpectNear(same, {0, 1, 2, 3, 4, 5}, 0, "flip of no dims");
+  ExpectNear(Flip(Scalar(7, DType::kInt64), {0}), {7}, 0, "flip of a 0-dim tensor");
+  EXPECT_EQ(CodeOf([&] { Flip(x, {0, -2}); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([&] { Flip(x, {2}); }), StatusCode::kOutOfRange);
+}
+
+TEST(Shaping, PadFillsAndNegativePaddingCrops) {
+  Tensor x = Arange(1, 5, 1, DType::kFloat32).View({2, 2});
+  Tensor padded = Pad(x, {1, 0, 0, 1}, 9);
+  EXPECT_EQ(padded.shape(), (Shape{3, 3}));
+  ExpectNear(padded, {9, 1, 2, 9, 3, 4, 9, 9, 9}, 0, "pad");
+  ExpectNear(Pad(x, {-1, 1}), {2, 0, 4, 0}, 0, "crop the first column, pad the end");
+  EXPECT_EQ(Pad(x, {-2, 0}).shape(), (Shape{2, 0}));
+  EXPECT_EQ(Pad(x, {}).shape(), (Shape{2, 2}));
+  EXPECT_EQ(Pad(Zeros({2}, DType::kInt32), {1, 1}, 3).dtype(), DType::kInt32);
+  EXPECT_EQ(CodeOf([&] { Pad(x, {1}); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([&] { Pad(x, {1, 1, 1, 1, 1, 1}); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([&] { Pad(x, {-3, 0}); }), StatusCode::kInvalidArgument);
+}
+
+TEST(Creation, IntegerArangeIsExactOverInt64) {
+  ExpectNear(IntegerArange(5, 0, -2), {5, 3, 1}, 0, "descending");
+  EXPECT_EQ(IntegerArange(3, 3).numel(), 0);
+  EXPECT_EQ(IntegerArange(0, 4, 1, DType::kInt16).dtype(), DType::kInt16);
+  // Past 2^53 a double-valued arange would round 2^60 + 1 to 2^60.
+  constexpr int64_t kLarge = int64_t{1} << 60;
+  Tensor large = IntegerArange(kLarge, kLarge + 3);
+  ASSERT_EQ(large.numel(), 3);
+  EXPECT_EQ(large.data_as<int64_t>()[1], kLarge + 1);
+  EXPECT_EQ(large.data_as<int64_t>()[2], kLarge + 2);
+  Tensor span = IntegerArange(std::numeric_limits<int64_t>::min(),
+                              std::numeric_limits<int64_t>::max(), kLarge * 4);
+  ASSERT_EQ(span.numel(), 4);  // the range is 2^64 - 1 wide: four steps of 2^62
+  EXPECT_EQ(span.data_as<int64_t>()[1], -(kLarge * 4));
+  EXPECT_EQ(span.data_as<int64_t>()[2], 0);
+  EXPECT_EQ(span.data_as<int64_t>()[3], kLarge * 4);
+  EXPECT_EQ(CodeOf([] { IntegerArange(0, 5, 0); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([] { IntegerArange(0, 5, -1); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([] { IntegerArange(0, 5, 1, DType::kFloat32); }), StatusCode::kInvalidArgument);
+}
+
 TEST(Indexing, IndexSelectAndEmbedding) {
   Tensor table = Arange(0, 12, 1, DType::kFloat32).View({4, 3});
   Tensor index = Arange(0, 3).View({3});

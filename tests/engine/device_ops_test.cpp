@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "dispatch.h"
 #include "engine_test_support.h"
 #include "orochi/engine/cpu_math.h"
 #include "orochi/engine/device.h"
-#include "orochi/engine/dispatch.h"
 
 namespace orochi::engine {
 namespace {
@@ -120,6 +120,16 @@ std::vector<OpCase> Cases() {
                      if (IsFloating(dtype)) {
                        out.push_back(Arange(-2, 2, 0.25, dtype, device));
                        out.push_back(Linspace(-1, 1, 17, dtype, device));
+                     }
+                     if (IsIntegral(dtype)) {
+                       out.push_back(IntegerArange(2, 40, 3, dtype, device));
+                       out.push_back(IntegerArange(40, 2, -7, dtype, device));
+                     }
+                     if (dtype == DType::kInt64) {  // past 2^53, where doubles are not exact
+                       constexpr int64_t kLarge = int64_t{1} << 62;
+                       out.push_back(IntegerArange(kLarge, kLarge + 50, 7, dtype, device));
+                       out.push_back(
+                           IntegerArange(kLarge, -kLarge, -(kLarge / 3) - 1, dtype, device));
                      }
                      return out;
                    }});
@@ -266,6 +276,34 @@ std::vector<OpCase> Cases() {
                         IndexSelect(in[0], 2, in[1].Narrow(0, 0, 2)),
                         Embedding(in[3], in[0].Reshape({5, 12})), Gather(in[0], 1, in[3])};
        }});
+
+  cases.push_back({"repeat, split with sizes and pad",
+                   {Op::copy, Op::fill},
+                   [](DType dtype) {
+                     return Tensors{Input({3, 4, 5}, dtype, -4, 4, 24)};
+                   },
+                   [](const Tensors& in, Device, DType) {
+                     Tensors out{Repeat(in[0], {2, 1, 3}),
+                                 Repeat(in[0].Transpose(0, 2), {2, 1, 1, 2}),
+                                 Repeat(in[0], {1, 0, 1}),
+                                 Pad(in[0], {1, 2, 0, 1}, 3),
+                                 Pad(in[0].Transpose(1, 2), {2, 0, 1, 1, 1, 0}),
+                                 Pad(in[0], {-1, 2, 1, -2}, 1)};  // negative sizes crop
+                     for (const Tensor& piece : SplitWithSizes(in[0], {1, 3, 0, 1}, -1)) {
+                       out.push_back(piece.Contiguous());
+                     }
+                     return out;
+                   }});
+
+  cases.push_back({"flip",
+                   {Op::index_select},
+                   [](DType dtype) {
+                     return Tensors{Input({3, 4, 5}, dtype, -4, 4, 25)};
+                   },
+                   [](const Tensors& in, Device, DType) {
+                     return Tensors{Flip(in[0], {0}), Flip(in[0], {0, 2}),
+                                    Flip(in[0].Transpose(0, 1), {-1}), Flip(in[0], {})};
+                   }});
 
   cases.push_back(
       {"conv2d: strides, padding, dilation, groups, depthwise and 1x1",

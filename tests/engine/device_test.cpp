@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "dispatch.h"
 #include "engine_test_support.h"
-#include "orochi/engine/dispatch.h"
 #include "orochi/engine/safetensors.h"
 
 namespace orochi::engine {

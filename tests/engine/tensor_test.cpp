@@ -4,8 +4,8 @@
 #include <limits>
 #include <memory>
 
+#include "dispatch.h"
 #include "engine_test_support.h"
-#include "orochi/engine/dispatch.h"
 #include "orochi/engine/error.h"
 
 namespace orochi::engine {

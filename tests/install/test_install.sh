@@ -17,6 +17,10 @@ for installed in bin/orochi bin/orochi-python lib/liborochi_engine.so \
     lib/cmake/Orochi/OrochiConfig.cmake lib/cmake/Orochi/OrochiTargets.cmake; do
   [ -e "$prefix/$installed" ] || { echo "install: $installed is missing" >&2; exit 1; }
 done
+# The engine's private headers (its kernel registry) stay out of the prefix.
+for private in include/orochi/engine/dispatch.h; do
+  [ ! -e "$prefix/$private" ] || { echo "install: $private is private but installed" >&2; exit 1; }
+done
 # The installed command runs from the prefix alone (its engine found through its RPATH).
 "$prefix/bin/orochi" --version
 "$prefix/bin/orochi-python" -c 'import sys; print("orochi-python", sys.version.split()[0])'

@@ -71,6 +71,20 @@ class OnTheGpu(unittest.TestCase):
         self.assertEqual(orochi.full((2,), 7, device="cuda").tolist(), [7, 7])
         self.assertEqual(orochi.ones_like(on_gpu).device.type, "cuda")
 
+    def test_shape_ops_from_the_engine_stay_on_the_device(self):
+        # repeat, flip, split with sizes, pad and integer arange are engine ops: they run on the
+        # tensor's device, with the CPU's answers.
+        x = orochi.arange(6, device="cuda").reshape(2, 3)
+        for result, expected in ((x.repeat(1, 2), [[0, 1, 2, 0, 1, 2], [3, 4, 5, 3, 4, 5]]),
+                                 (x.flip(0, 1), [[5, 4, 3], [2, 1, 0]]),
+                                 (x.split([1, 2], dim=1)[1], [[1, 2], [4, 5]]),
+                                 (F.pad(x, (1, 0)), [[0, 0, 1, 2], [0, 3, 4, 5]])):
+            self.assertTrue(result.is_cuda)
+            self.assertEqual(result.tolist(), expected)
+        big = orochi.arange(2**60, 2**60 + 3, device="cuda")
+        self.assertTrue(big.is_cuda)
+        self.assertEqual(big.tolist(), [2**60, 2**60 + 1, 2**60 + 2])
+
     def test_host_reads_wait_for_the_device(self):
         x = orochi.arange(10, dtype=orochi.float32, device="cuda")
         self.assertEqual(x.sum().item(), 45.0)

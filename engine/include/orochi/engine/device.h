@@ -20,9 +20,18 @@
 #include <string_view>
 
 #include "orochi/engine/export.h"
-#include "orochi/engine/storage.h"
 
 namespace orochi::engine {
+
+enum class DeviceType : uint8_t { kCpu = 0, kCuda = 1 };
+inline constexpr int kDeviceTypeCount = 2;
+
+struct Device {
+  DeviceType type = DeviceType::kCpu;
+  int index = 0;
+  friend bool operator==(const Device&, const Device&) = default;
+};
+OROCHI_ENGINE_API std::string DeviceName(Device device);  // "cpu", "cuda:1"
 
 // 1 for the CPU; the number of usable GPUs for CUDA (0 when unavailable).
 OROCHI_ENGINE_API int DeviceCount(DeviceType type);

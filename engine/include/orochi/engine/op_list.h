@@ -6,8 +6,9 @@
 
 namespace orochi::engine {
 
-// One list of ops. X(name, kernel signature). Adding an op: one line here, one kernel file
-// registration per device; OpName and the registry's completeness check follow from the list.
+// One list of ops. X(name, kernel signature). Adding an op: one line here, its dtypes in
+// dispatch.h's kKernelDTypes and its kernel in each backend's KernelTable (the build fails until
+// both are there); OpName and the kernel signatures follow from the list.
 #define OROCHI_ENGINE_OPS(X)         \
   X(copy, CopyKernel)                \
   X(fill, FillKernel)                \

@@ -1,8 +1,8 @@
 // The engine's operations, with PyTorch's names and semantics.
 //
-// Every op works on any device for which a kernel is registered (see dispatch.h) and throws
-// Error (kInvalidArgument) for bad arguments, naming the op, device and dtype when a kernel is
-// missing, and Error (kOutOfRange) for a dim or an index outside its range. Ops never modify
+// Every op works on any device for which a kernel is registered (the engine's kernel registry) and
+// throws Error (kInvalidArgument) for bad arguments, naming the op, device and dtype when a kernel
+// is missing, and Error (kOutOfRange) for a dim or an index outside its range. Ops never modify
 // their inputs; results are new contiguous tensors unless documented as views, on the inputs'
 // device. Inputs must share one device ("expected all tensors on the same device"), except that
 // elementwise ops (Binary, Where, Clamp, MaskedFill, ...) accept 0-dim CPU tensors beside
@@ -44,6 +44,10 @@ OROCHI_ENGINE_API Tensor Full(const Shape& shape, double value, DType dtype = DT
 // [start, end) in steps of `step`, like torch.arange.
 OROCHI_ENGINE_API Tensor Arange(double start, double end, double step = 1,
                                 DType dtype = DType::kInt64, Device device = {});
+// torch.arange over integer bounds, into an integral dtype: exact over all of int64, where the
+// double-valued Arange is exact only up to 2^53.
+OROCHI_ENGINE_API Tensor IntegerArange(int64_t start, int64_t end, int64_t step = 1,
+                                       DType dtype = DType::kInt64, Device device = {});
 // A 0-dim tensor holding `value`.
 OROCHI_ENGINE_API Tensor Scalar(double value, DType dtype, Device device = {});
 
@@ -97,6 +101,20 @@ OROCHI_ENGINE_API Tensor Stack(const std::vector<Tensor>& tensors, int64_t dim =
 // Views of `input` along `dim`, each `size` long (the last may be shorter).
 OROCHI_ENGINE_API std::vector<Tensor> Split(const Tensor& input, int64_t size, int64_t dim = 0);
 OROCHI_ENGINE_API std::vector<Tensor> Chunk(const Tensor& input, int64_t chunks, int64_t dim = 0);
+// torch.split with section sizes: views of `input` along `dim`, of the given sizes, which must
+// add up to the dim's size.
+OROCHI_ENGINE_API std::vector<Tensor> SplitWithSizes(const Tensor& input,
+                                                     const std::vector<int64_t>& sizes,
+                                                     int64_t dim = 0);
+// torch.Tensor.repeat: `input` tiled repeats[i] times along each dim; repeats past the input's
+// dims add leading dims.
+OROCHI_ENGINE_API Tensor Repeat(const Tensor& input, const std::vector<int64_t>& repeats);
+// torch.flip: a copy with the order along each of `dims` reversed.
+OROCHI_ENGINE_API Tensor Flip(const Tensor& input, const std::vector<int64_t>& dims);
+// torch.nn.functional.pad, constant mode: `pad` holds (before, after) pairs for the last dim,
+// then the one before it, ...; padding reads `value`, and negative sizes crop.
+OROCHI_ENGINE_API Tensor Pad(const Tensor& input, const std::vector<int64_t>& pad,
+                             double value = 0);
 // torch.index_select: slices of `input` along `dim` picked by a 1-D integer `index`.
 OROCHI_ENGINE_API Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index);
 // torch.gather: out[i][j][k] = input[index[i][j][k]][j][k] for dim 0, and so on; `index` has

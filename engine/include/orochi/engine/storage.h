@@ -19,19 +19,10 @@
 #include <utility>
 
 #include "orochi/base/status.h"
+#include "orochi/engine/device.h"
 #include "orochi/engine/export.h"
 
 namespace orochi::engine {
-
-enum class DeviceType : uint8_t { kCpu = 0, kCuda = 1 };
-inline constexpr int kDeviceTypeCount = 2;
-
-struct Device {
-  DeviceType type = DeviceType::kCpu;
-  int index = 0;
-  friend bool operator==(const Device&, const Device&) = default;
-};
-OROCHI_ENGINE_API std::string DeviceName(Device device);  // "cpu", "cuda:1"
 
 class StoragePtr;
 

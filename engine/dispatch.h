@@ -1,4 +1,8 @@
-// Kernel registry: one kernel per (op, device type), with the dtypes it supports.
+// Kernel registry: one kernel per (op, device type), taking the op's dtypes (kKernelDTypes).
+//
+// Private to the engine, its device libraries and its tests (not installed): users call ops.h.
+// Its functions are exported all the same, for liborochi_engine_cuda.so, which registers into
+// the registry of the engine library that loads it.
 //
 // Thread-safety: the registry is filled once, on first use, before any lookup can see it;
 // lookups are then read-only and safe from any thread.
@@ -9,6 +13,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -92,18 +97,115 @@ inline constexpr DTypeSet kFloatingDTypes =
     DTypes({DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64});
 inline constexpr DTypeSet kNumericDTypes = kAllDTypes & ~DTypes({DType::kBool});
 
+// The dtypes each op's kernels take, on every device: the one declaration every backend's
+// kernels are registered with, so that a model that runs on one device runs on the others.
+// Listed in op_list.h's order (checked below).
+struct OpDTypes {
+  Op op;
+  DTypeSet dtypes;
+};
+inline constexpr OpDTypes kKernelDTypes[] = {
+    {Op::copy, kAllDTypes},
+    {Op::fill, kAllDTypes},
+    {Op::arange, kNumericDTypes},
+    // neg, abs, relu and the rounding ops keep integral dtypes; the others are floating only
+    // (the front-end computes integral inputs in float32).
+    {Op::neg, kNumericDTypes},
+    {Op::abs, kNumericDTypes},
+    {Op::exp, kFloatingDTypes},
+    {Op::log, kFloatingDTypes},
+    {Op::sqrt, kFloatingDTypes},
+    {Op::rsqrt, kFloatingDTypes},
+    {Op::sin, kFloatingDTypes},
+    {Op::cos, kFloatingDTypes},
+    {Op::tanh, kFloatingDTypes},
+    {Op::sigmoid, kFloatingDTypes},
+    {Op::relu, kNumericDTypes},
+    {Op::silu, kFloatingDTypes},
+    {Op::gelu, kFloatingDTypes},
+    {Op::gelu_tanh, kFloatingDTypes},
+    {Op::erf, kFloatingDTypes},
+    {Op::floor, kNumericDTypes},
+    {Op::ceil, kNumericDTypes},
+    {Op::round, kNumericDTypes},
+    {Op::add, kAllDTypes},
+    // Binary refuses bool operands of sub, as PyTorch does; remainder has no bool kernel there.
+    {Op::sub, kNumericDTypes},
+    {Op::mul, kAllDTypes},
+    {Op::div, kAllDTypes},
+    {Op::pow, kAllDTypes},
+    {Op::floor_divide, kAllDTypes},
+    {Op::remainder, kNumericDTypes},
+    {Op::maximum, kAllDTypes},
+    {Op::minimum, kAllDTypes},
+    {Op::eq, kAllDTypes},
+    {Op::ne, kAllDTypes},
+    {Op::lt, kAllDTypes},
+    {Op::le, kAllDTypes},
+    {Op::gt, kAllDTypes},
+    {Op::ge, kAllDTypes},
+    {Op::logical_and, kAllDTypes},
+    {Op::logical_or, kAllDTypes},
+    {Op::logical_xor, kAllDTypes},
+    {Op::where, kAllDTypes},
+    {Op::sum, kAllDTypes},
+    {Op::mean, kFloatingDTypes},
+    {Op::amax, kAllDTypes},
+    {Op::amin, kAllDTypes},
+    {Op::prod, kAllDTypes},
+    {Op::argmax, kAllDTypes},
+    {Op::argmin, kAllDTypes},
+    {Op::layer_norm, kFloatingDTypes},
+    {Op::rms_norm, kFloatingDTypes},
+    {Op::index_select, kAllDTypes},
+    {Op::im2col, kNumericDTypes},
+    {Op::conv2d, kNumericDTypes},
+    {Op::sort, kNumericDTypes},
+    {Op::softmax, kFloatingDTypes},
+    {Op::log_softmax, kFloatingDTypes},
+    {Op::matmul, kAllDTypes},
+};
+
+constexpr bool ListsEveryOpInOrder(const OpDTypes (&table)[kOpCount]) {
+  for (int i = 0; i < kOpCount; ++i) {
+    if (table[i].op != kAllOps[i]) return false;
+  }
+  return true;
+}
+static_assert(std::size(kKernelDTypes) == kOpCount && ListsEveryOpInOrder(kKernelDTypes),
+              "kKernelDTypes lists every op of op_list.h once, in its order");
+
+constexpr DTypeSet KernelDTypes(Op op) { return kKernelDTypes[static_cast<int>(op)].dtypes; }
+
+// One device's kernels: a field per op, of the op's kernel signature. A backend fills one as a
+// constexpr table and asserts it complete (static_assert(HasEveryKernel(table))), so that an op
+// added to op_list.h fails the build of every backend without a kernel for it.
+struct KernelTable {
+#define OROCHI_KERNEL_TABLE_FIELD(name, signature) signature name = nullptr;
+  OROCHI_ENGINE_OPS(OROCHI_KERNEL_TABLE_FIELD)
+#undef OROCHI_KERNEL_TABLE_FIELD
+};
+
+namespace kernel_table_check {
+// Declared, never defined: HasEveryKernel calls the one of an op without a kernel, which no
+// constant expression may, so the compiler's error names the op (no_kernel_for_<op>).
+#define OROCHI_KERNEL_TABLE_MISSING(name, signature) void no_kernel_for_##name();
+OROCHI_ENGINE_OPS(OROCHI_KERNEL_TABLE_MISSING)
+#undef OROCHI_KERNEL_TABLE_MISSING
+}  // namespace kernel_table_check
+
+consteval bool HasEveryKernel(const KernelTable& table) {
+#define OROCHI_KERNEL_TABLE_CHECK(name, signature) \
+  if (table.name == nullptr) kernel_table_check::no_kernel_for_##name();
+  OROCHI_ENGINE_OPS(OROCHI_KERNEL_TABLE_CHECK)
+#undef OROCHI_KERNEL_TABLE_CHECK
+  return true;
+}
+
 class OROCHI_ENGINE_API KernelRegistry {
  public:
-  template <Op O>
-  void Register(DeviceType device, typename OpSignature<O>::type kernel, DTypeSet dtypes) {
-    RegisterErased(O, device, reinterpret_cast<void*>(kernel), dtypes);
-  }
-  // Registers one kernel for several ops of the same signature (checked at compile time).
-  template <Op... Ops, typename Kernel>
-  void RegisterEach(DeviceType device, Kernel kernel, DTypeSet dtypes) {
-    (Register<Ops>(device, kernel, dtypes), ...);
-  }
-  void RegisterErased(Op op, DeviceType device, void* kernel, DTypeSet dtypes);
+  // Registers every kernel of `table` for `device`, each for its op's KernelDTypes.
+  void Register(DeviceType device, const KernelTable& table);
 
   // The kernel of `op` for `device` and `dtype`, or an Error naming all three.
   template <Op O>
