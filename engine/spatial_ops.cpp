@@ -75,6 +75,22 @@ Tensor Pool(const Tensor& input, std::array<int64_t, 2> kernel,
   return input.dim() == 3 ? pooled.Squeeze(0) : pooled;
 }
 
+// Whether any of x[0, n) is NaN. In blocks of a fixed length, so the compiler vectorises the
+// comparison; a pass over the input costs a few percent of a pooling.
+bool AnyNan(const float* x, int64_t n) {
+  constexpr int64_t kBlock = 256;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    int found = 0;
+    for (int64_t j = 0; j < kBlock; ++j) found |= static_cast<int>(x[i + j] != x[i + j]);
+    if (found != 0) return true;
+  }
+  for (; i < n; ++i) {
+    if (x[i] != x[i]) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void Conv2dThroughIm2col(const Tensor& input, const Tensor& weight, const ConvGeometry& geometry,
@@ -206,7 +222,12 @@ Tensor MaxPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
     return Pool(input, kernel, stride, padding, /*max=*/true);
   }
   // oneDNN's pooling reads the input once; the generic path unfolds every window first (kh * kw
-  // copies of the output's size).
+  // copies of the output's size). But oneDNN's max passes over NaN where PyTorch's gives NaN, so
+  // an input holding one takes the generic path.
+  const Tensor contiguous = batched.Contiguous();
+  if (AnyNan(static_cast<const float*>(contiguous.data()), contiguous.numel())) {
+    return Pool(input, kernel, stride, padding, /*max=*/true);
+  }
   const std::array<int64_t, 2> step = stride.value_or(kernel);
   for (int i = 0; i < 2; ++i) {
     OROCHI_CHECK_ARG(padding[i] * 2 <= kernel[i],
@@ -221,7 +242,7 @@ Tensor MaxPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
                                                "max_pool2d");
   Tensor output = Tensor::Empty({batched.shape()[0], batched.shape()[1], out_h, out_w},
                                 batched.dtype(), batched.device());
-  cpu::OnednnMaxPool2d(batched.Contiguous(), kernel, step, padding, output);
+  cpu::OnednnMaxPool2d(contiguous, kernel, step, padding, output);
   return input.dim() == 3 ? output.Squeeze(0) : output;
 }
 

@@ -191,6 +191,13 @@ TEST(Pooling, MaxAvgAndAdaptiveMatchTheReference) {
     ExpectNear(output, expected, 1e-6, max ? "max_pool2d" : "avg_pool2d");
   }
   EXPECT_EQ(MaxPool2d(input, {2, 2}).shape(), (Shape{2, 3, 3, 3}));
+  // A NaN in a window gives NaN, as in PyTorch (oneDNN's pooling alone would pass over it).
+  Tensor with_nan = input.Clone();
+  with_nan.Narrow(2, 0, 1).Narrow(3, 0, 1).CopyFrom(
+      Scalar(std::numeric_limits<double>::quiet_NaN(), DType::kFloat32));
+  Tensor pooled = MaxPool2d(with_nan, {2, 2});
+  EXPECT_TRUE(std::isnan(pooled.ItemAsDouble(0)));
+  EXPECT_FALSE(std::isnan(pooled.ItemAsDouble(1)));
   EXPECT_THROW(MaxPool2d(Zeros({1, 1, 4, 4}, DType::kInt32), {2, 2}), Error);
 
   Tensor adaptive = AdaptiveAvgPool2d(input, {3, 4});
