@@ -75,6 +75,22 @@ Tensor Pool(const Tensor& input, std::array<int64_t, 2> kernel,
   return input.dim() == 3 ? pooled.Squeeze(0) : pooled;
 }
 
+// Whether any of x[0, n) is NaN. In blocks of a fixed length, so the compiler vectorises the
+// comparison; a pass over the input costs a few percent of a pooling.
+bool AnyNan(const float* x, int64_t n) {
+  constexpr int64_t kBlock = 256;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    int found = 0;
+    for (int64_t j = 0; j < kBlock; ++j) found |= static_cast<int>(x[i + j] != x[i + j]);
+    if (found != 0) return true;
+  }
+  for (; i < n; ++i) {
+    if (x[i] != x[i]) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void Conv2dThroughIm2col(const Tensor& input, const Tensor& weight, const ConvGeometry& geometry,
@@ -154,18 +170,35 @@ Tensor Conv2d(const Tensor& input, const Tensor& weight, const std::optional<Ten
                               {options.padding[0], options.padding[1]},
                               {options.dilation[0], options.dilation[1]},
                               groups};
+  std::optional<Tensor> residual;
+  if (options.residual) {
+    residual = WithBatch(*options.residual, 4);
+    CommonDevice("conv2d", {&input, &*residual});
+    OROCHI_CHECK_ARG(
+        residual->shape() == output.shape() && options.residual->dim() == input.dim(),
+        "conv2d: the residual must have the output's shape "
+            << ShapeString(input.dim() == 3 ? output.Squeeze(0).shape() : output.shape())
+            << ", got " << ShapeString(options.residual->shape()));
+    OROCHI_CHECK_ARG(residual->dtype() == input.dtype(), "conv2d: the residual is "
+                                                             << DTypeName(residual->dtype())
+                                                             << " but the input is "
+                                                             << DTypeName(input.dtype()));
+  }
   const Tensor contiguous_input = batched.Contiguous();
   const Tensor contiguous_weight = weight.Contiguous();
   if (input.device().type == DeviceType::kCpu && input.dtype() == DType::kFloat32 &&
       contiguous_input.numel() > 0 && weight.numel() > 0) {
-    // oneDNN adds the bias as it writes the output: no second pass over it.
+    // oneDNN adds the bias and the epilogue as it writes the output: no further passes over it.
     const Tensor contiguous_bias = bias ? bias->Contiguous() : Tensor();
+    const Tensor contiguous_residual = residual ? residual->Contiguous() : Tensor();
     cpu::OnednnConv2d(contiguous_input, contiguous_weight, bias ? &contiguous_bias : nullptr,
-                      geometry, output);
+                      geometry, {residual ? &contiguous_residual : nullptr, options.relu}, output);
   } else {
     Kernels().Find<Op::conv2d>(input.device(), input.dtype())(contiguous_input, contiguous_weight,
                                                               geometry, output);
     if (bias) output = Binary(Op::add, output, bias->View({out_channels, 1, 1}));
+    if (residual) output = Binary(Op::add, output, *residual);
+    if (options.relu) output = Unary(Op::relu, output);
   }
   return input.dim() == 3 ? output.Squeeze(0) : output;
 }
@@ -183,7 +216,34 @@ Tensor Conv1d(const Tensor& input, const Tensor& weight, const std::optional<Ten
 
 Tensor MaxPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
                  std::optional<std::array<int64_t, 2>> stride, std::array<int64_t, 2> padding) {
-  return Pool(input, kernel, stride, padding, /*max=*/true);
+  Tensor batched = WithBatch(input, 4);
+  if (batched.device().type != DeviceType::kCpu || batched.dtype() != DType::kFloat32 ||
+      batched.dim() != 4 || batched.numel() == 0) {
+    return Pool(input, kernel, stride, padding, /*max=*/true);
+  }
+  // oneDNN's pooling reads the input once; the generic path unfolds every window first (kh * kw
+  // copies of the output's size). But oneDNN's max passes over NaN where PyTorch's gives NaN, so
+  // an input holding one takes the generic path.
+  const Tensor contiguous = batched.Contiguous();
+  if (AnyNan(static_cast<const float*>(contiguous.data()), contiguous.numel())) {
+    return Pool(input, kernel, stride, padding, /*max=*/true);
+  }
+  const std::array<int64_t, 2> step = stride.value_or(kernel);
+  for (int i = 0; i < 2; ++i) {
+    OROCHI_CHECK_ARG(padding[i] * 2 <= kernel[i],
+                     "max_pool2d: padding should be at most half of the kernel size");
+  }
+  const auto [out_h, out_w] = WindowOutputSize(batched,
+                                               {{kernel[0], kernel[1]},
+                                                {step[0], step[1]},
+                                                {padding[0], padding[1]},
+                                                {1, 1},
+                                                -std::numeric_limits<double>::infinity()},
+                                               "max_pool2d");
+  Tensor output = Tensor::Empty({batched.shape()[0], batched.shape()[1], out_h, out_w},
+                                batched.dtype(), batched.device());
+  cpu::OnednnMaxPool2d(contiguous, kernel, step, padding, output);
+  return input.dim() == 3 ? output.Squeeze(0) : output;
 }
 
 Tensor AvgPool2d(const Tensor& input, std::array<int64_t, 2> kernel,

@@ -110,6 +110,8 @@ def main() -> None:
     if not args.torch and device == "cpu":
         for network in networks.values():
             load_as_package(orochi, network)
+    # As models/resnet's ImageClassifier does once its weights are loaded, in both frameworks.
+    networks["resnet"].fold_batch_norms()
 
     def resnet_call(batch):
         images = orochi.randn(batch, 3, 224, 224).to(device)

@@ -38,12 +38,13 @@ struct ConvPlan {
   std::optional<dnnl::reorder> src_in;
   std::optional<dnnl::reorder> weights_in;
   std::optional<dnnl::reorder> dst_out;
-  size_t scratchpad_bytes = 0;  // the largest any of them needs
+  std::optional<dnnl::reorder> residual_in;  // the residual into dst's layout, for the sum
+  size_t scratchpad_bytes = 0;               // the largest any of them needs
 };
 
 // N, C, H, W, O, kh, kw, stride, padding, dilation (2 each), groups, whether there is a bias,
-// and the number of threads.
-using PlanKey = std::array<int64_t, 16>;
+// the number of threads, whether a residual is added and whether ReLU follows.
+using PlanKey = std::array<int64_t, 18>;
 
 memory::dims Dims(std::initializer_list<int64_t> values) { return {values}; }
 
@@ -85,6 +86,8 @@ PlainDescs Plain(const PlanKey& key) {
 std::shared_ptr<const ConvPlan> MakePlan(const PlanKey& key) {
   const PlainDescs plain = Plain(key);
   const bool bias = key[14] != 0;
+  const bool residual = key[16] != 0;
+  const bool relu = key[17] != 0;
   auto any = [](const memory::desc& desc) {
     return memory::desc(desc.dims(), desc.data_type(), Tag::any);
   };
@@ -96,6 +99,12 @@ std::shared_ptr<const ConvPlan> MakePlan(const PlanKey& key) {
                                              any(plain.weights), bias ? plain.bias : memory::desc(),
                                              any(plain.dst), strides, dilation, padding, padding);
   dnnl::primitive_attr attr = UserScratchpad();
+  // In PyTorch's order: relu(conv(x) + bias + residual). The sum post-op adds what dst holds
+  // before the convolution writes it: the residual, put there first.
+  dnnl::post_ops post_ops;
+  if (residual) post_ops.append_sum(1.0F);
+  if (relu) post_ops.append_eltwise(1.0F, dnnl::algorithm::eltwise_relu, 0.0F, 0.0F);
+  attr.set_post_ops(post_ops);
   auto plan = std::make_shared<ConvPlan>();
   plan->descriptor = dnnl::convolution_forward::primitive_desc(conv, attr, CpuEngine());
   plan->primitive = dnnl::convolution_forward(plan->descriptor);
@@ -104,6 +113,9 @@ std::shared_ptr<const ConvPlan> MakePlan(const PlanKey& key) {
   plan->src_in = ReorderIfNeeded(plain.src, plan->descriptor.src_desc(), scratchpad);
   plan->weights_in = ReorderIfNeeded(plain.weights, plan->descriptor.weights_desc(), scratchpad);
   plan->dst_out = ReorderIfNeeded(plan->descriptor.dst_desc(), plain.dst, scratchpad);
+  if (residual) {
+    plan->residual_in = ReorderIfNeeded(plain.dst, plan->descriptor.dst_desc(), scratchpad);
+  }
   return plan;
 }
 
@@ -232,10 +244,56 @@ memory ScratchpadMemory(size_t bytes) {
           CpuEngine(), ThreadWorkspace().Get(Workspace::kScratchpad, bytes)};
 }
 
+// One max pooling shape's primitive on the plain NCHW layout (pooling reads each input once, so
+// a reorder to a blocked layout and back would cost more than it saves).
+struct PoolPlan {
+  dnnl::pooling_forward::primitive_desc descriptor;
+  dnnl::pooling_forward primitive;
+  size_t scratchpad_bytes = 0;
+};
+
+// N, C, H, W, kernel, stride, padding (2 each), threads.
+using PoolKey = std::array<int64_t, 11>;
+
+std::shared_ptr<const PoolPlan> MakePoolPlan(const PoolKey& key) {
+  const auto [n, c, h, w, kh, kw, sh, sw, ph, pw, threads] = key;
+  const int64_t out_h = (h + 2 * ph - kh) / sh + 1;
+  const int64_t out_w = (w + 2 * pw - kw) / sw + 1;
+  const auto f32 = memory::data_type::f32;
+  const dnnl::pooling_forward::desc pooling(
+      dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_max,
+      memory::desc(Dims({n, c, h, w}), f32, Tag::nchw),
+      memory::desc(Dims({n, c, out_h, out_w}), f32, Tag::nchw), Dims({sh, sw}), Dims({kh, kw}),
+      Dims({ph, pw}), Dims({ph, pw}));
+  auto plan = std::make_shared<PoolPlan>();
+  plan->descriptor = dnnl::pooling_forward::primitive_desc(pooling, UserScratchpad(), CpuEngine());
+  plan->primitive = dnnl::pooling_forward(plan->descriptor);
+  plan->scratchpad_bytes = plan->descriptor.scratchpad_desc().get_size();
+  return plan;
+}
+
 }  // namespace
 
+void OnednnMaxPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
+                     std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
+                     Tensor& output) {
+  const int threads = IntraOpThreads();  // before the plan: see OnednnConv2d
+  omp_set_num_threads(threads);
+  const Shape& in = input.shape();
+  const PoolKey key{in[0],     in[1],     in[2],      in[3],      kernel[0], kernel[1],
+                    stride[0], stride[1], padding[0], padding[1], threads};
+  const std::shared_ptr<const PoolPlan> plan = FindPlan(key, MakePoolPlan);
+  const dnnl::engine& engine = CpuEngine();
+  dnnl::stream stream(engine);
+  Run(plan->primitive, stream,
+      {{DNNL_ARG_SRC, memory(plan->descriptor.src_desc(), engine, const_cast<void*>(input.data()))},
+       {DNNL_ARG_DST, memory(plan->descriptor.dst_desc(), engine, output.mutable_data())},
+       {DNNL_ARG_SCRATCHPAD, ScratchpadMemory(plan->scratchpad_bytes)}});
+  stream.wait();
+}
+
 void OnednnConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
-                  const ConvGeometry& geometry, Tensor& output) {
+                  const ConvGeometry& geometry, const ConvEpilogue& epilogue, Tensor& output) {
   const Shape& in = input.shape();
   const Shape& filters = weight.shape();
   // oneDNN sizes a primitive's work split for the calling thread's OpenMP team size when the
@@ -258,7 +316,9 @@ void OnednnConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
                     geometry.dilation[1],
                     geometry.groups,
                     bias != nullptr ? 1 : 0,
-                    threads};
+                    threads,
+                    epilogue.residual != nullptr ? 1 : 0,
+                    epilogue.relu ? 1 : 0};
   const std::shared_ptr<const ConvPlan> plan = FindPlan(key, MakePlan);
   const PlainDescs plain = Plain(key);
   const dnnl::engine& engine = CpuEngine();
@@ -292,14 +352,27 @@ void OnednnConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
     arguments.emplace(DNNL_ARG_BIAS, plain_memory(plain.bias, bias->data()));
   }
   memory dst = memory(plain.dst, engine, output.mutable_data());
+  const auto residual_bytes = static_cast<size_t>(output.numel()) * sizeof(float);
   if (plan->dst_out) {
     memory blocked(plan->descriptor.dst_desc(), engine,
                    workspace.Get(Workspace::kDestination, plan->descriptor.dst_desc().get_size()));
+    if (epilogue.residual != nullptr) {
+      const memory residual = plain_memory(plain.dst, epilogue.residual->data());
+      if (plan->residual_in) {
+        Run(*plan->residual_in, stream,
+            {{DNNL_ARG_FROM, residual}, {DNNL_ARG_TO, blocked}, {DNNL_ARG_SCRATCHPAD, scratchpad}});
+      } else {
+        std::memcpy(blocked.get_data_handle(), epilogue.residual->data(), residual_bytes);
+      }
+    }
     arguments.emplace(DNNL_ARG_DST, blocked);
     Run(plan->primitive, stream, arguments);
     Run(*plan->dst_out, stream,
         {{DNNL_ARG_FROM, blocked}, {DNNL_ARG_TO, dst}, {DNNL_ARG_SCRATCHPAD, scratchpad}});
   } else {
+    if (epilogue.residual != nullptr) {
+      std::memcpy(output.mutable_data(), epilogue.residual->data(), residual_bytes);
+    }
     arguments.emplace(DNNL_ARG_DST, dst);
     Run(plan->primitive, stream, arguments);
   }

@@ -1,6 +1,9 @@
 // oneDNN: float32 convolution on the CPU, with weights kept in oneDNN's own layout.
 #pragma once
 
+#include <array>
+#include <cstdint>
+
 #include "dispatch.h"
 #include "orochi/engine/tensor.h"
 
@@ -11,9 +14,19 @@ namespace orochi::engine::cpu {
 // Runs on IntraOpThreads() threads. A read-only weight (loaded weights) is rearranged into
 // oneDNN's blocked layout once and kept with its storage (Storage::PreparedLayout); a writable
 // one is rearranged on every call, since its bytes may change between calls.
-// `bias` (null: none), a contiguous float32 [O], is added by oneDNN as it writes the output.
+// `bias` (null: none), a contiguous float32 [O], is added by oneDNN as it writes the output, and
+// so is the epilogue (oneDNN post-ops): output = relu?(conv + bias + residual?).
+struct ConvEpilogue {
+  const Tensor* residual = nullptr;  // contiguous float32, the output's shape
+  bool relu = false;
+};
 void OnednnConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
-                  const ConvGeometry& geometry, Tensor& output);
+                  const ConvGeometry& geometry, const ConvEpilogue& epilogue, Tensor& output);
+
+// max_pool2d of a contiguous float32 [N, C, H, W] input into the contiguous [N, C, oh, ow] output
+// (sized by the caller; padding counts as -infinity), by oneDNN's pooling on the plain layout.
+void OnednnMaxPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
+                     std::array<int64_t, 2> stride, std::array<int64_t, 2> padding, Tensor& output);
 
 // Whether OnednnLinear is the faster way to compute `input @ weight.T` (float32 on the CPU): only
 // for a read-only weight, whose layout is prepared once (a writable one would be rearranged on

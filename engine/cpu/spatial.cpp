@@ -39,7 +39,7 @@ void Conv2d(const Tensor& input, const Tensor& weight, const ConvGeometry& geome
     Conv2dThroughIm2col(input, weight, geometry, output);
     return;
   }
-  OnednnConv2d(input, weight, /*bias=*/nullptr, geometry, output);
+  OnednnConv2d(input, weight, /*bias=*/nullptr, geometry, /*epilogue=*/{}, output);
 }
 
 }  // namespace orochi::engine::cpu

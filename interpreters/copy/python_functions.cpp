@@ -67,7 +67,8 @@ Device DeviceArgument(py::handle device) {
 // when the total is odd, as in PyTorch).
 Tensor ConvNd(int spatial, const Tensor& input, const Tensor& weight,
               const std::optional<Tensor>& bias, py::handle stride, py::handle padding,
-              py::handle dilation, int64_t groups) {
+              py::handle dilation, int64_t groups, const std::optional<Tensor>& residual = {},
+              py::handle activation = py::none()) {
   const char* name = spatial == 2 ? "conv2d" : "conv1d";
   if (input.dim() != spatial + 1 && input.dim() != spatial + 2) {
     throw py::value_error(std::string(name) + ": expected a " + std::to_string(spatial + 2) +
@@ -112,6 +113,15 @@ Tensor ConvNd(int spatial, const Tensor& input, const Tensor& weight,
   options.stride = strides;
   options.dilation = dilations;
   options.padding = pads;
+  options.residual = residual;
+  if (!activation.is_none()) {
+    const auto function = py::str(activation).cast<std::string>();
+    if (PyUnicode_Check(activation.ptr()) == 0 || function != "relu") {
+      throw py::value_error(std::string(name) + ": activation must be None or 'relu', got " +
+                            py::repr(activation).cast<std::string>());
+    }
+    options.relu = true;
+  }
   int64_t work = weight.numel() * input.numel() /
                  std::max<int64_t>(1, input.shape()[input.dim() - spatial - 1]);
   auto run = [&] {
@@ -327,17 +337,36 @@ void BindNeuralNetwork(py::module_& module) {
         return engine::Linear(input, weight, b);
       },
       py::arg("input"), py::arg("weight"), py::arg("bias") = py::none());
-  for (auto [name, spatial] : {std::pair{"conv1d", 1}, std::pair{"conv2d", 2}}) {
-    int dims = spatial;
-    module.def(
-        name,
-        [dims](const Tensor& input, const Tensor& weight, py::handle bias, py::handle stride,
-               py::handle padding, py::handle dilation, int64_t groups) {
-          return ConvNd(dims, input, weight, MaybeTensor(bias), stride, padding, dilation, groups);
-        },
-        py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("stride") = 1,
-        py::arg("padding") = 0, py::arg("dilation") = 1, py::arg("groups") = 1);
-  }
+  module.def(
+      "conv1d",
+      [](const Tensor& input, const Tensor& weight, py::handle bias, py::handle stride,
+         py::handle padding, py::handle dilation, int64_t groups) {
+        return ConvNd(1, input, weight, MaybeTensor(bias), stride, padding, dilation, groups);
+      },
+      py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("stride") = 1,
+      py::arg("padding") = 0, py::arg("dilation") = 1, py::arg("groups") = 1);
+  // conv2d with Orochi's keyword-only epilogue: relu?(conv2d(...) + residual?), fused.
+  module.def(
+      "conv2d",
+      [](const Tensor& input, const Tensor& weight, py::handle bias, py::handle stride,
+         py::handle padding, py::handle dilation, int64_t groups, py::handle residual,
+         py::handle activation) {
+        return ConvNd(2, input, weight, MaybeTensor(bias), stride, padding, dilation, groups,
+                      MaybeTensor(residual), activation);
+      },
+      py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("stride") = 1,
+      py::arg("padding") = 0, py::arg("dilation") = 1, py::arg("groups") = 1, py::kw_only(),
+      py::arg("residual") = py::none(), py::arg("activation") = py::none());
+  // A contiguous copy in fresh memory that nothing may write to again, as loaded weights are:
+  // weights derived at load time (orochi.nn.utils.fusion) get their layouts prepared once.
+  module.def(
+      "_read_only_copy",
+      [](const Tensor& tensor) {
+        Tensor copy = tensor.Clone();
+        copy.storage()->MarkReadOnly();
+        return copy;
+      },
+      py::arg("tensor"));
   for (auto [name, is_max] : {std::pair{"max_pool2d", true}, std::pair{"avg_pool2d", false}}) {
     bool max = is_max;
     module.def(

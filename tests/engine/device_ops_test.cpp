@@ -306,7 +306,7 @@ std::vector<OpCase> Cases() {
                    }});
 
   cases.push_back(
-      {"conv2d: strides, padding, dilation, groups, depthwise and 1x1",
+      {"conv2d: strides, padding, dilation, groups, depthwise, 1x1 and the epilogue",
        {Op::conv2d},
        [](DType dtype) {
          return Tensors{Input({2, 4, 9, 8}, dtype, -2, 2, 24),
@@ -316,11 +316,15 @@ std::vector<OpCase> Cases() {
                         Input({4, 1, 3, 3}, dtype, -1, 1, 38),
                         Input({16, 4, 1, 1}, dtype, -1, 1, 39),
                         Input({1, 32, 14, 14}, dtype, -1, 1, 42),
-                        Input({64, 32, 3, 3}, dtype, -1, 1, 43)};
+                        Input({64, 32, 3, 3}, dtype, -1, 1, 43),
+                        Input({2, 6, 9, 8}, dtype, -2, 2, 44)};
        },
        [](const Tensors& in, Device, DType) {
+         Conv2dOptions epilogue{{1, 1}, {1, 1}, {1, 1}, 1};
+         epilogue.residual = in[8];  // relu(conv2d + bias + residual): fused on the CPU
+         epilogue.relu = true;
          return Tensors{
-             Conv2d(in[0], in[1], in[2]),
+             Conv2d(in[0], in[1], in[2]), Conv2d(in[0], in[1], in[2], epilogue),
              Conv2d(in[0], in[1], std::nullopt, {{2, 1}, {1, 2}, {1, 1}, 1}),
              Conv2d(in[0], in[3], std::nullopt, {{1, 1}, {1, 1}, {2, 2}, 2}),
              Conv2d(in[0], in[4], std::nullopt, {{1, 1}, {1, 1}, {1, 1}, 4}),  // depthwise

@@ -111,6 +111,41 @@ TEST(Convolution, ReadOnlyWeightsGiveTheSameResultsAsWritableOnes) {
   }
 }
 
+TEST(Convolution, TheEpilogueEqualsTheOpsItFuses) {
+  // relu(conv2d(x) + bias + residual) in one op: oneDNN's post-ops for float32, separate ops for
+  // float64; both against the unfused ops. Batch 1 and 3, 1x1 and 3x3 kernels (oneDNN writes some
+  // shapes through a blocked layout and others directly).
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    for (int64_t batch : {1, 3}) {
+      for (int64_t kernel : {1, 3}) {
+        Tensor input = RandomTensor({batch, 16, 7, 7}, dtype, -1, 1, 20);
+        Tensor weight = RandomTensor({32, 16, kernel, kernel}, dtype, -1, 1, 21);
+        weight.storage()->MarkReadOnly();
+        Tensor bias = RandomTensor({32}, dtype, -1, 1, 22);
+        Conv2dOptions options;
+        options.padding = {kernel / 2, kernel / 2};
+        Tensor plain = Conv2d(input, weight, bias, options);
+        Tensor residual = RandomTensor(plain.shape(), dtype, -1, 1, 23);
+        options.residual = residual;
+        ExpectNear(Conv2d(input, weight, bias, options), Values(Binary(Op::add, plain, residual)),
+                   1e-5, "conv2d + residual");
+        options.relu = true;
+        ExpectNear(Conv2d(input, weight, bias, options),
+                   Values(Unary(Op::relu, Binary(Op::add, plain, residual))), 1e-5,
+                   "relu(conv2d + residual)");
+        options.residual.reset();
+        ExpectNear(Conv2d(input, weight, bias, options), Values(Unary(Op::relu, plain)), 1e-5,
+                   "relu(conv2d)");
+      }
+    }
+  }
+  Conv2dOptions wrong;
+  wrong.residual = Zeros({1, 2, 3, 4});
+  EXPECT_THROW(Conv2d(Zeros({1, 3, 5, 5}), Zeros({2, 3, 3, 3}), std::nullopt, wrong), Error);
+  wrong.residual = Zeros({1, 2, 3, 3}, DType::kFloat64);
+  EXPECT_THROW(Conv2d(Zeros({1, 3, 5, 5}), Zeros({2, 3, 3, 3}), std::nullopt, wrong), Error);
+}
+
 TEST(Convolution, Conv1dIsConv2dOverOneRow) {
   Tensor input = RandomTensor({2, 4, 11}, DType::kFloat64, -1, 1, 4);
   Tensor weight = RandomTensor({6, 2, 3}, DType::kFloat64, -1, 1, 5);
@@ -156,6 +191,13 @@ TEST(Pooling, MaxAvgAndAdaptiveMatchTheReference) {
     ExpectNear(output, expected, 1e-6, max ? "max_pool2d" : "avg_pool2d");
   }
   EXPECT_EQ(MaxPool2d(input, {2, 2}).shape(), (Shape{2, 3, 3, 3}));
+  // A NaN in a window gives NaN, as in PyTorch (oneDNN's pooling alone would pass over it).
+  Tensor with_nan = input.Clone();
+  with_nan.Narrow(2, 0, 1).Narrow(3, 0, 1).CopyFrom(
+      Scalar(std::numeric_limits<double>::quiet_NaN(), DType::kFloat32));
+  Tensor pooled = MaxPool2d(with_nan, {2, 2});
+  EXPECT_TRUE(std::isnan(pooled.ItemAsDouble(0)));
+  EXPECT_FALSE(std::isnan(pooled.ItemAsDouble(1)));
   EXPECT_THROW(MaxPool2d(Zeros({1, 1, 4, 4}, DType::kInt32), {2, 2}), Error);
 
   Tensor adaptive = AdaptiveAvgPool2d(input, {3, 4});

@@ -58,6 +58,43 @@ class FunctionalTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "conv1d: expected a 3-D weight"):
             F.conv1d(signal, orochi.ones(2, 2))
 
+    def test_conv2d_epilogue(self):
+        # relu(conv2d(x) + residual) as one op, against the ops it stands for.
+        x = orochi.randn(2, 4, 6, 6)
+        weight = orochi.randn(8, 4, 3, 3)
+        bias = orochi.randn(8)
+        residual = orochi.randn(2, 8, 6, 6)
+        plain = F.conv2d(x, weight, bias, padding=1)
+        self.assertClose(F.conv2d(x, weight, bias, padding=1, residual=residual),
+                         plain + residual)
+        self.assertClose(F.conv2d(x, weight, bias, padding=1, residual=residual,
+                                  activation="relu"), (plain + residual).relu())
+        self.assertClose(F.conv2d(x, weight, bias, padding=1, activation="relu"), plain.relu())
+        self.assertIn("relu", F.CONV2D_ACTIVATIONS)
+        with self.assertRaisesRegex(ValueError, "activation must be None or 'relu', got 'gelu'"):
+            F.conv2d(x, weight, activation="gelu")
+        with self.assertRaisesRegex(RuntimeError, "the residual must have the output's shape"):
+            F.conv2d(x, weight, residual=residual)  # no padding: the output is [2, 8, 4, 4]
+
+    def test_fuse_conv_bn_eval(self):
+        conv = orochi.nn.Conv2d(4, 8, 3, padding=1, bias=False)
+        bn = orochi.nn.BatchNorm2d(8)
+        bn.running_mean = orochi.randn(8)
+        bn.running_var = orochi.rand(8) + 0.5
+        bn.weight = orochi.nn.Parameter(orochi.randn(8))
+        bn.bias = orochi.nn.Parameter(orochi.randn(8))
+        fused = orochi.nn.utils.fusion.fuse_conv_bn_eval(conv, bn)
+        x = orochi.randn(2, 4, 6, 6)
+        self.assertClose(fused(x), bn(conv(x)), places=4)
+        self.assertTrue(fused.weight.is_read_only and fused.bias.is_read_only)
+        self.assertIs(orochi.nn.utils.fuse_conv_bn_eval, orochi.nn.utils.fusion.fuse_conv_bn_eval)
+        with_bias = orochi.nn.Conv2d(4, 8, 1)
+        self.assertClose(orochi.nn.utils.fusion.fuse_conv_bn_eval(with_bias, bn)(x),
+                         bn(with_bias(x)), places=4)
+        bn.running_mean = bn.running_var = None
+        with self.assertRaisesRegex(ValueError, "no running statistics"):
+            orochi.nn.utils.fusion.fuse_conv_bn_eval(conv, bn)
+
     def test_pad(self):
         x = t([[1.0, 2.0]])
         self.assertClose(F.pad(x, (1, 2)), [[0, 1, 2, 0, 0]])

@@ -4,6 +4,11 @@ its channels, so weights exported from such a PyTorch model load unchanged."""
 
 import orochi
 import orochi.nn as nn
+import orochi.nn.functional as F
+
+# Orochi's conv2d adds the residual and applies ReLU as it writes its output; under PyTorch (the
+# parity fixture runs this code there too) the same arithmetic runs as separate ops.
+FUSED_RELU = "relu" in getattr(F, "CONV2D_ACTIVATIONS", ())
 
 WIDTHS = (32, 64, 128, 256)
 CLASSES = 1000
@@ -14,6 +19,8 @@ STD = (0.229, 0.224, 0.225)
 
 
 class BasicBlock(nn.Module):
+    folded = False  # fold_batch_norms() done: the batch norms are in the convolutions
+
     def __init__(self, inputs: int, outputs: int, stride: int):
         super().__init__()
         self.conv1 = nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False)
@@ -28,11 +35,36 @@ class BasicBlock(nn.Module):
 
     def forward(self, x):
         shortcut = x if self.downsample is None else self.downsample(x)
+        if self.folded:
+            return conv_relu(self.conv2, conv_relu(self.conv1, x), shortcut)
         y = self.relu(self.bn1(self.conv1(x)))
         return self.relu(self.bn2(self.conv2(y)) + shortcut)
 
+    def fold_batch_norms(self):
+        self.conv1, self.bn1 = fold(self.conv1, self.bn1)
+        self.conv2, self.bn2 = fold(self.conv2, self.bn2)
+        if self.downsample is not None:
+            self.downsample = nn.Sequential(*fold(*self.downsample))
+        self.folded = True
+
+
+def fold(conv, bn):
+    """(conv, bn) -> (the convolution equal to both, Identity); eval mode only."""
+    return nn.utils.fusion.fuse_conv_bn_eval(conv, bn), nn.Identity()
+
+
+def conv_relu(conv, x, residual=None):
+    """relu(conv(x) + residual): one op in Orochi."""
+    if FUSED_RELU:
+        return F.conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation,
+                        conv.groups, residual=residual, activation="relu")
+    y = conv(x)
+    return (y if residual is None else y + residual).relu()
+
 
 class ResNet(nn.Module):
+    folded = False  # as BasicBlock's
+
     def __init__(self, widths=WIDTHS, classes=CLASSES):
         super().__init__()
         self.conv1 = nn.Conv2d(3, widths[0], 7, stride=2, padding=3, bias=False)
@@ -50,9 +82,23 @@ class ResNet(nn.Module):
         self.fc = nn.Linear(widths[-1], classes)
 
     def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        if self.folded:
+            x = self.maxpool(conv_relu(self.conv1, x))
+        else:
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return self.fc(self.avgpool(x).flatten(1))
+
+    def fold_batch_norms(self):
+        """Folds every batch norm into the convolution before it (PyTorch's fuse_conv_bn_eval):
+        in eval mode, equal up to float rounding and a pass over the activations fewer each.
+        The state_dict keys change, so load the weights first."""
+        self.conv1, self.bn1 = fold(self.conv1, self.bn1)
+        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
+            for block in stage:
+                block.fold_batch_norms()
+        self.folded = True
+        return self
 
 
 class ImageClassifier:
@@ -62,6 +108,7 @@ class ImageClassifier:
         self.network = ResNet().to(context.device)
         self.network.load_state_dict(context.weights)
         self.network.eval()
+        self.network.fold_batch_norms()
         # Constants go there too: inputs arrive on the manifest's device.
         self.mean = orochi.tensor(MEAN, device=context.device).reshape(1, 3, 1, 1) * 255
         self.std = orochi.tensor(STD, device=context.device).reshape(1, 3, 1, 1) * 255

@@ -159,6 +159,10 @@ struct Conv2dOptions {
   std::array<int64_t, 2> padding{0, 0};
   std::array<int64_t, 2> dilation{1, 1};
   int64_t groups = 1;
+  // An epilogue, applied after the bias in this order: relu?(conv(x) + bias + residual?). On the
+  // CPU oneDNN applies it as it writes the output (post-ops), saving a pass over it per step.
+  std::optional<Tensor> residual;  // the output's shape, dtype and device
+  bool relu = false;
 };
 // torch.nn.functional.conv2d: input [N, C, H, W] (or [C, H, W]), weight [O, C/groups, kh, kw].
 OROCHI_ENGINE_API Tensor Conv2d(const Tensor& input, const Tensor& weight,

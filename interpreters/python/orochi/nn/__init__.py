@@ -12,5 +12,6 @@ from orochi.nn.modules import (  # noqa: F401 (re-exported)
     TransformerEncoderLayer,
 )
 from orochi.nn.modules import __all__ as _module_names
+from orochi.nn import utils  # noqa: E402 (needs the modules above)
 
-__all__ = ["functional", *_module_names]
+__all__ = ["functional", "utils", *_module_names]

@@ -17,6 +17,11 @@ from _orochi_engine import (  # noqa: F401 (re-exported under PyTorch's names)
     softmax as _softmax,
 )
 
+# The activations conv2d applies as it writes its output (keyword-only `activation=`, with an
+# optional `residual=` added before it): relu(conv2d(x, w, b) + residual) in one op and one pass.
+# An Orochi extension, so model code that also runs under PyTorch can test for it.
+CONV2D_ACTIVATIONS = ("relu",)
+
 
 def _result(input, output, inplace: bool):  # noqa: A002
     """Writes `output` into `input` when the caller asked for in-place (callers may rely on it)."""

@@ -1,0 +1,58 @@
+"""orochi.nn.utils.fusion: fold an eval-mode batch norm into the convolution before it.
+
+`fuse_conv_bn_eval(conv, bn)` returns a new convolution computing `bn(conv(x))` in one op, as
+`torch.nn.utils.fusion.fuse_conv_bn_eval` does: with s = bn.weight / sqrt(running_var + eps),
+the weight becomes conv.weight * s (per output channel) and the bias
+(conv.bias - running_mean) * s + bn.bias. The result equals the two ops up to float rounding
+(the fold is computed in float64 and rounded once). The new weight and bias are read-only, like
+weights loaded from a package, so the engine prepares their layout once rather than per call.
+"""
+
+import _orochi_engine as _engine
+
+import orochi
+
+
+def fuse_conv_bn_eval(conv, bn, transpose: bool = False):
+    """A new convolution equal to `bn(conv(x))` for an eval-mode `bn` with running statistics."""
+    if transpose:
+        raise NotImplementedError("fuse_conv_bn_eval: transposed convolutions are not supported "
+                                  "by Orochi's engine")
+    if bn.running_mean is None or bn.running_var is None:
+        raise ValueError("fuse_conv_bn_eval: the batch norm has no running statistics (it "
+                         "normalises with each batch's own, which no fixed weight can express)")
+    fused = type(conv)(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+                       conv.padding, conv.dilation, conv.groups, bias=True,
+                       padding_mode=conv.padding_mode, device=conv.weight.device,
+                       dtype=conv.weight.dtype)
+    fused.weight, fused.bias = fuse_conv_bn_weights(conv.weight, conv.bias, bn.running_mean,
+                                                    bn.running_var, bn.eps, bn.weight, bn.bias)
+    return fused
+
+
+def fuse_conv_bn_weights(conv_w, conv_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b,
+                         transpose: bool = False):
+    """(weight, bias) of the convolution equal to conv followed by batch norm (PyTorch's name
+    and arguments); conv_b, bn_w and bn_b may be None (zeros, ones, zeros)."""
+    if transpose:
+        raise NotImplementedError("fuse_conv_bn_weights: transposed convolutions are not "
+                                  "supported by Orochi's engine")
+    dtype = conv_w.dtype
+    wide = orochi.float64
+    scale = (bn_rv.to(wide) + bn_eps).rsqrt()
+    if bn_w is not None:
+        scale = scale * bn_w.to(wide)
+    shift = -bn_rm.to(wide) * scale
+    if conv_b is not None:
+        shift = shift + conv_b.to(wide) * scale
+    if bn_b is not None:
+        shift = shift + bn_b.to(wide)
+    per_channel = (-1,) + (1,) * (conv_w.dim() - 1)
+    weight = conv_w.to(wide) * scale.reshape(per_channel)
+    return (_read_only_parameter(weight.to(dtype)), _read_only_parameter(shift.to(dtype)))
+
+
+def _read_only_parameter(tensor):
+    from orochi.nn.modules import Parameter  # noqa: PLC0415 (orochi.nn imports this package)
+
+    return Parameter(_engine._read_only_copy(tensor))  # noqa: SLF001 (the engine's own helper)
