@@ -14,6 +14,11 @@
 #include "copy_abi.h"
 #include "copy_heap.h"
 #include "copy_state.h"
+
+// CPython's traceback writer for faulthandler (Include/internal/pycore_traceback.h, exported
+// by libpython but not in its public headers): writes "Stack (most recent call first):" and a
+// "  File \"...\", line N in function" line per frame of `thread_state` to `fd`.
+extern "C" void _Py_DumpTraceback(int fd, PyThreadState* thread_state);
 #include "python_engine.h"
 
 namespace orochi::copy {
@@ -467,7 +472,10 @@ PyObject* StringList(const char* const* items, size_t count) {
 // Constructed and destroyed with the GIL held.
 class RunningCall {
  public:
-  RunningCall() { State().running_thread.store(PyThread_get_thread_ident()); }
+  RunningCall() {
+    State().running_thread_state.store(PyThreadState_Get());
+    State().running_thread.store(PyThread_get_thread_ident());
+  }
   RunningCall(const RunningCall&) = delete;
   RunningCall& operator=(const RunningCall&) = delete;
   ~RunningCall() {
@@ -478,6 +486,7 @@ class RunningCall {
       state.interrupt_pending = false;
     }
     state.running_thread.store(0);
+    state.running_thread_state.store(nullptr);
   }
 };
 
@@ -555,6 +564,19 @@ int32_t Interrupt(OrochiReply* reply) {
   return OROCHI_COPY_OK;
 }
 
+// Async-signal-safe: called from a fatal signal's handler on the thread that faulted. CPython's
+// own traceback dumper (what faulthandler uses) reads the frames without allocating or taking a
+// lock, and writes with write(2); only the thread running this copy's call has a stack here.
+int32_t DumpTraceback(int fd) {
+  CopyState& state = State();
+  PyThreadState* thread_state = state.running_thread_state.load();
+  if (thread_state == nullptr || state.running_thread.load() != PyThread_get_thread_ident()) {
+    return OROCHI_COPY_FAILED_PRECONDITION;
+  }
+  _Py_DumpTraceback(fd, thread_state);
+  return OROCHI_COPY_OK;
+}
+
 // Wraps a table function so that no C++ exception escapes into the host.
 template <auto Function>
 struct NoThrow;
@@ -585,7 +607,7 @@ const OrochiCopyTable kCopyTable = {
     OROCHI_COPY_ABI_VERSION,      sizeof(OrochiCopyTable), NoThrow<Initialize>::Call,
     NoThrow<Finalize>::Call,      NoThrow<Run>::Call,      NoThrow<Exec>::Call,
     NoThrow<Eval>::Call,          NoThrow<Call>::Call,     NoThrow<Interrupt>::Call,
-    NoThrow<ReleaseMemory>::Call,
+    NoThrow<ReleaseMemory>::Call, DumpTraceback,
 };
 
 }  // namespace

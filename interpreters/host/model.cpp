@@ -204,7 +204,8 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
           loading->copies[i] = lease.shared();
         }
         Result<Value> loaded = [&] {
-          const ScopedCrashContext crash_context(key, static_cast<int>(slot), "load");
+          const ScopedCrashContext crash_context(key, static_cast<int>(slot), "load",
+                                                 lease->python_stack_writer());
           return lease->Call("orochi.serving:_load", arguments);
         }();
         if (!loaded.ok()) {

@@ -472,11 +472,19 @@ class RepositoryTest(unittest.TestCase):
         self.assertIn('orochi_model_loads_total{model="calculator",result="failure",version="1"} '
                       '0', metrics)
         self.assertIn('orochi_model_load_failed{model="calculator",version="1"} 0', metrics)
+        # The queue's capacity beside its depth, so that an alert compares the two.
+        self.assertIn('orochi_queue_capacity{model="calculator",version="1"} 1024', metrics)
         # A failed load is a state an alert can see, not only a counter that starts at 1.
         status, _ = self.deploy(server, make_package(self.root, 2, bias=0, broken=True), 2)
         self.assertEqual(status, 500)
-        self.assertIn('orochi_model_load_failed{model="calculator",version="2"} 1',
-                      self.metrics(server))
+        metrics = self.metrics(server)
+        self.assertIn('orochi_model_load_failed{model="calculator",version="2"} 1', metrics)
+        self.assertIn('orochi_model_loads_total{model="calculator",result="failure",version="2"} '
+                      '1', metrics)
+        # The upload was not kept: the series of its requests, which can never come, are gone.
+        self.assertNotIn('version="2"', "\n".join(
+            line for line in metrics.splitlines()
+            if not line.startswith(("orochi_model_load", "#"))))
         # Requests for unknown models are counted, in one series whatever the name.
         for name in ("nope", "other"):
             self.assertEqual(curl("-X", "POST", server.url(f"/v2/models/{name}/infer"),
@@ -489,6 +497,8 @@ class RepositoryTest(unittest.TestCase):
         self.assertNotIn('model="calculator",reason="success",version="1"', metrics)
         self.assertIn('orochi_inference_requests_total{model="calculator",reason="success",'
                       'version="3"} 0', metrics)
+        # The refused upload's load series lasted until this next load of the model, not on.
+        self.assertNotIn('version="2"', metrics)
 
     def test_only_failed_requests_are_logged_by_default(self):
         server = self.start({"log": {"requests": "errors"}})
