@@ -821,7 +821,7 @@ class DeadlineTest(SharedServerTest):
             return curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")[2].decode()
 
         def sample(text, pattern):
-            found = re.search(pattern + r" (\S+)\n", text)
+            found = re.search("^" + pattern + r" (\S+)$", text, re.MULTILINE)
             return float(found.group(1)) if found else 0.0
 
         before = metrics()
