@@ -110,8 +110,8 @@ void OnFatalSignal(int signal_number) {
 
 }  // namespace
 
-ScopedCrashContext::ScopedCrashContext(std::string_view model, int copy,
-                                       std::string_view activity, PythonStackWriter python_stack) {
+ScopedCrashContext::ScopedCrashContext(std::string_view model, int copy, std::string_view activity,
+                                       PythonStackWriter python_stack) {
   alternate_stack.Ensure();
   current_mark.copy = copy;
   current_mark.python_stack = python_stack;

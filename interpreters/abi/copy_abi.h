@@ -228,6 +228,12 @@ typedef struct OrochiCopyTable {
    * for a fatal signal's handler on the thread that faulted in the copy's code, so it takes no
    * lock, allocates nothing and has no reply. */
   int32_t (*dump_traceback)(int fd);
+  /* Frees the calling thread's Python thread state in this copy, if it has one, and replies
+   * True if it had. For a host thread about to end: a copy keeps the thread state of every OS
+   * thread that entered it (threading.local data live there) until it is finalized, so a thread
+   * started for one call and gone after it would otherwise leave its state (and the first chunk
+   * of its frame stack) behind on every such call. Not from within a call. */
+  int32_t (*release_thread)(OrochiReply* reply);
 } OrochiCopyTable;
 
 typedef const OrochiCopyTable* (*OrochiCopyEntryFn)(const OrochiHostTable* host);

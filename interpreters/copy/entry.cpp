@@ -56,7 +56,8 @@ bool ThisThreadHoldsGil() {
 
 // Takes this copy's GIL on the calling OS thread. Each OS thread gets its own Python thread
 // state the first time it enters and keeps it, so threading.local data survives between calls;
-// CPython frees them all at finalization. Returns false when the thread already holds the GIL
+// CPython frees them all at finalization, and a host thread that ends before then frees its own
+// with ReleaseThread. Returns false when the thread already holds the GIL
 // (a host function calling back in), in which case there is nothing to release.
 bool AcquireGil() {
   if (ThisThreadHoldsGil()) return false;
@@ -577,6 +578,22 @@ int32_t DumpTraceback(int fd) {
   return OROCHI_COPY_OK;
 }
 
+int32_t ReleaseThread(OrochiReply* reply) {
+  CopyState& state = State();
+  OrochiValue result{};
+  result.kind = OROCHI_VALUE_BOOL;
+  if (state.initialized && !state.finalized && !ThisThreadHoldsGil()) {
+    if (PyThreadState* thread_state = PyGILState_GetThisThreadState(); thread_state != nullptr) {
+      PyEval_RestoreThread(thread_state);
+      PyThreadState_Clear(thread_state);
+      PyThreadState_DeleteCurrent();  // releases the GIL; forgets the thread's state for good
+      result.int_value = 1;
+    }
+  }
+  reply->set_value(reply, &result);
+  return OROCHI_COPY_OK;
+}
+
 // Wraps a table function so that no C++ exception escapes into the host.
 template <auto Function>
 struct NoThrow;
@@ -607,7 +624,7 @@ const OrochiCopyTable kCopyTable = {
     OROCHI_COPY_ABI_VERSION,      sizeof(OrochiCopyTable), NoThrow<Initialize>::Call,
     NoThrow<Finalize>::Call,      NoThrow<Run>::Call,      NoThrow<Exec>::Call,
     NoThrow<Eval>::Call,          NoThrow<Call>::Call,     NoThrow<Interrupt>::Call,
-    NoThrow<ReleaseMemory>::Call, DumpTraceback,
+    NoThrow<ReleaseMemory>::Call, DumpTraceback,           NoThrow<ReleaseThread>::Call,
 };
 
 }  // namespace

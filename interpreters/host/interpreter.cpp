@@ -124,6 +124,7 @@ const OrochiCopyTable kUnloadedTable = {
     Unloaded,
     Unloaded,
     UnloadedDumpTraceback,
+    Unloaded,
 };
 
 // Builds OrochiValues for a call, keeping the arrays that nested lists point into alive until
@@ -487,6 +488,12 @@ Result<Value> Interpreter::Eval(std::string_view expression) {
   OROCHI_RETURN_IF_ERROR(
       sink.ToStatus(impl_->table->eval(expression_text.c_str(), &sink.reply), id_));
   return std::move(sink.value);
+}
+
+void Interpreter::ReleaseThread() {
+  std::lock_guard lock(mutex_);
+  ReplySink sink;
+  (void)impl_->table->release_thread(&sink.reply);  // nothing to free is no failure
 }
 
 Interpreter::PythonStackWriter Interpreter::python_stack_writer() const {

@@ -813,8 +813,7 @@ void ModelService::OnQueueDepth(const std::string& model_key, int64_t depth) {
   metrics_.QueueDepth(model_key.substr(0, colon), model_key.substr(colon + 1), depth);
 }
 
-void ModelService::ForgetRefusedUploads(const std::string& name,
-                                        std::optional<int64_t> keeping) {
+void ModelService::ForgetRefusedUploads(const std::string& name, std::optional<int64_t> keeping) {
   std::set<int64_t> refused;
   {
     std::lock_guard lock(mutex_);

@@ -461,6 +461,32 @@ class RepositoryTest(unittest.TestCase):
     def metrics(self, server):
         return curl(f"http://127.0.0.1:{server.metrics_port}/metrics")[2].decode()
 
+    def test_unload_and_load_cycles_do_not_grow_memory(self):
+        # Each load used to leave behind, in every copy, the Python thread state of the thread
+        # that ran it (and the frame stack chunk it had touched): 4-5 KB a copy, about 10 KB a
+        # cycle with two copies, for as long as the copies lived. What remains per cycle is the
+        # allocator's noise (under 1 KB measured over 150 cycles); 3 KB is a third of the leak.
+        server = self.start()
+        self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200)
+        path = "/v2/repository/models/calculator"
+
+        def cycles(count):
+            for _ in range(count):
+                self.assertEqual(self.manage(server, "POST", path + "/unload")[0], 200)
+                self.assertEqual(self.manage(server, "POST", path + "/load")[0], 200)
+
+        def resident_kb():
+            with open(f"/proc/{server.serving_pid}/status") as status:
+                return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+        cycles(30)  # the allocator's pools and caches reach their working size first
+        before = resident_kb()
+        count = 150
+        cycles(count)
+        growth = (resident_kb() - before) / count
+        self.assertLess(growth, 3.0, f"{growth:.1f} KB of resident memory more per cycle")
+        self.assertEqual(self.infer(server)[0], 200)
+
     def test_metrics_alerts_can_trust(self):
         server = self.start()
         self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200)

@@ -845,11 +845,11 @@ class DeadlineTest(SharedServerTest):
         # time (its stuck thread never reports it): about the 0.3 s deadline plus the 0.5 s grace.
         batches = r'orochi_batch_size_count\{model="slow",version="1"\}'
         self.assertEqual(sample(metrics.decode(), batches), sample(before, batches) + 2)
-        busy = sum(float(v) for v in re.findall(r"orochi_copy_busy_seconds_total\{copy=\"\d+\"\} (\S+)",
-                                                metrics.decode()))
-        busy_before = sum(float(v) for v in re.findall(
-            r"orochi_copy_busy_seconds_total\{copy=\"\d+\"\} (\S+)", before))
-        self.assertGreaterEqual(busy - busy_before, 0.3 + 0.5)
+        def busy_seconds(text):
+            return sum(float(value) for value in
+                       re.findall(r'orochi_copy_busy_seconds_total\{copy="\d+"\} (\S+)', text))
+
+        self.assertGreaterEqual(busy_seconds(metrics.decode()) - busy_seconds(before), 0.3 + 0.5)
         # The abandoned copy is still stuck, but its batch was answered: no copy is busy.
         self.assertIn('orochi_interpreter_copies{state="busy"} 0', metrics.decode())
         self.assertIn('orochi_interpreter_copies{state="idle"} 1', metrics.decode())

@@ -122,6 +122,11 @@ class Interpreter {
   // it blocks the caller: call it from a thread that may wait.
   Result<bool> Interrupt();
 
+  // Frees the calling thread's Python thread state in this copy, for a thread about to end
+  // that made calls here (OrochiCopyTable::release_thread): the copy otherwise keeps it until
+  // it is finalized. Its threading.local data go with it.
+  void ReleaseThread();
+
   // The copy's writer of the Python stack of the call running in it, for a crash record
   // (ScopedCrashContext): from a fatal signal's handler on the thread running that call it
   // writes the frames to a descriptor, async-signal-safely (OrochiCopyTable::dump_traceback).
