@@ -18,6 +18,7 @@ struct Mark {
   int copy = -1;
   char model[kModelChars] = {};
   char activity[kActivityChars] = {};
+  ScopedCrashContext::PythonStackWriter python_stack = nullptr;
 };
 
 // Initial-exec TLS in the executable: read from a signal handler without allocating.
@@ -95,6 +96,9 @@ void OnFatalSignal(int signal_number) {
   line.Append("\n");
   if (crash_fd >= 0) {
     [[maybe_unused]] ssize_t written = write(crash_fd, line.text, line.length);
+    // After the line, which is on record should the stack's walk fault too (SA_RESETHAND: the
+    // process then dies of that second fault).
+    if (mark.set && mark.python_stack != nullptr) mark.python_stack(crash_fd);
   }
   // Die of the signal itself, so that the exit status says which.
   struct sigaction default_action {};
@@ -106,10 +110,11 @@ void OnFatalSignal(int signal_number) {
 
 }  // namespace
 
-ScopedCrashContext::ScopedCrashContext(std::string_view model, int copy,
-                                       std::string_view activity) {
+ScopedCrashContext::ScopedCrashContext(std::string_view model, int copy, std::string_view activity,
+                                       PythonStackWriter python_stack) {
   alternate_stack.Ensure();
   current_mark.copy = copy;
+  current_mark.python_stack = python_stack;
   Copy(current_mark.model, sizeof(current_mark.model), model);
   Copy(current_mark.activity, sizeof(current_mark.activity), activity);
   current_mark.set = true;  // last: a handler reads the mark only once it is whole

@@ -342,7 +342,6 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   s.metrics.Copies("abandoned", 0);
   s.metrics.Copies("abandoned_loaded", 0);
   s.metrics.Copies("loading", 0);
-  s.metrics.Copies("replaced", 0);
   s.metrics.Copies("failed", 0);
   s.metrics.Copies("missing_models", 0);
   s.metrics.Inherit(inherited.restarts, inherited.model_crashes);

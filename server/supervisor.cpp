@@ -23,6 +23,7 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "log.h"
 #include "orochi/base/crash_record.h"
@@ -77,6 +78,9 @@ Result<int> BindListener(const std::string& address, int port) {
 struct Report {
   bool ready = false;
   std::map<std::string, std::string> crash;  // the crash line's fields, if one came
+  // The crashed copy's Python frames that followed the crash line, most recent first, each
+  // as CPython writes it: File "<package digits:1>/code/model.py", line 12 in predict
+  std::vector<std::string> python_stack;
 };
 
 // Reads everything the serving process wrote: "ready" once it serves, and a crash line if it
@@ -94,6 +98,8 @@ Report ReadReport(int fd, Report report) {
   while (std::getline(lines, line)) {
     if (line == "ready") {
       report.ready = true;
+    } else if (!report.crash.empty() && line.rfind("  File ", 0) == 0) {
+      report.python_stack.push_back(line.substr(2));
     } else if (line.rfind("crash ", 0) == 0) {
       std::istringstream fields(line.substr(6));
       std::string field;
@@ -322,6 +328,13 @@ class Supervisor {
       fields.push_back({"model", model_key});
       fields.push_back({"copy", field("copy"), false});
       fields.push_back({"activity", field("activity")});
+      if (!report.python_stack.empty()) {
+        std::string frames;
+        for (const std::string& frame : report.python_stack) {
+          frames += (frames.empty() ? "" : "; ") + frame;
+        }
+        fields.push_back({"python_stack", frames});
+      }
       const std::string model_name = model_key.substr(0, model_key.rfind(':'));
       inherited_.model_crashes[model_name]++;
       std::deque<Clock::time_point>& crashes = crash_times_[model_key];

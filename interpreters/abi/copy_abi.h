@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change to the structs or functions below. */
-#define OROCHI_COPY_ABI_VERSION 6u
+#define OROCHI_COPY_ABI_VERSION 7u
 #define OROCHI_COPY_ENTRY_SYMBOL "orochi_copy_entry"
 
 /* With OrochiCopyConfig::redirect_output, the most characters of one line of output that a copy
@@ -221,6 +221,19 @@ typedef struct OrochiCopyTable {
   /* Frees every allocation CPython left behind at finalization; replies with the byte count.
    * Only after finalize, and only once no thread of the copy runs any more. */
   int32_t (*release_memory)(OrochiReply* reply);
+  /* Writes the Python stack of the copy's current call to `fd` when the calling thread is the
+   * one running it, as CPython's faulthandler does ("Stack (most recent call first):", then a
+   * "  File \"...\", line N in name" line per frame), and returns OROCHI_COPY_OK; otherwise
+   * writes nothing and returns OROCHI_COPY_FAILED_PRECONDITION. Async-signal-safe: it is meant
+   * for a fatal signal's handler on the thread that faulted in the copy's code, so it takes no
+   * lock, allocates nothing and has no reply. */
+  int32_t (*dump_traceback)(int fd);
+  /* Frees the calling thread's Python thread state in this copy, if it has one, and replies
+   * True if it had. For a host thread about to end: a copy keeps the thread state of every OS
+   * thread that entered it (threading.local data live there) until it is finalized, so a thread
+   * started for one call and gone after it would otherwise leave its state (and the first chunk
+   * of its frame stack) behind on every such call. Not from within a call. */
+  int32_t (*release_thread)(OrochiReply* reply);
 } OrochiCopyTable;
 
 typedef const OrochiCopyTable* (*OrochiCopyEntryFn)(const OrochiHostTable* host);

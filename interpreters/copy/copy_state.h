@@ -27,6 +27,8 @@ struct CopyState {
   // The OS thread running a host call (0 when none), and whether an interrupt was sent to it;
   // both change only with the GIL held.
   std::atomic<unsigned long> running_thread{0};
+  // That thread's Python thread state, for dump_traceback (read from a signal handler).
+  std::atomic<PyThreadState*> running_thread_state{nullptr};
   bool interrupt_pending = false;
 };
 

@@ -14,6 +14,11 @@
 #include "copy_abi.h"
 #include "copy_heap.h"
 #include "copy_state.h"
+
+// CPython's traceback writer for faulthandler (Include/internal/pycore_traceback.h, exported
+// by libpython but not in its public headers): writes "Stack (most recent call first):" and a
+// "  File \"...\", line N in function" line per frame of `thread_state` to `fd`.
+extern "C" void _Py_DumpTraceback(int fd, PyThreadState* thread_state);
 #include "python_engine.h"
 
 namespace orochi::copy {
@@ -51,7 +56,8 @@ bool ThisThreadHoldsGil() {
 
 // Takes this copy's GIL on the calling OS thread. Each OS thread gets its own Python thread
 // state the first time it enters and keeps it, so threading.local data survives between calls;
-// CPython frees them all at finalization. Returns false when the thread already holds the GIL
+// CPython frees them all at finalization, and a host thread that ends before then frees its own
+// with ReleaseThread. Returns false when the thread already holds the GIL
 // (a host function calling back in), in which case there is nothing to release.
 bool AcquireGil() {
   if (ThisThreadHoldsGil()) return false;
@@ -467,7 +473,10 @@ PyObject* StringList(const char* const* items, size_t count) {
 // Constructed and destroyed with the GIL held.
 class RunningCall {
  public:
-  RunningCall() { State().running_thread.store(PyThread_get_thread_ident()); }
+  RunningCall() {
+    State().running_thread_state.store(PyThreadState_Get());
+    State().running_thread.store(PyThread_get_thread_ident());
+  }
   RunningCall(const RunningCall&) = delete;
   RunningCall& operator=(const RunningCall&) = delete;
   ~RunningCall() {
@@ -478,6 +487,7 @@ class RunningCall {
       state.interrupt_pending = false;
     }
     state.running_thread.store(0);
+    state.running_thread_state.store(nullptr);
   }
 };
 
@@ -555,6 +565,35 @@ int32_t Interrupt(OrochiReply* reply) {
   return OROCHI_COPY_OK;
 }
 
+// Async-signal-safe: called from a fatal signal's handler on the thread that faulted. CPython's
+// own traceback dumper (what faulthandler uses) reads the frames without allocating or taking a
+// lock, and writes with write(2); only the thread running this copy's call has a stack here.
+int32_t DumpTraceback(int fd) {
+  CopyState& state = State();
+  PyThreadState* thread_state = state.running_thread_state.load();
+  if (thread_state == nullptr || state.running_thread.load() != PyThread_get_thread_ident()) {
+    return OROCHI_COPY_FAILED_PRECONDITION;
+  }
+  _Py_DumpTraceback(fd, thread_state);
+  return OROCHI_COPY_OK;
+}
+
+int32_t ReleaseThread(OrochiReply* reply) {
+  CopyState& state = State();
+  OrochiValue result{};
+  result.kind = OROCHI_VALUE_BOOL;
+  if (state.initialized && !state.finalized && !ThisThreadHoldsGil()) {
+    if (PyThreadState* thread_state = PyGILState_GetThisThreadState(); thread_state != nullptr) {
+      PyEval_RestoreThread(thread_state);
+      PyThreadState_Clear(thread_state);
+      PyThreadState_DeleteCurrent();  // releases the GIL; forgets the thread's state for good
+      result.int_value = 1;
+    }
+  }
+  reply->set_value(reply, &result);
+  return OROCHI_COPY_OK;
+}
+
 // Wraps a table function so that no C++ exception escapes into the host.
 template <auto Function>
 struct NoThrow;
@@ -585,7 +624,7 @@ const OrochiCopyTable kCopyTable = {
     OROCHI_COPY_ABI_VERSION,      sizeof(OrochiCopyTable), NoThrow<Initialize>::Call,
     NoThrow<Finalize>::Call,      NoThrow<Run>::Call,      NoThrow<Exec>::Call,
     NoThrow<Eval>::Call,          NoThrow<Call>::Call,     NoThrow<Interrupt>::Call,
-    NoThrow<ReleaseMemory>::Call,
+    NoThrow<ReleaseMemory>::Call, DumpTraceback,           NoThrow<ReleaseThread>::Call,
 };
 
 }  // namespace

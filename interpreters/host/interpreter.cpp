@@ -110,6 +110,8 @@ int32_t UnloadedCall(const char*, const OrochiValue*, size_t, OrochiReply* reply
   return Unloaded(reply);
 }
 
+int32_t UnloadedDumpTraceback(int) { return OROCHI_COPY_UNLOADED; }
+
 const OrochiCopyTable kUnloadedTable = {
     OROCHI_COPY_ABI_VERSION,
     sizeof(OrochiCopyTable),
@@ -120,6 +122,8 @@ const OrochiCopyTable kUnloadedTable = {
     UnloadedEval,
     UnloadedCall,
     Unloaded,
+    Unloaded,
+    UnloadedDumpTraceback,
     Unloaded,
 };
 
@@ -484,6 +488,18 @@ Result<Value> Interpreter::Eval(std::string_view expression) {
   OROCHI_RETURN_IF_ERROR(
       sink.ToStatus(impl_->table->eval(expression_text.c_str(), &sink.reply), id_));
   return std::move(sink.value);
+}
+
+void Interpreter::ReleaseThread() {
+  std::lock_guard lock(mutex_);
+  ReplySink sink;
+  (void)impl_->table->release_thread(&sink.reply);  // nothing to free is no failure
+}
+
+Interpreter::PythonStackWriter Interpreter::python_stack_writer() const {
+  // The copy's own table, set once at load: a caller holding the copy for a call reads it
+  // without the call's lock, which that call takes next.
+  return impl_ != nullptr ? impl_->copy_table.dump_traceback : nullptr;
 }
 
 Result<bool> Interpreter::Interrupt() {

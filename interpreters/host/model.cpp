@@ -235,9 +235,13 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
           loading->copies[i] = lease.shared();
         }
         Result<Value> loaded = [&] {
-          const ScopedCrashContext crash_context(key, static_cast<int>(slot), "load");
+          const ScopedCrashContext crash_context(key, static_cast<int>(slot), "load",
+                                                 lease->python_stack_writer());
           return lease->Call("orochi.serving:_load", arguments);
         }();
+        // This thread ends after the load, while the copy lives on: its Python thread state
+        // there would stay until the copy is finalized, a few KB on every load.
+        lease->ReleaseThread();
         if (!loaded.ok()) {
           result = Status(loaded.status().code(),
                           "loading model " + key + " in interpreter copy " +

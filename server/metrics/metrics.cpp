@@ -92,10 +92,19 @@ Metrics::Metrics()
                   .Name("orochi_interpreter_copies")
                   .Help("Interpreter copies by state")
                   .Register(*registry_)),
+      queue_capacity_(BuildGauge()
+                          .Name("orochi_queue_capacity")
+                          .Help("Requests each model's queue holds at most (models.max_queue_size)")
+                          .Register(*registry_)),
       copy_busy_seconds_(BuildCounter()
                              .Name("orochi_copy_busy_seconds_total")
                              .Help("Time each interpreter copy spent running batches")
                              .Register(*registry_)),
+      copies_replaced_(BuildCounter()
+                           .Name("orochi_copies_replaced_total")
+                           .Help("Interpreter copies replaced after ignoring an interrupt")
+                           .Register(*registry_)
+                           .Add({})),
       model_loads_(BuildCounter()
                        .Name("orochi_model_loads_total")
                        .Help("Model loads by model, version and result")
@@ -219,7 +228,8 @@ constexpr const char* kRequestReasons[] = {
 
 }  // namespace
 
-void Metrics::ModelKnown(const std::string& model, const std::string& version) {
+void Metrics::ModelKnown(const std::string& model, const std::string& version,
+                         int64_t max_queue_size) {
   for (const char* reason : kRequestReasons) {
     requests_.Add({{"model", model}, {"version", version}, {"reason", reason}});
   }
@@ -229,6 +239,7 @@ void Metrics::ModelKnown(const std::string& model, const std::string& version) {
   compute_seconds_.Add(labels, LatencyBuckets());
   batch_size_.Add(labels, BatchBuckets());
   queue_depth_.Add(labels);
+  queue_capacity_.Add(labels).Set(static_cast<double>(max_queue_size));
   for (const char* result : {"success", "failure"}) {
     model_loads_.Add({{"model", model}, {"version", version}, {"result", result}});
   }
@@ -237,6 +248,21 @@ void Metrics::ModelKnown(const std::string& model, const std::string& version) {
 }
 
 void Metrics::ModelGone(const std::string& model, const std::string& version) {
+  RemoveRequestSeries(model, version);
+  RemoveLoadSeries(model, version);
+}
+
+void Metrics::LoadRefused(const std::string& model, const std::string& version) {
+  RemoveRequestSeries(model, version);
+}
+
+void Metrics::LoadRefusalGone(const std::string& model, const std::string& version) {
+  RemoveLoadSeries(model, version);
+}
+
+void Metrics::CopyReplaced() { copies_replaced_.Increment(); }
+
+void Metrics::RemoveRequestSeries(const std::string& model, const std::string& version) {
   for (const char* reason : kRequestReasons) {
     requests_.Remove(&requests_.Add({{"model", model}, {"version", version}, {"reason", reason}}));
   }
@@ -254,6 +280,11 @@ void Metrics::ModelGone(const std::string& model, const std::string& version) {
     streams_ended_.Remove(
         &streams_ended_.Add({{"model", model}, {"version", version}, {"end", end}}));
   }
+  queue_capacity_.Remove(&queue_capacity_.Add(labels));
+}
+
+void Metrics::RemoveLoadSeries(const std::string& model, const std::string& version) {
+  const prometheus::Labels labels{{"model", model}, {"version", version}};
   for (const char* result : {"success", "failure"}) {
     model_loads_.Remove(
         &model_loads_.Add({{"model", model}, {"version", version}, {"result", result}}));

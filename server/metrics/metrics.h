@@ -40,7 +40,17 @@ class Metrics {
                    std::chrono::nanoseconds duration);
   // A version becomes known (its load starts): every series of it that a rule or panel reads
   // exists from now on, at 0, so that increase() sees its first failure.
-  void ModelKnown(const std::string& model, const std::string& version);
+  // `max_queue_size` is the most requests its queue holds (orochi_queue_capacity), so that an
+  // alert compares the depth with the configured size, not a fixed number.
+  void ModelKnown(const std::string& model, const std::string& version, int64_t max_queue_size);
+  // An upload that did not load and was not kept: the series of its requests go at once (it
+  // never served); its load series stay, so that the failure alert fires, until the model's
+  // next load that succeeds or its deletion (LoadRefusalGone).
+  void LoadRefused(const std::string& model, const std::string& version);
+  void LoadRefusalGone(const std::string& model, const std::string& version);
+  // A stuck copy was replaced: a counter (at 0 from the start), so that increase() sees each
+  // replacement across restarts of the serving process.
+  void CopyReplaced();
   // A version is unloaded or deleted: its series go, so that they neither linger as stale
   // values nor grow without bound over deploys.
   void ModelGone(const std::string& model, const std::string& version);
@@ -58,6 +68,9 @@ class Metrics {
   std::string Render();
 
  private:
+  void RemoveRequestSeries(const std::string& model, const std::string& version);
+  void RemoveLoadSeries(const std::string& model, const std::string& version);
+
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& request_seconds_;
@@ -71,7 +84,9 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& live_streams_;
   prometheus::Family<prometheus::Counter>& streams_ended_;
   prometheus::Family<prometheus::Gauge>& copies_;
+  prometheus::Family<prometheus::Gauge>& queue_capacity_;
   prometheus::Family<prometheus::Counter>& copy_busy_seconds_;
+  prometheus::Counter& copies_replaced_;
   prometheus::Family<prometheus::Counter>& model_loads_;
   prometheus::Family<prometheus::Histogram>& model_load_seconds_;
   prometheus::Family<prometheus::Gauge>& model_load_failed_;

@@ -167,7 +167,8 @@ Result<std::shared_ptr<ServedModel>> ModelService::LoadCopies(const std::string&
   const Clock::time_point start = Clock::now();
   const std::string version_text = std::to_string(expected_version);
   const std::string key = expected_name + ":" + version_text;
-  metrics_.ModelKnown(expected_name, version_text);
+  ForgetRefusedUploads(expected_name, expected_version);
+  metrics_.ModelKnown(expected_name, version_text, config_.max_queue_size);
   auto fail = [&](const Status& status) {
     metrics_.ModelLoaded(expected_name, version_text, false, Clock::now() - start);
     std::lock_guard lock(mutex_);
@@ -525,7 +526,9 @@ Result<std::string> ModelService::Deploy(const std::string& name, int64_t versio
       {
         std::lock_guard lock(mutex_);
         load_failures_.erase(name + ":" + std::to_string(version));  // it is in no index
+        refused_uploads_[name].insert(version);
       }
+      metrics_.LoadRefused(name, std::to_string(version));
       const Status& failure = loaded.status();
       Log(LogLevel::kWarning, "deployed package refused: it does not load",
           {{"model", name},
@@ -573,6 +576,7 @@ Result<std::string> ModelService::Delete(const std::string& name, std::optional<
     return NotFound(Which(name, *version) + " is not in the repository");
   }
   const bool served = !Versions(name).empty() && unloaded_.count(name) == 0;
+  if (!version) ForgetRefusedUploads(name, std::nullopt);
   std::string notice;
   if (!version) {
     for (int64_t each : Versions(name)) {
@@ -840,8 +844,22 @@ void ModelService::OnQueueDepth(const std::string& model_key, int64_t depth) {
   metrics_.QueueDepth(model_key.substr(0, colon), model_key.substr(colon + 1), depth);
 }
 
+void ModelService::ForgetRefusedUploads(const std::string& name, std::optional<int64_t> keeping) {
+  std::set<int64_t> refused;
+  {
+    std::lock_guard lock(mutex_);
+    auto found = refused_uploads_.find(name);
+    if (found == refused_uploads_.end()) return;
+    refused = std::move(found->second);
+    refused_uploads_.erase(found);
+  }
+  for (int64_t version : refused) {
+    if (version != keeping) metrics_.LoadRefusalGone(name, std::to_string(version));
+  }
+}
+
 void ModelService::OnCopyReplaced(size_t slot) {
-  metrics_.Copies("replaced", ++replaced_copies_);
+  metrics_.CopyReplaced();
   metrics_.Copies("abandoned_loaded", static_cast<int64_t>(manager_.abandoned_loaded()));
   Log(LogLevel::kWarning, "interpreter copy replaced: it did not stop after an interrupt",
       {{"copy", std::to_string(slot), false}});

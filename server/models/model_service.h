@@ -230,6 +230,8 @@ class ModelService : public SchedulerObserver {
   interpreters::LoadOptions LoadOptionsFor(const std::vector<size_t>& slots);
   // The idle-copies gauge: neither running a batch nor out of service for a load.
   void ReportIdle();
+  // Removes the load series of `name`'s refused uploads, but for `keeping` (being loaded again).
+  void ForgetRefusedUploads(const std::string& name, std::optional<int64_t> keeping);
   // LoadModel, admin_mutex_ held.
   Result<std::string> LoadModelLocked(const std::string& name, const LoadOverrides& overrides = {});
   // The versions of `name` its policy selects among `candidates` (ascending).
@@ -276,7 +278,9 @@ class ModelService : public SchedulerObserver {
   std::atomic<int64_t> loading_copies_{0};          // copies out of service for a load
   std::map<std::string, std::shared_ptr<ServedModel>, std::less<>> by_key_;
   size_t next_slot_ = 0;
-  std::atomic<int64_t> replaced_copies_{0};
+  // Versions of an upload refused because it did not load, by name: their load series stay
+  // for the alert until the name's next load or delete (ForgetRefusedUploads).
+  std::map<std::string, std::set<int64_t>> refused_uploads_;
   std::atomic<int64_t> busy_copies_{0};
 };
 

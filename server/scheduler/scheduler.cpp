@@ -534,7 +534,8 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
   const Clock::time_point predicting = Clock::now();
   if (inputs.ok()) {
     // Named in the crash record if the model's code takes the process down.
-    const ScopedCrashContext crash_context(model->key(), static_cast<int>(slot), "predict");
+    const ScopedCrashContext crash_context(model->key(), static_cast<int>(slot), "predict",
+                                           lease->python_stack_writer());
     outputs = model->PredictIn(*lease, *inputs, batch->jobs.front().parameters, &predict);
   }
   const Clock::time_point predicted = Clock::now();
@@ -753,6 +754,16 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   lock.unlock();
   const Clock::time_point now = Clock::now();
   InferTimings timings{{}, now - batch->started, 0};
+  int64_t rows = 0;
+  for (const InferJob& job : batch->jobs) rows += job.rows;
+  // The batch ran until now, as far as the copy's busy time and the batch sizes go: counted as
+  // a failed batch, as its stuck thread will never report it.
+  if (observer_ != nullptr) {
+    BatchTimings ran;
+    ran.infer = now - batch->started;
+    observer_->OnBatch(model_key, rows, static_cast<int64_t>(batch->jobs.size()), ran, false);
+    observer_->OnCopyBusy(slot, now - batch->started);
+  }
   Answer(*batch, answer, timings);
   if (unavailable_now && observer_ != nullptr) {
     observer_->OnModelUnavailable(model_key, unavailable);

@@ -330,7 +330,7 @@ class LiveTest(unittest.TestCase):
         """Waits for Prometheus to scrape and evaluate it all, then takes the alerts and the
         answer to every query at once (the fast rules forget the events after WINDOW_S)."""
         for expr in ('orochi_interpreter_copies{state="abandoned"} > 0',
-                     'orochi_interpreter_copies{state="replaced"} > 0',
+                     'orochi_copies_replaced_total > 0',
                      'orochi_model_load_failed{model="calculator"} == 1',
                      'orochi_model_crashes_total{model="hostile"} > 0'):
             cls.wait_for(lambda: cls.query(expr), 15, expr)

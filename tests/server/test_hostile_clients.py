@@ -498,7 +498,17 @@ class CrashContainmentTest(unittest.TestCase):
             self.assertEqual(status, 200, body)
             self.assertRegex(server.log_text(), r"the serving process died; restarting it "
                                                 r"signal=SIGSEGV model=hostile:1 copy=0 "
-                                                r"activity=predict restarts=1")
+                                                r"activity=predict python_stack=.* restarts=1")
+            # The crashed copy's Python stack, most recent call first: ctypes, then the line of
+            # the model's predict that called it.
+            with open(os.path.join(HERE, "models", "hostile", "code", "model.py")) as file:
+                line = next(number for number, text in enumerate(file, 1)
+                            if "ctypes.string_at(0)" in text)
+            stack = re.search(r"python_stack=(.*) restarts=1", server.log_text()).group(1)
+            # Quoted as a log field is, its quotes escaped.
+            self.assertRegex(stack, r'^"File \\"<stdlib>/ctypes/__init__\.py\\", line \d+ in '
+                                    r'string_at; File \\"<package hostile:1>/code/model\.py\\", '
+                                    rf"line {line} in predict; ")
             metrics = metric(server, "")
             self.assertIn("orochi_server_restarts_total 1", metrics)
             self.assertIn('orochi_model_crashes_total{model="hostile"} 1', metrics)

@@ -461,6 +461,32 @@ class RepositoryTest(unittest.TestCase):
     def metrics(self, server):
         return curl(f"http://127.0.0.1:{server.metrics_port}/metrics")[2].decode()
 
+    def test_unload_and_load_cycles_do_not_grow_memory(self):
+        # Each load used to leave behind, in every copy, the Python thread state of the thread
+        # that ran it (and the frame stack chunk it had touched): 4-5 KB a copy, about 10 KB a
+        # cycle with two copies, for as long as the copies lived. What remains per cycle is the
+        # allocator's noise (under 1 KB measured over 150 cycles); 3 KB is a third of the leak.
+        server = self.start()
+        self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200)
+        path = "/v2/repository/models/calculator"
+
+        def cycles(count):
+            for _ in range(count):
+                self.assertEqual(self.manage(server, "POST", path + "/unload")[0], 200)
+                self.assertEqual(self.manage(server, "POST", path + "/load")[0], 200)
+
+        def resident_kb():
+            with open(f"/proc/{server.serving_pid}/status") as status:
+                return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+        cycles(30)  # the allocator's pools and caches reach their working size first
+        before = resident_kb()
+        count = 150
+        cycles(count)
+        growth = (resident_kb() - before) / count
+        self.assertLess(growth, 3.0, f"{growth:.1f} KB of resident memory more per cycle")
+        self.assertEqual(self.infer(server)[0], 200)
+
     def test_metrics_alerts_can_trust(self):
         server = self.start()
         self.assertEqual(self.deploy(server, make_package(self.root, 1, bias=0.5), 1)[0], 200)
@@ -472,11 +498,19 @@ class RepositoryTest(unittest.TestCase):
         self.assertIn('orochi_model_loads_total{model="calculator",result="failure",version="1"} '
                       '0', metrics)
         self.assertIn('orochi_model_load_failed{model="calculator",version="1"} 0', metrics)
+        # The queue's capacity beside its depth, so that an alert compares the two.
+        self.assertIn('orochi_queue_capacity{model="calculator",version="1"} 1024', metrics)
         # A failed load is a state an alert can see, not only a counter that starts at 1.
         status, _ = self.deploy(server, make_package(self.root, 2, bias=0, broken=True), 2)
         self.assertEqual(status, 500)
-        self.assertIn('orochi_model_load_failed{model="calculator",version="2"} 1',
-                      self.metrics(server))
+        metrics = self.metrics(server)
+        self.assertIn('orochi_model_load_failed{model="calculator",version="2"} 1', metrics)
+        self.assertIn('orochi_model_loads_total{model="calculator",result="failure",version="2"} '
+                      '1', metrics)
+        # The upload was not kept: the series of its requests, which can never come, are gone.
+        self.assertNotIn('version="2"', "\n".join(
+            line for line in metrics.splitlines()
+            if not line.startswith(("orochi_model_load", "#"))))
         # Requests for unknown models are counted, in one series whatever the name.
         for name in ("nope", "other"):
             self.assertEqual(curl("-X", "POST", server.url(f"/v2/models/{name}/infer"),
@@ -489,6 +523,8 @@ class RepositoryTest(unittest.TestCase):
         self.assertNotIn('model="calculator",reason="success",version="1"', metrics)
         self.assertIn('orochi_inference_requests_total{model="calculator",reason="success",'
                       'version="3"} 0', metrics)
+        # The refused upload's load series lasted until this next load of the model, not on.
+        self.assertNotIn('version="2"', metrics)
 
     def test_only_failed_requests_are_logged_by_default(self):
         server = self.start({"log": {"requests": "errors"}})

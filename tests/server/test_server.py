@@ -817,6 +817,14 @@ class DeadlineTest(SharedServerTest):
         self.assertIn("obj, end = self.scan_once(s, idx)", error)
 
     def test_a_copy_stuck_in_c_code_is_replaced(self):
+        def metrics():
+            return curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")[2].decode()
+
+        def sample(text, pattern):
+            found = re.search("^" + pattern + r" (\S+)$", text, re.MULTILINE)
+            return float(found.group(1)) if found else 0.0
+
+        before = metrics()
         start = time.time()
         status, _, body = post_json(self.server, "/v2/models/slow/infer",
                                     slow_request("block", timeout_us=300000))
@@ -831,7 +839,17 @@ class DeadlineTest(SharedServerTest):
             self.assertEqual(status, 200, body)
         self.assertIn("interpreter copy replaced", self.server.log_text())
         _, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
-        self.assertIn('orochi_interpreter_copies{state="replaced"} 1', metrics.decode())
+        self.assertEqual(sample(metrics.decode(), "orochi_copies_replaced_total"),
+                         sample(before, "orochi_copies_replaced_total") + 1)
+        # The batch the watchdog answered counts as a batch, and its time as the copy's busy
+        # time (its stuck thread never reports it): about the 0.3 s deadline plus the 0.5 s grace.
+        batches = r'orochi_batch_size_count\{model="slow",version="1"\}'
+        self.assertEqual(sample(metrics.decode(), batches), sample(before, batches) + 2)
+        def busy_seconds(text):
+            return sum(float(value) for value in
+                       re.findall(r'orochi_copy_busy_seconds_total\{copy="\d+"\} (\S+)', text))
+
+        self.assertGreaterEqual(busy_seconds(metrics.decode()) - busy_seconds(before), 0.3 + 0.5)
         # The abandoned copy is still stuck, but its batch was answered: no copy is busy.
         self.assertIn('orochi_interpreter_copies{state="busy"} 0', metrics.decode())
         self.assertIn('orochi_interpreter_copies{state="idle"} 1', metrics.decode())

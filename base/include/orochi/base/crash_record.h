@@ -7,6 +7,12 @@
 //
 //   crash signal=11 model=digits:1 copy=3 activity=predict
 //
+// followed, when the mark has a Python stack writer and the faulting thread was running Python
+// code of that copy, by the copy's Python stack as faulthandler writes it:
+//
+//   Stack (most recent call first):
+//     File "<package digits:1>/code/model.py", line 12 in predict
+//
 // ScopedCrashContext marks what the calling thread does while it lives (a model's predict or
 // load in a copy); the handler that InstallCrashRecorder sets reads the faulting thread's mark.
 // Everything the handler does is async-signal-safe: the mark is a fixed buffer, the line is
@@ -18,14 +24,20 @@
 // the threads that may crash start.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 namespace orochi {
 
 class ScopedCrashContext {
  public:
+  // Writes the Python stack of the thread's current call in its copy to a descriptor, from a
+  // signal handler (interpreters::Interpreter::python_stack_writer); nonzero if it had none.
+  using PythonStackWriter = int32_t (*)(int fd);
+
   // `model` (e.g. "digits:1") and `activity` (e.g. "predict") are cut to fit the mark.
-  ScopedCrashContext(std::string_view model, int copy, std::string_view activity);
+  ScopedCrashContext(std::string_view model, int copy, std::string_view activity,
+                     PythonStackWriter python_stack = nullptr);
   ~ScopedCrashContext();  // the thread is unmarked again
   ScopedCrashContext(const ScopedCrashContext&) = delete;
   ScopedCrashContext& operator=(const ScopedCrashContext&) = delete;

@@ -122,6 +122,18 @@ class Interpreter {
   // it blocks the caller: call it from a thread that may wait.
   Result<bool> Interrupt();
 
+  // Frees the calling thread's Python thread state in this copy, for a thread about to end
+  // that made calls here (OrochiCopyTable::release_thread): the copy otherwise keeps it until
+  // it is finalized. Its threading.local data go with it.
+  void ReleaseThread();
+
+  // The copy's writer of the Python stack of the call running in it, for a crash record
+  // (ScopedCrashContext): from a fatal signal's handler on the thread running that call it
+  // writes the frames to a descriptor, async-signal-safely (OrochiCopyTable::dump_traceback).
+  // Null once the copy is unloaded; valid while a call runs in it.
+  using PythonStackWriter = int32_t (*)(int fd);
+  PythonStackWriter python_stack_writer() const;
+
   // Finalizes CPython (atexit handlers run, non-daemon threads are joined) and unmaps the
   // copy. Idempotent. Daemon threads end when they next reach for the GIL; Unload waits up to
   // `thread_grace` for every thread the copy started to be gone. If some still run, the copy's
