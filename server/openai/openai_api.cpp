@@ -162,7 +162,9 @@ std::optional<Invalid> RenderChat(const Json& messages, std::string* prompt) {
     if (!message.is_object()) return Invalid{"'" + at + "' must be an object", at};
     for (const auto& [key, value] : message.items()) {
       if (key != "role" && key != "content") {
-        return Invalid{"unsupported field '" + at + "." + key + "'", at + "." + key};
+        std::string field = at;
+        field.append(".").append(key);
+        return Invalid{"unsupported field '" + field + "'", field};
       }
     }
     auto role = message.find("role");
