@@ -215,6 +215,56 @@ class DuplicateKeyFinder {
   Status duplicate_;
 };
 
+// The "openai" key: which input takes the prompt and which output carries the text. Both must be
+// BYTES of one element, and the prompt input the model's only one (an OpenAI request has nothing
+// to give another).
+Result<std::optional<Manifest::OpenAi>> OpenAiMapping(const Json& json, const Manifest& manifest) {
+  auto found = json.find("openai");
+  if (found == json.end()) return std::optional<Manifest::OpenAi>();
+  if (!found->is_object()) {
+    return Problem("$.openai", "expected an object, got " + TypeName(*found));
+  }
+  OROCHI_RETURN_IF_ERROR(OnlyKeys(*found, "$.openai", {"text_input", "text_output", "tokens"}));
+  if (!manifest.streaming) {
+    return Problem("$.openai",
+                   "only a streaming model (\"streaming\": true) is served on the "
+                   "OpenAI-compatible endpoint");
+  }
+  Manifest::OpenAi mapping;
+  if (found->contains("text_input")) {
+    OROCHI_ASSIGN_OR_RETURN(mapping.text_input, String(*found, "$.openai", "text_input", true));
+  }
+  if (found->contains("text_output")) {
+    OROCHI_ASSIGN_OR_RETURN(mapping.text_output, String(*found, "$.openai", "text_output", true));
+  }
+  if (found->contains("tokens")) {
+    OROCHI_ASSIGN_OR_RETURN(std::string tokens, String(*found, "$.openai", "tokens", true));
+    if (tokens != "bytes") {
+      return Problem("$.openai.tokens",
+                     "expected \"bytes\" (one token per byte of UTF-8), got '" + tokens + "'");
+    }
+    mapping.byte_tokens = true;
+  }
+  auto one_text = [](const std::vector<TensorSpec>& specs, const std::string& name) {
+    return std::any_of(specs.begin(), specs.end(), [&](const TensorSpec& spec) {
+      return spec.name == name && spec.datatype == DataType::kBytes && spec.shape.size() == 1 &&
+             (spec.shape[0] == 1 || spec.shape[0] == -1);
+    });
+  };
+  if (!one_text(manifest.inputs, mapping.text_input) || manifest.inputs.size() != 1) {
+    return Problem("$.openai.text_input",
+                   "'" + mapping.text_input +
+                       "' must be the model's only input, BYTES of shape [1]: an OpenAI request "
+                       "gives a prompt and nothing else");
+  }
+  if (!one_text(manifest.outputs, mapping.text_output)) {
+    return Problem(
+        "$.openai.text_output",
+        "'" + mapping.text_output + "' must be an output of the model, BYTES of shape [1]");
+  }
+  return std::optional<Manifest::OpenAi>(mapping);
+}
+
 }  // namespace
 
 std::string_view DataTypeName(DataType datatype) {
@@ -281,7 +331,7 @@ Result<Manifest> ParseManifest(std::string_view text) {
       OnlyKeys(json, "$",
                {"format_version", "name", "version", "entry", "description", "inputs", "outputs",
                 "max_batch_size", "instances", "device", "requires", "parameters",
-                "max_request_bytes", "streaming", "max_live_sequences"}));
+                "max_request_bytes", "streaming", "max_live_sequences", "openai"}));
   Manifest manifest;
   OROCHI_ASSIGN_OR_RETURN(std::optional<int64_t> format, Integer(json, "$", "format_version", 1));
   if (!format) return Problem("$", "missing required key 'format_version'");
@@ -374,6 +424,7 @@ Result<Manifest> ParseManifest(std::string_view text) {
     }
     manifest.parameters_json = parameters->dump();
   }
+  OROCHI_ASSIGN_OR_RETURN(manifest.openai, OpenAiMapping(json, manifest));
   manifest.json = json.dump();
   return manifest;
 }

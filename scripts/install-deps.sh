@@ -33,7 +33,8 @@ packages=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps
   # the rolling-restart test's load balancer (tests/server/test_rolling_restart.py)
   nginx
-  # the Kubernetes manifests' validator (tests/kubernetes: npm packages, run by node), and
+  # the Kubernetes manifests' validator (tests/kubernetes) and the OpenAI client check
+  # (tests/openai): npm packages, run by node; and
   # PyYAML for the test that starts the server as the KServe runtime's manifest says
   nodejs python3-yaml
   # the image test (docker/test.sh): a real dockerd, and debootstrap for a base image where no

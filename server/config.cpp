@@ -215,8 +215,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
       {"repository", "model_dir", "model_name", "load", "max_queue_size", "default_timeout_ms",
        "max_memory_bytes", "execution_grace_ms", "load_timeout_s", "max_abandoned_copies",
        "unload_grace_s", "max_queue_delay_us", "preferred_batch_sizes", "version_policies",
-       "model_control_mode", "repository_poll_ms", "max_queued_streams",
-       "stream_buffer_responses", "stream_stall_timeout_ms"}));
+       "model_control_mode", "repository_poll_ms", "max_queued_streams", "stream_buffer_responses",
+       "stream_stall_timeout_ms"}));
   OROCHI_RETURN_IF_ERROR(models.String("repository", &config.models.repository));
   OROCHI_RETURN_IF_ERROR(models.String("model_dir", &config.models.model_dir));
   OROCHI_RETURN_IF_ERROR(models.String("model_name", &config.models.model_name));

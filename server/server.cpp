@@ -29,6 +29,7 @@
 #include "metrics/metrics.h"
 #include "model_output_log.h"
 #include "models/model_service.h"
+#include "openai/openai_api.h"
 #include "orochi/engine/device.h"
 #include "orochi/engine/ops.h"
 #include "orochi/interpreters/interpreter_manager.h"
@@ -156,6 +157,7 @@ struct Server::Impl {
   // Before the API that uses it; regions still in use by a request outlive it (shared_ptr).
   std::unique_ptr<kserve::SharedMemoryRegistry> shared_memory;
   std::unique_ptr<kserve::KServeApi> api;
+  std::unique_ptr<openai::OpenAiApi> openai;
   std::unique_ptr<http::HttpServer> inference;
   std::unique_ptr<http::HttpServer> metrics_listener;
   std::unique_ptr<grpc_api::GrpcServer> grpc;
@@ -355,6 +357,8 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
                                               [&s] { return s.ready.load(); });
   s.api->Register(s.inference_router);
   kserve::RegisterSettings(s.inference_router);
+  s.openai = std::make_unique<openai::OpenAiApi>(*s.models, s.metrics, cfg);
+  s.openai->Register(s.inference_router);
   // Triton's clients send the repository calls to the inference port. Served there only when
   // the operator says so, and then behind the management token: loading and unloading models
   // is the management API's power, whoever may infer.

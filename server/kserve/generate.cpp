@@ -5,12 +5,12 @@
 // /generate_stream sends each response of a streaming model as it comes, as a Server-Sent Event
 // (`data: {...}` and a blank line), and an error after the first response as an event
 // `data: {"error": "..."}`; /generate answers once, with the responses combined.
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <utility>
 
 #include "handlers.h"
 #include "orochi/server/kserve_codec.h"
+#include "stream_writer.h"
 
 namespace orochi::server::kserve {
 namespace {
@@ -112,99 +112,29 @@ void Combine(Json* combined, const Json& response) {
 
 std::string Event(const Json& data) { return "data: " + data.dump() + "\n\n"; }
 
-// Carries a stream's responses to its HTTP client: one part written at a time (the stream's
-// buffer holds the rest, and its model waits while that is full), the header with the first.
-class StreamToClient : public std::enable_shared_from_this<StreamToClient> {
+// The generate extension's answers: a JSON object per response, combined for /generate.
+class GenerateWriter : public StreamWriter {
  public:
-  StreamToClient(std::shared_ptr<ResponseStream> stream, http::Responder respond,
-                 std::shared_ptr<const InferRequest> request, bool events)
-      : stream_(std::move(stream)),
-        respond_(std::move(respond)),
-        request_(std::move(request)),
-        events_(events) {}
+  GenerateWriter(http::Responder respond, std::shared_ptr<const InferRequest> request, bool events)
+      : StreamWriter(std::move(respond), events), request_(std::move(request)) {}
 
-  void Listen() {
-    stream_->SetListener([weak = weak_from_this()] {
-      if (auto self = weak.lock()) self->Pump();
-    });
+ protected:
+  std::string Event(const ServedModel& model, const Response& response) override {
+    return kserve::Event(GenerateResponse(model, *request_, response));
   }
-
-  // The model's answer: a model that does not stream gives its one response here.
-  void Done(Result<InferenceResult> result) {
-    {
-      std::lock_guard lock(mutex_);
-      if (result.ok()) model_ = result->model;
-    }
-    if (result.ok() && !result->outputs.empty()) (void)stream_->Push(std::move(result->outputs));
-    stream_->End(result.ok() ? Status::Ok() : result.status());
+  std::string Closing(const Status& end) override {
+    return end.ok() ? std::string() : kserve::Event({{"error", ErrorMessage(end)}});
   }
-
-  void SetModel(std::shared_ptr<const ServedModel> model) {
-    std::lock_guard lock(mutex_);
-    model_ = std::move(model);
+  void Collect(const ServedModel& model, const Response& response) override {
+    Combine(&combined_, GenerateResponse(model, *request_, response));
   }
-
-  void Pump() {
-    std::unique_lock lock(mutex_);
-    while (!sending_) {
-      std::optional<ResponseStream::Item> item = stream_->Pop();
-      if (!item) return;
-      if (!events_) {
-        if (item->response) {
-          Combine(&combined_, GenerateResponse(*model_, *request_, *item->response));
-          continue;
-        }
-        lock.unlock();
-        if (!item->end.ok()) {
-          respond_(InferErrorResponse(item->end));
-        } else {
-          respond_(http::JsonResponse(200, combined_.is_null() ? "{}" : combined_.dump()));
-        }
-        return;
-      }
-      if (body_ == nullptr) {
-        if (!item->response && !item->end.ok()) {  // refused before any response: a status
-          lock.unlock();
-          respond_(InferErrorResponse(item->end));
-          return;
-        }
-        http::Response header{bhttp::status::ok, 11};
-        header.set(bhttp::field::content_type, "text/event-stream");
-        header.set(bhttp::field::cache_control, "no-cache");
-        body_ = respond_.Stream(std::move(header));
-        if (body_ == nullptr) return;
-      }
-      std::shared_ptr<http::BodyStream> body = body_;
-      if (!item->response) {
-        lock.unlock();
-        if (!item->end.ok()) body->Send(Event({{"error", ErrorMessage(item->end)}}), nullptr);
-        body->End();
-        return;
-      }
-      std::string event = Event(GenerateResponse(*model_, *request_, *item->response));
-      sending_ = true;
-      lock.unlock();
-      body->Send(std::move(event), [self = shared_from_this()](bool ok) {
-        if (!ok) self->stream_->Cancel();  // the client is gone: the model stops
-        {
-          std::lock_guard relock(self->mutex_);
-          self->sending_ = false;
-        }
-        self->Pump();
-      });
-      return;
-    }
+  http::Response Answer() override {
+    return http::JsonResponse(200, combined_.is_null() ? "{}" : combined_.dump());
   }
+  http::Response Failure(const Status& error) override { return InferErrorResponse(error); }
 
  private:
-  std::shared_ptr<ResponseStream> stream_;
-  http::Responder respond_;
   std::shared_ptr<const InferRequest> request_;
-  const bool events_;
-  std::mutex mutex_;
-  std::shared_ptr<const ServedModel> model_;
-  std::shared_ptr<http::BodyStream> body_;
-  bool sending_ = false;
   Json combined_;
 };
 
@@ -234,22 +164,13 @@ void KServeApi::Generate(http::Request&& request, const http::PathParams& params
     return;
   }
   auto infer_request = std::make_shared<InferRequest>(std::move(parsed).value());
-  auto responses =
-      std::make_shared<ResponseStream>(static_cast<size_t>(config_.models.stream_buffer_responses));
-  auto client = std::make_shared<StreamToClient>(responses, respond, infer_request, stream);
-  client->SetModel(model);
-  client->Listen();
   InferenceCall call;
   call.model = model;
   call.version_named = params.count("version") != 0;
   call.request = infer_request;
   call.received = received;
-  call.client_gone = [respond, responses] {
-    return respond.client_gone() || responses->cancelled();
-  };
-  call.stream = responses;
-  runner_.Run(std::move(call),
-              [client](Result<InferenceResult> result) { client->Done(std::move(result)); });
+  std::make_shared<GenerateWriter>(respond, infer_request, stream)
+      ->Run(runner_, std::move(call), static_cast<size_t>(config_.models.stream_buffer_responses));
 }
 
 }  // namespace orochi::server::kserve

@@ -180,6 +180,36 @@ TEST(Manifest, StreamingModelsAndTheirLiveSequences) {
   EXPECT_EQ(live->max_live_sequences, 3);
 }
 
+TEST(Manifest, OpenAiMappingNamesOneTextInputAndATextOutput) {
+  const std::string base = R"({"format_version": 1, "name": "m", "version": 1, "entry": "a:B", )"
+                           R"("inputs": [{"name": "x", "datatype": "BYTES", "shape": [1]}], )"
+                           R"("outputs": [{"name": "y", "datatype": "BYTES", "shape": [1]}])";
+  Result<Manifest> mapped = ParseManifest(
+      base + R"(, "streaming": true, "openai": {"text_input": "x", "text_output": "y", )"
+             R"("tokens": "bytes"}})");
+  ASSERT_TRUE(mapped.ok()) << mapped.status().message();
+  ASSERT_TRUE(mapped->openai.has_value());
+  EXPECT_EQ(mapped->openai->text_input, "x");
+  EXPECT_EQ(mapped->openai->text_output, "y");
+  EXPECT_TRUE(mapped->openai->byte_tokens);
+  EXPECT_FALSE(ParseManifest(base + "}")->openai.has_value());
+  const std::pair<std::string, std::string> refused[] = {
+      {R"(, "openai": {"text_input": "x", "text_output": "y"}})", "only a streaming model"},
+      {R"(, "streaming": true, "openai": {}})", "'text_input' must be the model's only input"},
+      {R"(, "streaming": true, "openai": {"text_input": "x"}})", "'text_output' must be"},
+      {R"(, "streaming": true, "openai": {"text_input": "x", "text_output": "y", "tokens": "words"}})",
+       "expected \"bytes\""},
+      {R"(, "streaming": true, "openai": {"text_input": "x", "text_output": "y", "other": 1}})",
+       "$.openai.other: unknown key"},
+  };
+  for (const auto& [json, message] : refused) {
+    Result<Manifest> manifest = ParseManifest(base + json);
+    ASSERT_FALSE(manifest.ok()) << json;
+    EXPECT_NE(manifest.status().message().find(message), std::string::npos)
+        << manifest.status().message();
+  }
+}
+
 TEST(Manifest, DuplicateKeysAndAByteOrderMarkAreRefused) {
   const std::string base = R"("format_version": 1, "name": "m", "version": 1, "entry": "a:B")";
   const std::string inputs = R"("inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2]}])";

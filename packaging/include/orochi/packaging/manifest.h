@@ -76,6 +76,15 @@ struct Manifest {
   bool streaming = false;
   // Step interface: the most sequences one copy steps together (one step() call).
   int64_t max_live_sequences = 16;
+  // A streaming text generator served on the OpenAI-compatible endpoint (/v1): the input that
+  // takes the prompt and the output that carries the generated text (BYTES, one element each),
+  // and whether one token is one byte of UTF-8 (then responses report token usage).
+  struct OpenAi {
+    std::string text_input = "text_input";
+    std::string text_output = "text_output";
+    bool byte_tokens = false;
+  };
+  std::optional<OpenAi> openai;
   // Python modules from outside the package ("requires"), e.g. "numpy": the server's
   // python.site_packages must provide each, or loading fails naming the module.
   std::vector<std::string> required_modules;
