@@ -388,10 +388,11 @@ def run_program(kind, target, argv, safe_path=False):
             return _exit_status(exit_exception)
         except BaseException as exc:  # noqa: B036 - an uncaught exception ends the program
             exc = exc.with_traceback(_without_own_frames(exc.__traceback__))
-            if sys.excepthook is sys.__excepthook__:
+            if sys.excepthook is sys.__excepthook__ and not isinstance(exc, MemoryError):
                 # CPython's own printer reads source lines from files on disk only; the
                 # traceback module reads them through each module's loader too, which finds
-                # the stdlib's sources in the embedded archive.
+                # the stdlib's sources in the embedded archive. Out of memory, only CPython's
+                # printer, which needs no new Python frames, can still report it.
                 traceback.print_exception(type(exc), exc, exc.__traceback__)
             else:
                 sys.excepthook(type(exc), exc, exc.__traceback__)
