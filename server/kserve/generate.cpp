@@ -143,15 +143,9 @@ class GenerateWriter : public StreamWriter {
 void KServeApi::Generate(http::Request&& request, const http::PathParams& params,
                          const http::Responder& respond, bool stream) {
   const Clock::time_point received = Clock::now();
-  std::shared_ptr<const ServedModel> model = Resolve(params, respond, /*count_unknown=*/true);
+  std::shared_ptr<const ServedModel> model =
+      ResolveAndAdmit(params, respond, request.body().size(), received);
   if (model == nullptr) return;
-  if (std::optional<InferenceRunner::Refusal> refused =
-          runner_.Admit(*model, request.body().size(), received)) {
-    const Status& status = refused->status;
-    respond(http::ErrorResponse(refused->too_large ? 413 : HttpStatusOf(status.code()),
-                                status.message()));
-    return;
-  }
   Result<std::string> body = AsInferRequest(model->manifest(), request.body());
   Result<InferRequest> parsed = body.status();
   if (body.ok()) {

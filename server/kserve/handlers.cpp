@@ -93,6 +93,21 @@ std::shared_ptr<const ServedModel> KServeApi::Resolve(const http::PathParams& pa
   return *model;
 }
 
+std::shared_ptr<const ServedModel> KServeApi::ResolveAndAdmit(const http::PathParams& params,
+                                                              const http::Responder& respond,
+                                                              size_t bytes,
+                                                              Clock::time_point received) {
+  std::shared_ptr<const ServedModel> model = Resolve(params, respond, /*count_unknown=*/true);
+  if (model == nullptr) return nullptr;
+  if (std::optional<InferenceRunner::Refusal> refused = runner_.Admit(*model, bytes, received)) {
+    const Status& status = refused->status;
+    respond(http::ErrorResponse(refused->too_large ? 413 : HttpStatusOf(status.code()),
+                                status.message()));
+    return nullptr;
+  }
+  return model;
+}
+
 void KServeApi::Register(http::Router& router) {
   router.Add(bhttp::verb::get, "/v2/health/live",
              [](http::Request&&, const http::PathParams&, const http::Responder& respond) {
@@ -347,15 +362,9 @@ http::Response InferErrorResponse(const Status& error) {
 void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
                       http::Responder respond) {
   const Clock::time_point received = Clock::now();
-  std::shared_ptr<const ServedModel> model = Resolve(params, respond, /*count_unknown=*/true);
+  std::shared_ptr<const ServedModel> model =
+      ResolveAndAdmit(params, respond, request.body().size(), received);
   if (model == nullptr) return;
-  if (std::optional<InferenceRunner::Refusal> refused =
-          runner_.Admit(*model, request.body().size(), received)) {
-    const Status& status = refused->status;
-    respond(http::ErrorResponse(refused->too_large ? 413 : HttpStatusOf(status.code()),
-                                status.message()));
-    return;
-  }
   auto fail = [&](const Status& status, const std::string& reason) {
     runner_.Refused(*model, reason, received);
     respond(http::ErrorResponse(HttpStatusOf(status.code()), status.message()));

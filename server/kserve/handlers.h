@@ -41,6 +41,11 @@ class KServeApi {
   std::shared_ptr<const ServedModel> Resolve(const http::PathParams& params,
                                              const http::Responder& respond,
                                              bool count_unknown = false) const;
+  // The inference model the path names, admitted for a request of `bytes` received at
+  // `received` (its queue, memory and size limits); null once `respond` has the refusal.
+  std::shared_ptr<const ServedModel> ResolveAndAdmit(const http::PathParams& params,
+                                                     const http::Responder& respond, size_t bytes,
+                                                     Clock::time_point received);
 
   ModelService& models_;
   const ServerConfig& config_;
