@@ -221,7 +221,7 @@ void KServeApi::Register(http::Router& router) {
   router.Add(bhttp::verb::post, "/v2/models/{model}/versions/{version}/infer", infer);
   for (const bool stream : {false, true}) {
     auto generate = [this, stream](http::Request&& request, const http::PathParams& params,
-                                   http::Responder respond) {
+                                   const http::Responder& respond) {
       Generate(std::move(request), params, respond, stream);
     };
     const std::string path = stream ? "/generate_stream" : "/generate";
