@@ -180,6 +180,25 @@ def slow_request(mode: str, seconds: float = 0.0, timeout_us: int | None = None)
     return body
 
 
+def run_at_once(calls) -> list:
+    """Runs each zero-argument call on its own thread, released together by a barrier; returns
+    their results in order (for races such as concurrent uploads of one version)."""
+    import threading
+    results = [None] * len(calls)
+    barrier = threading.Barrier(len(calls))
+
+    def run(i):
+        barrier.wait()
+        results[i] = calls[i]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()

@@ -17,7 +17,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from server_fixtures import BINARY, Server, curl  # noqa: E402
+from server_fixtures import BINARY, Server, curl, run_at_once  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "packaging"))
 from test_package_commands import hostile_cases, safetensors  # noqa: E402
@@ -550,16 +550,8 @@ class RepositoryTest(unittest.TestCase):
     def test_concurrent_uploads_of_one_version_one_wins(self):
         server = self.start()
         packages = [make_package(self.root, 1, bias=float(i)) for i in range(4)]
-        results = [None] * 4
-
-        def upload(i):
-            results[i] = self.deploy(server, packages[i], 1)
-
-        threads = [threading.Thread(target=upload, args=(i,)) for i in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        results = run_at_once([
+            lambda i=i: self.deploy(server, packages[i], 1) for i in range(4)])
         statuses = sorted(status for status, _ in results)
         self.assertEqual(statuses, [200, 409, 409, 409])
         winner = [i for i, (status, _) in enumerate(results) if status == 200][0]

@@ -21,12 +21,11 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 import time
 import unittest
 
 from fleet import FleetTest, LoadGenerator, free_port
-from server_fixtures import Server, curl, echo_request, pack_repository
+from server_fixtures import Server, curl, echo_request, pack_repository, run_at_once
 from test_repository import INFER, make_package
 
 REPLICAS = 3
@@ -211,18 +210,8 @@ class SharedRepositoryTest(FleetTest):
 
             # Concurrent uploads of one version through replicas 1 and 2: one wins.
             packages = [make_package(self.root, 1, bias=7.0), make_package(self.root, 1, bias=9.0)]
-            results = [None, None]
-            barrier = threading.Barrier(2)
-
-            def upload(i):
-                barrier.wait()
-                results[i] = self.deploy(self.replicas[i], packages[i], 1)
-
-            threads = [threading.Thread(target=upload, args=(i,)) for i in range(2)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            results = run_at_once([
+                lambda i=i: self.deploy(self.replicas[i], packages[i], 1) for i in range(2)])
             statuses = sorted(status for status, _ in results)
             self.assertEqual(statuses, [200, 409], results)
             winner = [i for i, (status, _) in enumerate(results) if status == 200][0]
