@@ -1,8 +1,8 @@
 """The monitoring stack of docker/ against the real thing: promtool checks the alert rules and runs
 their unit tests, and a real Prometheus scrapes a real `orochi serve` through successes, bad
-requests, a model crash, a failed upload and a copy stuck in C code; then every query of the
-Grafana dashboard and every alert rule is evaluated through Prometheus's HTTP API, and the
-alerts those events must raise are checked to fire (and the others not to).
+requests, a model crash, a failed upload, a copy stuck in C code and a streaming model's streams;
+then every query of the Grafana dashboard and every alert rule is evaluated through Prometheus's
+HTTP API, and the alerts those events must raise are checked to fire (and the others not to).
 
     OROCHI_BINARY=build/bin/orochi python3.11 -m unittest -v test_monitoring
 """
@@ -26,6 +26,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(TESTS, "server"))
 from server_fixtures import (BINARY, HERE as SERVER_TESTS, Server, curl, echo_request,  # noqa: E402
                          pack_repository, post_json, slow_request)
+from streaming_models import write_packages  # noqa: E402
 from test_repository import make_package  # noqa: E402
 
 ROOT = os.path.dirname(TESTS)
@@ -33,7 +34,8 @@ PROMETHEUS_DIR = os.path.join(ROOT, "docker", "prometheus")
 ALERTS = os.path.join(PROMETHEUS_DIR, "alerts.yml")
 DASHBOARD = os.path.join(ROOT, "docker", "grafana", "dashboards", "orochi.json")
 DATASOURCE = {"type": "prometheus", "uid": "orochi-prometheus"}
-ROWS = ["Traffic", "Latency", "Batching and queues", "Copies", "Models", "Process", "GPU"]
+ROWS = ["Traffic", "Latency", "Batching and queues", "Streaming", "Copies", "Models", "Process",
+        "GPU"]
 ALERT_NAMES = {"OrochiDown", "OrochiModelLoadFailed", "OrochiHighErrorRatio",
                "OrochiQueueSaturated", "OrochiCopiesReplaced", "OrochiCopiesStuck",
                "OrochiServerRestarted", "OrochiModelCrashed"}
@@ -79,6 +81,12 @@ def dashboard_targets(dashboard: dict):
 def substitute(expr: str, model: str, version: str) -> str:
     return (expr.replace("$__rate_interval", RATE_INTERVAL).replace("$model", model)
             .replace("$version", version))
+
+
+def selections(row: str):
+    """The (model, version) selections a row's queries are checked with: every model, and one
+    model that has the row's series (only streaming models have the Streaming row's)."""
+    return ((".*", ".*"), ("tokens" if row == "Streaming" else "echo", "1"))
 
 
 def optional(expr: str) -> bool:
@@ -205,6 +213,10 @@ class LiveTest(unittest.TestCase):
         os.makedirs(target)
         subprocess.run([BINARY, "pack", os.path.join(SERVER_TESTS, "models", "hostile"), "-o",
                         os.path.join(target, "model.orochi")], check=True, capture_output=True)
+        target = os.path.join(repository, "tokens", "1")
+        os.makedirs(target)
+        subprocess.run([BINARY, "pack", write_packages(cls.root)["tokens"], "-o",
+                        os.path.join(target, "model.orochi")], check=True, capture_output=True)
         cls.broken_package = make_package(cls.root, 1, bias=0, broken=True)
         # A stuck copy is replaced 300 ms after its deadline.
         cls.server = Server(repository, {"models": {"execution_grace_ms": 300}}, copies=2)
@@ -307,6 +319,11 @@ class LiveTest(unittest.TestCase):
         assert status == 0, status  # no answer: the process died
         server.wait_for_serving(2)
         cls.events_start = time.time()
+        # Streams of a streaming model (after the restart, which starts its metrics afresh).
+        for _ in range(3):
+            status, _, body = post_json(server, "/v2/models/tokens/generate_stream",
+                                        {"text_input": "x", "max_tokens": 4, "delay_s": 0.01})
+            assert status == 200 and body.count(b"data: ") == 4, body
         # A bad request (1 in ~100 of echo's), model errors and a failed upload.
         bad = echo_request()
         bad["inputs"][0]["shape"] = [7, 1]
@@ -348,8 +365,8 @@ class LiveTest(unittest.TestCase):
         with open(DASHBOARD) as file:
             cls.dashboard = json.load(file)
         cls.answers = {}
-        for model, version in ((".*", ".*"), ("echo", "1")):
-            for _, _, target in dashboard_targets(cls.dashboard):
+        for row, _, target in dashboard_targets(cls.dashboard):
+            for model, version in selections(row):
                 expr = substitute(target["expr"], model, version)
                 cls.answers[expr] = cls.api("/api/v1/query", query=expr)
         for group in cls.rules:
@@ -412,8 +429,8 @@ class LiveTest(unittest.TestCase):
                         self.assertTrue(self.query(f"count({name})"), f"no series {name}")
 
     def test_every_dashboard_query_returns_data(self):
-        for model, version in ((".*", ".*"), ("echo", "1")):
-            for row, panel, target in dashboard_targets(self.dashboard):
+        for row, panel, target in dashboard_targets(self.dashboard):
+            for model, version in selections(row):
                 expr = substitute(target["expr"], model, version)
                 answer = self.answers[expr]
                 where = f"{row} / {panel['title']} / {target['refId']}: {expr}"
@@ -439,7 +456,7 @@ class LiveTest(unittest.TestCase):
             regex = variable["regex"].strip("/")
             values[variable["name"]] = {series.get(match.group(2), "") for series in answer["data"]
                                         if re.fullmatch(regex, series.get(match.group(2), ""))}
-        self.assertLessEqual({"echo", "slow", "extra_rows", "hostile", "calculator"},
+        self.assertLessEqual({"echo", "slow", "extra_rows", "hostile", "calculator", "tokens"},
                              values["model"])
         self.assertNotIn("", values["model"])  # requests for unknown models
         self.assertEqual(values["version"], {"1"})
