@@ -538,13 +538,15 @@ class Session : public std::enable_shared_from_this<Session> {
                          });
         },
         client_gone_,
-        [self = shared_from_this(), answered](Response header) -> std::shared_ptr<BodyStream> {
+        [self = shared_from_this(), answered](
+            Response header, std::string hang_up_probe) -> std::shared_ptr<BodyStream> {
           if (answered->exchange(true)) return nullptr;
           auto body = std::make_shared<ChunkedBody>(self);
-          asio::dispatch(self->stream_.get_executor(),
-                         [self, header = std::move(header)]() mutable {
-                           self->WriteStreamHeader(std::move(header));
-                         });
+          asio::dispatch(
+              self->stream_.get_executor(),
+              [self, header = std::move(header), probe = std::move(hang_up_probe)]() mutable {
+                self->WriteStreamHeader(std::move(header), std::move(probe));
+              });
           return body;
         });
     // A handler that throws is a bug of the server's, answered for this request alone: left to
@@ -645,8 +647,9 @@ class Session : public std::enable_shared_from_this<Session> {
     std::shared_ptr<Session> session_;
   };
 
-  void WriteStreamHeader(Response header) {
+  void WriteStreamHeader(Response header, std::string hang_up_probe) {
     answering_done_ = true;
+    hang_up_probe_ = std::move(hang_up_probe);
     RemoveUpload();
     header.version(version_);
     header.set(bhttp::field::server, kServerName);
@@ -667,6 +670,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // A part (or, with null `data`, the end) of the streamed answer, written after those before.
   void QueueStreamWrite(std::shared_ptr<std::string> data, std::function<void(bool ok)> sent) {
+    if (data == nullptr) stream_end_queued_ = true;
     stream_parts_.push_back({std::move(data), std::move(sent)});
     if (!stream_writing_) WriteNextPart();
   }
@@ -701,6 +705,7 @@ class Session : public std::enable_shared_from_this<Session> {
     in_flight_->fetch_sub(1);
     stream_header_written_ = false;
     stream_failed_ = false;
+    stream_end_queued_ = false;
     if (!ok || !keep_alive_) {
       Close();
     } else {
@@ -709,10 +714,14 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void StreamWritten(bool ok) {
-    if (!ok) stream_failed_ = true;
+    if (!ok) {
+      stream_failed_ = true;
+      client_gone_->store(true);
+    }
     if (!stream_header_written_) {
       stream_header_written_ = true;
       stream_writing_ = false;
+      if (ok && !hang_up_probe_.empty()) WatchStreamForHangUp(request_number_);
       WriteNextPart();
       return;
     }
@@ -726,6 +735,29 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     WriteNextPart();
+  }
+
+  // WatchForHangUp for a streamed answer, whose header has gone, so that no `100 Continue` can
+  // ask: end of stream is answered with the hang-up probe, a part the reader ignores, to which a
+  // closed socket answers with a reset. Bytes (a pipelined request) wait for the stream's end.
+  void WatchStreamForHangUp(uint64_t request_number) {
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(),
+                                                         request_number](beast::error_code error) {
+      if (error || request_number != self->request_number_ || self->stream_end_queued_) return;
+      char byte = 0;
+      const ssize_t peeked =
+          ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (peeked < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        self->client_gone_->store(true);
+        return;
+      }
+      if (peeked != 0) return;
+      self->QueueStreamWrite(std::make_shared<std::string>(self->hang_up_probe_), nullptr);
+      auto gone = [self, request_number](beast::error_code waited) {
+        if (!waited && request_number == self->request_number_) self->client_gone_->store(true);
+      };
+      self->stream_.socket().async_wait(tcp::socket::wait_error, std::move(gone));
+    });
   }
 
   // Closing with the client's body still arriving would reset the connection, and the reset
@@ -775,6 +807,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool stream_writing_ = false;
   bool stream_header_written_ = false;
   bool stream_failed_ = false;
+  bool stream_end_queued_ = false;  // no part may follow: the end is queued
+  std::string hang_up_probe_;       // see Responder::Stream
   // Bounded by the header limit: it holds only what the parser has not taken yet, which is a
   // header, a chunk line or a trailer section (bodies go straight into their parser's body), so
   // none of them can grow it without bound.

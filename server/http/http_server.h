@@ -51,7 +51,8 @@ class BodyStream {
   // Ends the body; the connection then goes on to its next request (or closes).
   virtual void End() = 0;
 };
-using StartStream = std::function<std::shared_ptr<BodyStream>(Response header)>;
+using StartStream =
+    std::function<std::shared_ptr<BodyStream>(Response header, std::string hang_up_probe)>;
 
 // Answers one request; callable from any thread, once (later calls are ignored). It also tells
 // whether the client has gone away meanwhile, so that work for it can be skipped.
@@ -64,8 +65,13 @@ class Responder {
   void operator()(Response response) const { send_(std::move(response)); }
   // Answers with `header` (its body is ignored) and a body sent in parts through the result;
   // null when the request was answered already. Counts as the answer.
-  std::shared_ptr<BodyStream> Stream(Response header) const {
-    return start_stream_ ? start_stream_(std::move(header)) : nullptr;
+  //
+  // `hang_up_probe`, when not empty, is a part every reader of this body ignores (an SSE
+  // comment): while the stream is open, a client that stops sending (end of stream, which is
+  // also what a half-closed but listening client sends) is sent it, and a closed one answers
+  // with a reset, so that client_gone turns true between parts, not only at the next write.
+  std::shared_ptr<BodyStream> Stream(Response header, std::string hang_up_probe = {}) const {
+    return start_stream_ ? start_stream_(std::move(header), std::move(hang_up_probe)) : nullptr;
   }
   // True once the connection was closed by the client while its request was being handled.
   bool client_gone() const { return gone_ != nullptr && gone_->load(); }
@@ -75,9 +81,9 @@ class Responder {
                  std::function<void(const Response&)> on_stream = nullptr) const {
     StartStream start = start_stream_;
     if (on_stream && start) {
-      start = [start, on_stream = std::move(on_stream)](Response header) {
+      start = [start, on_stream = std::move(on_stream)](Response header, std::string probe) {
         on_stream(header);
-        return start(std::move(header));
+        return start(std::move(header), std::move(probe));
       };
     }
     return {std::move(send), gone_, std::move(start)};

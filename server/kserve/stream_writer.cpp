@@ -1,10 +1,16 @@
 #include "stream_writer.h"
 
+#include <string_view>
 #include <utility>
 
 namespace orochi::server::kserve {
 
 namespace bhttp = boost::beast::http;
+
+namespace {
+// An SSE comment, which every event-stream reader skips (see http::Responder::Stream).
+constexpr std::string_view kHangUpProbe = ":\n\n";
+}  // namespace
 
 StreamWriter::StreamWriter(http::Responder respond, bool events)
     : respond_(std::move(respond)), events_(events) {}
@@ -58,7 +64,7 @@ void StreamWriter::Pump() {
       http::Response header{bhttp::status::ok, 11};
       header.set(bhttp::field::content_type, "text/event-stream");
       header.set(bhttp::field::cache_control, "no-cache");
-      body_ = respond_.Stream(std::move(header));
+      body_ = respond_.Stream(std::move(header), std::string(kHangUpProbe));
       if (body_ == nullptr) return;
     }
     std::shared_ptr<http::BodyStream> body = body_;

@@ -714,7 +714,8 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   worker.generation++;
   worker.busy = false;  // the stuck thread is no longer the slot's worker
   worker.between_calls = false;
-  if (queue != nullptr && queue->batching.streaming && batch) {
+  const bool streams = queue != nullptr && queue->batching.streaming && batch;
+  if (streams) {
     queue->live_streams -= static_cast<int64_t>(batch->jobs.size());
     if (observer_ != nullptr) observer_->OnLiveStreams(queue->model->key(), queue->live_streams);
   }
@@ -763,6 +764,17 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
     ran.infer = now - batch->started;
     observer_->OnBatch(model_key, rows, static_cast<int64_t>(batch->jobs.size()), ran, false);
     observer_->OnCopyBusy(slot, now - batch->started);
+    // The live streams end here too: their stuck thread will never retire them.
+    for (const InferJob& job : batch->jobs) {
+      if (!streams) break;
+      StreamEnd end = StreamEnd::kDeadline;
+      if (job.abandoned && job.abandoned()) {
+        end = StreamEnd::kCancelled;
+      } else if (leaving != nullptr) {
+        end = StreamEnd::kUnloaded;
+      }
+      observer_->OnStreamEnded(model_key, end);
+    }
   }
   Answer(*batch, answer, timings);
   if (unavailable_now && observer_ != nullptr) {

@@ -1,7 +1,7 @@
 """The streaming test models, written out as packages by the streaming tests.
 
 `tokens`: predict() is a generator yielding `max_tokens` tokens "t0 ", "t1 ", ... `delay_s`
-apart; the `mode` parameter makes it hostile ("raise" after two tokens, "malformed" output,
+apart (`busy`: spinning in Python meanwhile instead of sleeping); the `mode` parameter makes it hostile ("raise" after two tokens, "malformed" output,
 "spin" forever without yielding, "forever" yielding without end). With `marker`, a path, it
 writes the exception's name there when one ends it inside its copy (GeneratorExit when it is
 closed at a yield, TimeoutError when interrupted), "done" when it ends by itself.
@@ -50,7 +50,11 @@ class Tokens:
                     yield {"not_declared": 1}
                 yield {"text_output": [f"t{index} "]}
                 index += 1
-                if delay:
+                if delay and parameters.get("busy"):  # Python at work, not asleep in C
+                    until = time.monotonic() + delay
+                    while time.monotonic() < until:
+                        pass
+                elif delay:
                     time.sleep(delay)
             if marker:
                 open(marker + ".tmp", "w").write("done")

@@ -32,13 +32,13 @@ def metrics(server) -> str:
 
 
 def metric(server, name, **labels) -> float:
-    wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    """The sum of the series of `name` that have `labels`."""
     total = 0.0
     for line in metrics(server).splitlines():
-        match = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
-        if match and all(f'{key}="{value}"' in match.group(1) for key, value in labels.items()):
+        match = re.match(rf"{name}(?:\{{(.*)\}})? (\S+)$", line)
+        if match and all(f'{key}="{value}"' in (match.group(1) or "")
+                         for key, value in labels.items()):
             total += float(match.group(2))
-    del wanted
     return total
 
 
@@ -198,6 +198,49 @@ class StreamingTest(unittest.TestCase):
         self.assertEqual(read_marker(marker), "GeneratorExit")  # closed at its yield
         self.assertEqual(metric(self.server, "orochi_streams_total", model="tokens",
                                 end="cancelled"), cancelled + 1)
+        self.assert_copy_free()
+
+    def test_disconnect_between_slow_responses_interrupts_the_generator(self):
+        # A client that leaves while the model works toward its next response: the transport
+        # notices the hang-up at once (not at the next write), and the scheduler interrupts the
+        # running call instead of letting it run a minute for nobody.
+        marker = self.marker()
+        cancelled = metric(self.server, "orochi_streams_total", model="tokens", end="cancelled")
+        process = subprocess.Popen(
+            ["curl", "-sN", "-X", "POST", self.server.url("/v2/models/tokens/generate_stream"),
+             "-d", json.dumps({"text_input": "x", "max_tokens": 3, "delay_s": 60, "busy": True,
+                               "marker": marker})], stdout=subprocess.PIPE)
+        process.stdout.read1(100)  # the first token; the next is a minute away
+        left = time.monotonic()
+        process.kill()
+        process.wait()
+        self.assertEqual(read_marker(marker, timeout=20), "TimeoutError")  # interrupted
+        self.assertLess(time.monotonic() - left, 15)
+        self.assertEqual(metric(self.server, "orochi_streams_total", model="tokens",
+                                end="cancelled"), cancelled + 1)
+        self.assert_copy_free()
+
+    def test_stream_whose_copy_is_replaced_is_counted(self):
+        # Asleep in C between responses, the generator ignores the interrupt: its copy is
+        # replaced after the grace period, and the stream still counts as ended by its client.
+        cancelled = metric(self.server, "orochi_streams_total", model="tokens", end="cancelled")
+        process = subprocess.Popen(
+            ["curl", "-sN", "-X", "POST", self.server.url("/v2/models/tokens/generate_stream"),
+             "-d", json.dumps({"text_input": "x", "max_tokens": 3, "delay_s": 60})],
+            stdout=subprocess.PIPE)
+        process.stdout.read1(100)
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (
+                metric(self.server, "orochi_copies_replaced_total") < 1 or metric(
+                    self.server, "orochi_streams_total", model="tokens", end="cancelled")
+                == cancelled):
+            time.sleep(0.2)
+        self.assertEqual(metric(self.server, "orochi_streams_total", model="tokens",
+                                end="cancelled"), cancelled + 1)
+        self.assertEqual(metric(self.server, "orochi_live_streams", model="tokens"), 0)
+        self.assertGreaterEqual(metric(self.server, "orochi_copies_replaced_total"), 1)
         self.assert_copy_free()
 
     def test_disconnect_retires_a_step_sequence(self):
