@@ -37,9 +37,9 @@ packages=(
   # (tests/openai): npm packages, run by node; and
   # PyYAML for the test that starts the server as the KServe runtime's manifest says
   nodejs python3-yaml
-  # the image test (docker/test.sh): a real dockerd, and debootstrap for a base image where no
-  # registry can be reached
-  docker.io debootstrap
+  # the image tests (docker/test*.sh): a real dockerd, debootstrap for a base image where no
+  # registry can be reached, and docker-compose for docker/compose.yaml
+  docker.io debootstrap docker-compose
   # numpy's own test suite, run inside a copy (tests/interpreters/test_numpy_suite.py)
   python3-pytest python3-hypothesis
   # the example models' build scripts (numpy; scikit-learn's runtime dependencies, see below),
