@@ -186,12 +186,19 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
   // Each copy builds its own instance; they start together, each on its own thread. The
   // threads share `loading` rather than this frame: past the timeout and the grace, a thread
   // stuck in a copy is left behind and outlives the call.
+  enum class CopyLoad {
+    kWaiting,     // for its turn or its slot
+    kCalling,     // in the copy, holding its Lease
+    kReturned,    // out of the copy (it may still hold the Lease a moment)
+    kAbandoning,  // stuck past the grace: the slot gets a fresh copy; the Lease is kept till then
+    kAbandoned,   // the slot has a fresh copy (or the attempt failed): the old Lease means nothing
+  };
   struct Loading {
     std::mutex mutex;
     std::condition_variable changed;
     std::vector<Status> results;
     std::vector<std::shared_ptr<Interpreter>> copies;  // while the copy loads
-    std::vector<bool> done;
+    std::vector<CopyLoad> states;
     size_t running = 0;
     size_t loading_now = 0;  // copies loading at this moment, at most max_parallel
     bool cancelled = false;  // past the timeout: copies yet to start do not
@@ -199,7 +206,7 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
   auto loading = std::make_shared<Loading>();
   loading->results.resize(slots.size());
   loading->copies.resize(slots.size());
-  loading->done.resize(slots.size(), false);
+  loading->states.resize(slots.size(), CopyLoad::kWaiting);
   loading->running = slots.size();
   const std::string key = source.key;
   const size_t max_parallel = options.max_parallel == 0 ? slots.size() : options.max_parallel;
@@ -210,46 +217,67 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
         std::lock_guard lock(loading->mutex);
         loading->results[i] = std::move(result);
         loading->copies[i].reset();
-        loading->done[i] = true;
         loading->running--;
         loading->changed.notify_all();
       };
+      const Status not_started(StatusCode::kDeadlineExceeded, "not started: the load timed out");
       {
         std::unique_lock lock(loading->mutex);
         loading->changed.wait(
             lock, [&] { return loading->cancelled || loading->loading_now < max_parallel; });
         if (loading->cancelled) {
           lock.unlock();
-          finish(Status(StatusCode::kDeadlineExceeded, "not started: the load timed out"));
+          finish(not_started);
           return;
         }
         loading->loading_now++;
       }
       if (options.pause) options.pause(slot);
       Status result;
+      bool abandoned = false;
       {
         InterpreterManager::Lease lease = manager.AcquireSlot(slot);
-        lease->SetCaller(key);
+        bool cancelled = false;
         {
           std::lock_guard lock(loading->mutex);
-          loading->copies[i] = lease.shared();
+          // The slot came free only after the timeout: nothing to load any more.
+          cancelled = loading->cancelled;
+          if (!cancelled) {
+            loading->copies[i] = lease.shared();
+            loading->states[i] = CopyLoad::kCalling;
+          }
         }
-        Result<Value> loaded = [&] {
-          const ScopedCrashContext crash_context(key, static_cast<int>(slot), "load",
-                                                 lease->python_stack_writer());
-          return lease->Call("orochi.serving:_load", arguments);
-        }();
-        // This thread ends after the load, while the copy lives on: its Python thread state
-        // there would stay until the copy is finalized, a few KB on every load.
-        lease->ReleaseThread();
-        if (!loaded.ok()) {
-          result = Status(loaded.status().code(),
-                          "loading model " + key + " in interpreter copy " +
-                              std::to_string(lease->id()) + ": " + loaded.status().message(),
-                          loaded.status().detail());
+        if (cancelled) {
+          result = not_started;
+        } else {
+          lease->SetCaller(key);
+          Result<Value> loaded = [&] {
+            const ScopedCrashContext crash_context(key, static_cast<int>(slot), "load",
+                                                   lease->python_stack_writer());
+            return lease->Call("orochi.serving:_load", arguments);
+          }();
+          // This thread ends after the load, while the copy lives on: its Python thread state
+          // there would stay until the copy is finalized, a few KB on every load.
+          lease->ReleaseThread();
+          if (!loaded.ok()) {
+            result = Status(loaded.status().code(),
+                            "loading model " + key + " in interpreter copy " +
+                                std::to_string(lease->id()) + ": " + loaded.status().message(),
+                            loaded.status().detail());
+          }
+          std::unique_lock lock(loading->mutex);
+          // Given up as stuck: the Lease still holds the slot until the fresh copy is in it,
+          // so that nobody else gets the old copy meanwhile.
+          loading->changed.wait(lock, [&] { return loading->states[i] != CopyLoad::kAbandoning; });
+          abandoned = loading->states[i] == CopyLoad::kAbandoned;
+          if (!abandoned) loading->states[i] = CopyLoad::kReturned;
         }
       }
-      if (options.resume) options.resume(slot);
+      if (abandoned) {
+        if (options.abandoned_returned) options.abandoned_returned(slot);
+      } else if (options.resume) {
+        options.resume(slot);
+      }
       {
         std::lock_guard lock(loading->mutex);
         loading->loading_now--;
@@ -274,23 +302,43 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
       if (copy != nullptr) std::thread([copy] { (void)copy->Interrupt(); }).detach();
     }
     if (!loading->changed.wait_for(lock, options.interrupt_grace, all_done)) {
-      // The stuck threads keep their copies: unloaded from the others only, since waiting for
-      // a stuck slot would never end.
-      const size_t stuck = loading->running;
-      const std::vector<bool> done = loading->done;
+      const size_t stuck = static_cast<size_t>(
+          std::count(loading->states.begin(), loading->states.end(), CopyLoad::kCalling));
+      std::vector<size_t> given_up;
+      if (options.abandon) {
+        for (size_t i = 0; i < slots.size(); ++i) {
+          if (loading->states[i] != CopyLoad::kCalling) continue;
+          loading->states[i] = CopyLoad::kAbandoning;
+          given_up.push_back(i);
+        }
+      }
+      const std::vector<CopyLoad> states = loading->states;
       lock.unlock();
+      for (size_t i : given_up) {
+        options.abandon(slots[i]);
+        {
+          std::lock_guard given_up_lock(loading->mutex);
+          loading->states[i] = CopyLoad::kAbandoned;
+        }
+        loading->changed.notify_all();
+      }
+      // Unloaded from the copies that came back; waiting for a stuck one would never end.
       model->unloaded_ = true;
       for (size_t i = 0; i < slots.size(); ++i) {
-        if (!done[i]) continue;
+        if (states[i] != CopyLoad::kReturned) continue;
         InterpreterManager::Lease lease = manager.AcquireSlot(slots[i]);
         lease->SetCaller(key);
         (void)lease->Call("orochi.serving:_unload", std::vector<Value>{key});
       }
       ResourceReaders::Instance().Remove(key);
+      const std::string fate = options.abandon
+                                   ? "; they were abandoned and replaced by fresh copies"
+                                   : "; they keep their slots until they return";
       return Status(StatusCode::kDeadlineExceeded,
                     "loading model " + key + " did not finish within the load timeout of " +
                         std::to_string(timeout.count()) + " ms, and " + std::to_string(stuck) +
-                        " interpreter copies did not stop when interrupted (stuck in C code)");
+                        " interpreter copies did not stop when interrupted (stuck in C code)" +
+                        fate);
     }
     lock.unlock();
     (void)model->Unload();

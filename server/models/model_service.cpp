@@ -108,6 +108,15 @@ interpreters::LoadOptions ModelService::LoadOptionsFor(const std::vector<size_t>
     ReportIdle();
     scheduler_.ResumeSlot(slot);
   };
+  // A copy stuck in C code in __init__ past the timeout and the grace is replaced, as one stuck
+  // in predict is: held by its loading thread, it would serve nothing ever again, and every
+  // later load or unload that needs its slot would wait for it forever.
+  options.abandon = [this](size_t slot) {
+    metrics_.Copies("loading", --loading_copies_);
+    ReportIdle();
+    scheduler_.ReplaceStuckLoad(slot);
+  };
+  options.abandoned_returned = [this](size_t /*slot*/) { scheduler_.StuckLoadReturned(); };
   return options;
 }
 

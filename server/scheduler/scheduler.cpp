@@ -473,6 +473,48 @@ void Scheduler::ResumeSlot(size_t slot) {
   work_ready_.notify_all();
 }
 
+void Scheduler::ReplaceStuckLoad(size_t slot) {
+  // At once, from the loading thread: the stuck call holds the slot's Lease until the fresh
+  // copy is in, so nothing else can take the old copy meanwhile.
+  const Status started = manager_.Abandon(slot);
+  {
+    std::lock_guard lock(mutex_);
+    Worker& worker = workers_.at(slot);
+    // The old copy held the slot's models: the fresh one holds none until the worker loads
+    // them (RepairSlot). The worker is still paused, so it runs none of them meanwhile.
+    for (auto& [key, queue] : queues_) {
+      if (!queue->held_by[slot]) continue;
+      queue->held_by[slot] = false;
+      queue->missing_in[slot] = true;
+    }
+    // Should the fresh copy not have started, the worker retries, with the usual backoff.
+    worker.needs_fresh_copy = !started.ok();
+    worker.failed_attempts = started.ok() ? 0 : 1;
+    worker.retry_at = Clock::now();
+    if (worker.paused > 0) worker.paused--;
+    abandoned_running_++;
+    if (observer_ != nullptr) {
+      observer_->OnAbandonedCopies(static_cast<int64_t>(abandoned_running_));
+      ReportRecovering();
+    }
+  }
+  if (started.ok()) {
+    if (observer_ != nullptr) observer_->OnCopyReplaced(slot);
+  } else {
+    Log(LogLevel::kError,
+        "replacing an interpreter copy stuck in a load failed; the slot serves nothing until a "
+        "retry works",
+        {{"copy", std::to_string(slot), false}, {"error", started.message()}});
+  }
+  work_ready_.notify_all();
+}
+
+void Scheduler::StuckLoadReturned() {
+  std::lock_guard lock(mutex_);
+  if (abandoned_running_ > 0) abandoned_running_--;
+  if (observer_ != nullptr) observer_->OnAbandonedCopies(static_cast<int64_t>(abandoned_running_));
+}
+
 void Scheduler::Answer(Batch& batch, const Status& error, const InferTimings& timings) {
   if (batch.answered.exchange(true)) return;
   for (InferJob& job : batch.jobs) job.done(error, timings);

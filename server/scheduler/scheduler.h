@@ -178,6 +178,14 @@ class Scheduler {
   // a model into it) while the other copies serve the queued requests. Pauses nest.
   void PauseSlot(size_t slot);
   void ResumeSlot(size_t slot);
+  // In place of ResumeSlot, for a slot whose copy got stuck in a model's __init__ past the load
+  // timeout (interpreters::LoadOptions::abandon): puts a fresh copy there at once (the stuck
+  // thread keeps the old one), has the slot's worker load the slot's models into it, as after a
+  // copy stuck in predict, and ends the pause. The copy counts as abandoned (see
+  // max_abandoned_copies) until StuckLoadReturned.
+  void ReplaceStuckLoad(size_t slot);
+  // The call of a copy given up by ReplaceStuckLoad has returned at last.
+  void StuckLoadReturned();
 
   // Why the model takes no requests (see Observer::OnModelUnavailable, or no copy holds it
   // because loading it into the replacements of stuck copies failed); empty while it does, or

@@ -1,6 +1,6 @@
 // The scheduler after a copy gets stuck, on real interpreter copies: the abandoned copy's batch
-// ends for the observer, its late output says where it comes from, and a replacement that fails
-// is retried while the slot serves what it can.
+// ends for the observer, its late output says where it comes from, a replacement that fails is
+// retried while the slot serves what it can, and a copy stuck in C in a load is replaced too.
 #include "scheduler/scheduler.h"
 
 #include <gmock/gmock.h>
@@ -134,8 +134,14 @@ class SchedulerAfterAStuckCopy : public ::testing::Test {
     options.copies = 1;
     options.host_functions["load_gate"] =
         [this](std::string_view model) -> Result<interpreters::Value> {
-      std::lock_guard lock(mutex_);
+      std::unique_lock lock(mutex_);
       load_attempts_[std::string(model)]++;
+      if (stalled_.contains(std::string(model))) {
+        lock.unlock();
+        // C code (this host function) that no interrupt reaches, then back after all.
+        std::this_thread::sleep_for(1500ms);
+        return interpreters::Value{true};
+      }
       if (refused_.contains(std::string(model))) {
         return Unavailable("the test refuses to load " + std::string(model));
       }
@@ -159,7 +165,7 @@ class SchedulerAfterAStuckCopy : public ::testing::Test {
     manager_.reset();
   }
 
-  std::shared_ptr<ReplicatedModel> Load(const std::string& name) {
+  static interpreters::ModelSource SourceOf(const std::string& name) {
     interpreters::ModelSource source;
     source.key = name + ":1";
     source.manifest_json = Manifest(name);
@@ -167,7 +173,11 @@ class SchedulerAfterAStuckCopy : public ::testing::Test {
     source.read_resource = [](std::string_view path) -> Result<std::string> {
       return NotFound(std::string(path));
     };
-    auto model = ReplicatedModel::Load(*manager_, std::move(source));
+    return source;
+  }
+
+  std::shared_ptr<ReplicatedModel> Load(const std::string& name) {
+    auto model = ReplicatedModel::Load(*manager_, SourceOf(name));
     EXPECT_TRUE(model.ok()) << model.status().ToString() << model.status().detail();
     if (!model.ok()) return nullptr;
     std::shared_ptr<ReplicatedModel> shared = std::move(model).value();
@@ -231,6 +241,7 @@ class SchedulerAfterAStuckCopy : public ::testing::Test {
   std::unique_ptr<Scheduler> scheduler_;
   std::mutex mutex_;
   std::set<std::string> refused_;
+  std::set<std::string> stalled_;  // their load stays 1.5 s in the host function
   std::map<std::string, int> load_attempts_;
   std::vector<Output> outputs_;
 };
@@ -346,6 +357,42 @@ TEST_F(SchedulerStopping, RemovingAModelWaitsForItsRunningBatch) {
   stopping.join();
   Status answer = running.get();
   EXPECT_TRUE(answer.ok()) << answer.ToString();
+}
+
+TEST_F(SchedulerAfterAStuckCopy, ACopyStuckInCInALoadIsReplacedAndServesItsModelsAgain) {
+  Load("sleeper");
+  Start({});
+  {
+    std::lock_guard lock(mutex_);
+    stalled_.insert("stuck");
+  }
+  // As ModelService loads: the copy out of service around the load, replaced if it gets stuck.
+  interpreters::LoadOptions options;
+  options.timeout = 200ms;
+  options.interrupt_grace = 100ms;
+  options.pause = [this](size_t slot) { scheduler_->PauseSlot(slot); };
+  options.resume = [this](size_t slot) { scheduler_->ResumeSlot(slot); };
+  options.abandon = [this](size_t slot) { scheduler_->ReplaceStuckLoad(slot); };
+  options.abandoned_returned = [this](size_t) { scheduler_->StuckLoadReturned(); };
+  const Clock::time_point start = Clock::now();
+  auto stuck = ReplicatedModel::Load(*manager_, SourceOf("stuck"), {}, options);
+  EXPECT_LT(Clock::now() - start, 1s) << "the load waited for the stuck copy";
+  ASSERT_FALSE(stuck.ok());
+  EXPECT_EQ(stuck.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(stuck.status().message(),
+              HasSubstr("1 interpreter copies did not stop when interrupted (stuck in C code); "
+                        "they were abandoned and replaced by fresh copies"));
+  EXPECT_EQ(observer_.Now().replaced, 1);
+  EXPECT_EQ(observer_.Now().abandoned, 1);
+  // The fresh copy, the only one, serves the slot's model again while the stuck call goes on.
+  Status served = Infer("sleeper:1", 0).get();
+  EXPECT_TRUE(served.ok()) << served.ToString();
+  EXPECT_LT(Clock::now() - start, 1400ms);
+  // The stuck call comes back at last: no longer counted, its copy unloaded.
+  ASSERT_TRUE(observer_.WaitFor([](const auto& counts) { return counts.abandoned == 0; }));
+  EXPECT_EQ(manager_->abandoned_loaded(), 0U);
+  served = Infer("sleeper:1", 0).get();
+  EXPECT_TRUE(served.ok()) << served.ToString();
 }
 
 }  // namespace

@@ -28,6 +28,23 @@ def pack_repository(root: str) -> str:
     return repository
 
 
+def pack_variant(root: str, name: str, code: str) -> str:
+    """The slow test model's manifest around `code` (whose entry class is Hangs), as NAME."""
+    source = os.path.join(root, f"{name}-source")
+    shutil.copytree(os.path.join(HERE, "models", "slow"), source)
+    with open(os.path.join(source, "code", "model.py"), "w") as file:
+        file.write(code)
+    manifest_path = os.path.join(source, "manifest.json")
+    with open(manifest_path) as file:
+        manifest = json.load(file)
+    manifest.update(name=name, entry="model:Hangs")
+    with open(manifest_path, "w") as file:
+        json.dump(manifest, file)
+    package = os.path.join(root, f"{name}.orochi")
+    subprocess.run([BINARY, "pack", source, "-o", package], check=True, capture_output=True)
+    return package
+
+
 def wait_for_ports(server, process, log_path: str, timeout: float = 60) -> None:
     """Waits for the `serving` line of an `orochi serve` writing its log (text or JSON) to
     log_path, and sets the ports it names and the serving process's pid on `server`."""

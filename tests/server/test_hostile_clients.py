@@ -19,7 +19,8 @@ import time
 import unittest
 
 from server_fixtures import (BINARY, HERE, HeldConnectionsTest, Server, SharedServerTest, child_pids,
-                         curl, echo_request, pack_repository, post_json, slow_request)
+                         curl, echo_request, pack_repository, pack_variant, post_json,
+                         slow_request)
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
@@ -353,23 +354,6 @@ class Hangs:
     def predict(self, inputs):
         return {"done": [True]}
 '''
-
-
-def pack_variant(root: str, name: str, code: str) -> str:
-    """The slow test model's manifest around `code` (whose entry class is Hangs), as NAME."""
-    source = os.path.join(root, f"{name}-source")
-    shutil.copytree(os.path.join(HERE, "models", "slow"), source)
-    with open(os.path.join(source, "code", "model.py"), "w") as file:
-        file.write(code)
-    manifest_path = os.path.join(source, "manifest.json")
-    with open(manifest_path) as file:
-        manifest = json.load(file)
-    manifest.update(name=name, entry="model:Hangs")
-    with open(manifest_path, "w") as file:
-        json.dump(manifest, file)
-    package = os.path.join(root, f"{name}.orochi")
-    subprocess.run([BINARY, "pack", source, "-o", package], check=True, capture_output=True)
-    return package
 
 
 class LoadTimeoutTest(unittest.TestCase):

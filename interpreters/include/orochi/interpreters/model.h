@@ -62,10 +62,18 @@ struct ModelSource {
 struct LoadOptions {
   // Past this (> 0), each copy still loading is interrupted (TimeoutError in the entry class's
   // __init__) and the load fails with kDeadlineExceeded. A copy that does not come back from
-  // the interrupt within `interrupt_grace` (stuck in C code) is left to its loading thread,
-  // which holds its slot until it returns, if ever; the result then says so.
+  // the interrupt within `interrupt_grace` (stuck in C code) is given up: `abandon` when set,
+  // else it is left to its loading thread, which holds its slot until it returns, if ever. The
+  // result says how many copies were stuck.
   std::chrono::milliseconds timeout{0};
   std::chrono::milliseconds interrupt_grace{5000};
+  // Called, from Load's thread and in place of `resume`, with the slot of each copy stuck past
+  // the grace: it must put a fresh copy in the slot (InterpreterManager::Abandon) before it
+  // returns, since the stuck thread's Lease holds the slot until then (should the call return
+  // meanwhile, its thread waits for that). Should a stuck call return at last, its thread
+  // calls `abandoned_returned` with the slot once it has let the old copy go.
+  std::function<void(size_t slot)> abandon;
+  std::function<void(size_t slot)> abandoned_returned;
   // At most this many copies load at once (0: all of them), each taken out of service around
   // its load by `pause` and `resume` (called with the slot, from the loading thread) when they
   // are set: a scheduler's hooks, so that the other copies go on serving while the entry
