@@ -850,9 +850,10 @@ void ModelService::OnStreamEnded(const std::string& model_key, StreamEnd end) {
 void ModelService::NoteRestarts(int64_t restarts) {
   if (restarts == 0) return;
   scheduler_.SetUnknownSequenceNote(
-      "the serving process was restarted after model code crashed it (" + std::to_string(restarts) +
-      " restarts, orochi_server_restarts_total): every sequence live "
-      "before a restart was lost with it");
+      "the serving process was restarted after model code crashed it (restarts so far: " +
+      std::to_string(restarts) +
+      ", orochi_server_restarts_total), and every sequence live before a restart was lost "
+      "with it");
 }
 
 void ModelService::OnLiveSequences(const std::string& model_key, int64_t live) {

@@ -63,7 +63,7 @@ Status Scheduler::AdmitSequenceStep(ModelQueue& queue, InferJob& job) {
                           " is not live: a sequence begins with a request that sets "
                           "sequence_start, and ends with sequence_end or after " +
                           Milliseconds(options.idle_timeout) + " without a request";
-    if (!unknown_sequence_note_.empty()) message += " (" + unknown_sequence_note_ + ")";
+    if (!unknown_sequence_note_.empty()) message += "; " + unknown_sequence_note_;
     return InvalidArgument(message);
   }
   if (live == queue.sequences.end()) {

@@ -142,7 +142,7 @@ class SequencesTest(unittest.TestCase):
         # Ended: its id is no longer live, and starting it again begins from nothing.
         status, body = self.add(11, 1.0)
         self.assertEqual(status, 400, body)
-        self.assertIn("sequence 11 of model accumulator is not live", body["error"])
+        self.assertIn("sequence 11 of model accumulator:1 is not live", body["error"])
         self.assertEqual(self.total(11, 5.0, start=True), (5.0, 1))
         # A start on a live id restarts it, as Triton does.
         self.assertEqual(self.total(11, 7.0, start=True), (7.0, 1))
@@ -178,7 +178,7 @@ class SequencesTest(unittest.TestCase):
         with self.assertRaises(grpc.RpcError) as raised:
             call(7, 1.0)
         self.assertEqual(raised.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
-        self.assertIn("sequence 7 of model accumulator is not live", raised.exception.details())
+        self.assertIn("sequence 7 of model accumulator:1 is not live", raised.exception.details())
         self.assertEqual(call("user-7", 0.0, end=True), (5.0, 3))
         self.assertEqual(call(big, 0.0, end=True), (11.0, 3))
         self.assertEqual(call("7", 0.0, end=True), (1.0, 2))
@@ -211,11 +211,11 @@ class SequencesTest(unittest.TestCase):
     def test_requests_without_a_live_sequence_are_refused_naming_it(self):
         status, body = self.add(424242, 1.0)
         self.assertEqual(status, 400, body)
-        self.assertIn("sequence 424242 of model accumulator is not live: a sequence begins with "
+        self.assertIn("sequence 424242 of model accumulator:1 is not live: a sequence begins with "
                       "a request that sets sequence_start", body["error"])
         status, body = self.add("nobody", 1.0, end=True)
         self.assertEqual(status, 400, body)
-        self.assertIn('sequence "nobody" of model accumulator is not live', body["error"])
+        self.assertIn('sequence "nobody" of model accumulator:1 is not live', body["error"])
         status, _, raw = post_json(self.server, "/v2/models/accumulator/infer", {
             "inputs": [{"name": "value", "datatype": "FP64", "shape": [1], "data": [1.0]}]})
         self.assertEqual(status, 400)
@@ -236,7 +236,7 @@ class SequencesTest(unittest.TestCase):
         time.sleep(3.5)  # past the counter's idle timeout of 3 s
         status, body = self.count("idle")
         self.assertEqual(status, 400, body)
-        self.assertIn('sequence "idle" of model counter expired: it had no request for 3000 ms',
+        self.assertIn('sequence "idle" of model counter:1 expired: it had no request for 3000 ms',
                       body["error"])
         self.assertEqual(metric(self.server, "orochi_sequences_ended_total", model="counter",
                                 reason="expired"), expired + 1)
@@ -254,7 +254,7 @@ class SequencesTest(unittest.TestCase):
             self.assertEqual(metric(self.server, "orochi_live_sequences", model="counter"), 6)
             status, body = self.count("limit-7", start=True)
             self.assertEqual(status, 503, body)
-            self.assertIn("model counter holds 6 live sequences, its limit of 3 on each of its "
+            self.assertIn("model counter:1 holds 6 live sequences, its limit of 3 on each of its "
                           "copies (sequence.max_sequences_per_copy)", body["error"])
             # An end frees a place.
             self.assertEqual(self.count(ids.pop(), end=True)[0], 200)
@@ -280,7 +280,7 @@ class SequencesTest(unittest.TestCase):
         self.assertIn("its interpreter copy was replaced", body["error"])
         status, body = self.count("left")
         self.assertEqual(status, 400, body)
-        self.assertIn('sequence "left" of model counter was lost: the interpreter copy that held '
+        self.assertIn('sequence "left" of model counter:1 was lost: the interpreter copy that held '
                       "its state was replaced (the request ran past its deadline", body["error"])
         self.assertEqual(metric(self.server, "orochi_sequences_ended_total", model="counter",
                                 reason="lost"), lost + 1)
@@ -300,7 +300,7 @@ class SequencesTest(unittest.TestCase):
         self.server.wait_for_serving(2)
         status, body = self.count("doomed")
         self.assertEqual(status, 400, body)
-        self.assertIn('sequence "doomed" of model counter is not live', body["error"])
+        self.assertIn('sequence "doomed" of model counter:1 is not live', body["error"])
         self.assertIn("the serving process was restarted after model code crashed it",
                       body["error"])
         status, body = self.count("doomed", start=True)
