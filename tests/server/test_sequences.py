@@ -1,8 +1,9 @@
 """Stateful models (Triton's sequence batcher) against the real `orochi serve`: requests carrying
 sequence_id, sequence_start and sequence_end over HTTP and gRPC keep their sequence's state in
 order in one copy; concurrent sequences do not mix; unknown, ended and expired ids are 400; the
-limit on live sequences is refused clearly; a copy replaced while stuck, or the serving process
-crashed by model code, fails its sequences clearly and the server goes on serving.
+limit on live sequences is refused clearly; an unload drops them; a copy replaced while stuck,
+or the serving process crashed by model code, fails its sequences clearly and the server goes on
+serving.
 
     OROCHI_BINARY=build/bin/orochi python3.11 -m unittest -v test_sequences
 """
@@ -20,7 +21,7 @@ import urllib.request
 
 import grpc
 
-from server_fixtures import BINARY, Server, post_json
+from server_fixtures import BINARY, Server, curl, post_json
 import test_grpc  # the client generated from the server's proto
 
 pb, pb_grpc = test_grpc.pb, test_grpc.pb_grpc
@@ -290,6 +291,26 @@ class SequencesTest(unittest.TestCase):
         status, body = self.count("left", start=True)
         self.assertEqual((status, body["outputs"][0]["data"]), (200, [1]), body)
         self.assertEqual(self.count("left", end=True)[0], 200)
+
+    def test_zy_unloading_the_model_drops_its_sequences(self):
+        def manage(action):
+            status, _, body = curl(
+                "-X", "POST",
+                f"http://127.0.0.1:{self.server.management_port}/v2/repository/models/counter/"
+                + action)
+            self.assertEqual(status, 200, body)
+
+        status, body = self.count("kept", start=True)
+        self.assertEqual(status, 200, body)
+        manage("unload")
+        manage("load")
+        status, body = self.count("kept")
+        self.assertEqual(status, 400, body)
+        self.assertIn('sequence "kept" of model counter:1 is not live', body["error"])
+        self.assertEqual(metric(self.server, "orochi_live_sequences", model="counter"), 0)
+        status, body = self.count("kept", start=True)
+        self.assertEqual((status, body["outputs"][0]["data"]), (200, [1]), body)
+        self.assertEqual(self.count("kept", end=True)[0], 200)
 
     def test_zz_a_crash_of_the_serving_process_fails_its_sequences_clearly(self):
         # Last (by name): the serving process restarts, which the other tests need not see.
