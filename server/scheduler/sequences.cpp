@@ -181,18 +181,23 @@ void Scheduler::LoseSequences(size_t slot, const std::string& why,
   for (auto& [key, queue] : queues_) {
     if (!queue->batching.sequences) continue;
     queue->drops[slot].clear();  // the states went with the copy
-    const std::string lost = "was lost: the interpreter copy that held its state was replaced (" +
+    const std::string gone = "was lost: the interpreter copy that held its state was replaced (" +
                              why + "), and a sequence's state never moves to another copy";
+    std::string lost = " of model " + key;
+    lost += ' ';
+    lost += gone;
     for (auto live = queue->sequences.begin(); live != queue->sequences.end();) {
       auto current = live++;
-      if (current->second.slot == slot) EndSequence(*queue, current, SequenceEnd::kLost, lost);
+      if (current->second.slot == slot) {
+        EndSequence(*queue, current, SequenceEnd::kLost, gone);
+      }
     }
     // Their queued requests would run without their state: refused with the same words.
     for (auto job = queue->jobs.begin(); job != queue->jobs.end();) {
       if (job->sequence && job->sequence->slot == slot) {
-        Status refusal =
-            InvalidArgument("sequence " + job->sequence->call.id + " of model " + key + " " + lost);
-        failed.emplace_back(std::move(*job), std::move(refusal));
+        std::string refusal = "sequence " + job->sequence->call.id;
+        refusal += lost;
+        failed.emplace_back(std::move(*job), InvalidArgument(std::move(refusal)));
         job = queue->jobs.erase(job);
       } else {
         ++job;
