@@ -348,8 +348,19 @@ int Run(const RunOptions& options) {
       interpreters::ReplicatedModel::Load(**manager, ModelSourceFrom(package, options.config));
   if (!model.ok()) return Fail(model.status());
   if (manifest.streaming) return RunStream(**manager, **model, *package, *parsed);
+  // A stateful model's request runs as its sequence's first: its state lives for this run only.
+  std::optional<interpreters::SequenceCall> sequence;
+  if (parsed->sequence) {
+    if (!parsed->sequence->start) {
+      return Fail(InvalidArgument(
+          "model " + manifest.name +
+          " is stateful, and `orochi run` runs one request: it must "
+          "start its sequence (\"sequence_start\": true), whose state lives for this run only"));
+    }
+    sequence = interpreters::SequenceCall{parsed->sequence->id, true, true};
+  }
   Result<std::vector<interpreters::NamedTensor>> outputs =
-      (*model)->Predict(parsed->inputs, parsed->parameters);
+      (*model)->Predict(parsed->inputs, parsed->parameters, sequence ? &*sequence : nullptr);
   if (!outputs.ok()) return Fail(outputs.status());
   server::kserve::EncodedResponse response =
       server::kserve::EncodeInferResponse(manifest, *parsed, *outputs, package->labels());

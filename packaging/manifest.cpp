@@ -215,6 +215,37 @@ class DuplicateKeyFinder {
   Status duplicate_;
 };
 
+// The "sequence" key of a stateful model. Its requests run one at a time in the copy that holds
+// their sequence's state, so it neither batches nor streams (both would need a state per row or
+// per response that the sequence contract does not have).
+Result<std::optional<Manifest::Sequence>> SequenceSettings(const Json& json,
+                                                           const Manifest& manifest) {
+  auto found = json.find("sequence");
+  if (found == json.end()) return std::optional<Manifest::Sequence>();
+  if (!found->is_object()) {
+    return Problem("$.sequence", "expected an object, got " + TypeName(*found));
+  }
+  OROCHI_RETURN_IF_ERROR(
+      OnlyKeys(*found, "$.sequence", {"idle_timeout_ms", "max_sequences_per_copy"}));
+  if (manifest.streaming) {
+    return Problem("$.sequence",
+                   "a streaming model cannot also be stateful (\"sequence\"): its streams "
+                   "already keep their state for as long as they run");
+  }
+  if (manifest.max_batch_size != 0) {
+    return Problem("$.max_batch_size",
+                   "a stateful model (\"sequence\") runs each request alone with its "
+                   "sequence's state: max_batch_size must be 0, got " +
+                       std::to_string(manifest.max_batch_size));
+  }
+  Manifest::Sequence sequence;
+  OROCHI_ASSIGN_OR_RETURN(sequence.idle_timeout_ms,
+                          Integer(*found, "$.sequence", "idle_timeout_ms", 1));
+  OROCHI_ASSIGN_OR_RETURN(sequence.max_sequences_per_copy,
+                          Integer(*found, "$.sequence", "max_sequences_per_copy", 1));
+  return std::optional<Manifest::Sequence>(sequence);
+}
+
 // The "openai" key: which input takes the prompt and which output carries the text. Both must be
 // BYTES of one element, and the prompt input the model's only one (an OpenAI request has nothing
 // to give another).
@@ -331,7 +362,7 @@ Result<Manifest> ParseManifest(std::string_view text) {
       OnlyKeys(json, "$",
                {"format_version", "name", "version", "entry", "description", "inputs", "outputs",
                 "max_batch_size", "instances", "device", "requires", "parameters",
-                "max_request_bytes", "streaming", "max_live_sequences", "openai"}));
+                "max_request_bytes", "streaming", "max_live_sequences", "openai", "sequence"}));
   Manifest manifest;
   OROCHI_ASSIGN_OR_RETURN(std::optional<int64_t> format, Integer(json, "$", "format_version", 1));
   if (!format) return Problem("$", "missing required key 'format_version'");
@@ -425,6 +456,7 @@ Result<Manifest> ParseManifest(std::string_view text) {
     manifest.parameters_json = parameters->dump();
   }
   OROCHI_ASSIGN_OR_RETURN(manifest.openai, OpenAiMapping(json, manifest));
+  OROCHI_ASSIGN_OR_RETURN(manifest.sequence, SequenceSettings(json, manifest));
   manifest.json = json.dump();
   return manifest;
 }

@@ -211,12 +211,27 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
       http.Boolean("repository_on_inference_port", &config.http.repository_on_inference_port));
 
   ObjectReader models = root.Child("models");
-  OROCHI_RETURN_IF_ERROR(models.Check(
-      {"repository", "model_dir", "model_name", "load", "max_queue_size", "default_timeout_ms",
-       "max_memory_bytes", "execution_grace_ms", "load_timeout_s", "max_abandoned_copies",
-       "unload_grace_s", "max_queue_delay_us", "preferred_batch_sizes", "version_policies",
-       "model_control_mode", "repository_poll_ms", "max_queued_streams", "stream_buffer_responses",
-       "stream_stall_timeout_ms"}));
+  OROCHI_RETURN_IF_ERROR(models.Check({"repository",
+                                       "model_dir",
+                                       "model_name",
+                                       "load",
+                                       "max_queue_size",
+                                       "default_timeout_ms",
+                                       "max_memory_bytes",
+                                       "execution_grace_ms",
+                                       "load_timeout_s",
+                                       "max_abandoned_copies",
+                                       "unload_grace_s",
+                                       "max_queue_delay_us",
+                                       "preferred_batch_sizes",
+                                       "version_policies",
+                                       "model_control_mode",
+                                       "repository_poll_ms",
+                                       "max_queued_streams",
+                                       "stream_buffer_responses",
+                                       "stream_stall_timeout_ms",
+                                       "sequence_idle_timeout_ms",
+                                       "max_sequences_per_copy"}));
   OROCHI_RETURN_IF_ERROR(models.String("repository", &config.models.repository));
   OROCHI_RETURN_IF_ERROR(models.String("model_dir", &config.models.model_dir));
   OROCHI_RETURN_IF_ERROR(models.String("model_name", &config.models.model_name));
@@ -243,6 +258,10 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
                                         &config.models.stream_buffer_responses, 1, 1'000'000));
   OROCHI_RETURN_IF_ERROR(models.Integer(
       "stream_stall_timeout_ms", &config.models.stream_stall_timeout_ms, 1, int64_t{1} << 40));
+  OROCHI_RETURN_IF_ERROR(models.Integer(
+      "sequence_idle_timeout_ms", &config.models.sequence_idle_timeout_ms, 1, int64_t{1} << 40));
+  OROCHI_RETURN_IF_ERROR(models.Integer(
+      "max_sequences_per_copy", &config.models.max_sequences_per_copy, 1, int64_t{1} << 30));
   OROCHI_RETURN_IF_ERROR(
       models.Integer("max_queue_delay_us", &config.models.max_queue_delay_us, 0, int64_t{1} << 40));
   OROCHI_RETURN_IF_ERROR(

@@ -359,23 +359,29 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
 }
 
 Result<std::vector<NamedTensor>> ReplicatedModel::Predict(const std::vector<NamedTensor>& inputs,
-                                                          const RequestParameters& parameters) {
+                                                          const RequestParameters& parameters,
+                                                          const SequenceCall* sequence) {
   if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
   InterpreterManager::Lease lease = manager_.AcquireAnyOf(slots_);
-  return PredictIn(*lease, inputs, parameters);
+  return PredictIn(*lease, inputs, parameters, nullptr, sequence);
 }
 
 Result<std::vector<NamedTensor>> ReplicatedModel::PredictIn(Interpreter& copy,
                                                             const std::vector<NamedTensor>& inputs,
                                                             const RequestParameters& parameters,
-                                                            PredictTimings* timings) {
+                                                            PredictTimings* timings,
+                                                            const SequenceCall* sequence) {
   using Clock = std::chrono::steady_clock;
   PredictTimings ignored;
   if (timings == nullptr) timings = &ignored;
   *timings = {};
   const Clock::time_point started = Clock::now();
   if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
-  const std::vector<Value> call{key_, ToArguments(inputs), ToParameters(parameters)};
+  std::vector<Value> call{key_, ToArguments(inputs), ToParameters(parameters)};
+  if (sequence != nullptr) {
+    call.emplace_back(
+        ValueList{{Value(sequence->id), Value(sequence->start), Value(sequence->end)}});
+  }
   copy.SetCaller(key_);
   const Clock::time_point calling = Clock::now();
   Result<Value> outputs = copy.Call("orochi.serving:_predict", call);
@@ -457,6 +463,15 @@ Status ReplicatedModel::StreamClose(Interpreter& copy, uint64_t stream) {
   Result<Value> closed = copy.Call("orochi.serving:_stream_close",
                                    std::vector<Value>{key_, static_cast<int64_t>(stream)});
   return closed.ok() ? Status::Ok() : closed.status();
+}
+
+Status ReplicatedModel::DropSequences(Interpreter& copy, const std::vector<std::string>& ids) {
+  copy.SetCaller(key_);
+  ValueList names;
+  for (const std::string& id : ids) names.items.emplace_back(id);
+  Result<Value> dropped =
+      copy.Call("orochi.serving:_sequence_drop", std::vector<Value>{key_, std::move(names)});
+  return dropped.ok() ? Status::Ok() : dropped.status();
 }
 
 Status ReplicatedModel::LoadInto(size_t slot) {

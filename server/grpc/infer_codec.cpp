@@ -89,6 +89,25 @@ Result<interpreters::ParameterValue> ModelParameter(const std::string& name,
   return Bad("parameter '" + name + "' has no value");
 }
 
+// A parameter's value for InferRequestBuilder::SequenceParameter.
+kserve::InferRequestBuilder::WireValue WireValueOf(const InferParameter& value) {
+  switch (value.parameter_choice_case()) {
+    case InferParameter::kBoolParam:
+      return value.bool_param();
+    case InferParameter::kInt64Param:
+      return value.int64_param();
+    case InferParameter::kUint64Param:
+      return value.uint64_param();
+    case InferParameter::kDoubleParam:
+      return value.double_param();
+    case InferParameter::kStringParam:
+      return value.string_param();
+    case InferParameter::PARAMETER_CHOICE_NOT_SET:
+      break;
+  }
+  return std::monostate();
+}
+
 // Triton's shared-memory parameters of a tensor (`what`, for errors): nullopt when it has none,
 // else all that it needs, or an error naming what is missing; the other parameters are
 // refused by name.
@@ -310,6 +329,8 @@ Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
       request.timeout = std::chrono::microseconds(micros);
     } else if (kserve::IsReservedParameter(name)) {
       return kserve::RefuseReservedParameter(name);
+    } else if (kserve::InferRequestBuilder::IsSequenceParameter(name)) {
+      OROCHI_RETURN_IF_ERROR(builder.SequenceParameter(name, WireValueOf(*value)));
     } else if (Listed(kUnimplementedRequestParameters, name)) {
       return Bad(Unimplemented(name));
     } else {

@@ -151,7 +151,10 @@ void AppendNumber(T value, std::string* out) {
 Result<interpreters::RequestParameters> ModelParameters(const Json& parameters) {
   interpreters::RequestParameters read;
   for (const auto& [name, value] : parameters.items()) {
-    if (name == "timeout" || name == "binary_data_output") continue;
+    if (name == "timeout" || name == "binary_data_output" ||
+        InferRequestBuilder::IsSequenceParameter(name)) {
+      continue;
+    }
     switch (value.type()) {
       case Json::value_t::boolean:
         read.emplace_back(name, value.get<bool>());
@@ -178,6 +181,24 @@ Result<interpreters::RequestParameters> ModelParameters(const Json& parameters) 
     }
   }
   return read;
+}
+
+// A parameter's JSON value for InferRequestBuilder::SequenceParameter.
+InferRequestBuilder::WireValue WireValueOf(const Json& value) {
+  switch (value.type()) {
+    case Json::value_t::boolean:
+      return value.get<bool>();
+    case Json::value_t::number_integer:
+      return value.get<int64_t>();
+    case Json::value_t::number_unsigned:
+      return value.get<uint64_t>();
+    case Json::value_t::number_float:
+      return value.get<double>();
+    case Json::value_t::string:
+      return value.get<std::string>();
+    default:
+      return std::monostate();
+  }
 }
 
 const TensorSpec& OutputSpec(const Manifest& manifest, const std::string& name) {
@@ -327,6 +348,11 @@ Result<InferRequest> ReadInferRequest(const Manifest& manifest, std::string_view
     if (auto output = parameters->find("binary_data_output"); output != parameters->end()) {
       if (!output->is_boolean()) return Bad("parameter 'binary_data_output' must be a boolean");
       request.all_outputs_binary = output->get<bool>();
+    }
+    for (const auto& [name, value] : parameters->items()) {
+      if (InferRequestBuilder::IsSequenceParameter(name)) {
+        OROCHI_RETURN_IF_ERROR(builder.SequenceParameter(name, WireValueOf(value)));
+      }
     }
     OROCHI_ASSIGN_OR_RETURN(request.parameters, ModelParameters(*parameters));
   }
@@ -541,7 +567,45 @@ Status InferRequestBuilder::RequestOutput(const std::string& name, bool binary,
   return Status::Ok();
 }
 
+bool InferRequestBuilder::IsSequenceParameter(std::string_view name) {
+  return name == "sequence_id" || name == "sequence_start" || name == "sequence_end";
+}
+
+Status InferRequestBuilder::SequenceParameter(const std::string& name, const WireValue& value) {
+  sequence_given_ = true;
+  if (name == "sequence_id") {
+    if (const auto* number = std::get_if<int64_t>(&value); number != nullptr && *number >= 0) {
+      sequence_.id = std::to_string(*number);
+    } else if (const auto* unsigned_number = std::get_if<uint64_t>(&value)) {
+      sequence_.id = std::to_string(*unsigned_number);
+    } else if (const auto* text = std::get_if<std::string>(&value);
+               text != nullptr && !text->empty()) {
+      sequence_.id = Quoted(*text);
+    } else {
+      return Bad("parameter 'sequence_id' must be an unsigned integer or a non-empty string");
+    }
+    return Status::Ok();
+  }
+  const auto* flag = std::get_if<bool>(&value);
+  if (flag == nullptr) return Bad("parameter '" + name + "' must be a boolean");
+  (name == "sequence_start" ? sequence_.start : sequence_.end) = *flag;
+  return Status::Ok();
+}
+
 Result<InferRequest> InferRequestBuilder::Finish() {
+  if (manifest_.sequence) {
+    if (sequence_.id.empty()) {
+      return Bad("model " + manifest_.name +
+                 " is stateful: each request names its sequence with the parameter "
+                 "'sequence_id' (an unsigned integer or a string), and a sequence's first request "
+                 "sets 'sequence_start': true");
+    }
+    request_.sequence = sequence_;
+  } else if (sequence_given_) {
+    return Bad("model " + manifest_.name +
+               " is not stateful (its manifest declares no \"sequence\"): the parameters "
+               "sequence_id, sequence_start and sequence_end apply only to stateful models");
+  }
   for (const TensorSpec& spec : manifest_.inputs) {
     auto found = inputs_.find(spec.name);
     if (found == inputs_.end()) return Bad("input '" + spec.name + "' is missing");

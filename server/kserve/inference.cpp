@@ -220,8 +220,14 @@ void InferenceRunner::Run(InferenceCall call, InferenceDone done) {
     (*shared_done)(refused);
     return;
   }
-  Status submitted = models_.Submit(call.model, inputs, request.parameters, request.rows, deadline,
-                                    call.client_gone, answer(call.model), stream_for(*call.model));
+  std::optional<interpreters::SequenceCall> sequence;
+  if (request.sequence) {
+    sequence = interpreters::SequenceCall{request.sequence->id, request.sequence->start,
+                                          request.sequence->end};
+  }
+  Status submitted =
+      models_.Submit(call.model, inputs, request.parameters, request.rows, deadline,
+                     call.client_gone, answer(call.model), stream_for(*call.model), sequence);
   // The version resolved may have been replaced meanwhile (a deploy, a delete of the served
   // version): it is unloading, or gone. A request that named no version is for whichever
   // version serves now, as the version switch promises: it goes there, if that version takes
@@ -233,7 +239,7 @@ void InferenceRunner::Run(InferenceCall call, InferenceDone done) {
         SameInterface(serving->manifest(), call.model->manifest())) {
       Status resubmitted =
           models_.Submit(serving, inputs, request.parameters, request.rows, deadline,
-                         call.client_gone, answer(serving), stream_for(*serving));
+                         call.client_gone, answer(serving), stream_for(*serving), sequence);
       if (resubmitted.ok()) return;
     }
   }

@@ -59,15 +59,13 @@ Status CheckTensor(const char* kind, const Json& tensor, size_t index,
 
 }  // namespace
 
-bool IsReservedParameter(std::string_view name) {
-  return OneOf(name, {"priority", "sequence_id", "sequence_start", "sequence_end"});
-}
+bool IsReservedParameter(std::string_view name) { return name == "priority"; }
 
 Status RefuseReservedParameter(const std::string& name) {
   return InvalidArgument(
       "parameter " + Named(name) +
-      " is not supported: Orochi implements neither request priorities nor sequence batching, "
-      "and does not pass Triton's reserved parameters to the model; remove it");
+      " is not supported: Orochi does not implement request priorities, and does not pass "
+      "Triton's reserved parameters to the model; remove it");
 }
 
 Status RefuseUnsupportedFields(const Json& request) {

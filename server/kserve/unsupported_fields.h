@@ -1,8 +1,8 @@
 // The parts of a KServe v2 / Triton inference request that Orochi does not implement, refused
-// with 400 naming them instead of being accepted and ignored: a client that asks for sequence
-// batching or a priority and silently gets none would run on with wrong answers or wrong
-// assumptions. One place, so that implementing a feature means removing its refusal here; the
-// gRPC codec refuses the same reserved parameters through IsReservedParameter.
+// with 400 naming them instead of being accepted and ignored: a client that asks for a
+// priority and silently gets none would run on with wrong assumptions. One place, so that
+// implementing a feature means removing its refusal here; the gRPC codec refuses the same reserved
+// parameters through IsReservedParameter.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -18,8 +18,8 @@ namespace orochi::server::kserve {
 // Checks a request document (already known to be an object) for keys and parameters Orochi
 // does not read: kInvalidArgument naming the first one, and what is supported instead.
 //  - top level: keys other than id, parameters, inputs, outputs; the reserved parameters
-//    priority, sequence_id, sequence_start, sequence_end (Triton's scheduling parameters,
-//    which would otherwise reach the model's predict() as its own parameters);
+//    priority (Triton's scheduling parameter, which would otherwise reach the model's predict()
+//    as its own parameter; the sequence parameters are read by InferRequestBuilder);
 //  - inputs: keys other than name, datatype, shape, parameters, data; parameters other than
 //    binary_data_size and the shared-memory ones; `parameters` that is not an object;
 //  - outputs: keys other than name, parameters; parameters other than binary_data,
@@ -27,7 +27,7 @@ namespace orochi::server::kserve {
 Status RefuseUnsupportedFields(const nlohmann::json& request);
 
 // Whether `name` is one of Triton's reserved request parameters that Orochi does not implement
-// (priority, sequence_id, sequence_start, sequence_end), and the refusal that names it.
+// (priority), and the refusal that names it.
 bool IsReservedParameter(std::string_view name);
 Status RefuseReservedParameter(const std::string& name);
 

@@ -88,6 +88,17 @@ Metrics::Metrics()
                          .Help("Streams ended, by how: finished, cancelled (the client went), "
                                "deadline, unloaded, stalled (the client read nothing), error")
                          .Register(*registry_)),
+      live_sequences_(BuildGauge()
+                          .Name("orochi_live_sequences")
+                          .Help("Stateful models: sequences whose state an interpreter copy "
+                                "holds now")
+                          .Register(*registry_)),
+      sequences_ended_(BuildCounter()
+                           .Name("orochi_sequences_ended_total")
+                           .Help("Stateful models: sequences ended, by reason: end "
+                                 "(sequence_end), restarted (sequence_start on a live id), "
+                                 "expired (idle timeout), lost (copy replaced), unloaded")
+                           .Register(*registry_)),
       copies_(BuildGauge()
                   .Name("orochi_interpreter_copies")
                   .Help("Interpreter copies by state")
@@ -226,6 +237,9 @@ constexpr const char* kRequestReasons[] = {
     "success", "invalid_argument", "too_large",   "queue_full",  "out_of_memory",
     "timeout", "model_error",      "client_gone", "unavailable", "internal"};
 
+// Every `reason` of orochi_sequences_ended_total (scheduler's SequenceEndName).
+constexpr const char* kSequenceEndReasons[] = {"end", "restarted", "expired", "lost", "unloaded"};
+
 }  // namespace
 
 void Metrics::ModelKnown(const std::string& model, const std::string& version,
@@ -280,6 +294,11 @@ void Metrics::RemoveRequestSeries(const std::string& model, const std::string& v
     streams_ended_.Remove(
         &streams_ended_.Add({{"model", model}, {"version", version}, {"end", end}}));
   }
+  live_sequences_.Remove(&live_sequences_.Add(labels));
+  for (const char* reason : kSequenceEndReasons) {
+    sequences_ended_.Remove(
+        &sequences_ended_.Add({{"model", model}, {"version", version}, {"reason", reason}}));
+  }
   queue_capacity_.Remove(&queue_capacity_.Add(labels));
 }
 
@@ -309,6 +328,15 @@ void Metrics::LiveStreams(const std::string& model, const std::string& version, 
 void Metrics::StreamEnded(const std::string& model, const std::string& version,
                           const std::string& end) {
   streams_ended_.Add({{"model", model}, {"version", version}, {"end", end}}).Increment();
+}
+
+void Metrics::LiveSequences(const std::string& model, const std::string& version, int64_t live) {
+  live_sequences_.Add({{"model", model}, {"version", version}}).Set(static_cast<double>(live));
+}
+
+void Metrics::SequenceEnded(const std::string& model, const std::string& version,
+                            const std::string& reason) {
+  sequences_ended_.Add({{"model", model}, {"version", version}, {"reason", reason}}).Increment();
 }
 
 void Metrics::UnknownModel(int count) {

@@ -34,6 +34,11 @@ class Metrics {
                       std::chrono::nanoseconds since);
   void LiveStreams(const std::string& model, const std::string& version, int64_t live);
   void StreamEnded(const std::string& model, const std::string& version, const std::string& end);
+  // Stateful models: sequences live now, and one that ended (`reason`: end, restarted,
+  // expired, lost, unloaded).
+  void LiveSequences(const std::string& model, const std::string& version, int64_t live);
+  void SequenceEnded(const std::string& model, const std::string& version,
+                     const std::string& reason);
   void CopyBusy(size_t slot, std::chrono::nanoseconds busy);
   void Copies(const std::string& state, int64_t count);
   void ModelLoaded(const std::string& model, const std::string& version, bool ok,
@@ -83,6 +88,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& stream_responses_;
   prometheus::Family<prometheus::Gauge>& live_streams_;
   prometheus::Family<prometheus::Counter>& streams_ended_;
+  prometheus::Family<prometheus::Gauge>& live_sequences_;
+  prometheus::Family<prometheus::Counter>& sequences_ended_;
   prometheus::Family<prometheus::Gauge>& copies_;
   prometheus::Family<prometheus::Gauge>& queue_capacity_;
   prometheus::Family<prometheus::Counter>& copy_busy_seconds_;

@@ -227,6 +227,12 @@ Result<std::shared_ptr<ServedModel>> ModelService::LoadCopies(const std::string&
   served->batching.max_batch_size = manifest.max_batch_size;
   served->batching.streaming = manifest.streaming;
   served->batching.max_live_sequences = manifest.max_live_sequences;
+  if (manifest.sequence) {
+    served->batching.sequences = SequenceOptions{
+        std::chrono::milliseconds(
+            manifest.sequence->idle_timeout_ms.value_or(config_.sequence_idle_timeout_ms)),
+        manifest.sequence->max_sequences_per_copy.value_or(config_.max_sequences_per_copy)};
+  }
   served->batching.max_queue_delay =
       overrides.max_queue_delay.value_or(std::chrono::microseconds(config_.max_queue_delay_us));
   served->batching.preferred_batch_sizes =
@@ -784,8 +790,10 @@ Status ModelService::Submit(const std::shared_ptr<const ServedModel>& model,
                             const interpreters::RequestParameters& parameters, int64_t rows,
                             std::optional<Clock::time_point> deadline,
                             std::function<bool()> abandoned, Done done,
-                            std::shared_ptr<ResponseStream> stream) {
+                            std::shared_ptr<ResponseStream> stream,
+                            const std::optional<interpreters::SequenceCall>& sequence) {
   InferJob job;
+  if (sequence) job.sequence = SequenceStep{*sequence};
   job.stream = std::move(stream);
   job.abandoned = std::move(abandoned);
   job.inputs = std::move(inputs);
@@ -846,6 +854,25 @@ void ModelService::OnLiveStreams(const std::string& model_key, int64_t live) {
 void ModelService::OnStreamEnded(const std::string& model_key, StreamEnd end) {
   const auto [name, version] = KeyLabels(model_key);
   metrics_.StreamEnded(name, version, StreamEndName(end));
+}
+
+void ModelService::NoteRestarts(int64_t restarts) {
+  if (restarts == 0) return;
+  scheduler_.SetUnknownSequenceNote(
+      "the serving process was restarted after model code crashed it (restarts so far: " +
+      std::to_string(restarts) +
+      ", orochi_server_restarts_total), and every sequence live before a restart was lost "
+      "with it");
+}
+
+void ModelService::OnLiveSequences(const std::string& model_key, int64_t live) {
+  const auto [name, version] = KeyLabels(model_key);
+  metrics_.LiveSequences(name, version, live);
+}
+
+void ModelService::OnSequenceEnded(const std::string& model_key, SequenceEnd end) {
+  const auto [name, version] = KeyLabels(model_key);
+  metrics_.SequenceEnded(name, version, SequenceEndName(end));
 }
 
 void ModelService::OnQueueDepth(const std::string& model_key, int64_t depth) {

@@ -110,6 +110,9 @@ class ModelService : public SchedulerObserver {
   // the reason in the index: they crashed the process too often (see supervisor.h). Call before
   // LoadFromRepository; explicit loads and deploys are not affected.
   void Quarantine(std::map<std::string, std::string> quarantined);
+  // Tells the refusal of a request for an unknown sequence that this serving process replaced
+  // one that died (`restarts` so far): the sequences it held went with it.
+  void NoteRestarts(int64_t restarts);
 
   // Whether `name` can name a model: what a manifest allows (1-128 letters, digits, '_', '.',
   // '-', starting with a letter or digit), so it is always one path component inside the
@@ -172,12 +175,14 @@ class ModelService : public SchedulerObserver {
       std::function<void(Result<std::vector<interpreters::NamedTensor>>, const InferTimings&)>;
   // Queues inference; refusals come back as the Status (and `done` is not called), with
   // `inputs` handed back untouched, so that the caller may submit them to another version
-  // (the one that replaced `model` meanwhile, say). Accepted, `inputs` are taken.
+  // (the one that replaced `model` meanwhile, say). Accepted, `inputs` are taken. A stateful
+  // model's request names its `sequence`.
   Status Submit(const std::shared_ptr<const ServedModel>& model,
                 std::vector<interpreters::NamedTensor>& inputs,
                 const interpreters::RequestParameters& parameters, int64_t rows,
                 std::optional<Clock::time_point> deadline, std::function<bool()> abandoned,
-                Done done, std::shared_ptr<ResponseStream> stream = nullptr);
+                Done done, std::shared_ptr<ResponseStream> stream = nullptr,
+                const std::optional<interpreters::SequenceCall>& sequence = std::nullopt);
 
   // Stops polling, answers queued requests, stops the workers; see Scheduler::Stop for
   // `deadline` and what it returns.
@@ -198,6 +203,8 @@ class ModelService : public SchedulerObserver {
                         std::chrono::nanoseconds since) override;
   void OnLiveStreams(const std::string& model_key, int64_t live) override;
   void OnStreamEnded(const std::string& model_key, StreamEnd end) override;
+  void OnLiveSequences(const std::string& model_key, int64_t live) override;
+  void OnSequenceEnded(const std::string& model_key, SequenceEnd end) override;
 
   // Why a loaded version takes no requests (see Scheduler), or empty.
   std::string UnavailableReason(const std::string& model_key) const;

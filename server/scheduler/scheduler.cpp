@@ -132,6 +132,8 @@ void Scheduler::AddModel(std::shared_ptr<interpreters::ReplicatedModel> model,
   auto queue = std::make_unique<ModelQueue>();
   queue->held_by.assign(manager_.size(), false);
   queue->missing_in.assign(manager_.size(), false);
+  queue->sequences_in.assign(manager_.size(), 0);
+  queue->drops.resize(manager_.size());
   for (size_t slot : model->slots()) queue->held_by[slot] = true;
   queue->model = std::move(model);
   queue->batching = std::move(batching);
@@ -207,6 +209,12 @@ size_t Scheduler::RemoveModel(const std::string& key, std::optional<Clock::durat
                                     : std::chrono::milliseconds(10));
       }
     }
+    if (observer_ != nullptr && !queue->sequences.empty()) {
+      for (size_t i = 0; i < queue->sequences.size(); ++i) {
+        observer_->OnSequenceEnded(key, SequenceEnd::kUnloaded);
+      }
+      observer_->OnLiveSequences(key, 0);
+    }
     removed = std::move(found->second);
     queues_.erase(found);
     ReportRecovering();  // a slot may have been missing only this model
@@ -266,6 +274,11 @@ Status Scheduler::Submit(const std::string& model_key, InferJob& job) {
     return Status(StatusCode::kResourceExhausted, "the queue of model " + model_key + " is full (" +
                                                       std::to_string(max_queue_size_) +
                                                       " waiting requests); retry later");
+  }
+  if (queue.batching.sequences) {
+    OROCHI_RETURN_IF_ERROR(AdmitSequenceStep(queue, job));
+  } else if (job.sequence) {
+    return InvalidArgument("model " + model_key + " is not stateful");
   }
   queue.jobs.push_back(std::move(job));
   if (observer_ != nullptr) {
@@ -358,10 +371,16 @@ void Scheduler::WorkThenExit(size_t slot, uint64_t generation) {
 
 Scheduler::ModelQueue* Scheduler::Pick(size_t slot) {
   ModelQueue* oldest = nullptr;
+  Clock::time_point oldest_enqueued;
   for (auto& [key, queue] : queues_) {
     if (queue->jobs.empty() || !queue->held_by[slot]) continue;
-    if (oldest == nullptr || queue->jobs.front().enqueued < oldest->jobs.front().enqueued) {
+    auto next = queue->jobs.begin();
+    // A stateful model's requests each belong to the slot that holds their sequence.
+    if (queue->batching.sequences) next = NextSequenceJob(*queue, slot);
+    if (next == queue->jobs.end()) continue;
+    if (oldest == nullptr || next->enqueued < oldest_enqueued) {
       oldest = queue.get();
+      oldest_enqueued = next->enqueued;
     }
   }
   return oldest;
@@ -415,6 +434,7 @@ void Scheduler::Work(size_t slot, uint64_t generation) {
       RepairSlot(lock, slot, generation);
       continue;
     }
+    if (worker.paused == 0 && DropSequenceStates(lock, slot)) continue;
     ModelQueue* queue = worker.paused > 0 ? nullptr : Pick(slot);
     if (queue == nullptr) {
       if (stopping_) return;
@@ -429,6 +449,10 @@ void Scheduler::Work(size_t slot, uint64_t generation) {
     if (queue->batching.streaming) {
       batch.push_back(std::move(queue->jobs.front()));
       queue->jobs.pop_front();
+    } else if (queue->batching.sequences) {
+      auto next = NextSequenceJob(*queue, slot);
+      batch.push_back(std::move(*next));
+      queue->jobs.erase(next);
     } else {
       batch = TakeBatch(lock, *queue);
     }
@@ -528,6 +552,13 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
   batch->started = start;
   std::optional<Clock::time_point> deadline;
   for (InferJob& job : jobs) {
+    const bool skipped =
+        (job.abandoned && job.abandoned()) || (job.deadline && *job.deadline <= start);
+    if (skipped && job.sequence && job.sequence->call.end) {
+      // Its copy frees the state before its next request (the end itself does not run).
+      std::lock_guard lock(mutex_);
+      queue.drops[slot].push_back(job.sequence->call.id);
+    }
     if (job.abandoned && job.abandoned()) {
       job.done(
           Status(StatusCode::kFailedPrecondition, "the client disconnected before the request ran"),
@@ -578,7 +609,9 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
     // Named in the crash record if the model's code takes the process down.
     const ScopedCrashContext crash_context(model->key(), static_cast<int>(slot), "predict",
                                            lease->python_stack_writer());
-    outputs = model->PredictIn(*lease, *inputs, batch->jobs.front().parameters, &predict);
+    const std::optional<SequenceStep>& sequence = batch->jobs.front().sequence;
+    outputs = model->PredictIn(*lease, *inputs, batch->jobs.front().parameters, &predict,
+                               sequence ? &sequence->call : nullptr);
   }
   const Clock::time_point predicted = Clock::now();
   bool interrupted = false;
@@ -739,6 +772,7 @@ void Scheduler::Watch() {
         next = std::min(next, *worker.deadline + execution_grace_);
       }
     }
+    next = std::min(next, ExpireSequences(now));
     watch_.wait_until(lock, next);
   }
 }
@@ -765,6 +799,8 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   worker.deadline.reset();
   worker.queue = nullptr;
   worker.thread.detach();  // it may never come back from the copy
+  std::vector<std::pair<InferJob, Status>> lost;
+  LoseSequences(slot, answer.message(), lost);
   // Its thread returns early, if ever, without ending the batch for the observer.
   if (observer_ != nullptr) observer_->OnCopyRunning(slot, false);
   if (queue != nullptr) queue->running--;
@@ -825,6 +861,7 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   for (InferJob& job : refused) {
     job.done(Unavailable(unavailable), InferTimings{now - job.enqueued, {}, 0});
   }
+  for (auto& [job, refusal] : lost) job.done(refusal, InferTimings{now - job.enqueued, {}, 0});
   lock.lock();
 }
 

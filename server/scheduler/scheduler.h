@@ -65,6 +65,13 @@ struct BatchTimings {
 using InferDone =
     std::function<void(Result<std::vector<interpreters::NamedTensor>>, const InferTimings&)>;
 
+// A request of a stateful model: the sequence it belongs to, whose state lives in one copy.
+struct SequenceStep {
+  interpreters::SequenceCall call;  // id, start, end
+  size_t slot = 0;                  // set by Submit: the copy that holds the state
+  uint64_t incarnation = 0;         // set by Submit: which life of the id it belongs to
+};
+
 struct InferJob {
   std::vector<interpreters::NamedTensor> inputs;
   // predict() takes one set of parameters per call, so only requests with equal parameters
@@ -78,7 +85,15 @@ struct InferJob {
   // For a streaming model: where its responses go as they come; `done` then ends the stream
   // (with no outputs on success). Set only for streaming models.
   std::shared_ptr<ResponseStream> stream;
+  // For (and only for) a stateful model's request.
+  std::optional<SequenceStep> sequence;
   InferDone done;
+};
+
+// A stateful model's sequences (the manifest's "sequence", with the server's defaults).
+struct SequenceOptions {
+  std::chrono::milliseconds idle_timeout{60000};
+  int64_t max_per_copy = 256;
 };
 
 struct BatchingOptions {
@@ -88,6 +103,8 @@ struct BatchingOptions {
   // A streaming model: each request is a stream (InferJob::stream), run by RunStreams.
   bool streaming = false;
   int64_t max_live_sequences = 16;  // step interface: sequences stepped together per copy
+  // A stateful model: each request is a step of a sequence (InferJob::sequence).
+  std::optional<SequenceOptions> sequences;
 };
 
 // How the scheduler treats streams (streaming models).
@@ -100,6 +117,12 @@ struct StreamLimits {
 // Why a stream ended, for metrics.
 enum class StreamEnd { kFinished, kCancelled, kDeadline, kUnloaded, kStalled, kError };
 const char* StreamEndName(StreamEnd end);
+
+// Why a stateful model's sequence ended, for metrics: a request with sequence_end, a
+// sequence_start for an id that was live, no request within the idle timeout, its copy replaced,
+// its model unloaded.
+enum class SequenceEnd { kEnded, kRestarted, kExpired, kLost, kUnloaded };
+const char* SequenceEndName(SequenceEnd end);
 
 // What the scheduler observes, for metrics and statistics.
 class SchedulerObserver {
@@ -130,6 +153,10 @@ class SchedulerObserver {
   // The sequences (streams) live in copies now for the model.
   virtual void OnLiveStreams(const std::string& /*model_key*/, int64_t /*live*/) {}
   virtual void OnStreamEnded(const std::string& /*model_key*/, StreamEnd /*end*/) {}
+  // Stateful models: the sequences live now, and one that ended. Called with the scheduler's
+  // lock held: must not call back.
+  virtual void OnLiveSequences(const std::string& /*model_key*/, int64_t /*live*/) {}
+  virtual void OnSequenceEnded(const std::string& /*model_key*/, SequenceEnd /*end*/) {}
 };
 
 // How a failed replacement of a stuck copy is retried: after `first`, then twice as long after
@@ -156,6 +183,10 @@ class Scheduler {
 
   // Applies to streams queued from now on.
   void SetStreamLimits(StreamLimits limits);
+  // Added to the refusal of a request for a sequence this scheduler never knew (no
+  // sequence_start): why sequences may have gone without a trace, e.g. that the serving process
+  // restarted after a crash.
+  void SetUnknownSequenceNote(std::string note);
 
   // Starts taking requests for `model` (under model->key()). The model must stay loaded until
   // RemoveModel returns.
@@ -200,6 +231,17 @@ class Scheduler {
   size_t Stop(std::optional<Clock::time_point> deadline = std::nullopt);
 
  private:
+  struct LiveSequence {
+    size_t slot = 0;
+    uint64_t incarnation = 0;
+    int64_t pending = 0;  // its requests queued or running
+    Clock::time_point idle_since;
+  };
+  struct GoneSequence {
+    std::string why;  // "expired: ...", "was lost: ..."
+    Clock::time_point forget_at;
+  };
+
   struct ModelQueue {
     std::shared_ptr<interpreters::ReplicatedModel> model;
     BatchingOptions batching;
@@ -216,6 +258,14 @@ class Scheduler {
     // (until then one stream per copy at a time), and its sequences live in copies now.
     std::optional<bool> step_interface;
     int64_t live_streams = 0;
+    // Stateful models: the live sequences by id, how many each slot holds, the ids that went
+    // lately (why, for the refusal of their next request), and by slot the states to free in
+    // the copy before its next request of the model.
+    std::map<std::string, LiveSequence> sequences;
+    std::vector<int64_t> sequences_in;
+    std::map<std::string, GoneSequence> gone;
+    std::deque<std::pair<Clock::time_point, std::string>> gone_order;  // by forget time
+    std::vector<std::vector<std::string>> drops;
   };
 
   // A batch being run; answered once, by its worker or, if the copy is stuck, the watchdog.
@@ -263,6 +313,25 @@ class Scheduler {
   // worker was superseded meanwhile and must exit.
   bool RunStreams(size_t slot, uint64_t generation, ModelQueue& queue, InferJob first);
   void Watch();
+  // Stateful models (sequences.cpp). Admits `job` to its sequence under the lock: the slot
+  // that holds (or, for a start, will hold) its state, or why not.
+  Status AdmitSequenceStep(ModelQueue& queue, InferJob& job);
+  // The job's sequence is idle again once its answer goes out (called from `done`).
+  void SettleSequenceStep(const std::string& model_key, const SequenceStep& step);
+  // Ends a live sequence for `end`; `why` (not for kEnded/kRestarted) answers its next request.
+  void EndSequence(ModelQueue& queue, std::map<std::string, LiveSequence>::iterator live,
+                   SequenceEnd end, const std::string& why);
+  void RememberGone(ModelQueue& queue, const std::string& id, std::string why);
+  // Expires idle sequences and forgets old gone ones; returns when to look again.
+  Clock::time_point ExpireSequences(Clock::time_point now);
+  // Fails the sequences that `slot`'s copy held (it is being replaced): their queued requests
+  // go to `failed` with their refusal.
+  void LoseSequences(size_t slot, const std::string& why,
+                     std::vector<std::pair<InferJob, Status>>& failed);
+  // The oldest queued job for `slot` of a stateful model (its jobs target one slot each).
+  static std::deque<InferJob>::iterator NextSequenceJob(ModelQueue& queue, size_t slot);
+  // Frees states in `slot`'s copy that their sequences left behind; false when there were none.
+  bool DropSequenceStates(std::unique_lock<std::mutex>& lock, size_t slot);
   // Interrupts the batch running on `slot` from a thread of its own (interrupting waits for
   // the copy's GIL, which a copy stuck in C never gives up).
   static void Interrupt(Worker& worker);
@@ -301,6 +370,8 @@ class Scheduler {
   const size_t max_queue_size_;
   StreamLimits stream_limits_;  // guarded by mutex_
   std::atomic<uint64_t> next_stream_id_{1};
+  uint64_t next_sequence_incarnation_ = 1;  // guarded by mutex_
+  std::string unknown_sequence_note_;       // guarded by mutex_
   const std::chrono::milliseconds execution_grace_;
   const size_t max_abandoned_copies_;
   const RetryBackoff replacement_retry_;

@@ -152,6 +152,16 @@ TEST(Manifest, EachProblemIsReportedWithItsJsonPath) {
        "$.max_live_sequences: only a streaming model"},
       {"{" + base + io + R"(, "streaming": true, "max_live_sequences": 0})",
        "$.max_live_sequences: expected an integer >= 1"},
+      {"{" + base + io + R"(, "sequence": 60})", "$.sequence: expected an object"},
+      {"{" + base + io + R"(, "sequence": {"idle": 5}})", "$.sequence.idle: unknown key"},
+      {"{" + base + io + R"(, "sequence": {"idle_timeout_ms": 0}})",
+       "$.sequence.idle_timeout_ms: expected an integer >= 1"},
+      {"{" + base + io + R"(, "sequence": {"max_sequences_per_copy": 0}})",
+       "$.sequence.max_sequences_per_copy: expected an integer >= 1"},
+      {"{" + base + io + R"(, "sequence": {}, "streaming": true})",
+       "$.sequence: a streaming model cannot also be stateful"},
+      {"{" + base + io + R"(, "sequence": {}, "max_batch_size": 4})",
+       "$.max_batch_size: a stateful model (\"sequence\") runs each request alone"},
   };
   for (const Case& test : cases) {
     Result<Manifest> manifest = ParseManifest(test.json);
@@ -178,6 +188,23 @@ TEST(Manifest, StreamingModelsAndTheirLiveSequences) {
   Result<Manifest> live = ParseManifest(base + R"(, "streaming": true, "max_live_sequences": 3})");
   ASSERT_TRUE(live.ok());
   EXPECT_EQ(live->max_live_sequences, 3);
+}
+
+TEST(Manifest, StatefulModelsDeclareTheirSequenceSettings) {
+  const std::string base = R"({"format_version": 1, "name": "m", "version": 1, "entry": "a:B", )"
+                           R"("inputs": [{"name": "x", "datatype": "BYTES", "shape": [1]}], )"
+                           R"("outputs": [{"name": "y", "datatype": "BYTES", "shape": [1]}])";
+  EXPECT_FALSE(ParseManifest(base + "}")->sequence.has_value());
+  Result<Manifest> defaults = ParseManifest(base + R"(, "sequence": {}})");
+  ASSERT_TRUE(defaults.ok()) << defaults.status().message();
+  ASSERT_TRUE(defaults->sequence.has_value());
+  EXPECT_FALSE(defaults->sequence->idle_timeout_ms.has_value());
+  EXPECT_FALSE(defaults->sequence->max_sequences_per_copy.has_value());
+  Result<Manifest> given = ParseManifest(
+      base + R"(, "sequence": {"idle_timeout_ms": 1500, "max_sequences_per_copy": 8}})");
+  ASSERT_TRUE(given.ok()) << given.status().message();
+  EXPECT_EQ(given->sequence->idle_timeout_ms, 1500);
+  EXPECT_EQ(given->sequence->max_sequences_per_copy, 8);
 }
 
 TEST(Manifest, OpenAiMappingNamesOneTextInputAndATextOutput) {

@@ -381,6 +381,49 @@ TEST(ParseInferRequest, KeepsTheRequestParametersThatAreTheModels) {
   }
 }
 
+// A stateful model's requests carry Triton's sequence parameters, read apart from the model's own
+// parameters: an id an unsigned integer (to 2^64 - 1) or a string (7 and "7" are two sequences).
+TEST(ParseInferRequest, ReadsTheSequenceParametersOfAStatefulModel) {
+  packaging::Manifest manifest = EchoManifest(DataType::kFp32, {1});
+  manifest.sequence = packaging::Manifest::Sequence{};
+  const std::string input = R"("inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1]}])";
+  Result<InferRequest> parsed =
+      Parse(manifest,
+            R"({"parameters":{"sequence_id":18446744073709551615,"sequence_start":true,"k":1},)" +
+                input + "}");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  ASSERT_TRUE(parsed->sequence.has_value());
+  EXPECT_EQ(parsed->sequence->id, "18446744073709551615");
+  EXPECT_TRUE(parsed->sequence->start);
+  EXPECT_FALSE(parsed->sequence->end);
+  EXPECT_EQ(parsed->parameters, (interpreters::RequestParameters{{"k", int64_t{1}}}));
+  parsed =
+      Parse(manifest, R"({"parameters":{"sequence_id":"7","sequence_end":true},)" + input + "}");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->sequence->id, "\"7\"");
+  EXPECT_TRUE(parsed->sequence->end);
+  const std::pair<std::string, std::string> refused[] = {
+      {"{" + input + "}", "model echo is stateful: each request names its sequence"},
+      {R"({"parameters":{"sequence_start":true},)" + input + "}",
+       "model echo is stateful: each request names its sequence"},
+      {R"({"parameters":{"sequence_id":-1},)" + input + "}",
+       "parameter 'sequence_id' must be an unsigned integer or a non-empty string"},
+      {R"({"parameters":{"sequence_id":""},)" + input + "}",
+       "parameter 'sequence_id' must be an unsigned integer or a non-empty string"},
+      {R"({"parameters":{"sequence_id":1.5},)" + input + "}",
+       "parameter 'sequence_id' must be an unsigned integer or a non-empty string"},
+      {R"({"parameters":{"sequence_id":[1]},)" + input + "}",
+       "parameter 'sequence_id' must be an unsigned integer or a non-empty string"},
+      {R"({"parameters":{"sequence_id":1,"sequence_start":1},)" + input + "}",
+       "parameter 'sequence_start' must be a boolean"},
+  };
+  for (const auto& [body, message] : refused) {
+    parsed = Parse(manifest, body);
+    ASSERT_FALSE(parsed.ok()) << body;
+    EXPECT_THAT(parsed.status().message(), HasSubstr(message)) << body;
+  }
+}
+
 // Nothing a client asks for is accepted and ignored: what Orochi does not implement is refused,
 // named, while the model's own parameters still reach it.
 TEST(ParseInferRequest, RefusesWhatOrochiDoesNotImplementNamingIt) {
@@ -394,9 +437,9 @@ TEST(ParseInferRequest, RefusesWhatOrochiDoesNotImplementNamingIt) {
       {R"({"parameters":{"priority":1},"inputs":[)" + input + "]}",
        R"(parameter "priority" is not supported)"},
       {R"({"parameters":{"sequence_id":7,"sequence_start":true},"inputs":[)" + input + "]}",
-       R"(parameter "sequence_id" is not supported)"},
+       R"(model echo is not stateful (its manifest declares no "sequence"))"},
       {R"({"parameters":{"sequence_end":true},"inputs":[)" + input + "]}",
-       R"(parameter "sequence_end" is not supported)"},
+       R"(model echo is not stateful)"},
       {R"({"inputs":[)" + input + R"(],"model_name":"echo"})",
        R"(the request has the key "model_name", which Orochi does not implement)"},
       {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],"contents":{}}]})",

@@ -38,6 +38,8 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->models.max_queue_size, defaults.models.max_queue_size);
   EXPECT_EQ(shipped->models.default_timeout_ms, defaults.models.default_timeout_ms);
   EXPECT_EQ(shipped->models.execution_grace_ms, defaults.models.execution_grace_ms);
+  EXPECT_EQ(shipped->models.sequence_idle_timeout_ms, defaults.models.sequence_idle_timeout_ms);
+  EXPECT_EQ(shipped->models.max_sequences_per_copy, defaults.models.max_sequences_per_copy);
   EXPECT_EQ(shipped->models.max_abandoned_copies, defaults.models.max_abandoned_copies);
   EXPECT_EQ(shipped->models.unload_grace_s, defaults.models.unload_grace_s);
   EXPECT_EQ(shipped->models.max_queue_delay_us, defaults.models.max_queue_delay_us);

@@ -275,7 +275,7 @@ class InferTest(GrpcServerTest):
         request = echo_raw_request()
         request.parameters["sequence_id"].int64_param = 7
         self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
-                        '"sequence_id" is not supported')
+                        "model echo is not stateful")
         request = echo_raw_request()
         request.inputs[0].parameters["shared_memory_region"].string_param = "r"
         self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,

@@ -349,12 +349,13 @@ class ServerTest(SharedServerTest):
         self.assertIn("found 'nan'; write NaN, Infinity and -Infinity", json.loads(body)["error"])
 
     def test_request_fields_orochi_does_not_implement_are_refused_naming_them(self):
-        # Accepted and ignored, a sequence would silently be wrong; shared memory is served, and
+        # Accepted and ignored, a priority or a sequence would silently be wrong (sequences are
+        # for stateful models: test_sequences); shared memory is served, and
         # a region this server does not have is named (test_shared_memory has the rest).
         cases = [
             ({"parameters": {"priority": 2}}, 'parameter "priority" is not supported'),
             ({"parameters": {"sequence_id": 5, "sequence_start": True}},
-             'parameter "sequence_id" is not supported'),
+             "model echo is not stateful"),
             ({"outputs": [{"name": "out_fp32",
                            "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8}}]},
              "output 'out_fp32': unable to find system shared memory region: 'r'"),

@@ -202,6 +202,11 @@ class _LoadedModel:
             raise TypeError(f"{manifest['entry']} has no predict(inputs) method")
         predict = getattr(self.instance, "predict", None)
         self.takes_parameters = callable(predict) and _takes_parameters(predict)
+        self.stateful = "sequence" in manifest
+        if self.stateful and not (callable(predict) and _takes_argument(predict, "state")):
+            raise TypeError(f"{manifest['entry']} is a stateful model (its manifest declares "
+                            "\"sequence\"): its predict must take the sequence's state, as "
+                            "predict(self, inputs, state)")
         self.outputs = manifest["outputs"]
         self.batched = manifest.get("max_batch_size", 0) > 0
         self.streaming = bool(manifest.get("streaming", False))
@@ -214,13 +219,18 @@ class _LoadedModel:
 def _takes_parameters(predict):
     """Whether predict() has a `parameters` argument (or **kwargs) for the request's parameters;
     a model that does not ask for them is called as predict(inputs), as before they existed."""
+    return _takes_argument(predict, "parameters")
+
+
+def _takes_argument(function, name):
+    """Whether `function` takes the keyword argument `name` (or **kwargs)."""
     import inspect
     try:
-        signature = inspect.signature(predict)
+        signature = inspect.signature(function)
     except (TypeError, ValueError):  # a callable without a signature: inputs only
         return False
     return any(parameter.kind is inspect.Parameter.VAR_KEYWORD or
-               (parameter.name == "parameters" and
+               (parameter.name == name and
                 parameter.kind is not inspect.Parameter.POSITIONAL_ONLY)
                for parameter in signature.parameters.values())
 
@@ -355,25 +365,62 @@ def _outputs(model, result, produced_by="predict()"):
     return outputs
 
 
-def _predict(key, inputs, parameters=()):
+def _predict(key, inputs, parameters=(), sequence=None):
     """inputs: [[name, tensor | [shape, [bytes, ...]]], ...] -> [outputs in the same form,
     [input_ns, output_ns]]: how long making the inputs into predict()'s arguments, and its
     result into outputs, took (the host's compute_input and compute_output statistics);
-    parameters: the request's [[name, value], ...], for a predict() that takes them."""
+    parameters: the request's [[name, value], ...], for a predict() that takes them;
+    sequence: [id, start, end] for a stateful model (see _sequence_state)."""
     started = time.perf_counter_ns()
     model = _model(key)
     if model.streaming:
         raise InputError(f"model {key} is a streaming model: it answers through generate, "
                          "generate_stream or gRPC ModelStreamInfer")
-    arguments = _arguments(model, inputs)
-    calling = time.perf_counter_ns()
-    if model.takes_parameters:
-        result = model.instance.predict(arguments, parameters=dict(parameters))
-    else:
-        result = model.instance.predict(arguments)
-    returned = time.perf_counter_ns()
-    outputs = _outputs(model, result)
+    if model.stateful != (sequence is not None):
+        raise InputError(f"model {key} is stateful: its requests name their sequence"
+                         if model.stateful else f"model {key} is not stateful")
+    try:
+        arguments = _arguments(model, inputs)
+        keywords = {}
+        if model.takes_parameters:
+            keywords["parameters"] = dict(parameters)
+        if sequence is not None:
+            keywords["state"] = _sequence_state(key, *sequence)
+        calling = time.perf_counter_ns()
+        result = model.instance.predict(arguments, **keywords)
+        returned = time.perf_counter_ns()
+        outputs = _outputs(model, result)
+    finally:
+        if sequence is not None and sequence[2]:  # sequence_end frees it, come what may
+            _states.pop((key, sequence[0]), None)
     return [outputs, [calling - started, time.perf_counter_ns() - returned]]
+
+
+# --- stateful models ----------------------------------------------------------------------
+#
+# The state of each live sequence of a stateful model is a dict kept here, in the copy that
+# holds the sequence (the host sends all its requests to that copy, one at a time, in order):
+# sequence_start makes a new empty one, predict() reads and changes it, sequence_end frees it.
+
+_states = {}  # (model key, sequence id) -> dict
+
+
+def _sequence_state(key, sequence_id, start, end):
+    if start:
+        _states[(key, sequence_id)] = {}
+    state = _states.get((key, sequence_id))
+    if state is None:
+        raise InputError(f"sequence {sequence_id} of model {key} has no state: its "
+                         "sequence_start request never ran (it was cancelled or its deadline "
+                         "passed in the queue); start it again with sequence_start")
+    return state
+
+
+def _sequence_drop(key, sequence_ids):
+    """Frees the states of sequences that expired or whose end never ran."""
+    for sequence_id in sequence_ids:
+        _states.pop((key, sequence_id), None)
+    return True
 
 
 # --- streaming models ---------------------------------------------------------------------
@@ -522,6 +569,8 @@ def _unload(key):
             _stream_close(live_key, live_id)
         except Exception:  # noqa: S110 - the model goes regardless of one sequence's finish()
             pass
+    for state_key in [state_key for state_key in _states if state_key[0] == key]:
+        del _states[state_key]
     close = getattr(model.instance, "close", None)
     try:
         if callable(close):

@@ -44,6 +44,15 @@ struct NamedTensor {
 using ParameterValue = std::variant<bool, int64_t, double, std::string>;
 using RequestParameters = std::vector<std::pair<std::string, ParameterValue>>;
 
+// A request of a stateful model (its manifest's "sequence"): the sequence whose state, kept in
+// the copy, predict() receives. `start` gives it a new, empty state first; `end` frees the
+// state after the call, whether predict() succeeds or not.
+struct SequenceCall {
+  std::string id;
+  bool start = false;
+  bool end = false;
+};
+
 struct ModelSource {
   // Unique among the models loaded into one manager, e.g. "digits:1".
   std::string key;
@@ -118,15 +127,21 @@ class ReplicatedModel {
   // kUnavailable once unloaded.
   // `parameters` reach predict() only when it takes a `parameters` argument.
   Result<std::vector<NamedTensor>> Predict(const std::vector<NamedTensor>& inputs,
-                                           const RequestParameters& parameters = {});
+                                           const RequestParameters& parameters = {},
+                                           const SequenceCall* sequence = nullptr);
 
   // Runs predict() in `copy`, which the caller holds through a Lease on one of slots(). For
   // schedulers that give each copy its own worker thread. Says where the time went in
-  // `timings` when given, whether the call succeeds or not.
+  // `timings` when given, whether the call succeeds or not. A stateful model's call names its
+  // `sequence`, whose state stays in `copy`: its later calls must run there too.
   Result<std::vector<NamedTensor>> PredictIn(Interpreter& copy,
                                              const std::vector<NamedTensor>& inputs,
                                              const RequestParameters& parameters = {},
-                                             PredictTimings* timings = nullptr);
+                                             PredictTimings* timings = nullptr,
+                                             const SequenceCall* sequence = nullptr);
+  // Frees the states of a stateful model's sequences `ids` in `copy` (which the caller holds):
+  // sequences that expired, or whose end never ran. Ids without a state there are skipped.
+  Status DropSequences(Interpreter& copy, const std::vector<std::string>& ids);
 
   // Streaming models (orochi.serving's streams), each call in `copy`, which the caller holds.
   // A stream is opened once, advanced by StreamNext (a generator) or StreamStep (the step

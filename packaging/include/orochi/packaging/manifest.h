@@ -85,6 +85,14 @@ struct Manifest {
     bool byte_tokens = false;
   };
   std::optional<OpenAi> openai;
+  // A stateful model (Triton's sequence batcher): each request belongs to a sequence named by
+  // its sequence_id, whose state lives in one copy and reaches predict(inputs, state). Unset
+  // fields take the server's defaults.
+  struct Sequence {
+    std::optional<int64_t> idle_timeout_ms;         // >= 1: an idle sequence is freed after it
+    std::optional<int64_t> max_sequences_per_copy;  // >= 1: live sequences one copy holds
+  };
+  std::optional<Sequence> sequence;
   // Python modules from outside the package ("requires"), e.g. "numpy": the server's
   // python.site_packages must provide each, or loading fails naming the module.
   std::vector<std::string> required_modules;

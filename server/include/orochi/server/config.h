@@ -119,6 +119,11 @@ struct ModelsConfig {
   // How long a stream may stay paused by a full buffer (a client that reads nothing) before it
   // is ended with an error and its copy freed.
   int64_t stream_stall_timeout_ms = 30000;
+  // Stateful models: a sequence with no request for this long is freed (its manifest's
+  // sequence.idle_timeout_ms overrides it), and the most live sequences one copy holds (its
+  // sequence.max_sequences_per_copy overrides it).
+  int64_t sequence_idle_timeout_ms = 60000;
+  int64_t max_sequences_per_copy = 256;
   int64_t max_queue_delay_us = 0;  // dynamic batching: how long a batch may wait to fill
   std::vector<int64_t> preferred_batch_sizes;
   std::map<std::string, VersionPolicy> version_policies;  // by model name; "latest" otherwise

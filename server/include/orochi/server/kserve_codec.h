@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "orochi/base/status.h"
@@ -42,6 +43,15 @@ struct SharedMemoryInput {
   engine::Shape shape;  // as the request gives it, checked against the model's
 };
 
+// Triton's sequence parameters of a request to a stateful model (the manifest's "sequence").
+struct SequenceControl {
+  // The sequence_id as the client wrote it, which names it in messages and keys it: an unsigned
+  // integer in decimal (7), a string JSON-quoted ("\"user-7\""), so that 7 and "7" differ.
+  std::string id;
+  bool start = false;  // sequence_start: a new state (a live sequence of that id restarts)
+  bool end = false;    // sequence_end: the state is freed after this request
+};
+
 struct InferRequest {
   std::string id;
   std::vector<interpreters::NamedTensor> inputs;  // in the manifest's order
@@ -50,6 +60,8 @@ struct InferRequest {
   // The request's parameters other than those read here (timeout, binary_data_output), for the
   // model's predict().
   interpreters::RequestParameters parameters;
+  // Set for (and only for) a stateful model: which sequence the request belongs to.
+  std::optional<SequenceControl> sequence;
   std::vector<std::string> outputs;  // requested outputs; empty: all
   std::set<std::string> binary_outputs;
   // Outputs asked for as classes (Triton's classification extension): name -> how many.
@@ -85,6 +97,12 @@ class InferRequestBuilder {
                                             std::string_view source) const;
   // Adds an input checked by CheckInput.
   void AddInput(interpreters::NamedTensor input);
+  // Triton's sequence parameters, which the model's predict() does not get as parameters:
+  // sequence_id (an unsigned integer or a non-empty string), sequence_start and sequence_end
+  // (booleans). A parameter's value as a protocol reads it; monostate for one of another type.
+  using WireValue = std::variant<std::monostate, bool, int64_t, uint64_t, double, std::string>;
+  static bool IsSequenceParameter(std::string_view name);
+  Status SequenceParameter(const std::string& name, const WireValue& value);
   // Adds an input checked by CheckInput whose bytes are in shared memory: ResolveSharedMemory
   // reads them later.
   void AddSharedMemoryInput(const std::string& name, SharedMemoryRef where,
@@ -96,7 +114,8 @@ class InferRequestBuilder {
   Status RequestSharedMemoryOutput(const std::string& name, SharedMemoryRef where);
 
   InferRequest& request() { return request_; }
-  // Every input present, in the manifest's order, their batch sizes agreeing. Call once.
+  // Every input present, in the manifest's order, their batch sizes agreeing; a stateful
+  // model's request names its sequence, another model's names none. Call once.
   Result<InferRequest> Finish();
 
  private:
@@ -104,6 +123,8 @@ class InferRequestBuilder {
   InferRequest request_;
   std::map<std::string, interpreters::NamedTensor> inputs_;
   std::map<std::string, int64_t> rows_;  // each input's batch dim, as its shape gives it
+  SequenceControl sequence_;
+  bool sequence_given_ = false;  // any of the sequence parameters
 };
 
 // One output of a response as a protocol writes it: selected, and classified when asked.
