@@ -16,9 +16,22 @@
 
 #include "orochi/base/check.h"
 #include "orochi/engine/ops.h"
+#include "thread_pool.h"
 
 namespace orochi::engine::cpu {
 namespace {
+
+// oneDNN runs on the calling thread's OpenMP team: the caller and as many threads as it borrowed
+// from the pool, whose own helpers stay idle meanwhile, so the threads working still match the
+// permits taken. Below kOnednnGrain multiply-adds (or compares) per thread, a thread more costs
+// more than it saves (measured: bench_engine's conv and linear cases, docs/PERFORMANCE.md).
+constexpr int64_t kOnednnGrain = int64_t{1} << 18;
+
+int TeamOf(const BorrowedThreads& borrowed) {
+  const int threads = 1 + borrowed.count();
+  omp_set_num_threads(threads);
+  return threads;
+}
 
 using dnnl::memory;
 using Tag = memory::format_tag;
@@ -277,9 +290,9 @@ std::shared_ptr<const PoolPlan> MakePoolPlan(const PoolKey& key) {
 void OnednnMaxPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
                      std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
                      Tensor& output) {
-  const int threads = IntraOpThreads();  // before the plan: see OnednnConv2d
-  omp_set_num_threads(threads);
   const Shape& in = input.shape();
+  const BorrowedThreads borrowed(HelpersFor(output.numel() * kernel[0] * kernel[1], kOnednnGrain));
+  const int threads = TeamOf(borrowed);  // before the plan: see OnednnConv2d
   const PoolKey key{in[0],     in[1],     in[2],      in[3],      kernel[0], kernel[1],
                     stride[0], stride[1], padding[0], padding[1], threads};
   const std::shared_ptr<const PoolPlan> plan = FindPlan(key, MakePoolPlan);
@@ -299,8 +312,9 @@ void OnednnConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
   // oneDNN sizes a primitive's work split for the calling thread's OpenMP team size when the
   // primitive is made, and runs it with that many threads: so the count is set before the plan
   // is found, and is part of its key.
-  const int threads = IntraOpThreads();
-  omp_set_num_threads(threads);
+  const BorrowedThreads borrowed(
+      HelpersFor(output.numel() * (filters[1] * filters[2] * filters[3]), kOnednnGrain));
+  const int threads = TeamOf(borrowed);
   const PlanKey key{in[0],
                     in[1],
                     in[2],
@@ -388,8 +402,8 @@ bool PrefersOnednnLinear(const Tensor& input, const Tensor& weight) {
 }
 
 void OnednnLinear(const Tensor& input, const Tensor& weight, const Tensor* bias, Tensor& output) {
-  const int threads = IntraOpThreads();  // before the plan: see OnednnConv2d
-  omp_set_num_threads(threads);
+  const BorrowedThreads borrowed(HelpersFor(output.numel() * input.shape()[1], kOnednnGrain));
+  const int threads = TeamOf(borrowed);  // before the plan: see OnednnConv2d
   const LinearKey key{input.shape()[0], input.shape()[1], weight.shape()[0],
                       bias != nullptr ? 1 : 0, threads};
   const std::shared_ptr<const LinearPlan> plan = FindPlan(key, MakeLinearPlan);
