@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -349,6 +350,10 @@ void PrintRatio(const char* label, double value, double baseline, const char* go
 }  // namespace
 
 int main(int argc, char** argv) {
+  // One thread unless OROCHI_INTRA_OP_THREADS says otherwise: the baselines (a direct sgemm, a
+  // single thread's memcpy) are single-threaded, and the ratios compare like with like.
+  const char* threads = std::getenv("OROCHI_INTRA_OP_THREADS");
+  orochi::engine::SetIntraOpThreads(threads != nullptr ? std::atoi(threads) : 1);
   benchmark::Initialize(&argc, argv);
   std::printf("OpenBLAS core: %s (%s), intra-op threads: %d\n",
               std::string(orochi::engine::BlasCoreName()).c_str(),
