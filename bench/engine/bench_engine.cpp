@@ -7,6 +7,8 @@
 //   add           vs memcpy, in bytes moved per second (goal >= 0.7)
 //   softmax, layer_norm in GB/s of input read plus output written, and vs memcpy (goal >= 0.5),
 //                 with the vectorised kernels and with the scalar ones (OROCHI_CPU_ISA=scalar)
+// The engine runs single-threaded, as its baselines do; OROCHI_INTRA_OP_THREADS=N gives it an
+// intra-op pool of N threads instead (0: every core).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <dlfcn.h>
