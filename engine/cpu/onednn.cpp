@@ -27,6 +27,16 @@ namespace {
 // more than it saves (measured: bench_engine's conv and linear cases, docs/PERFORMANCE.md).
 constexpr int64_t kOnednnGrain = int64_t{1} << 18;
 
+#if defined(__SANITIZE_THREAD__)
+// libgomp is not built for ThreadSanitizer, which would read its team's barriers as races: under
+// it, oneDNN runs on the calling thread alone (the pool's own threads are still checked).
+constexpr bool kOpenMpTeams = false;
+#else
+constexpr bool kOpenMpTeams = true;
+#endif
+
+int OnednnHelpers(int64_t work) { return kOpenMpTeams ? HelpersFor(work, kOnednnGrain) : 0; }
+
 int TeamOf(const BorrowedThreads& borrowed) {
   const int threads = 1 + borrowed.count();
   omp_set_num_threads(threads);
@@ -291,7 +301,7 @@ void OnednnMaxPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
                      std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
                      Tensor& output) {
   const Shape& in = input.shape();
-  const BorrowedThreads borrowed(HelpersFor(output.numel() * kernel[0] * kernel[1], kOnednnGrain));
+  const BorrowedThreads borrowed(OnednnHelpers(output.numel() * kernel[0] * kernel[1]));
   const int threads = TeamOf(borrowed);  // before the plan: see OnednnConv2d
   const PoolKey key{in[0],     in[1],     in[2],      in[3],      kernel[0], kernel[1],
                     stride[0], stride[1], padding[0], padding[1], threads};
@@ -313,7 +323,7 @@ void OnednnConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
   // primitive is made, and runs it with that many threads: so the count is set before the plan
   // is found, and is part of its key.
   const BorrowedThreads borrowed(
-      HelpersFor(output.numel() * (filters[1] * filters[2] * filters[3]), kOnednnGrain));
+      OnednnHelpers(output.numel() * (filters[1] * filters[2] * filters[3])));
   const int threads = TeamOf(borrowed);
   const PlanKey key{in[0],
                     in[1],
@@ -402,7 +412,7 @@ bool PrefersOnednnLinear(const Tensor& input, const Tensor& weight) {
 }
 
 void OnednnLinear(const Tensor& input, const Tensor& weight, const Tensor* bias, Tensor& output) {
-  const BorrowedThreads borrowed(HelpersFor(output.numel() * input.shape()[1], kOnednnGrain));
+  const BorrowedThreads borrowed(OnednnHelpers(output.numel() * input.shape()[1]));
   const int threads = TeamOf(borrowed);  // before the plan: see OnednnConv2d
   const LinearKey key{input.shape()[0], input.shape()[1], weight.shape()[0],
                       bias != nullptr ? 1 : 0, threads};

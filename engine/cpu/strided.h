@@ -61,8 +61,9 @@ void ForEachRow(const Shape& shape, const std::array<const Tensor*, N>& tensors,
                 for (int64_t d = rank - 2, rest = first; d >= 0; --d) {
                   index[d] = rest % shape[d];
                   rest /= shape[d];
-                  for (size_t t = 0; t < N; ++t)
+                  for (size_t t = 0; t < N; ++t) {
                     row[t] += tensors[t]->strides()[d] * item[t] * index[d];
+                  }
                 }
                 for (int64_t r = first; r < last; ++r) {
                   body(row, length, inner);
