@@ -8,9 +8,9 @@
 
 namespace orochi::engine::cpu {
 
-// Below this many multiply-adds per thread, a thread more costs more than it saves (its wake-up
-// and the BLAS call's fixed cost): chosen by measurement (bench_engine's matmul cases,
-// docs/PERFORMANCE.md).
+// Multiply-adds per thread from which a GEMM is split: 2^18 take about 10-20 us on one core,
+// several times a helper's wake-up and a BLAS call's fixed cost, so a split never costs more than
+// it saves. (Set from those costs; not tuned on an idle machine: docs/PERFORMANCE.md.)
 inline constexpr int64_t kGemmGrain = int64_t{1} << 18;
 
 // Output blocks are whole rows or whole columns, in steps of kGemmQuantum so that each block

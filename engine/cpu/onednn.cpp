@@ -23,8 +23,8 @@ namespace {
 
 // oneDNN runs on the calling thread's OpenMP team: the caller and as many threads as it borrowed
 // from the pool, whose own helpers stay idle meanwhile, so the threads working still match the
-// permits taken. Below kOnednnGrain multiply-adds (or compares) per thread, a thread more costs
-// more than it saves (measured: bench_engine's conv and linear cases, docs/PERFORMANCE.md).
+// permits taken. From kOnednnGrain multiply-adds (or compares) per thread: the GEMM's grain
+// (gemm_split.h), for the same reason.
 constexpr int64_t kOnednnGrain = int64_t{1} << 18;
 
 #if defined(__SANITIZE_THREAD__)

@@ -12,9 +12,9 @@
 
 namespace orochi::engine::cpu {
 
-// Elements per thread from which an elementwise op spreads over the pool: below it, waking a
-// thread costs more than it saves (measured with bench_engine's elementwise cases,
-// docs/PERFORMANCE.md).
+// Elements per thread from which an elementwise op spreads over the pool: 2^15 float adds take
+// about 5-10 us, above a helper's wake-up, so a split never costs more than it saves. (Set from
+// those costs; not tuned on an idle machine: docs/PERFORMANCE.md.)
 inline constexpr int64_t kElementwiseGrain = int64_t{1} << 15;
 
 // Calls body(pointers..., count, inner_strides...) once per run of the innermost dimension, with
