@@ -73,7 +73,6 @@ const KernelRegistry& Kernels() {
     KernelRegistry built;
     RegisterCpuKernels(built);
     LoadDeviceLibraries(built);
-    SetIntraOpThreads(1);  // interpreter copies are the parallelism; OpenBLAS follows
     return built;
   }();
   return registry;

@@ -419,18 +419,6 @@ Tensor Matmul(const Tensor& a, const Tensor& b) {
   return output.View(result);
 }
 
-namespace {
-std::atomic<int> intra_op_threads{1};
-}
-
-void SetIntraOpThreads(int threads) {
-  OROCHI_CHECK_ARG(threads >= 1, "intra-op threads must be at least 1, got " << threads);
-  intra_op_threads.store(threads);
-  cpu::Blas().set_num_threads(threads);
-}
-
-int IntraOpThreads() { return intra_op_threads.load(); }
-
 std::string_view BlasCoreName() { return cpu::Blas().get_corename(); }
 
 std::string_view BlasCoreChoice() { return cpu::Blas().core_choice; }

@@ -146,7 +146,7 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   ServerConfig config;
   ObjectReader root(json, "$");
   OROCHI_RETURN_IF_ERROR(root.Check(
-      {"http", "grpc", "management", "models", "log", "python", "copies", "supervisor"}));
+      {"http", "grpc", "management", "models", "log", "python", "engine", "copies", "supervisor"}));
   OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
 
   ObjectReader http = root.Child("http");
@@ -268,6 +268,11 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
       models.Integers("preferred_batch_sizes", &config.models.preferred_batch_sizes, 1));
 
   OROCHI_RETURN_IF_ERROR(models.Policies("version_policies", &config.models.version_policies));
+
+  ObjectReader engine = root.Child("engine");
+  OROCHI_RETURN_IF_ERROR(engine.Check({"intra_op_threads"}));
+  OROCHI_RETURN_IF_ERROR(
+      engine.Integer("intra_op_threads", &config.engine.intra_op_threads, 0, 1024));
 
   ObjectReader python = root.Child("python");
   OROCHI_RETURN_IF_ERROR(python.Check({"site_packages"}));

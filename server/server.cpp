@@ -316,8 +316,10 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   }
   OROCHI_ASSIGN_OR_RETURN(std::optional<std::string> inference_token,
                           LoadToken(cfg.http.token_file, cfg.http.token_env, "inference"));
+  engine::SetIntraOpThreads(cfg.engine.intra_op_threads);
   Log(LogLevel::kInfo, "starting",
-      {{"blas_core", std::string(engine::BlasCoreName())},
+      {{"intra_op_threads", std::to_string(engine::IntraOpThreads()), false},
+       {"blas_core", std::string(engine::BlasCoreName())},
        {"blas_core_choice", std::string(engine::BlasCoreChoice())}});
   if (int gpus = engine::DeviceCount(engine::DeviceType::kCuda); gpus > 0) {
     Log(LogLevel::kInfo, "CUDA devices found", {{"gpus", std::to_string(gpus), false}});

@@ -7,6 +7,8 @@
 //   add           vs memcpy, in bytes moved per second (goal >= 0.7)
 //   softmax, layer_norm in GB/s of input read plus output written, and vs memcpy (goal >= 0.5),
 //                 with the vectorised kernels and with the scalar ones (OROCHI_CPU_ISA=scalar)
+// The engine runs single-threaded, as its baselines do; OROCHI_INTRA_OP_THREADS=N gives it an
+// intra-op pool of N threads instead (0: every core).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <dlfcn.h>
@@ -14,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -349,6 +352,10 @@ void PrintRatio(const char* label, double value, double baseline, const char* go
 }  // namespace
 
 int main(int argc, char** argv) {
+  // One thread unless OROCHI_INTRA_OP_THREADS says otherwise: the baselines (a direct sgemm, a
+  // single thread's memcpy) are single-threaded, and the ratios compare like with like.
+  const char* threads = std::getenv("OROCHI_INTRA_OP_THREADS");
+  orochi::engine::SetIntraOpThreads(threads != nullptr ? std::atoi(threads) : 1);
   benchmark::Initialize(&argc, argv);
   std::printf("OpenBLAS core: %s (%s), intra-op threads: %d\n",
               std::string(orochi::engine::BlasCoreName()).c_str(),

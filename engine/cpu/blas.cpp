@@ -47,6 +47,10 @@ BlasLibrary Load() {
   blas.set_num_threads =
       Symbol<decltype(&openblas_set_num_threads)>(library, "openblas_set_num_threads");
   blas.get_corename = Symbol<decltype(&openblas_get_corename)>(library, "openblas_get_corename");
+  // One thread per call: the engine's own pool splits a GEMM between threads (matmul.cpp).
+  // OpenBLAS's thread count is one process-wide setting that calls from many threads would race
+  // on, and its threads would come on top of the pool's.
+  blas.set_num_threads(1);
   return blas;
 }
 

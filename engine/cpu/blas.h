@@ -20,8 +20,8 @@ struct BlasLibrary {
   std::string core_choice;  // how the core was chosen, for the startup log
 };
 
-// Loads OpenBLAS once (thread-safe) and returns its entry points. Aborts with a message naming
-// the library if it cannot be loaded: the engine cannot run without it.
+// Loads OpenBLAS once (thread-safe), single-threaded, and returns its entry points. Aborts with a
+// message naming the library if it cannot be loaded: the engine cannot run without it.
 const BlasLibrary& Blas();
 
 }  // namespace orochi::engine::cpu

@@ -223,9 +223,11 @@ void UnaryOp(Op op, const Tensor& input, Tensor& output) {
       const VectorKernels* kernels = ActiveVectorKernels();
       if (kernels != nullptr && VectorFormOf(op, &form)) {
         ForEachRow<2>(
-            output.shape(), {&output, &input}, [&](auto rows, int64_t count, auto strides) {
+            output.shape(), {&output, &input},
+            [&](auto rows, int64_t count, auto strides) {
               VectorUnaryRow<T>(*kernels, form, rows[0], strides[0], rows[1], strides[1], count);
-            });
+            },
+            kElementwiseGrain / 4);  // exp, tanh, erf...: a few times an add's cost per element
         return;
       }
     }

@@ -16,9 +16,32 @@
 
 #include "orochi/base/check.h"
 #include "orochi/engine/ops.h"
+#include "thread_pool.h"
 
 namespace orochi::engine::cpu {
 namespace {
+
+// oneDNN runs on the calling thread's OpenMP team: the caller and as many threads as it borrowed
+// from the pool, whose own helpers stay idle meanwhile, so the threads working still match the
+// permits taken. From kOnednnGrain multiply-adds (or compares) per thread: the GEMM's grain
+// (gemm_split.h), for the same reason.
+constexpr int64_t kOnednnGrain = int64_t{1} << 18;
+
+#if defined(__SANITIZE_THREAD__)
+// libgomp is not built for ThreadSanitizer, which would read its team's barriers as races: under
+// it, oneDNN runs on the calling thread alone (the pool's own threads are still checked).
+constexpr bool kOpenMpTeams = false;
+#else
+constexpr bool kOpenMpTeams = true;
+#endif
+
+int OnednnHelpers(int64_t work) { return kOpenMpTeams ? HelpersFor(work, kOnednnGrain) : 0; }
+
+int TeamOf(const BorrowedThreads& borrowed) {
+  const int threads = 1 + borrowed.count();
+  omp_set_num_threads(threads);
+  return threads;
+}
 
 using dnnl::memory;
 using Tag = memory::format_tag;
@@ -277,9 +300,9 @@ std::shared_ptr<const PoolPlan> MakePoolPlan(const PoolKey& key) {
 void OnednnMaxPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
                      std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
                      Tensor& output) {
-  const int threads = IntraOpThreads();  // before the plan: see OnednnConv2d
-  omp_set_num_threads(threads);
   const Shape& in = input.shape();
+  const BorrowedThreads borrowed(OnednnHelpers(output.numel() * kernel[0] * kernel[1]));
+  const int threads = TeamOf(borrowed);  // before the plan: see OnednnConv2d
   const PoolKey key{in[0],     in[1],     in[2],      in[3],      kernel[0], kernel[1],
                     stride[0], stride[1], padding[0], padding[1], threads};
   const std::shared_ptr<const PoolPlan> plan = FindPlan(key, MakePoolPlan);
@@ -299,8 +322,9 @@ void OnednnConv2d(const Tensor& input, const Tensor& weight, const Tensor* bias,
   // oneDNN sizes a primitive's work split for the calling thread's OpenMP team size when the
   // primitive is made, and runs it with that many threads: so the count is set before the plan
   // is found, and is part of its key.
-  const int threads = IntraOpThreads();
-  omp_set_num_threads(threads);
+  const BorrowedThreads borrowed(
+      OnednnHelpers(output.numel() * (filters[1] * filters[2] * filters[3])));
+  const int threads = TeamOf(borrowed);
   const PlanKey key{in[0],
                     in[1],
                     in[2],
@@ -388,8 +412,8 @@ bool PrefersOnednnLinear(const Tensor& input, const Tensor& weight) {
 }
 
 void OnednnLinear(const Tensor& input, const Tensor& weight, const Tensor* bias, Tensor& output) {
-  const int threads = IntraOpThreads();  // before the plan: see OnednnConv2d
-  omp_set_num_threads(threads);
+  const BorrowedThreads borrowed(OnednnHelpers(output.numel() * input.shape()[1]));
+  const int threads = TeamOf(borrowed);  // before the plan: see OnednnConv2d
   const LinearKey key{input.shape()[0], input.shape()[1], weight.shape()[0],
                       bias != nullptr ? 1 : 0, threads};
   const std::shared_ptr<const LinearPlan> plan = FindPlan(key, MakeLinearPlan);

@@ -1,10 +1,13 @@
 // CPU reductions and softmax over the inner dimension of a contiguous [outer, inner] input.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "dispatch.h"
 #include "kernels.h"
+#include "strided.h"
+#include "thread_pool.h"
 #include "vector_math.h"
 
 namespace orochi::engine::cpu {
@@ -79,24 +82,33 @@ void ReduceOp(Op op, const Tensor& input, Tensor& output) {
 
 namespace {
 
+// Rows of `inner` values per thread, for softmax and the norms (a few passes over each row).
+int64_t RowGrain(int64_t inner) {
+  return std::max<int64_t>(1, kElementwiseGrain / 4 / std::max<int64_t>(inner, 1));
+}
+
 template <typename T>
 constexpr bool kHasVectorKernels =
     std::is_same_v<T, float> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
 // Runs `row(x, y)` on float32 rows of `inner` values: the tensors' own for float32, else copies
 // of each row in a buffer (16-bit floats), converted back afterwards.
+// Rows spread over the intra-op pool (thread_pool.h); each row is computed the same way
+// whichever thread runs it, so the results do not depend on the split.
 template <typename T, typename Row>
 void ForEachFloatRow(const T* in, T* out, int64_t outer, int64_t inner, Row row) {
-  if constexpr (std::is_same_v<T, float>) {
-    for (int64_t r = 0; r < outer; ++r) row(in + r * inner, out + r * inner);
-  } else {
-    std::vector<float> buffer(static_cast<size_t>(inner));
-    for (int64_t r = 0; r < outer; ++r) {
-      for (int64_t i = 0; i < inner; ++i) buffer[i] = Convert<float>(in[r * inner + i]);
-      row(buffer.data(), buffer.data());
-      for (int64_t i = 0; i < inner; ++i) out[r * inner + i] = Convert<T>(buffer[i]);
+  ParallelFor(outer, RowGrain(inner), [&](int64_t first, int64_t last) {
+    if constexpr (std::is_same_v<T, float>) {
+      for (int64_t r = first; r < last; ++r) row(in + r * inner, out + r * inner);
+    } else {
+      std::vector<float> buffer(static_cast<size_t>(inner));
+      for (int64_t r = first; r < last; ++r) {
+        for (int64_t i = 0; i < inner; ++i) buffer[i] = Convert<float>(in[r * inner + i]);
+        row(buffer.data(), buffer.data());
+        for (int64_t i = 0; i < inner; ++i) out[r * inner + i] = Convert<T>(buffer[i]);
+      }
     }
-  }
+  });
 }
 
 // `values` (null, or [inner] of T) as float32: the same pointer for float32, else `converted`.
@@ -129,24 +141,26 @@ void SoftmaxOp(Op op, const Tensor& input, Tensor& output) {
     using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
     const T* in = input.data_as<T>();
     T* out = output.mutable_data_as<T>();
-    for (int64_t row = 0; row < outer; ++row) {
-      const T* x = in + row * inner;
-      T* y = out + row * inner;
-      C maximum = -std::numeric_limits<C>::infinity();
-      for (int64_t i = 0; i < inner; ++i) maximum = std::max(maximum, Convert<C>(x[i]));
-      C total = 0;
-      for (int64_t i = 0; i < inner; ++i) total += std::exp(Convert<C>(x[i]) - maximum);
-      if (op == Op::softmax) {
-        for (int64_t i = 0; i < inner; ++i) {
-          y[i] = Convert<T>(std::exp(Convert<C>(x[i]) - maximum) / total);
-        }
-      } else {
-        C log_total = std::log(total);
-        for (int64_t i = 0; i < inner; ++i) {
-          y[i] = Convert<T>(Convert<C>(x[i]) - maximum - log_total);
+    ParallelFor(outer, RowGrain(inner), [&](int64_t first, int64_t last) {
+      for (int64_t row = first; row < last; ++row) {
+        const T* x = in + row * inner;
+        T* y = out + row * inner;
+        C maximum = -std::numeric_limits<C>::infinity();
+        for (int64_t i = 0; i < inner; ++i) maximum = std::max(maximum, Convert<C>(x[i]));
+        C total = 0;
+        for (int64_t i = 0; i < inner; ++i) total += std::exp(Convert<C>(x[i]) - maximum);
+        if (op == Op::softmax) {
+          for (int64_t i = 0; i < inner; ++i) {
+            y[i] = Convert<T>(std::exp(Convert<C>(x[i]) - maximum) / total);
+          }
+        } else {
+          C log_total = std::log(total);
+          for (int64_t i = 0; i < inner; ++i) {
+            y[i] = Convert<T>(Convert<C>(x[i]) - maximum - log_total);
+          }
         }
       }
-    }
+    });
   });
 }
 
@@ -173,27 +187,29 @@ void NormOp(Op op, const Tensor& input, const Tensor* weight, const Tensor* bias
         return;
       }
     }
-    for (int64_t row = 0; row < outer; ++row) {
-      const T* x = in + row * inner;
-      T* y = out + row * inner;
-      C mean = 0;
-      if (op == Op::layer_norm) {
-        for (int64_t i = 0; i < inner; ++i) mean += Convert<C>(x[i]);
-        mean /= static_cast<C>(inner);
+    ParallelFor(outer, RowGrain(inner), [&](int64_t first, int64_t last) {
+      for (int64_t row = first; row < last; ++row) {
+        const T* x = in + row * inner;
+        T* y = out + row * inner;
+        C mean = 0;
+        if (op == Op::layer_norm) {
+          for (int64_t i = 0; i < inner; ++i) mean += Convert<C>(x[i]);
+          mean /= static_cast<C>(inner);
+        }
+        C square_sum = 0;  // of deviations from the mean (layer_norm) or of values (rms_norm)
+        for (int64_t i = 0; i < inner; ++i) {
+          C deviation = Convert<C>(x[i]) - mean;
+          square_sum += deviation * deviation;
+        }
+        C scale = C{1} / std::sqrt(square_sum / static_cast<C>(inner) + static_cast<C>(eps));
+        for (int64_t i = 0; i < inner; ++i) {
+          C value = (Convert<C>(x[i]) - mean) * scale;
+          if (gamma != nullptr) value *= Convert<C>(gamma[i]);
+          if (beta != nullptr) value += Convert<C>(beta[i]);
+          y[i] = Convert<T>(value);
+        }
       }
-      C square_sum = 0;  // of deviations from the mean (layer_norm) or of values (rms_norm)
-      for (int64_t i = 0; i < inner; ++i) {
-        C deviation = Convert<C>(x[i]) - mean;
-        square_sum += deviation * deviation;
-      }
-      C scale = C{1} / std::sqrt(square_sum / static_cast<C>(inner) + static_cast<C>(eps));
-      for (int64_t i = 0; i < inner; ++i) {
-        C value = (Convert<C>(x[i]) - mean) * scale;
-        if (gamma != nullptr) value *= Convert<C>(gamma[i]);
-        if (beta != nullptr) value += Convert<C>(beta[i]);
-        y[i] = Convert<T>(value);
-      }
-    }
+    });
   });
 }
 

@@ -322,8 +322,16 @@ void BindJoining(py::module_& module) {
   });
   module.def("is_tensor",
              [](py::handle object) { return TensorFromPython(object.ptr()) != nullptr; });
-  module.def("set_num_threads", &engine::SetIntraOpThreads, py::arg("threads"));
-  module.def("get_num_threads", &engine::IntraOpThreads);
+  // Per calling thread, for the rest of the call into the copy (a request, or the script under
+  // `orochi python`), under the server's pool: a model cannot take cores from the others.
+  module.def(
+      "set_num_threads",
+      [](int threads) {
+        OROCHI_CHECK_ARG(threads >= 1, "set_num_threads needs at least 1 thread, got " << threads);
+        engine::SetCallerIntraOpLimit(threads);
+      },
+      py::arg("threads"));
+  module.def("get_num_threads", &engine::CallerIntraOpThreads);
 }
 
 void BindNeuralNetwork(py::module_& module) {

@@ -17,6 +17,7 @@
 #include "copy_threads.h"
 #include "embedded_assets.h"
 #include "orochi/base/check.h"
+#include "orochi/engine/ops.h"
 #include "orochi/interpreters/elf_library.h"
 
 namespace orochi::interpreters {
@@ -464,6 +465,9 @@ Result<int> Interpreter::Run(const Program& program) {
   request.argc = argv.size();
   request.safe_path = program.safe_path ? 1 : 0;
   std::lock_guard lock(mutex_);
+  // The copy's Python code holds a core from here to the reply, between its engine calls too: the
+  // engine's intra-op pool lends that core to no other call meanwhile.
+  const engine::BusyCaller busy;
   ReplySink sink;
   OROCHI_RETURN_IF_ERROR(sink.ToStatus(impl_->table->run(&request, &sink.reply), id_));
   if (!std::holds_alternative<int64_t>(sink.value)) {
@@ -519,6 +523,9 @@ Result<Value> Interpreter::Call(std::string_view target, std::span<const Value> 
   abi_args.reserve(args.size());
   for (const Value& arg : args) abi_args.push_back(values.Convert(arg));
   std::lock_guard lock(mutex_);
+  // The copy's Python code holds a core from here to the reply, between its engine calls too: the
+  // engine's intra-op pool lends that core to no other call meanwhile.
+  const engine::BusyCaller busy;
   ReplySink sink;
   OROCHI_RETURN_IF_ERROR(sink.ToStatus(
       impl_->table->call(target_text.c_str(), abi_args.data(), abi_args.size(), &sink.reply), id_));

@@ -15,6 +15,7 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   ASSERT_TRUE(shipped.ok()) << shipped.status().ToString();
   const ServerConfig defaults;
   EXPECT_EQ(shipped->copies, defaults.copies);
+  EXPECT_EQ(shipped->engine.intra_op_threads, defaults.engine.intra_op_threads);
   EXPECT_EQ(shipped->http.bind_address, defaults.http.bind_address);
   EXPECT_EQ(shipped->http.inference_port, defaults.http.inference_port);
   EXPECT_EQ(shipped->http.metrics_port, defaults.http.metrics_port);
@@ -97,6 +98,8 @@ TEST(ServerConfig, EachBadValueNamesItsKey) {
       {R"({"models": {"load_timeout_s": 0}})",
        "config: $.models.load_timeout_s: expected an integer from 1 to 86400, got 0"},
       {R"({"copies": -1})", "config: $.copies: expected an integer from 0 to 1024, got -1"},
+      {R"({"engine": {"intra_op_threads": "auto"}})",
+       "config: $.engine.intra_op_threads: expected an integer from 0 to 1024, got \"auto\""},
       {R"({"models": {"load": "all"}})", "config: $.models.load: expected an array of strings"},
       {R"({"http": {"shutdown_delay_s": 3601}})",
        "config: $.http.shutdown_delay_s: expected an integer from 0 to 3600, got 3601"},

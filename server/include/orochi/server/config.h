@@ -148,6 +148,14 @@ struct PythonConfig {
   std::vector<std::string> site_packages;
 };
 
+struct EngineConfig {
+  // The engine's intra-op pool (engine/ops.h SetIntraOpThreads): the cores one process's tensor
+  // calls may use together. A call spreads over the cores no busy copy holds; with one busy copy
+  // per core each call runs on its copy's thread alone. 0: every core; 1: every call on its
+  // copy's thread.
+  int intra_op_threads = 0;
+};
+
 // The supervisor process (supervisor.h) that restarts the serving process when model code
 // crashes it.
 struct SupervisorConfig {
@@ -166,6 +174,7 @@ struct ServerConfig {
   ModelsConfig models;
   LogConfig log;
   PythonConfig python;
+  EngineConfig engine;
   int copies = 0;  // interpreter copies; 0: one per core
 };
 
