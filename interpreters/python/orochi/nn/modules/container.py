@@ -17,6 +17,14 @@ def _abs_index(index, length):
     return index % length
 
 
+def _renumber(registry, modules):
+    """Registers `modules` in `registry` under "0", "1", ...: the keys stay consecutive after a
+    deletion or an insertion, as PyTorch keeps them."""
+    registry.clear()
+    for position, module in enumerate(modules):
+        registry[str(position)] = module
+
+
 class Sequential(Module):
     """Calls its children in order: Sequential(a, b, c) or Sequential(OrderedDict(...))."""
 
@@ -46,11 +54,7 @@ class Sequential(Module):
                 del self._modules[key]
         else:
             del self._modules[self._key(index)]
-        # Renumber so that str(i) keys stay consecutive, as PyTorch does.
-        modules = list(self._modules.values())
-        self._modules.clear()
-        for position, module in enumerate(modules):
-            self._modules[str(position)] = module
+        _renumber(self._modules, list(self._modules.values()))
 
     def __len__(self):
         return len(self._modules)
@@ -77,9 +81,7 @@ class Sequential(Module):
             index += length
         modules = list(self._modules.values())
         modules.insert(index, module)
-        self._modules.clear()
-        for position, child in enumerate(modules):
-            self._modules[str(position)] = child
+        _renumber(self._modules, modules)
         return self
 
     def forward(self, input):
@@ -110,10 +112,7 @@ class ModuleList(Module):
                 del self._modules[key]
         else:
             del self._modules[str(_abs_index(index, len(self)))]
-        modules = list(self._modules.values())
-        self._modules.clear()
-        for position, module in enumerate(modules):
-            self._modules[str(position)] = module
+        _renumber(self._modules, list(self._modules.values()))
 
     def __len__(self):
         return len(self._modules)
