@@ -18,13 +18,18 @@ BINARY = os.environ.get("OROCHI_BINARY", os.path.join(os.path.dirname(__file__),
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def pack_model(repository: str, name: str) -> None:
+    """Packs the test model models/NAME into `repository` as version 1."""
+    target = os.path.join(repository, name, "1")
+    os.makedirs(target)
+    subprocess.run([BINARY, "pack", os.path.join(HERE, "models", name), "-o",
+                    os.path.join(target, "model.orochi")], check=True, capture_output=True)
+
+
 def pack_repository(root: str) -> str:
     repository = os.path.join(root, "repository")
     for name in ("echo", "slow", "extra_rows"):
-        target = os.path.join(repository, name, "1")
-        os.makedirs(target)
-        subprocess.run([BINARY, "pack", os.path.join(HERE, "models", name), "-o",
-                        os.path.join(target, "model.orochi")], check=True, capture_output=True)
+        pack_model(repository, name)
     return repository
 
 

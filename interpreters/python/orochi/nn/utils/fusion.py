@@ -11,6 +11,7 @@ weights loaded from a package, so the engine prepares their layout once rather t
 import _orochi_engine as _engine
 
 import orochi
+from orochi.nn.parameter import Parameter
 
 
 def fuse_conv_bn_eval(conv, bn, transpose: bool = False):
@@ -53,6 +54,4 @@ def fuse_conv_bn_weights(conv_w, conv_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b,
 
 
 def _read_only_parameter(tensor):
-    from orochi.nn.modules import Parameter  # noqa: PLC0415 (orochi.nn imports this package)
-
     return Parameter(_engine._read_only_copy(tensor))  # noqa: SLF001 (the engine's own helper)
