@@ -27,6 +27,7 @@
 
 #include "log.h"
 #include "orochi/base/crash_record.h"
+#include "orochi/packaging/model_key.h"
 #include "orochi/server/server.h"
 
 namespace orochi::server {
@@ -335,8 +336,8 @@ class Supervisor {
         }
         fields.push_back({"python_stack", frames});
       }
-      const std::string model_name = model_key.substr(0, model_key.rfind(':'));
-      inherited_.model_crashes[model_name]++;
+      Result<packaging::ModelKey> parsed_key = packaging::ModelKey::Parse(model_key);
+      inherited_.model_crashes[parsed_key.ok() ? parsed_key->name : model_key]++;
       std::deque<Clock::time_point>& crashes = crash_times_[model_key];
       const Clock::time_point now = Clock::now();
       crashes.push_back(now);

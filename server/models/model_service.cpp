@@ -7,6 +7,7 @@
 
 #include "log.h"
 #include "orochi/engine/device.h"
+#include "orochi/packaging/model_key.h"
 
 namespace orochi::server {
 namespace {
@@ -166,7 +167,7 @@ Result<std::shared_ptr<ServedModel>> ModelService::LoadCopies(const std::string&
                                                               const LoadOverrides& overrides) {
   const Clock::time_point start = Clock::now();
   const std::string version_text = std::to_string(expected_version);
-  const std::string key = expected_name + ":" + version_text;
+  const std::string key = packaging::ModelKey{expected_name, expected_version}.ToString();
   ForgetRefusedUploads(expected_name, expected_version);
   metrics_.ModelKnown(expected_name, version_text, config_.max_queue_size);
   auto fail = [&](const Status& status) {
@@ -339,7 +340,7 @@ void ModelService::Quarantine(std::map<std::string, std::string> quarantined) {
 bool ModelService::SkipQuarantined(const std::string& name) {
   bool skipped = false;
   for (int64_t version : SelectedVersions(name)) {
-    const std::string key = name + ":" + std::to_string(version);
+    const std::string key = packaging::ModelKey{name, version}.ToString();
     std::lock_guard lock(mutex_);
     auto found = quarantined_.find(key);
     if (found == quarantined_.end()) continue;
@@ -525,7 +526,7 @@ Result<std::string> ModelService::Deploy(const std::string& name, int64_t versio
     if (!loaded.ok()) {
       {
         std::lock_guard lock(mutex_);
-        load_failures_.erase(name + ":" + std::to_string(version));  // it is in no index
+        load_failures_.erase(packaging::ModelKey{name, version}.ToString());  // it is in no index
         refused_uploads_[name].insert(version);
       }
       metrics_.LoadRefused(name, std::to_string(version));
@@ -612,7 +613,7 @@ Result<std::string> ModelService::Delete(const std::string& name, std::optional<
 }
 
 bool ModelService::KnownBroken(const std::string& name, int64_t version) {
-  const std::string key = name + ":" + std::to_string(version);
+  const std::string key = packaging::ModelKey{name, version}.ToString();
   {
     std::lock_guard lock(mutex_);
     if (auto quarantined = quarantined_.find(key); quarantined != quarantined_.end()) {
@@ -663,7 +664,7 @@ Result<std::string> ModelService::Reconcile(const std::string& name) {
       // round marks one more version, so this ends.
       failed = true;
       failed_now.insert(version);
-      broken_files_[name + ":" + std::to_string(version)] =
+      broken_files_[packaging::ModelKey{name, version}.ToString()] =
           file.value_or(repository::FileIdentity{});
       Log(LogLevel::kWarning, "model not loaded",
           {{"model", name},
@@ -719,13 +720,14 @@ std::vector<ModelService::IndexEntry> ModelService::Index() const {
     std::vector<int64_t> loaded = Versions(name);
     for (int64_t version : store_.Versions(name)) {
       bool ready = std::find(loaded.begin(), loaded.end(), version) != loaded.end();
+      const std::string key = packaging::ModelKey{name, version}.ToString();
       std::string reason;
       if (!ready) {
         std::lock_guard lock(mutex_);
-        auto failure = load_failures_.find(name + ":" + std::to_string(version));
+        auto failure = load_failures_.find(key);
         reason = failure != load_failures_.end() ? failure->second : "unloaded";
       } else {
-        reason = UnavailableReason(name + ":" + std::to_string(version));
+        reason = UnavailableReason(key);
         ready = reason.empty();
       }
       entries.push_back({name, version, ready ? "READY" : "UNAVAILABLE", reason});
@@ -816,10 +818,11 @@ void ModelService::OnBatch(const std::string& model_key, int64_t rows, int64_t r
 }
 
 namespace {
-// "name:version" as the two labels of a metric.
+// A model's key as the two labels of a metric (name, version).
 std::pair<std::string, std::string> KeyLabels(const std::string& model_key) {
-  const size_t colon = model_key.rfind(':');
-  return {model_key.substr(0, colon), model_key.substr(colon + 1)};
+  Result<packaging::ModelKey> key = packaging::ModelKey::Parse(model_key);
+  if (!key.ok()) return {model_key, ""};
+  return {key->name, std::to_string(key->version)};
 }
 }  // namespace
 
@@ -840,8 +843,8 @@ void ModelService::OnStreamEnded(const std::string& model_key, StreamEnd end) {
 }
 
 void ModelService::OnQueueDepth(const std::string& model_key, int64_t depth) {
-  size_t colon = model_key.rfind(':');
-  metrics_.QueueDepth(model_key.substr(0, colon), model_key.substr(colon + 1), depth);
+  const auto [name, version] = KeyLabels(model_key);
+  metrics_.QueueDepth(name, version, depth);
 }
 
 void ModelService::ForgetRefusedUploads(const std::string& name, std::optional<int64_t> keeping) {

@@ -65,7 +65,7 @@ struct ModelStats {
 struct ServedModel {
   std::string name;
   int64_t version = 0;
-  std::string key;  // "name:version"
+  std::string key;  // packaging::ModelKey{name, version}.ToString()
   std::shared_ptr<const packaging::Package> package;
   std::shared_ptr<interpreters::ReplicatedModel> replicas;
   BatchingOptions batching;
