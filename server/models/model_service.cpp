@@ -8,6 +8,7 @@
 #include "log.h"
 #include "orochi/engine/device.h"
 #include "orochi/packaging/model_key.h"
+#include "orochi/server/model_source.h"
 
 namespace orochi::server {
 namespace {
@@ -192,17 +193,9 @@ Result<std::shared_ptr<ServedModel>> ModelService::LoadCopies(const std::string&
   // A refused override is the request's mistake, not the version's: nothing recorded for the
   // index, nothing loaded.
   OROCHI_RETURN_IF_ERROR(CheckOverrides(manifest, overrides));
-  interpreters::ModelSource source;
-  source.key = key;
-  source.manifest_json = manifest.json;
-  source.code = package->code();
-  source.weights = package->weights();
-  source.read_resource = [package](std::string_view resource) {
-    return package->ReadResource(resource);
-  };
   const std::vector<size_t> slots = SlotsFor(manifest, overrides.instances);
   Result<std::unique_ptr<interpreters::ReplicatedModel>> replicas =
-      interpreters::ReplicatedModel::Load(manager_, std::move(source), slots,
+      interpreters::ReplicatedModel::Load(manager_, ModelSourceFrom(package), slots,
                                           LoadOptionsFor(slots));
   if (!replicas.ok()) return fail(replicas.status());
 
