@@ -86,7 +86,7 @@ Result<std::vector<packaging::ZipEntry>> CollectMembers(const fs::path& director
   for (const fs::path& file : files) {
     OROCHI_ASSIGN_OR_RETURN(std::string data, ReadFile(file));
     std::string name = fs::relative(file, directory).generic_string();
-    bool weights = name.rfind("weights/", 0) == 0;
+    bool weights = name.starts_with("weights/");
     entries.push_back({name, std::move(data), weights});
   }
   std::sort(entries.begin(), entries.end(),

@@ -99,9 +99,9 @@ Report ReadReport(int fd, Report report) {
   while (std::getline(lines, line)) {
     if (line == "ready") {
       report.ready = true;
-    } else if (!report.crash.empty() && line.rfind("  File ", 0) == 0) {
+    } else if (!report.crash.empty() && line.starts_with("  File ")) {
       report.python_stack.push_back(line.substr(2));
-    } else if (line.rfind("crash ", 0) == 0) {
+    } else if (line.starts_with("crash ")) {
       std::istringstream fields(line.substr(6));
       std::string field;
       while (fields >> field) {

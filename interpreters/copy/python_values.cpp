@@ -58,7 +58,7 @@ std::string DeviceRepr(Device device) {
 Device ParseDeviceText(const std::string& text) {
   if (text == "cpu") return {};
   std::string prefix = "cuda";
-  if (text.rfind(prefix, 0) == 0) {
+  if (text.starts_with(prefix)) {
     int index = 0;
     if (text.size() > prefix.size()) {
       if (text[prefix.size()] != ':') throw py::value_error("unknown device '" + text + "'");
@@ -364,7 +364,7 @@ DType ParseDType(py::handle object) {
   if (PyUnicode_Check(object.ptr()) != 0) {
     auto text = object.cast<std::string>();
     std::string_view name = text;
-    if (name.rfind("orochi.", 0) == 0) name.remove_prefix(7);
+    if (name.starts_with("orochi.")) name.remove_prefix(7);
     for (const DTypeAlias& alias : kDTypeAliases) {
       if (name == alias.name) return alias.dtype;
     }
@@ -390,7 +390,7 @@ bool IsDeviceLike(py::handle object) {
   if (py::isinstance<PyDevice>(object)) return true;
   if (PyUnicode_Check(object.ptr()) == 0) return false;
   auto text = object.cast<std::string>();
-  return text == "cpu" || text.rfind("cuda", 0) == 0;
+  return text == "cpu" || text.starts_with("cuda");
 }
 
 Device ParseDevice(py::handle object) {

@@ -493,7 +493,7 @@ Result<std::string> ModelService::Deploy(const std::string& name, int64_t versio
     Result<std::unique_ptr<packaging::Package>> package = packaging::Package::Open(uploaded_file);
     if (!package.ok()) {
       std::string message = package.status().message();
-      if (message.rfind(uploaded_file, 0) == 0) {
+      if (message.starts_with(uploaded_file)) {
         message = "the package" + message.substr(uploaded_file.size());
       }
       return Status(package.status().code() == StatusCode::kNotFound ? StatusCode::kInternal
@@ -529,7 +529,7 @@ Result<std::string> ModelService::Deploy(const std::string& name, int64_t versio
            {"version", std::to_string(version), false},
            {"error", failure.message()}});
       std::string message = failure.message();
-      if (message.rfind(uploaded_file, 0) == 0) {
+      if (message.starts_with(uploaded_file)) {
         message = "the package" + message.substr(uploaded_file.size());
       }
       return Status(failure.code(), message + " (the package was not kept)", failure.detail());
