@@ -575,7 +575,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerConte
     if (!model.ok() && model.status().code() != StatusCode::kNotFound) {
       return ToGrpc(model.status());
     }
-    response->set_ready(model.ok() && models_.UnavailableReason((*model)->key).empty());
+    response->set_ready(model.ok() && models_.Availability((*model)->key).ok());
     return grpc::Status::OK;
   });
 }

@@ -73,15 +73,16 @@ namespace {
 
 constexpr std::string_view kDeviceMissing = "the manifest places the model on '";
 
-// Why `device` (a manifest's, already validated) cannot be used here, or nullopt if it can. A
-// GPU model is refused up front, before any copy runs its code: nothing falls back to the CPU.
-std::optional<std::string> MissingDevice(const std::string& device) {
+// kUnavailable saying why `device` (a manifest's, already validated, in the package at `path`)
+// cannot be used here, else OK. A GPU model is refused up front, before any copy runs its code:
+// nothing falls back to the CPU.
+Status DeviceAvailability(const std::string& path, const std::string& device) {
   engine::Device wanted;
-  if (!engine::ParseDevice(device, &wanted)) return std::nullopt;
+  if (!engine::ParseDevice(device, &wanted)) return Status::Ok();
   const std::string problem = engine::DeviceProblem(wanted);
-  if (problem.empty()) return std::nullopt;
-  return std::string(kDeviceMissing) + device + "', but " + engine::DeviceName(wanted) +
-         " is not available: " + problem;
+  if (problem.empty()) return Status::Ok();
+  return Unavailable(path + ": " + std::string(kDeviceMissing) + device + "', but " +
+                     engine::DeviceName(wanted) + " is not available: " + problem);
 }
 
 bool IsMissingDevice(const Status& status) {
@@ -187,9 +188,7 @@ Result<std::shared_ptr<ServedModel>> ModelService::LoadCopies(const std::string&
                                 ", but the repository holds it as " + expected_name + " version " +
                                 version_text));
   }
-  if (std::optional<std::string> missing = MissingDevice(manifest.device)) {
-    return fail(Status(StatusCode::kUnavailable, path + ": " + *missing));
-  }
+  if (Status device = DeviceAvailability(path, manifest.device); !device.ok()) return fail(device);
   // A refused override is the request's mistake, not the version's: nothing recorded for the
   // index, nothing loaded.
   OROCHI_RETURN_IF_ERROR(CheckOverrides(manifest, overrides));
@@ -720,8 +719,9 @@ std::vector<ModelService::IndexEntry> ModelService::Index() const {
         auto failure = load_failures_.find(key);
         reason = failure != load_failures_.end() ? failure->second : "unloaded";
       } else {
-        reason = UnavailableReason(key);
-        ready = reason.empty();
+        const Status available = Availability(key);
+        reason = available.message();
+        ready = available.ok();
       }
       entries.push_back({name, version, ready ? "READY" : "UNAVAILABLE", reason});
     }
@@ -877,8 +877,8 @@ void ModelService::OnModelUnavailable(const std::string& model_key, const std::s
       {{"model", model_key}, {"reason", reason}});
 }
 
-std::string ModelService::UnavailableReason(const std::string& model_key) const {
-  return scheduler_.UnavailableReason(model_key);
+Status ModelService::Availability(const std::string& model_key) const {
+  return scheduler_.Availability(model_key);
 }
 
 void ModelService::OnCopyRunning(size_t /*slot*/, bool running) {

@@ -199,8 +199,8 @@ class ModelService : public SchedulerObserver {
   void OnLiveStreams(const std::string& model_key, int64_t live) override;
   void OnStreamEnded(const std::string& model_key, StreamEnd end) override;
 
-  // Why a loaded version takes no requests (see Scheduler), or empty.
-  std::string UnavailableReason(const std::string& model_key) const;
+  // kUnavailable saying why a loaded version takes no requests (see Scheduler), else OK.
+  Status Availability(const std::string& model_key) const;
 
  private:
   std::shared_ptr<ServedModel> FindByKey(const std::string& key) const;
