@@ -14,7 +14,6 @@ constexpr std::string_view kWeights = "weights/";
 constexpr std::string_view kResources = "resources/";
 constexpr std::string_view kSafetensors = ".safetensors";
 
-
 Status BadMember(const std::string& name, const std::string& rule) {
   return InvalidArgument("member '" + name + "': " + rule);
 }
