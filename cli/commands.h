@@ -1,13 +1,9 @@
 // Subcommands of the `orochi` binary. Each returns the process exit status.
 #pragma once
 
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include "orochi/interpreters/model.h"
-#include "orochi/packaging/package.h"
 
 namespace orochi::cli {
 
@@ -66,9 +62,5 @@ struct ServeOptions {
 };
 // `orochi serve`: the inference server until SIGTERM/SIGINT.
 int ServeCommand(const ServeOptions& options);
-
-// A package as the interpreters' model source (the package stays alive for resource reads).
-interpreters::ModelSource ModelSourceFrom(const std::shared_ptr<const packaging::Package>& package,
-                                          const std::string& config_json);
 
 }  // namespace orochi::cli

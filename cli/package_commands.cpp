@@ -22,6 +22,7 @@
 #include "orochi/packaging/package.h"
 #include "orochi/packaging/zip.h"
 #include "orochi/server/kserve_codec.h"
+#include "orochi/server/model_source.h"
 
 namespace orochi::cli {
 namespace {
@@ -85,7 +86,7 @@ Result<std::vector<packaging::ZipEntry>> CollectMembers(const fs::path& director
   for (const fs::path& file : files) {
     OROCHI_ASSIGN_OR_RETURN(std::string data, ReadFile(file));
     std::string name = fs::relative(file, directory).generic_string();
-    bool weights = name.rfind("weights/", 0) == 0;
+    bool weights = name.starts_with("weights/");
     entries.push_back({name, std::move(data), weights});
   }
   std::sort(entries.begin(), entries.end(),
@@ -345,7 +346,8 @@ int Run(const RunOptions& options) {
       interpreters::InterpreterManager::Create(std::move(manager_options));
   if (!manager.ok()) return Fail(manager.status());
   Result<std::unique_ptr<interpreters::ReplicatedModel>> model =
-      interpreters::ReplicatedModel::Load(**manager, ModelSourceFrom(package, options.config));
+      interpreters::ReplicatedModel::Load(**manager,
+                                          server::ModelSourceFrom(package, options.config));
   if (!model.ok()) return Fail(model.status());
   if (manifest.streaming) return RunStream(**manager, **model, *package, *parsed);
   // A stateful model's request runs as its sequence's first: its state lives for this run only.
@@ -377,21 +379,6 @@ int Run(const RunOptions& options) {
 }
 
 }  // namespace
-
-interpreters::ModelSource ModelSourceFrom(const std::shared_ptr<const packaging::Package>& package,
-                                          const std::string& config_json) {
-  const Manifest& manifest = package->manifest();
-  interpreters::ModelSource source;
-  source.key = manifest.name + ":" + std::to_string(manifest.version);
-  source.manifest_json = manifest.json;
-  source.config_json = config_json.empty() ? "{}" : config_json;
-  source.code = package->code();
-  source.weights = package->weights();
-  source.read_resource = [package](std::string_view resource) {
-    return package->ReadResource(resource);
-  };
-  return source;
-}
 
 int PackCommand(const PackOptions& options) { return Pack(options); }
 

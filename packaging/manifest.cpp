@@ -127,7 +127,7 @@ Result<std::vector<TensorSpec>> Tensors(const Json& manifest, const char* key) {
     OROCHI_ASSIGN_OR_RETURN(std::string datatype, String(entry, at, "datatype", true));
     if (!ParseDataType(datatype, &spec.datatype)) {
       std::string hint =
-          datatype.rfind("UINT", 0) == 0 ? " (UINT16, UINT32 and UINT64 have no engine dtype)" : "";
+          datatype.starts_with("UINT") ? " (UINT16, UINT32 and UINT64 have no engine dtype)" : "";
       std::string message = "unknown datatype '" + datatype + "'";
       message += hint;
       message +=
@@ -415,7 +415,7 @@ Result<Manifest> ParseManifest(std::string_view text) {
   OROCHI_ASSIGN_OR_RETURN(manifest.max_request_bytes, Integer(json, "$", "max_request_bytes", 1));
   if (json.contains("device")) {
     OROCHI_ASSIGN_OR_RETURN(manifest.device, String(json, "$", "device", true));
-    bool cuda = manifest.device.rfind("cuda", 0) == 0 &&
+    bool cuda = manifest.device.starts_with("cuda") &&
                 (manifest.device.size() == 4 ||
                  (manifest.device[4] == ':' && manifest.device.size() > 5 &&
                   manifest.device.find_first_not_of("0123456789", 5) == std::string::npos));

@@ -14,13 +14,6 @@ constexpr std::string_view kWeights = "weights/";
 constexpr std::string_view kResources = "resources/";
 constexpr std::string_view kSafetensors = ".safetensors";
 
-bool StartsWith(std::string_view text, std::string_view prefix) {
-  return text.substr(0, prefix.size()) == prefix;
-}
-bool EndsWith(std::string_view text, std::string_view suffix) {
-  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
-}
-
 Status BadMember(const std::string& name, const std::string& rule) {
   return InvalidArgument("member '" + name + "': " + rule);
 }
@@ -47,15 +40,15 @@ Result<std::unique_ptr<Package>> Package::Open(const std::string& path,
     const std::string& name = member.name;
     if (name == kManifest) {
       manifest_member = &member;
-    } else if (StartsWith(name, kCode) || StartsWith(name, kResources)) {
+    } else if (name.starts_with(kCode) || name.starts_with(kResources)) {
       continue;
-    } else if (StartsWith(name, kWeights)) {
+    } else if (name.starts_with(kWeights)) {
       if (member.is_directory()) {
         if (name != kWeights) return failed(BadMember(name, "weights/ has no subdirectories"));
         continue;
       }
       std::string_view file = std::string_view(name).substr(kWeights.size());
-      if (file.find('/') != std::string_view::npos || !EndsWith(file, kSafetensors)) {
+      if (file.find('/') != std::string_view::npos || !file.ends_with(kSafetensors)) {
         return failed(BadMember(name, "weights/ holds only *.safetensors files"));
       }
       if (!member.stored) {
@@ -82,7 +75,7 @@ Result<std::unique_ptr<Package>> Package::Open(const std::string& path,
 
   uint64_t code_bytes = 0;
   for (const ZipMember& member : zip.members()) {
-    if (StartsWith(member.name, kCode)) code_bytes += member.size;
+    if (member.name.starts_with(kCode)) code_bytes += member.size;
   }
   if (code_bytes > limits.max_code_bytes) {
     return failed(InvalidArgument("code/ holds " + std::to_string(code_bytes) +
@@ -91,7 +84,7 @@ Result<std::unique_ptr<Package>> Package::Open(const std::string& path,
                                   " (code is held in memory by every interpreter copy)"));
   }
   for (const ZipMember& member : zip.members()) {
-    if (!StartsWith(member.name, kCode) || member.is_directory()) continue;
+    if (!member.name.starts_with(kCode) || member.is_directory()) continue;
     Result<std::string> source = zip.Read(member);
     if (!source.ok()) return failed(source.status());
     package->code_.emplace(member.name.substr(kCode.size()), std::move(source).value());
@@ -149,7 +142,7 @@ Result<std::unique_ptr<Package>> Package::Open(const std::string& path,
 std::vector<std::string> Package::resources() const {
   std::vector<std::string> paths;
   for (const ZipMember& member : archive_->members()) {
-    if (StartsWith(member.name, kResources) && !member.is_directory()) {
+    if (member.name.starts_with(kResources) && !member.is_directory()) {
       paths.push_back(member.name.substr(kResources.size()));
     }
   }

@@ -51,7 +51,7 @@ Result<std::optional<std::string>> LoadToken(const std::string& file, const std:
 }
 
 bool IsLoopback(const std::string& address) {
-  return address.rfind("127.", 0) == 0 || address == "::1" || address == "localhost";
+  return address.starts_with("127.") || address == "::1" || address == "localhost";
 }
 
 TokenCheck CheckBearer(std::optional<std::string_view> authorization, const std::string& token) {

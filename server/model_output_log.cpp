@@ -4,19 +4,21 @@
 #include <string_view>
 #include <utility>
 
+#include "orochi/packaging/model_key.h"
+
 namespace orochi::server {
 namespace {
 
-// "name:version" (a model's key) into the fields of a record; nothing before any model's call.
+// A model's key into the fields of a record; nothing before any model's call.
 void AddModelFields(std::string_view caller, std::vector<LogField>& fields) {
   if (caller.empty()) return;
-  const size_t colon = caller.rfind(':');
-  if (colon == std::string_view::npos) {
+  Result<packaging::ModelKey> key = packaging::ModelKey::Parse(caller);
+  if (!key.ok()) {
     fields.push_back({"model", std::string(caller)});
     return;
   }
-  fields.push_back({"model", std::string(caller.substr(0, colon))});
-  fields.push_back({"version", std::string(caller.substr(colon + 1)), false});
+  fields.push_back({"model", key->name});
+  fields.push_back({"version", std::to_string(key->version), false});
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 
 #include "log.h"
 #include "orochi/base/crash_record.h"
+#include "orochi/packaging/model_key.h"
 #include "orochi/server/server.h"
 
 namespace orochi::server {
@@ -98,9 +99,9 @@ Report ReadReport(int fd, Report report) {
   while (std::getline(lines, line)) {
     if (line == "ready") {
       report.ready = true;
-    } else if (!report.crash.empty() && line.rfind("  File ", 0) == 0) {
+    } else if (!report.crash.empty() && line.starts_with("  File ")) {
       report.python_stack.push_back(line.substr(2));
-    } else if (line.rfind("crash ", 0) == 0) {
+    } else if (line.starts_with("crash ")) {
       std::istringstream fields(line.substr(6));
       std::string field;
       while (fields >> field) {
@@ -335,8 +336,8 @@ class Supervisor {
         }
         fields.push_back({"python_stack", frames});
       }
-      const std::string model_name = model_key.substr(0, model_key.rfind(':'));
-      inherited_.model_crashes[model_name]++;
+      Result<packaging::ModelKey> parsed_key = packaging::ModelKey::Parse(model_key);
+      inherited_.model_crashes[parsed_key.ok() ? parsed_key->name : model_key]++;
       std::deque<Clock::time_point>& crashes = crash_times_[model_key];
       const Clock::time_point now = Clock::now();
       crashes.push_back(now);

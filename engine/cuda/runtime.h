@@ -1,5 +1,7 @@
-// The CUDA runtime side of the backend: errors, per-thread streams and library handles, the
-// caching device allocator, host <-> device copies, and device probing.
+// The CUDA runtime side of the backend: errors, per-thread streams and library handles, host <->
+// device copies and device probing (runtime.cpp), the caching device allocator
+// (caching_allocator.cpp), the pinned staging pool for uploads (pinned_pool.cpp) and the
+// utilisation read from NVML (nvml.cpp).
 //
 // Threads: every thread gets, per device and on first use, its own non-blocking stream, event,
 // and cuBLAS and cuDNN handles. They are never destroyed: when a thread exits they go to a pool
@@ -15,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -25,6 +28,12 @@
 #include "orochi/engine/tensor.h"
 
 namespace orochi::engine::cuda {
+
+// The most devices the backend uses (more are ignored).
+inline constexpr int kMaxDevices = 64;
+
+// `bytes` as "12.5 MiB", for messages.
+std::string MiB(size_t bytes);
 
 // Throws Error naming `what`, the device and CUDA's error (kResourceExhausted for out of memory,
 // kInternal otherwise).

@@ -5,11 +5,11 @@
 #include <pybind11/stl.h>
 
 #include <array>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "orochi/engine/error.h"
 #include "orochi/engine/ops.h"
 #include "python_bindings.h"
 #include "python_engine.h"
@@ -188,16 +188,13 @@ bool HasSelfOverlap(const Tensor& tensor) {
 // Stores an op's result into `self`, with PyTorch's rules for in-place ops: the result's kind
 // (bool < integer < floating) may not be higher than self's, and self may not overlap itself.
 Tensor& InPlace(Tensor& self, const Tensor& result) {
-  if (engine::Category(result.dtype()) > engine::Category(self.dtype())) {
-    throw std::runtime_error("result type " + std::string(engine::DTypeName(result.dtype())) +
-                             " can't be cast to the in-place output type " +
-                             std::string(engine::DTypeName(self.dtype())));
-  }
-  if (HasSelfOverlap(self)) {
-    throw std::runtime_error(
-        "in-place write into an expanded tensor: several of its elements "
-        "share one memory location; clone() it first");
-  }
+  OROCHI_CHECK_ARG(engine::Category(result.dtype()) <= engine::Category(self.dtype()),
+                   "result type " << engine::DTypeName(result.dtype())
+                                  << " can't be cast to the in-place output type "
+                                  << engine::DTypeName(self.dtype()));
+  OROCHI_CHECK_ARG(!HasSelfOverlap(self),
+                   "in-place write into an expanded tensor: several of its elements share one "
+                   "memory location; clone() it first");
   self.CopyFrom(result);
   return self;
 }
@@ -267,22 +264,20 @@ bool IsOperand(py::handle other) {
 Tensor ApplyBinary(Op op, const Tensor& self, py::handle other, bool reflected = false) {
   if (op == Op::pow && !reflected && !engine::IsFloating(self.dtype())) {
     std::optional<int64_t> exponent = PythonInt(other);
-    if (exponent && *exponent < 0) {
-      throw std::runtime_error("Integers to negative integer powers are not allowed.");
-    }
+    OROCHI_CHECK_ARG(!exponent || *exponent >= 0,
+                     "Integers to negative integer powers are not allowed.");
   }
   Operand operand(other, self, op);
   const Tensor& a = reflected ? operand.get() : self;
   const Tensor& b = reflected ? self : operand.get();
-  if ((op == Op::floor_divide || op == Op::remainder) &&
-      !engine::IsFloating(engine::ResultType(a, b)) &&
-      engine::Any(engine::Binary(Op::eq, b, engine::Scalar(0, b.dtype())))
-              .To(Device{})
-              .ItemAsDouble() != 0) {
-    throw std::runtime_error(op == Op::remainder
-                                 ? "ZeroDivisionError: integer modulo by zero"
-                                 : "ZeroDivisionError: integer floor division by zero");
-  }
+  const bool divides_by_zero = (op == Op::floor_divide || op == Op::remainder) &&
+                               !engine::IsFloating(engine::ResultType(a, b)) &&
+                               engine::Any(engine::Binary(Op::eq, b, engine::Scalar(0, b.dtype())))
+                                       .To(Device{})
+                                       .ItemAsDouble() != 0;
+  OROCHI_CHECK_ARG(!divides_by_zero,
+                   (op == Op::remainder ? "ZeroDivisionError: integer modulo by zero"
+                                        : "ZeroDivisionError: integer floor division by zero"));
   return engine::Binary(op, a, b);
 }
 
@@ -479,9 +474,8 @@ void BindSelection(py::class_<Tensor>& cls, py::module_& module) {
     return InPlace(self, engine::MaskedFill(self, mask, ValueForWrite(value, self.dtype())));
   });
   auto clamp = [](const Tensor& self, py::handle min, py::handle max) {
-    if (min.is_none() && max.is_none()) {
-      throw std::runtime_error("clamp: at least one of min and max must be given");
-    }
+    OROCHI_CHECK_ARG(!min.is_none() || !max.is_none(),
+                     "clamp: at least one of min and max must be given");
     return engine::Clamp(self, ClampBound(min, self), ClampBound(max, self));
   };
   DefBoth(cls, module, "clamp", clamp, py::arg("min") = py::none(), py::arg("max") = py::none());
@@ -620,10 +614,8 @@ void BindShapeMethods(py::class_<Tensor>& cls, py::module_& module) {
            })
       .def("t",
            [](const Tensor& self) {
-             if (self.dim() > 2) {
-               throw std::runtime_error("t() expects a tensor with <= 2 dims, got " +
-                                        std::to_string(self.dim()));
-             }
+             OROCHI_CHECK_ARG(self.dim() <= 2,
+                              "t() expects a tensor with <= 2 dims, got " << self.dim());
              return self.dim() < 2 ? self : self.Transpose(0, 1);
            })
       .def_property_readonly("T",
@@ -710,11 +702,10 @@ void BindConversions(py::class_<Tensor>& cls) {
       .def("tolist", [](const Tensor& self) { return TensorToList(self); })
       .def("__bool__",
            [](const Tensor& self) {
-             if (self.numel() != 1) {
-               throw std::runtime_error("the truth value of a tensor with " +
-                                        std::to_string(self.numel()) +
-                                        " elements is ambiguous; use .any() or .all()");
-             }
+             OROCHI_CHECK_ARG(self.numel() == 1, "the truth value of a tensor with "
+                                                     << self.numel()
+                                                     << " elements is ambiguous; use .any() or "
+                                                        ".all()");
              return OnHost(self).ItemAsDouble() != 0;
            })
       .def("__float__",

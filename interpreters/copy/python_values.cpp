@@ -8,7 +8,6 @@
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -18,6 +17,7 @@
 #include "orochi/base/check.h"
 #include "orochi/engine/device.h"
 #include "orochi/engine/dtype.h"
+#include "orochi/engine/error.h"
 #include "orochi/engine/ops.h"
 #include "python_bindings.h"
 #include "python_engine.h"
@@ -58,7 +58,7 @@ std::string DeviceRepr(Device device) {
 Device ParseDeviceText(const std::string& text) {
   if (text == "cpu") return {};
   std::string prefix = "cuda";
-  if (text.rfind(prefix, 0) == 0) {
+  if (text.starts_with(prefix)) {
     int index = 0;
     if (text.size() > prefix.size()) {
       if (text[prefix.size()] != ':') throw py::value_error("unknown device '" + text + "'");
@@ -209,7 +209,7 @@ class NestedReader {
     } else if (PyLong_Check(raw)) {
       int overflow = 0;
       int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
-      if (overflow != 0) throw std::runtime_error("orochi.tensor: an int does not fit in 64 bits");
+      OROCHI_CHECK_ARG(overflow == 0, "orochi.tensor: an int does not fit in 64 bits");
       leaves_.push_back({Leaf::kInt, value, 0});
     } else if (PyFloat_Check(raw)) {
       leaves_.push_back({Leaf::kFloat, 0, PyFloat_AS_DOUBLE(raw)});
@@ -364,7 +364,7 @@ DType ParseDType(py::handle object) {
   if (PyUnicode_Check(object.ptr()) != 0) {
     auto text = object.cast<std::string>();
     std::string_view name = text;
-    if (name.rfind("orochi.", 0) == 0) name.remove_prefix(7);
+    if (name.starts_with("orochi.")) name.remove_prefix(7);
     for (const DTypeAlias& alias : kDTypeAliases) {
       if (name == alias.name) return alias.dtype;
     }
@@ -390,7 +390,7 @@ bool IsDeviceLike(py::handle object) {
   if (py::isinstance<PyDevice>(object)) return true;
   if (PyUnicode_Check(object.ptr()) == 0) return false;
   auto text = object.cast<std::string>();
-  return text == "cpu" || text.rfind("cuda", 0) == 0;
+  return text == "cpu" || text.starts_with("cuda");
 }
 
 Device ParseDevice(py::handle object) {
@@ -460,7 +460,7 @@ std::optional<int64_t> PythonInt(py::handle object) {
   if (PyLong_Check(raw) == 0 || PyBool_Check(raw) != 0) return std::nullopt;
   int overflow = 0;
   const int64_t value = PyLong_AsLongLongAndOverflow(raw, &overflow);
-  if (overflow != 0) throw std::runtime_error("an int operand does not fit in 64 bits");
+  OROCHI_CHECK_ARG(overflow == 0, "an int operand does not fit in 64 bits");
   return value;
 }
 
@@ -481,8 +481,9 @@ std::optional<double> LargestFinite(DType dtype) {
 }
 
 [[noreturn]] void ThrowOverflow(const std::string& value, DType dtype) {
-  throw std::runtime_error("value " + value + " cannot be converted to " +
-                           std::string(DTypeName(dtype)) + " without overflow");
+  engine::detail::Throw(StatusCode::kInvalidArgument,
+                        "value " + value + " cannot be converted to " +
+                            std::string(DTypeName(dtype)) + " without overflow");
 }
 
 }  // namespace
@@ -503,15 +504,12 @@ void RequireFits(int64_t value, DType dtype) {
       if constexpr (std::is_unsigned_v<T>) {
         fits = fits || (value < 0 && -value <= static_cast<int64_t>(std::numeric_limits<T>::max()));
       }
-      if (!fits) {
-        const int64_t lowest = std::is_unsigned_v<T>
-                                   ? -static_cast<int64_t>(std::numeric_limits<T>::max())
-                                   : static_cast<int64_t>(std::numeric_limits<T>::min());
-        throw std::runtime_error("value " + std::to_string(value) + " cannot be converted to " +
-                                 std::string(DTypeName(dtype)) + " without overflow (range " +
-                                 std::to_string(lowest) + " to " +
-                                 std::to_string(std::numeric_limits<T>::max()) + ")");
-      }
+      const int64_t lowest = std::is_unsigned_v<T>
+                                 ? -static_cast<int64_t>(std::numeric_limits<T>::max())
+                                 : static_cast<int64_t>(std::numeric_limits<T>::min());
+      OROCHI_CHECK_ARG(fits, "value " << value << " cannot be converted to " << DTypeName(dtype)
+                                      << " without overflow (range " << lowest << " to "
+                                      << +std::numeric_limits<T>::max() << ")");
     }
   });
 }

@@ -480,7 +480,7 @@ Status OpenNeeded(State& state, const DynamicInfo& info) {
   for (uint64_t offset : info.needed) {
     const std::string name = state.String(offset);
     // The copy provides CPython; an extension that names libpython gets the copy's, not another.
-    if (name.rfind("libpython", 0) == 0) continue;
+    if (name.starts_with("libpython")) continue;
     void* handle = nullptr;
     if (name.find('/') == std::string::npos) {
       for (uint64_t paths_offset : info.search_paths) {
@@ -488,7 +488,7 @@ Status OpenNeeded(State& state, const DynamicInfo& info) {
         for (size_t start = 0; handle == nullptr && start <= paths.size();) {
           size_t end = std::min(paths.find(':', start), paths.size());
           std::string directory = paths.substr(start, end - start);
-          if (directory.rfind("$ORIGIN", 0) == 0) directory.replace(0, 7, origin);
+          if (directory.starts_with("$ORIGIN")) directory.replace(0, 7, origin);
           if (!directory.empty()) {
             directory.append("/").append(name);
             handle = dlopen(directory.c_str(), RTLD_NOW | RTLD_LOCAL);

@@ -116,7 +116,7 @@ Result<std::vector<NamedTensor>> FromOutputs(const Value& value,
 
 // The model's own InputError is the client's mistake: kInvalidArgument, without its type.
 Status ClientErrorOf(const Status& error) {
-  if (error.code() == StatusCode::kPythonError && error.message().rfind(kInputErrorType, 0) == 0) {
+  if (error.code() == StatusCode::kPythonError && error.message().starts_with(kInputErrorType)) {
     return InvalidArgument(error.message().substr(std::string_view(kInputErrorType).size() + 2));
   }
   return error;

@@ -40,8 +40,8 @@ std::optional<Clock::time_point> SteadyDeadline(std::chrono::system_clock::time_
 
 // Whether a peer ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000") is on this machine's loopback.
 bool LoopbackPeer(const std::string& peer) {
-  return peer.rfind("ipv4:127.", 0) == 0 || peer.rfind("ipv6:[::1]", 0) == 0 ||
-         peer.rfind("ipv6:[::ffff:127.", 0) == 0 || peer.rfind("unix:", 0) == 0;
+  return peer.starts_with("ipv4:127.") || peer.starts_with("ipv6:[::1]") ||
+         peer.starts_with("ipv6:[::ffff:127.") || peer.starts_with("unix:");
 }
 
 // A unary call in progress: answered once, counted, and flagged when its client cancels or
@@ -575,7 +575,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerConte
     if (!model.ok() && model.status().code() != StatusCode::kNotFound) {
       return ToGrpc(model.status());
     }
-    response->set_ready(model.ok() && models_.UnavailableReason((*model)->key).empty());
+    response->set_ready(model.ok() && models_.Availability((*model)->key).ok());
     return grpc::Status::OK;
   });
 }

@@ -42,7 +42,7 @@ bool Listed(const std::string_view (&names)[N], const std::string& name) {
 }
 
 std::string Unimplemented(const std::string& name) {
-  if (name.rfind("binary_data", 0) == 0) {
+  if (name.starts_with("binary_data")) {
     return "parameter '" + name +
            "' belongs to HTTP's binary extension; over gRPC, send values in raw_input_contents "
            "(outputs always come back in raw_output_contents)";

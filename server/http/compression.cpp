@@ -190,7 +190,7 @@ std::string ChooseResponseEncoding(const Request& request) {
     double quality = 1;
     if (size_t semicolon = item.find(';'); semicolon != std::string_view::npos) {
       std::string parameter = Lower(Trim(item.substr(semicolon + 1)));
-      if (parameter.rfind("q=", 0) == 0) {
+      if (parameter.starts_with("q=")) {
         try {
           quality = std::stod(parameter.substr(2));
         } catch (...) {

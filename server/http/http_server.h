@@ -99,8 +99,8 @@ using Handler = std::function<void(Request&& request, Responder respond)>;
 class ConnectionTable;  // the open connections of one listener (http_server.cpp)
 
 struct Limits {
-  size_t max_header_bytes = 16 * 1024;
-  uint64_t max_body_bytes = 64 * 1024 * 1024;
+  size_t max_header_bytes = size_t{16} << 10;
+  uint64_t max_body_bytes = uint64_t{64} << 20;
   // Waiting for a request and its header; while a body is read, the longest wait for more.
   std::chrono::seconds idle_timeout{60};
   // From the end of a request's header to the end of its body, however steadily the body

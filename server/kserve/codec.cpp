@@ -15,6 +15,7 @@
 #include "orochi/base/check.h"
 #include "orochi/engine/dtype.h"
 #include "orochi/engine/error.h"
+#include "orochi/engine/tensor.h"
 #include "orochi/server/kserve_codec.h"
 #include "request_json.h"
 #include "shared_memory.h"
@@ -39,8 +40,9 @@ Result<engine::Tensor> TensorFromBinary(const TensorSpec& spec, const engine::Sh
   const auto expected = static_cast<size_t>(engine::NumElements(shape)) * engine::ItemSize(dtype);
   if (bytes.size() != expected) {
     return Bad("input '" + spec.name + "': " + std::string(source) + " is " +
-               std::to_string(bytes.size()) + " bytes, but shape " + ShapeText(shape) + " of " +
-               std::string(DataTypeName(spec.datatype)) + " needs " + std::to_string(expected));
+               std::to_string(bytes.size()) + " bytes, but shape " + engine::ShapeString(shape) +
+               " of " + std::string(DataTypeName(spec.datatype)) + " needs " +
+               std::to_string(expected));
   }
   engine::Tensor tensor = engine::Tensor::Empty(shape, dtype);
   if (expected > 0) std::memcpy(tensor.mutable_data(), bytes.data(), expected);
@@ -75,7 +77,7 @@ Result<BytesTensor> BytesFromBinary(const TensorSpec& spec, const engine::Shape&
   }
   if (elements != needed) {
     return Bad("input '" + spec.name + "' has " + std::to_string(elements) +
-               " BYTES elements, but shape " + ShapeText(shape) + " needs " +
+               " BYTES elements, but shape " + engine::ShapeString(shape) + " needs " +
                std::to_string(engine::NumElements(shape)));
   }
   return tensor;
@@ -89,8 +91,8 @@ Status CheckShape(const Manifest& manifest, const TensorSpec& spec, const engine
     matches = shape[i] >= 0 && (expected[i] == -1 || expected[i] == shape[i]);
   }
   if (!matches) {
-    return Bad("input '" + spec.name + "' has shape " + ShapeText(shape) +
-               ", but the model expects " + ShapeText(expected) + " (-1 is any size)");
+    return Bad("input '" + spec.name + "' has shape " + engine::ShapeString(shape) +
+               ", but the model expects " + engine::ShapeString(expected) + " (-1 is any size)");
   }
   if (manifest.max_batch_size > 0 && (shape[0] < 1 || shape[0] > manifest.max_batch_size)) {
     return Bad("input '" + spec.name + "' has a batch of " + std::to_string(shape[0]) +
@@ -771,7 +773,8 @@ Status WriteSharedMemoryOutputs(const Manifest& manifest, const InferRequest& re
     const size_t needed = SerializedSize(output.value);
     if (needed > where.byte_size) {
       return Bad("output '" + output.name + "' of model '" + manifest.name + "' has " +
-                 std::to_string(needed) + " bytes (shape " + ShapeText(ShapeOf(output.value)) +
+                 std::to_string(needed) + " bytes (shape " +
+                 engine::ShapeString(ShapeOf(output.value)) +
                  "), more than its shared_memory_byte_size " + std::to_string(where.byte_size) +
                  " in shared memory region '" + where.region + "' at offset " +
                  std::to_string(where.offset));

@@ -152,8 +152,8 @@ void KServeApi::Register(http::Router& router) {
                       const http::Responder& respond) {
     std::shared_ptr<const ServedModel> model = Resolve(params, respond);
     if (model == nullptr) return;
-    if (std::string reason = models_.UnavailableReason(model->key); !reason.empty()) {
-      respond(http::ErrorResponse(503, reason));
+    if (Status available = models_.Availability(model->key); !available.ok()) {
+      respond(http::ErrorResponse(503, available.message()));
       return;
     }
     respond(

@@ -10,6 +10,7 @@
 #include "json_pull_parser.h"
 #include "orochi/base/check.h"
 #include "orochi/engine/dtype.h"
+#include "orochi/engine/tensor.h"
 
 namespace orochi::server::kserve {
 namespace {
@@ -34,12 +35,6 @@ std::string Shortened(std::string_view text) {
 }
 
 }  // namespace
-
-std::string ShapeText(const engine::Shape& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
 
 std::string Quoted(const std::string& text) {
   return Json(text).dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -73,7 +68,7 @@ Result<engine::Shape> CheckInputShape(std::vector<int64_t> dims, const std::stri
   int64_t elements = 1;
   for (int64_t size : shape) {
     if (__builtin_mul_overflow(elements, size, &elements) || elements > (int64_t{1} << 40)) {
-      return InvalidArgument("input '" + input_name + "': shape " + ShapeText(shape) +
+      return InvalidArgument("input '" + input_name + "': shape " + engine::ShapeString(shape) +
                              " is too large");
     }
   }
@@ -323,14 +318,14 @@ bool TensorData::FollowsShape(const engine::Shape& shape) const {
 
 Result<TensorValue> TensorData::Finish(const engine::Shape& shape) {
   if (deepest_array_ >= 1 && !FollowsShape(shape)) {
-    return InvalidArgument("input '" + spec_.name +
-                           "' has nested data that does not follow its shape " + ShapeText(shape) +
-                           " (send it flat, or nested exactly as the shape)");
+    return InvalidArgument(
+        "input '" + spec_.name + "' has nested data that does not follow its shape " +
+        engine::ShapeString(shape) + " (send it flat, or nested exactly as the shape)");
   }
   const int64_t elements = engine::NumElements(shape);
   if (count_ != elements) {
     return InvalidArgument("input '" + spec_.name + "' has " + std::to_string(count_) +
-                           " values, but shape " + ShapeText(shape) + " needs " +
+                           " values, but shape " + engine::ShapeString(shape) + " needs " +
                            std::to_string(elements));
   }
   if (error_) return InvalidArgument(*error_);

@@ -27,8 +27,6 @@ namespace orochi::server::kserve {
 
 using Json = nlohmann::json;
 
-// "[2, 3]", for error messages.
-std::string ShapeText(const engine::Shape& shape);
 // `text` as a JSON string; invalid UTF-8 becomes U+FFFD.
 std::string Quoted(const std::string& text);
 // An input object's "shape": non-negative integers, at most engine::kMaxDims of them, and at

@@ -388,7 +388,7 @@ std::string Metrics::Render() {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) resident_bytes_.Set(std::stod(line.substr(6)) * 1024);
+    if (line.starts_with("VmRSS:")) resident_bytes_.Set(std::stod(line.substr(6)) * 1024);
   }
   std::error_code error;
   double fds = 0;

@@ -7,6 +7,8 @@
 
 #include "log.h"
 #include "orochi/engine/device.h"
+#include "orochi/packaging/model_key.h"
+#include "orochi/server/model_source.h"
 
 namespace orochi::server {
 namespace {
@@ -71,15 +73,16 @@ namespace {
 
 constexpr std::string_view kDeviceMissing = "the manifest places the model on '";
 
-// Why `device` (a manifest's, already validated) cannot be used here, or nullopt if it can. A
-// GPU model is refused up front, before any copy runs its code: nothing falls back to the CPU.
-std::optional<std::string> MissingDevice(const std::string& device) {
+// kUnavailable saying why `device` (a manifest's, already validated, in the package at `path`)
+// cannot be used here, else OK. A GPU model is refused up front, before any copy runs its code:
+// nothing falls back to the CPU.
+Status DeviceAvailability(const std::string& path, const std::string& device) {
   engine::Device wanted;
-  if (!engine::ParseDevice(device, &wanted)) return std::nullopt;
+  if (!engine::ParseDevice(device, &wanted)) return Status::Ok();
   const std::string problem = engine::DeviceProblem(wanted);
-  if (problem.empty()) return std::nullopt;
-  return std::string(kDeviceMissing) + device + "', but " + engine::DeviceName(wanted) +
-         " is not available: " + problem;
+  if (problem.empty()) return Status::Ok();
+  return Unavailable(path + ": " + std::string(kDeviceMissing) + device + "', but " +
+                     engine::DeviceName(wanted) + " is not available: " + problem);
 }
 
 bool IsMissingDevice(const Status& status) {
@@ -175,7 +178,7 @@ Result<std::shared_ptr<ServedModel>> ModelService::LoadCopies(const std::string&
                                                               const LoadOverrides& overrides) {
   const Clock::time_point start = Clock::now();
   const std::string version_text = std::to_string(expected_version);
-  const std::string key = expected_name + ":" + version_text;
+  const std::string key = packaging::ModelKey{expected_name, expected_version}.ToString();
   ForgetRefusedUploads(expected_name, expected_version);
   metrics_.ModelKnown(expected_name, version_text, config_.max_queue_size);
   auto fail = [&](const Status& status) {
@@ -194,23 +197,13 @@ Result<std::shared_ptr<ServedModel>> ModelService::LoadCopies(const std::string&
                                 ", but the repository holds it as " + expected_name + " version " +
                                 version_text));
   }
-  if (std::optional<std::string> missing = MissingDevice(manifest.device)) {
-    return fail(Status(StatusCode::kUnavailable, path + ": " + *missing));
-  }
+  if (Status device = DeviceAvailability(path, manifest.device); !device.ok()) return fail(device);
   // A refused override is the request's mistake, not the version's: nothing recorded for the
   // index, nothing loaded.
   OROCHI_RETURN_IF_ERROR(CheckOverrides(manifest, overrides));
-  interpreters::ModelSource source;
-  source.key = key;
-  source.manifest_json = manifest.json;
-  source.code = package->code();
-  source.weights = package->weights();
-  source.read_resource = [package](std::string_view resource) {
-    return package->ReadResource(resource);
-  };
   const std::vector<size_t> slots = SlotsFor(manifest, overrides.instances);
   Result<std::unique_ptr<interpreters::ReplicatedModel>> replicas =
-      interpreters::ReplicatedModel::Load(manager_, std::move(source), slots,
+      interpreters::ReplicatedModel::Load(manager_, ModelSourceFrom(package), slots,
                                           LoadOptionsFor(slots));
   if (!replicas.ok()) return fail(replicas.status());
 
@@ -354,7 +347,7 @@ void ModelService::Quarantine(std::map<std::string, std::string> quarantined) {
 bool ModelService::SkipQuarantined(const std::string& name) {
   bool skipped = false;
   for (int64_t version : SelectedVersions(name)) {
-    const std::string key = name + ":" + std::to_string(version);
+    const std::string key = packaging::ModelKey{name, version}.ToString();
     std::lock_guard lock(mutex_);
     auto found = quarantined_.find(key);
     if (found == quarantined_.end()) continue;
@@ -514,7 +507,7 @@ Result<std::string> ModelService::Deploy(const std::string& name, int64_t versio
     Result<std::unique_ptr<packaging::Package>> package = packaging::Package::Open(uploaded_file);
     if (!package.ok()) {
       std::string message = package.status().message();
-      if (message.rfind(uploaded_file, 0) == 0) {
+      if (message.starts_with(uploaded_file)) {
         message = "the package" + message.substr(uploaded_file.size());
       }
       return Status(package.status().code() == StatusCode::kNotFound ? StatusCode::kInternal
@@ -540,7 +533,7 @@ Result<std::string> ModelService::Deploy(const std::string& name, int64_t versio
     if (!loaded.ok()) {
       {
         std::lock_guard lock(mutex_);
-        load_failures_.erase(name + ":" + std::to_string(version));  // it is in no index
+        load_failures_.erase(packaging::ModelKey{name, version}.ToString());  // it is in no index
         refused_uploads_[name].insert(version);
       }
       metrics_.LoadRefused(name, std::to_string(version));
@@ -550,7 +543,7 @@ Result<std::string> ModelService::Deploy(const std::string& name, int64_t versio
            {"version", std::to_string(version), false},
            {"error", failure.message()}});
       std::string message = failure.message();
-      if (message.rfind(uploaded_file, 0) == 0) {
+      if (message.starts_with(uploaded_file)) {
         message = "the package" + message.substr(uploaded_file.size());
       }
       return Status(failure.code(), message + " (the package was not kept)", failure.detail());
@@ -627,7 +620,7 @@ Result<std::string> ModelService::Delete(const std::string& name, std::optional<
 }
 
 bool ModelService::KnownBroken(const std::string& name, int64_t version) {
-  const std::string key = name + ":" + std::to_string(version);
+  const std::string key = packaging::ModelKey{name, version}.ToString();
   {
     std::lock_guard lock(mutex_);
     if (auto quarantined = quarantined_.find(key); quarantined != quarantined_.end()) {
@@ -678,7 +671,7 @@ Result<std::string> ModelService::Reconcile(const std::string& name) {
       // round marks one more version, so this ends.
       failed = true;
       failed_now.insert(version);
-      broken_files_[name + ":" + std::to_string(version)] =
+      broken_files_[packaging::ModelKey{name, version}.ToString()] =
           file.value_or(repository::FileIdentity{});
       Log(LogLevel::kWarning, "model not loaded",
           {{"model", name},
@@ -734,14 +727,16 @@ std::vector<ModelService::IndexEntry> ModelService::Index() const {
     std::vector<int64_t> loaded = Versions(name);
     for (int64_t version : store_.Versions(name)) {
       bool ready = std::find(loaded.begin(), loaded.end(), version) != loaded.end();
+      const std::string key = packaging::ModelKey{name, version}.ToString();
       std::string reason;
       if (!ready) {
         std::lock_guard lock(mutex_);
-        auto failure = load_failures_.find(name + ":" + std::to_string(version));
+        auto failure = load_failures_.find(key);
         reason = failure != load_failures_.end() ? failure->second : "unloaded";
       } else {
-        reason = UnavailableReason(name + ":" + std::to_string(version));
-        ready = reason.empty();
+        const Status available = Availability(key);
+        reason = available.message();
+        ready = available.ok();
       }
       entries.push_back({name, version, ready ? "READY" : "UNAVAILABLE", reason});
     }
@@ -833,10 +828,11 @@ void ModelService::OnBatch(const std::string& model_key, int64_t rows, int64_t r
 }
 
 namespace {
-// "name:version" as the two labels of a metric.
+// A model's key as the two labels of a metric (name, version).
 std::pair<std::string, std::string> KeyLabels(const std::string& model_key) {
-  const size_t colon = model_key.rfind(':');
-  return {model_key.substr(0, colon), model_key.substr(colon + 1)};
+  Result<packaging::ModelKey> key = packaging::ModelKey::Parse(model_key);
+  if (!key.ok()) return {model_key, ""};
+  return {key->name, std::to_string(key->version)};
 }
 }  // namespace
 
@@ -876,8 +872,8 @@ void ModelService::OnSequenceEnded(const std::string& model_key, SequenceEnd end
 }
 
 void ModelService::OnQueueDepth(const std::string& model_key, int64_t depth) {
-  size_t colon = model_key.rfind(':');
-  metrics_.QueueDepth(model_key.substr(0, colon), model_key.substr(colon + 1), depth);
+  const auto [name, version] = KeyLabels(model_key);
+  metrics_.QueueDepth(name, version, depth);
 }
 
 void ModelService::ForgetRefusedUploads(const std::string& name, std::optional<int64_t> keeping) {
@@ -917,8 +913,8 @@ void ModelService::OnModelUnavailable(const std::string& model_key, const std::s
       {{"model", model_key}, {"reason", reason}});
 }
 
-std::string ModelService::UnavailableReason(const std::string& model_key) const {
-  return scheduler_.UnavailableReason(model_key);
+Status ModelService::Availability(const std::string& model_key) const {
+  return scheduler_.Availability(model_key);
 }
 
 void ModelService::OnCopyRunning(size_t /*slot*/, bool running) {

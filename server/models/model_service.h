@@ -65,7 +65,7 @@ struct ModelStats {
 struct ServedModel {
   std::string name;
   int64_t version = 0;
-  std::string key;  // "name:version"
+  std::string key;  // packaging::ModelKey{name, version}.ToString()
   std::shared_ptr<const packaging::Package> package;
   std::shared_ptr<interpreters::ReplicatedModel> replicas;
   BatchingOptions batching;
@@ -206,8 +206,8 @@ class ModelService : public SchedulerObserver {
   void OnLiveSequences(const std::string& model_key, int64_t live) override;
   void OnSequenceEnded(const std::string& model_key, SequenceEnd end) override;
 
-  // Why a loaded version takes no requests (see Scheduler), or empty.
-  std::string UnavailableReason(const std::string& model_key) const;
+  // kUnavailable saying why a loaded version takes no requests (see Scheduler), else OK.
+  Status Availability(const std::string& model_key) const;
 
  private:
   std::shared_ptr<ServedModel> FindByKey(const std::string& key) const;

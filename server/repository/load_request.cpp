@@ -127,7 +127,7 @@ Result<LoadOverrides> ParseLoadRequest(std::string_view body, const std::string&
         return InvalidArgument("parameter \"config\" is not a JSON object");
       }
       OROCHI_RETURN_IF_ERROR(ReadConfig(config, model, &overrides));
-    } else if (name.rfind("file:", 0) == 0) {
+    } else if (name.starts_with("file:")) {
       return InvalidArgument("parameter " + Named(name) +
                              " is not supported: Orochi loads models from packages in its "
                              "repository; upload one with PUT /v2/repository/models/" +

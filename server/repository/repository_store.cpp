@@ -115,7 +115,7 @@ Status RepositoryStore::Open() const {
   const fs::path state = fs::path(root_) / kStateDirectory;
   for (auto it = fs::directory_iterator(state, error); !error && it != fs::directory_iterator();
        it.increment(error)) {
-    if (it->path().filename().string().rfind(kTrashPrefix, 0) == 0) RemoveTrash(it->path());
+    if (it->path().filename().string().starts_with(kTrashPrefix)) RemoveTrash(it->path());
   }
   return Status::Ok();
 }

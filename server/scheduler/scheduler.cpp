@@ -227,25 +227,25 @@ size_t Scheduler::RemoveModel(const std::string& key, std::optional<Clock::durat
   return abandoned;
 }
 
-std::string Scheduler::UnavailableReason(std::string_view model_key) const {
+Status Scheduler::Availability(std::string_view model_key) const {
   std::lock_guard lock(mutex_);
   auto found = queues_.find(model_key);
-  if (found == queues_.end()) return {};
+  if (found == queues_.end()) return Status::Ok();
   const ModelQueue& queue = *found->second;
-  return !queue.unavailable.empty() ? queue.unavailable : NoCopyReason(queue);
+  return !queue.unavailable.empty() ? Unavailable(queue.unavailable) : CopyAvailability(queue);
 }
 
-std::string Scheduler::NoCopyReason(const ModelQueue& queue) {
+Status Scheduler::CopyAvailability(const ModelQueue& queue) {
   // While a replacement is merely under way the requests wait for it; only once loading the
   // model into it failed is there no telling when a copy will hold it again.
   if (queue.load_error.empty() ||
       std::find(queue.held_by.begin(), queue.held_by.end(), true) != queue.held_by.end()) {
-    return {};
+    return Status::Ok();
   }
-  return "model " + queue.model->key() +
-         " has no interpreter copy to run in: loading it into the replacement of a stuck copy "
-         "failed (" +
-         queue.load_error + "); the load is retried";
+  return Unavailable("model " + queue.model->key() +
+                     " has no interpreter copy to run in: loading it into the replacement of a "
+                     "stuck copy failed (" +
+                     queue.load_error + "); the load is retried");
 }
 
 Status Scheduler::Submit(const std::string& model_key, InferJob& job) {
@@ -256,7 +256,7 @@ Status Scheduler::Submit(const std::string& model_key, InferJob& job) {
   ModelQueue& queue = *found->second;
   if (queue.closing) return Unavailable("model " + model_key + " is being unloaded");
   if (!queue.unavailable.empty()) return Unavailable(queue.unavailable);
-  if (std::string no_copy = NoCopyReason(queue); !no_copy.empty()) return Unavailable(no_copy);
+  OROCHI_RETURN_IF_ERROR(CopyAvailability(queue));
   if (queue.batching.streaming != (job.stream != nullptr)) {
     return InvalidArgument(queue.batching.streaming
                                ? "model " + model_key +
@@ -956,7 +956,7 @@ void Scheduler::RepairSlot(std::unique_lock<std::mutex>& lock, size_t slot, uint
     ModelQueue& queue = *found->second;
     const size_t refused_before = refused.size();
     if (!LoadMissingModel(lock, slot, queue, refused)) failed.push_back(key);
-    if (refused.size() > refused_before) refused_reason = NoCopyReason(queue);
+    if (refused.size() > refused_before) refused_reason = CopyAvailability(queue).message();
     if (worker.generation != generation) break;  // left behind by Stop meanwhile
   }
   if (!failed.empty()) {
@@ -1008,8 +1008,8 @@ bool Scheduler::LoadMissingModel(std::unique_lock<std::mutex>& lock, size_t slot
   }
   queue.load_error = loaded.message();
   // With no copy left to run them, the queued requests would wait for a retry that may never
-  // work; new ones are refused from now on (Submit, NoCopyReason).
-  if (!NoCopyReason(queue).empty()) {
+  // work; new ones are refused from now on (Submit, CopyAvailability).
+  if (!CopyAvailability(queue).ok()) {
     refused.insert(refused.end(), std::make_move_iterator(queue.jobs.begin()),
                    std::make_move_iterator(queue.jobs.end()));
     if (!queue.jobs.empty() && observer_ != nullptr) observer_->OnQueueDepth(queue.model->key(), 0);

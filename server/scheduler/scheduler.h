@@ -218,10 +218,10 @@ class Scheduler {
   // The call of a copy given up by ReplaceStuckLoad has returned at last.
   void StuckLoadReturned();
 
-  // Why the model takes no requests (see Observer::OnModelUnavailable, or no copy holds it
-  // because loading it into the replacements of stuck copies failed); empty while it does, or
-  // when it is not in the scheduler.
-  std::string UnavailableReason(std::string_view model_key) const;
+  // kUnavailable saying why the model takes no requests (see Observer::OnModelUnavailable, or no
+  // copy holds it because loading it into the replacements of stuck copies failed); OK while it
+  // does, or when it is not in the scheduler.
+  Status Availability(std::string_view model_key) const;
 
   // Stops the workers after the queued requests are answered. A worker still running at
   // `deadline` is stuck (Python that never returns and no request deadline to interrupt it):
@@ -358,8 +358,8 @@ class Scheduler {
   std::chrono::milliseconds BackOff(Worker& worker);
   // Tells the observer how many slots are recovering (see OnCopiesRecovering).
   void ReportRecovering();
-  // Why `queue` takes no requests for want of a copy, or empty.
-  static std::string NoCopyReason(const ModelQueue& queue);
+  // kUnavailable when `queue` takes no requests for want of a copy, else OK.
+  static Status CopyAvailability(const ModelQueue& queue);
   static void Answer(Batch& batch, const Status& error, const InferTimings& timings);
   // Whether every request of `batch` was abandoned by its client (see InferJob::abandoned).
   static bool AllClientsGone(const Batch& batch);

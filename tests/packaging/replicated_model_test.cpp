@@ -13,6 +13,7 @@
 #include "orochi/engine/ops.h"
 #include "orochi/interpreters/interpreter_manager.h"
 #include "orochi/interpreters/model.h"
+#include "orochi/server/model_source.h"
 #include "package_test_support.h"
 
 namespace orochi::packaging {
@@ -65,16 +66,6 @@ class Model:
         SafetensorsBytes({{"scale", engine::Scalar(1, engine::DType::kFloat32)}}, directory)}});
 }
 
-interpreters::ModelSource SourceOf(const std::shared_ptr<Package>& package) {
-  interpreters::ModelSource source;
-  source.key = package->manifest().name + ":1";
-  source.manifest_json = package->manifest().json;
-  source.code = package->code();
-  source.weights = package->weights();
-  source.read_resource = [package](std::string_view path) { return package->ReadResource(path); };
-  return source;
-}
-
 std::shared_ptr<Package> OpenPackage(const std::string& path) {
   Result<std::unique_ptr<Package>> package = Package::Open(path);
   EXPECT_TRUE(package.ok()) << package.status().ToString();
@@ -103,10 +94,10 @@ const engine::Tensor& Output(const std::vector<NamedTensor>& outputs, size_t i) 
 TEST(ReplicatedModel, PackagesWithClashingModuleNamesShareACopy) {
   TempDir directory;
   auto manager = Manager(1);
-  auto alpha =
-      ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "alpha", 2))));
-  auto beta =
-      ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "beta", 3))));
+  auto alpha = ReplicatedModel::Load(
+      *manager, server::ModelSourceFrom(OpenPackage(ScalePackage(directory, "alpha", 2))));
+  auto beta = ReplicatedModel::Load(
+      *manager, server::ModelSourceFrom(OpenPackage(ScalePackage(directory, "beta", 3))));
   ASSERT_TRUE(alpha.ok()) << alpha.status().ToString() << alpha.status().detail();
   ASSERT_TRUE(beta.ok()) << beta.status().ToString() << beta.status().detail();
   for (int round = 0; round < 3; ++round) {
@@ -126,8 +117,8 @@ TEST(ReplicatedModel, EightThreadsOverFourCopiesAllGetTheirOwnAnswers) {
   auto manager = Manager(4);
   // Calls of 2 ms from 8 threads overlap however loaded the machine is, so more than one copy
   // must serve them.
-  auto model = ReplicatedModel::Load(
-      *manager, SourceOf(OpenPackage(ScalePackage(directory, "m", 2, /*delay_seconds=*/0.002))));
+  auto model = ReplicatedModel::Load(*manager, server::ModelSourceFrom(OpenPackage(ScalePackage(
+                                                   directory, "m", 2, /*delay_seconds=*/0.002))));
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   EXPECT_EQ((*model)->slots().size(), 4U);
   std::atomic<int> wrong{0};
@@ -155,8 +146,8 @@ TEST(ReplicatedModel, EightThreadsOverFourCopiesAllGetTheirOwnAnswers) {
 TEST(ReplicatedModel, AnExceptionInPredictComesBackWithItsTracebackAndTheCopyKeepsServing) {
   TempDir directory;
   auto manager = Manager(1);
-  auto model =
-      ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "m", 2))));
+  auto model = ReplicatedModel::Load(
+      *manager, server::ModelSourceFrom(OpenPackage(ScalePackage(directory, "m", 2))));
   ASSERT_TRUE(model.ok());
   auto failed = (*model)->Predict(Input({-1}));
   ASSERT_FALSE(failed.ok());
@@ -174,8 +165,8 @@ TEST(ReplicatedModel, AnExceptionInPredictComesBackWithItsTracebackAndTheCopyKee
 TEST(ReplicatedModel, InputsAndOutputsAreCheckedAgainstTheManifest) {
   TempDir directory;
   auto manager = Manager(1);
-  auto model =
-      ReplicatedModel::Load(*manager, SourceOf(OpenPackage(ScalePackage(directory, "m", 2))));
+  auto model = ReplicatedModel::Load(
+      *manager, server::ModelSourceFrom(OpenPackage(ScalePackage(directory, "m", 2))));
   ASSERT_TRUE(model.ok());
   auto wrong_dtype = (*model)->Predict({{"x", engine::Ones({2}, engine::DType::kInt64)}});
   EXPECT_EQ(wrong_dtype.status().code(), StatusCode::kInvalidArgument);
@@ -194,7 +185,7 @@ TEST(ReplicatedModel, LoadErrorsCarryTheTracebackAndLeaveNothingLoaded) {
   std::string path = WritePackage(directory, "bad.orochi",
                                   {{"manifest.json", ManifestJson("bad", kScaleIo, kScaleIo)},
                                    {"code/model.py", "import no_such_module\n"}});
-  auto model = ReplicatedModel::Load(*manager, SourceOf(OpenPackage(path)));
+  auto model = ReplicatedModel::Load(*manager, server::ModelSourceFrom(OpenPackage(path)));
   ASSERT_FALSE(model.ok());
   EXPECT_THAT(model.status().message(), HasSubstr("loading model bad:1 in interpreter copy"));
   EXPECT_THAT(model.status().message(), HasSubstr("No module named 'no_such_module'"));
@@ -209,7 +200,7 @@ TEST(ReplicatedModel, UnloadFreesThePythonObjectsAndTheWeightsWithTheLastUser) {
   TempDir directory;
   auto manager = Manager(2);
   std::shared_ptr<Package> package = OpenPackage(ScalePackage(directory, "m", 2));
-  auto model = ReplicatedModel::Load(*manager, SourceOf(package));
+  auto model = ReplicatedModel::Load(*manager, server::ModelSourceFrom(package));
   ASSERT_TRUE(model.ok());
   const engine::StoragePtr& mapping = package->archive().file();
   const int64_t references_while_loaded = mapping.use_count();
@@ -222,7 +213,7 @@ TEST(ReplicatedModel, UnloadFreesThePythonObjectsAndTheWeightsWithTheLastUser) {
     EXPECT_TRUE(std::get<interpreters::ValueList>(*keys).items.empty());
   }
   // Loading the same key again works once the old one is gone.
-  EXPECT_TRUE(ReplicatedModel::Load(*manager, SourceOf(package)).ok());
+  EXPECT_TRUE(ReplicatedModel::Load(*manager, server::ModelSourceFrom(package)).ok());
 }
 
 long ResidentBytes() {
@@ -257,7 +248,7 @@ TEST(ReplicatedModel, TwoHundredMegabytesOfWeightsInEightCopiesAreResidentOnce) 
   }
   const long after_writing = ResidentBytes();
   std::shared_ptr<Package> package = OpenPackage(directory / "big.orochi");
-  auto model = ReplicatedModel::Load(*manager, SourceOf(package));
+  auto model = ReplicatedModel::Load(*manager, server::ModelSourceFrom(package));
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   std::vector<std::thread> callers;
   for (int i = 0; i < 8; ++i) {

@@ -17,8 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "kserve/request_json.h"  // ShapeText
+#include "kserve/request_json.h"
 #include "orochi/engine/dtype.h"
+#include "orochi/engine/tensor.h"
 #include "orochi/server/kserve_codec.h"
 
 namespace orochi::server::kserve {
@@ -546,7 +547,7 @@ TEST(ParseInferRequest, BothWaysOfReadingAgreeOnRandomRequests) {
       for (int64_t i = 0; i < count; ++i) data += (i ? "," : "") + values[random() % values.size()];
       data += "]";
     }
-    const std::string shape_text = ShapeText(shape);
+    const std::string shape_text = engine::ShapeString(shape);
     const packaging::Manifest manifest = EchoManifest(datatype, shape);
     Result<InferRequest> in_place = Parse(manifest, Request(kKeyOrders[0], name, shape_text, data));
     Result<InferRequest> from_document =

@@ -294,7 +294,7 @@ TEST_F(SchedulerAfterAStuckCopy, AModelThatFailsToLoadIntoTheReplacementIsRetrie
                                            "loading it into the replacement of a stuck copy "
                                            "failed"));
   EXPECT_THAT(refused.message(), HasSubstr("the test refuses to load flaky"));
-  EXPECT_EQ(scheduler_->UnavailableReason("flaky:1"), refused.message());
+  EXPECT_EQ(scheduler_->Availability("flaky:1").message(), refused.message());
 
   // Retried after 50, 100, 200, 200... ms: a few times in 700 ms, not in a tight loop.
   const int before = LoadAttempts("flaky");
@@ -305,7 +305,7 @@ TEST_F(SchedulerAfterAStuckCopy, AModelThatFailsToLoadIntoTheReplacementIsRetrie
 
   Refuse("flaky", false);
   ASSERT_TRUE(observer_.WaitFor([](const auto& counts) { return counts.missing_models == 0; }));
-  EXPECT_TRUE(scheduler_->UnavailableReason("flaky:1").empty());
+  EXPECT_TRUE(scheduler_->Availability("flaky:1").ok());
   Status recovered = Infer("flaky:1", 0).get();
   EXPECT_TRUE(recovered.ok()) << recovered.ToString();
 }

@@ -23,8 +23,8 @@ struct HttpConfig {
   int inference_port = 8000;
   int metrics_port = 8002;
   int io_threads = 2;
-  int64_t max_header_bytes = 16 * 1024;
-  int64_t max_body_bytes = 64 * 1024 * 1024;
+  int64_t max_header_bytes = int64_t{16} << 10;
+  int64_t max_body_bytes = int64_t{64} << 20;
   int max_json_depth = 64;
   int idle_timeout_s = 60;
   int request_timeout_s = 60;  // from a request's header to the end of its body
@@ -57,10 +57,10 @@ struct GrpcConfig {
   int port = 8001;
   // The largest request message; larger ones are refused (RESOURCE_EXHAUSTED) before they are
   // read. As HTTP's max_body_bytes.
-  int64_t max_message_bytes = 64 * 1024 * 1024;
+  int64_t max_message_bytes = int64_t{64} << 20;
   // The largest response message a client accepts is its own setting; the server sends up to
   // this (a larger answer fails with RESOURCE_EXHAUSTED instead of being cut).
-  int64_t max_response_bytes = 256 * 1024 * 1024;
+  int64_t max_response_bytes = int64_t{256} << 20;
   // Requests of one ModelStreamInfer stream read and not yet answered: at this many the server
   // stops reading the stream until an answer is written, so a client that sends faster than it
   // reads (or than the model runs) is held back by flow control instead of queueing without

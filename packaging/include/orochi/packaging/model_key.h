@@ -1,0 +1,28 @@
+// ModelKey: one version of one model, written "name:version" (e.g. "digits:1"). The server keys
+// its loaded versions, queues, metrics labels, log records and crash records by it, and loads a
+// package into the copies under it.
+#pragma once
+
+#include <compare>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "orochi/base/status.h"
+
+namespace orochi::packaging {
+
+struct ModelKey {
+  std::string name;  // a manifest's name: no ':' in it
+  int64_t version = 0;
+
+  // "name:version".
+  std::string ToString() const;
+  // The key that ToString wrote. kInvalidArgument for text without a name, a ':' and a version
+  // of decimal digits after the last ':'.
+  static Result<ModelKey> Parse(std::string_view text);
+
+  friend auto operator<=>(const ModelKey&, const ModelKey&) = default;
+};
+
+}  // namespace orochi::packaging
