@@ -61,6 +61,21 @@ void SmallProduct(const T* x, int64_t x_rows, int64_t x_columns, const T* y, int
       }
       continue;
     }
+    if (x_columns == 1 && y_rows == 1) {  // both contiguous along k: unit-stride dot products
+      for (int64_t column = 0; column < n; ++column) {
+        const T* __restrict right = y + column * y_columns;
+        T sums[8] = {};
+        int64_t inner = 0;
+        for (; inner + 8 <= k; inner += 8) {
+          for (int64_t lane = 0; lane < 8; ++lane)
+            sums[lane] += left[inner + lane] * right[inner + lane];
+        }
+        for (; inner < k; ++inner) sums[0] += left[inner] * right[inner];
+        out[column] = ((sums[0] + sums[1]) + (sums[2] + sums[3])) +
+                      ((sums[4] + sums[5]) + (sums[6] + sums[7]));
+      }
+      continue;
+    }
     for (int64_t column = 0; column < n; ++column) {  // columns of y contiguous: dot products
       const T* right = y + column * y_columns;
       T sums[4] = {};
