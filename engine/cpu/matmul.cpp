@@ -67,8 +67,9 @@ void SmallProduct(const T* x, int64_t x_rows, int64_t x_columns, const T* y, int
         T sums[8] = {};
         int64_t inner = 0;
         for (; inner + 8 <= k; inner += 8) {
-          for (int64_t lane = 0; lane < 8; ++lane)
+          for (int64_t lane = 0; lane < 8; ++lane) {
             sums[lane] += left[inner + lane] * right[inner + lane];
+          }
         }
         for (; inner < k; ++inner) sums[0] += left[inner] * right[inner];
         out[column] = ((sums[0] + sums[1]) + (sums[2] + sums[3])) +
