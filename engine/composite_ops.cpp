@@ -391,11 +391,28 @@ Tensor IndexSelect(const Tensor& input, int64_t dim, const Tensor& index) {
   const bool scalar = shape.empty();  // one element: one row of one
   int64_t outer = scalar ? 1 : NumElements(Shape(shape.begin(), shape.begin() + d));
   int64_t inner = scalar ? 1 : NumElements(Shape(shape.begin() + d + 1, shape.end()));
-  Tensor rows = input.Contiguous().View({outer, size, inner});
   if (!shape.empty()) shape[d] = picks.numel();
+  const auto kernel = Kernels().Find<Op::index_select>(device, input.dtype());
+  if (!input.is_contiguous() && device.type == DeviceType::kCpu && picks.numel() < size) {
+    // A view on the CPU, fewer picks than slices: the kernel reads the picked slices through its
+    // strides, `dim` moved first ([1, size, rest...]), so nothing unpicked is copied.
+    std::vector<int64_t> order{d};
+    for (int64_t i = 0; i < input.dim(); ++i) {
+      if (i != d) order.push_back(i);
+    }
+    const Tensor moved = input.Permute(order).Unsqueeze(0);
+    Shape picked = moved.shape();
+    picked[1] = picks.numel();
+    Tensor output = Tensor::Empty(picked, input.dtype(), device);
+    kernel(moved, picks.View({picks.numel()}), output);
+    if (d == 0) return output.View(shape);
+    std::vector<int64_t> back(static_cast<size_t>(input.dim()));
+    for (int64_t i = 0; i < input.dim(); ++i) back[order[i]] = i;
+    return output.Squeeze(0).Permute(back).Contiguous();
+  }
+  Tensor rows = input.Contiguous().View({outer, size, inner});
   Tensor output = Tensor::Empty(shape, input.dtype(), device);
-  Kernels().Find<Op::index_select>(device, input.dtype())(rows, picks.View({picks.numel()}),
-                                                          output);
+  kernel(rows, picks.View({picks.numel()}), output);
   return output;
 }
 

@@ -45,7 +45,9 @@ using WhereKernel = void (*)(const Tensor& condition, const Tensor& a, const Ten
 // [inner] of the input's dtype, or null.
 using NormKernel = void (*)(Op op, const Tensor& input, const Tensor* weight, const Tensor* bias,
                             double eps, Tensor& output);
-// Contiguous input [outer, size, inner], int64 index [n] (checked in range) -> [outer, n, inner].
+// Contiguous input [outer, size, inner], int64 index [n] (checked in range) -> contiguous
+// [outer, n, inner]. The CPU kernel also takes a strided input [outer, size, rest...] of any rank
+// >= 2 (output [outer, n, rest...]) and reads only the picked slices through its strides.
 using IndexSelectKernel = void (*)(const Tensor& input, const Tensor& index, Tensor& output);
 // Unfolds contiguous input [N, C, H, W] into contiguous output [N, C, kh, kw, oh, ow]; positions
 // in the padding read `pad_value`.

@@ -2,6 +2,9 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <string>
+#include <utility>
 
 #include "cpu/onednn.h"
 #include "dispatch.h"
@@ -297,6 +300,82 @@ Tensor BatchNorm(const Tensor& input, const Tensor& running_mean, const Tensor& 
   Tensor shift = Unary(Op::neg, Binary(Op::mul, check(running_mean, "running_mean"), scale));
   if (bias) shift = Binary(Op::add, shift, check(*bias, "bias"));
   return Binary(Op::add, Binary(Op::mul, input, scale), shift);
+}
+
+namespace {
+
+FoldedConv ComputeFold(const Tensor& conv_weight, const std::optional<Tensor>& conv_bias,
+                       const Tensor& running_mean, const Tensor& running_var, double eps,
+                       const std::optional<Tensor>& weight, const std::optional<Tensor>& bias) {
+  const DType wide = DType::kFloat64;
+  Tensor scale = Unary(
+      Op::rsqrt, Binary(Op::add, running_var.To(wide), Scalar(eps, wide, running_var.device())));
+  if (weight) scale = Binary(Op::mul, scale, weight->To(wide));
+  Tensor shift = Binary(Op::mul, Unary(Op::neg, running_mean.To(wide)), scale);
+  if (conv_bias) shift = Binary(Op::add, shift, Binary(Op::mul, conv_bias->To(wide), scale));
+  if (bias) shift = Binary(Op::add, shift, bias->To(wide));
+  Shape per_channel(static_cast<size_t>(conv_weight.dim()), 1);
+  per_channel[0] = -1;
+  auto read_only = [&](const Tensor& folded) {
+    Tensor rounded = folded.To(conv_weight.dtype()).Clone();
+    rounded.storage()->MarkReadOnly();
+    return rounded;
+  };
+  return {read_only(Binary(Op::mul, conv_weight.To(wide), scale.Reshape(per_channel))),
+          read_only(shift)};
+}
+
+// Appends what identifies `tensor`'s values to a fold's cache key: its dtype, shape and bytes.
+void AppendValues(std::string& key, const std::optional<Tensor>& tensor) {
+  if (!tensor) {
+    key += "|none";
+    return;
+  }
+  const Tensor host = tensor->To(Device{}).Contiguous();
+  key += "|" + std::string(DTypeName(host.dtype())) + ShapeString(host.shape()) + ":";
+  key.append(static_cast<const char*>(host.data()), host.numel() * ItemSize(host.dtype()));
+}
+
+}  // namespace
+
+FoldedConv FoldBatchNorm(const Tensor& conv_weight, const std::optional<Tensor>& conv_bias,
+                         const Tensor& running_mean, const Tensor& running_var, double eps,
+                         const std::optional<Tensor>& weight, const std::optional<Tensor>& bias) {
+  OROCHI_CHECK_ARG(conv_weight.dim() >= 2 && IsFloating(conv_weight.dtype()),
+                   "fuse_conv_bn_weights: the convolution weight must be a floating-point [out, "
+                   "in, ...] tensor, got "
+                       << DTypeName(conv_weight.dtype()) << " "
+                       << ShapeString(conv_weight.shape()));
+  CommonDevice("fuse_conv_bn_weights", {&conv_weight, Optional(conv_bias), &running_mean,
+                                        &running_var, Optional(weight), Optional(bias)});
+  const int64_t channels = conv_weight.shape()[0];
+  for (const auto& [parameter, name] :
+       {std::pair{std::optional<Tensor>(running_mean), "running_mean"},
+        std::pair{std::optional<Tensor>(running_var), "running_var"}, std::pair{weight, "weight"},
+        std::pair{bias, "bias"}, std::pair{conv_bias, "the convolution's bias"}}) {
+    OROCHI_CHECK_ARG(!parameter || (parameter->dim() == 1 && parameter->shape()[0] == channels),
+                     "fuse_conv_bn_weights: " << name << " must be [" << channels
+                                              << "] (the convolution's output channels), got "
+                                              << ShapeString(parameter->shape()));
+  }
+  if (!conv_weight.read_only()) {  // its bytes may change: nothing to share
+    return ComputeFold(conv_weight, conv_bias, running_mean, running_var, eps, weight, bias);
+  }
+  // The small per-channel arguments enter the key by value, so an entry is found again only for
+  // the same numbers, whatever storage they come from and however long it lives.
+  std::string key = "batch norm fold@" + std::to_string(conv_weight.storage_offset()) +
+                    ShapeString(conv_weight.shape()) + ShapeString(conv_weight.strides()) +
+                    std::string(DTypeName(conv_weight.dtype())) + "|eps:";
+  key.append(reinterpret_cast<const char*>(&eps), sizeof(eps));
+  for (const std::optional<Tensor>& part : {conv_bias, std::optional<Tensor>(running_mean),
+                                            std::optional<Tensor>(running_var), weight, bias}) {
+    AppendValues(key, part);
+  }
+  const Storage::Prepared shared = conv_weight.storage()->PreparedLayout(key, [&] {
+    return std::make_shared<const FoldedConv>(
+        ComputeFold(conv_weight, conv_bias, running_mean, running_var, eps, weight, bias));
+  });
+  return *static_cast<const FoldedConv*>(shared.get());
 }
 
 }  // namespace orochi::engine

@@ -2,6 +2,9 @@
 // to a baseline measured in the same run:
 //   matmul        vs a direct cblas_sgemm on the same buffers (goal >= 0.95)
 //   linear        oneDNN's matmul against OpenBLAS's sgemm at the example networks' shapes
+//   linear few rows  the engine's linear on a loaded [out, in] weight, and its matmul with that
+//                 weight's transposed view, vs its matmul with a contiguous [in, out] copy of
+//                 the weight, at textgen's decode shapes (goal >= 0.95: both layouts at GEMM speed)
 //   conv2d        vs oneDNN called directly on the same buffers, its weights prepared once
 //                 (goal >= 0.95), and vs the im2col + sgemm lower bound
 //   add           vs memcpy, in bytes moved per second (goal >= 0.7)
@@ -15,6 +18,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -135,6 +139,47 @@ void LinearShapes(benchmark::internal::Benchmark* benchmark) {
     benchmark->Args({m, 256, 256});
     benchmark->Args({m, 256, 1024});
     benchmark->Args({m, 1024, 256});
+  }
+}
+
+// textgen's decode step: a few rows through its [out, in] layers and its tied output projection.
+// The weight is loaded (read-only) as a model's is. Args: m, k, n; which: 0 linear(x, w),
+// 1 x @ w.T (a transposed view), 2 x @ w_t with w_t a contiguous [in, out] copy (the baseline).
+void BM_EngineFewRows(benchmark::State& state) {
+  const int64_t m = state.range(0);
+  const int64_t k = state.range(1);
+  const int64_t n = state.range(2);
+  Tensor x = Filled({m, k});
+  Tensor weight = Filled({n, k});
+  weight.storage()->MarkReadOnly();
+  Tensor transposed = weight.Transpose(0, 1);
+  Tensor copied = transposed.Contiguous();
+  for (auto _ : state) {
+    switch (state.range(3)) {
+      case 0:
+        benchmark::DoNotOptimize(orochi::engine::Linear(x, weight, std::nullopt));
+        break;
+      case 1:
+        benchmark::DoNotOptimize(orochi::engine::Matmul(x, transposed));
+        break;
+      default:
+        benchmark::DoNotOptimize(orochi::engine::Matmul(x, copied));
+    }
+  }
+}
+
+constexpr std::array<std::array<int64_t, 3>, 8> kFewRowShapes{{{8, 64, 192},
+                                                               {8, 64, 256},
+                                                               {8, 256, 64},
+                                                               {8, 64, 257},
+                                                               {16, 64, 192},
+                                                               {16, 64, 256},
+                                                               {16, 256, 64},
+                                                               {16, 64, 257}}};
+
+void FewRowShapes(benchmark::internal::Benchmark* benchmark) {
+  for (const auto& [m, k, n] : kFewRowShapes) {
+    for (int64_t which : {0, 1, 2}) benchmark->Args({m, k, n, which});
   }
 }
 
@@ -314,6 +359,7 @@ BENCHMARK(BM_EngineMatmul)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(bench
 BENCHMARK(BM_DirectSgemm)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LinearSgemm)->Apply(LinearShapes)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LinearOnednn)->Apply(LinearShapes)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EngineFewRows)->Apply(FewRowShapes)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EngineAdd)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EngineSoftmax)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
@@ -326,6 +372,8 @@ class CapturingReporter : public benchmark::ConsoleReporter {
     for (const Run& run : runs) {
       seconds_[run.benchmark_name()] =
           run.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(run.time_unit);
+      cpu_seconds_[run.benchmark_name()] =
+          run.GetAdjustedCPUTime() / benchmark::GetTimeUnitMultiplier(run.time_unit);
       auto bytes = run.counters.find("bytes_per_second");
       if (bytes != run.counters.end()) bytes_per_second_[run.benchmark_name()] = bytes->second;
     }
@@ -333,6 +381,9 @@ class CapturingReporter : public benchmark::ConsoleReporter {
   }
   // 0 when `name` did not run (e.g. left out by --benchmark_filter).
   double Seconds(const std::string& name) const { return Find(seconds_, name); }
+  // CPU time: for single-threaded calls of a few microseconds, which a busy machine's wall clock
+  // drowns.
+  double CpuSeconds(const std::string& name) const { return Find(cpu_seconds_, name); }
   double BytesPerSecond(const std::string& name) const { return Find(bytes_per_second_, name); }
 
  private:
@@ -342,6 +393,7 @@ class CapturingReporter : public benchmark::ConsoleReporter {
   }
 
   std::map<std::string, double> seconds_;
+  std::map<std::string, double> cpu_seconds_;
   std::map<std::string, double> bytes_per_second_;
 };
 
@@ -390,6 +442,15 @@ int main(int argc, char** argv) {
     std::string label = std::string("linear ") + shape + " oneDNN vs OpenBLAS:";
     PrintRatio(label.c_str(), reporter.Seconds(std::string("BM_LinearSgemm/") + shape),
                reporter.Seconds(std::string("BM_LinearOnednn/") + shape), "(> 1: oneDNN faster)");
+  }
+  for (const auto& [m, k, n] : kFewRowShapes) {
+    const std::string shape = std::to_string(m) + "/" + std::to_string(k) + "/" + std::to_string(n);
+    const std::string name = "BM_EngineFewRows/" + shape + "/";
+    const double baseline = reporter.CpuSeconds(name + "2");
+    PrintRatio(("linear(x, w) " + shape + " vs x @ w_t (CPU):").c_str(), baseline,
+               reporter.CpuSeconds(name + "0"), "(goal >= 0.95)");
+    PrintRatio(("x @ w.T " + shape + " vs x @ w_t (CPU):").c_str(), baseline,
+               reporter.CpuSeconds(name + "1"), "(goal >= 0.95)");
   }
   double memcpy_rate = reporter.BytesPerSecond("BM_Memcpy");
   PrintRatio("add vs memcpy (bytes moved/s):", reporter.BytesPerSecond("BM_EngineAdd"), memcpy_rate,

@@ -408,7 +408,7 @@ bool PrefersOnednnLinear(const Tensor& input, const Tensor& weight) {
          weight.dtype() == DType::kFloat32 && weight.read_only() && weight.dim() == 2 &&
          weight.is_contiguous() &&
          input.numel() / std::max<int64_t>(1, weight.shape()[1]) >= kOnednnLinearMinRows &&
-         weight.numel() > 0;
+         input.numel() * weight.shape()[0] >= kOnednnLinearMinWork && weight.numel() > 0;
 }
 
 void OnednnLinear(const Tensor& input, const Tensor& weight, const Tensor* bias, Tensor& output) {

@@ -30,10 +30,15 @@ void OnednnMaxPool2d(const Tensor& input, std::array<int64_t, 2> kernel,
 
 // Whether OnednnLinear is the faster way to compute `input @ weight.T` (float32 on the CPU): only
 // for a read-only weight, whose layout is prepared once (a writable one would be rearranged on
-// every call), and for at least kOnednnLinearMinRows rows of input. Chosen by measurement
-// (bench_engine's linear cases, docs/PERFORMANCE.md): oneDNN's matmul on a prepared weight beat
-// OpenBLAS's sgemm by 1.1-2.4x from 8 rows up and matched it at 1 row.
+// every call), for at least kOnednnLinearMinRows rows of input, and for at least
+// kOnednnLinearMinWork multiply-adds. Chosen by measurement (bench_engine's linear and "few rows"
+// cases, docs/PERFORMANCE.md): oneDNN's matmul on a prepared weight beat OpenBLAS's sgemm by
+// 1.1-2.4x from 8 rows up on the example networks' layers (8 x 256 x 1000 and up), matched it at
+// 1 row, and lost to sgemm on a row-major copy of the weight (see cpu/matmul.cpp) by about 3 us a
+// call, 2x, on textgen's small layers (8-32 rows x 64 x 256); the two break even near 1M
+// multiply-adds (64 x 64 x 256).
 inline constexpr int64_t kOnednnLinearMinRows = 8;
+inline constexpr int64_t kOnednnLinearMinWork = int64_t{1} << 20;
 bool PrefersOnednnLinear(const Tensor& input, const Tensor& weight);
 
 // linear: contiguous float32 input [rows, in] times weight [out, in] (contiguous, read-only)

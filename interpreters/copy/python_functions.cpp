@@ -365,16 +365,19 @@ void BindNeuralNetwork(py::module_& module) {
       py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("stride") = 1,
       py::arg("padding") = 0, py::arg("dilation") = 1, py::arg("groups") = 1, py::kw_only(),
       py::arg("residual") = py::none(), py::arg("activation") = py::none());
-  // A contiguous copy in fresh memory that nothing may write to again, as loaded weights are:
-  // weights derived at load time (orochi.nn.utils.fusion) get their layouts prepared once.
+  // orochi.nn.utils.fusion's fold: read-only results, shared by every copy that folds the same
+  // batch norm into the same loaded weight (engine::FoldBatchNorm).
   module.def(
-      "_read_only_copy",
-      [](const Tensor& tensor) {
-        Tensor copy = tensor.Clone();
-        copy.storage()->MarkReadOnly();
-        return copy;
+      "_fold_batch_norm",
+      [](const Tensor& conv_weight, py::handle conv_bias, const Tensor& running_mean,
+         const Tensor& running_var, double eps, py::handle weight, py::handle bias) {
+        engine::FoldedConv folded =
+            engine::FoldBatchNorm(conv_weight, MaybeTensor(conv_bias), running_mean, running_var,
+                                  eps, MaybeTensor(weight), MaybeTensor(bias));
+        return py::make_tuple(folded.weight, folded.bias);
       },
-      py::arg("tensor"));
+      py::arg("conv_weight"), py::arg("conv_bias"), py::arg("running_mean"), py::arg("running_var"),
+      py::arg("eps"), py::arg("weight"), py::arg("bias"));
   for (auto [name, is_max] : {std::pair{"max_pool2d", true}, std::pair{"avg_pool2d", false}}) {
     bool max = is_max;
     module.def(

@@ -210,6 +210,38 @@ TEST(Creation, IntegerArangeIsExactOverInt64) {
   EXPECT_EQ(CodeOf([] { IntegerArange(0, 5, 1, DType::kFloat32); }), StatusCode::kInvalidArgument);
 }
 
+// The values of `tensor` in logical (row-major) order, read through its strides.
+std::vector<double> ValuesOf(const Tensor& tensor) {
+  const Tensor dense = tensor.Contiguous();
+  std::vector<double> values;
+  for (int64_t i = 0; i < dense.numel(); ++i) values.push_back(dense.ItemAsDouble(i));
+  return values;
+}
+
+TEST(Indexing, IndexSelectOnAViewReadsThePickedSlicesThroughItsStrides) {
+  // A narrowed cache, as a decoder reads its keys: non-contiguous in two dims.
+  const Tensor cache = RandomTensor({5, 4, 8, 3}, DType::kFloat32, -2, 2, 21);
+  const Tensor view = cache.Narrow(0, 0, 4).Narrow(2, 0, 6);
+  ASSERT_FALSE(view.is_contiguous());
+  const Tensor copy = view.Contiguous();
+  Tensor picks = Tensor::Empty({3}, DType::kInt64);
+  const int64_t values[] = {2, 0, 2};  // repeated, out of order, fewer than every dim's size
+  std::copy(std::begin(values), std::end(values), picks.mutable_data_as<int64_t>());
+  for (int64_t dim = 0; dim < 4; ++dim) {
+    const Tensor picked = IndexSelect(view, dim, picks);
+    Shape expected_shape = view.shape();
+    expected_shape[dim] = 3;
+    EXPECT_EQ(picked.shape(), expected_shape) << "dim " << dim;
+    EXPECT_TRUE(picked.is_contiguous()) << "dim " << dim;
+    ExpectNear(picked, ValuesOf(IndexSelect(copy, dim, picks)), 0, "dim " + std::to_string(dim));
+  }
+  // An embedding table read through a transposed view.
+  const Tensor table = RandomTensor({6, 10}, DType::kFloat32, -2, 2, 22).Transpose(0, 1);
+  const Tensor embedded = Embedding(picks, table);
+  EXPECT_EQ(embedded.shape(), (Shape{3, 6}));
+  ExpectNear(embedded, ValuesOf(Embedding(picks, table.Contiguous())), 0, "embedding of a view");
+}
+
 TEST(Indexing, IndexSelectAndEmbedding) {
   Tensor table = Arange(0, 12, 1, DType::kFloat32).View({4, 3});
   Tensor index = Arange(0, 3).View({3});

@@ -415,6 +415,35 @@ TEST(Matmul, ReadsTransposedSlicedAndBroadcastOperands) {
              "empty inner dimension");
 }
 
+TEST(Matmul, ReadOnlyWeightsReadTransposedMatchWhicheverPartIsRead) {
+  // A loaded (read-only) weight read as w.T goes through a row-major copy kept with its storage:
+  // each view of the storage (offset, shape, stride) must get the copy of its own elements.
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    const std::string name(DTypeName(dtype));
+    Tensor weight = RandomTensor({6, 8}, dtype, -2, 2, 11);
+    weight.storage()->MarkReadOnly();
+    Tensor rows = RandomTensor({9, 8}, dtype, -2, 2, 12);
+    for (int repeat = 0; repeat < 2; ++repeat) {  // the second time from the kept copies
+      ExpectNear(Matmul(rows, weight.Transpose(0, 1)),
+                 ReferenceMatmul(rows, weight.Transpose(0, 1), {9, 6}), Tolerance(dtype) * 8,
+                 "x @ w.T " + name);
+      Tensor lower = weight.Narrow(0, 3, 3).Transpose(0, 1);
+      ExpectNear(Matmul(rows, lower), ReferenceMatmul(rows, lower, {9, 3}), Tolerance(dtype) * 8,
+                 "x @ w[3:].T " + name);
+      Tensor inner = weight.Narrow(1, 2, 4).Transpose(0, 1);
+      ExpectNear(Matmul(rows.Narrow(1, 0, 4), inner),
+                 ReferenceMatmul(rows.Narrow(1, 0, 4), inner, {9, 6}), Tolerance(dtype) * 8,
+                 "x @ w[:, 2:6].T " + name);
+      ExpectNear(Linear(rows, weight, std::nullopt),
+                 ReferenceMatmul(rows, weight.Transpose(0, 1), {9, 6}), Tolerance(dtype) * 8,
+                 "linear " + name);
+      ExpectNear(Matmul(rows.View({3, 3, 8}), weight.Transpose(0, 1)),
+                 ReferenceMatmul(rows.View({3, 3, 8}), weight.Transpose(0, 1), {3, 3, 6}),
+                 Tolerance(dtype) * 8, "batched x @ w.T " + name);
+    }
+  }
+}
+
 TEST(Matmul, LargeFloat32GoesThroughBlasCorrectly) {
   Tensor a = RandomTensor({64, 96}, DType::kFloat32, -1, 1, 1);
   Tensor b = RandomTensor({96, 80}, DType::kFloat32, -1, 1, 2);

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -107,6 +108,79 @@ TEST(TensorSharing, WeightsAreSharedByEveryCopyAndReadOnlyInEach) {
   }
   EXPECT_EQ(weight.data_as<float>()[0], 0.0F);
   EXPECT_EQ(weight.data_as<float>()[7], 7.0F);
+}
+
+constexpr const char* kFold = R"(
+import orochi
+import orochi.nn as nn
+
+def fold(conv_weight, bn_weight, bn_bias, mean, var):
+    """A model's load-time fold: conv and batch norm bound to the loaded weights, then fused.
+    Returns the fused weight after checking the fused convolution against the two ops."""
+    out_channels, in_channels, size, _ = conv_weight.shape
+    conv = nn.Conv2d(in_channels, out_channels, size, bias=False)
+    conv.load_state_dict({"weight": conv_weight})
+    bn = nn.BatchNorm2d(out_channels)
+    bn.load_state_dict({"weight": bn_weight, "bias": bn_bias, "running_mean": mean,
+                        "running_var": var}, strict=False)
+    fused = nn.utils.fusion.fuse_conv_bn_eval(conv, bn)
+    x = orochi.arange(2 * in_channels * 25, dtype=orochi.float32).reshape(2, in_channels, 5, 5)
+    x = (x * 0.37).sin()
+    reference = bn(conv(x))
+    difference = (fused(x) - reference).abs().max().item()
+    if difference > 1e-5 * (1 + reference.abs().max().item()):
+        raise AssertionError(f"the fused convolution differs by {difference}")
+    return fused.weight
+)";
+
+TEST(TensorSharing, BatchNormsFoldedIntoLoadedWeightsAreHeldOnceForEveryCopy) {
+  std::filesystem::path file =
+      std::filesystem::temp_directory_path() / ("orochi-fold-" + std::to_string(getpid()));
+  auto channel_values = [](double start) {
+    return engine::Binary(engine::Op::add, engine::Arange(0, 4).To(engine::DType::kFloat32),
+                          engine::Scalar(start, engine::DType::kFloat32));
+  };
+  ASSERT_OK(engine::SaveSafetensors(
+      file.string(),
+      {{"conv", engine::Arange(0, 4 * 3 * 3 * 3).To(engine::DType::kFloat32).View({4, 3, 3, 3})},
+       {"bn_weight", channel_values(0.5)},
+       {"bn_bias", channel_values(-1)},
+       {"mean", channel_values(0.25)},
+       {"var", channel_values(1)}}));
+  Result<engine::SafetensorsContents> loaded = engine::LoadSafetensors(file.string());
+  std::filesystem::remove(file);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  std::vector<Value> arguments;
+  for (const char* name : {"conv", "bn_weight", "bn_bias", "mean", "var"}) {
+    arguments.emplace_back(loaded->tensors.at(name));
+  }
+
+  std::vector<Tensor> folded;
+  for (int i = 0; i < 3; ++i) {
+    auto copy = NewCopy();
+    ASSERT_TRUE(copy);
+    ASSERT_OK(copy->Exec(kFold));
+    folded.push_back(AsTensor(copy->Call("__main__:fold", std::span<const Value>(arguments))));
+    ASSERT_TRUE(folded.back().defined());
+    ASSERT_OK(copy->Unload());  // the fold outlives the copy that made it
+  }
+  const Tensor& conv = loaded->tensors.at("conv");
+  EXPECT_NE(folded[0].data(), conv.data());
+  EXPECT_TRUE(folded[0].read_only());
+  for (const Tensor& other : folded) {
+    EXPECT_EQ(other.data(), folded[0].data()) << "one folded weight for every copy";
+  }
+  // conv * weight / sqrt(var + eps), per output channel: channel 1, first element.
+  EXPECT_NEAR(folded[0].data_as<float>()[27], 27 * 1.5 / std::sqrt(2 + 1e-5), 1e-4);
+
+  // A writable weight may change between folds: each fold is its own.
+  arguments[0] = conv.Clone();
+  auto copy = NewCopy();
+  ASSERT_TRUE(copy);
+  ASSERT_OK(copy->Exec(kFold));
+  Tensor own = AsTensor(copy->Call("__main__:fold", std::span<const Value>(arguments)));
+  EXPECT_NE(own.data(), folded[0].data());
+  EXPECT_EQ(own.data_as<float>()[27], folded[0].data_as<float>()[27]);
 }
 
 TEST(TensorSharing, MemoryLentByPythonIsCopiedOutWhenItLeavesTheCopy) {

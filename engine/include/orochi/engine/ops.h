@@ -185,6 +185,23 @@ OROCHI_ENGINE_API Tensor BatchNorm(const Tensor& input, const Tensor& running_me
                                    const Tensor& running_var, const std::optional<Tensor>& weight,
                                    const std::optional<Tensor>& bias, double eps = 1e-5);
 
+// torch.nn.utils.fusion.fuse_conv_bn_weights: the weight and bias of the convolution equal to
+// `conv_weight` [O, ...] (and `conv_bias`) followed by an eval-mode batch norm over its O
+// channels. Computed in float64 and rounded once to the weight's dtype; both results are
+// read-only. When the conv weight is read-only (loaded weights), the result is made once and
+// kept with the weight's storage (Storage::PreparedLayout, keyed by the weight's view and the
+// values of every other argument): each interpreter copy that folds the same batch norm into
+// the same weight gets the same tensors, so the folded weights are held once, not per copy.
+struct FoldedConv {
+  Tensor weight;
+  Tensor bias;
+};
+OROCHI_ENGINE_API FoldedConv FoldBatchNorm(const Tensor& conv_weight,
+                                           const std::optional<Tensor>& conv_bias,
+                                           const Tensor& running_mean, const Tensor& running_var,
+                                           double eps, const std::optional<Tensor>& weight,
+                                           const std::optional<Tensor>& bias);
+
 // --- sorting and selection ----------------------------------------------------------------------
 struct SortResult {
   Tensor values;

@@ -6,11 +6,13 @@ the weight becomes conv.weight * s (per output channel) and the bias
 (conv.bias - running_mean) * s + bn.bias. The result equals the two ops up to float rounding
 (the fold is computed in float64 and rounded once). The new weight and bias are read-only, like
 weights loaded from a package, so the engine prepares their layout once rather than per call.
+Folding a loaded (read-only) weight is done once by the engine and kept beside it: every copy of
+the model that folds the same batch norm into the same weight gets the same tensors, so the
+folded weights are held once, not once per copy.
 """
 
 import _orochi_engine as _engine
 
-import orochi
 from orochi.nn.parameter import Parameter
 
 
@@ -38,20 +40,6 @@ def fuse_conv_bn_weights(conv_w, conv_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b,
     if transpose:
         raise NotImplementedError("fuse_conv_bn_weights: transposed convolutions are not "
                                   "supported by Orochi's engine")
-    dtype = conv_w.dtype
-    wide = orochi.float64
-    scale = (bn_rv.to(wide) + bn_eps).rsqrt()
-    if bn_w is not None:
-        scale = scale * bn_w.to(wide)
-    shift = -bn_rm.to(wide) * scale
-    if conv_b is not None:
-        shift = shift + conv_b.to(wide) * scale
-    if bn_b is not None:
-        shift = shift + bn_b.to(wide)
-    per_channel = (-1,) + (1,) * (conv_w.dim() - 1)
-    weight = conv_w.to(wide) * scale.reshape(per_channel)
-    return (_read_only_parameter(weight.to(dtype)), _read_only_parameter(shift.to(dtype)))
-
-
-def _read_only_parameter(tensor):
-    return Parameter(_engine._read_only_copy(tensor))  # noqa: SLF001 (the engine's own helper)
+    weight, bias = _engine._fold_batch_norm(  # noqa: SLF001 (the engine's own helper)
+        conv_w, conv_b, bn_rm, bn_rv, float(bn_eps), bn_w, bn_b)
+    return Parameter(weight), Parameter(bias)
