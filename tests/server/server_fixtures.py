@@ -202,6 +202,25 @@ def slow_request(mode: str, seconds: float = 0.0, timeout_us: int | None = None)
     return body
 
 
+def start_upload(server, package: str, model: str, version: int = 1):
+    """Uploads `package` as `model` version `version` to the management API on a thread of its
+    own, so that a test can send other requests meanwhile. Returns (thread, outcome): once the
+    thread is done, outcome["answer"] is curl's (status, headers, body) and outcome["seconds"]
+    how long the upload took."""
+    import threading
+    outcome = {}
+
+    def upload():
+        began = time.time()
+        outcome["answer"] = curl("-T", package, f"http://127.0.0.1:{server.management_port}"
+                                 f"/v2/repository/models/{model}/versions/{version}")
+        outcome["seconds"] = time.time() - began
+
+    thread = threading.Thread(target=upload)
+    thread.start()
+    return thread, outcome
+
+
 def run_at_once(calls) -> list:
     """Runs each zero-argument call on its own thread, released together by a barrier; returns
     their results in order (for races such as concurrent uploads of one version)."""

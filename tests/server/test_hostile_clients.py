@@ -14,13 +14,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 import unittest
 
 from server_fixtures import (BINARY, HERE, HeldConnectionsTest, Server, SharedServerTest, child_pids,
                          curl, echo_request, pack_repository, pack_variant, post_json,
-                         slow_request)
+                         slow_request, start_upload)
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
@@ -371,17 +370,7 @@ class LoadTimeoutTest(unittest.TestCase):
         package = pack_variant(self.root, "slowinit", SLOW_INIT)
         server = Server(self.repository, {}, copies=2)
         try:
-            upload = {}
-
-            def deploy():
-                began = time.time()
-                upload["status"] = curl("-T", package, f"http://127.0.0.1:"
-                                        f"{server.management_port}/v2/repository/models/"
-                                        "slowinit/versions/1")[0]
-                upload["seconds"] = time.time() - began
-
-            deploying = threading.Thread(target=deploy)
-            deploying.start()
+            deploying, upload = start_upload(server, package, "slowinit")
             slowest = 0.0
             loading_seen = set()
             while deploying.is_alive():
@@ -395,7 +384,7 @@ class LoadTimeoutTest(unittest.TestCase):
             # The metrics say a copy is out of service while it loads, never both at once.
             self.assertIn("1", loading_seen)
             self.assertNotIn("2", loading_seen)
-            self.assertEqual(upload["status"], 200)
+            self.assertEqual(upload["answer"][0], 200, upload["answer"][2])
             # One copy at a time: 1.5 s each, while the other answered (all at once, every
             # request waited 1.5 s).
             self.assertGreater(upload["seconds"], 2.9)

@@ -13,12 +13,11 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 import time
 import unittest
 
 from server_fixtures import (Server, curl, echo_request, pack_repository, pack_variant, post_json,
-                             run_at_once, slow_request)
+                             run_at_once, slow_request, start_upload)
 
 # ctypes lets the GIL go around the call: the interrupt is queued, but nothing runs it until
 # sleep() returns.
@@ -75,17 +74,7 @@ class LoadStuckInCTest(unittest.TestCase):
         package = pack_variant(self.root, "cstuck", STUCK_IN_C_INIT.format(seconds=6))
         server = Server(self.repository, CONFIG, copies=2)
         try:
-            upload = {}
-
-            def deploy():
-                began = time.time()
-                upload["answer"] = curl("-T", package, f"http://127.0.0.1:"
-                                        f"{server.management_port}/v2/repository/models/cstuck/"
-                                        "versions/1")
-                upload["seconds"] = time.time() - began
-
-            deploying = threading.Thread(target=deploy)
-            deploying.start()
+            deploying, upload = start_upload(server, package, "cstuck")
             slowest = 0.0
             while deploying.is_alive():  # the other models are served throughout
                 began = time.time()

@@ -3,10 +3,10 @@
 // package into the copies under it.
 #pragma once
 
-#include <compare>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 #include "orochi/base/status.h"
 
@@ -22,7 +22,11 @@ struct ModelKey {
   // of decimal digits after the last ':'.
   static Result<ModelKey> Parse(std::string_view text);
 
-  friend auto operator<=>(const ModelKey&, const ModelKey&) = default;
+  friend bool operator==(const ModelKey&, const ModelKey&) = default;
+  // By name, then version (a defaulted <=> would do, but clang-tidy misreads its 0).
+  friend bool operator<(const ModelKey& left, const ModelKey& right) {
+    return std::tie(left.name, left.version) < std::tie(right.name, right.version);
+  }
 };
 
 }  // namespace orochi::packaging
