@@ -237,7 +237,6 @@ class LiveTest(unittest.TestCase):
             file.write(fast)
         cls.fast_alerts = fast_alerts
 
-        port = free_port()
         config = os.path.join(cls.root, "prometheus.yml")
         with open(config, "w") as file:
             json.dump({  # JSON is YAML
@@ -248,13 +247,22 @@ class LiveTest(unittest.TestCase):
                     {"targets": [f"127.0.0.1:{cls.server.metrics_port}"]}]}],
             }, file)
         cls.prometheus_log = open(os.path.join(cls.root, "prometheus.log"), "w+")
-        cls.prometheus_url = f"http://127.0.0.1:{port}"
-        cls.prometheus = subprocess.Popen(
-            ["prometheus", f"--config.file={config}",
-             f"--storage.tsdb.path={os.path.join(cls.root, 'prometheus-data')}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=cls.prometheus_log, stderr=subprocess.STDOUT)
-        cls.wait_for(lambda: cls.query('up{job="orochi"} == 1'), 30, "the first scrape")
+        # The port free_port found may be taken by another test's server before Prometheus binds
+        # it (tests run in parallel): Prometheus then exits, and starts again on another port.
+        for attempt in range(3):
+            port = free_port()
+            cls.prometheus_url = f"http://127.0.0.1:{port}"
+            cls.prometheus = subprocess.Popen(
+                ["prometheus", f"--config.file={config}",
+                 f"--storage.tsdb.path={os.path.join(cls.root, 'prometheus-data')}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                stdout=cls.prometheus_log, stderr=subprocess.STDOUT)
+            try:
+                cls.wait_for(lambda: cls.query('up{job="orochi"} == 1'), 30, "the first scrape")
+                break
+            except AssertionError:
+                if cls.prometheus.poll() is None or attempt == 2:
+                    raise
         cls.first_scrape = time.time()
 
     @classmethod
@@ -266,7 +274,11 @@ class LiveTest(unittest.TestCase):
             with urllib.request.urlopen(url, timeout=10) as response:
                 return json.load(response)
         except urllib.error.HTTPError as error:  # 400 for a query that does not parse
-            return json.load(error)
+            body = error.read()
+            try:
+                return json.loads(body)
+            except ValueError:  # not Prometheus's answer: something else has the port
+                return {"status": "not prometheus", "body": body[:200].decode(errors="replace")}
         except (urllib.error.URLError, ConnectionError):
             return {"status": "unreachable"}
 
