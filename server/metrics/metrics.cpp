@@ -237,6 +237,10 @@ constexpr const char* kRequestReasons[] = {
     "success", "invalid_argument", "too_large",   "queue_full",  "out_of_memory",
     "timeout", "model_error",      "client_gone", "unavailable", "internal"};
 
+// Every `end` of orochi_streams_total (docs/METRICS.md).
+constexpr const char* kStreamEnds[] = {"finished", "cancelled", "deadline",
+                                       "unloaded", "stalled",   "error"};
+
 // Every `reason` of orochi_sequences_ended_total (scheduler's SequenceEndName).
 constexpr const char* kSequenceEndReasons[] = {"end", "restarted", "expired", "lost", "unloaded"};
 
@@ -259,6 +263,24 @@ void Metrics::ModelKnown(const std::string& model, const std::string& version,
   }
   model_load_seconds_.Add(labels, LatencyBuckets());
   model_crashes_.Add({{"model", model}});
+}
+
+void Metrics::StreamsKnown(const std::string& model, const std::string& version) {
+  const prometheus::Labels labels{{"model", model}, {"version", version}};
+  first_response_seconds_.Add(labels, LatencyBuckets());
+  between_responses_seconds_.Add(labels, LatencyBuckets());
+  stream_responses_.Add(labels);
+  live_streams_.Add(labels);
+  for (const char* end : kStreamEnds) {
+    streams_ended_.Add({{"model", model}, {"version", version}, {"end", end}});
+  }
+}
+
+void Metrics::SequencesKnown(const std::string& model, const std::string& version) {
+  live_sequences_.Add({{"model", model}, {"version", version}});
+  for (const char* reason : kSequenceEndReasons) {
+    sequences_ended_.Add({{"model", model}, {"version", version}, {"reason", reason}});
+  }
 }
 
 void Metrics::ModelGone(const std::string& model, const std::string& version) {
@@ -290,7 +312,7 @@ void Metrics::RemoveRequestSeries(const std::string& model, const std::string& v
   between_responses_seconds_.Remove(&between_responses_seconds_.Add(labels, LatencyBuckets()));
   stream_responses_.Remove(&stream_responses_.Add(labels));
   live_streams_.Remove(&live_streams_.Add(labels));
-  for (const char* end : {"finished", "cancelled", "deadline", "unloaded", "stalled", "error"}) {
+  for (const char* end : kStreamEnds) {
     streams_ended_.Remove(
         &streams_ended_.Add({{"model", model}, {"version", version}, {"end", end}}));
   }

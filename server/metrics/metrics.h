@@ -48,6 +48,11 @@ class Metrics {
   // `max_queue_size` is the most requests its queue holds (orochi_queue_capacity), so that an
   // alert compares the depth with the configured size, not a fixed number.
   void ModelKnown(const std::string& model, const std::string& version, int64_t max_queue_size);
+  // The same for what only some models have, once the manifest says so: a streaming model's
+  // stream series, every `end` at 0, and a stateful model's sequence series, every `reason`
+  // at 0 (the dashboard's rates read 0 before the first stream, not nothing).
+  void StreamsKnown(const std::string& model, const std::string& version);
+  void SequencesKnown(const std::string& model, const std::string& version);
   // An upload that did not load and was not kept: the series of its requests go at once (it
   // never served); its load series stay, so that the failure alert fires, until the model's
   // next load that succeeds or its deletion (LoadRefusalGone).

@@ -198,6 +198,8 @@ Result<std::shared_ptr<ServedModel>> ModelService::LoadCopies(const std::string&
                                 version_text));
   }
   if (Status device = DeviceAvailability(path, manifest.device); !device.ok()) return fail(device);
+  if (manifest.streaming) metrics_.StreamsKnown(expected_name, version_text);
+  if (manifest.sequence) metrics_.SequencesKnown(expected_name, version_text);
   // A refused override is the request's mistake, not the version's: nothing recorded for the
   // index, nothing loaded.
   OROCHI_RETURN_IF_ERROR(CheckOverrides(manifest, overrides));

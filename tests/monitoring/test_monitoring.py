@@ -361,7 +361,10 @@ class LiveTest(unittest.TestCase):
         for expr in ('orochi_interpreter_copies{state="abandoned"} > 0',
                      'orochi_copies_replaced_total > 0',
                      'orochi_model_load_failed{model="calculator"} == 1',
-                     'orochi_model_crashes_total{model="hostile"} > 0'):
+                     'orochi_model_crashes_total{model="hostile"} > 0',
+                     # The streams, in a scrape after them (their series are there, at 0, from
+                     # the load on, so one scrape is enough for rate()).
+                     'increase(orochi_stream_responses_total{model="tokens"}[30s]) > 0'):
             cls.wait_for(lambda: cls.query(expr), 15, expr)
 
         def firing():

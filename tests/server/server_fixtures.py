@@ -202,6 +202,28 @@ def slow_request(mode: str, seconds: float = 0.0, timeout_us: int | None = None)
     return body
 
 
+def metrics_text(server) -> str:
+    """What the server's metrics endpoint answers now (Prometheus text format)."""
+    _, _, body = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
+    return body.decode()
+
+
+def metric_series(server, name: str) -> dict[str, float]:
+    """Every series of the metric `name`: its labels as written ('model="x",...') -> value."""
+    series = {}
+    for line in metrics_text(server).splitlines():
+        match = re.match(rf"{name}(?:\{{(.*)\}})? (\S+)$", line)
+        if match:
+            series[match.group(1) or ""] = float(match.group(2))
+    return series
+
+
+def metric(server, name: str, **labels) -> float:
+    """The sum of the series of the metric `name` that have `labels`."""
+    return sum(value for written, value in metric_series(server, name).items()
+               if all(f'{key}="{value}"' in written for key, value in labels.items()))
+
+
 def start_upload(server, package: str, model: str, version: int = 1):
     """Uploads `package` as `model` version `version` to the management API on a thread of its
     own, so that a test can send other requests meanwhile. Returns (thread, outcome): once the

@@ -19,7 +19,7 @@ import unittest
 
 from server_fixtures import (BINARY, HERE, HeldConnectionsTest, Server, SharedServerTest, child_pids,
                          curl, echo_request, pack_repository, pack_variant, post_json,
-                         slow_request, start_upload)
+                         metrics_text, slow_request, start_upload)
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
@@ -203,11 +203,6 @@ class ConnectionLimitsTest(HeldConnectionsTest):
             self.assertEqual(server.stop(), 0)
 
 
-def metric(server, pattern: str) -> str:
-    _, _, body = curl(f"http://127.0.0.1:{server.metrics_port}/metrics")
-    return body.decode()
-
-
 class RequestCostTest(unittest.TestCase):
     """What a request may cost: its client's life, a deadline, its model's size limit, memory."""
 
@@ -245,7 +240,7 @@ class RequestCostTest(unittest.TestCase):
             status, _, answer = post_json(server, "/v2/models/echo/infer", echo_request())
             self.assertEqual(status, 200, answer)
             self.assertLess(time.time() - start, 1.5, "the copy went on spinning for nobody")
-            self.assertRegex(metric(server, ""), r'orochi_inference_requests_total\{model="slow",'
+            self.assertRegex(metrics_text(server), r'orochi_inference_requests_total\{model="slow",'
                                                  r'reason="client_gone",version="1"\} 1')
             self.assertNotIn("interpreter copy replaced", server.log_text(),
                              "the interrupt worked: no new copy was needed")
@@ -295,7 +290,7 @@ class RequestCostTest(unittest.TestCase):
                              r"the server is short of memory: it uses \d+ MiB of its 1 MiB limit "
                              r"\(models.max_memory_bytes\)")
             self.assertEqual(health(server.port), 200)
-            self.assertRegex(metric(server, ""), r'orochi_inference_requests_total\{model="echo",'
+            self.assertRegex(metrics_text(server), r'orochi_inference_requests_total\{model="echo",'
                                                  r'reason="out_of_memory",version="1"\} 1')
         finally:
             self.assertEqual(server.stop(), 0)
@@ -308,7 +303,7 @@ class AbandonedCopyTest(SharedServerTest):
     COPIES = 1
 
     def copies(self):
-        text = metric(self.server, "")
+        text = metrics_text(self.server)
         return {state: float(value) for state, value in re.findall(
             r'orochi_interpreter_copies\{state="(\w+)"\} ([\d.]+)', text)}
 
@@ -379,7 +374,7 @@ class LoadTimeoutTest(unittest.TestCase):
                 self.assertEqual(status, 200, body)
                 slowest = max(slowest, time.time() - began)
                 loading_seen.add(re.search(r'orochi_interpreter_copies\{state="loading"\} '
-                                           r'(\d+)', metric(server, "")).group(1))
+                                           r'(\d+)', metrics_text(server)).group(1))
             deploying.join()
             # The metrics say a copy is out of service while it loads, never both at once.
             self.assertIn("1", loading_seen)
@@ -482,7 +477,7 @@ class CrashContainmentTest(unittest.TestCase):
             self.assertRegex(stack, r'^"File \\"<stdlib>/ctypes/__init__\.py\\", line \d+ in '
                                     r'string_at; File \\"<package hostile:1>/code/model\.py\\", '
                                     rf"line {line} in predict; ")
-            metrics = metric(server, "")
+            metrics = metrics_text(server)
             self.assertIn("orochi_server_restarts_total 1", metrics)
             self.assertIn('orochi_model_crashes_total{model="hostile"} 1', metrics)
         finally:

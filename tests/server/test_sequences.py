@@ -17,11 +17,10 @@ import subprocess
 import tempfile
 import time
 import unittest
-import urllib.request
 
 import grpc
 
-from server_fixtures import BINARY, Server, curl, post_json
+from server_fixtures import BINARY, Server, curl, metric, metric_series, post_json
 import test_grpc  # the client generated from the server's proto
 
 pb, pb_grpc = test_grpc.pb, test_grpc.pb_grpc
@@ -56,17 +55,6 @@ class Counter:
         state["count"] = state.get("count", 0) + 1
         return {"count": [state["count"]], "pid": [os.getpid()]}
 '''
-
-
-def metric(server, name, **labels) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as answer:
-        text = answer.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        match = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
-        if match and all(f'{key}="{value}"' in match.group(1) for key, value in labels.items()):
-            total += float(match.group(2))
-    return total
 
 
 def sequence_parameters(sequence_id, start=False, end=False, timeout_us=None) -> dict:
@@ -130,6 +118,17 @@ class SequencesTest(unittest.TestCase):
             "parameters": sequence_parameters(sequence_id, **flags),
             "inputs": [{"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]}]})
         return status, (json.loads(body) if body else {})
+
+    def test_sequence_series_exist_from_the_load_for_stateful_models_only(self):
+        for model in ("accumulator", "counter"):
+            ended = {labels for labels in metric_series(self.server, "orochi_sequences_ended_total")
+                     if f'model="{model}"' in labels}
+            self.assertEqual({re.search(r'reason="(\w+)"', labels).group(1) for labels in ended},
+                             {"end", "restarted", "expired", "lost", "unloaded"}, model)
+            self.assertIn(f'model="{model}",version="1"',
+                          metric_series(self.server, "orochi_live_sequences"))
+        self.assertFalse([labels for labels in metric_series(self.server, "orochi_streams_total")
+                          if 'model="accumulator"' in labels])
 
     def test_state_is_kept_in_order_over_http_and_freed_by_the_end(self):
         ended = metric(self.server, "orochi_sequences_ended_total", model="accumulator",

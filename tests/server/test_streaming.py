@@ -17,29 +17,12 @@ import tempfile
 import threading
 import time
 import unittest
-import urllib.request
 
-from server_fixtures import BINARY, Server
+from server_fixtures import BINARY, Server, metric, metric_series
 from streaming_models import write_packages
 import test_grpc  # the client generated from the server's proto
 
 pb, pb_grpc = test_grpc.pb, test_grpc.pb_grpc
-
-
-def metrics(server) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as answer:
-        return answer.read().decode()
-
-
-def metric(server, name, **labels) -> float:
-    """The sum of the series of `name` that have `labels`."""
-    total = 0.0
-    for line in metrics(server).splitlines():
-        match = re.match(rf"{name}(?:\{{(.*)\}})? (\S+)$", line)
-        if match and all(f'{key}="{value}"' in (match.group(1) or "")
-                         for key, value in labels.items()):
-            total += float(match.group(2))
-    return total
 
 
 def read_marker(path: str, timeout: float = 15) -> str:
@@ -101,6 +84,19 @@ class StreamingTest(unittest.TestCase):
         self.assertEqual(status, 200, body)
         self.assertEqual([event["text_output"] for event in events(body)], ["t0 ", "t1 "])
         self.assertLess(time.monotonic() - started, 5)
+
+    def test_stream_series_exist_from_the_load(self):
+        # At 0 before a model's first stream, so that a dashboard's rate() reads 0, not nothing.
+        for model in ("tokens", "stepper"):
+            ends = {re.search(r'end="(\w+)"', labels).group(1)
+                    for labels in metric_series(self.server, "orochi_streams_total")
+                    if f'model="{model}"' in labels}
+            self.assertEqual(ends, {"finished", "cancelled", "deadline", "unloaded", "stalled",
+                                    "error"}, model)
+            for name in ("orochi_stream_responses_total", "orochi_live_streams",
+                         "orochi_time_to_first_response_seconds_count",
+                         "orochi_time_between_responses_seconds_count"):
+                self.assertIn(f'model="{model}",version="1"', metric_series(self.server, name))
 
     def test_curl_sse_tokens_arrive_before_the_end(self):
         process = subprocess.Popen(
