@@ -21,7 +21,7 @@
 
 namespace orochi::engine {
 
-inline constexpr int kDeviceBackendAbiVersion = 2;
+inline constexpr int kDeviceBackendAbiVersion = 3;
 
 // Every function may throw Error, except release (called from destructors), which reports a
 // failure on stderr and carries on.
@@ -44,6 +44,15 @@ struct DeviceBackend {
   DeviceMemoryStats (*memory_stats)(int device) = nullptr;
   void (*empty_cache)(int device) = nullptr;
   std::optional<double> (*utilisation)(int device) = nullptr;
+  // CUDA IPC (shared_device_memory.h): opens another process's allocation on `device` from the
+  // kSharedDeviceMemoryHandleBytes its cudaIpcGetMemHandle wrote (kInvalidArgument when the
+  // driver refuses it); closes one (reports a failure on stderr, as release does); copies
+  // between such memory and the host, finished on return (kInvalidArgument when the driver
+  // says the range is not the allocation's).
+  void* (*open_shared_memory)(int device, const void* handle) = nullptr;
+  void (*close_shared_memory)(int device, void* pointer) = nullptr;
+  void (*copy_shared_memory)(int device, void* destination, const void* source, size_t bytes,
+                             bool to_host) = nullptr;
 };
 
 // The CUDA backend, loading the library on first use; nullptr with *reason set if it cannot be

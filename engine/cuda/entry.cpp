@@ -23,6 +23,9 @@ extern "C" __attribute__((visibility("default"))) int orochi_register_cuda_backe
   backend->memory_stats = cuda::MemoryStatsOf;
   backend->empty_cache = cuda::EmptyCacheOf;
   backend->utilisation = cuda::UtilisationOf;
+  backend->open_shared_memory = cuda::OpenSharedMemory;
+  backend->close_shared_memory = cuda::CloseSharedMemory;
+  backend->copy_shared_memory = cuda::CopySharedMemory;
   return orochi::engine::kDeviceBackendAbiVersion;
 }
 

@@ -1,7 +1,7 @@
 // The CUDA runtime side of the backend: errors, per-thread streams and library handles, host <->
-// device copies and device probing (runtime.cpp), the caching device allocator
-// (caching_allocator.cpp), the pinned staging pool for uploads (pinned_pool.cpp) and the
-// utilisation read from NVML (nvml.cpp).
+// device copies and device probing (runtime.cpp), other processes' memory opened through CUDA
+// IPC (shared_memory.cpp), the caching device allocator (caching_allocator.cpp), the pinned
+// staging pool for uploads (pinned_pool.cpp) and the utilisation read from NVML (nvml.cpp).
 //
 // Threads: every thread gets, per device and on first use, its own non-blocking stream, event,
 // and cuBLAS and cuDNN handles. They are never destroyed: when a thread exits they go to a pool
@@ -78,5 +78,9 @@ void SynchronizeDevice(int device);
 DeviceMemoryStats MemoryStatsOf(int device);
 void EmptyCacheOf(int device);
 std::optional<double> UtilisationOf(int device);
+void* OpenSharedMemory(int device, const void* handle);  // shared_memory.cpp
+void CloseSharedMemory(int device, void* pointer) noexcept;
+void CopySharedMemory(int device, void* destination, const void* source, size_t bytes,
+                      bool to_host);
 
 }  // namespace orochi::engine::cuda

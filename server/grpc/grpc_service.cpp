@@ -590,6 +590,9 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
                                   "model_repository", "system_shared_memory", "logging", "trace"}) {
       response->add_extensions(extension);
     }
+    if (engine::DeviceCount(engine::DeviceType::kCuda) > 0) {
+      response->add_extensions("cuda_shared_memory");
+    }
     return grpc::Status::OK;
   });
 }
@@ -894,13 +897,27 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
   return call;
 }
 
+namespace {
+
+// A shared-memory registration's answer. Disabled by the operator (kFailedPrecondition) is a
+// call this server refuses, not a transient state.
+grpc::Status RegistrationAnswer(const Status& registered) {
+  if (registered.code() == StatusCode::kFailedPrecondition) {
+    return {grpc::StatusCode::PERMISSION_DENIED, registered.message()};
+  }
+  return registered.ok() ? grpc::Status::OK : ToGrpc(registered);
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryStatus(
     grpc::CallbackServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
     inference::SystemSharedMemoryStatusResponse* response) {
   return AnswerNow(context, "SystemSharedMemoryStatus", Access::kInference, [&] {
     Result<std::vector<kserve::SharedMemoryRegionStatus>> regions =
         options_.shared_memory->Describe(
-            request->name().empty() ? std::nullopt : std::optional<std::string>(request->name()));
+            request->name().empty() ? std::nullopt : std::optional<std::string>(request->name()),
+            kserve::SharedMemoryKind::kSystem);
     if (!regions.ok()) return ToGrpc(regions.status());
     for (const kserve::SharedMemoryRegionStatus& region : *regions) {
       auto& written = (*response->mutable_regions())[region.name];
@@ -918,13 +935,8 @@ grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryRegister(
     const inference::SystemSharedMemoryRegisterRequest* request,
     inference::SystemSharedMemoryRegisterResponse*) {
   return AnswerNow(context, "SystemSharedMemoryRegister", Access::kInference, [&] {
-    Status registered = options_.shared_memory->Register(request->name(), request->key(),
-                                                         request->offset(), request->byte_size());
-    if (registered.code() == StatusCode::kFailedPrecondition) {
-      // Disabled by the operator: the call is one this server refuses, not a transient state.
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, registered.message());
-    }
-    return registered.ok() ? grpc::Status::OK : ToGrpc(registered);
+    return RegistrationAnswer(options_.shared_memory->Register(
+        request->name(), request->key(), request->offset(), request->byte_size()));
   });
 }
 
@@ -934,40 +946,54 @@ grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryUnregister(
     inference::SystemSharedMemoryUnregisterResponse*) {
   return AnswerNow(context, "SystemSharedMemoryUnregister", Access::kInference, [&] {
     if (request->name().empty()) {
-      options_.shared_memory->UnregisterAll();
+      options_.shared_memory->UnregisterAll(kserve::SharedMemoryKind::kSystem);
     } else {
-      options_.shared_memory->Unregister(request->name());
+      options_.shared_memory->Unregister(request->name(), kserve::SharedMemoryKind::kSystem);
     }
     return grpc::Status::OK;
   });
 }
 
-namespace {
-
-// CUDA shared memory (cudaIpc handles) is not implemented: said plainly, as over HTTP.
-grpc::Status NoCudaSharedMemory() {
-  return {grpc::StatusCode::UNIMPLEMENTED,
-          "CUDA shared memory is not supported on this server (use system shared memory)"};
-}
-
-}  // namespace
-
 grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryStatus(
-    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest*,
-    inference::CudaSharedMemoryStatusResponse*) {
-  return AnswerNow(context, "CudaSharedMemoryStatus", Access::kInference, NoCudaSharedMemory);
+    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
+    inference::CudaSharedMemoryStatusResponse* response) {
+  return AnswerNow(context, "CudaSharedMemoryStatus", Access::kInference, [&] {
+    Result<std::vector<kserve::SharedMemoryRegionStatus>> regions =
+        options_.shared_memory->Describe(
+            request->name().empty() ? std::nullopt : std::optional<std::string>(request->name()),
+            kserve::SharedMemoryKind::kCuda);
+    if (!regions.ok()) return ToGrpc(regions.status());
+    for (const kserve::SharedMemoryRegionStatus& region : *regions) {
+      auto& written = (*response->mutable_regions())[region.name];
+      written.set_name(region.name);
+      written.set_device_id(static_cast<uint64_t>(region.device_id));
+      written.set_byte_size(region.byte_size);
+    }
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryRegister(
-    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryRegisterRequest*,
+    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryRegisterRequest* request,
     inference::CudaSharedMemoryRegisterResponse*) {
-  return AnswerNow(context, "CudaSharedMemoryRegister", Access::kInference, NoCudaSharedMemory);
+  return AnswerNow(context, "CudaSharedMemoryRegister", Access::kInference, [&] {
+    return RegistrationAnswer(options_.shared_memory->RegisterCuda(
+        request->name(), request->raw_handle(), request->device_id(), request->byte_size()));
+  });
 }
 
 grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryUnregister(
-    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryUnregisterRequest*,
+    grpc::CallbackServerContext* context,
+    const inference::CudaSharedMemoryUnregisterRequest* request,
     inference::CudaSharedMemoryUnregisterResponse*) {
-  return AnswerNow(context, "CudaSharedMemoryUnregister", Access::kInference, NoCudaSharedMemory);
+  return AnswerNow(context, "CudaSharedMemoryUnregister", Access::kInference, [&] {
+    if (request->name().empty()) {
+      options_.shared_memory->UnregisterAll(kserve::SharedMemoryKind::kCuda);
+    } else {
+      options_.shared_memory->Unregister(request->name(), kserve::SharedMemoryKind::kCuda);
+    }
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* InferenceService::LogSettings(

@@ -720,9 +720,9 @@ Status ResolveSharedMemoryUnchecked(const Manifest& manifest, const SharedMemory
     const std::string what = "input '" + name + "'";
     SharedMemoryRef& where = input.where;
     OROCHI_ASSIGN_OR_RETURN(where.mapped, RegionFor(registry, where, what));
-    OROCHI_ASSIGN_OR_RETURN(std::byte * bytes,
-                            where.mapped->Slice(where.offset, where.byte_size, what));
-    const std::string_view view(reinterpret_cast<const char*>(bytes), where.byte_size);
+    std::vector<std::byte> staging;  // a CUDA region's bytes, copied to the host
+    OROCHI_ASSIGN_OR_RETURN(const std::string_view view,
+                            where.mapped->Read(where.offset, where.byte_size, what, &staging));
     auto spec = std::find_if(manifest.inputs.begin(), manifest.inputs.end(),
                              [&](const TensorSpec& candidate) { return candidate.name == name; });
     auto slot = std::find_if(request->inputs.begin(), request->inputs.end(),
@@ -742,7 +742,7 @@ Status ResolveSharedMemoryUnchecked(const Manifest& manifest, const SharedMemory
   for (auto& [name, where] : request->shared_memory_outputs) {
     const std::string what = "output '" + name + "'";
     OROCHI_ASSIGN_OR_RETURN(where.mapped, RegionFor(registry, where, what));
-    OROCHI_RETURN_IF_ERROR(where.mapped->Slice(where.offset, where.byte_size, what).status());
+    OROCHI_RETURN_IF_ERROR(where.mapped->CheckRange(where.offset, where.byte_size, what));
   }
   return Status::Ok();
 }
@@ -762,8 +762,8 @@ Status ResolveSharedMemory(const Manifest& manifest, const SharedMemoryRegistry&
 Status WriteSharedMemoryOutputs(const Manifest& manifest, const InferRequest& request,
                                 const std::vector<NamedTensor>& outputs) {
   // Every output is checked before any is written: a refused request leaves the regions as
-  // they were.
-  std::vector<std::pair<const NamedTensor*, std::byte*>> writes;
+  // they were (except when a CUDA device itself refuses a copy, which only the copy shows).
+  std::vector<std::pair<const NamedTensor*, const SharedMemoryRef*>> writes;
   for (const NamedTensor& output : outputs) {
     auto shared = request.shared_memory_outputs.find(output.name);
     if (shared == request.shared_memory_outputs.end()) continue;
@@ -779,11 +779,16 @@ Status WriteSharedMemoryOutputs(const Manifest& manifest, const InferRequest& re
                  " in shared memory region '" + where.region + "' at offset " +
                  std::to_string(where.offset));
     }
-    OROCHI_ASSIGN_OR_RETURN(std::byte * to, where.mapped->Slice(where.offset, where.byte_size,
-                                                                "output '" + output.name + "'"));
-    writes.emplace_back(&output, to);
+    OROCHI_RETURN_IF_ERROR(
+        where.mapped->CheckRange(where.offset, needed, "output '" + output.name + "'"));
+    writes.emplace_back(&output, &where);
   }
-  for (const auto& [output, to] : writes) Serialize(output->value, to);
+  for (const auto& [output, where] : writes) {
+    const NamedTensor& written = *output;
+    OROCHI_RETURN_IF_ERROR(where->mapped->Write(
+        where->offset, SerializedSize(written.value), "output '" + written.name + "'",
+        [&written](std::byte* to) { Serialize(written.value, to); }));
+  }
   return Status::Ok();
 }
 

@@ -1,7 +1,10 @@
 #include "handlers.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
 #include <utility>
 
 #include "orochi/engine/device.h"
@@ -123,6 +126,10 @@ void KServeApi::Register(http::Router& router) {
   Json extensions = {"binary_tensor_data",   "classification", "statistics", "model_configuration",
                      "system_shared_memory", "logging",        "trace"};
   if (config_.http.repository_on_inference_port) extensions.push_back("model_repository");
+  // CUDA shared memory needs a device to open the clients' handles on.
+  if (engine::DeviceCount(engine::DeviceType::kCuda) > 0) {
+    extensions.push_back("cuda_shared_memory");
+  }
   router.Add(
       bhttp::verb::get, "/v2",
       [extensions](http::Request&&, const http::PathParams&, const http::Responder& respond) {
@@ -231,28 +238,99 @@ void KServeApi::Register(http::Router& router) {
   RegisterSharedMemory(router);
 }
 
+namespace {
+
+// Standard base64 (RFC 4648, padding optional), as Triton's clients send a CUDA IPC handle;
+// nullopt for anything else.
+std::optional<std::string> DecodeBase64(std::string_view text) {
+  while (!text.empty() && text.back() == '=') text.remove_suffix(1);
+  std::string decoded;
+  uint32_t bits = 0;
+  int pending = 0;
+  for (const char c : text) {
+    int value = -1;
+    if (c >= 'A' && c <= 'Z') value = c - 'A';
+    if (c >= 'a' && c <= 'z') value = c - 'a' + 26;
+    if (c >= '0' && c <= '9') value = c - '0' + 52;
+    if (c == '+') value = 62;
+    if (c == '/') value = 63;
+    if (value < 0) return std::nullopt;
+    bits = (bits << 6) | static_cast<uint32_t>(value);
+    pending += 6;
+    if (pending >= 8) {
+      pending -= 8;
+      decoded.push_back(static_cast<char>((bits >> pending) & 0xff));
+    }
+  }
+  if (pending >= 6) return std::nullopt;  // one character left over: no whole byte
+  return decoded;
+}
+
+// The fields of a registration body: unknown ones are refused, not ignored.
+std::optional<std::string> UnexpectedField(const Json& body,
+                                           std::initializer_list<std::string_view> known) {
+  for (const auto& [field, unused] : body.items()) {
+    if (std::find(known.begin(), known.end(), field) == known.end()) return field;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 void KServeApi::RegisterSharedMemory(http::Router& router) {
-  auto status = [this](http::Request&&, const http::PathParams& params,
-                       const http::Responder& respond) {
-    std::optional<std::string> name;
-    if (auto found = params.find("name"); found != params.end()) name = found->second;
-    Result<std::vector<SharedMemoryRegionStatus>> regions = shared_memory_.Describe(name);
-    if (!regions.ok()) {
-      respond(
-          http::ErrorResponse(HttpStatusOf(regions.status().code()), regions.status().message()));
-      return;
-    }
-    Json list = Json::array();
-    for (const SharedMemoryRegionStatus& region : *regions) {
-      list.push_back({{"name", region.name},
-                      {"key", region.key},
-                      {"offset", region.offset},
-                      {"byte_size", region.byte_size}});
-    }
-    respond(Ok(list));
-  };
-  router.Add(bhttp::verb::get, "/v2/systemsharedmemory/status", status);
-  router.Add(bhttp::verb::get, "/v2/systemsharedmemory/region/{name}/status", status);
+  for (const SharedMemoryKind kind : {SharedMemoryKind::kSystem, SharedMemoryKind::kCuda}) {
+    const std::string prefix =
+        kind == SharedMemoryKind::kSystem ? "/v2/systemsharedmemory" : "/v2/cudasharedmemory";
+    auto status = [this, kind](http::Request&&, const http::PathParams& params,
+                               const http::Responder& respond) {
+      std::optional<std::string> name;
+      if (auto found = params.find("name"); found != params.end()) name = found->second;
+      Result<std::vector<SharedMemoryRegionStatus>> regions = shared_memory_.Describe(name, kind);
+      if (!regions.ok()) {
+        respond(
+            http::ErrorResponse(HttpStatusOf(regions.status().code()), regions.status().message()));
+        return;
+      }
+      Json list = Json::array();
+      for (const SharedMemoryRegionStatus& region : *regions) {
+        if (kind == SharedMemoryKind::kSystem) {
+          list.push_back({{"name", region.name},
+                          {"key", region.key},
+                          {"offset", region.offset},
+                          {"byte_size", region.byte_size}});
+        } else {
+          list.push_back({{"name", region.name},
+                          {"device_id", region.device_id},
+                          {"byte_size", region.byte_size}});
+        }
+      }
+      respond(Ok(list));
+    };
+    router.Add(bhttp::verb::get, prefix + "/status", status);
+    router.Add(bhttp::verb::get, prefix + "/region/{name}/status", status);
+
+    auto unregister = [this, kind](http::Request&& request, const http::PathParams& params,
+                                   const http::Responder& respond) {
+      // Triton's protocol has no body here; one that says something would be silently unread.
+      const Json body = Json::parse(request.body(), nullptr, false);
+      const bool empty = request.body().find_first_not_of(" \t\r\n") == std::string::npos ||
+                         (body.is_object() && body.empty());
+      if (!empty) {
+        respond(http::ErrorResponse(400,
+                                    "an unregister request has no body (the region is named "
+                                    "in the path, or all are unregistered)"));
+        return;
+      }
+      if (auto found = params.find("name"); found != params.end()) {
+        shared_memory_.Unregister(found->second, kind);
+      } else {
+        shared_memory_.UnregisterAll(kind);
+      }
+      respond(Ok(Json::object()));
+    };
+    router.Add(bhttp::verb::post, prefix + "/unregister", unregister);
+    router.Add(bhttp::verb::post, prefix + "/region/{name}/unregister", unregister);
+  }
 
   router.Add(
       bhttp::verb::post, "/v2/systemsharedmemory/region/{name}/register",
@@ -270,11 +348,9 @@ void KServeApi::RegisterSharedMemory(http::Router& router) {
           refuse("the body is not a JSON object");
           return;
         }
-        for (const auto& [field, unused] : body.items()) {
-          if (field != "key" && field != "offset" && field != "byte_size") {
-            refuse("unexpected field '" + field + "'");
-            return;
-          }
+        if (auto field = UnexpectedField(body, {"key", "offset", "byte_size"})) {
+          refuse("unexpected field '" + *field + "'");
+          return;
         }
         auto key = body.find("key");
         auto offset = body.find("offset");
@@ -302,42 +378,54 @@ void KServeApi::RegisterSharedMemory(http::Router& router) {
         respond(Ok(Json::object()));
       });
 
-  auto unregister = [this](http::Request&& request, const http::PathParams& params,
-                           const http::Responder& respond) {
-    // Triton's protocol has no body here; one that says something would be silently unread.
-    const Json body = Json::parse(request.body(), nullptr, false);
-    const bool empty = request.body().find_first_not_of(" \t\r\n") == std::string::npos ||
-                       (body.is_object() && body.empty());
-    if (!empty) {
-      respond(http::ErrorResponse(400,
-                                  "an unregister request has no body (the region is named "
-                                  "in the path, or all are unregistered)"));
-      return;
-    }
-    if (auto found = params.find("name"); found != params.end()) {
-      shared_memory_.Unregister(found->second);
-    } else {
-      shared_memory_.UnregisterAll();
-    }
-    respond(Ok(Json::object()));
-  };
-  router.Add(bhttp::verb::post, "/v2/systemsharedmemory/unregister", unregister);
-  router.Add(bhttp::verb::post, "/v2/systemsharedmemory/region/{name}/unregister", unregister);
-
-  // The CUDA extension's endpoints say why they cannot serve, instead of 404 "no such
-  // endpoint", which reads as a wrong address to a Triton client.
-  auto no_cuda = [](http::Request&&, const http::PathParams&, const http::Responder& respond) {
-    const bool gpus = engine::DeviceCount(engine::DeviceType::kCuda) > 0;
-    respond(http::ErrorResponse(
-        501, std::string("CUDA shared memory is not supported on this server: ") +
-                 (gpus ? "cudaIpc regions are not implemented (use system shared memory)"
-                       : "no CUDA device")));
-  };
-  router.Add(bhttp::verb::get, "/v2/cudasharedmemory/status", no_cuda);
-  router.Add(bhttp::verb::get, "/v2/cudasharedmemory/region/{name}/status", no_cuda);
-  router.Add(bhttp::verb::post, "/v2/cudasharedmemory/region/{name}/register", no_cuda);
-  router.Add(bhttp::verb::post, "/v2/cudasharedmemory/unregister", no_cuda);
-  router.Add(bhttp::verb::post, "/v2/cudasharedmemory/region/{name}/unregister", no_cuda);
+  router.Add(
+      bhttp::verb::post, "/v2/cudasharedmemory/region/{name}/register",
+      [this](http::Request&& request, const http::PathParams& params,
+             const http::Responder& respond) {
+        const std::string& name = params.at("name");
+        const Json body = Json::parse(request.body(), nullptr, false);
+        auto refuse = [&](const std::string& why) {
+          respond(http::ErrorResponse(
+              400, "cannot register CUDA shared memory region '" + name + "': " + why +
+                       " (the body is {\"raw_handle\": {\"b64\": string}, \"device_id\": "
+                       "integer, \"byte_size\": integer})"));
+        };
+        if (body.is_discarded() || !body.is_object()) {
+          refuse("the body is not a JSON object");
+          return;
+        }
+        if (auto field = UnexpectedField(body, {"raw_handle", "device_id", "byte_size"})) {
+          refuse("unexpected field '" + *field + "'");
+          return;
+        }
+        auto raw_handle = body.find("raw_handle");
+        auto device_id = body.find("device_id");
+        auto byte_size = body.find("byte_size");
+        std::optional<std::string> handle;
+        if (raw_handle != body.end() && raw_handle->is_object() && raw_handle->size() == 1 &&
+            raw_handle->contains("b64") && (*raw_handle)["b64"].is_string()) {
+          handle = DecodeBase64((*raw_handle)["b64"].get<std::string>());
+        }
+        if (!handle) {
+          refuse("'raw_handle' must be {\"b64\": the CUDA IPC handle's bytes in base64}");
+          return;
+        }
+        if (device_id == body.end() || !device_id->is_number_integer()) {
+          refuse("'device_id' must be an integer (the CUDA device the memory is on)");
+          return;
+        }
+        if (byte_size == body.end() || !byte_size->is_number_unsigned()) {
+          refuse("'byte_size' must be a non-negative integer");
+          return;
+        }
+        Status registered = shared_memory_.RegisterCuda(name, *handle, device_id->get<int64_t>(),
+                                                        byte_size->get<uint64_t>());
+        if (!registered.ok()) {
+          respond(http::ErrorResponse(HttpStatusOf(registered.code()), registered.message()));
+          return;
+        }
+        respond(Ok(Json::object()));
+      });
 }
 
 std::string ErrorMessage(const Status& error) {

@@ -9,10 +9,18 @@
 #include <cstring>
 #include <utility>
 
+#include "orochi/base/check.h"
+#include "orochi/engine/error.h"
+#include "orochi/engine/shared_device_memory.h"
+
 namespace orochi::server::kserve {
 namespace {
 
 std::string Quote(std::string_view text) { return "'" + std::string(text) + "'"; }
+
+const char* KindName(SharedMemoryKind kind) {
+  return kind == SharedMemoryKind::kSystem ? "system" : "cuda";
+}
 
 // Closes a descriptor on every way out of Register: the mapping outlives it.
 class Descriptor {
@@ -34,7 +42,8 @@ class Descriptor {
 SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, uint64_t offset,
                                        uint64_t byte_size, void* mapping, size_t mapping_size,
                                        std::byte* data)
-    : name_(std::move(name)),
+    : kind_(SharedMemoryKind::kSystem),
+      name_(std::move(name)),
       key_(std::move(key)),
       offset_(offset),
       byte_size_(byte_size),
@@ -42,10 +51,19 @@ SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, uint64
       mapping_size_(mapping_size),
       data_(data) {}
 
-SharedMemoryRegion::~SharedMemoryRegion() { munmap(mapping_, mapping_size_); }
+SharedMemoryRegion::SharedMemoryRegion(std::string name, int64_t device_id, uint64_t byte_size,
+                                       std::unique_ptr<engine::SharedDeviceMemory> device_memory)
+    : kind_(SharedMemoryKind::kCuda),
+      name_(std::move(name)),
+      device_id_(device_id),
+      byte_size_(byte_size),
+      device_memory_(std::move(device_memory)) {}
 
-Result<std::byte*> SharedMemoryRegion::Slice(uint64_t offset, uint64_t size,
-                                             std::string_view what) const {
+SharedMemoryRegion::~SharedMemoryRegion() {
+  if (mapping_ != nullptr) munmap(mapping_, mapping_size_);
+}
+
+Status SharedMemoryRegion::CheckRange(uint64_t offset, uint64_t size, std::string_view what) const {
   // Written so that no sum can wrap: offset and size each come from the client.
   if (offset > byte_size_ || size > byte_size_ - offset) {
     return InvalidArgument(std::string(what) + ": shared_memory_offset " + std::to_string(offset) +
@@ -53,27 +71,127 @@ Result<std::byte*> SharedMemoryRegion::Slice(uint64_t offset, uint64_t size,
                            " run past the end of shared memory region " + Quote(name_) + " (" +
                            std::to_string(byte_size_) + " bytes)");
   }
+  return Status::Ok();
+}
+
+Result<std::byte*> SharedMemoryRegion::Slice(uint64_t offset, uint64_t size,
+                                             std::string_view what) const {
+  OROCHI_INTERNAL_ASSERT(kind_ == SharedMemoryKind::kSystem, "Slice of a CUDA region");
+  OROCHI_RETURN_IF_ERROR(CheckRange(offset, size, what));
   return data_ + offset;
+}
+
+namespace {
+
+// A device's refusal (a range past the client's allocation, a device that failed) as the
+// request's error, naming the region.
+Status DeviceError(const engine::Error& error, std::string_view what, const std::string& name) {
+  return Status(error.status().code(), std::string(what) + ": CUDA shared memory region " +
+                                           Quote(name) + ": " + error.status().message());
+}
+
+}  // namespace
+
+Result<std::string_view> SharedMemoryRegion::Read(uint64_t offset, uint64_t size,
+                                                  std::string_view what,
+                                                  std::vector<std::byte>* staging) const {
+  if (kind_ == SharedMemoryKind::kSystem) {
+    OROCHI_ASSIGN_OR_RETURN(std::byte * bytes, Slice(offset, size, what));
+    return std::string_view(reinterpret_cast<const char*>(bytes), size);
+  }
+  OROCHI_RETURN_IF_ERROR(CheckRange(offset, size, what));
+  staging->resize(size);
+  try {
+    device_memory_->CopyToHost(offset, staging->data(), size);
+  } catch (const engine::Error& error) {
+    return DeviceError(error, what, name_);
+  }
+  return std::string_view(reinterpret_cast<const char*>(staging->data()), size);
+}
+
+Status SharedMemoryRegion::Write(uint64_t offset, uint64_t size, std::string_view what,
+                                 const std::function<void(std::byte*)>& fill) const {
+  if (kind_ == SharedMemoryKind::kSystem) {
+    OROCHI_ASSIGN_OR_RETURN(std::byte * to, Slice(offset, size, what));
+    fill(to);
+    return Status::Ok();
+  }
+  OROCHI_RETURN_IF_ERROR(CheckRange(offset, size, what));
+  std::vector<std::byte> staging(size);
+  fill(staging.data());
+  try {
+    device_memory_->CopyFromHost(offset, staging.data(), size);
+  } catch (const engine::Error& error) {
+    return DeviceError(error, what, name_);
+  }
+  return Status::Ok();
+}
+
+Status SharedMemoryRegistry::CheckNewRegion(const std::string& name, uint64_t byte_size,
+                                            std::string_view kind) const {
+  if (!enabled_) {
+    return FailedPrecondition(std::string(kind) +
+                              " shared memory is disabled on this server: the operator enables "
+                              "it with http.allow_shared_memory in the server's config");
+  }
+  if (name.empty()) return InvalidArgument("a shared memory region needs a name");
+  if (byte_size == 0) {
+    return InvalidArgument("cannot register shared memory region " + Quote(name) +
+                           ": 'byte_size' is 0");
+  }
+  // Checked before anything is opened, and again when the region is added.
+  std::lock_guard lock(mutex_);
+  if (regions_.count(name) != 0) {
+    return AlreadyExists("shared memory region " + Quote(name) + " is already registered");
+  }
+  return Status::Ok();
+}
+
+Status SharedMemoryRegistry::Add(std::shared_ptr<const SharedMemoryRegion> region) {
+  std::lock_guard lock(mutex_);
+  const std::string name = region->name();
+  // Another registration of the same name may have won while the memory was opened; the
+  // loser's region is closed as it goes.
+  if (!regions_.emplace(name, std::move(region)).second) {
+    return AlreadyExists("shared memory region " + Quote(name) + " is already registered");
+  }
+  return Status::Ok();
+}
+
+Status SharedMemoryRegistry::RegisterCuda(const std::string& name, std::string_view raw_handle,
+                                          int64_t device_id, uint64_t byte_size) {
+  OROCHI_RETURN_IF_ERROR(CheckNewRegion(name, byte_size, "CUDA"));
+  const std::string what = "cannot register CUDA shared memory region " + Quote(name);
+  const int devices = engine::DeviceCount(engine::DeviceType::kCuda);
+  if (device_id < 0 || device_id >= devices) {
+    return InvalidArgument(
+        what + ": 'device_id' " + std::to_string(device_id) +
+        (devices == 0
+             ? " names no device: this server has no CUDA device (" +
+                   engine::DeviceUnavailableReason(engine::DeviceType::kCuda) + ")"
+             : " names no device: this server has " + std::to_string(devices) + " CUDA device(s)"));
+  }
+  if (raw_handle.size() != engine::kSharedDeviceMemoryHandleBytes) {
+    return InvalidArgument(what + ": 'raw_handle' has " + std::to_string(raw_handle.size()) +
+                           " bytes; a CUDA IPC handle (cudaIpcMemHandle_t) has " +
+                           std::to_string(engine::kSharedDeviceMemoryHandleBytes));
+  }
+  std::unique_ptr<engine::SharedDeviceMemory> memory;
+  try {
+    memory = engine::SharedDeviceMemory::Open(
+        engine::Device{engine::DeviceType::kCuda, static_cast<int>(device_id)}, raw_handle);
+  } catch (const engine::Error& error) {
+    return Status(error.status().code(), what + ": " + error.status().message());
+  }
+  return Add(std::shared_ptr<const SharedMemoryRegion>(
+      new SharedMemoryRegion(name, device_id, byte_size, std::move(memory))));
 }
 
 Status SharedMemoryRegistry::Register(const std::string& name, const std::string& key,
                                       uint64_t offset, uint64_t byte_size) {
-  if (!enabled_) {
-    return FailedPrecondition(
-        "system shared memory is disabled on this server: the operator enables it with "
-        "http.allow_shared_memory in the server's config");
-  }
+  OROCHI_RETURN_IF_ERROR(CheckNewRegion(name, byte_size, "system"));
   const std::string what = "cannot register shared memory region " + Quote(name);
-  if (name.empty()) return InvalidArgument("a shared memory region needs a name");
   if (key.empty()) return InvalidArgument(what + ": 'key' is empty");
-  if (byte_size == 0) return InvalidArgument(what + ": 'byte_size' is 0");
-  {
-    // Checked before the object is opened, and again before the region is added below.
-    std::lock_guard lock(mutex_);
-    if (regions_.count(name) != 0) {
-      return AlreadyExists("shared memory region " + Quote(name) + " is already registered");
-    }
-  }
   // O_RDWR: outputs are written into the region. The server never creates the object (no
   // O_CREAT): a key that names nothing is the client's mistake, not an empty region.
   Descriptor fd(shm_open(key.c_str(), O_RDWR, 0));
@@ -107,47 +225,52 @@ Status SharedMemoryRegistry::Register(const std::string& name, const std::string
                            std::strerror(errno));
   }
   // From here the region owns the mapping, whatever happens next.
-  std::shared_ptr<const SharedMemoryRegion> region(
+  return Add(std::shared_ptr<const SharedMemoryRegion>(
       new SharedMemoryRegion(name, key, offset, byte_size, mapping, static_cast<size_t>(map_size),
-                             static_cast<std::byte*>(mapping) + (offset - map_from)));
-  std::lock_guard lock(mutex_);
-  // Another registration of the same name may have won while the object was opened.
-  if (!regions_.emplace(name, std::move(region)).second) {
-    return AlreadyExists("shared memory region " + Quote(name) + " is already registered");
-  }
-  return Status::Ok();
+                             static_cast<std::byte*>(mapping) + (offset - map_from))));
 }
 
-void SharedMemoryRegistry::Unregister(const std::string& name) {
+void SharedMemoryRegistry::Unregister(const std::string& name, SharedMemoryKind kind) {
   std::shared_ptr<const SharedMemoryRegion> removed;  // unmapped (if unused) after the unlock
   std::lock_guard lock(mutex_);
   auto found = regions_.find(name);
-  if (found == regions_.end()) return;
+  if (found == regions_.end() || found->second->kind() != kind) return;
   removed = std::move(found->second);
   regions_.erase(found);
 }
 
-void SharedMemoryRegistry::UnregisterAll() {
-  std::map<std::string, std::shared_ptr<const SharedMemoryRegion>> removed;
+void SharedMemoryRegistry::UnregisterAll(SharedMemoryKind kind) {
+  std::vector<std::shared_ptr<const SharedMemoryRegion>> removed;
   std::lock_guard lock(mutex_);
-  removed.swap(regions_);
+  for (auto region = regions_.begin(); region != regions_.end();) {
+    if (region->second->kind() == kind) {
+      removed.push_back(std::move(region->second));
+      region = regions_.erase(region);
+    } else {
+      ++region;
+    }
+  }
 }
 
 Result<std::vector<SharedMemoryRegionStatus>> SharedMemoryRegistry::Describe(
-    const std::optional<std::string>& name) const {
+    const std::optional<std::string>& name, SharedMemoryKind kind) const {
   std::lock_guard lock(mutex_);
   std::vector<SharedMemoryRegionStatus> described;
   auto describe = [&](const SharedMemoryRegion& region) {
-    described.push_back({region.name(), region.key(), region.offset(), region.byte_size()});
+    described.push_back(
+        {region.name(), region.key(), region.offset(), region.device_id(), region.byte_size()});
   };
   if (name) {
     auto found = regions_.find(*name);
-    if (found == regions_.end()) {
-      return NotFound("unable to find system shared memory region: " + Quote(*name));
+    if (found == regions_.end() || found->second->kind() != kind) {
+      return NotFound(std::string("unable to find ") + KindName(kind) +
+                      " shared memory region: " + Quote(*name));
     }
     describe(*found->second);
   } else {
-    for (const auto& [unused, region] : regions_) describe(*region);
+    for (const auto& [unused, region] : regions_) {
+      if (region->kind() == kind) describe(*region);
+    }
   }
   return described;
 }
@@ -157,8 +280,8 @@ Result<std::shared_ptr<const SharedMemoryRegion>> SharedMemoryRegistry::Find(
   std::lock_guard lock(mutex_);
   auto found = regions_.find(name);
   if (found == regions_.end()) {
-    return NotFound("unable to find system shared memory region: " + Quote(name) +
-                    (enabled_ ? "" : " (system shared memory is disabled on this server)"));
+    return NotFound("unable to find shared memory region: " + Quote(name) +
+                    (enabled_ ? "" : " (shared memory is disabled on this server)"));
   }
   return found->second;
 }

@@ -1,9 +1,12 @@
-// System shared memory (Triton's shared-memory extension): clients on the same host register a
-// POSIX shared-memory object (shm_open's key) under a name, then name it in inference requests
-// instead of sending tensor bytes through the socket. The server maps each region itself: the
-// mapping is the server's, owned by the registry until the region is unregistered and by every
+// Shared memory (Triton's shared-memory extensions): clients on the same host register memory
+// under a name, then name it in inference requests instead of sending tensor bytes through the
+// socket. Two kinds, one namespace of names (as in Triton):
+//  - system: a POSIX shared-memory object (shm_open's key), which the server maps itself;
+//  - CUDA: device memory of the client's, named by a CUDA IPC handle, which the server opens
+//    (engine::SharedDeviceMemory) and copies tensors out of and into.
+// The server's mapping is owned by the registry until the region is unregistered and by every
 // request still using it until that request has answered, so a region is never unmapped under a
-// running request. The client keeps owning the object (the server never unlinks it).
+// running request. The client keeps owning the memory (the server never unlinks or frees it).
 //
 // Protocol-neutral: HTTP and gRPC share one registry (a region registered through either is
 // usable from both, as in Triton) and map its Status codes to their own.
@@ -15,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,51 +29,76 @@
 
 #include "orochi/base/status.h"
 
+namespace orochi::engine {
+class SharedDeviceMemory;
+}  // namespace orochi::engine
+
 namespace orochi::server::kserve {
 
-// One registered region: bytes [offset, offset + byte_size) of the object `key`, mapped
-// read-write. Unmapped when the last reference goes.
+enum class SharedMemoryKind { kSystem, kCuda };
+
+// One registered region: a system region is bytes [offset, offset + byte_size) of the object
+// `key`, mapped read-write; a CUDA region the first byte_size bytes of a client's device
+// allocation on device `device_id`. Unmapped (closed) when the last reference goes.
 class SharedMemoryRegion {
  public:
   ~SharedMemoryRegion();
   SharedMemoryRegion(const SharedMemoryRegion&) = delete;
   SharedMemoryRegion& operator=(const SharedMemoryRegion&) = delete;
 
+  SharedMemoryKind kind() const { return kind_; }
   const std::string& name() const { return name_; }
-  const std::string& key() const { return key_; }
-  uint64_t offset() const { return offset_; }  // within the object
+  const std::string& key() const { return key_; }   // system
+  uint64_t offset() const { return offset_; }       // system: within the object
+  int64_t device_id() const { return device_id_; }  // CUDA
   uint64_t byte_size() const { return byte_size_; }
 
-  // The `size` bytes at `offset` within the region, for `what` (e.g. "input 'x'"): an
-  // InvalidArgument naming the region, the offset and the size when they do not lie in it.
+  // An InvalidArgument naming the region, `what` (e.g. "input 'x'"), the offset and the size
+  // when [offset, offset + size) does not lie in the region.
+  Status CheckRange(uint64_t offset, uint64_t size, std::string_view what) const;
+  // The `size` bytes at `offset`: a system region's own (no copy; valid while the region is
+  // held), a CUDA region's copied into `*staging`. CheckRange's error, or the device's.
+  Result<std::string_view> Read(uint64_t offset, uint64_t size, std::string_view what,
+                                std::vector<std::byte>* staging) const;
+  // Writes `size` bytes at `offset`, which `fill` produces into host memory: the mapping itself
+  // for a system region, a buffer copied to the device for a CUDA one.
+  Status Write(uint64_t offset, uint64_t size, std::string_view what,
+               const std::function<void(std::byte*)>& fill) const;
+  // A system region's `size` bytes at `offset`, in place (CheckRange's error).
   Result<std::byte*> Slice(uint64_t offset, uint64_t size, std::string_view what) const;
 
  private:
   friend class SharedMemoryRegistry;
   SharedMemoryRegion(std::string name, std::string key, uint64_t offset, uint64_t byte_size,
                      void* mapping, size_t mapping_size, std::byte* data);
+  SharedMemoryRegion(std::string name, int64_t device_id, uint64_t byte_size,
+                     std::unique_ptr<engine::SharedDeviceMemory> device_memory);
 
+  SharedMemoryKind kind_;
   std::string name_;
   std::string key_;
-  uint64_t offset_;
+  uint64_t offset_ = 0;
+  int64_t device_id_ = -1;
   uint64_t byte_size_;
-  void* mapping_;  // from mmap: page-aligned, so it may start before `offset`
-  size_t mapping_size_;
-  std::byte* data_;  // the region's first byte, within the mapping
+  void* mapping_ = nullptr;  // from mmap: page-aligned, so it may start before `offset`
+  size_t mapping_size_ = 0;
+  std::byte* data_ = nullptr;  // the region's first byte, within the mapping
+  std::unique_ptr<engine::SharedDeviceMemory> device_memory_;  // CUDA
 };
 
 struct SharedMemoryRegionStatus {
   std::string name;
-  std::string key;
-  uint64_t offset = 0;
+  std::string key;         // system
+  uint64_t offset = 0;     // system
+  int64_t device_id = -1;  // CUDA
   uint64_t byte_size = 0;
 };
 
 class SharedMemoryRegistry {
  public:
   // `enabled` false refuses every registration (kFailedPrecondition, saying how to enable
-  // it): mapping any object the server's user can open is a power to give only clients that
-  // the operator trusts with it.
+  // it): mapping any object the server's user can open, or reading and writing another
+  // process's device memory, is a power to give only clients that the operator trusts with it.
   explicit SharedMemoryRegistry(bool enabled) : enabled_(enabled) {}
   // Unmaps every region that no request is using; the others go when their requests answer.
   ~SharedMemoryRegistry() = default;
@@ -84,21 +113,32 @@ class SharedMemoryRegistry {
   // a region that runs past the object's end; kFailedPrecondition when disabled.
   Status Register(const std::string& name, const std::string& key, uint64_t offset,
                   uint64_t byte_size);
-  // Forgets `name`; requests already using it keep their mapping until they answer. A name
-  // that is not registered is no error (as in Triton: the region is not registered after
-  // either way), so clients may unregister as cleanup.
-  void Unregister(const std::string& name);
-  void UnregisterAll();
+  // Opens the device allocation `raw_handle` (a cudaIpcMemHandle_t's bytes) names on CUDA device
+  // `device_id` as the region `name` of `byte_size` bytes. Errors: as Register's for the name
+  // and size; kInvalidArgument for a device this server does not have, a handle of the wrong
+  // size or one the driver refuses.
+  Status RegisterCuda(const std::string& name, std::string_view raw_handle, int64_t device_id,
+                      uint64_t byte_size);
+  // Forgets `name` if it is a region of `kind`; requests already using it keep their mapping
+  // until they answer. A name that is not registered is no error (as in Triton: the region is
+  // not registered after either way), so clients may unregister as cleanup.
+  void Unregister(const std::string& name, SharedMemoryKind kind);
+  void UnregisterAll(SharedMemoryKind kind);
 
-  // Every region (sorted by name), or the one named: kNotFound when it is not registered.
-  Result<std::vector<SharedMemoryRegionStatus>> Describe(
-      const std::optional<std::string>& name) const;
+  // Every region of `kind` (sorted by name), or the one named: kNotFound when it is not
+  // registered as that kind.
+  Result<std::vector<SharedMemoryRegionStatus>> Describe(const std::optional<std::string>& name,
+                                                         SharedMemoryKind kind) const;
 
-  // The region `name`, held for as long as the caller keeps it: kNotFound ("unable to find
-  // system shared memory region: 'x'", Triton's wording) when it is not registered.
+  // The region `name` of either kind, held for as long as the caller keeps it: kNotFound
+  // ("unable to find shared memory region: 'x'", Triton's wording) when it is not registered.
   Result<std::shared_ptr<const SharedMemoryRegion>> Find(const std::string& name) const;
 
  private:
+  // Adds `region` unless its name is taken (kAlreadyExists).
+  Status Add(std::shared_ptr<const SharedMemoryRegion> region);
+  Status CheckNewRegion(const std::string& name, uint64_t byte_size, std::string_view kind) const;
+
   const bool enabled_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const SharedMemoryRegion>> regions_;

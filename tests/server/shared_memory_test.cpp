@@ -75,11 +75,30 @@ TEST(SharedMemoryRegistry, RegistersWhatTheObjectHoldsAndNothingPastIt) {
   EXPECT_FALSE((*region)->Slice(1, UINT64_MAX, "input 'x'").ok());
   EXPECT_TRUE((*region)->Slice(8092, 0, "input 'x'").ok());
 
-  Result<std::vector<SharedMemoryRegionStatus>> all = registry.Describe(std::nullopt);
+  Result<std::vector<SharedMemoryRegionStatus>> all =
+      registry.Describe(std::nullopt, SharedMemoryKind::kSystem);
   ASSERT_TRUE(all.ok());
   ASSERT_EQ(all->size(), 1u);
   EXPECT_EQ((*all)[0].offset, 100u);
-  EXPECT_EQ(registry.Describe("b").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(registry.Describe("b", SharedMemoryKind::kSystem).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST(SharedMemoryRegistry, EachKindListsAndUnregistersOnlyItsOwnRegions) {
+  Object object(4096);
+  SharedMemoryRegistry registry(true);
+  ASSERT_TRUE(registry.Register("a", object.key(), 0, 4096).ok());
+  EXPECT_TRUE(registry.Describe(std::nullopt, SharedMemoryKind::kCuda)->empty());
+  Result<std::vector<SharedMemoryRegionStatus>> as_cuda =
+      registry.Describe("a", SharedMemoryKind::kCuda);
+  EXPECT_EQ(as_cuda.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(as_cuda.status().message(), HasSubstr("unable to find cuda shared memory region"));
+  registry.Unregister("a", SharedMemoryKind::kCuda);
+  registry.UnregisterAll(SharedMemoryKind::kCuda);
+  EXPECT_TRUE(registry.Find("a").ok());
+  // One namespace: a CUDA region may not take a system region's name.
+  EXPECT_EQ(registry.RegisterCuda("a", std::string(64, '\0'), 0, 16).code(),
+            StatusCode::kAlreadyExists);
 }
 
 TEST(SharedMemoryRegistry, AHeldRegionStaysMappedAfterItIsUnregistered) {
@@ -87,16 +106,16 @@ TEST(SharedMemoryRegistry, AHeldRegionStaysMappedAfterItIsUnregistered) {
   SharedMemoryRegistry registry(true);
   ASSERT_TRUE(registry.Register("a", object.key(), 0, 4096).ok());
   std::shared_ptr<const SharedMemoryRegion> held = *registry.Find("a");
-  registry.Unregister("a");
-  registry.Unregister("a");  // not registered: no error
+  registry.Unregister("a", SharedMemoryKind::kSystem);
+  registry.Unregister("a", SharedMemoryKind::kSystem);  // not registered: no error
   EXPECT_EQ(registry.Find("a").status().code(), StatusCode::kNotFound);
   // Still mapped: writes through it reach the object.
   std::memcpy(*held->Slice(10, 3, "output 'y'"), "abc", 3);
   EXPECT_EQ(std::memcmp(object.data() + 10, "abc", 3), 0);
   // The name can be registered again meanwhile.
   EXPECT_TRUE(registry.Register("a", object.key(), 0, 16).ok());
-  registry.UnregisterAll();
-  EXPECT_TRUE(registry.Describe(std::nullopt)->empty());
+  registry.UnregisterAll(SharedMemoryKind::kSystem);
+  EXPECT_TRUE(registry.Describe(std::nullopt, SharedMemoryKind::kSystem)->empty());
 }
 
 TEST(SharedMemoryRegistry, DisabledRefusesToRegister) {
@@ -142,7 +161,7 @@ TEST(ResolveSharedMemory, ReadsInputsAndWritesOutputsThroughTheCodec) {
   ASSERT_TRUE(request.ok()) << request.status().message();
   EXPECT_EQ(request->rows, 2);
   ASSERT_TRUE(ResolveSharedMemory(manifest, registry, &*request).ok());
-  registry.UnregisterAll();  // the request holds its regions from here
+  registry.UnregisterAll(SharedMemoryKind::kSystem);  // the request holds its regions from here
   const auto& tensor = std::get<engine::Tensor>(request->inputs[0].value);
   EXPECT_EQ(std::vector<float>(tensor.data_as<float>(), tensor.data_as<float>() + 4),
             std::vector<float>(x, x + 4));

@@ -424,18 +424,22 @@ class SharedMemoryAndSettingsTest(GrpcServerTest):
             # As over HTTP (400): the request names a region that is not there.
             self.assertCode(lambda: self.stub.ModelInfer(request),
                             grpc.StatusCode.INVALID_ARGUMENT,
-                            "unable to find system shared memory region: 'grpc-region'")
+                            "unable to find shared memory region: 'grpc-region'")
         finally:
             region.close()
             region.unlink()
 
-    def test_cuda_shared_memory_is_refused_clearly(self):
-        self.assertCode(lambda: self.stub.CudaSharedMemoryStatus(
-            pb.CudaSharedMemoryStatusRequest()), grpc.StatusCode.UNIMPLEMENTED,
-            "CUDA shared memory is not supported")
+    def test_cuda_shared_memory_without_a_cuda_device_is_refused_clearly(self):
+        # test_cuda_shared_memory has the extension on a (real or emulated) GPU.
+        if "cuda_shared_memory" in self.stub.ServerMetadata(pb.ServerMetadataRequest()).extensions:
+            self.skipTest("the server has a CUDA device: test_cuda_shared_memory covers it")
+        self.assertEqual(len(self.stub.CudaSharedMemoryStatus(
+            pb.CudaSharedMemoryStatusRequest()).regions), 0)
         self.assertCode(lambda: self.stub.CudaSharedMemoryRegister(
-            pb.CudaSharedMemoryRegisterRequest(name="x", raw_handle=b"h", byte_size=8)),
-            grpc.StatusCode.UNIMPLEMENTED)
+            pb.CudaSharedMemoryRegisterRequest(name="x", raw_handle=bytes(64), byte_size=8)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "'device_id' 0 names no device: this server has no CUDA device")
+        self.stub.CudaSharedMemoryUnregister(pb.CudaSharedMemoryUnregisterRequest())
 
     def test_log_settings(self):
         settings = self.stub.LogSettings(pb.LogSettingsRequest()).settings

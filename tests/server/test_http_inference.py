@@ -324,7 +324,7 @@ class ServerTest(SharedServerTest):
              "model echo is not stateful"),
             ({"outputs": [{"name": "out_fp32",
                            "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8}}]},
-             "output 'out_fp32': unable to find system shared memory region: 'r'"),
+             "output 'out_fp32': unable to find shared memory region: 'r'"),
             ({"model_version": "1"}, 'the request has the key "model_version"'),
         ]
         for extra, message in cases:

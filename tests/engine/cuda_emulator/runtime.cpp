@@ -1,4 +1,5 @@
 // The CUDA runtime functions the backend calls, over emulated devices (see emulator.h).
+#include <fcntl.h>
 #include <sanitizer/asan_interface.h>  // its macros do nothing without AddressSanitizer
 #include <signal.h>
 #include <sys/mman.h>
@@ -168,11 +169,28 @@ void SynchronizeDevice(int device) {
 // --- memory -------------------------------------------------------------------------------------
 
 struct Allocation {
-  void* mapping;
-  size_t mapping_bytes;
-  size_t bytes;
-  int device;
+  void* mapping = nullptr;
+  size_t mapping_bytes = 0;
+  size_t bytes = 0;
+  int device = 0;
+  // CUDA IPC. An exported allocation's pages are moved into a memfd (`memfd`, closed with the
+  // mapping), which another process maps through /proc/<pid>/fd; an imported one is such a
+  // mapping of another process's allocation, given back by cudaIpcCloseMemHandle, not cudaFree.
+  int memfd = -1;
+  bool imported = false;
 };
+
+// What the emulator writes into a cudaIpcMemHandle_t (64 opaque bytes on real GPUs).
+struct IpcHandle {
+  static constexpr uint64_t kMagic = 0x4f524f4348494950;  // "OROCHIIP"
+  uint64_t magic;
+  int64_t pid;
+  int64_t fd;
+  uint64_t pages;        // the memfd's size: the allocation's whole pages
+  uint64_t data_offset;  // where its data starts within them (allocations end on a page end)
+  uint64_t bytes;        // its size, rounded as cudaMalloc rounds
+};
+static_assert(sizeof(IpcHandle) <= sizeof(cudaIpcMemHandle_t));
 
 class Memory {
  public:
@@ -223,7 +241,7 @@ class Memory {
     {
       std::lock_guard lock(mutex_);
       auto found = device_.find(reinterpret_cast<uintptr_t>(pointer));
-      if (found == device_.end()) return cudaErrorInvalidValue;
+      if (found == device_.end() || found->second.imported) return cudaErrorInvalidValue;
       allocation = found->second;
       device_.erase(found);
       used_[allocation.device] -= allocation.bytes;
@@ -244,6 +262,99 @@ class Memory {
       Unmap(quarantine_.front());
       quarantine_.pop_front();
     }
+    return cudaSuccess;
+  }
+
+  // cudaIpcGetMemHandle: `pointer` must be an allocation's start. The first export moves the
+  // allocation's pages, contents and all, into a memfd mapped at the same address.
+  cudaError_t Export(cudaIpcMemHandle_t* handle, void* pointer) {
+    Allocation allocation{};
+    {
+      std::lock_guard lock(mutex_);
+      auto found = device_.find(reinterpret_cast<uintptr_t>(pointer));
+      if (found == device_.end() || found->second.imported) return cudaErrorInvalidValue;
+      allocation = found->second;
+    }
+    SynchronizeDevice(allocation.device);  // no queued work may write the pages while they move
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    char* usable = static_cast<char*>(allocation.mapping) + page;
+    const size_t pages = allocation.mapping_bytes - 2 * page;
+    std::lock_guard lock(mutex_);
+    auto found = device_.find(reinterpret_cast<uintptr_t>(pointer));
+    if (found == device_.end()) return cudaErrorInvalidValue;  // freed meanwhile
+    Allocation& live = found->second;
+    if (live.memfd < 0) {
+      const int fd = memfd_create("orochi-emulated-device-memory", MFD_CLOEXEC);
+      if (fd < 0) return cudaErrorMemoryAllocation;
+      ASAN_UNPOISON_MEMORY_REGION(usable, pages);  // the copy reads the rounding's bytes too
+      const bool copied =
+          ftruncate(fd, static_cast<off_t>(pages)) == 0 &&
+          pwrite(fd, usable, pages, 0) == static_cast<ssize_t>(pages) &&
+          mmap(usable, pages, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == usable;
+      ASAN_POISON_MEMORY_REGION(static_cast<char*>(pointer) + allocation.bytes,
+                                usable + pages - static_cast<char*>(pointer) - allocation.bytes);
+      if (!copied) {
+        close(fd);
+        return cudaErrorMemoryAllocation;
+      }
+      live.memfd = fd;
+    }
+    IpcHandle written{IpcHandle::kMagic,
+                      getpid(),
+                      live.memfd,
+                      pages,
+                      static_cast<uint64_t>(static_cast<char*>(pointer) - usable),
+                      live.bytes};
+    std::memset(handle, 0, sizeof(*handle));
+    std::memcpy(handle, &written, sizeof(written));
+    return cudaSuccess;
+  }
+
+  // cudaIpcOpenMemHandle: maps another process's exported allocation, with guard pages around it
+  // as every allocation has, as an allocation of `device`.
+  cudaError_t Import(void** pointer, const cudaIpcMemHandle_t& handle, int device) {
+    IpcHandle read{};
+    std::memcpy(&read, &handle, sizeof(read));
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    if (read.magic != IpcHandle::kMagic || read.pages == 0 || read.pages % page != 0 ||
+        read.data_offset + read.bytes > read.pages) {
+      return cudaErrorInvalidResourceHandle;
+    }
+    if (read.pid == getpid()) return cudaErrorDeviceUninitialized;  // as the runtime refuses it too
+    const std::string path = "/proc/" + std::to_string(read.pid) + "/fd/" + std::to_string(read.fd);
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return cudaErrorInvalidResourceHandle;  // the exporting process has gone
+    const size_t mapping_bytes = read.pages + 2 * page;
+    void* mapping =
+        mmap(nullptr, mapping_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    char* usable = static_cast<char*>(mapping) + page;
+    const bool mapped = mapping != MAP_FAILED && mmap(usable, read.pages, PROT_READ | PROT_WRITE,
+                                                      MAP_SHARED | MAP_FIXED, fd, 0) == usable;
+    close(fd);
+    if (!mapped) {
+      if (mapping != MAP_FAILED) munmap(mapping, mapping_bytes);
+      return cudaErrorMemoryAllocation;
+    }
+    char* data = usable + read.data_offset;
+    std::lock_guard lock(mutex_);
+    device_[reinterpret_cast<uintptr_t>(data)] = {mapping, mapping_bytes, read.bytes, device,
+                                                  -1,      true};
+    *pointer = data;
+    return cudaSuccess;
+  }
+
+  // cudaIpcCloseMemHandle: unmaps an imported allocation once its device's work is done.
+  cudaError_t CloseImported(void* pointer) {
+    Allocation allocation{};
+    {
+      std::lock_guard lock(mutex_);
+      auto found = device_.find(reinterpret_cast<uintptr_t>(pointer));
+      if (found == device_.end() || !found->second.imported) return cudaErrorInvalidValue;
+      allocation = found->second;
+      device_.erase(found);
+    }
+    SynchronizeDevice(allocation.device);
+    Unmap(allocation);
     return cudaSuccess;
   }
 
@@ -284,6 +395,7 @@ class Memory {
   static void Unmap(const Allocation& allocation) {
     ASAN_UNPOISON_MEMORY_REGION(allocation.mapping, allocation.mapping_bytes);
     munmap(allocation.mapping, allocation.mapping_bytes);
+    if (allocation.memfd >= 0) close(allocation.memfd);
   }
 
   // Each is a mapping of its own, and a process may have only about 65000.
@@ -370,6 +482,7 @@ CodeDescription<cudaError_t> DescribeError(cudaError_t error) {
       {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
       {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
       {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+      {cudaErrorDeviceUninitialized, "cudaErrorDeviceUninitialized", "invalid device context"},
   };
   return Describe(kKnown, error, {error, "cudaErrorUnknown", "unknown error"});
 }
@@ -482,6 +595,21 @@ cudaError_t cudaFree(void* pointer) {
   return SetLastError(emulator::Memory::Instance().Free(pointer));
 }
 
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* pointer) {
+  if (handle == nullptr) return SetLastError(cudaErrorInvalidValue);
+  return SetLastError(emulator::Memory::Instance().Export(handle, pointer));
+}
+
+cudaError_t cudaIpcOpenMemHandle(void** pointer, cudaIpcMemHandle_t handle,
+                                 unsigned int /*flags*/) {
+  return SetLastError(
+      emulator::Memory::Instance().Import(pointer, handle, emulator::current_device));
+}
+
+cudaError_t cudaIpcCloseMemHandle(void* pointer) {
+  return SetLastError(emulator::Memory::Instance().CloseImported(pointer));
+}
+
 cudaError_t cudaHostAlloc(void** pointer, size_t bytes, unsigned int /*flags*/) {
   *pointer = emulator::Memory::Instance().AllocatePinned(bytes);
   return *pointer != nullptr ? cudaSuccess : SetLastError(cudaErrorMemoryAllocation);
@@ -568,6 +696,11 @@ cudaError_t cudaMemcpyAsync(void* destination, const void* source, size_t bytes,
     emulator::SynchronizeStream(stream);  // into pageable memory: returns once the copy is done
   }
   return cudaSuccess;
+}
+
+// For clients (a test's ctypes, say) that copy synchronously on the null stream.
+cudaError_t cudaMemcpy(void* destination, const void* source, size_t bytes, cudaMemcpyKind kind) {
+  return cudaMemcpyAsync(destination, source, bytes, kind, nullptr);
 }
 
 cudaError_t cudaMemcpyPeerAsync(void* destination, int destination_device, const void* source,
