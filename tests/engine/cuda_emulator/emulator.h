@@ -12,6 +12,10 @@
 //    with 0xff bytes (NaN, -1) when allocated, so reads past an allocation fault and reads of
 //    never-written memory show; freed memory stays mapped but inaccessible for a while, so a
 //    late use faults too. Copies check that their device side lies in a live allocation.
+//  - CUDA IPC works across processes: cudaIpcGetMemHandle moves an allocation's pages into a
+//    memfd (same address, same contents), and cudaIpcOpenMemHandle in another process of the
+//    same user maps that memfd through /proc/<pid>/fd, with guard pages, as a live allocation
+//    of its current device (so a copy past it fails as one past any allocation does).
 //  - Kernels run block by block, every CUDA thread a fiber: __syncthreads and warp shuffles wait
 //    for exactly the threads that real hardware waits for, and a barrier or shuffle that not
 //    every such thread reaches stops the process with the kernel's name (hardware would hang or
