@@ -481,7 +481,8 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
       s.admin->Post(std::move(work));
     };
     OROCHI_ASSIGN_OR_RETURN(
-        s.grpc, grpc_api::GrpcServer::Start(*s.models, s.metrics, cfg, std::move(grpc_options)));
+        s.grpc, grpc_api::GrpcServer::Start(*s.models, s.metrics, cfg, std::move(grpc_options),
+                                            inherited.grpc_fd));
   }
 
   s.signals = std::make_unique<asio::signal_set>(s.io, SIGINT, SIGTERM);

@@ -198,6 +198,12 @@ class Supervisor {
                             BindListener(config_.http.bind_address, config_.http.metrics_port));
     OROCHI_ASSIGN_OR_RETURN(inherited_.management_fd,
                             BindListener(config_.management.bind_address, config_.management.port));
+    if (config_.grpc.enabled) {
+      // Held here too, so that gRPC clients' connections wait in its backlog while a serving
+      // process restarts instead of being refused (and backing off for seconds).
+      OROCHI_ASSIGN_OR_RETURN(inherited_.grpc_fd,
+                              BindListener(config_.grpc.bind_address, config_.grpc.port));
+    }
     // The signals the supervisor acts on come through a signalfd, never to handlers: one poll
     // waits for them and for the serving process's output. The serving process gets the mask
     // it would have had.
@@ -261,7 +267,17 @@ class Supervisor {
       stdout_.Drain();  // its last words, if it wrote any
       stderr_.Drain();
       const int exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (stopping || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) return exit_status;
+      if (stopping) {
+        // Asked to stop, and stopped. The signal passed on ends a serving process that was
+        // still starting (before it handles signals): that is the stop asked for, not a
+        // failure. A crash that came with the request is logged, and not restarted.
+        if (WIFSIGNALED(status) && WTERMSIG(status) != SIGTERM && WTERMSIG(status) != SIGINT) {
+          RecordDeath(status, report, "the serving process died as the server stopped");
+          return exit_status;
+        }
+        return WIFEXITED(status) ? exit_status : 0;
+      }
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return exit_status;
       if (first_start && !report.ready && WIFEXITED(status)) {
         return exit_status;  // it said why on stderr: a start that fails is not restarted
       }
@@ -312,7 +328,8 @@ class Supervisor {
   }
 
   // Logs the death of a serving process and keeps the books for the next one.
-  void RecordDeath(int status, const Report& report) {
+  void RecordDeath(int status, const Report& report,
+                   const char* message = "the serving process died; restarting it") {
     inherited_.restarts++;
     std::vector<LogField> fields;
     if (WIFSIGNALED(status)) {
@@ -357,7 +374,7 @@ class Supervisor {
       }
     }
     fields.push_back({"restarts", std::to_string(inherited_.restarts), false});
-    Log(LogLevel::kError, "the serving process died; restarting it", fields);
+    Log(LogLevel::kError, message, fields);
   }
 
   // Waits for a signal (returned), logging the serving process's output meanwhile; with a

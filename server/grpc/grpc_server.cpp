@@ -1,15 +1,40 @@
 #include "grpc_server.h"
 
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
+#include "log.h"
+
 namespace orochi::server::grpc_api {
+namespace {
+
+// The port a bound socket listens on.
+int LocalPort(int fd) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return 0;
+  if (address.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
+  }
+  return ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
+}
+
+}  // namespace
 
 Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metrics& metrics,
                                                       const ServerConfig& config,
-                                                      ServiceOptions options) {
+                                                      ServiceOptions options, int listener_fd) {
   std::unique_ptr<GrpcServer> server(new GrpcServer());
+  server->listener_fd_ = listener_fd;
   options.in_flight = &server->in_flight_;
   server->service_ =
       std::make_unique<InferenceService>(models, metrics, config, std::move(options));
@@ -19,8 +44,15 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metr
                                ? "[" + grpc_config.bind_address + "]"
                                : grpc_config.bind_address;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(host + ":" + std::to_string(grpc_config.port),
-                           grpc::InsecureServerCredentials(), &server->port_);
+  if (listener_fd < 0) {
+    builder.AddListeningPort(host + ":" + std::to_string(grpc_config.port),
+                             grpc::InsecureServerCredentials(), &server->port_);
+  } else {
+    server->acceptor_ = builder.experimental().AddExternalConnectionAcceptor(
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+        grpc::InsecureServerCredentials());
+    server->port_ = LocalPort(listener_fd);
+  }
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(grpc_config.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(grpc_config.max_response_bytes));
@@ -35,16 +67,62 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metr
                        std::to_string(grpc_config.port) +
                        " (the address is in use or not this machine's)");
   }
+  if (listener_fd >= 0) {
+    server->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
+    if (server->wake_fd_ < 0) {
+      return Unavailable(std::string("cannot create an eventfd: ") + std::strerror(errno));
+    }
+    server->accepting_ = std::thread([raw = server.get()] { raw->AcceptConnections(); });
+  }
   return server;
+}
+
+void GrpcServer::AcceptConnections() {
+  bool descriptors_logged = false;
+  while (true) {
+    pollfd watched[] = {{listener_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (::poll(watched, 2, -1) < 0 && errno != EINTR) return;
+    if (watched[1].revents != 0) return;
+    if (watched[0].revents == 0) continue;
+    // Non-blocking, as gRPC's own listener makes the connections it accepts.
+    const int fd = ::accept4(listener_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // The connection stays in the backlog, and retrying at once would spin: as HTTP does.
+        if (!descriptors_logged) {
+          Log(LogLevel::kError, "gRPC cannot accept a connection; retrying every 100 ms",
+              {{"error", std::strerror(errno)}});
+          descriptors_logged = true;
+        }
+        pollfd wake{wake_fd_, POLLIN, 0};
+        if (::poll(&wake, 1, 100) > 0) return;
+      }
+      continue;
+    }
+    descriptors_logged = false;
+    const int on = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+    grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters connection;
+    connection.listener_fd = listener_fd_;
+    connection.fd = fd;  // gRPC's from here, closed by it
+    acceptor_->HandleNewConnection(&connection);
+  }
 }
 
 GrpcServer::~GrpcServer() {
   if (!shut_down_) Shutdown(std::chrono::system_clock::now());
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  if (listener_fd_ >= 0) ::close(listener_fd_);
 }
 
 void GrpcServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   if (shut_down_) return;
   shut_down_ = true;
+  if (accepting_.joinable()) {
+    const uint64_t one = 1;
+    [[maybe_unused]] const ssize_t written = ::write(wake_fd_, &one, sizeof(one));
+    accepting_.join();
+  }
   // Idle streams would otherwise stay open until the deadline; busy ones finish their requests.
   service_->streams().CloseAll();
   server_->Shutdown(deadline);

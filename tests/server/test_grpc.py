@@ -24,7 +24,7 @@ import unittest
 
 import grpc
 
-from server_fixtures import Server, SharedServerTest, curl, pack_repository
+from server_fixtures import Server, SharedServerTest, curl, pack_model, pack_repository, post_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_DIR = os.path.join(HERE, "..", "..", "server", "grpc")
@@ -726,6 +726,48 @@ class ShutdownDelayTest(unittest.TestCase):
             self.assertEqual(server.process.wait(timeout=delay + 30), 0, server.log_text())
             self.assertGreaterEqual(time.time() - start, delay)
             server.stop()
+        finally:
+            shutil.rmtree(root)
+
+
+class GrpcAcrossRestartsTest(unittest.TestCase):
+    """The gRPC port is the supervisor's, as the HTTP ports are: while a crashed serving process
+    restarts, gRPC clients' connections wait in its backlog instead of being refused (which
+    would send a client into seconds of reconnection backoff)."""
+
+    def test_a_call_made_during_a_restart_is_answered_by_the_next_process(self):
+        root = tempfile.mkdtemp(prefix="orochi-grpc-restart-")
+        try:
+            repository = pack_repository(root)
+            pack_model(repository, "hostile")
+            server = Server(repository, {}, copies=1)
+            try:
+                before = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+                self.assertTrue(pb_grpc.GRPCInferenceServiceStub(before).ServerLive(
+                    pb.ServerLiveRequest(), timeout=10).live)
+                first = server.serving_pid
+                status, _, _ = post_json(server, "/v2/models/hostile/infer", {"inputs": [
+                    {"name": "mode", "datatype": "BYTES", "shape": [1], "data": ["segfault"]}]})
+                self.assertEqual(status, 0, "the serving process died without an answer")
+                # A new connection (its own subchannel, not the one that just broke), without
+                # wait_for_ready: a refused connection would fail the call at once.
+                during = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}",
+                                               options=[("grpc.use_local_subchannel_pool", 1)])
+                started = time.monotonic()
+                answer = pb_grpc.GRPCInferenceServiceStub(during).ModelInfer(
+                    echo_raw_request(rows=1), timeout=60)
+                waited = time.monotonic() - started
+                server.wait_for_serving(2)
+                self.assertNotEqual(server.serving_pid, first)
+                self.assertEqual(answer.model_name, "echo")
+                print(f"\na gRPC call made during the restart waited {waited:.2f} s", flush=True)
+                # The channel made before the crash works again too.
+                self.assertTrue(pb_grpc.GRPCInferenceServiceStub(before).ServerLive(
+                    pb.ServerLiveRequest(), timeout=30, wait_for_ready=True).live)
+                before.close()
+                during.close()
+            finally:
+                self.assertEqual(server.stop(), 0)
         finally:
             shutil.rmtree(root)
 

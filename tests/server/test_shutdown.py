@@ -6,6 +6,7 @@ after http.shutdown_grace_s, and a second signal skips the delay.
 """
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -14,10 +15,49 @@ import threading
 import time
 import unittest
 
-from server_fixtures import Server, curl, echo_request, pack_repository, post_json, slow_request
+from server_fixtures import (Server, curl, echo_request, pack_model, pack_repository, pack_variant,
+                             post_json, slow_request)
+
+SLOW_START = """
+import time
+
+
+class Hangs:
+    def __init__(self, context):
+        time.sleep(2)
+
+    def predict(self, inputs, parameters):
+        return {}
+"""
 
 
 class ShutdownTest(unittest.TestCase):
+    def test_sigterm_while_the_serving_process_restarts_stops_cleanly(self):
+        # The restarted serving process loads a model for 2 s: SIGTERM comes while it starts,
+        # before it handles signals, and must still be a stop, not a failure.
+        root = tempfile.mkdtemp(prefix="orochi-shutdown-restart-test-")
+        try:
+            repository = pack_repository(root)
+            pack_model(repository, "hostile")
+            os.makedirs(os.path.join(repository, "slow_start", "1"))
+            os.rename(pack_variant(root, "slow_start", SLOW_START),
+                      os.path.join(repository, "slow_start", "1", "model.orochi"))
+            server = Server(repository, {}, copies=1)
+            self.addCleanup(lambda: server.process.poll() is None and server.process.kill())
+            status, _, _ = post_json(server, "/v2/models/hostile/infer", {"inputs": [
+                {"name": "mode", "datatype": "BYTES", "shape": [1], "data": ["segfault"]}]})
+            self.assertEqual(status, 0, "the serving process died without an answer")
+            deadline = time.time() + 10
+            while "restarting it" not in server.log_text() and time.time() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.5)  # the new serving process is loading slow_start
+            self.assertEqual(server.log_text().count(" info serving "), 1, server.log_text())
+            server.process.send_signal(signal.SIGTERM)
+            self.assertEqual(server.process.wait(timeout=30), 0, server.log_text())
+            self.assertNotIn("died as the server stopped", server.log_text())
+        finally:
+            shutil.rmtree(root)
+
     def test_sigterm_exits_within_the_grace_even_with_a_copy_that_never_returns(self):
         # No deadline (default_timeout_ms 0): nothing interrupts the spinning model, so only the
         # grace period can end the shutdown.

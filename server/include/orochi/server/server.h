@@ -26,6 +26,7 @@ struct Inheritance {
   int inference_fd = -1;
   int metrics_fd = -1;
   int management_fd = -1;
+  int grpc_fd = -1;  // with grpc.enabled
   // For the metrics: serving processes the supervisor restarted before this one, and native
   // crashes by model name.
   int64_t restarts = 0;
