@@ -31,6 +31,12 @@ class Hostile:
         elif mode == "segfault":  # a native crash, as a C extension's bug would make one
             import ctypes
             ctypes.string_at(0)
+        elif mode == "stack_overflow":  # C recursion that the raised recursion limit lets run
+            sys.setrecursionlimit(1 << 30)
+            nested = []
+            for _ in range(1 << 20):
+                nested = [nested]
+            repr(nested)
         elif mode == "write_fds":  # past sys.stdout, straight to the process's descriptors
             os.write(2, b"to descriptor 2\n")
             os.write(1, b"y" * 10000 + b"\n")
