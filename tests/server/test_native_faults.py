@@ -206,6 +206,30 @@ class SlowLoadReadinessTest(FaultsTest):
             self.assertEqual(server.stop(), 0)
 
 
+class DescriptorExhaustionTest(FaultsTest):
+
+    def test_a_repository_that_cannot_be_listed_is_not_taken_for_empty(self):
+        # Once, in poll mode, a model that used up the process's descriptors made a listing
+        # of the repository come back empty, and the poll unloaded every model.
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1,
+                        args=("--model-control-mode", "poll", "--repository-poll-secs", "0.1"))
+        try:
+            status, _, body = post_json(server, "/v2/models/hostile/infer", {"inputs": [
+                {"name": "mode", "datatype": "BYTES", "shape": [1],
+                 "data": ["exhaust_descriptors"]}]})
+            self.assertEqual(status, 200, body)
+            time.sleep(0.5)  # what the polls during it decided has been done
+            log = server.log_text()
+            self.assertNotIn("model unloaded", log)
+            self.assertIn("repository poll failed", log)
+            self.assertIn("Too many open files", log)
+            self.assert_echo_serves(server)
+            self.assertEqual(index(server)["echo"]["state"], "READY")
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
 class ReloadTimeoutTest(FaultsTest):
 
     def test_a_reload_into_a_replaced_copy_is_under_the_load_timeout(self):

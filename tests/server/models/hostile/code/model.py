@@ -37,6 +37,17 @@ class Hostile:
             for _ in range(1 << 20):
                 nested = [nested]
             repr(nested)
+        elif mode == "exhaust_descriptors":  # leaks files until the process has none left
+            kept = []
+            try:
+                while True:
+                    kept.append(open("/dev/null"))
+            except OSError:
+                pass
+            import time
+            time.sleep(1)  # held across several repository polls
+            for file in kept:
+                file.close()
         elif mode == "write_fds":  # past sys.stdout, straight to the process's descriptors
             os.write(2, b"to descriptor 2\n")
             os.write(1, b"y" * 10000 + b"\n")
