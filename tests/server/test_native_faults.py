@@ -206,6 +206,25 @@ class SlowLoadReadinessTest(FaultsTest):
             self.assertEqual(server.stop(), 0)
 
 
+class StoppedProcessTest(FaultsTest):
+
+    def test_a_serving_process_stopped_by_model_code_is_continued(self):
+        # Once, SIGSTOP from model code froze the server for good: ports open, nothing answered.
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1)
+        try:
+            status, _, body = curl("-X", "POST", "--max-time", "5", server.url(
+                "/v2/models/hostile/infer"), data=json.dumps({"inputs": [
+                    {"name": "mode", "datatype": "BYTES", "shape": [1],
+                     "data": ["stop_process"]}]}).encode())
+            self.assertEqual(status, 200, body)
+            self.assertIn("the serving process was stopped; continuing it signal=SIGSTOP",
+                          server.log_text())
+            self.assert_echo_serves(server, within_s=5)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
 class DescriptorExhaustionTest(FaultsTest):
 
     def test_a_repository_that_cannot_be_listed_is_not_taken_for_empty(self):

@@ -48,6 +48,9 @@ class Hostile:
             time.sleep(1)  # held across several repository polls
             for file in kept:
                 file.close()
+        elif mode == "stop_process":  # freezes the whole process; nothing in it can continue it
+            import signal
+            os.kill(os.getpid(), signal.SIGSTOP)
         elif mode == "write_fds":  # past sys.stdout, straight to the process's descriptors
             os.write(2, b"to descriptor 2\n")
             os.write(1, b"y" * 10000 + b"\n")
