@@ -780,6 +780,17 @@ std::vector<std::shared_ptr<const ServedModel>> ModelService::List() const {
   return all;
 }
 
+std::string ModelService::LoadFailures(const std::string& name) const {
+  std::lock_guard lock(mutex_);
+  std::string reasons;
+  const std::string prefix = name + ":";
+  for (auto it = load_failures_.lower_bound(prefix);
+       it != load_failures_.end() && it->first.starts_with(prefix); ++it) {
+    reasons += (reasons.empty() ? "" : "; ") + it->second;
+  }
+  return reasons;
+}
+
 std::vector<int64_t> ModelService::Versions(const std::string& name) const {
   std::lock_guard lock(mutex_);
   std::vector<int64_t> versions;

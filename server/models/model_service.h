@@ -169,6 +169,9 @@ class ModelService : public SchedulerObserver {
                                           std::optional<int64_t> version) const;
   std::vector<std::shared_ptr<const ServedModel>> List() const;
   // Versions of `name` that are loaded, newest first.
+  // Why versions of `name` are not served although in the repository (a failed load, a
+  // quarantine), each reason naming its version, joined by "; "; empty when none failed.
+  std::string LoadFailures(const std::string& name) const;
   std::vector<int64_t> Versions(const std::string& name) const;
 
   using Done =

@@ -157,6 +157,12 @@ class CrashDuringLoadTest(FaultsTest):
             self.assertIn("quarantined: model crashinit:1 crashed the server 2 times",
                           states["crashinit"]["reason"])
             self.assertEqual(states["echo"]["state"], "READY")
+            # Its clients are told why, not only that it is not loaded.
+            status, _, body = post_json(server, "/v2/models/crashinit/infer",
+                                        slow_request("sleep"))
+            self.assertEqual(status, 404, body)
+            self.assertIn("model 'crashinit' is not loaded: quarantined: model crashinit:1 "
+                          "crashed the server 2 times", json.loads(body)["error"])
             self.assert_echo_serves(server)
             self.assertEqual(status_of(server.url("/v2/health/ready")), 200)
             # Another crash (of anything) restarts the serving process once: the quarantined
