@@ -134,8 +134,9 @@ Result<std::vector<std::string>> RepositoryStore::Models() const {
     const std::string name = it->path().filename().string();
     if (!name.empty() && name.front() != '.' && it->is_directory(ignored)) names.push_back(name);
   }
-  if (error)
+  if (error) {
     return Unavailable("cannot list the model repository " + root_ + ": " + error.message());
+  }
   std::sort(names.begin(), names.end());
   return names;
 }
