@@ -13,7 +13,6 @@ import re
 import shutil
 import signal
 import tempfile
-import threading
 import time
 import unittest
 
