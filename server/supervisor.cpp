@@ -257,7 +257,16 @@ class Supervisor {
           continue;
         }
         report = ReadReport(report_pipe[0], report);  // keep the pipe from filling
-        if (::waitpid(child, &status, WNOHANG) == child) break;
+        const pid_t waited = ::waitpid(child, &status, WNOHANG | WUNTRACED);
+        if (waited == child && WIFSTOPPED(status)) {
+          // Stopped from inside (model code's os.kill(os.getpid(), SIGSTOP)): nobody would
+          // continue it, and a stopped process holds every port and answers nothing.
+          Log(LogLevel::kWarning, "the serving process was stopped; continuing it",
+              {{"signal", SignalName(WSTOPSIG(status))}});
+          ::kill(child, SIGCONT);
+          continue;
+        }
+        if (waited == child) break;
       }
       // What model code forked and left behind (a child deadlocked on a lock the fork copied,
       // say) must not outlive the process it came from, nor hold what it inherited.
@@ -299,6 +308,10 @@ class Supervisor {
     // SIGINT, not SIGTERM: it skips http.shutdown_delay_s (nothing routes here by then that
     // waiting would help) and goes straight to the drain.
     ::prctl(PR_SET_PDEATHSIG, SIGINT);
+    // In a process group of its own, the serving process is in the background of the terminal
+    // it was started from: model code reading it (input(), pdb) would stop the process with
+    // SIGTTIN. Ignored, such a read fails (EIO) instead.
+    for (int job_control : {SIGTTIN, SIGTTOU, SIGTSTP}) ::signal(job_control, SIG_IGN);
     // The supervisor may have gone before the request above took effect. (It may be PID 1 itself,
     // in a container: compare with its pid, not with init's.)
     if (::getppid() != supervisor) std::_Exit(1);

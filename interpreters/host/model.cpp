@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -180,6 +181,7 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
   for (const auto& [name, tensor] : source.weights) {
     weights.items.emplace_back(ValueList{{name, tensor}});
   }
+  model->load_timeout_ = timeout;
   model->load_arguments_ = {source.key, source.manifest_json, source.config_json, std::move(code),
                             std::move(weights)};
 
@@ -478,7 +480,45 @@ Status ReplicatedModel::LoadInto(size_t slot) {
   if (unloaded_.load()) return Unavailable("model " + key_ + " is unloaded");
   InterpreterManager::Lease lease = manager_.AcquireSlot(slot);
   lease->SetCaller(key_);
-  Result<Value> loaded = lease->Call("orochi.serving:_load", load_arguments_);
+  // The timer interrupts the copy past the timeout, under the mutex that this thread takes to
+  // say the call returned: it holds the Lease until then, so an interrupt never reaches a later
+  // call in the copy. Detached, and sharing `watch` rather than this frame: an interrupt waits
+  // for the copy's GIL, which a copy stuck in C never gives up.
+  struct Watch {
+    std::mutex mutex;
+    std::condition_variable returned;
+    bool done = false;
+    bool interrupted = false;
+  };
+  auto watch = std::make_shared<Watch>();
+  if (load_timeout_.count() > 0) {
+    std::thread([watch, copy = lease.shared(), timeout = load_timeout_] {
+      std::unique_lock lock(watch->mutex);
+      if (watch->returned.wait_for(lock, timeout, [&] { return watch->done; })) return;
+      watch->interrupted = true;
+      (void)copy->Interrupt();
+    }).detach();
+  }
+  Result<Value> loaded = [&] {
+    const ScopedCrashContext crash_context(key_, static_cast<int>(slot), "load",
+                                           lease->python_stack_writer());
+    return lease->Call("orochi.serving:_load", load_arguments_);
+  }();
+  bool interrupted = false;
+  {
+    std::lock_guard lock(watch->mutex);
+    watch->done = true;
+    interrupted = watch->interrupted;
+  }
+  watch->returned.notify_all();
+  if (interrupted && !loaded.ok()) {
+    return Status(StatusCode::kDeadlineExceeded,
+                  "reloading model " + key_ + " in interpreter copy " +
+                      std::to_string(lease->id()) + " did not finish within the load timeout of " +
+                      std::to_string(load_timeout_.count()) +
+                      " ms (the entry class's __init__ was interrupted)",
+                  loaded.status().detail());
+  }
   if (!loaded.ok()) {
     return Status(loaded.status().code(),
                   "reloading model " + key_ + " in interpreter copy " +

@@ -804,7 +804,9 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "this server has one repository: leave repository_name empty");
     }
-    for (const ModelService::IndexEntry& entry : models_.Index()) {
+    Result<std::vector<ModelService::IndexEntry>> entries = models_.Index();
+    if (!entries.ok()) return ToGrpc(entries.status());
+    for (const ModelService::IndexEntry& entry : *entries) {
       if (request->ready() && entry.state != "READY") continue;
       auto* model = response->add_models();
       model->set_name(entry.name);

@@ -141,7 +141,13 @@ std::string InferenceRunner::UnknownModelMessage(const std::string& name,
   message += " is not found";
   const std::vector<int64_t> loaded = models_.Versions(name);
   // Without a version, a model loaded since Find looked is still one that was not served.
-  if (loaded.empty() || !version) return message + " (model '" + name + "' is not loaded)";
+  if (loaded.empty() || !version) {
+    // Why, when a load failed or a quarantine keeps it out: a client should not have to read
+    // the repository index to learn that the model crashed the server.
+    const std::string failed = models_.LoadFailures(name);
+    return message + " (model '" + name + "' is not loaded" +
+           (failed.empty() ? "" : ": " + failed) + ")";
+  }
   std::string versions;
   for (int64_t each : loaded) versions += (versions.empty() ? "" : ", ") + std::to_string(each);
   return message + " (version " + std::to_string(*version) + " is not loaded; loaded: " + versions +

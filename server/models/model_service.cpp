@@ -288,8 +288,9 @@ std::vector<int64_t> ModelService::SelectVersions(const std::string& name,
   return selected;
 }
 
-std::vector<int64_t> ModelService::SelectedVersions(const std::string& name) const {
-  return SelectVersions(name, store_.Versions(name));
+Result<std::vector<int64_t>> ModelService::SelectedVersions(const std::string& name) const {
+  OROCHI_ASSIGN_OR_RETURN(std::vector<int64_t> on_disk, store_.Versions(name));
+  return SelectVersions(name, on_disk);
 }
 
 Status ModelService::SaveState() { return store_.WriteUnloaded(unloaded_); }
@@ -308,7 +309,7 @@ Status ModelService::LoadFromRepository() {
   }
   unloaded_ = store_.ReadUnloaded();
 
-  std::vector<std::string> names = store_.Models();
+  OROCHI_ASSIGN_OR_RETURN(std::vector<std::string> names, store_.Models());
   const bool all = config_.load.empty() ||
                    std::find(config_.load.begin(), config_.load.end(), "*") != config_.load.end();
   if (all) {
@@ -322,7 +323,8 @@ Status ModelService::LoadFromRepository() {
     names = config_.load;
   }
   for (const std::string& name : names) {
-    if (SelectedVersions(name).empty()) {
+    OROCHI_ASSIGN_OR_RETURN(std::vector<int64_t> selected, SelectedVersions(name));
+    if (selected.empty()) {
       std::string message = "model '" + name + "' has no version in the repository (expected ";
       message += store_.root() + "/" + name + "/<version>/model.orochi)";
       return NotFound(message);
@@ -348,7 +350,9 @@ void ModelService::Quarantine(std::map<std::string, std::string> quarantined) {
 
 bool ModelService::SkipQuarantined(const std::string& name) {
   bool skipped = false;
-  for (int64_t version : SelectedVersions(name)) {
+  const Result<std::vector<int64_t>> selected = SelectedVersions(name);
+  if (!selected.ok()) return false;  // the load that follows fails with the reason
+  for (int64_t version : *selected) {
     const std::string key = packaging::ModelKey{name, version}.ToString();
     std::lock_guard lock(mutex_);
     auto found = quarantined_.find(key);
@@ -390,7 +394,7 @@ Result<std::string> ModelService::LoadModel(const std::string& name,
 
 Result<std::string> ModelService::LoadModelLocked(const std::string& name,
                                                   const LoadOverrides& overrides) {
-  std::vector<int64_t> selected = SelectedVersions(name);
+  OROCHI_ASSIGN_OR_RETURN(std::vector<int64_t> selected, SelectedVersions(name));
   if (selected.empty()) {
     return NotFound("model '" + name +
                     "' has no version in the repository that its policy selects");
@@ -527,7 +531,7 @@ Result<std::string> ModelService::Deploy(const std::string& name, int64_t versio
   // reaches the repository, where the servers sharing it would try it too (and a restart would
   // meet it). What served before goes on serving.
   std::shared_ptr<ServedModel> staged;
-  std::vector<int64_t> would_be = store_.Versions(name);
+  OROCHI_ASSIGN_OR_RETURN(std::vector<int64_t> would_be, store_.Versions(name));
   would_be.insert(std::upper_bound(would_be.begin(), would_be.end(), version), version);
   const std::vector<int64_t> selected = SelectVersions(name, would_be);
   if (load && std::find(selected.begin(), selected.end(), version) != selected.end()) {
@@ -597,7 +601,9 @@ Result<std::string> ModelService::Delete(const std::string& name, std::optional<
   // Out of sight first (one rename), then removed: a crash in between leaves only trash.
   OROCHI_ASSIGN_OR_RETURN(std::string trash, store_.MoveToTrash(name, version));
   Status reloaded;
-  if (version && served && !SelectedVersions(name).empty()) {
+  // A listing that fails here is not "no version left": loading them fails with its reason.
+  const Result<std::vector<int64_t>> left = SelectedVersions(name);
+  if (version && served && (!left.ok() || !left->empty())) {
     // The policy chooses again among the versions left (`latest`: the next newest), which
     // load beside the deleted one before it drains and goes, as in a deploy: a served model
     // stays served. Its package is mapped, so it keeps running from the trash meanwhile.
@@ -649,7 +655,8 @@ Result<std::string> ModelService::Reconcile(const std::string& name) {
       notice = Joined(notice, unloaded);
     }
   }
-  const std::vector<int64_t> on_disk = store_.Versions(name);
+  // Unreadable is not empty: a poll that took it for empty would unload what serves.
+  OROCHI_ASSIGN_OR_RETURN(const std::vector<int64_t> on_disk, store_.Versions(name));
   std::vector<int64_t> selected;
   // Failed in this pass: not tried again in it even if its file changes meanwhile (one being
   // copied in place changes all the time), but at the next poll.
@@ -694,8 +701,14 @@ Result<std::string> ModelService::Reconcile(const std::string& name) {
 
 void ModelService::PollRepository() {
   std::lock_guard admin(admin_mutex_);
-  std::set<std::string> names;
-  for (const std::string& name : store_.Models()) names.insert(name);
+  Result<std::vector<std::string>> listed = store_.Models();
+  if (!listed.ok()) {
+    // Nothing changes until the repository can be read again: a listing that failed (out of
+    // descriptors, an NFS hiccup) is not a repository emptied.
+    Log(LogLevel::kError, "repository poll failed", {{"error", listed.status().message()}});
+    return;
+  }
+  std::set<std::string> names(listed->begin(), listed->end());
   {
     std::lock_guard lock(mutex_);
     for (const auto& [name, versions] : models_) names.insert(name);
@@ -723,11 +736,13 @@ void ModelService::PollLoop() {
   }
 }
 
-std::vector<ModelService::IndexEntry> ModelService::Index() const {
+Result<std::vector<ModelService::IndexEntry>> ModelService::Index() const {
   std::vector<IndexEntry> entries;
-  for (const std::string& name : store_.Models()) {
+  OROCHI_ASSIGN_OR_RETURN(const std::vector<std::string> names, store_.Models());
+  for (const std::string& name : names) {
     std::vector<int64_t> loaded = Versions(name);
-    for (int64_t version : store_.Versions(name)) {
+    OROCHI_ASSIGN_OR_RETURN(const std::vector<int64_t> on_disk, store_.Versions(name));
+    for (int64_t version : on_disk) {
       bool ready = std::find(loaded.begin(), loaded.end(), version) != loaded.end();
       const std::string key = packaging::ModelKey{name, version}.ToString();
       std::string reason;
@@ -763,6 +778,17 @@ std::vector<std::shared_ptr<const ServedModel>> ModelService::List() const {
     for (const auto& [version, model] : versions) all.push_back(model);
   }
   return all;
+}
+
+std::string ModelService::LoadFailures(const std::string& name) const {
+  std::lock_guard lock(mutex_);
+  std::string reasons;
+  const std::string prefix = name + ":";
+  for (auto it = load_failures_.lower_bound(prefix);
+       it != load_failures_.end() && it->first.starts_with(prefix); ++it) {
+    reasons += (reasons.empty() ? "" : "; ") + it->second;
+  }
+  return reasons;
 }
 
 std::vector<int64_t> ModelService::Versions(const std::string& name) const {

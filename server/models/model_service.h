@@ -161,7 +161,7 @@ class ModelService : public SchedulerObserver {
   };
   // Every version in the repository with its state, as Triton's repository index lists them.
   // A version that does not load is UNAVAILABLE with the load's error as its reason.
-  std::vector<IndexEntry> Index() const;
+  Result<std::vector<IndexEntry>> Index() const;
   std::string upload_directory() const;
 
   // The model and version (newest when `version` is empty), or null.
@@ -169,6 +169,9 @@ class ModelService : public SchedulerObserver {
                                           std::optional<int64_t> version) const;
   std::vector<std::shared_ptr<const ServedModel>> List() const;
   // Versions of `name` that are loaded, newest first.
+  // Why versions of `name` are not served although in the repository (a failed load, a
+  // quarantine), each reason naming its version, joined by "; "; empty when none failed.
+  std::string LoadFailures(const std::string& name) const;
   std::vector<int64_t> Versions(const std::string& name) const;
 
   using Done =
@@ -244,7 +247,7 @@ class ModelService : public SchedulerObserver {
   // The versions of `name` its policy selects among `candidates` (ascending).
   std::vector<int64_t> SelectVersions(const std::string& name,
                                       const std::vector<int64_t>& candidates) const;
-  std::vector<int64_t> SelectedVersions(const std::string& name) const;
+  Result<std::vector<int64_t>> SelectedVersions(const std::string& name) const;
   Status SaveState();
 
   bool polling() const { return config_.model_control_mode == "poll"; }

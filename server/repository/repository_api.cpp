@@ -111,8 +111,13 @@ void RepositoryApi::Register(http::Router& router) {
       });
   router.Add(bhttp::verb::post, "/v2/repository/index",
              [this](http::Request&&, const http::PathParams&, const http::Responder& respond) {
+               Result<std::vector<ModelService::IndexEntry>> entries = models_.Index();
+               if (!entries.ok()) {
+                 respond(Answer(entries.status()));
+                 return;
+               }
                Json index = Json::array();
-               for (const ModelService::IndexEntry& entry : models_.Index()) {
+               for (const ModelService::IndexEntry& entry : *entries) {
                  Json item{{"name", entry.name},
                            {"version", std::to_string(entry.version)},
                            {"state", entry.state}};

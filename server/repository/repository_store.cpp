@@ -124,7 +124,7 @@ std::string RepositoryStore::PackagePath(const std::string& name, int64_t versio
   return (fs::path(root_) / name / std::to_string(version) / kPackageFile).string();
 }
 
-std::vector<std::string> RepositoryStore::Models() const {
+Result<std::vector<std::string>> RepositoryStore::Models() const {
   std::vector<std::string> names;
   if (root_.empty()) return names;
   std::error_code error;
@@ -133,6 +133,9 @@ std::vector<std::string> RepositoryStore::Models() const {
     std::error_code ignored;
     const std::string name = it->path().filename().string();
     if (!name.empty() && name.front() != '.' && it->is_directory(ignored)) names.push_back(name);
+  }
+  if (error) {
+    return Unavailable("cannot list the model repository " + root_ + ": " + error.message());
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -143,18 +146,22 @@ bool RepositoryStore::HasModel(const std::string& name) const {
   return !root_.empty() && fs::is_directory(fs::path(root_) / name, error);
 }
 
-std::vector<int64_t> RepositoryStore::Versions(const std::string& name) const {
+Result<std::vector<int64_t>> RepositoryStore::Versions(const std::string& name) const {
   std::vector<int64_t> versions;
   if (root_.empty()) return versions;
   std::error_code error;
-  for (auto it = fs::directory_iterator(fs::path(root_) / name, error);
-       !error && it != fs::directory_iterator(); it.increment(error)) {
+  const fs::path directory = fs::path(root_) / name;
+  for (auto it = fs::directory_iterator(directory, error); !error && it != fs::directory_iterator();
+       it.increment(error)) {
     int64_t version = 0;
     std::error_code ignored;
     if (ParseVersion(it->path().filename().string(), &version) &&
         fs::is_regular_file(it->path() / kPackageFile, ignored)) {
       versions.push_back(version);
     }
+  }
+  if (error && error != std::errc::no_such_file_or_directory) {
+    return Unavailable("cannot list " + directory.string() + ": " + error.message());
   }
   std::sort(versions.begin(), versions.end());
   return versions;

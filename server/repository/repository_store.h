@@ -50,11 +50,14 @@ class RepositoryStore {
   std::string upload_directory() const;
 
   std::string PackagePath(const std::string& name, int64_t version) const;
-  // Model directories (names not starting with '.'), sorted.
-  std::vector<std::string> Models() const;
+  // Model directories (names not starting with '.'), sorted. An error when the repository
+  // cannot be read (out of descriptors, an NFS failure): never an empty list in its place,
+  // which poll mode would apply by unloading every model.
+  Result<std::vector<std::string>> Models() const;
   bool HasModel(const std::string& name) const;
-  // The versions of `name` that hold a package, ascending.
-  std::vector<int64_t> Versions(const std::string& name) const;
+  // The versions of `name` that hold a package, ascending; none when `name` has no directory.
+  // An error, as for Models, when its directory cannot be read.
+  Result<std::vector<int64_t>> Versions(const std::string& name) const;
   bool HasVersion(const std::string& name, int64_t version) const;
   std::optional<FileIdentity> Identify(const std::string& name, int64_t version) const;
 

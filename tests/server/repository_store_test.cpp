@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,15 +71,39 @@ TEST_F(RepositoryStoreTest, ListsModelsAndVersionsThatHoldAPackage) {
   Write(root_ / "b" / "v4" / "model.orochi", "x");       // not a number
   Write(root_ / "a" / "1" / "model.orochi", "a1");
   Write(root_ / "stray.txt", "not a model");
-  EXPECT_THAT(store_.Models(), ElementsAre("a", "b"));  // .orochi is Orochi's, not a model
-  EXPECT_THAT(store_.Versions("b"), ElementsAre(2, 10));
-  EXPECT_THAT(store_.Versions("missing"), IsEmpty());
+  EXPECT_THAT(store_.Models().value(), ElementsAre("a", "b"));  // .orochi is Orochi's, not a model
+  EXPECT_THAT(store_.Versions("b").value(), ElementsAre(2, 10));
+  EXPECT_THAT(store_.Versions("missing").value(), IsEmpty());
   EXPECT_TRUE(store_.HasModel("a"));
   EXPECT_FALSE(store_.HasModel("stray.txt"));
   EXPECT_TRUE(store_.HasVersion("b", 10));
   EXPECT_FALSE(store_.HasVersion("b", 3));
   EXPECT_EQ(store_.PackagePath("a", 1), (root_ / "a" / "1" / "model.orochi").string());
-  EXPECT_THAT(RepositoryStore("").Models(), IsEmpty());
+  EXPECT_THAT(RepositoryStore("").Models().value(), IsEmpty());
+}
+
+// Out of descriptors (a model leaking files does that to the whole process), a listing is an
+// error, not an empty repository: poll mode once unloaded every model on such a listing, and
+// the index answered [] with 200.
+TEST_F(RepositoryStoreTest, AListingThatCannotBeReadIsAnErrorNotEmpty) {
+  Write(root_ / "a" / "1" / "model.orochi", "a1");
+  rlimit original{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &original), 0);
+  rlimit lowered = original;
+  lowered.rlim_cur = std::min<rlim_t>(original.rlim_cur, 256);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  std::vector<int> taken;
+  for (int fd = ::dup(0); fd >= 0; fd = ::dup(0)) taken.push_back(fd);
+  const Result<std::vector<std::string>> models = store_.Models();
+  const Result<std::vector<int64_t>> versions = store_.Versions("a");
+  for (int fd : taken) ::close(fd);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &original), 0);
+  ASSERT_FALSE(models.ok());
+  EXPECT_THAT(models.status().message(), HasSubstr("cannot list the model repository"));
+  EXPECT_THAT(models.status().message(), HasSubstr("Too many open files"));
+  ASSERT_FALSE(versions.ok());
+  EXPECT_THAT(versions.status().message(), HasSubstr("Too many open files"));
+  EXPECT_THAT(store_.Models().value(), ElementsAre("a"));
 }
 
 TEST_F(RepositoryStoreTest, PublishesWholeAndNeverReplaces) {
@@ -86,7 +111,7 @@ TEST_F(RepositoryStoreTest, PublishesWholeAndNeverReplaces) {
   ASSERT_TRUE(store_.Publish("m", 2, first).ok());
   EXPECT_EQ(Read(store_.PackagePath("m", 2)), "the first package");
   EXPECT_FALSE(fs::exists(first)) << "the upload's name goes once published";
-  EXPECT_THAT(store_.Versions("m"), ElementsAre(2));
+  EXPECT_THAT(store_.Versions("m").value(), ElementsAre(2));
 
   const std::string second = Upload("the second package");
   Status again = store_.Publish("m", 2, second);
@@ -128,14 +153,14 @@ TEST_F(RepositoryStoreTest, ARemovedVersionIsOutOfSightAtOnce) {
   ASSERT_TRUE(store_.Publish("m", 2, Upload("two")).ok());
   Result<std::string> trash = store_.MoveToTrash("m", 1);
   ASSERT_TRUE(trash.ok()) << trash.status().ToString();
-  EXPECT_THAT(store_.Versions("m"), ElementsAre(2));
+  EXPECT_THAT(store_.Versions("m").value(), ElementsAre(2));
   EXPECT_EQ(store_.MoveToTrash("m", 1).status().code(), StatusCode::kNotFound)
       << "deleted meanwhile (by another server) is not found, not an internal error";
   RepositoryStore::RemoveTrash(*trash);
   EXPECT_FALSE(fs::exists(*trash));
   Result<std::string> model = store_.MoveToTrash("m", std::nullopt);
   ASSERT_TRUE(model.ok());
-  EXPECT_THAT(store_.Models(), IsEmpty());
+  EXPECT_THAT(store_.Models().value(), IsEmpty());
   EXPECT_EQ(store_.MoveToTrash("m", std::nullopt).status().code(), StatusCode::kNotFound);
   // Trash a server left behind goes at the next Open.
   ASSERT_TRUE(store_.Open().ok());

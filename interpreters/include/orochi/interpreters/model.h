@@ -169,7 +169,8 @@ class ReplicatedModel {
   Status Unload();
 
   // Loads the model again into copy `slot` (one of slots()), e.g. after the manager put a fresh
-  // copy there in place of a stuck one.
+  // copy there in place of a stuck one, under the timeout Load had: past it the entry class's
+  // __init__ is interrupted (TimeoutError) and the result is kDeadlineExceeded.
   Status LoadInto(size_t slot);
 
   const std::string& key() const { return key_; }
@@ -181,7 +182,8 @@ class ReplicatedModel {
   InterpreterManager& manager_;
   std::string key_;
   std::vector<size_t> slots_;
-  std::vector<Value> load_arguments_;  // what orochi.serving._load got, for LoadInto
+  std::vector<Value> load_arguments_;          // what orochi.serving._load got, for LoadInto
+  std::chrono::milliseconds load_timeout_{0};  // LoadOptions::timeout, for LoadInto
   std::atomic<bool> unloaded_{false};
 };
 

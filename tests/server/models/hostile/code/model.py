@@ -31,6 +31,26 @@ class Hostile:
         elif mode == "segfault":  # a native crash, as a C extension's bug would make one
             import ctypes
             ctypes.string_at(0)
+        elif mode == "stack_overflow":  # C recursion that the raised recursion limit lets run
+            sys.setrecursionlimit(1 << 30)
+            nested = []
+            for _ in range(1 << 20):
+                nested = [nested]
+            repr(nested)
+        elif mode == "exhaust_descriptors":  # leaks files until the process has none left
+            kept = []
+            try:
+                while True:
+                    kept.append(open("/dev/null"))
+            except OSError:
+                pass
+            import time
+            time.sleep(1)  # held across several repository polls
+            for file in kept:
+                file.close()
+        elif mode == "stop_process":  # freezes the whole process; nothing in it can continue it
+            import signal
+            os.kill(os.getpid(), signal.SIGSTOP)
         elif mode == "write_fds":  # past sys.stdout, straight to the process's descriptors
             os.write(2, b"to descriptor 2\n")
             os.write(1, b"y" * 10000 + b"\n")

@@ -1,0 +1,295 @@
+"""Faults in model code that the interpreter cannot catch, and loads that take long or never end:
+a C stack overflowed by recursion, a segfault in a model's __init__ (uploaded, or in the
+repository at start), readiness while an __init__ runs, and a reload into the replacement of a
+stuck copy whose __init__ never returns. Each costs at most a restart of the serving process or
+the one model, never the service.
+
+    OROCHI_BINARY=build/bin/orochi python3.11 -m unittest -v test_native_faults
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+import unittest
+
+from server_fixtures import (Server, curl, echo_request, metrics_text, pack_model,
+                             pack_repository, pack_variant, post_json, slow_request,
+                             start_upload)
+
+CRASHING_INIT = '''
+import ctypes
+
+
+class Hangs:
+    def __init__(self, context):
+        ctypes.string_at(0)  # a native crash, as a C extension's bug would make one
+
+    def predict(self, inputs):
+        return {"done": [True]}
+'''
+
+SLOW_INIT = '''
+import time
+
+
+class Hangs:
+    def __init__(self, context):
+        time.sleep(1.0)
+
+    def predict(self, inputs):
+        return {"done": [True]}
+'''
+
+# Its predict gets stuck in C past its deadline, after leaving a mark: the copy is replaced, and
+# reloading the model into the fresh copy runs an __init__ that, seeing the mark, never returns.
+HANGS_ON_RELOAD = '''
+import ctypes
+import os
+
+MARK = {mark!r}
+
+
+class Hangs:
+    def __init__(self, context):
+        if os.path.exists(MARK):
+            while True:  # Python that never returns unless interrupted
+                pass
+
+    def predict(self, inputs):
+        open(MARK, "w").close()
+        ctypes.CDLL("libc.so.6").sleep(3)
+        return {{"done": [True]}}
+'''
+
+
+def index(server) -> dict:
+    _, _, body = curl("-X", "POST",
+                      f"http://127.0.0.1:{server.management_port}/v2/repository/index")
+    return {entry["name"]: entry for entry in json.loads(body)}
+
+
+def status_of(url: str) -> int:
+    return curl(url)[0]
+
+
+class FaultsTest(unittest.TestCase):
+
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="orochi-native-faults-test-")
+        self.repository = pack_repository(self.root)
+
+    def tearDown(self):
+        shutil.rmtree(self.root)
+
+    def assert_echo_serves(self, server, within_s: int = 60):
+        status, _, body = curl("-X", "POST", "--max-time", str(within_s), server.url(
+            "/v2/models/echo/infer"), data=json.dumps(echo_request()).encode())
+        self.assertEqual(status, 200, body)
+
+
+class StackOverflowTest(FaultsTest):
+
+    def test_a_c_stack_overflow_in_predict_restarts_the_serving_process(self):
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1)
+        try:
+            first = server.serving_pid
+            status, _, _ = post_json(server, "/v2/models/hostile/infer", {"inputs": [
+                {"name": "mode", "datatype": "BYTES", "shape": [1], "data": ["stack_overflow"]}]})
+            self.assertEqual(status, 0, "the connection closed without an answer")
+            server.wait_for_serving(2)
+            self.assertNotEqual(server.serving_pid, first)
+            # Recorded from the alternate signal stack: the model, its copy and the signal.
+            self.assertRegex(server.log_text(), r"the serving process died; restarting it "
+                                                r"signal=SIGSEGV model=hostile:1 copy=0 "
+                                                r"activity=predict .*restarts=1")
+            self.assertIn('orochi_model_crashes_total{model="hostile"} 1', metrics_text(server))
+            self.assert_echo_serves(server)
+            status, _, body = post_json(server, "/v2/models/slow/infer", slow_request("sleep"))
+            self.assertEqual(status, 200, body)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class CrashDuringLoadTest(FaultsTest):
+
+    def test_an_upload_whose_init_crashes_is_recorded_and_not_kept(self):
+        package = pack_variant(self.root, "crashinit", CRASHING_INIT)
+        server = Server(self.repository, {}, copies=1)
+        try:
+            status, _, _ = curl("-T", package, f"http://127.0.0.1:{server.management_port}"
+                                "/v2/repository/models/crashinit/versions/1")
+            # Only curl's 100 Continue came before the connection closed.
+            self.assertIn(status, (0, 100), "the connection closed without an answer")
+            server.wait_for_serving(2)
+            self.assertRegex(server.log_text(), r"the serving process died; restarting it "
+                                                r"signal=SIGSEGV model=crashinit:1 copy=0 "
+                                                r"activity=load ")
+            self.assertIn('orochi_model_crashes_total{model="crashinit"} 1', metrics_text(server))
+            # Loaded before it is published: the package never reached the repository, so the
+            # next serving process does not load it again.
+            self.assertFalse(os.path.exists(os.path.join(self.repository, "crashinit")))
+            self.assertNotIn("crashinit", index(server))
+            self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_a_package_that_crashes_at_start_is_quarantined_and_not_loaded_again(self):
+        target = os.path.join(self.repository, "crashinit", "1")
+        os.makedirs(target)
+        shutil.copy(pack_variant(self.root, "crashinit", CRASHING_INIT),
+                    os.path.join(target, "model.orochi"))
+        # Waits for `serving`: from the third serving process, which does not load it.
+        server = Server(self.repository, {"supervisor": {"max_model_crashes": 2}}, copies=1)
+        try:
+            log = server.log_text()
+            self.assertEqual(len(re.findall(r"the serving process died; restarting it "
+                                            r"signal=SIGSEGV model=crashinit:1 copy=0 "
+                                            r"activity=load ", log)), 2, log)
+            self.assertIn("model quarantined", log)
+            states = index(server)
+            self.assertEqual(states["crashinit"]["state"], "UNAVAILABLE")
+            self.assertIn("quarantined: model crashinit:1 crashed the server 2 times",
+                          states["crashinit"]["reason"])
+            self.assertEqual(states["echo"]["state"], "READY")
+            # Its clients are told why, not only that it is not loaded.
+            status, _, body = post_json(server, "/v2/models/crashinit/infer",
+                                        slow_request("sleep"))
+            self.assertEqual(status, 404, body)
+            self.assertIn("model 'crashinit' is not loaded: quarantined: model crashinit:1 "
+                          "crashed the server 2 times", json.loads(body)["error"])
+            self.assert_echo_serves(server)
+            self.assertEqual(status_of(server.url("/v2/health/ready")), 200)
+            # Another crash (of anything) restarts the serving process once: the quarantined
+            # package stays out, so it does not crash the next one.
+            os.kill(server.serving_pid, signal.SIGSEGV)
+            server.wait_for_serving(2)
+            self.assert_echo_serves(server)
+            self.assertEqual(server.log_text().count("the serving process died"), 3)
+            self.assertEqual(index(server)["crashinit"]["state"], "UNAVAILABLE")
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class SlowLoadReadinessTest(FaultsTest):
+
+    def test_readiness_tells_the_truth_while_an_init_runs(self):
+        package = pack_variant(self.root, "slowinit", SLOW_INIT)
+        server = Server(self.repository, {}, copies=2)
+        try:
+            began = time.time()
+            deploying, upload = start_upload(server, package, "slowinit")
+            seen = {"server": set(), "echo": set()}
+            loading = []  # (seconds since the upload began, the loading model's ready status)
+            while deploying.is_alive():
+                seen["server"].add(status_of(server.url("/v2/health/ready")))
+                seen["echo"].add(status_of(server.url("/v2/models/echo/ready")))
+                loading.append((time.time() - began,
+                                status_of(server.url("/v2/models/slowinit/ready"))))
+                self.assert_echo_serves(server)
+            deploying.join()
+            self.assertEqual(upload["answer"][0], 200, upload["answer"][2])
+            # The server and its other models are ready throughout; the loading one is not
+            # until its __init__ returned in both copies (1 s each, one at a time), and ready
+            # from then on.
+            self.assertEqual(seen["server"], {200}, seen)
+            self.assertEqual(seen["echo"], {200}, seen)
+            statuses = [status for _, status in loading]
+            self.assertEqual(statuses[0], 404, loading)
+            first_ready = statuses.index(200) if 200 in statuses else len(statuses)
+            self.assertEqual(set(statuses[:first_ready]), {404}, loading)
+            self.assertEqual(set(statuses[first_ready:]), {200} if first_ready < len(statuses)
+                             else set(), loading)
+            if first_ready < len(statuses):
+                self.assertGreater(loading[first_ready][0], 1.9, loading)
+            self.assertEqual(status_of(server.url("/v2/models/slowinit/ready")), 200)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class StoppedProcessTest(FaultsTest):
+
+    def test_a_serving_process_stopped_by_model_code_is_continued(self):
+        # Once, SIGSTOP from model code froze the server for good: ports open, nothing answered.
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1)
+        try:
+            status, _, body = curl("-X", "POST", "--max-time", "5", server.url(
+                "/v2/models/hostile/infer"), data=json.dumps({"inputs": [
+                    {"name": "mode", "datatype": "BYTES", "shape": [1],
+                     "data": ["stop_process"]}]}).encode())
+            self.assertEqual(status, 200, body)
+            self.assertIn("the serving process was stopped; continuing it signal=SIGSTOP",
+                          server.log_text())
+            self.assert_echo_serves(server, within_s=5)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class DescriptorExhaustionTest(FaultsTest):
+
+    def test_a_repository_that_cannot_be_listed_is_not_taken_for_empty(self):
+        # Once, in poll mode, a model that used up the process's descriptors made a listing
+        # of the repository come back empty, and the poll unloaded every model.
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1,
+                        args=("--model-control-mode", "poll", "--repository-poll-secs", "0.1"))
+        try:
+            status, _, body = post_json(server, "/v2/models/hostile/infer", {"inputs": [
+                {"name": "mode", "datatype": "BYTES", "shape": [1],
+                 "data": ["exhaust_descriptors"]}]})
+            self.assertEqual(status, 200, body)
+            time.sleep(0.5)  # what the polls during it decided has been done
+            log = server.log_text()
+            self.assertNotIn("model unloaded", log)
+            self.assertIn("repository poll failed", log)
+            self.assertIn("Too many open files", log)
+            self.assert_echo_serves(server)
+            self.assertEqual(index(server)["echo"]["state"], "READY")
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class ReloadTimeoutTest(FaultsTest):
+
+    def test_a_reload_into_a_replaced_copy_is_under_the_load_timeout(self):
+        mark = os.path.join(self.root, "stuck-once")
+        target = os.path.join(self.repository, "reloadhang", "1")
+        os.makedirs(target)
+        shutil.copy(pack_variant(self.root, "reloadhang", HANGS_ON_RELOAD.format(mark=mark)),
+                    os.path.join(target, "model.orochi"))
+        config = {"models": {"load_timeout_s": 1, "execution_grace_ms": 300}}
+        server = Server(self.repository, config, copies=1)
+        try:
+            status, _, body = post_json(server, "/v2/models/reloadhang/infer",
+                                        slow_request("sleep", 0, timeout_us=200_000))
+            self.assertEqual(status, 504, body)
+            # The one copy was replaced; its models are loaded into the fresh one, where
+            # reloadhang's __init__ never returns: interrupted at the load timeout, so the slot
+            # serves its other models again (once, it served nothing ever again).
+            self.assert_echo_serves(server, within_s=5)
+            deadline = time.time() + 5
+            while "loading a model into the replacement" not in server.log_text():
+                self.assertLess(time.time(), deadline, server.log_text())
+                time.sleep(0.05)
+            self.assertRegex(server.log_text(), r"loading a model into the replacement of a "
+                                                r"stuck interpreter copy failed.*"
+                                                r"model=reloadhang:1 .*did not finish within "
+                                                r"the load timeout of 1000 ms")
+            # Unloading it waits for nothing stuck either.
+            began = time.time()
+            status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
+                                   "/v2/repository/models/reloadhang/unload")
+            self.assertEqual(status, 200, body)
+            self.assertLess(time.time() - began, 5)
+            self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
