@@ -102,6 +102,7 @@ class Sampler:
             logits = logits.index_select(0, orochi.tensor(sampled, device=self.device))
         else:  # every row sampled (the common case): no argmax, no row selection
             tokens = [0] * len(sequences)
+            sampled = range(len(sequences))
         # Each sampled row's temperature, top_p and draw, in one tensor made at once: what costs
         # here is Python and engine calls per step, not arithmetic. The draws come from each
         # sequence's own generator, one per step, so a row's tokens do not depend on its batch.
@@ -216,17 +217,18 @@ class TextGenerator:
             raise RuntimeError("step() was given a sequence that has already finished")
         with orochi.no_grad():
             tokens = self.sampler.choose(_next_logits(states), states)
-            results, going = [], []
+            results, going, going_tokens = [], [], []
             for state, token in zip(states, tokens):
                 text, finished = state.accept(token)
                 results.append(({"text_output": [text.encode()]} if text else None, finished))
                 if not finished:
-                    going.append((state, token))
+                    going.append(state)
+                    going_tokens.append(token)
             if going:
-                logits = self.network.decode(self.cache, [token for _, token in going],
-                                             [state.position for state, _ in going],
-                                             [state.slot for state, _ in going])
-                for row, (state, _) in enumerate(going):
+                logits = self.network.decode(self.cache, going_tokens,
+                                             [state.position for state in going],
+                                             [state.slot for state in going])
+                for row, state in enumerate(going):
                     state.logits = logits
                     state.row = row
                     state.position += 1
