@@ -18,7 +18,12 @@ Two levels, both by default:
   and every event's arrival is timed.
 
     /usr/bin/python3.11 bench/generate/bench_generate.py [--level model|server|both]
-        [--streams 1,2,4,8,16] [--max-tokens 128] [--repeat 3] [--json results.json]
+        [--streams 1,2,4,8,16] [--max-tokens 128] [--repeat 3] [--threads N]
+        [--json results.json]
+
+--threads caps the engine's intra-op threads (0, the default: every core, the engine's and the
+server's default): the copy's calls at model level, `engine.intra_op_threads` at server level.
+Each table says what it ran with.
 
 Needs a built build/bin/orochi and build/models/textgen (the build makes both).
 """
@@ -54,7 +59,7 @@ BATCHED, ONE_AT_A_TIME = "stepped together", "one at a time"
 def model_level(args) -> list:
     command = [BINARY, "python", os.path.join(HERE, "model_level.py"), "--package", PACKAGE,
                "--streams", args.streams, "--max-tokens", str(args.max_tokens),
-               "--repeat", str(args.repeat)]
+               "--repeat", str(args.repeat), "--threads", str(args.threads)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"model_level.py failed ({result.returncode}):\n{result.stderr[-3000:]}")
@@ -64,7 +69,7 @@ def model_level(args) -> list:
 class Server:
     """`orochi serve` with one copy, serving textgen as built and with max_live_sequences 1."""
 
-    def __init__(self, scratch: str):
+    def __init__(self, scratch: str, threads: int):
         repository = os.path.join(scratch, "repository")
         for name, live in (("textgen", None), ("textgen-one-at-a-time", 1)):
             source = os.path.join(scratch, name)
@@ -86,9 +91,13 @@ class Server:
                                  f"models?): {packed.stderr.strip()}")
         self.port = free_port()
         self.log_path = os.path.join(scratch, "server.log")
+        config_path = os.path.join(scratch, "orochi.json")
+        with open(config_path, "w") as file:
+            json.dump({"engine": {"intra_op_threads": threads}}, file)
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
-                [BINARY, "serve", "--model-repository", repository, "--copies", "1",
+                [BINARY, "serve", "--config", config_path, "--model-repository", repository,
+                 "--copies", "1",
                  "--http-port", str(self.port), "--grpc-port", "0",
                  "--metrics-port", str(free_port()), "--management-port", str(free_port()),
                  "--bind", "127.0.0.1", "--log-level", "warning"],
@@ -144,7 +153,7 @@ class Server:
 def server_level(args) -> list:
     rows = []
     with tempfile.TemporaryDirectory(prefix="orochi-bench-generate-") as scratch:
-        server = Server(scratch)
+        server = Server(scratch, args.threads)
         try:
             probe = urllib.request.Request(
                 f"http://127.0.0.1:{server.port}/v2/models/textgen/generate_stream",
@@ -163,6 +172,7 @@ def server_level(args) -> list:
                         rates.append(rate)
                         firsts += first
                     rows.append({"level": "server", "streams": streams, "mode": mode,
+                                 "threads": args.threads or os.cpu_count(),
                                  "tokens_per_s": statistics.median(rates),
                                  "ttft_p50_ms": 1000 * percentile(firsts, 0.5),
                                  "ttft_p99_ms": 1000 * percentile(firsts, 0.99)})
@@ -176,7 +186,9 @@ def report(rows: list) -> None:
     for level in dict.fromkeys(row["level"] for row in rows):
         table = {(row["streams"], row["mode"]): row for row in rows if row["level"] == level}
         cpu = all("tokens_per_cpu_s" in row for row in table.values())
-        print(f"\n{level} level: tokens/s (and against one stream), time to first token"
+        threads = sorted({row.get("threads") for row in table.values()}, key=str)
+        print(f"\n{level} level ({'/'.join(map(str, threads))} intra-op threads): tokens/s (and "
+              f"against one stream), time to first token"
               + ("; tokens per CPU second of the copy" if cpu else ""))
         header = ["streams"]
         for mode in (BATCHED, ONE_AT_A_TIME):
@@ -208,6 +220,8 @@ def main():
     parser.add_argument("--streams", default="1,2,4,8,16")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="the engine's intra-op threads (0: every core)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     if not os.path.isfile(os.path.join(PACKAGE, "manifest.json")):

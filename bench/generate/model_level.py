@@ -1,8 +1,11 @@
 """Runs inside an interpreter copy (`orochi python`): the text generator's tokens/s and time to
 first token for N sequences arriving together, stepped together (one step() for all live
 sequences, as the server's step-level batching does) or one at a time (max_live_sequences 1).
-Tokens are counted per second of wall time and per second of the copy's own CPU time (which a
-busy machine disturbs less). Prints one JSON object per line. Driven by bench_generate.py."""
+Tokens are counted per second of wall time and per second of CPU time of this process: the
+copy's thread and any intra-op threads of the engine it borrowed (a busy machine disturbs that
+less than the wall clock). --threads caps the engine's threads for the copy's calls
+(orochi.set_num_threads; 0, the default, leaves the engine's own setting: every core); each row
+says how many it had. Prints one JSON object per line. Driven by bench_generate.py."""
 
 import argparse
 import json
@@ -73,22 +76,26 @@ def main():
     parser.add_argument("--streams", default="1,2,4,8,16")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
     sys.path.insert(0, str(args.package / "code"))
     import model as textgen
     orochi.set_grad_enabled(False)
+    if args.threads > 0:
+        orochi.set_num_threads(args.threads)
     model = textgen.TextGenerator(Context(args.package))
     model.warmup()
     for streams in [int(item) for item in args.streams.split(",")]:
         for mode, run in (("stepped together", together), ("one at a time", one_at_a_time)):
             rates, cpu_rates, firsts = [], [], []
             for _ in range(args.repeat):
-                cpu = time.thread_time()
+                cpu = time.process_time()
                 tokens, seconds, first = run(model, requests(streams, args.max_tokens))
                 rates.append(tokens / seconds)
-                cpu_rates.append(tokens / (time.thread_time() - cpu))
+                cpu_rates.append(tokens / (time.process_time() - cpu))
                 firsts += first
             print(json.dumps({"streams": streams, "mode": mode,
+                              "threads": orochi.get_num_threads(),
                               "tokens_per_s": statistics.median(rates),
                               "tokens_per_cpu_s": statistics.median(cpu_rates),
                               "ttft_p50_ms": 1000 * percentile(firsts, 0.5),

@@ -9,6 +9,7 @@
 #include "gemm_split.h"
 #include "kernels.h"
 #include "thread_pool.h"
+#include "vector_math.h"
 
 namespace orochi::engine::cpu {
 namespace {
@@ -51,9 +52,17 @@ constexpr int64_t kSmallProduct = 4096;
 template <typename T>
 void SmallProduct(const T* x, int64_t x_rows, int64_t x_columns, const T* y, int64_t y_rows,
                   int64_t y_columns, T* __restrict z, int64_t m, int64_t k, int64_t n) {
+  const VectorKernels* vector = nullptr;
+  if constexpr (std::is_same_v<T, float>) vector = ActiveVectorKernels();
   for (int64_t row = 0; row < m; ++row) {
     T* __restrict out = z + row * n;
     const T* left = x + row * x_rows;
+    if (y_columns == 1 && vector != nullptr) {
+      if constexpr (std::is_same_v<T, float>) {
+        vector->row_combination(left, x_columns, y, y_rows, k, out, n);
+      }
+      continue;
+    }
     if (y_columns == 1) {  // rows of y are contiguous: out += x[row, i] * y[i, :], vectorised
       for (int64_t column = 0; column < n; ++column) out[column] = T{};
       for (int64_t inner = 0; inner < k; ++inner) {
@@ -61,6 +70,10 @@ void SmallProduct(const T* x, int64_t x_rows, int64_t x_columns, const T* y, int
         const T* __restrict right = y + inner * y_rows;
         for (int64_t column = 0; column < n; ++column) out[column] += scale * right[column];
       }
+      continue;
+    }
+    if (x_columns == 1 && y_rows == 1 && vector != nullptr) {
+      if constexpr (std::is_same_v<T, float>) vector->row_dots(left, y, y_columns, k, out, n);
       continue;
     }
     if (x_columns == 1 && y_rows == 1) {  // both contiguous along k: unit-stride dot products

@@ -183,9 +183,60 @@ void Normalize(const float* x, const float* gamma, const float* beta, float eps,
   }
 }
 
+// Whole vectors of z's columns in registers, over two chains of FMAs (even and odd i: one chain
+// waits on the FMA's latency at every i); the last columns short of a vector one at a time.
+template <typename Isa>
+void RowCombination(const float* x, int64_t x_stride, const float* y, int64_t y_stride, int64_t k,
+                    float* z, int64_t n) {
+  using V = typename Isa::V;
+  constexpr int64_t kWidth = Isa::kWidth;
+  int64_t column = 0;
+  for (; column + kWidth <= n; column += kWidth) {
+    V even = Isa::Set1(0.0F);
+    V odd = Isa::Set1(0.0F);
+    int64_t i = 0;
+    for (; i + 2 <= k; i += 2) {
+      even = Isa::Fma(Isa::Set1(x[i * x_stride]), Isa::Load(y + i * y_stride + column), even);
+      odd = Isa::Fma(Isa::Set1(x[(i + 1) * x_stride]), Isa::Load(y + (i + 1) * y_stride + column),
+                     odd);
+    }
+    if (i < k) {
+      even = Isa::Fma(Isa::Set1(x[i * x_stride]), Isa::Load(y + i * y_stride + column), even);
+    }
+    Isa::Store(z + column, Isa::Add(even, odd));
+  }
+  for (; column < n; ++column) {
+    float total = 0;
+    for (int64_t i = 0; i < k; ++i) total += x[i * x_stride] * y[i * y_stride + column];
+    z[column] = total;
+  }
+}
+
+// Each dot product over whole vectors of k, then the rest of k one at a time.
+template <typename Isa>
+void RowDots(const float* x, const float* y, int64_t y_stride, int64_t k, float* z, int64_t n) {
+  using V = typename Isa::V;
+  constexpr int64_t kWidth = Isa::kWidth;
+  const int64_t whole = k / kWidth * kWidth;
+  for (int64_t column = 0; column < n; ++column) {
+    const float* right = y + column * y_stride;
+    float total = 0;
+    if (whole > 0) {
+      V sum = Isa::Mul(Isa::Load(x), Isa::Load(right));
+      for (int64_t i = kWidth; i < whole; i += kWidth) {
+        sum = Isa::Fma(Isa::Load(x + i), Isa::Load(right + i), sum);
+      }
+      total = Isa::ReduceAdd(sum);
+    }
+    for (int64_t i = whole; i < k; ++i) total += x[i] * right[i];
+    z[column] = total;
+  }
+}
+
 template <typename Isa>
 VectorKernels Table() {
-  return {Unary<Isa>, Softmax<Isa>, LogSoftmax<Isa>, Normalize<Isa>};
+  return {Unary<Isa>,     Softmax<Isa>,        LogSoftmax<Isa>,
+          Normalize<Isa>, RowCombination<Isa>, RowDots<Isa>};
 }
 
 }  // namespace orochi::engine::cpu::vector

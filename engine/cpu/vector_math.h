@@ -31,6 +31,14 @@ struct VectorKernels {
   // gamma and plus beta where they are not null.
   void (*normalize)(const float* x, const float* gamma, const float* beta, float eps, bool center,
                     float* y, int64_t n);
+  // One row of a small product whose right operand's rows are contiguous: z[0, n) = the sum over
+  // i < k of x[i * x_stride] * y[i * y_stride + (0, n)] (attention's weights times its values).
+  void (*row_combination)(const float* x, int64_t x_stride, const float* y, int64_t y_stride,
+                          int64_t k, float* z, int64_t n);
+  // One row of a small product whose operands are both contiguous along k: z[j] = the dot
+  // product of x[0, k) and y[j * y_stride + (0, k)] for j < n (attention's queries and keys).
+  void (*row_dots)(const float* x, const float* y, int64_t y_stride, int64_t k, float* z,
+                   int64_t n);
 };
 
 const VectorKernels& Avx2Kernels();    // vector_avx2.cpp

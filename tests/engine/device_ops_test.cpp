@@ -392,7 +392,10 @@ std::vector<OpCase> Cases() {
                                     Input({16, 6}, dtype, -2, 2, 34),
                                     Input({2, 1, 16, 5}, dtype, -2, 2, 35),
                                     Input({64}, dtype, -2, 2, 36),
-                                    Input({3}, dtype, -2, 2, 37)};
+                                    Input({3}, dtype, -2, 2, 37),
+                                    Input({2, 3, 1, 21}, dtype, -2, 2, 38),
+                                    Input({2, 3, 21, 19}, dtype, -2, 2, 39),
+                                    Input({2, 3, 19, 21}, dtype, -2, 2, 40)};
                    },
                    [](const Tensors& in, Device, DType) {
                      return Tensors{Matmul(in[0], in[1]),
@@ -405,7 +408,9 @@ std::vector<OpCase> Cases() {
                                     Matmul(in[2], in[2].Transpose(-2, -1)),  // q @ k^T
                                     Matmul(in[0].Transpose(0, 1).Contiguous().Transpose(0, 1),
                                            in[1]),  // column-major left operand
-                                    Matmul(in[0].Narrow(1, 0, 0), in[1].Narrow(0, 0, 0))};
+                                    Matmul(in[0].Narrow(1, 0, 0), in[1].Narrow(0, 0, 0)),
+                                    Matmul(in[7], in[8]),  // attention's weights @ values
+                                    Matmul(in[7], in[9].Transpose(-2, -1))};  // q @ k^T, k = 21
                    },
                    /*tolerance_scale=*/8});
 

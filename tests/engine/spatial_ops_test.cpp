@@ -240,6 +240,47 @@ TEST(BatchNorm, NormalisesEachChannel) {
   EXPECT_THROW(BatchNorm(input, Zeros({4}, DType::kFloat64), var, {}, {}), Error);
 }
 
+// Rows sort as (key, position): a 32-bit key and the position in one word for the narrow types,
+// pairs for the 64-bit ones; either way the order of a stable sort, NaN the largest, -0.0 equal
+// to 0.0, in both directions.
+TEST(Sorting, TiesNanAndSignedZerosSortStablyInEveryKeyWidth) {
+  auto tensor_of = [](const std::vector<double>& values, DType dtype) {
+    Tensor wide = Tensor::Empty({static_cast<int64_t>(values.size())}, DType::kFloat64);
+    std::copy(values.begin(), values.end(), wide.mutable_data_as<double>());
+    return wide.To(dtype);
+  };
+  const double nan = std::nan("");
+  const double infinity = HUGE_VAL;
+  const std::vector<double> floats{2, nan, -0.0, 0.0, -1, 2, nan, -infinity};
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    const Tensor input = tensor_of(floats, dtype);
+    ExpectNear(Sort(input).indices, {7, 4, 2, 3, 0, 5, 1, 6}, 0, "ascending");
+    ExpectNear(Sort(input, -1, true).indices, {1, 6, 0, 5, 2, 3, 4, 7}, 0, "descending");
+  }
+  const std::vector<double> integers{3, -2, 3, 0, -2, 7, -2147483648.0, 2147483647.0};
+  for (DType dtype : {DType::kInt32, DType::kInt64}) {
+    const Tensor input = tensor_of(integers, dtype);
+    ExpectNear(Sort(input).indices, {6, 1, 4, 3, 0, 2, 5, 7}, 0, "ascending");
+    ExpectNear(Sort(input, -1, true).indices, {7, 5, 0, 2, 3, 1, 4, 6}, 0, "descending");
+  }
+  // 2 rows of 300 (several rounds of std::sort's partitioning), each checked against a stable
+  // order of its values.
+  const Tensor rows = RandomTensor({2, 300}, DType::kInt32, -4, 4, 21).To(DType::kFloat32);
+  const SortResult sorted = Sort(rows, -1, true);
+  const std::vector<double> values = Values(rows);
+  const std::vector<double> order = Values(sorted.indices);
+  for (int64_t row = 0; row < 2; ++row) {
+    std::vector<int64_t> expected(300);
+    std::iota(expected.begin(), expected.end(), 0);
+    std::stable_sort(expected.begin(), expected.end(), [&](int64_t a, int64_t b) {
+      return values[row * 300 + a] > values[row * 300 + b];
+    });
+    for (int64_t i = 0; i < 300; ++i) {
+      EXPECT_EQ(order[row * 300 + i], static_cast<double>(expected[i])) << row << ", " << i;
+    }
+  }
+}
+
 TEST(Sorting, SortTopKAndMaskedSelect) {
   Tensor input = RandomTensor({4, 6}, DType::kFloat32, -3, 3, 12).Transpose(0, 1);  // [6, 4]
   for (bool descending : {false, true}) {

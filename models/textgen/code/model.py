@@ -38,7 +38,11 @@ class Sequence:
                  seed):
         self.slot = slot
         self.release = release  # gives the slot back, once (finish, or the state's collection)
-        self.logits = logits  # [VOCABULARY]: what the next token is drawn from
+        # What the next token is drawn from: row `row` of the logits [sequences, VOCABULARY] of
+        # the prefill or step that produced it, kept whole so that the next step can take them
+        # as they are when it advances the same sequences in the same order (the common case).
+        self.logits = logits
+        self.row = 0
         self.position = position  # tokens in the cache
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -47,6 +51,7 @@ class Sequence:
         self.random = random.Random(seed)
         self.generated = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.partial = False  # the decoder holds the start of a character
         self.held = ""
         self.finished = False
 
@@ -56,15 +61,22 @@ class Sequence:
         if token == network.BOUNDARY:  # the end of a document: the text is complete
             self.finished = True
             return self.held + self.decoder.decode(b"", final=True), True
-        text = self.held + self.decoder.decode(bytes((token,)))
-        found = min((at for at in (text.find(stop) for stop in self.stop) if at >= 0),
-                    default=-1)
-        if found >= 0:  # the text ends before the earliest stop string
-            self.finished = True
-            return text[:found], True
+        if token < 0x80 and not self.partial:  # ASCII after a whole character: itself
+            text = self.held + chr(token)
+        else:
+            text = self.held + self.decoder.decode(bytes((token,)))
+            self.partial = bool(self.decoder.getstate()[0])
+        if self.stop:
+            found = min((at for at in (text.find(stop) for stop in self.stop) if at >= 0),
+                        default=-1)
+            if found >= 0:  # the text ends before the earliest stop string
+                self.finished = True
+                return text[:found], True
         if self.generated >= self.max_tokens:
             self.finished = True
             return text + self.decoder.decode(b"", final=True), True
+        if not self.stop:
+            return text, False
         hold = max((length for stop in self.stop for length in range(1, len(stop))
                     if text.endswith(stop[:length])), default=0)
         self.held = text[len(text) - hold:] if hold else ""
@@ -82,27 +94,45 @@ class Sampler:
         self.upper = (indices.unsqueeze(1) <= indices.unsqueeze(0)).float()
 
     def choose(self, logits, sequences) -> list:
-        greedy = logits.argmax(-1).tolist()
         sampled = [index for index, sequence in enumerate(sequences) if sequence.temperature > 0]
-        if not sampled:
-            return greedy
-        rows = orochi.tensor(sampled, device=self.device)
-        temperature = orochi.tensor([[sequences[i].temperature] for i in sampled],
-                                    device=self.device)
-        top_p = orochi.tensor([[sequences[i].top_p] for i in sampled], device=self.device)
-        probabilities = (logits.index_select(0, rows) / temperature).softmax(-1)
+        if len(sampled) < len(sequences):
+            tokens = logits.argmax(-1).tolist()
+            if not sampled:
+                return tokens
+            logits = logits.index_select(0, orochi.tensor(sampled, device=self.device))
+        else:  # every row sampled (the common case): no argmax, no row selection
+            tokens = [0] * len(sequences)
+            sampled = range(len(sequences))
+        # Each sampled row's temperature, top_p and draw, in one tensor made at once: what costs
+        # here is Python and engine calls per step, not arithmetic. The draws come from each
+        # sequence's own generator, one per step, so a row's tokens do not depend on its batch.
+        settings = orochi.tensor([[sequence.temperature, sequence.top_p, sequence.random.random()]
+                                  for sequence in map(sequences.__getitem__, sampled)],
+                                 device=self.device)
+        temperature, top_p, draw = settings[:, 0:1], settings[:, 1:2], settings[:, 2:3]
+        probabilities = (logits / temperature).softmax(-1)
         ordered, order = probabilities.sort(-1, descending=True)
         # The smallest set of most likely tokens whose probabilities reach top_p: a prefix of
         # the sorted order, so the running sum over it is the running sum over all tokens.
         running = ordered @ self.upper
         kept = (running - ordered < top_p).float()
-        draws = orochi.tensor([[sequences[i].random.random()] for i in sampled],
-                              device=self.device) * (ordered * kept).sum(-1, keepdim=True)
+        draws = draw * (ordered * kept).sum(-1, keepdim=True)
         position = (running <= draws).sum(-1, keepdim=True).minimum(
             kept.sum(-1, keepdim=True).long() - 1)
         for index, token in zip(sampled, order.gather(1, position)[:, 0].tolist()):
-            greedy[index] = token
-        return greedy
+            tokens[index] = token
+        return tokens
+
+
+def _next_logits(states):
+    """The logits [len(states), VOCABULARY] the states' next tokens are drawn from."""
+    first = states[0].logits
+    if all(state.logits is first for state in states):
+        rows = [state.row for state in states]
+        if rows == list(range(first.shape[0])):  # the last step's sequences, in its order
+            return first
+        return first.index_select(0, orochi.tensor(rows, device=first.device))
+    return orochi.stack([state.logits[state.row] for state in states])
 
 
 def _number(parameters, name, kind, default, low, high, low_open=False):
@@ -170,7 +200,7 @@ class TextGenerator:
         ids = orochi.tensor([network.BOUNDARY, *prompt], device=self.device)
         try:
             with orochi.no_grad():
-                logits = self.network.prefill(self.cache, slot, ids)
+                logits = self.network.prefill(self.cache, slot, ids).unsqueeze(0)
         except BaseException:
             self.cache.give_back(slot)
             raise
@@ -186,20 +216,21 @@ class TextGenerator:
         if any(state.finished for state in states):
             raise RuntimeError("step() was given a sequence that has already finished")
         with orochi.no_grad():
-            tokens = self.sampler.choose(orochi.stack([state.logits for state in states]),
-                                         states)
-            results, going = [], []
+            tokens = self.sampler.choose(_next_logits(states), states)
+            results, going, going_tokens = [], [], []
             for state, token in zip(states, tokens):
                 text, finished = state.accept(token)
                 results.append(({"text_output": [text.encode()]} if text else None, finished))
                 if not finished:
-                    going.append((state, token))
+                    going.append(state)
+                    going_tokens.append(token)
             if going:
-                logits = self.network.decode(self.cache, [token for _, token in going],
-                                             [state.position for state, _ in going],
-                                             [state.slot for state, _ in going])
-                for row, (state, _) in enumerate(going):
-                    state.logits = logits[row]
+                logits = self.network.decode(self.cache, going_tokens,
+                                             [state.position for state in going],
+                                             [state.slot for state in going])
+                for row, state in enumerate(going):
+                    state.logits = logits
+                    state.row = row
                     state.position += 1
         return results
 
