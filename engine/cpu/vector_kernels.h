@@ -51,7 +51,7 @@ typename Isa::V Fold(const float* x, int64_t n, float pad, typename Isa::V accum
 // error below 1.2e-7 for every argument), so the error stays near float rounding on both sides:
 // x >= 0 gives x * (1 - erfc / 2), with erfc / 2 <= 1/2; x < 0 gives x * erfc / 2 directly, where
 // 1 + erf(x / sqrt 2) would cancel (against float64: at most 7 ulps for x >= 0, 17 on [-3, 0),
-// where the SLEEF form gave 1.6 and 102). The scalar kernel keeps std::erf.
+// where the SLEEF form gave 1.6 and 102). The scalar kernels use std::erfc the same way.
 template <typename Isa>
 typename Isa::V Gelu(typename Isa::V x) {
   using V = typename Isa::V;
