@@ -20,6 +20,11 @@ struct Avx2 {
   static V Div(V a, V b) { return _mm256_div_ps(a, b); }
   static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V Max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V Abs(V v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0F), v); }
+  static V SelectNegative(V x, V if_negative, V otherwise) {
+    return _mm256_blendv_ps(otherwise, if_negative,
+                            _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+  }
   static float ReduceAdd(V v) {
     __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));

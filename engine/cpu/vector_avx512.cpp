@@ -21,6 +21,11 @@ struct Avx512 {
   static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   // Masked with every lane on: GCC 12's _mm512_max_ps warns of an uninitialised value.
   static V Max(V a, V b) { return _mm512_mask_max_ps(b, 0xFFFF, a, b); }
+  static V Abs(V v) { return _mm512_abs_ps(v); }
+  static V SelectNegative(V x, V if_negative, V otherwise) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), otherwise,
+                                if_negative);
+  }
   // Through memory, once per row: GCC 12's _mm512_reduce_*_ps and _mm512_extractf64x4_pd warn of
   // an uninitialised value.
   static float ReduceAdd(V v) {

@@ -7,7 +7,8 @@
 // uses no inline function of the standard library (which the linker would share between files).
 //
 // Isa provides: V (the vector type), kWidth, Load, Store, Set1, Add, Sub, Mul, Div, Fma (a*b+c),
-// Max, ReduceAdd, ReduceMax, and the SLEEF functions Exp, Log, Tanh, Erf, Sin, Cos.
+// Max, Abs, SelectNegative(x, a, b) (a where x < 0, else b), ReduceAdd, ReduceMax, and the SLEEF
+// functions Exp, Log, Tanh, Erf, Sin, Cos.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +45,33 @@ typename Isa::V Fold(const float* x, int64_t n, float pad, typename Isa::V accum
   return accumulator;
 }
 
-// The same formulas as the scalar kernels (elementwise.cpp), so both paths agree to rounding.
+// GELU, x * Phi(x), from erfc(|x| / sqrt 2) alone: one exp, one division and a polynomial per
+// vector, 2.5x faster than through SLEEF's erf (GELU was the transformer encoder's largest
+// cost after its GEMMs). erfc is the Chebyshev fit of Numerical Recipes' `erfcc` (fractional
+// error below 1.2e-7 for every argument), so the error stays near float rounding on both sides:
+// x >= 0 gives x * (1 - erfc / 2), with erfc / 2 <= 1/2; x < 0 gives x * erfc / 2 directly, where
+// 1 + erf(x / sqrt 2) would cancel (against float64: at most 7 ulps for x >= 0, 17 on [-3, 0),
+// where the SLEEF form gave 1.6 and 102). The scalar kernels use std::erfc the same way.
+template <typename Isa>
+typename Isa::V Gelu(typename Isa::V x) {
+  using V = typename Isa::V;
+  const V half = Isa::Set1(0.5F);
+  const V z = Isa::Mul(Isa::Abs(x), Isa::Set1(0.70710678118654752440F));
+  const V t = Isa::Div(Isa::Set1(1.0F), Isa::Fma(half, z, Isa::Set1(1.0F)));
+  // Highest power first, for Horner's rule.
+  constexpr float kCoefficients[] = {-0.82215223F, 1.48851587F, -1.13520398F, 0.27886807F,
+                                     -0.18628806F, 0.09678418F, 0.37409196F,  1.00002368F};
+  V polynomial = Isa::Set1(0.17087277F);
+  for (const float coefficient : kCoefficients) {
+    polynomial = Isa::Fma(polynomial, t, Isa::Set1(coefficient));
+  }
+  const V exponent = Isa::Fma(polynomial, t, Isa::Sub(Isa::Set1(-1.26551223F), Isa::Mul(z, z)));
+  const V half_erfc = Isa::Mul(Isa::Mul(half, t), Isa::Exp(exponent));
+  return Isa::Mul(x, Isa::SelectNegative(x, half_erfc, Isa::Sub(Isa::Set1(1.0F), half_erfc)));
+}
+
+// The same formulas as the scalar kernels (elementwise.cpp), so both paths agree to rounding
+// (GELU: to a few ulps, above).
 template <typename Isa>
 void Unary(VectorUnary op, const float* x, float* y, int64_t n) {
   using V = typename Isa::V;
@@ -71,12 +98,8 @@ void Unary(VectorUnary op, const float* x, float* y, int64_t n) {
       return Map<Isa>(x, y, n, [one](V v) {
         return Isa::Div(v, Isa::Add(one, Isa::Exp(Isa::Sub(Isa::Set1(0.0F), v))));
       });
-    case VectorUnary::kGelu: {
-      const V inverse_sqrt2 = Isa::Set1(0.70710678118654752440F);
-      return Map<Isa>(x, y, n, [=](V v) {
-        return Isa::Mul(Isa::Mul(half, v), Isa::Add(one, Isa::Erf(Isa::Mul(v, inverse_sqrt2))));
-      });
-    }
+    case VectorUnary::kGelu:
+      return Map<Isa>(x, y, n, [](V v) { return Gelu<Isa>(v); });
     case VectorUnary::kGeluTanh: {
       const V sqrt_2_over_pi = Isa::Set1(0.79788456080286535588F);
       const V cubic = Isa::Set1(0.044715F);

@@ -264,6 +264,8 @@ __device__ __forceinline__ float Tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double Tanh(double x) { return tanh(x); }
 __device__ __forceinline__ float Erf(float x) { return erff(x); }
 __device__ __forceinline__ double Erf(double x) { return erf(x); }
+__device__ __forceinline__ float Erfc(float x) { return erfcf(x); }
+__device__ __forceinline__ double Erfc(double x) { return erfc(x); }
 __device__ __forceinline__ float Floor(float x) { return floorf(x); }
 __device__ __forceinline__ double Floor(double x) { return floor(x); }
 __device__ __forceinline__ float Ceil(float x) { return ceilf(x); }

@@ -167,8 +167,8 @@ __device__ __forceinline__ C ApplyUnary(Op op, C x) {
         return !(x <= C{0}) ? x : C{0};  // NaN stays NaN, as in PyTorch
       case Op::silu:
         return x / (C{1} + Exp(-x));
-      case Op::gelu:
-        return C{0.5} * x * (C{1} + Erf(x * C{0.70710678118654752440}));
+      case Op::gelu:  // 1 + erf(x / sqrt 2) as erfc(-x / sqrt 2): no cancellation for x < 0
+        return C{0.5} * x * Erfc(x * C{-0.70710678118654752440});
       case Op::gelu_tanh: {
         const C inner = C{0.79788456080286535588} * (x + C{0.044715} * x * x * x);
         return C{0.5} * x * (C{1} + Tanh(inner));
