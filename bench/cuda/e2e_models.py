@@ -90,6 +90,10 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="JSON lines only")
     args = parser.parse_args()
     if args.torch:
+        # Debian's torch runs its GEMMs on OpenBLAS's own thread pool, which
+        # torch.set_num_threads does not size: without this its "one thread" runs matmuls on
+        # every core. Read by OpenBLAS as it loads, so set before torch is imported.
+        os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
         sys.path.insert(0, MODELS)
         from torch_runner import alias_orochi_to_torch  # noqa: PLC0415 (imports torch)
 
