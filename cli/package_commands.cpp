@@ -103,7 +103,7 @@ Status CompileCode(const std::vector<packaging::ZipEntry>& entries) {
       copy->Exec("def _compile(source, name):\n"
                  "    compile(source, name, 'exec', dont_inherit=True)\n"));
   for (const packaging::ZipEntry& entry : entries) {
-    if (entry.name.rfind("code/", 0) != 0 || fs::path(entry.name).extension() != ".py") continue;
+    if (!entry.name.starts_with("code/") || fs::path(entry.name).extension() != ".py") continue;
     std::vector<interpreters::Value> arguments{interpreters::Bytes{entry.data}, entry.name};
     Result<interpreters::Value> compiled = copy->Call("__main__:_compile", arguments);
     if (!compiled.ok()) {
