@@ -66,8 +66,9 @@ Status CheckPath(std::string_view name) {
   if (name.find('\\') != std::string_view::npos) return broken("backslash in the name");
   if (name.size() >= 2 && name[1] == ':') return broken("drive letter in the name");
   for (char c : name) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
       return broken("control character in the name");
+    }
   }
   std::string_view rest = name;
   if (rest.back() == '/') rest.remove_suffix(1);  // a directory entry

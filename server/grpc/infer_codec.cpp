@@ -125,7 +125,11 @@ Result<std::optional<kserve::SharedMemoryRef>> ReadTensorParameters(
       continue;
     }
     if (Listed(kUnimplementedTensorParameters, name)) return UnimplementedParameter(what, name);
-    return Bad(what + ": parameter '" + name + "' is not a parameter this server knows");
+    std::string message = what;
+    message += ": parameter '";
+    message += name;
+    message += "' is not a parameter this server knows";
+    return Bad(message);
   }
   auto region = parameters.find("shared_memory_region");
   auto offset = parameters.find("shared_memory_offset");
