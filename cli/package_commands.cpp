@@ -103,7 +103,7 @@ Status CompileCode(const std::vector<packaging::ZipEntry>& entries) {
       copy->Exec("def _compile(source, name):\n"
                  "    compile(source, name, 'exec', dont_inherit=True)\n"));
   for (const packaging::ZipEntry& entry : entries) {
-    if (entry.name.rfind("code/", 0) != 0 || fs::path(entry.name).extension() != ".py") continue;
+    if (!entry.name.starts_with("code/") || fs::path(entry.name).extension() != ".py") continue;
     std::vector<interpreters::Value> arguments{interpreters::Bytes{entry.data}, entry.name};
     Result<interpreters::Value> compiled = copy->Call("__main__:_compile", arguments);
     if (!compiled.ok()) {
@@ -253,8 +253,7 @@ Result<std::string> RequestFromInputs(const Manifest& manifest,
   for (const std::string& argument : inputs) {
     size_t equals = argument.find('=');
     if (equals == std::string::npos) {
-      return Status(StatusCode::kInvalidArgument,
-                    "--input takes NAME=JSON or NAME=@FILE, got '" + argument + "'");
+      return InvalidArgument("--input takes NAME=JSON or NAME=@FILE, got '" + argument + "'");
     }
     std::string name = argument.substr(0, equals);
     std::string text = argument.substr(equals + 1);
@@ -266,11 +265,11 @@ Result<std::string> RequestFromInputs(const Manifest& manifest,
     auto spec = std::find_if(manifest.inputs.begin(), manifest.inputs.end(),
                              [&](const auto& input) { return input.name == name; });
     if (spec == manifest.inputs.end()) {
-      return Status(StatusCode::kInvalidArgument, "the model has no input named '" + name + "'");
+      return InvalidArgument("the model has no input named '" + name + "'");
     }
     Json data = Json::parse(text, nullptr, false);
     if (data.is_discarded()) {
-      return Status(StatusCode::kInvalidArgument, "--input " + name + ": not valid JSON");
+      return InvalidArgument("--input " + name + ": not valid JSON");
     }
     request["inputs"].push_back({{"name", name},
                                  {"datatype", std::string(packaging::DataTypeName(spec->datatype))},

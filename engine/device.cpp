@@ -113,18 +113,22 @@ std::string DeviceName(Device device) {
   return "cuda:" + std::to_string(device.index);
 }
 
-std::string DeviceUnavailableReason(DeviceType type) {
-  return type == DeviceType::kCpu ? "" : CudaProbe().reason;
+Status DeviceTypeStatus(DeviceType type) {
+  if (type == DeviceType::kCpu) return Status::Ok();
+  const DeviceProbe& probe = CudaProbe();
+  return probe.count > 0 ? Status::Ok() : FailedPrecondition(probe.reason);
 }
 
-std::string DeviceProblem(Device device) {
-  if (device.type == DeviceType::kCpu) return "";
-  const DeviceProbe& probe = CudaProbe();
-  if (probe.count == 0) return probe.reason;
-  if (device.index < 0 || device.index >= probe.count) {
-    return "this machine has " + std::to_string(probe.count) + " CUDA device(s)";
+Status DeviceStatus(Device device) {
+  if (device.type == DeviceType::kCpu) {
+    return device.index == 0 ? Status::Ok() : FailedPrecondition("the CPU is device cpu");
   }
-  return "";
+  OROCHI_RETURN_IF_ERROR(DeviceTypeStatus(device.type));
+  const int count = CudaProbe().count;
+  if (device.index < 0 || device.index >= count) {
+    return FailedPrecondition("this machine has " + std::to_string(count) + " CUDA device(s)");
+  }
+  return Status::Ok();
 }
 
 void RequireDevice(Device device) {
@@ -133,9 +137,9 @@ void RequireDevice(Device device) {
                  "cpu:" << device.index << " does not exist (the CPU is device cpu)");
     return;
   }
-  const std::string problem = DeviceProblem(device);
-  OROCHI_CHECK(problem.empty(), StatusCode::kFailedPrecondition,
-               DeviceName(device) << " is not available: " << problem);
+  const Status status = DeviceStatus(device);
+  OROCHI_CHECK(status.ok(), StatusCode::kFailedPrecondition,
+               DeviceName(device) << " is not available: " << status.message());
 }
 
 void Synchronize(Device device) {

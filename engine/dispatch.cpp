@@ -12,8 +12,8 @@ void LoadDeviceLibraries(KernelRegistry& registry);
 
 std::string_view OpName(Op op) {
   switch (op) {
-#define OROCHI_OP_NAME(name, signature) \
-  case Op::name:                        \
+#define OROCHI_OP_NAME(name, family) \
+  case Op::name:                     \
     return #name;
     OROCHI_ENGINE_OPS(OROCHI_OP_NAME)
 #undef OROCHI_OP_NAME
@@ -27,8 +27,7 @@ void KernelRegistry::Register(DeviceType device, const KernelTable& table) {
     OROCHI_INTERNAL_ASSERT(entry.kernel == nullptr, "a kernel was registered twice");
     entry = {kernel, KernelDTypes(op)};
   };
-#define OROCHI_REGISTER_FROM_TABLE(name, signature) \
-  add(Op::name, reinterpret_cast<void*>(table.name));
+#define OROCHI_REGISTER_FROM_TABLE(name, family) add(Op::name, reinterpret_cast<void*>(table.name));
   OROCHI_ENGINE_OPS(OROCHI_REGISTER_FROM_TABLE)
 #undef OROCHI_REGISTER_FROM_TABLE
 }
@@ -46,7 +45,7 @@ void* KernelRegistry::FindErased(Op op, Device device, DType dtype) const {
 
 void KernelRegistry::CheckSignature(Op op, const std::type_info& kernel_type) {
   static const std::type_info* const kSignatures[] = {
-#define OROCHI_OP_TYPEID(name, signature) &typeid(signature),
+#define OROCHI_OP_TYPEID(name, family) &typeid(family##Kernel),
       OROCHI_ENGINE_OPS(OROCHI_OP_TYPEID)
 #undef OROCHI_OP_TYPEID
   };

@@ -80,10 +80,10 @@ using MatmulKernel = void (*)(const Tensor& a, const Tensor& b, Tensor& output);
 
 template <Op O>
 struct OpSignature;
-#define OROCHI_OP_SIGNATURE(name, signature) \
-  template <>                                \
-  struct OpSignature<Op::name> {             \
-    using type = signature;                  \
+#define OROCHI_OP_SIGNATURE(name, family) \
+  template <>                             \
+  struct OpSignature<Op::name> {          \
+    using type = family##Kernel;          \
   };
 OROCHI_ENGINE_OPS(OROCHI_OP_SIGNATURE)
 #undef OROCHI_OP_SIGNATURE
@@ -101,7 +101,7 @@ inline constexpr DTypeSet kNumericDTypes = kAllDTypes & ~DTypes({DType::kBool});
 
 // The dtypes each op's kernels take, on every device: the one declaration every backend's
 // kernels are registered with, so that a model that runs on one device runs on the others.
-// Listed in op_list.h's order (checked below).
+// Listed in op.h's order (checked below).
 struct OpDTypes {
   Op op;
   DTypeSet dtypes;
@@ -175,15 +175,15 @@ constexpr bool ListsEveryOpInOrder(const OpDTypes (&table)[kOpCount]) {
   return true;
 }
 static_assert(std::size(kKernelDTypes) == kOpCount && ListsEveryOpInOrder(kKernelDTypes),
-              "kKernelDTypes lists every op of op_list.h once, in its order");
+              "kKernelDTypes lists every op of op.h once, in its order");
 
 constexpr DTypeSet KernelDTypes(Op op) { return kKernelDTypes[static_cast<int>(op)].dtypes; }
 
 // One device's kernels: a field per op, of the op's kernel signature. A backend fills one as a
 // constexpr table and asserts it complete (static_assert(HasEveryKernel(table))), so that an op
-// added to op_list.h fails the build of every backend without a kernel for it.
+// added to op.h fails the build of every backend without a kernel for it.
 struct KernelTable {
-#define OROCHI_KERNEL_TABLE_FIELD(name, signature) signature name = nullptr;
+#define OROCHI_KERNEL_TABLE_FIELD(name, family) family##Kernel name = nullptr;
   OROCHI_ENGINE_OPS(OROCHI_KERNEL_TABLE_FIELD)
 #undef OROCHI_KERNEL_TABLE_FIELD
 };
@@ -191,13 +191,13 @@ struct KernelTable {
 namespace kernel_table_check {
 // Declared, never defined: HasEveryKernel calls the one of an op without a kernel, which no
 // constant expression may, so the compiler's error names the op (no_kernel_for_<op>).
-#define OROCHI_KERNEL_TABLE_MISSING(name, signature) void no_kernel_for_##name();
+#define OROCHI_KERNEL_TABLE_MISSING(name, family) void no_kernel_for_##name();
 OROCHI_ENGINE_OPS(OROCHI_KERNEL_TABLE_MISSING)
 #undef OROCHI_KERNEL_TABLE_MISSING
 }  // namespace kernel_table_check
 
 consteval bool HasEveryKernel(const KernelTable& table) {
-#define OROCHI_KERNEL_TABLE_CHECK(name, signature) \
+#define OROCHI_KERNEL_TABLE_CHECK(name, family) \
   if (table.name == nullptr) kernel_table_check::no_kernel_for_##name();
   OROCHI_ENGINE_OPS(OROCHI_KERNEL_TABLE_CHECK)
 #undef OROCHI_KERNEL_TABLE_CHECK

@@ -12,6 +12,7 @@
 #include "dispatch.h"
 #include "front_end.h"
 #include "orochi/base/check.h"
+#include "orochi/engine/cpu_math.h"
 
 namespace orochi::engine {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <type_traits>
 
-#include "orochi/engine/op_list.h"
+#include "orochi/engine/op.h"
 #include "orochi/engine/scalar_conversion.h"  // OROCHI_HOST_DEVICE
 
 namespace orochi::engine {

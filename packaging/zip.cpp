@@ -54,28 +54,34 @@ Status BadMember(const std::string& name, const std::string& rule) {
   return InvalidArgument("member '" + name + "': " + rule);
 }
 
-// The path rules of zip.h; empty when `name` follows them.
-std::string PathProblem(std::string_view name) {
-  if (name.empty()) return "empty name";
-  if (!IsValidUtf8(name)) return "the name is not valid UTF-8";
-  if (name.front() == '/') return "absolute path";
-  if (name.find('\\') != std::string_view::npos) return "backslash in the name";
-  if (name.size() >= 2 && name[1] == ':') return "drive letter in the name";
+// OK when member `name` follows the path rules of zip.h, else kInvalidArgument naming the rule
+// it breaks.
+Status CheckPath(std::string_view name) {
+  const auto broken = [&](const char* rule) {
+    return BadMember(IsValidUtf8(name) ? std::string(name) : "<non-UTF-8 name>", rule);
+  };
+  if (name.empty()) return broken("empty name");
+  if (!IsValidUtf8(name)) return broken("the name is not valid UTF-8");
+  if (name.front() == '/') return broken("absolute path");
+  if (name.find('\\') != std::string_view::npos) return broken("backslash in the name");
+  if (name.size() >= 2 && name[1] == ':') return broken("drive letter in the name");
   for (char c : name) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) return "control character in the name";
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
+      return broken("control character in the name");
+    }
   }
   std::string_view rest = name;
   if (rest.back() == '/') rest.remove_suffix(1);  // a directory entry
   while (true) {
     size_t slash = rest.find('/');
     std::string_view part = rest.substr(0, slash);
-    if (part.empty()) return "empty path component ('//')";
-    if (part == "..") return "path traversal ('..')";
-    if (part == ".") return "'.' path component";
+    if (part.empty()) return broken("empty path component ('//')");
+    if (part == "..") return broken("path traversal ('..')");
+    if (part == ".") return broken("'.' path component");
     if (slash == std::string_view::npos) break;
     rest.remove_prefix(slash + 1);
   }
-  return {};
+  return Status::Ok();
 }
 
 uint32_t Crc32(const std::byte* data, uint64_t size) {
@@ -207,9 +213,7 @@ Result<std::unique_ptr<ZipReader>> ZipReader::Open(const std::string& path,
           name.substr(0, 64) + "...",
           "the name is longer than " + std::to_string(limits.max_name_bytes) + " bytes");
     }
-    if (std::string problem = PathProblem(name); !problem.empty()) {
-      return BadMember(IsValidUtf8(name) ? name : "<non-UTF-8 name>", problem);
-    }
+    OROCHI_RETURN_IF_ERROR(CheckPath(name));
     if ((flags & 0x41) != 0) return BadMember(name, "encrypted members are not allowed");
     if (method != kMethodStored && method != kMethodDeflate) {
       return BadMember(name, "compression method " + std::to_string(method) +
@@ -340,9 +344,7 @@ Status WriteZip(const std::string& path, const std::vector<ZipEntry>& entries) {
   std::string archive;
   std::string directory;
   for (const ZipEntry& entry : entries) {
-    if (std::string problem = PathProblem(entry.name); !problem.empty()) {
-      return BadMember(entry.name, problem);
-    }
+    OROCHI_RETURN_IF_ERROR(CheckPath(entry.name));
     std::string compressed;
     if (!entry.store) {
       OROCHI_ASSIGN_OR_RETURN(compressed, Deflate(entry.data));

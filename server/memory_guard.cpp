@@ -87,11 +87,11 @@ Status MemoryGuard::Admit() {
     measured_at_ns_.store(NowNs(), std::memory_order_relaxed);
     if (resident < limit_bytes_) return Status::Ok();
   }
-  return Status(StatusCode::kResourceExhausted,
-                "the server is short of memory: it uses " + Mebibytes(resident) + " of its " +
-                    Mebibytes(limit_bytes_) +
-                    " limit (models.max_memory_bytes), so new requests wait for running ones to "
-                    "finish; retry later");
+  return ResourceExhausted(
+      "the server is short of memory: it uses " + Mebibytes(resident) + " of its " +
+      Mebibytes(limit_bytes_) +
+      " limit (models.max_memory_bytes), so new requests wait for running ones to "
+      "finish; retry later");
 }
 
 }  // namespace orochi::server

@@ -30,8 +30,10 @@
 #include "model_output_log.h"
 #include "models/model_service.h"
 #include "openai/openai_api.h"
+#include "orochi/engine/cpu_math.h"
 #include "orochi/engine/device.h"
 #include "orochi/engine/ops.h"
+#include "orochi/engine/threads.h"
 #include "orochi/interpreters/interpreter_manager.h"
 #include "repository/repository_api.h"
 
@@ -327,7 +329,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
     // Said once, up front: models whose manifest asks for `cuda` will fail to load, CPU
     // models are served as usual.
     Log(LogLevel::kWarning, "no GPU available: CPU models only",
-        {{"reason", engine::DeviceUnavailableReason(engine::DeviceType::kCuda)}});
+        {{"reason", engine::DeviceTypeStatus(engine::DeviceType::kCuda).message()}});
   }
   interpreters::ManagerOptions manager_options;
   manager_options.copies = cfg.copies > 0 ? static_cast<size_t>(cfg.copies)

@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
   }
   if (orochi::engine::DeviceCount(DeviceType::kCuda) == 0) {
     std::fprintf(stderr, "bench_cuda: no CUDA GPU: %s\n",
-                 orochi::engine::DeviceUnavailableReason(DeviceType::kCuda).c_str());
+                 orochi::engine::DeviceTypeStatus(DeviceType::kCuda).message().c_str());
     return 3;
   }
   try {

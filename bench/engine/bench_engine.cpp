@@ -30,6 +30,7 @@
 
 #include "orochi/engine/cpu_math.h"
 #include "orochi/engine/ops.h"
+#include "orochi/engine/threads.h"
 
 namespace {
 

@@ -35,7 +35,7 @@ int64_t ResidentKiB(const char* field) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::string(field).size()));
+    if (line.starts_with(field)) return std::stoll(line.substr(std::string(field).size()));
   }
   return 0;
 }

@@ -6,7 +6,7 @@ namespace orochi::engine {
 namespace cpu {
 namespace {
 
-// Every op's CPU kernel, in op_list.h's order (the compiler holds designated initializers to it).
+// Every op's CPU kernel, in op.h's order (the compiler holds designated initializers to it).
 constexpr KernelTable kCpuKernels = {
     .copy = Copy,
     .fill = Fill,
@@ -65,7 +65,7 @@ constexpr KernelTable kCpuKernels = {
     .log_softmax = SoftmaxOp,
     .matmul = Matmul,
 };
-static_assert(HasEveryKernel(kCpuKernels), "the CPU has a kernel for every op of op_list.h");
+static_assert(HasEveryKernel(kCpuKernels), "the CPU has a kernel for every op of op.h");
 
 }  // namespace
 }  // namespace cpu

@@ -9,7 +9,8 @@
 #include <mutex>
 #include <thread>
 
-#include "orochi/engine/ops.h"
+#include "orochi/engine/error.h"
+#include "orochi/engine/threads.h"
 
 namespace orochi::engine::cpu {
 namespace {

@@ -335,7 +335,7 @@ void CudaMatmul(const Tensor& a, const Tensor& b, Tensor& output) {
   }
 }
 
-// Every op's CUDA kernel, in op_list.h's order; the dtypes are the CPU's (kKernelDTypes).
+// Every op's CUDA kernel, in op.h's order; the dtypes are the CPU's (kKernelDTypes).
 constexpr KernelTable kCudaKernels = {
     .copy = CudaCopy,
     .fill = CudaFill,
@@ -397,7 +397,7 @@ constexpr KernelTable kCudaKernels = {
     // with a plain kernel, as the CPU's loops.
     .matmul = CudaMatmul,
 };
-static_assert(HasEveryKernel(kCudaKernels), "CUDA has a kernel for every op of op_list.h");
+static_assert(HasEveryKernel(kCudaKernels), "CUDA has a kernel for every op of op.h");
 
 }  // namespace
 

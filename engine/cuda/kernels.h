@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "orochi/engine/op_list.h"
+#include "orochi/engine/op.h"
 
 namespace orochi::engine::cuda {
 

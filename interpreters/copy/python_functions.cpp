@@ -16,6 +16,7 @@
 #include "orochi/engine/error.h"
 #include "orochi/engine/ops.h"
 #include "orochi/engine/safetensors.h"
+#include "orochi/engine/threads.h"
 #include "python_bindings.h"
 #include "python_engine.h"
 
@@ -565,8 +566,9 @@ void TranslateEngineErrors(
 // The engine's device API for orochi.cuda (the Python module keeps PyTorch's names).
 void BindDevices(py::module_& module) {
   module.def("_cuda_device_count", [] { return engine::DeviceCount(engine::DeviceType::kCuda); });
+  // Python keeps PyTorch-like strings: "" when the device can be used, else why not.
   module.def("_cuda_unavailable_reason",
-             [] { return engine::DeviceUnavailableReason(engine::DeviceType::kCuda); });
+             [] { return engine::DeviceTypeStatus(engine::DeviceType::kCuda).message(); });
   module.def(
       "_device_problem",
       [](const std::string& name) {
@@ -575,7 +577,7 @@ void BindDevices(py::module_& module) {
           throw py::value_error("unknown device '" + name +
                                 "' (expected 'cpu', 'cuda' or 'cuda:N')");
         }
-        return engine::DeviceProblem(device);
+        return engine::DeviceStatus(device).message();
       },
       py::arg("name"));
   module.def(

@@ -74,9 +74,9 @@ Device ParseDeviceText(const std::string& text) {
 }
 
 void RequireUsable(Device device) {
-  if (std::string problem = engine::DeviceProblem(device); !problem.empty()) {
+  if (const Status usable = engine::DeviceStatus(device); !usable.ok()) {
     throw py::value_error("device '" + engine::DeviceName(device) +
-                          "' is not available: " + problem);
+                          "' is not available: " + usable.message());
   }
 }
 

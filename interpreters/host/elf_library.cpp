@@ -148,7 +148,7 @@ struct NeededVersion {
 
 }  // namespace
 
-struct ElfLibrary::State {
+struct detail::LoadedElf {
   std::string path;
   char* reservation = nullptr;  // the whole address range, PT_LOAD segments inside it
   size_t reservation_bytes = 0;
@@ -168,7 +168,7 @@ struct ElfLibrary::State {
   std::vector<void (*)()> finalizers;  // in the order to call them
   bool initialized = false;
 
-  ~State() {
+  ~LoadedElf() {
     if (initialized) {
       for (void (*finalizer)() : finalizers) finalizer();
     }
@@ -207,11 +207,10 @@ struct ElfLibrary::State {
 
 namespace {
 
-using State = ElfLibrary::State;
+using State = detail::LoadedElf;
 
 Status Unsupported(const State& state, const std::string& feature) {
-  return Status(StatusCode::kUnimplemented,
-                state.Error(feature + " is not supported by Orochi's extension loader"));
+  return Unimplemented(state.Error(feature + " is not supported by Orochi's extension loader"));
 }
 
 Status Malformed(const State& state, const std::string& problem) {
@@ -764,7 +763,7 @@ Result<std::unique_ptr<ElfLibrary>> ElfLibrary::Load(const std::string& path,
   return std::unique_ptr<ElfLibrary>(new ElfLibrary(std::move(state)));
 }
 
-ElfLibrary::ElfLibrary(std::unique_ptr<State> state) : state_(std::move(state)) {}
+ElfLibrary::ElfLibrary(std::unique_ptr<detail::LoadedElf> state) : state_(std::move(state)) {}
 ElfLibrary::~ElfLibrary() = default;
 
 void* ElfLibrary::FindSymbol(std::string_view name) const {

@@ -18,6 +18,7 @@
 #include "embedded_assets.h"
 #include "orochi/base/check.h"
 #include "orochi/engine/ops.h"
+#include "orochi/engine/threads.h"
 #include "orochi/interpreters/elf_library.h"
 
 namespace orochi::interpreters {
@@ -82,9 +83,8 @@ struct ReplySink {
       case OROCHI_COPY_OK:
         return Status::Ok();
       case OROCHI_COPY_PYTHON_ERROR:
-        return {StatusCode::kPythonError,
-                error_message.empty() ? error_type : error_type + ": " + error_message,
-                error_traceback};
+        return PythonError(error_message.empty() ? error_type : error_type + ": " + error_message,
+                           error_traceback);
       case OROCHI_COPY_INVALID_ARGUMENT:
         return InvalidArgument(error_type + ": " + error_message);
       case OROCHI_COPY_UNLOADED:

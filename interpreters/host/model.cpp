@@ -222,7 +222,7 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
         loading->running--;
         loading->changed.notify_all();
       };
-      const Status not_started(StatusCode::kDeadlineExceeded, "not started: the load timed out");
+      const Status not_started = DeadlineExceeded("not started: the load timed out");
       {
         std::unique_lock lock(loading->mutex);
         loading->changed.wait(
@@ -336,18 +336,16 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
       const std::string fate = options.abandon
                                    ? "; they were abandoned and replaced by fresh copies"
                                    : "; they keep their slots until they return";
-      return Status(StatusCode::kDeadlineExceeded,
-                    "loading model " + key + " did not finish within the load timeout of " +
-                        std::to_string(timeout.count()) + " ms, and " + std::to_string(stuck) +
-                        " interpreter copies did not stop when interrupted (stuck in C code)" +
-                        fate);
+      return DeadlineExceeded(
+          "loading model " + key + " did not finish within the load timeout of " +
+          std::to_string(timeout.count()) + " ms, and " + std::to_string(stuck) +
+          " interpreter copies did not stop when interrupted (stuck in C code)" + fate);
     }
     lock.unlock();
     (void)model->Unload();
-    return Status(StatusCode::kDeadlineExceeded,
-                  "loading model " + key + " did not finish within the load timeout of " +
-                      std::to_string(timeout.count()) +
-                      " ms (the entry class's __init__ was interrupted)");
+    return DeadlineExceeded("loading model " + key + " did not finish within the load timeout of " +
+                            std::to_string(timeout.count()) +
+                            " ms (the entry class's __init__ was interrupted)");
   }
   std::vector<Status> results = loading->results;
   lock.unlock();
@@ -449,7 +447,7 @@ Result<std::vector<ReplicatedModel::StepResult>> ReplicatedModel::StreamStep(
     StepResult result;
     result.finished = *finished;
     if (const auto* error = std::get_if<std::string>(&entry->items[2])) {
-      result.error = Status(StatusCode::kPythonError, *error);
+      result.error = PythonError(*error);
     }
     if (!std::holds_alternative<std::monostate>(entry->items[0])) {
       OROCHI_ASSIGN_OR_RETURN(std::vector<NamedTensor> outputs, ParseOutputs(entry->items[0]));

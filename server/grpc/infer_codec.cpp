@@ -41,13 +41,17 @@ bool Listed(const std::string_view (&names)[N], const std::string& name) {
   return std::find(std::begin(names), std::end(names), name) != std::end(names);
 }
 
-std::string Unimplemented(const std::string& name) {
+// A parameter of a feature this server does not serve over gRPC (`what`: where it was, or empty).
+Status UnimplementedParameter(const std::string& what, const std::string& name) {
+  std::string message = what.empty() ? "" : what + ": ";
   if (name.starts_with("binary_data")) {
-    return "parameter '" + name +
-           "' belongs to HTTP's binary extension; over gRPC, send values in raw_input_contents "
-           "(outputs always come back in raw_output_contents)";
+    message += "parameter '" + name +
+               "' belongs to HTTP's binary extension; over gRPC, send values in "
+               "raw_input_contents (outputs always come back in raw_output_contents)";
+  } else {
+    message += "parameter '" + name + "' is not supported by this server";
   }
-  return "parameter '" + name + "' is not supported by this server";
+  return Unimplemented(std::move(message));
 }
 
 // An integer parameter that must be >= `minimum`, as int64 or uint64 (clients send either).
@@ -120,15 +124,11 @@ Result<std::optional<kserve::SharedMemoryRef>> ReadTensorParameters(
         std::find(also_allowed.begin(), also_allowed.end(), name) != also_allowed.end()) {
       continue;
     }
+    if (Listed(kUnimplementedTensorParameters, name)) return UnimplementedParameter(what, name);
     std::string message = what;
-    message += ": ";
-    if (Listed(kUnimplementedTensorParameters, name)) {
-      message += Unimplemented(name);
-    } else {
-      message += "parameter '";
-      message += name;
-      message += "' is not a parameter this server knows";
-    }
+    message += ": parameter '";
+    message += name;
+    message += "' is not a parameter this server knows";
     return Bad(message);
   }
   auto region = parameters.find("shared_memory_region");
@@ -303,8 +303,7 @@ Result<kserve::InferRequest> ReadInferRequest(const packaging::Manifest& manifes
   try {
     return ReadChecked(manifest, message);
   } catch (const std::bad_alloc&) {
-    return Status(StatusCode::kResourceExhausted,
-                  "the request needs more memory than the server can allocate");
+    return ResourceExhausted("the request needs more memory than the server can allocate");
   } catch (const engine::Error& error) {
     return error.status();
   }
@@ -332,7 +331,7 @@ Result<kserve::InferRequest> ReadChecked(const packaging::Manifest& manifest,
     } else if (kserve::InferRequestBuilder::IsSequenceParameter(name)) {
       OROCHI_RETURN_IF_ERROR(builder.SequenceParameter(name, WireValueOf(*value)));
     } else if (Listed(kUnimplementedRequestParameters, name)) {
-      return Bad(Unimplemented(name));
+      return UnimplementedParameter("", name);
     } else {
       OROCHI_ASSIGN_OR_RETURN(interpreters::ParameterValue read, ModelParameter(name, *value));
       request.parameters.emplace_back(name, std::move(read));

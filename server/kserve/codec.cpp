@@ -754,8 +754,7 @@ Status ResolveSharedMemory(const Manifest& manifest, const SharedMemoryRegistry&
   try {
     return ResolveSharedMemoryUnchecked(manifest, registry, request);
   } catch (const std::bad_alloc&) {
-    return Status(StatusCode::kResourceExhausted,
-                  "the request needs more memory than the server can allocate");
+    return ResourceExhausted("the request needs more memory than the server can allocate");
   }
 }
 
@@ -814,8 +813,7 @@ Result<InferRequest> ParseInferRequest(const Manifest& manifest, std::string_vie
   try {
     return ReadInferRequest(manifest, body, json_length, limits);
   } catch (const std::bad_alloc&) {
-    return Status(StatusCode::kResourceExhausted,
-                  "the request needs more memory than the server can allocate");
+    return ResourceExhausted("the request needs more memory than the server can allocate");
   } catch (const engine::Error& error) {
     return error.status();
   }

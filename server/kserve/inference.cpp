@@ -160,10 +160,9 @@ std::optional<InferenceRunner::Refusal> InferenceRunner::Admit(const ServedModel
   if (const std::optional<int64_t>& limit = model.manifest().max_request_bytes;
       limit && bytes > static_cast<uint64_t>(*limit)) {
     Refused(model, "too_large", received);
-    return Refusal{Status(StatusCode::kResourceExhausted,
-                          "the request has " + std::to_string(bytes) + " bytes; model " +
-                              model.name + " takes at most " + std::to_string(*limit) +
-                              " (max_request_bytes in its manifest)"),
+    return Refusal{ResourceExhausted("the request has " + std::to_string(bytes) + " bytes; model " +
+                                     model.name + " takes at most " + std::to_string(*limit) +
+                                     " (max_request_bytes in its manifest)"),
                    true};
   }
   if (Status memory = memory_.Admit(); !memory.ok()) {

@@ -283,11 +283,11 @@ bool TensorData::Take() {
   if (!open_sizes_.empty()) ++open_sizes_.back();
   if (shallowest_value_ < 0 || depth < shallowest_value_) shallowest_value_ = depth;
   deepest_value_ = std::max(deepest_value_, depth);
-  return !error_;
+  return error_.ok();
 }
 
 void TensorData::Refuse(std::string message) {
-  if (!error_) error_ = std::move(message);
+  if (error_.ok()) error_ = InvalidArgument(std::move(message));
 }
 
 void TensorData::NotAValue(std::string_view what) {
@@ -328,7 +328,7 @@ Result<TensorValue> TensorData::Finish(const engine::Shape& shape) {
                            " values, but shape " + engine::ShapeString(shape) + " needs " +
                            std::to_string(elements));
   }
-  if (error_) return InvalidArgument(*error_);
+  if (!error_.ok()) return error_;
   return Values(shape);
 }
 
@@ -460,7 +460,8 @@ class RequestBuilder {
     Frame& top = open_.back();
     // Which of two equal keys counts is a guess either way; say so instead of choosing.
     if (top.role != Role::kData && top.node->contains(name)) {
-      error_ = "the request JSON has the key " + Quoted(name) + " twice in one object";
+      error_ =
+          InvalidArgument("the request JSON has the key " + Quoted(name) + " twice in one object");
       return false;
     }
     slot_ = &(*top.node)[name];
@@ -550,8 +551,8 @@ class RequestBuilder {
 
   RequestJson Release() { return {std::move(root_), std::move(data_)}; }
   // Set once the request is refused; the events after it are not looked at.
-  bool failed() const { return !error_.empty(); }
-  const std::string& error() const { return error_; }
+  bool failed() const { return !error_.ok(); }
+  const Status& error() const { return error_; }
 
  private:
   // kData: inside an input's `data` kept in the document, where an object is refused as a
@@ -582,9 +583,10 @@ class RequestBuilder {
   // Counts a key or value that is not an input's data; false (error()) past the bound.
   bool CountBesideData() {
     if (++values_beside_data_ <= kMaxValuesBesideData) return true;
-    if (error_.empty()) {
-      error_ = "the request JSON has more than " + std::to_string(kMaxValuesBesideData) +
-               " keys and values besides its inputs' data";
+    if (error_.ok()) {
+      error_ =
+          InvalidArgument("the request JSON has more than " + std::to_string(kMaxValuesBesideData) +
+                          " keys and values besides its inputs' data");
     }
     return false;
   }
@@ -644,7 +646,7 @@ class RequestBuilder {
       if (event == JsonEvent::kEnd) break;
       if (event == JsonEvent::kError) {
         // Cannot happen: the text was read once already, by the same rules.
-        error_ = "the data of an input could not be read again: " + parser.error();
+        error_ = InvalidArgument("the data of an input could not be read again: " + parser.error());
         break;
       }
     }
@@ -685,7 +687,7 @@ class RequestBuilder {
   size_t passing_from_ = 0;
   size_t passing_input_ = 0;
   int64_t values_beside_data_ = 0;
-  std::string error_;
+  Status error_;  // the first refusal
 };
 
 JsonEvent Forward(JsonPullParser& parser, RequestBuilder& builder) {
@@ -750,7 +752,7 @@ Result<RequestJson> ReadRequestJson(std::string_view text, const Manifest& manif
       default:
         break;
     }
-    if (builder.failed()) return InvalidArgument(builder.error());
+    if (builder.failed()) return builder.error();
   }
 }
 

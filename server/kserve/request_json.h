@@ -84,7 +84,7 @@ class TensorData {
  private:
   bool FollowsShape(const engine::Shape& shape) const;
 
-  std::optional<std::string> error_;
+  Status error_;  // the first refusal (Refuse)
   // Nesting: sizes of the arrays still open, the size every array at each depth had so far
   // (-1 before the first closed), and where values and arrays were seen.
   std::vector<int64_t> open_sizes_;

@@ -79,10 +79,10 @@ constexpr std::string_view kDeviceMissing = "the manifest places the model on '"
 Status DeviceAvailability(const std::string& path, const std::string& device) {
   engine::Device wanted;
   if (!engine::ParseDevice(device, &wanted)) return Status::Ok();
-  const std::string problem = engine::DeviceProblem(wanted);
-  if (problem.empty()) return Status::Ok();
+  const Status usable = engine::DeviceStatus(wanted);
+  if (usable.ok()) return Status::Ok();
   return Unavailable(path + ": " + std::string(kDeviceMissing) + device + "', but " +
-                     engine::DeviceName(wanted) + " is not available: " + problem);
+                     engine::DeviceName(wanted) + " is not available: " + usable.message());
 }
 
 bool IsMissingDevice(const Status& status) {
@@ -156,20 +156,23 @@ Status ModelService::CheckOverrides(const packaging::Manifest& manifest,
   return Status::Ok();
 }
 
-std::string ModelService::OverrideMismatch(const ServedModel& model,
-                                           const LoadOverrides& overrides) {
+Status ModelService::CheckLoadedMatches(const ServedModel& model, const LoadOverrides& overrides) {
+  std::string mismatch;
   if (overrides.max_queue_delay && *overrides.max_queue_delay != model.batching.max_queue_delay) {
-    return "max_queue_delay_microseconds " + std::to_string(model.batching.max_queue_delay.count());
+    mismatch =
+        "max_queue_delay_microseconds " + std::to_string(model.batching.max_queue_delay.count());
+  } else if (overrides.preferred_batch_sizes &&
+             *overrides.preferred_batch_sizes != model.batching.preferred_batch_sizes) {
+    mismatch = "other preferred batch sizes";
+  } else if (overrides.instances &&
+             static_cast<size_t>(*overrides.instances) != model.replicas->slots().size()) {
+    mismatch = "instance_group count " + std::to_string(model.replicas->slots().size());
+  } else {
+    return Status::Ok();
   }
-  if (overrides.preferred_batch_sizes &&
-      *overrides.preferred_batch_sizes != model.batching.preferred_batch_sizes) {
-    return "other preferred batch sizes";
-  }
-  if (overrides.instances &&
-      static_cast<size_t>(*overrides.instances) != model.replicas->slots().size()) {
-    return "instance_group count " + std::to_string(model.replicas->slots().size());
-  }
-  return "";
+  return AlreadyExists("model '" + model.name + "' version " + std::to_string(model.version) +
+                       " is already loaded, with " + mismatch +
+                       "; unload it first to load it with this config");
 }
 
 Result<std::shared_ptr<ServedModel>> ModelService::LoadCopies(const std::string& path,
@@ -375,11 +378,11 @@ Status ModelService::CheckModelName(const std::string& name) {
 namespace {
 
 Status RefusedWhilePolling(const std::string& what) {
-  return Status(StatusCode::kFailedPrecondition,
-                "cannot " + what +
-                    " with models.model_control_mode \"poll\": the server serves what the "
-                    "repository holds, as every server sharing it does (an explicit load or "
-                    "unload would make them differ); deploy or delete a version instead");
+  return FailedPrecondition(
+      "cannot " + what +
+      " with models.model_control_mode \"poll\": the server serves what the "
+      "repository holds, as every server sharing it does (an explicit load or "
+      "unload would make them differ); deploy or delete a version instead");
 }
 
 }  // namespace
@@ -408,12 +411,7 @@ Result<std::string> ModelService::LoadModelLocked(const std::string& name,
       std::shared_ptr<const ServedModel> served = Find(name, version);
       if (served == nullptr) continue;
       OROCHI_RETURN_IF_ERROR(CheckOverrides(served->manifest(), overrides));
-      if (std::string mismatch = OverrideMismatch(*served, overrides); !mismatch.empty()) {
-        std::string message = "model '" + name + "' version " + std::to_string(version);
-        message += " is already loaded, with " + mismatch;
-        message += "; unload it first to load it with this config";
-        return AlreadyExists(message);
-      }
+      OROCHI_RETURN_IF_ERROR(CheckLoadedMatches(*served, overrides));
     }
   }
   for (int64_t version : selected) {

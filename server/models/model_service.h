@@ -230,8 +230,9 @@ class ModelService : public SchedulerObserver {
   Status LoadVersion(const std::string& name, int64_t version, const LoadOverrides& overrides = {});
   // Whether `overrides` fit `manifest` (and this server); kInvalidArgument naming what not.
   Status CheckOverrides(const packaging::Manifest& manifest, const LoadOverrides& overrides) const;
-  // Why a loaded version does not have the settings `overrides` asks for, or empty.
-  static std::string OverrideMismatch(const ServedModel& model, const LoadOverrides& overrides);
+  // OK when a loaded version has the settings `overrides` asks for, else kAlreadyExists naming
+  // the setting it has instead.
+  static Status CheckLoadedMatches(const ServedModel& model, const LoadOverrides& overrides);
   Result<std::string> UnloadVersion(const std::string& name, int64_t version);
   // Whether `name` has a selected version that is quarantined: if so it is left unloaded, its
   // reason recorded and logged, and the start goes on without it.

@@ -265,15 +265,13 @@ Status Scheduler::Submit(const std::string& model_key, InferJob& job) {
                                : "model " + model_key + " is not a streaming model");
   }
   if (queue.batching.streaming && queue.jobs.size() >= stream_limits_.max_queued_streams) {
-    return Status(StatusCode::kResourceExhausted,
-                  "model " + model_key + " has " +
-                      std::to_string(stream_limits_.max_queued_streams) +
-                      " streams waiting for a copy (models.max_queued_streams); retry later");
+    return ResourceExhausted(
+        "model " + model_key + " has " + std::to_string(stream_limits_.max_queued_streams) +
+        " streams waiting for a copy (models.max_queued_streams); retry later");
   }
   if (queue.jobs.size() >= max_queue_size_) {
-    return Status(StatusCode::kResourceExhausted, "the queue of model " + model_key + " is full (" +
-                                                      std::to_string(max_queue_size_) +
-                                                      " waiting requests); retry later");
+    return ResourceExhausted("the queue of model " + model_key + " is full (" +
+                             std::to_string(max_queue_size_) + " waiting requests); retry later");
   }
   if (queue.batching.sequences) {
     OROCHI_RETURN_IF_ERROR(AdmitSequenceStep(queue, job));
@@ -560,20 +558,19 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
       queue.drops[slot].push_back(job.sequence->call.id);
     }
     if (job.abandoned && job.abandoned()) {
-      job.done(
-          Status(StatusCode::kFailedPrecondition, "the client disconnected before the request ran"),
-          InferTimings{start - job.enqueued, {}, 0});
+      job.done(FailedPrecondition("the client disconnected before the request ran"),
+               InferTimings{start - job.enqueued, {}, 0});
       continue;
     }
     if (job.deadline && *job.deadline <= start) {
       InferTimings timings{start - job.enqueued, {}, 0};
-      job.done(Status(StatusCode::kDeadlineExceeded,
-                      "the request's deadline expired after " +
-                          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                             start - job.enqueued)
-                                             .count()) +
-                          " ms in the queue"),
-               timings);
+      job.done(
+          DeadlineExceeded("the request's deadline expired after " +
+                           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              start - job.enqueued)
+                                              .count()) +
+                           " ms in the queue"),
+          timings);
       continue;
     }
     if (job.deadline && (!deadline || *job.deadline < *deadline)) deadline = job.deadline;
@@ -678,14 +675,14 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
   }
   if (interrupted && !ok) {
     InferTimings timings{{}, end - start, total_rows};
-    Answer(*batch,
-           Status(StatusCode::kDeadlineExceeded,
-                  "the request ran past its deadline and was interrupted after " +
-                      std::to_string(
-                          std::chrono::duration_cast<std::chrono::milliseconds>(predicted - start)
-                              .count()) +
-                      " ms of execution"),
-           timings);
+    Answer(
+        *batch,
+        DeadlineExceeded(
+            "the request ran past its deadline and was interrupted after " +
+            std::to_string(
+                std::chrono::duration_cast<std::chrono::milliseconds>(predicted - start).count()) +
+            " ms of execution"),
+        timings);
     return true;
   }
   if (batch->answered.exchange(true)) return true;
@@ -763,11 +760,11 @@ void Scheduler::Watch() {
         }
         ReplaceStuckCopy(
             lock, slot,
-            Status(StatusCode::kDeadlineExceeded,
-                   "the request ran past its deadline and did not stop within the grace period "
-                   "of " +
-                       std::to_string(execution_grace_.count()) +
-                       " ms; its interpreter copy was replaced"));
+            DeadlineExceeded(
+                "the request ran past its deadline and did not stop within the grace period "
+                "of " +
+                std::to_string(execution_grace_.count()) +
+                " ms; its interpreter copy was replaced"));
       } else {
         next = std::min(next, *worker.deadline + execution_grace_);
       }

@@ -74,11 +74,11 @@ Status Scheduler::AdmitSequenceStep(ModelQueue& queue, InferJob& job) {
       if (!chosen || queue.sequences_in[slot] < queue.sequences_in[*chosen]) chosen = slot;
     }
     if (!chosen) {
-      return Status(StatusCode::kResourceExhausted,
-                    "model " + key + " holds " + std::to_string(queue.sequences.size()) +
-                        " live sequences, its limit of " + std::to_string(options.max_per_copy) +
-                        " on each of its copies (sequence.max_sequences_per_copy): end some "
-                        "with sequence_end, or retry once idle ones expire");
+      return ResourceExhausted("model " + key + " holds " + std::to_string(queue.sequences.size()) +
+                               " live sequences, its limit of " +
+                               std::to_string(options.max_per_copy) +
+                               " on each of its copies (sequence.max_sequences_per_copy): end some "
+                               "with sequence_end, or retry once idle ones expire");
     }
     LiveSequence added;
     added.slot = *chosen;

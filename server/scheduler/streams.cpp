@@ -130,8 +130,7 @@ bool Scheduler::RunStreams(size_t slot, uint64_t generation, ModelQueue& queue, 
     }
     if (called.interrupted) {
       *end = StreamEnd::kDeadline;
-      return Status(StatusCode::kDeadlineExceeded,
-                    "the stream ran past its deadline and was interrupted in its copy");
+      return DeadlineExceeded("the stream ran past its deadline and was interrupted in its copy");
     }
     *end = StreamEnd::kError;
     return error;
@@ -197,8 +196,8 @@ bool Scheduler::RunStreams(size_t slot, uint64_t generation, ModelQueue& queue, 
         refused = FailedPrecondition("the client disconnected before the stream started");
         end = StreamEnd::kCancelled;
       } else if (job.deadline && *job.deadline <= now) {
-        refused = Status(StatusCode::kDeadlineExceeded,
-                         "the stream's deadline expired after " +
+        refused =
+            DeadlineExceeded("the stream's deadline expired after " +
                              std::to_string(Milliseconds(now - job.enqueued)) + " ms in the queue");
         end = StreamEnd::kDeadline;
       }
@@ -282,15 +281,13 @@ bool Scheduler::RunStreams(size_t slot, uint64_t generation, ModelQueue& queue, 
         status = FailedPrecondition("the client disconnected while the stream ran");
         end = StreamEnd::kCancelled;
       } else if (job.deadline && *job.deadline <= now) {
-        status = Status(StatusCode::kDeadlineExceeded,
-                        "the stream ran past its deadline after " +
-                            std::to_string(Milliseconds(now - stream.admitted)) + " ms");
+        status = DeadlineExceeded("the stream ran past its deadline after " +
+                                  std::to_string(Milliseconds(now - stream.admitted)) + " ms");
         end = StreamEnd::kDeadline;
       } else if (stream.full_since && now - *stream.full_since >= limits.stall_timeout) {
-        status = Status(StatusCode::kResourceExhausted,
-                        "the client read none of the stream's buffered responses for " +
-                            std::to_string(limits.stall_timeout.count()) +
-                            " ms (models.stream_stall_timeout_ms); the stream was ended");
+        status = ResourceExhausted("the client read none of the stream's buffered responses for " +
+                                   std::to_string(limits.stall_timeout.count()) +
+                                   " ms (models.stream_stall_timeout_ms); the stream was ended");
         end = StreamEnd::kStalled;
       }
       if (status.ok()) continue;

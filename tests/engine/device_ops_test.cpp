@@ -628,7 +628,7 @@ TEST(DeviceOps, GeluIsRelativelyPreciseForNegativeInputs) {
 
 TEST(DeviceOps, EveryOpAndDTypeMatchesTheCpuOnCuda) {
   if (DeviceCount(DeviceType::kCuda) == 0) {
-    GTEST_SKIP() << "no CUDA GPU: " << DeviceUnavailableReason(DeviceType::kCuda);
+    GTEST_SKIP() << "no CUDA GPU: " << DeviceTypeStatus(DeviceType::kCuda).message();
   }
   int runs = 0;
   for (const OpCase& op_case : Cases()) {
@@ -658,7 +658,7 @@ TEST(DeviceOps, EveryOpAndDTypeMatchesTheCpuOnCuda) {
 // float32 matmul with TF32 tensor cores: close to the CPU, not equal.
 TEST(DeviceOps, Tf32MatmulIsCloseToTheCpu) {
   if (DeviceCount(DeviceType::kCuda) == 0) {
-    GTEST_SKIP() << "no CUDA GPU: " << DeviceUnavailableReason(DeviceType::kCuda);
+    GTEST_SKIP() << "no CUDA GPU: " << DeviceTypeStatus(DeviceType::kCuda).message();
   }
   Tensor a = RandomTensor({96, 256}, DType::kFloat32, -1, 1, 40);
   Tensor b = RandomTensor({256, 80}, DType::kFloat32, -1, 1, 41);
@@ -674,7 +674,7 @@ TEST(DeviceOps, Tf32MatmulIsCloseToTheCpu) {
 // the CPU, and the switch is honoured per call (plans are kept per setting).
 TEST(DeviceOps, Tf32ConvolutionIsCloseToTheCpu) {
   if (DeviceCount(DeviceType::kCuda) == 0) {
-    GTEST_SKIP() << "no CUDA GPU: " << DeviceUnavailableReason(DeviceType::kCuda);
+    GTEST_SKIP() << "no CUDA GPU: " << DeviceTypeStatus(DeviceType::kCuda).message();
   }
   Tensor input = RandomTensor({4, 64, 28, 28}, DType::kFloat32, -1, 1, 44);
   Tensor weight = RandomTensor({128, 64, 3, 3}, DType::kFloat32, -0.1, 0.1, 45);

@@ -35,16 +35,18 @@ std::string ErrorOf(Body body) {
   return "";
 }
 
-#define SKIP_WITHOUT_GPU()                                                         \
-  if (DeviceCount(DeviceType::kCuda) == 0) {                                       \
-    GTEST_SKIP() << "no CUDA GPU: " << DeviceUnavailableReason(DeviceType::kCuda); \
+#define SKIP_WITHOUT_GPU()                                                            \
+  if (DeviceCount(DeviceType::kCuda) == 0) {                                          \
+    GTEST_SKIP() << "no CUDA GPU: " << DeviceTypeStatus(DeviceType::kCuda).message(); \
   }
 
 // --- everywhere ----------------------------------------------------------------------------------
 
 TEST(Devices, TheCpuIsAlwaysThere) {
   EXPECT_EQ(DeviceCount(DeviceType::kCpu), 1);
-  EXPECT_EQ(DeviceUnavailableReason(DeviceType::kCpu), "");
+  EXPECT_TRUE(DeviceTypeStatus(DeviceType::kCpu).ok());
+  EXPECT_TRUE(DeviceStatus(kCpu).ok());
+  EXPECT_EQ(DeviceStatus({DeviceType::kCpu, 1}).code(), StatusCode::kFailedPrecondition);
   EXPECT_NO_THROW(Synchronize(kCpu));
   EXPECT_EQ(DeviceUtilisation(kCpu), std::nullopt);
   Tensor tensor = Ones({4});
@@ -55,12 +57,19 @@ TEST(Devices, TheCpuIsAlwaysThere) {
 
 TEST(Devices, CudaIsAvailableOrSaysWhyNot) {
   const int count = DeviceCount(DeviceType::kCuda);
-  const std::string reason = DeviceUnavailableReason(DeviceType::kCuda);
-  if (count > 0) {
-    EXPECT_EQ(reason, "");
-  } else {
+  const Status status = DeviceTypeStatus(DeviceType::kCuda);
+  const std::string& reason = status.message();
+  EXPECT_EQ(status.ok(), count > 0) << reason;
+  if (count == 0) {
+    EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
     EXPECT_NE(reason, "");
+    EXPECT_EQ(DeviceStatus(kCuda0).message(), reason);
   }
+  // Past the last device: with none at all the type's reason, else how many there are.
+  const Status beyond = DeviceStatus({DeviceType::kCuda, count});
+  EXPECT_EQ(beyond.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(beyond.message(),
+            count == 0 ? reason : "this machine has " + std::to_string(count) + " CUDA device(s)");
 #if OROCHI_TEST_CUDA_BUILT
   // The library was built: whatever is missing is on this machine, not in the build.
   EXPECT_EQ(access(OROCHI_TEST_CUDA_LIBRARY, F_OK), 0) << OROCHI_TEST_CUDA_LIBRARY;
@@ -80,7 +89,7 @@ TEST(Devices, AnUnavailableDeviceIsAClearError) {
     return;
   }
   const std::string expected =
-      "cuda:0 is not available: " + DeviceUnavailableReason(DeviceType::kCuda);
+      "cuda:0 is not available: " + DeviceTypeStatus(DeviceType::kCuda).message();
   EXPECT_EQ(ErrorOf([] { Ones({2, 3}).To(kCuda0); }), expected);
   EXPECT_EQ(ErrorOf([] { Zeros({2}, DType::kFloat32, kCuda0); }), expected);
   EXPECT_EQ(ErrorOf([] { Tensor::Empty({2}, DType::kInt64, kCuda0); }), expected);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine_test_support.h"
+#include "orochi/engine/threads.h"
 
 namespace orochi::engine {
 namespace {

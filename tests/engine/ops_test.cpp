@@ -9,6 +9,7 @@
 #include <map>
 
 #include "engine_test_support.h"
+#include "orochi/engine/cpu_math.h"
 #include "orochi/engine/error.h"
 
 namespace orochi::engine {

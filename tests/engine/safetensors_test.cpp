@@ -177,7 +177,7 @@ TEST_F(SafetensorsTest, RejectsEachMalformedFileByName) {
 long ResidentKilobytes() {
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+    if (line.starts_with("VmRSS:")) return std::stol(line.substr(6));
   }
   return -1;
 }

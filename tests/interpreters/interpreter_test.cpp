@@ -70,7 +70,7 @@ class Barrier {
     all_arrived_.notify_all();
     bool released = all_arrived_.wait_for(lock, timeout_, [this] { return released_; });
     --inside_;
-    if (!released) return Status(StatusCode::kDeadlineExceeded, "barrier timed out");
+    if (!released) return DeadlineExceeded("barrier timed out");
     return Value{int64_t{expected_}};
   }
 

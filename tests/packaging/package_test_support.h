@@ -61,7 +61,7 @@ inline std::string WritePackage(const TempDir& directory, const std::string& fil
                                 const std::map<std::string, std::string>& members) {
   std::vector<ZipEntry> entries;
   for (const auto& [name, data] : members) {
-    entries.push_back({name, data, name.rfind("weights/", 0) == 0});
+    entries.push_back({name, data, name.starts_with("weights/")});
   }
   std::string path = directory / file;
   Status written = WriteZip(path, entries);

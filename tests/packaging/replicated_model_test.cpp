@@ -220,7 +220,7 @@ long ResidentBytes() {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6)) * 1024;
+    if (line.starts_with("VmRSS:")) return std::stol(line.substr(6)) * 1024;
   }
   return -1;
 }

@@ -235,7 +235,7 @@ int64_t PeakAddressSpaceKiB() {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmPeak:", 0) == 0) return std::stoll(line.substr(7));
+    if (line.starts_with("VmPeak:")) return std::stoll(line.substr(7));
   }
   return -1;
 }

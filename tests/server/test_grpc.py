@@ -282,8 +282,12 @@ class InferTest(GrpcServerTest):
                         "shared_memory_region needs shared_memory_byte_size")
         request = echo_raw_request()
         request.inputs[0].parameters["binary_data_size"].int64_param = 2
-        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,
-                        "belongs to HTTP's binary extension")
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.UNIMPLEMENTED,
+                        "parameter 'binary_data_size' belongs to HTTP's binary extension")
+        request = echo_raw_request()
+        request.parameters["binary_data_output"].bool_param = True
+        self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.UNIMPLEMENTED,
+                        "parameter 'binary_data_output' belongs to HTTP's binary extension")
         request = echo_raw_request()
         request.parameters["empty"].CopyFrom(pb.InferParameter())
         self.assertCode(lambda: self.stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT,

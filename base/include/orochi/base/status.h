@@ -56,8 +56,12 @@ class [[nodiscard]] Status {
   std::string detail_;
 };
 
+// One factory per error code, so that call sites read as the failure they report.
 inline Status InvalidArgument(std::string message) {
   return {StatusCode::kInvalidArgument, std::move(message)};
+}
+inline Status OutOfRange(std::string message) {
+  return {StatusCode::kOutOfRange, std::move(message)};
 }
 inline Status NotFound(std::string message) { return {StatusCode::kNotFound, std::move(message)}; }
 inline Status AlreadyExists(std::string message) {
@@ -69,7 +73,20 @@ inline Status FailedPrecondition(std::string message) {
 inline Status Unavailable(std::string message) {
   return {StatusCode::kUnavailable, std::move(message)};
 }
+inline Status ResourceExhausted(std::string message) {
+  return {StatusCode::kResourceExhausted, std::move(message)};
+}
+inline Status DeadlineExceeded(std::string message) {
+  return {StatusCode::kDeadlineExceeded, std::move(message)};
+}
+// `traceback`: the formatted Python traceback, kept as the Status's detail.
+inline Status PythonError(std::string message, std::string traceback = {}) {
+  return {StatusCode::kPythonError, std::move(message), std::move(traceback)};
+}
 inline Status Internal(std::string message) { return {StatusCode::kInternal, std::move(message)}; }
+inline Status Unimplemented(std::string message) {
+  return {StatusCode::kUnimplemented, std::move(message)};
+}
 
 // Either a value or a non-OK Status. Accessing value() of an error is an internal-assert
 // failure, so callers test ok() first (or use OROCHI_ASSIGN_OR_RETURN).
@@ -79,7 +96,7 @@ class [[nodiscard]] Result {
   Result(T value) : state_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : state_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(state_).ok()) {
-      state_ = Status(StatusCode::kInternal, "Result built from an OK Status without a value");
+      state_ = Internal("Result built from an OK Status without a value");
     }
   }
 

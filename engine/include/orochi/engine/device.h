@@ -2,7 +2,7 @@
 //
 // The CPU is always present. CUDA devices come from liborochi_engine_cuda.so, which the engine
 // loads on first use from its own directory; a build without CUDA, a machine without the NVIDIA
-// driver or without a GPU has no CUDA devices, and DeviceUnavailableReason says which. Nothing
+// driver or without a GPU has no CUDA devices, and DeviceTypeStatus says which. Nothing
 // ever falls back to the CPU: creating or moving a tensor to an unavailable device throws.
 //
 // Work on a CUDA device is asynchronous. Each thread has its own stream per device (created on
@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 
+#include "orochi/base/status.h"
 #include "orochi/engine/export.h"
 
 namespace orochi::engine {
@@ -35,14 +36,15 @@ OROCHI_ENGINE_API std::string DeviceName(Device device);  // "cpu", "cuda:1"
 
 // 1 for the CPU; the number of usable GPUs for CUDA (0 when unavailable).
 OROCHI_ENGINE_API int DeviceCount(DeviceType type);
-// "" when `type` has at least one device, else why not: "Orochi was built without CUDA (...)",
-// "no CUDA driver: ...", "no CUDA GPU found", ...
-OROCHI_ENGINE_API std::string DeviceUnavailableReason(DeviceType type);
-// "" when `device` can be used, else why not: DeviceUnavailableReason of its type, or "this
-// machine has N CUDA device(s)" for an index past the last.
-OROCHI_ENGINE_API std::string DeviceProblem(Device device);
-// Throws Error (kFailedPrecondition) "<device> is not available: <DeviceProblem>" unless it can
-// be used.
+// OK when `type` has at least one device, else kFailedPrecondition saying why not: "Orochi was
+// built without CUDA (...)", "no CUDA driver: ...", "no CUDA GPU found", ...
+OROCHI_ENGINE_API Status DeviceTypeStatus(DeviceType type);
+// OK when `device` can be used, else kFailedPrecondition saying why not: DeviceTypeStatus's
+// message, or "this machine has N CUDA device(s)" for an index past the last ("the CPU is device
+// cpu" for a CPU index other than 0).
+OROCHI_ENGINE_API Status DeviceStatus(Device device);
+// Throws Error (kFailedPrecondition) "<device> is not available: <DeviceStatus's message>" unless
+// it can be used.
 OROCHI_ENGINE_API void RequireDevice(Device device);
 
 // Waits until all work queued on `device`, by every thread, has finished (a no-op on the CPU).

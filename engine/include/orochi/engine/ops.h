@@ -18,20 +18,10 @@
 #include <vector>
 
 #include "orochi/engine/export.h"
-#include "orochi/engine/op_list.h"
+#include "orochi/engine/op.h"
 #include "orochi/engine/tensor.h"
 
 namespace orochi::engine {
-
-// Every op, in enumeration order.
-inline constexpr Op kAllOps[] = {
-#define OROCHI_OP_LIST(name, signature) Op::name,
-    OROCHI_ENGINE_OPS(OROCHI_OP_LIST)
-#undef OROCHI_OP_LIST
-};
-inline constexpr int kOpCount = static_cast<int>(std::size(kAllOps));
-
-OROCHI_ENGINE_API std::string_view OpName(Op op);
 
 // --- creation ----------------------------------------------------------------------------------
 // Creation ops take the device to create on (the CPU by default).
@@ -221,42 +211,5 @@ OROCHI_ENGINE_API Tensor Rand(const Shape& shape, uint64_t seed, DType dtype = D
                               Device device = {});
 OROCHI_ENGINE_API Tensor Randn(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat32,
                                Device device = {});
-
-// --- threads -----------------------------------------------------------------------------------
-// The CPU kernels' intra-op pool, one per process: the cores the engine's calls may use
-// together, the calling threads' own included. Every busy caller (BusyCaller, or a thread
-// inside a call) holds one; a call borrows only the rest, never waits for one, and runs
-// single-threaded when none is free, so with one busy copy per core each call is single-threaded
-// and with fewer a call spreads over the idle cores. 0 sets every core
-// (std::thread::hardware_concurrency, the default); 1 makes every call single-threaded.
-// Thread-safe; takes effect for calls that start afterwards.
-OROCHI_ENGINE_API void SetIntraOpThreads(int threads);
-OROCHI_ENGINE_API int IntraOpThreads();
-// A limit on the threads the calling thread's calls may use (its own included), under the
-// pool's size: 0 lifts it. Per thread; a BusyCaller scope starts without one and restores the
-// previous limit when it ends. CallerIntraOpThreads() is what this thread's calls may use.
-OROCHI_ENGINE_API void SetCallerIntraOpLimit(int threads);
-OROCHI_ENGINE_API int CallerIntraOpThreads();
-// The pool's permits free now (negative while more callers are busy than it has), and how many
-// threads calls have borrowed since the process started: for tests and diagnostics.
-OROCHI_ENGINE_API int IntraOpThreadsFree();
-OROCHI_ENGINE_API int64_t IntraOpThreadsBorrowed();
-// Counts the calling thread as a busy caller of the pool while it lives, also between engine
-// calls: an interpreter copy holds one while it runs a request, so that its Python code's core
-// is not lent to another copy's call. Nests.
-class OROCHI_ENGINE_API BusyCaller {
- public:
-  BusyCaller();
-  ~BusyCaller();
-  BusyCaller(const BusyCaller&) = delete;
-  BusyCaller& operator=(const BusyCaller&) = delete;
-
- private:
-  int saved_limit_;
-};
-// OpenBLAS's kernel name for this CPU, e.g. "Haswell", "SkylakeX", "Zen", and how it was
-// chosen. Servers log both at startup.
-OROCHI_ENGINE_API std::string_view BlasCoreName();
-OROCHI_ENGINE_API std::string_view BlasCoreChoice();
 
 }  // namespace orochi::engine

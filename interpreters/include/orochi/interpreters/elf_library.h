@@ -31,6 +31,11 @@ namespace orochi::interpreters {
 // An address for an undefined symbol, or nullptr to look further.
 using SymbolResolver = std::function<void*(const char* name)>;
 
+namespace detail {
+// A loaded object's mappings and tables, defined in elf_library.cpp, whose loading steps share it.
+struct LoadedElf;
+}  // namespace detail
+
 class ElfLibrary {
  public:
   // Maps, relocates and initialises the object at `path` (its initialisers run before this
@@ -55,11 +60,9 @@ class ElfLibrary {
   // Bytes of address space the object's segments occupy.
   size_t mapped_bytes() const;
 
-  struct State;
-
  private:
-  explicit ElfLibrary(std::unique_ptr<State> state);
-  std::unique_ptr<State> state_;
+  explicit ElfLibrary(std::unique_ptr<detail::LoadedElf> state);
+  std::unique_ptr<detail::LoadedElf> state_;
 };
 
 }  // namespace orochi::interpreters

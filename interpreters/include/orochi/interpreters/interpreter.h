@@ -141,9 +141,9 @@ class Interpreter {
   // kFailedPrecondition.
   Status Unload(std::chrono::milliseconds thread_grace = std::chrono::seconds(2));
 
-  struct Impl;  // the loaded library and its tables; private to the implementation
-
  private:
+  struct Impl;  // the loaded library and its tables (interpreter.cpp)
+
   explicit Interpreter(int id);
 
   int id_;

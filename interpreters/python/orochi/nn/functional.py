@@ -124,4 +124,5 @@ def _unsupported(function: str, **options) -> None:
 
 
 def _as_shape(shape):
+    """A shape given as an int or a sequence of ints, as a tuple (the norm layers use it too)."""
     return (shape,) if isinstance(shape, int) else tuple(shape)

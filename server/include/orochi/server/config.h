@@ -149,7 +149,7 @@ struct PythonConfig {
 };
 
 struct EngineConfig {
-  // The engine's intra-op pool (engine/ops.h SetIntraOpThreads): the cores one process's tensor
+  // The engine's intra-op pool (engine/threads.h SetIntraOpThreads): the cores one process's tensor
   // calls may use together. A call spreads over the cores no busy copy holds; with one busy copy
   // per core each call runs on its copy's thread alone. 0: every core; 1: every call on its
   // copy's thread.

@@ -8,15 +8,11 @@ from orochi.nn.parameter import Parameter
 __all__ = ["LayerNorm", "RMSNorm"]
 
 
-def _normalized_shape(shape):
-    return (shape,) if isinstance(shape, int) else tuple(shape)
-
-
 class LayerNorm(Module):
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True,
                  device=None, dtype=None):
         super().__init__()
-        self.normalized_shape = _normalized_shape(normalized_shape)
+        self.normalized_shape = F._as_shape(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         if elementwise_affine:
@@ -43,7 +39,7 @@ class RMSNorm(Module):
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None,
                  dtype=None):
         super().__init__()
-        self.normalized_shape = _normalized_shape(normalized_shape)
+        self.normalized_shape = F._as_shape(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         if elementwise_affine:
