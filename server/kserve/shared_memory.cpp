@@ -168,7 +168,7 @@ Status SharedMemoryRegistry::RegisterCuda(const std::string& name, std::string_v
         what + ": 'device_id' " + std::to_string(device_id) +
         (devices == 0
              ? " names no device: this server has no CUDA device (" +
-                   engine::DeviceUnavailableReason(engine::DeviceType::kCuda) + ")"
+                   engine::DeviceTypeStatus(engine::DeviceType::kCuda).message() + ")"
              : " names no device: this server has " + std::to_string(devices) + " CUDA device(s)"));
   }
   if (raw_handle.size() != engine::kSharedDeviceMemoryHandleBytes) {
