@@ -251,6 +251,13 @@ class Supervisor {
       Report report;
       while (true) {
         const int signal_number = Wait(std::nullopt);
+        if ((signal_number == SIGTERM || signal_number == SIGINT) && FromServingProcess(child)) {
+          // Model code (os.kill(os.getppid(), SIGTERM)) does not decide when the server stops.
+          Log(LogLevel::kWarning, "a stop signal from the serving process itself is ignored",
+              {{"signal", SignalName(signal_number)},
+               {"sender_pid", std::to_string(last_sender_), false}});
+          continue;
+        }
         if (signal_number == SIGTERM || signal_number == SIGINT) {
           stopping = true;
           ::kill(child, signal_number);
@@ -286,12 +293,16 @@ class Supervisor {
         }
         return WIFEXITED(status) ? exit_status : 0;
       }
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return exit_status;
       if (first_start && !report.ready && WIFEXITED(status)) {
         return exit_status;  // it said why on stderr: a start that fails is not restarted
       }
       first_start = false;
-      RecordDeath(status, report);
+      // A clean exit nobody asked for is model code's doing too (a SIGTERM to its own
+      // process starts the graceful shutdown): the server goes on, as after a crash.
+      RecordDeath(status, report,
+                  WIFEXITED(status) && WEXITSTATUS(status) == 0
+                      ? "the serving process exited though nobody asked it to stop; restarting it"
+                      : "the serving process died; restarting it");
       quick_crashes = Clock::now() - started >= kStableAfter ? 1 : quick_crashes + 1;
       if (quick_crashes < kQuickCrashesAllowed) {
         delay = std::chrono::milliseconds(0);
@@ -408,10 +419,17 @@ class Supervisor {
       if ((watched[2].revents & POLLIN) != 0) stderr_.Drain();
       signalfd_siginfo info{};
       if (::read(signals_, &info, sizeof(info)) == sizeof(info)) {
+        last_sender_ = static_cast<pid_t>(info.ssi_pid);
         return static_cast<int>(info.ssi_signo);
       }
       if (timeout && Clock::now() >= until) return 0;
     }
+  }
+
+  // Whether the last signal came from the serving process `child` or a process of its group
+  // (what its models forked).
+  bool FromServingProcess(pid_t child) const {
+    return last_sender_ > 0 && (last_sender_ == child || ::getpgid(last_sender_) == child);
   }
 
   // Sleeps `delay` unless SIGTERM or SIGINT comes first (true then: stop).
@@ -428,6 +446,7 @@ class Supervisor {
   const ServerConfig config_;
   Inheritance inherited_;
   int signals_ = -1;               // a signalfd for SIGTERM, SIGINT and SIGCHLD
+  pid_t last_sender_ = 0;          // of the signal Wait returned last
   int stdout_pipe_[2] = {-1, -1};  // the serving process's descriptor 1, once it serves
   int stderr_pipe_[2] = {-1, -1};  // and 2
   DescriptorOutput stdout_{&stdout_pipe_[0], "stdout"};

@@ -223,11 +223,58 @@ class StoppedProcessTest(FaultsTest):
                     {"name": "mode", "datatype": "BYTES", "shape": [1],
                      "data": ["stop_process"]}]}).encode())
             self.assertEqual(status, 200, body)
+            # The supervisor's line may reach the log file after the answer reached us.
+            deadline = time.time() + 5
+            while "continuing it" not in server.log_text() and time.time() < deadline:
+                time.sleep(0.05)
             self.assertIn("the serving process was stopped; continuing it signal=SIGSTOP",
                           server.log_text())
             self.assert_echo_serves(server, within_s=5)
         finally:
             self.assertEqual(server.stop(), 0)
+
+
+class StopSignalFromModelCodeTest(FaultsTest):
+    """A model cannot decide when the server stops: SIGTERM to its own process costs a restart,
+    SIGTERM to the supervisor is ignored."""
+
+    def hostile(self, server, mode):
+        return post_json(server, "/v2/models/hostile/infer", {"inputs": [
+            {"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]}]})
+
+    def test_a_sigterm_to_its_own_process_costs_a_restart_not_the_server(self):
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1)
+        try:
+            first = server.serving_pid
+            self.hostile(server, "terminate_self")  # answered or not: the drain has begun
+            server.wait_for_serving(2)
+            self.assertNotEqual(server.serving_pid, first)
+            self.assertIsNone(server.process.poll(), "the server stopped")
+            self.assertIn("the serving process exited though nobody asked it to stop; "
+                          "restarting it exit_code=0", server.log_text())
+            self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_a_sigterm_to_the_supervisor_is_ignored(self):
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1)
+        try:
+            first = server.serving_pid
+            status, _, body = self.hostile(server, "terminate_supervisor")
+            self.assertEqual(status, 200, body)
+            deadline = time.time() + 10
+            while "is ignored" not in server.log_text() and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertIn("a stop signal from the serving process itself is ignored "
+                          "signal=SIGTERM", server.log_text())
+            time.sleep(0.5)
+            self.assertIsNone(server.process.poll(), "the server stopped")
+            self.assertEqual(server.serving_pid, first)
+            self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0, "SIGTERM from outside still stops it")
 
 
 class DescriptorExhaustionTest(FaultsTest):

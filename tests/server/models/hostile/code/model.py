@@ -48,6 +48,12 @@ class Hostile:
             time.sleep(1)  # held across several repository polls
             for file in kept:
                 file.close()
+        elif mode == "terminate_self":  # as `kill` of the server would: a graceful stop
+            import signal
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif mode == "terminate_supervisor":
+            import signal
+            os.kill(os.getppid(), signal.SIGTERM)
         elif mode == "stop_process":  # freezes the whole process; nothing in it can continue it
             import signal
             os.kill(os.getpid(), signal.SIGSTOP)
