@@ -266,13 +266,20 @@ std::optional<std::string> DecodeBase64(std::string_view text) {
   return decoded;
 }
 
-// The fields of a registration body: unknown ones are refused, not ignored.
-std::optional<std::string> UnexpectedField(const Json& body,
-                                           std::initializer_list<std::string_view> known) {
-  for (const auto& [field, unused] : body.items()) {
-    if (std::find(known.begin(), known.end(), field) == known.end()) return field;
+// A registration's body: a JSON object with no field but `fields` (an unknown one is refused,
+// not ignored); InvalidArgument saying what is wrong otherwise.
+Result<Json> ReadRegistrationBody(std::string_view text,
+                                  std::initializer_list<std::string_view> fields) {
+  Json body = Json::parse(text, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) {
+    return InvalidArgument("the body is not a JSON object");
   }
-  return std::nullopt;
+  for (const auto& [field, unused] : body.items()) {
+    if (std::find(fields.begin(), fields.end(), field) == fields.end()) {
+      return InvalidArgument("unexpected field '" + field + "'");
+    }
+  }
+  return body;
 }
 
 }  // namespace
@@ -337,21 +344,18 @@ void KServeApi::RegisterSharedMemory(http::Router& router) {
       [this](http::Request&& request, const http::PathParams& params,
              const http::Responder& respond) {
         const std::string& name = params.at("name");
-        const Json body = Json::parse(request.body(), nullptr, false);
         auto refuse = [&](const std::string& why) {
           respond(http::ErrorResponse(
               400, "cannot register shared memory region '" + name + "': " + why +
                        " (the body is {\"key\": string, \"offset\": integer, "
                        "\"byte_size\": integer})"));
         };
-        if (body.is_discarded() || !body.is_object()) {
-          refuse("the body is not a JSON object");
+        Result<Json> read = ReadRegistrationBody(request.body(), {"key", "offset", "byte_size"});
+        if (!read.ok()) {
+          refuse(read.status().message());
           return;
         }
-        if (auto field = UnexpectedField(body, {"key", "offset", "byte_size"})) {
-          refuse("unexpected field '" + *field + "'");
-          return;
-        }
+        const Json& body = *read;
         auto key = body.find("key");
         auto offset = body.find("offset");
         auto byte_size = body.find("byte_size");
@@ -371,61 +375,54 @@ void KServeApi::RegisterSharedMemory(http::Router& router) {
         Status registered = shared_memory_.Register(
             name, key->get<std::string>(), offset == body.end() ? 0 : offset->get<uint64_t>(),
             byte_size->get<uint64_t>());
-        if (!registered.ok()) {
-          respond(http::ErrorResponse(HttpStatusOf(registered.code()), registered.message()));
-          return;
-        }
-        respond(Ok(Json::object()));
+        respond(registered.ok()
+                    ? Ok(Json::object())
+                    : http::ErrorResponse(HttpStatusOf(registered.code()), registered.message()));
       });
 
-  router.Add(
-      bhttp::verb::post, "/v2/cudasharedmemory/region/{name}/register",
-      [this](http::Request&& request, const http::PathParams& params,
-             const http::Responder& respond) {
-        const std::string& name = params.at("name");
-        const Json body = Json::parse(request.body(), nullptr, false);
-        auto refuse = [&](const std::string& why) {
-          respond(http::ErrorResponse(
-              400, "cannot register CUDA shared memory region '" + name + "': " + why +
-                       " (the body is {\"raw_handle\": {\"b64\": string}, \"device_id\": "
-                       "integer, \"byte_size\": integer})"));
-        };
-        if (body.is_discarded() || !body.is_object()) {
-          refuse("the body is not a JSON object");
-          return;
-        }
-        if (auto field = UnexpectedField(body, {"raw_handle", "device_id", "byte_size"})) {
-          refuse("unexpected field '" + *field + "'");
-          return;
-        }
-        auto raw_handle = body.find("raw_handle");
-        auto device_id = body.find("device_id");
-        auto byte_size = body.find("byte_size");
-        std::optional<std::string> handle;
-        if (raw_handle != body.end() && raw_handle->is_object() && raw_handle->size() == 1 &&
-            raw_handle->contains("b64") && (*raw_handle)["b64"].is_string()) {
-          handle = DecodeBase64((*raw_handle)["b64"].get<std::string>());
-        }
-        if (!handle) {
-          refuse("'raw_handle' must be {\"b64\": the CUDA IPC handle's bytes in base64}");
-          return;
-        }
-        if (device_id == body.end() || !device_id->is_number_integer()) {
-          refuse("'device_id' must be an integer (the CUDA device the memory is on)");
-          return;
-        }
-        if (byte_size == body.end() || !byte_size->is_number_unsigned()) {
-          refuse("'byte_size' must be a non-negative integer");
-          return;
-        }
-        Status registered = shared_memory_.RegisterCuda(name, *handle, device_id->get<int64_t>(),
-                                                        byte_size->get<uint64_t>());
-        if (!registered.ok()) {
-          respond(http::ErrorResponse(HttpStatusOf(registered.code()), registered.message()));
-          return;
-        }
-        respond(Ok(Json::object()));
-      });
+  router.Add(bhttp::verb::post, "/v2/cudasharedmemory/region/{name}/register",
+             [this](http::Request&& request, const http::PathParams& params,
+                    const http::Responder& respond) {
+               const std::string& name = params.at("name");
+               auto refuse = [&](const std::string& why) {
+                 respond(http::ErrorResponse(
+                     400, "cannot register CUDA shared memory region '" + name + "': " + why +
+                              " (the body is {\"raw_handle\": {\"b64\": string}, \"device_id\": "
+                              "integer, \"byte_size\": integer})"));
+               };
+               Result<Json> read =
+                   ReadRegistrationBody(request.body(), {"raw_handle", "device_id", "byte_size"});
+               if (!read.ok()) {
+                 refuse(read.status().message());
+                 return;
+               }
+               const Json& body = *read;
+               auto raw_handle = body.find("raw_handle");
+               auto device_id = body.find("device_id");
+               auto byte_size = body.find("byte_size");
+               std::optional<std::string> handle;
+               if (raw_handle != body.end() && raw_handle->is_object() && raw_handle->size() == 1 &&
+                   raw_handle->contains("b64") && (*raw_handle)["b64"].is_string()) {
+                 handle = DecodeBase64((*raw_handle)["b64"].get<std::string>());
+               }
+               if (!handle) {
+                 refuse("'raw_handle' must be {\"b64\": the CUDA IPC handle's bytes in base64}");
+                 return;
+               }
+               if (device_id == body.end() || !device_id->is_number_integer()) {
+                 refuse("'device_id' must be an integer (the CUDA device the memory is on)");
+                 return;
+               }
+               if (byte_size == body.end() || !byte_size->is_number_unsigned()) {
+                 refuse("'byte_size' must be a non-negative integer");
+                 return;
+               }
+               Status registered = shared_memory_.RegisterCuda(
+                   name, *handle, device_id->get<int64_t>(), byte_size->get<uint64_t>());
+               respond(registered.ok() ? Ok(Json::object())
+                                       : http::ErrorResponse(HttpStatusOf(registered.code()),
+                                                             registered.message()));
+             });
 }
 
 std::string ErrorMessage(const Status& error) {
