@@ -29,6 +29,7 @@
 #include "orochi/base/crash_record.h"
 #include "orochi/packaging/model_key.h"
 #include "orochi/server/server.h"
+#include "supervisor_shield.h"
 
 namespace orochi::server {
 namespace {
@@ -86,10 +87,15 @@ struct Report {
 
 // Reads everything the serving process wrote: "ready" once it serves, and a crash line if it
 // died of a fatal signal (see crash_record.h).
+// Model code can write to the pipe too (its descriptor is in /proc/self/fd): what one call
+// reads is bounded, as are the frames kept, so that a writer as fast as this reader neither
+// keeps it here nor grows its memory.
 Report ReadReport(int fd, Report report) {
+  constexpr size_t kMostBytesRead = 1 << 16;
+  constexpr size_t kMostFramesKept = 128;
   std::string text;
   char buffer[4096];
-  while (true) {
+  while (text.size() < kMostBytesRead) {
     const ssize_t got = ::read(fd, buffer, sizeof(buffer));
     if (got <= 0) break;
     text.append(buffer, static_cast<size_t>(got));
@@ -99,7 +105,8 @@ Report ReadReport(int fd, Report report) {
   while (std::getline(lines, line)) {
     if (line == "ready") {
       report.ready = true;
-    } else if (!report.crash.empty() && line.starts_with("  File ")) {
+    } else if (!report.crash.empty() && line.starts_with("  File ") &&
+               report.python_stack.size() < kMostFramesKept) {
       report.python_stack.push_back(line.substr(2));
     } else if (line.starts_with("crash ")) {
       std::istringstream fields(line.substr(6));
@@ -192,6 +199,7 @@ class Supervisor {
   Result<int> Run() {
     OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config_));
     ConfigureLog(config_.log.level, config_.log.format);
+    HideSupervisorMemory();
     OROCHI_ASSIGN_OR_RETURN(inherited_.inference_fd,
                             BindListener(config_.http.bind_address, config_.http.inference_port));
     OROCHI_ASSIGN_OR_RETURN(inherited_.metrics_fd,
@@ -232,6 +240,7 @@ class Supervisor {
       }
       const Clock::time_point started = Clock::now();
       const pid_t supervisor = ::getpid();
+      const pid_t supervisor_group = ::getpgrp();
       const pid_t child = ::fork();
       if (child < 0) {
         return Internal(std::string("cannot start the serving process: ") + std::strerror(errno));
@@ -242,7 +251,7 @@ class Supervisor {
         ::close(report_pipe[0]);
         ::close(signals_);
         ::pthread_sigmask(SIG_SETMASK, &original, nullptr);
-        ServeInChild(report_pipe[1], supervisor);  // does not return
+        ServeInChild(report_pipe[1], supervisor, supervisor_group);  // does not return
       }
       ::close(report_pipe[1]);
       ::fcntl(report_pipe[0], F_SETFL, O_NONBLOCK);
@@ -314,7 +323,7 @@ class Supervisor {
   }
 
  private:
-  [[noreturn]] void ServeInChild(int report_fd, pid_t supervisor) {
+  [[noreturn]] void ServeInChild(int report_fd, pid_t supervisor, pid_t supervisor_group) {
     // If the supervisor is killed outright, the serving process must not linger on its ports.
     // SIGINT, not SIGTERM: it skips http.shutdown_delay_s (nothing routes here by then that
     // waiting would help) and goes straight to the drain.
@@ -326,6 +335,14 @@ class Supervisor {
     // The supervisor may have gone before the request above took effect. (It may be PID 1 itself,
     // in a container: compare with its pid, not with init's.)
     if (::getppid() != supervisor) std::_Exit(1);
+    // Never blocks: a pipe that model code filled loses the crash record, not the restart.
+    ::fcntl(report_fd, F_SETFL, O_NONBLOCK);
+    // Before any model code: from here no call of this process or of what it starts can signal
+    // the supervisor (supervisor_shield.h).
+    if (Status shielded = ShieldSupervisorFrom(supervisor, supervisor_group); !shielded.ok()) {
+      Log(LogLevel::kWarning, "model code can signal the supervisor",
+          {{"reason", shielded.message()}});
+    }
     InstallCrashRecorder(report_fd);
     Result<std::unique_ptr<Server>> started = Server::Start(config_, inherited_);
     if (!started.ok()) {

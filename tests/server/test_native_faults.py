@@ -236,7 +236,7 @@ class StoppedProcessTest(FaultsTest):
 
 class StopSignalFromModelCodeTest(FaultsTest):
     """A model cannot decide when the server stops: SIGTERM to its own process costs a restart,
-    SIGTERM to the supervisor is ignored."""
+    and no signal of its code reaches the supervisor (supervisor_shield.h)."""
 
     def hostile(self, server, mode):
         return post_json(server, "/v2/models/hostile/infer", {"inputs": [
@@ -257,24 +257,46 @@ class StopSignalFromModelCodeTest(FaultsTest):
         finally:
             self.assertEqual(server.stop(), 0)
 
-    def test_a_sigterm_to_the_supervisor_is_ignored(self):
+    def test_a_sigterm_to_the_supervisor_is_refused(self):
+        # Once it reached the supervisor, which stopped the server; then the supervisor ignored
+        # it by its sender. Now the call itself fails, and the model's error says so.
         pack_model(self.repository, "hostile")
         server = Server(self.repository, {}, copies=1)
         try:
             first = server.serving_pid
             status, _, body = self.hostile(server, "terminate_supervisor")
-            self.assertEqual(status, 200, body)
-            deadline = time.time() + 10
-            while "is ignored" not in server.log_text() and time.time() < deadline:
-                time.sleep(0.05)
-            self.assertIn("a stop signal from the serving process itself is ignored "
-                          "signal=SIGTERM", server.log_text())
+            self.assertEqual(status, 500, body)
+            self.assertIn(b"PermissionError: [Errno 1] Operation not permitted", body)
             time.sleep(0.5)
             self.assertIsNone(server.process.poll(), "the server stopped")
             self.assertEqual(server.serving_pid, first)
             self.assert_echo_serves(server)
         finally:
             self.assertEqual(server.stop(), 0, "SIGTERM from outside still stops it")
+
+    def test_no_call_of_model_code_reaches_the_supervisor(self):
+        # Once, os.kill(os.getppid(), signal.SIGKILL) ended the server past any restart.
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1)
+        try:
+            first = server.serving_pid
+            status, _, body = self.hostile(server, "signal_supervisor")
+            self.assertEqual(status, 200, body)
+            refused = dict(zip(["kill(supervisor, 0)", "kill(-1, 0)", "killpg(its group, 0)",
+                                "pidfd_open(supervisor)", "prlimit(supervisor)",
+                                "sh -c 'kill -0 supervisor'", "kill(supervisor, SIGKILL)",
+                                "kill(itself, 0)", "kill(0, 0)"],
+                               json.loads(body)["outputs"][0]["data"]))
+            self.assertEqual(refused, {
+                "kill(supervisor, 0)": 1, "kill(-1, 0)": 1, "killpg(its group, 0)": 1,
+                "pidfd_open(supervisor)": 1, "prlimit(supervisor)": 1,
+                "sh -c 'kill -0 supervisor'": 1, "kill(supervisor, SIGKILL)": 1,
+                "kill(itself, 0)": 0, "kill(0, 0)": 0})
+            self.assertIsNone(server.process.poll(), "the supervisor died")
+            self.assertEqual(server.serving_pid, first)
+            self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
 
 
 class DescriptorExhaustionTest(FaultsTest):

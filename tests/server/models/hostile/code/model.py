@@ -6,6 +6,44 @@ import os
 import sys
 
 
+def refused(attempt) -> float:
+    """1.0 if the attempt failed with EPERM, 0.0 if it went through."""
+    try:
+        attempt()
+    except PermissionError:
+        return 1.0
+    return 0.0
+
+
+def supervisor_reach() -> list:
+    """Probes (signal 0 and reads, which change nothing where they go through), then SIGKILL."""
+    import resource
+    import signal
+    supervisor = os.getppid()
+    group = os.getpgid(supervisor)
+    probes = [
+        lambda: os.kill(supervisor, 0),
+        lambda: os.kill(-1, 0),  # every process of the user
+        lambda: os.killpg(group, 0),
+        lambda: os.close(os.pidfd_open(supervisor)),
+        lambda: resource.prlimit(supervisor, resource.RLIMIT_NOFILE),
+        # What a model starts has the filter too: a shell's own kill.
+        lambda: shell_kill(supervisor),
+    ]
+    results = [refused(probe) for probe in probes]
+    results.append(refused(lambda: os.kill(supervisor, signal.SIGKILL)))
+    # Its own process and group stay reachable.
+    results.append(refused(lambda: os.kill(os.getpid(), 0)))
+    results.append(refused(lambda: os.kill(0, 0)))
+    return results
+
+
+def shell_kill(pid):
+    import subprocess
+    if subprocess.run(["sh", "-c", f"kill -0 {pid} 2>/dev/null"], check=False).returncode != 0:
+        raise PermissionError("the shell's kill was refused")
+
+
 class Hostile:
     def __init__(self, context):
         pass
@@ -54,6 +92,8 @@ class Hostile:
         elif mode == "terminate_supervisor":
             import signal
             os.kill(os.getppid(), signal.SIGTERM)
+        elif mode == "signal_supervisor":  # every way to reach the supervisor by its pid
+            return {"out": supervisor_reach()}
         elif mode == "stop_process":  # freezes the whole process; nothing in it can continue it
             import signal
             os.kill(os.getpid(), signal.SIGSTOP)

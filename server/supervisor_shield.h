@@ -1,0 +1,38 @@
+// What keeps model code from stopping the supervisor. Both processes run as one user, so
+// without this a model could end the whole server past any restart with one call:
+// os.kill(os.getppid(), signal.SIGKILL), or SIGSTOP, or kill(-1) (every process of the user),
+// or shrink the supervisor's limits with prlimit until the kernel kills it.
+//
+// The serving process installs a seccomp filter, inherited by every process its models start,
+// that refuses (EPERM, as the kernel refuses a signal to another user's process) the calls that
+// reach another process by pid when that pid is the supervisor's, its process group, or "every
+// process": kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_open, prlimit64,
+// ptrace, process_vm_readv and process_vm_writev. pidfd_send_signal is refused whatever its
+// target, since a pidfd can be had from an open /proc/<pid> directory, which no filter sees.
+// Signals to the serving process's own group, to processes its models forked and to any other
+// process go through unchanged. The supervisor makes itself non-dumpable, which closes
+// /proc/<pid>/mem and ptrace to processes of the same user that lack CAP_SYS_PTRACE.
+//
+// What the filter cannot see is listed in docs/HARDENING.md: the supervisor's files, the
+// machine's other processes, the user's other limits.
+#pragma once
+
+#include <sys/types.h>
+
+#include "orochi/base/status.h"
+
+namespace orochi::server {
+
+// In the supervisor, before its first fork: makes the supervisor non-dumpable. The serving
+// process sets itself dumpable again (ShieldSupervisorFrom), so its core dumps and /proc
+// entries are as they would be.
+void HideSupervisorMemory();
+
+// In the serving process, right after the fork and before any model code runs: installs the
+// filter described above for `supervisor` and `supervisor_group` (its process group). The
+// calling process must be single-threaded, so that every thread it starts has the filter.
+// Unimplemented on a processor the filter is not written for; Internal if the kernel refuses
+// the filter (a kernel without seccomp, a container runtime that forbids it).
+Status ShieldSupervisorFrom(pid_t supervisor, pid_t supervisor_group);
+
+}  // namespace orochi::server
