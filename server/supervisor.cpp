@@ -109,6 +109,10 @@ Report ReadReport(int fd, Report report) {
                report.python_stack.size() < kMostFramesKept) {
       report.python_stack.push_back(line.substr(2));
     } else if (line.starts_with("crash ")) {
+      // The last line wins whole: the dying process's own comes after anything model code
+      // wrote to the pipe before it.
+      report.crash.clear();
+      report.python_stack.clear();
       std::istringstream fields(line.substr(6));
       std::string field;
       while (fields >> field) {
@@ -382,7 +386,12 @@ class Supervisor {
       auto found = report.crash.find(name);
       return found != report.crash.end() ? found->second : std::string();
     };
-    const std::string model_key = field("model");
+    // A record is the process's only if the handler could have written it and it names the
+    // signal the process died of: a line that model code wrote before killing its process some
+    // other way (SIGKILL, which no handler sees) must not put its crash on another model.
+    const bool recorded = WIFSIGNALED(status) && IsRecordedSignal(WTERMSIG(status)) &&
+                          field("signal") == std::to_string(WTERMSIG(status));
+    const std::string model_key = recorded ? field("model") : std::string();
     if (!model_key.empty()) {
       fields.push_back({"model", model_key});
       fields.push_back({"copy", field("copy"), false});

@@ -298,6 +298,23 @@ class StopSignalFromModelCodeTest(FaultsTest):
         finally:
             self.assertEqual(server.stop(), 0)
 
+    def test_a_forged_crash_record_blames_nobody(self):
+        # The record is trusted only when it names the signal its process died of, and a
+        # SIGKILL leaves none: the forged line naming echo was once counted against echo.
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1)
+        try:
+            first = server.serving_pid
+            self.hostile(server, "forge_crash_record")
+            server.wait_for_serving(2)
+            self.assertNotEqual(server.serving_pid, first)
+            self.assertIn("the serving process died; restarting it signal=SIGKILL restarts=1",
+                          server.log_text())
+            self.assertIn('orochi_model_crashes_total{model="echo"} 0\n', metrics_text(server))
+            self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
 
 class DescriptorExhaustionTest(FaultsTest):
 

@@ -94,6 +94,17 @@ class Hostile:
             os.kill(os.getppid(), signal.SIGTERM)
         elif mode == "signal_supervisor":  # every way to reach the supervisor by its pid
             return {"out": supervisor_reach()}
+        elif mode == "forge_crash_record":  # blames echo, then dies where no handler sees it
+            import signal
+            import stat
+            for name in os.listdir("/proc/self/fd"):
+                fd = int(name)
+                try:
+                    if fd > 2 and stat.S_ISFIFO(os.fstat(fd).st_mode):
+                        os.write(fd, b"crash signal=9 model=echo:1 copy=0 activity=predict\n")
+                except OSError:
+                    pass
+            os.kill(os.getpid(), signal.SIGKILL)
         elif mode == "stop_process":  # freezes the whole process; nothing in it can continue it
             import signal
             os.kill(os.getpid(), signal.SIGSTOP)
