@@ -45,7 +45,11 @@ class Hangs:
 '''
 
 # Its predict gets stuck in C past its deadline, after leaving a mark: the copy is replaced, and
-# reloading the model into the fresh copy runs an __init__ that, seeing the mark, never returns.
+# reloading the model into the fresh copy runs an __init__ that, seeing the mark, never returns
+# (`hang`: Python that an interrupt ends, or C code that it does not reach).
+PYTHON_HANG = """while True:
+                pass"""
+C_HANG = "ctypes.CDLL('libc.so.6').sleep(30)"
 HANGS_ON_RELOAD = '''
 import ctypes
 import os
@@ -56,8 +60,7 @@ MARK = {mark!r}
 class Hangs:
     def __init__(self, context):
         if os.path.exists(MARK):
-            while True:  # Python that never returns unless interrupted
-                pass
+            {hang}
 
     def predict(self, inputs):
         open(MARK, "w").close()
@@ -346,7 +349,7 @@ class ReloadTimeoutTest(FaultsTest):
         mark = os.path.join(self.root, "stuck-once")
         target = os.path.join(self.repository, "reloadhang", "1")
         os.makedirs(target)
-        shutil.copy(pack_variant(self.root, "reloadhang", HANGS_ON_RELOAD.format(mark=mark)),
+        shutil.copy(pack_variant(self.root, "reloadhang", HANGS_ON_RELOAD.format(mark=mark, hang=PYTHON_HANG)),
                     os.path.join(target, "model.orochi"))
         config = {"models": {"load_timeout_s": 1, "execution_grace_ms": 300}}
         server = Server(self.repository, config, copies=1)
@@ -367,6 +370,40 @@ class ReloadTimeoutTest(FaultsTest):
                                                 r"model=reloadhang:1 .*did not finish within "
                                                 r"the load timeout of 1000 ms")
             # Unloading it waits for nothing stuck either.
+            began = time.time()
+            status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
+                                   "/v2/repository/models/reloadhang/unload")
+            self.assertEqual(status, 200, body)
+            self.assertLess(time.time() - began, 5)
+            self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_a_reload_stuck_in_c_code_costs_one_copy_and_not_the_slot(self):
+        mark = os.path.join(self.root, "stuck-once")
+        target = os.path.join(self.repository, "reloadhang", "1")
+        os.makedirs(target)
+        shutil.copy(pack_variant(self.root, "reloadhang",
+                                 HANGS_ON_RELOAD.format(mark=mark, hang=C_HANG)),
+                    os.path.join(target, "model.orochi"))
+        config = {"models": {"load_timeout_s": 1, "execution_grace_ms": 300}}
+        server = Server(self.repository, config, copies=1)
+        try:
+            status, _, body = post_json(server, "/v2/models/reloadhang/infer",
+                                        slow_request("sleep", 0, timeout_us=200_000))
+            self.assertEqual(status, 504, body)
+            # The reload into the fresh copy is stuck in C, where the interrupt does not reach:
+            # past the load timeout and the grace, that copy is replaced too, without the model
+            # (once, the slot served nothing for as long as the C call lasted, maybe for good).
+            self.assert_echo_serves(server, within_s=5)
+            self.assertIn("reloading a model got stuck past the load timeout; its copy was "
+                          "replaced without it copy=0 model=reloadhang:1 load_timeout_ms=1000",
+                          server.log_text())
+            status, _, body = post_json(server, "/v2/models/reloadhang/infer",
+                                        slow_request("sleep", 0))
+            self.assertEqual(status, 503, body)
+            self.assertIn(b"is not loaded into it again", body)
+            self.assertNotIn(b"the load is retried", body)
             began = time.time()
             status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
                                    "/v2/repository/models/reloadhang/unload")
