@@ -263,12 +263,14 @@ class Supervisor {
       bool stopping = false;
       Report report;
       while (true) {
-        const int signal_number = Wait(std::nullopt);
-        if ((signal_number == SIGTERM || signal_number == SIGINT) && FromServingProcess(child)) {
-          // Model code (os.kill(os.getppid(), SIGTERM)) does not decide when the server stops.
+        const auto [signal_number, sender] = Wait(std::nullopt);
+        if ((signal_number == SIGTERM || signal_number == SIGINT) &&
+            FromServingProcess(sender, child)) {
+          // Model code does not decide when the server stops. (Its calls cannot reach the
+          // supervisor where the seccomp filter is in place: this is for where it is not.)
           Log(LogLevel::kWarning, "a stop signal from the serving process itself is ignored",
               {{"signal", SignalName(signal_number)},
-               {"sender_pid", std::to_string(last_sender_), false}});
+               {"sender_pid", std::to_string(sender), false}});
           continue;
         }
         if (signal_number == SIGTERM || signal_number == SIGINT) {
@@ -429,7 +431,11 @@ class Supervisor {
 
   // Waits for a signal (returned), logging the serving process's output meanwhile; with a
   // `timeout`, 0 when it passes first.
-  int Wait(std::optional<std::chrono::milliseconds> timeout) {
+  struct Signal {
+    int number = 0;  // 0: the timeout passed first
+    pid_t sender = 0;
+  };
+  Signal Wait(std::optional<std::chrono::milliseconds> timeout) {
     const Clock::time_point until = Clock::now() + timeout.value_or(std::chrono::milliseconds(0));
     while (true) {
       pollfd watched[] = {
@@ -440,22 +446,21 @@ class Supervisor {
             0,
             std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count()));
       }
-      if (::poll(watched, 3, wait_ms) < 0 && errno != EINTR) return 0;
+      if (::poll(watched, 3, wait_ms) < 0 && errno != EINTR) return {};
       if ((watched[1].revents & POLLIN) != 0) stdout_.Drain();
       if ((watched[2].revents & POLLIN) != 0) stderr_.Drain();
       signalfd_siginfo info{};
       if (::read(signals_, &info, sizeof(info)) == sizeof(info)) {
-        last_sender_ = static_cast<pid_t>(info.ssi_pid);
-        return static_cast<int>(info.ssi_signo);
+        return {static_cast<int>(info.ssi_signo), static_cast<pid_t>(info.ssi_pid)};
       }
-      if (timeout && Clock::now() >= until) return 0;
+      if (timeout && Clock::now() >= until) return {};
     }
   }
 
-  // Whether the last signal came from the serving process `child` or a process of its group
-  // (what its models forked).
-  bool FromServingProcess(pid_t child) const {
-    return last_sender_ > 0 && (last_sender_ == child || ::getpgid(last_sender_) == child);
+  // Whether `sender` is the serving process `child` or a process of its group (what its models
+  // forked).
+  static bool FromServingProcess(pid_t sender, pid_t child) {
+    return sender > 0 && (sender == child || ::getpgid(sender) == child);
   }
 
   // Sleeps `delay` unless SIGTERM or SIGINT comes first (true then: stop).
@@ -463,7 +468,7 @@ class Supervisor {
     const Clock::time_point until = Clock::now() + delay;
     while (Clock::now() < until) {
       const int signal_number =
-          Wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
+          Wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now())).number;
       if (signal_number == SIGTERM || signal_number == SIGINT) return true;
     }
     return false;
@@ -472,7 +477,6 @@ class Supervisor {
   const ServerConfig config_;
   Inheritance inherited_;
   int signals_ = -1;               // a signalfd for SIGTERM, SIGINT and SIGCHLD
-  pid_t last_sender_ = 0;          // of the signal Wait returned last
   int stdout_pipe_[2] = {-1, -1};  // the serving process's descriptor 1, once it serves
   int stderr_pipe_[2] = {-1, -1};  // and 2
   DescriptorOutput stdout_{&stdout_pipe_[0], "stdout"};
