@@ -279,16 +279,7 @@ class Supervisor {
           continue;
         }
         report = ReadReport(report_pipe[0], report);  // keep the pipe from filling
-        const pid_t waited = ::waitpid(child, &status, WNOHANG | WUNTRACED);
-        if (waited == child && WIFSTOPPED(status)) {
-          // Stopped from inside (model code's os.kill(os.getpid(), SIGSTOP)): nobody would
-          // continue it, and a stopped process holds every port and answers nothing.
-          Log(LogLevel::kWarning, "the serving process was stopped; continuing it",
-              {{"signal", SignalName(WSTOPSIG(status))}});
-          ::kill(child, SIGCONT);
-          continue;
-        }
-        if (waited == child) break;
+        if (ReapChildren(child, status)) break;
       }
       // What model code forked and left behind (a child deadlocked on a lock the fork copied,
       // say) must not outlive the process it came from, nor hold what it inherited.
@@ -372,6 +363,29 @@ class Supervisor {
     const int code = (*started)->Run();
     started->reset();
     std::exit(code);
+  }
+
+  // Reaps what ended among the supervisor's children: true, with its `status`, when the
+  // serving process `child` did. Any other child is reaped and forgotten (one that model code
+  // made the supervisor's with CLONE_PARENT, where the filter does not stop it), so that none
+  // stays a zombie. A serving process stopped from inside (model code's
+  // os.kill(os.getpid(), SIGSTOP)) is continued: nobody else would, and a stopped process holds
+  // every port and answers nothing.
+  static bool ReapChildren(pid_t child, int& status) {
+    while (true) {
+      int reaped_status = 0;
+      const pid_t reaped = ::waitpid(-1, &reaped_status, WNOHANG | WUNTRACED);
+      if (reaped <= 0) return false;
+      if (reaped != child) continue;
+      if (WIFSTOPPED(reaped_status)) {
+        Log(LogLevel::kWarning, "the serving process was stopped; continuing it",
+            {{"signal", SignalName(WSTOPSIG(reaped_status))}});
+        ::kill(child, SIGCONT);
+        continue;
+      }
+      status = reaped_status;
+      return true;
+    }
   }
 
   // Logs the death of a serving process and keeps the books for the next one.

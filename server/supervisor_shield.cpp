@@ -2,6 +2,7 @@
 
 #include <linux/audit.h>
 #include <linux/filter.h>
+#include <linux/sched.h>
 #include <linux/seccomp.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -71,6 +72,17 @@ std::vector<sock_filter> Compile(const std::vector<Rule>& rules) {
     program.push_back(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, kForeignCallBit, 0, 1));
     program.push_back(Return(kRefuse));
   }
+  // clone with CLONE_PARENT makes a child of the supervisor, which it would never reap: a loop
+  // of them fills the pid table with zombies. clone3 passes its flags in memory, which a filter
+  // cannot read: ENOSYS makes the C library fall back to clone (as container runtimes do).
+  program.push_back(JumpIfEqual(static_cast<uint32_t>(SYS_clone), 0, 3));
+  program.push_back(Load(ArgumentLowWord(0)));
+  // NOLINTNEXTLINE(hicpp-signed-bitwise)
+  program.push_back(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_PARENT, 0, 1));
+  program.push_back(Return(kRefuse));
+  program.push_back(Load(offsetof(seccomp_data, nr)));
+  program.push_back(JumpIfEqual(static_cast<uint32_t>(SYS_clone3), 0, 1));
+  program.push_back(Return(SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)));
   for (const Rule& rule : rules) {
     // The block after the call's test: [load the argument, one test per refused value, allow],
     // then refuse; or only refuse.

@@ -8,7 +8,9 @@
 // reach another process by pid when that pid is the supervisor's, its process group, or "every
 // process": kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_open, prlimit64,
 // ptrace, process_vm_readv and process_vm_writev. pidfd_send_signal is refused whatever its
-// target, since a pidfd can be had from an open /proc/<pid> directory, which no filter sees.
+// target, since a pidfd can be had from an open /proc/<pid> directory, which no filter sees;
+// so is clone with CLONE_PARENT (a child of the supervisor's, a zombie it would keep), and
+// clone3 answers ENOSYS (its flags are out of a filter's sight; the C library then uses clone).
 // Signals to the serving process's own group, to processes its models forked and to any other
 // process go through unchanged. The supervisor makes itself non-dumpable, which closes
 // /proc/<pid>/mem and ptrace to processes of the same user that lack CAP_SYS_PTRACE.

@@ -16,7 +16,7 @@ import tempfile
 import time
 import unittest
 
-from server_fixtures import (Server, curl, echo_request, metrics_text, pack_model,
+from server_fixtures import (Server, child_pids, curl, echo_request, metrics_text, pack_model,
                              pack_repository, pack_variant, post_json, slow_request,
                              start_upload)
 
@@ -287,16 +287,19 @@ class StopSignalFromModelCodeTest(FaultsTest):
             self.assertEqual(status, 200, body)
             refused = dict(zip(["kill(supervisor, 0)", "kill(-1, 0)", "killpg(its group, 0)",
                                 "pidfd_open(supervisor)", "prlimit(supervisor)",
-                                "sh -c 'kill -0 supervisor'", "kill(supervisor, SIGKILL)",
+                                "sh -c 'kill -0 supervisor'", "clone(CLONE_PARENT)",
+                                "kill(supervisor, SIGKILL)",
                                 "kill(itself, 0)", "kill(0, 0)"],
                                json.loads(body)["outputs"][0]["data"]))
             self.assertEqual(refused, {
                 "kill(supervisor, 0)": 1, "kill(-1, 0)": 1, "killpg(its group, 0)": 1,
                 "pidfd_open(supervisor)": 1, "prlimit(supervisor)": 1,
-                "sh -c 'kill -0 supervisor'": 1, "kill(supervisor, SIGKILL)": 1,
+                "sh -c 'kill -0 supervisor'": 1, "clone(CLONE_PARENT)": 1,
+                "kill(supervisor, SIGKILL)": 1,
                 "kill(itself, 0)": 0, "kill(0, 0)": 0})
             self.assertIsNone(server.process.poll(), "the supervisor died")
             self.assertEqual(server.serving_pid, first)
+            self.assertEqual(child_pids(server.process.pid), [first], "a stray child")
             self.assert_echo_serves(server)
         finally:
             self.assertEqual(server.stop(), 0)

@@ -29,6 +29,7 @@ def supervisor_reach() -> list:
         lambda: resource.prlimit(supervisor, resource.RLIMIT_NOFILE),
         # What a model starts has the filter too: a shell's own kill.
         lambda: shell_kill(supervisor),
+        clone_parent,
     ]
     results = [refused(probe) for probe in probes]
     results.append(refused(lambda: os.kill(supervisor, signal.SIGKILL)))
@@ -36,6 +37,19 @@ def supervisor_reach() -> list:
     results.append(refused(lambda: os.kill(os.getpid(), 0)))
     results.append(refused(lambda: os.kill(0, 0)))
     return results
+
+
+def clone_parent():
+    """A child of the supervisor's (clone with CLONE_PARENT), which exits at once."""
+    import ctypes
+    import platform
+    clone = {"x86_64": 56, "aarch64": 220}[platform.machine()]
+    libc = ctypes.CDLL(None, use_errno=True)
+    pid = libc.syscall(clone, 0x8000 | 17, 0, 0, 0, 0)  # CLONE_PARENT | SIGCHLD, fork-like
+    if pid == 0:
+        os._exit(0)
+    if pid < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 
 def shell_kill(pid):
