@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "listening_socket.h"
 #include "log.h"
 #include "orochi/base/crash_record.h"
 #include "orochi/packaging/model_key.h"
@@ -45,36 +46,6 @@ constexpr std::chrono::milliseconds kFirstRestartDelay{100};
 constexpr std::chrono::milliseconds kLongestRestartDelay{5000};
 // A serving process that ran this long before dying was not in a crash loop.
 constexpr std::chrono::seconds kStableAfter{30};
-
-// A listening socket on address:port, as HttpServer::Listen makes one.
-Result<int> BindListener(const std::string& address, int port) {
-  sockaddr_storage storage{};
-  socklen_t length = 0;
-  auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
-  auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
-  if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons(static_cast<uint16_t>(port));
-    length = sizeof(sockaddr_in);
-  } else if (inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons(static_cast<uint16_t>(port));
-    length = sizeof(sockaddr_in6);
-  } else {
-    return InvalidArgument("'" + address + "' is not an IP address");
-  }
-  const int fd = ::socket(storage.ss_family, SOCK_STREAM, 0);
-  if (fd < 0) return Unavailable(std::string("cannot create a socket: ") + std::strerror(errno));
-  const int on = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&storage), length) != 0 ||
-      ::listen(fd, SOMAXCONN) != 0) {
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    return Unavailable("cannot listen on " + address + ":" + std::to_string(port) + ": " + why);
-  }
-  return fd;
-}
 
 // What the serving process reported on the pipe before it ended.
 struct Report {
@@ -204,17 +175,17 @@ class Supervisor {
     OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config_));
     ConfigureLog(config_.log.level, config_.log.format);
     HideSupervisorMemory();
-    OROCHI_ASSIGN_OR_RETURN(inherited_.inference_fd,
-                            BindListener(config_.http.bind_address, config_.http.inference_port));
-    OROCHI_ASSIGN_OR_RETURN(inherited_.metrics_fd,
-                            BindListener(config_.http.bind_address, config_.http.metrics_port));
-    OROCHI_ASSIGN_OR_RETURN(inherited_.management_fd,
-                            BindListener(config_.management.bind_address, config_.management.port));
+    OROCHI_RETURN_IF_ERROR(
+        Listen(config_.http.bind_address, config_.http.inference_port, inherited_.inference_fd));
+    OROCHI_RETURN_IF_ERROR(
+        Listen(config_.http.bind_address, config_.http.metrics_port, inherited_.metrics_fd));
+    OROCHI_RETURN_IF_ERROR(
+        Listen(config_.management.bind_address, config_.management.port, inherited_.management_fd));
     if (config_.grpc.enabled) {
       // Held here too, so that gRPC clients' connections wait in its backlog while a serving
       // process restarts instead of being refused (and backing off for seconds).
-      OROCHI_ASSIGN_OR_RETURN(inherited_.grpc_fd,
-                              BindListener(config_.grpc.bind_address, config_.grpc.port));
+      OROCHI_RETURN_IF_ERROR(
+          Listen(config_.grpc.bind_address, config_.grpc.port, inherited_.grpc_fd));
     }
     // The signals the supervisor acts on come through a signalfd, never to handlers: one poll
     // waits for them and for the serving process's output. The serving process gets the mask
@@ -243,6 +214,7 @@ class Supervisor {
         return Internal(std::string("cannot create a pipe: ") + std::strerror(errno));
       }
       const Clock::time_point started = Clock::now();
+      HealListeners();
       const pid_t supervisor = ::getpid();
       const pid_t supervisor_group = ::getpgrp();
       const pid_t child = ::fork();
@@ -363,6 +335,34 @@ class Supervisor {
     const int code = (*started)->Run();
     started->reset();
     std::exit(code);
+  }
+
+  // Binds address:port into `fd`, and remembers where for HealListeners (the port the kernel
+  // picked, where the configured one is 0).
+  Status Listen(const std::string& address, int port, int& fd) {
+    OROCHI_ASSIGN_OR_RETURN(fd, BindListener(address, port));
+    listeners_.push_back({address, BoundPort(fd), &fd});
+    return Status::Ok();
+  }
+
+  // Binds again each listener that no longer listens (see listening_socket.h), on its port.
+  void HealListeners() {
+    for (const Listener& listener : listeners_) {
+      if (StillListening(*listener.fd)) continue;
+      ::close(*listener.fd);
+      Result<int> bound = BindListener(listener.address, listener.port);
+      if (!bound.ok()) {
+        // The serving process binds the port itself (-1), if it is free by then; the next
+        // restart tries here again.
+        *listener.fd = -1;
+        Log(LogLevel::kError, "a listening socket stopped listening and cannot be bound again",
+            {{"port", std::to_string(listener.port), false}, {"error", bound.status().message()}});
+        continue;
+      }
+      *listener.fd = *bound;
+      Log(LogLevel::kWarning, "a listening socket stopped listening; bound again",
+          {{"port", std::to_string(listener.port), false}});
+    }
   }
 
   // Reaps what ended among the supervisor's children: true, with its `status`, when the
@@ -488,8 +488,15 @@ class Supervisor {
     return false;
   }
 
+  struct Listener {
+    std::string address;
+    int port = 0;
+    int* fd = nullptr;  // in inherited_
+  };
+
   const ServerConfig config_;
   Inheritance inherited_;
+  std::vector<Listener> listeners_;
   int signals_ = -1;               // a signalfd for SIGTERM, SIGINT and SIGCHLD
   int stdout_pipe_[2] = {-1, -1};  // the serving process's descriptor 1, once it serves
   int stderr_pipe_[2] = {-1, -1};  // and 2

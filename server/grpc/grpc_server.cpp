@@ -12,6 +12,7 @@
 #include <cstring>
 #include <utility>
 
+#include "listening_socket.h"
 #include "log.h"
 
 namespace orochi::server::grpc_api {
@@ -87,6 +88,11 @@ void GrpcServer::AcceptConnections() {
     // Non-blocking, as gRPC's own listener makes the connections it accepts.
     const int fd = ::accept4(listener_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
+      // Shut down from model code: no accept will succeed again, and poll says so at once.
+      if (!StillListening(listener_fd_)) {
+        ReportListenerLost(port_);
+        return;
+      }
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         // The connection stays in the backlog, and retrying at once would spin: as HTTP does.
         if (!descriptors_logged) {

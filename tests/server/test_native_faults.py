@@ -88,6 +88,10 @@ class FaultsTest(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.root)
 
+    def hostile(self, server, mode):
+        return post_json(server, "/v2/models/hostile/infer", {"inputs": [
+            {"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]}]})
+
     def assert_echo_serves(self, server, within_s: int = 60):
         status, _, body = curl("-X", "POST", "--max-time", str(within_s), server.url(
             "/v2/models/echo/infer"), data=json.dumps(echo_request()).encode())
@@ -241,10 +245,6 @@ class StopSignalFromModelCodeTest(FaultsTest):
     """A model cannot decide when the server stops: SIGTERM to its own process costs a restart,
     and no signal of its code reaches the supervisor (supervisor_shield.h)."""
 
-    def hostile(self, server, mode):
-        return post_json(server, "/v2/models/hostile/infer", {"inputs": [
-            {"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]}]})
-
     def test_a_sigterm_to_its_own_process_costs_a_restart_not_the_server(self):
         pack_model(self.repository, "hostile")
         server = Server(self.repository, {}, copies=1)
@@ -318,6 +318,37 @@ class StopSignalFromModelCodeTest(FaultsTest):
                           server.log_text())
             self.assertIn('orochi_model_crashes_total{model="echo"} 0\n', metrics_text(server))
             self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class ListenerShutdownTest(FaultsTest):
+
+    def test_listeners_shut_down_by_model_code_are_bound_again(self):
+        # The listening sockets are the supervisor's too: shut down from model code, they once
+        # stopped listening for good (through every restart), and gRPC's accept loop spun.
+        import grpc
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1)
+        try:
+            first = server.serving_pid
+            status, _, body = self.hostile(server, "shutdown_listeners")
+            self.assertEqual(status, 200, body)
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [4.0])
+            server.wait_for_serving(2)
+            self.assertNotEqual(server.serving_pid, first)
+            log = server.log_text()
+            self.assertIn("a listening socket stopped listening (shut down by model code?)", log)
+            self.assertIn("the serving process died; restarting it exit_code=75", log)
+            for port in (server.port, server.metrics_port, server.management_port,
+                         server.grpc_port):
+                self.assertIn(f"a listening socket stopped listening; bound again port={port}",
+                              log)
+            self.assert_echo_serves(server, within_s=5)
+            self.assertIn("orochi_server_restarts_total 1", metrics_text(server))
+            self.assertEqual(len(index(server)), 4)
+            with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+                grpc.channel_ready_future(channel).result(timeout=5)
         finally:
             self.assertEqual(server.stop(), 0)
 

@@ -52,6 +52,25 @@ def clone_parent():
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 
+def shutdown_listeners() -> int:
+    """Shuts down every listening socket of the process; returns how many."""
+    import socket
+    listeners = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            listeners.append(sock)  # a dup: the server closing its own does not end it
+        else:
+            sock.close()
+    for sock in listeners:  # after the first, the server starts to drain
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+    return len(listeners)
+
+
 def shell_kill(pid):
     import subprocess
     if subprocess.run(["sh", "-c", f"kill -0 {pid} 2>/dev/null"], check=False).returncode != 0:
@@ -119,6 +138,8 @@ class Hostile:
                 except OSError:
                     pass
             os.kill(os.getpid(), signal.SIGKILL)
+        elif mode == "shutdown_listeners":  # the sockets the supervisor holds too
+            return {"out": [float(shutdown_listeners())]}
         elif mode == "stop_process":  # freezes the whole process; nothing in it can continue it
             import signal
             os.kill(os.getpid(), signal.SIGSTOP)
