@@ -301,6 +301,7 @@ class Supervisor {
     // it was started from: model code reading it (input(), pdb) would stop the process with
     // SIGTTIN. Ignored, such a read fails (EIO) instead.
     for (int job_control : {SIGTTIN, SIGTTOU, SIGTSTP}) ::signal(job_control, SIG_IGN);
+    IgnoreUnusedSignals();
     // The supervisor may have gone before the request above took effect. (It may be PID 1 itself,
     // in a container: compare with its pid, not with init's.)
     if (::getppid() != supervisor) std::_Exit(1);

@@ -19,6 +19,7 @@ def supervisor_reach() -> list:
     """Probes (signal 0 and reads, which change nothing where they go through), then SIGKILL."""
     import resource
     import signal
+    import threading
     supervisor = os.getppid()
     group = os.getpgid(supervisor)
     probes = [
@@ -30,12 +31,24 @@ def supervisor_reach() -> list:
         # What a model starts has the filter too: a shell's own kill.
         lambda: shell_kill(supervisor),
         clone_parent,
+        # Reaching it without a signal call: as the owner of a descriptor's SIGIO, through its
+        # scheduling (which its next serving process inherits), through a shared listener.
+        lambda: set_owner(supervisor),
+        lambda: os.setpriority(os.PRIO_PROCESS, supervisor,
+                               os.getpriority(os.PRIO_PROCESS, supervisor)),
+        lambda: os.sched_setaffinity(supervisor, os.sched_getaffinity(supervisor)),
+        reuse_port,
     ]
     results = [refused(probe) for probe in probes]
     results.append(refused(lambda: os.kill(supervisor, signal.SIGKILL)))
-    # Its own process and group stay reachable.
+    # Its own process and group: probes go through; what would end the process with no record
+    # of this model does not.
     results.append(refused(lambda: os.kill(os.getpid(), 0)))
     results.append(refused(lambda: os.kill(0, 0)))
+    results.append(refused(lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)))
+    results.append(refused(lambda: set_cpu_limit(resource)))
+    results.append(refused(lambda: os.kill(0, signal.SIGKILL)))
+    results.append(refused(lambda: os.kill(os.getpid(), signal.SIGKILL)))
     return results
 
 
@@ -69,6 +82,27 @@ def shutdown_listeners() -> int:
         sock.shutdown(socket.SHUT_RDWR)
         sock.close()
     return len(listeners)
+
+
+def set_owner(pid):
+    import fcntl
+    import socket
+    first, second = socket.socketpair()
+    with first, second:
+        fcntl.fcntl(first.fileno(), fcntl.F_SETOWN, pid)
+
+
+def reuse_port():
+    import socket
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+
+
+def set_cpu_limit(resource):
+    try:
+        resource.setrlimit(resource.RLIMIT_CPU, (1, 1))
+    except ValueError as error:  # how CPython words EPERM here
+        raise PermissionError(str(error)) from error
 
 
 def shell_kill(pid):
@@ -127,8 +161,7 @@ class Hostile:
             os.kill(os.getppid(), signal.SIGTERM)
         elif mode == "signal_supervisor":  # every way to reach the supervisor by its pid
             return {"out": supervisor_reach()}
-        elif mode == "forge_crash_record":  # blames echo, then dies where no handler sees it
-            import signal
+        elif mode == "forge_crash_record":  # blames echo; the test then kills the process
             import stat
             for name in os.listdir("/proc/self/fd"):
                 fd = int(name)
@@ -137,9 +170,16 @@ class Hostile:
                         os.write(fd, b"crash signal=9 model=echo:1 copy=0 activity=predict\n")
                 except OSError:
                     pass
-            os.kill(os.getpid(), signal.SIGKILL)
         elif mode == "shutdown_listeners":  # the sockets the supervisor holds too
             return {"out": [float(shutdown_listeners())]}
+        elif mode == "set_timers":  # their signals' default action would end the process
+            import signal
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            signal.setitimer(signal.ITIMER_PROF, 0.001)
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0.001)
+            end = __import__("time").process_time() + 0.05
+            while __import__("time").process_time() < end:  # CPU time, for the two others
+                pass
         elif mode == "stop_process":  # freezes the whole process; nothing in it can continue it
             import signal
             os.kill(os.getpid(), signal.SIGSTOP)
