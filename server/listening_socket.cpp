@@ -58,10 +58,15 @@ int BoundPort(int fd) {
   return 0;
 }
 
-bool StillListening(int fd) {
+bool ListenerIntact(int fd) {
   int listening = 0;
-  socklen_t length = sizeof(listening);
-  return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &length) == 0 && listening != 0;
+  int shared = 0;
+  socklen_t length = sizeof(int);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &length) != 0 || listening == 0) {
+    return false;
+  }
+  length = sizeof(int);
+  return ::getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &shared, &length) == 0 && shared == 0;
 }
 
 namespace {
@@ -82,8 +87,8 @@ void ReportListenerLost(int port) {
   {
     std::lock_guard lock(listener_lost_mutex);
     Log(LogLevel::kError,
-        "a listening socket stopped listening (shut down by model code?); the serving process "
-        "exits so that the supervisor binds the port again",
+        "a listening socket was shut down or shared (SO_REUSEPORT) by model code; the serving "
+        "process exits so that the supervisor binds the port again",
         {{"port", std::to_string(port), false}});
     if (listener_lost_reported) return;
     listener_lost_reported = true;

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -175,6 +176,15 @@ class Supervisor {
     OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config_));
     ConfigureLog(config_.log.level, config_.log.format);
     HideSupervisorMemory();
+    // What the serving process's models start and leave behind (setsid() daemons, out of the
+    // group that kill(-child) reaches) becomes the supervisor's child when its parent dies,
+    // rather than init's, so that KillDescendants finds it.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    // Signals a descriptor's owner or the terminal can send, which no seccomp filter sees
+    // coming: none is the supervisor's business, and their default actions end or stop it.
+    for (int unused : {SIGIO, SIGURG, SIGPIPE, SIGTTIN, SIGTTOU, SIGTSTP}) {
+      ::signal(unused, SIG_IGN);
+    }
     OROCHI_RETURN_IF_ERROR(
         Listen(config_.http.bind_address, config_.http.inference_port, inherited_.inference_fd));
     OROCHI_RETURN_IF_ERROR(
@@ -218,6 +228,17 @@ class Supervisor {
       const pid_t supervisor = ::getpid();
       const pid_t supervisor_group = ::getpgrp();
       const pid_t child = ::fork();
+      if (child < 0 && (errno == EAGAIN || errno == ENOMEM) && !first_start) {
+        // Out of processes (the user's limit, a pids cgroup): what the last serving process
+        // left is gone (KillDescendants), so the slots come back; retry rather than end.
+        Log(LogLevel::kError, "cannot start the serving process; retrying",
+            {{"error", std::strerror(errno)}});
+        ::close(report_pipe[0]);
+        ::close(report_pipe[1]);
+        KillDescendants();
+        if (WaitOrStop(std::chrono::milliseconds(500))) return 0;
+        continue;
+      }
       if (child < 0) {
         return Internal(std::string("cannot start the serving process: ") + std::strerror(errno));
       }
@@ -256,6 +277,7 @@ class Supervisor {
       // What model code forked and left behind (a child deadlocked on a lock the fork copied,
       // say) must not outlive the process it came from, nor hold what it inherited.
       ::kill(-child, SIGKILL);
+      KillDescendants();
       report = ReadReport(report_pipe[0], report);
       ::close(report_pipe[0]);
       stdout_.Drain();  // its last words, if it wrote any
@@ -349,20 +371,36 @@ class Supervisor {
   // Binds again each listener that no longer listens (see listening_socket.h), on its port.
   void HealListeners() {
     for (const Listener& listener : listeners_) {
-      if (StillListening(*listener.fd)) continue;
+      if (ListenerIntact(*listener.fd)) continue;
       ::close(*listener.fd);
       Result<int> bound = BindListener(listener.address, listener.port);
       if (!bound.ok()) {
         // The serving process binds the port itself (-1), if it is free by then; the next
         // restart tries here again.
         *listener.fd = -1;
-        Log(LogLevel::kError, "a listening socket stopped listening and cannot be bound again",
+        Log(LogLevel::kError,
+            "a listening socket was shut down or shared and cannot be bound again",
             {{"port", std::to_string(listener.port), false}, {"error", bound.status().message()}});
         continue;
       }
       *listener.fd = *bound;
-      Log(LogLevel::kWarning, "a listening socket stopped listening; bound again",
+      Log(LogLevel::kWarning, "a listening socket was shut down or shared; bound again",
           {{"port", std::to_string(listener.port), false}});
+    }
+  }
+
+  // Kills and reaps every child of the supervisor, the serving process being dead: what its
+  // models left, reparented here (PR_SET_CHILD_SUBREAPER), round after round, since killing a
+  // process reparents its own children here in turn. Bounded, against a fork loop that keeps
+  // pace; what is left then is met again at the next death.
+  static void KillDescendants() {
+    for (int round = 0; round < 1000; ++round) {
+      std::vector<pid_t> children;
+      std::ifstream listed("/proc/self/task/" + std::to_string(::getpid()) + "/children");
+      for (pid_t pid = 0; listed >> pid;) children.push_back(pid);
+      if (children.empty()) return;
+      for (pid_t pid : children) ::kill(pid, SIGKILL);
+      for (pid_t pid : children) ::waitpid(pid, nullptr, 0);
     }
   }
 

@@ -244,17 +244,19 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   filter.JumpIfOneOf(std::array<uint32_t, 4>{FIOSETOWN, SIOCSPGRP, TIOCSPGRP, TIOCSTI}, refuse);
   filter.Return(kAllow);
 
-  // The listening sockets are the supervisor's too: SO_REUSEPORT would let another socket (a
-  // daemon's) share their connections, and a socket filter could drop them all, through every
-  // restart. Nothing in the serving process sets these.
+  // The listening sockets are the supervisor's too: a socket filter could drop every connection
+  // through every restart. Nothing in the serving process sets one. (SO_REUSEPORT, which would
+  // let a daemon's socket share a listener's connections, cannot be refused so: gRPC sets it on
+  // a socket of its own to see whether it works. A listener with it is replaced instead, see
+  // listening_socket.h.)
   filter.Bind(setsockopt);
   filter.Load(Argument(1));
   filter.JumpIfEqual(SOL_SOCKET, allow_unless_socket_option);
   filter.Return(kAllow);
   filter.Bind(allow_unless_socket_option);
   filter.Load(Argument(2));
-  filter.JumpIfOneOf(std::array{SO_REUSEPORT, SO_ATTACH_FILTER, SO_ATTACH_BPF,
-                                SO_ATTACH_REUSEPORT_CBPF, SO_ATTACH_REUSEPORT_EBPF, SO_LOCK_FILTER},
+  filter.JumpIfOneOf(std::array{SO_ATTACH_FILTER, SO_ATTACH_BPF, SO_ATTACH_REUSEPORT_CBPF,
+                                SO_ATTACH_REUSEPORT_EBPF, SO_LOCK_FILTER},
                      refuse);
   filter.Return(kAllow);
 

@@ -928,8 +928,11 @@ void HttpServer::Accept() {
   acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code error,
                                                         tcp::socket socket) {
     if (error == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (error && !StillListening(acceptor_.native_handle())) {
-      ReportListenerLost(port_);  // the server drains and exits; nothing to accept meanwhile
+    // Checked with each connection too, so that a listener shared through SO_REUSEPORT is
+    // noticed at once. The server drains and exits; nothing to accept meanwhile.
+    const bool intact = ListenerIntact(acceptor_.native_handle());
+    if (error && !intact) {
+      ReportListenerLost(port_);
       return;
     }
     if (error) {
@@ -979,6 +982,10 @@ void HttpServer::Accept() {
         }));
         break;
       }
+    }
+    if (!intact) {
+      ReportListenerLost(port_);
+      return;
     }
     Accept();
   });

@@ -308,7 +308,7 @@ class StopSignalFromModelCodeTest(FaultsTest):
                                 "pidfd_open(supervisor)", "prlimit(supervisor)",
                                 "sh -c 'kill -0 supervisor'", "clone(CLONE_PARENT)",
                                 "F_SETOWN(supervisor)", "setpriority(supervisor)",
-                                "sched_setaffinity(supervisor)", "SO_REUSEPORT",
+                                "sched_setaffinity(supervisor)",
                                 "kill(supervisor, SIGKILL)", "kill(itself, 0)", "kill(0, 0)",
                                 "pthread_kill(its thread, SIGTERM)",
                                 "setrlimit(RLIMIT_CPU)", "kill(0, SIGKILL)",
@@ -319,7 +319,7 @@ class StopSignalFromModelCodeTest(FaultsTest):
                 "pidfd_open(supervisor)": 1, "prlimit(supervisor)": 1,
                 "sh -c 'kill -0 supervisor'": 1, "clone(CLONE_PARENT)": 1,
                 "F_SETOWN(supervisor)": 1, "setpriority(supervisor)": 1,
-                "sched_setaffinity(supervisor)": 1, "SO_REUSEPORT": 1,
+                "sched_setaffinity(supervisor)": 1,
                 "kill(supervisor, SIGKILL)": 1,
                 "kill(itself, 0)": 0, "kill(0, 0)": 0, "pthread_kill(its thread, SIGTERM)": 1,
                 "setrlimit(RLIMIT_CPU)": 1, "kill(0, SIGKILL)": 1, "kill(itself, SIGKILL)": 1})
@@ -349,6 +349,42 @@ class StopSignalFromModelCodeTest(FaultsTest):
         finally:
             self.assertEqual(server.stop(), 0)
 
+    def test_a_daemon_that_left_the_group_ends_with_its_serving_process(self):
+        # Out of the serving process's group, such a daemon outlived it (and could hunt each
+        # new serving process, or take every process slot); now it is the supervisor's to end.
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1)
+        try:
+            first = server.serving_pid
+            status, _, body = self.hostile(server, "escape_group")
+            self.assertEqual(status, 200, body)
+            daemon = daemon_pid("61.234")
+            self.assertIsNotNone(daemon, "the daemon did not start")
+            os.kill(first, signal.SIGKILL)
+            server.wait_for_serving(2)
+            deadline = time.time() + 5
+            while os.path.exists(f"/proc/{daemon}") and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertFalse(os.path.exists(f"/proc/{daemon}"), "the daemon outlived it")
+            self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+def daemon_pid(argument: str):
+    """The pid of the `sleep argument` process, if one runs."""
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as file:
+                    if file.read().split(b"\0")[:2] == [b"sleep", argument.encode()]:
+                        return int(entry)
+            except (OSError, ValueError):
+                continue
+        time.sleep(0.05)
+    return None
+
 
 class ListenerShutdownTest(FaultsTest):
 
@@ -366,17 +402,36 @@ class ListenerShutdownTest(FaultsTest):
             server.wait_for_serving(2)
             self.assertNotEqual(server.serving_pid, first)
             log = server.log_text()
-            self.assertIn("a listening socket stopped listening (shut down by model code?)", log)
+            self.assertIn("a listening socket was shut down or shared (SO_REUSEPORT) by model "
+                          "code", log)
             self.assertIn("the serving process died; restarting it exit_code=75", log)
             for port in (server.port, server.metrics_port, server.management_port,
                          server.grpc_port):
-                self.assertIn(f"a listening socket stopped listening; bound again port={port}",
-                              log)
+                self.assertIn(f"a listening socket was shut down or shared; bound again "
+                              f"port={port}", log)
             self.assert_echo_serves(server, within_s=5)
             self.assertIn("orochi_server_restarts_total 1", metrics_text(server))
             self.assertEqual(len(index(server)), 4)
             with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
                 grpc.channel_ready_future(channel).result(timeout=5)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_a_listener_shared_through_so_reuseport_is_replaced(self):
+        # With SO_REUSEPORT on the inference listener, a daemon's socket on the port took part
+        # of its connections, through every restart. Now the next accept notices.
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1)
+        try:
+            first = server.serving_pid
+            status, _, body = self.hostile(server, "share_listener")
+            self.assertEqual(status, 200, body)
+            self.assert_echo_serves(server, within_s=5)  # a new connection: an accept
+            server.wait_for_serving(2)
+            self.assertNotEqual(server.serving_pid, first)
+            self.assertIn(f"a listening socket was shut down or shared; bound again "
+                          f"port={server.port}", server.log_text())
+            self.assert_echo_serves(server, within_s=5)
         finally:
             self.assertEqual(server.stop(), 0)
 

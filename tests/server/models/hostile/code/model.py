@@ -32,12 +32,11 @@ def supervisor_reach() -> list:
         lambda: shell_kill(supervisor),
         clone_parent,
         # Reaching it without a signal call: as the owner of a descriptor's SIGIO, through its
-        # scheduling (which its next serving process inherits), through a shared listener.
+        # scheduling (which its next serving process inherits).
         lambda: set_owner(supervisor),
         lambda: os.setpriority(os.PRIO_PROCESS, supervisor,
                                os.getpriority(os.PRIO_PROCESS, supervisor)),
         lambda: os.sched_setaffinity(supervisor, os.sched_getaffinity(supervisor)),
-        reuse_port,
     ]
     results = [refused(probe) for probe in probes]
     results.append(refused(lambda: os.kill(supervisor, signal.SIGKILL)))
@@ -92,17 +91,26 @@ def set_owner(pid):
         fcntl.fcntl(first.fileno(), fcntl.F_SETOWN, pid)
 
 
-def reuse_port():
-    import socket
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-
-
 def set_cpu_limit(resource):
     try:
         resource.setrlimit(resource.RLIMIT_CPU, (1, 1))
     except ValueError as error:  # how CPython words EPERM here
         raise PermissionError(str(error)) from error
+
+
+def share_listener() -> int:
+    """Sets SO_REUSEPORT on the listener of the port this request came in on; returns its fd."""
+    import socket
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        with sock:
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                return int(name)
+    return -1
 
 
 def shell_kill(pid):
@@ -170,6 +178,8 @@ class Hostile:
                         os.write(fd, b"crash signal=9 model=echo:1 copy=0 activity=predict\n")
                 except OSError:
                     pass
+        elif mode == "share_listener":  # SO_REUSEPORT on the inference listener
+            return {"out": [float(share_listener())]}
         elif mode == "shutdown_listeners":  # the sockets the supervisor holds too
             return {"out": [float(shutdown_listeners())]}
         elif mode == "set_timers":  # their signals' default action would end the process
@@ -180,6 +190,9 @@ class Hostile:
             end = __import__("time").process_time() + 0.05
             while __import__("time").process_time() < end:  # CPU time, for the two others
                 pass
+        elif mode == "escape_group":  # a daemon in a session of its own, orphaned at once
+            import subprocess
+            subprocess.run(["setsid", "-f", "sleep", "61.234"], check=True)
         elif mode == "stop_process":  # freezes the whole process; nothing in it can continue it
             import signal
             os.kill(os.getpid(), signal.SIGSTOP)
