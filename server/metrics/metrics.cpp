@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "orochi/base/process_memory.h"
 #include "orochi/engine/device.h"
 
 namespace orochi::server {
@@ -419,10 +420,8 @@ std::string Metrics::Render() {
       cpu_seconds_reported_ = used;
     }
   }
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.starts_with("VmRSS:")) resident_bytes_.Set(std::stod(line.substr(6)) * 1024);
+  if (const int64_t resident = ResidentBytes(); resident >= 0) {
+    resident_bytes_.Set(static_cast<double>(resident));
   }
   std::error_code error;
   double fds = 0;

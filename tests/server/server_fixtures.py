@@ -262,6 +262,15 @@ def run_at_once(calls) -> list:
     return results
 
 
+def resident_kib(pid: int) -> int:
+    """The resident memory of process `pid` (VmRSS of /proc/PID/status), in KiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
