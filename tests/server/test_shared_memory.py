@@ -19,6 +19,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from server_fixtures import Server, curl, echo_request, pack_repository, post_json
+from shared_memory_fixtures import SharedMemoryServer, shm
 
 
 class Region:
@@ -41,32 +42,14 @@ def bytes_elements(items: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(item)) + item for item in items)
 
 
-def shm(region: str, byte_size: int, offset: int | None = None) -> dict:
-    parameters = {"shared_memory_region": region, "shared_memory_byte_size": byte_size}
-    if offset is not None:
-        parameters["shared_memory_offset"] = offset
-    return parameters
-
-
-class SharedMemoryTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.root = tempfile.mkdtemp(prefix="orochi-shm-")
-        cls.repository = pack_repository(cls.root)
-        cls.server = Server(cls.repository, {"http": {"allow_shared_memory": True}}, copies=2)
-
-    @classmethod
-    def tearDownClass(cls):
-        # Regions still registered are the server's to unmap as it exits: it must exit cleanly.
-        code = cls.server.stop()
-        shutil.rmtree(cls.root)
-        assert code == 0, f"orochi serve exited with {code}"
+class SharedMemoryTest(SharedMemoryServer, unittest.TestCase):
+    EXTENSION = "systemsharedmemory"
 
     def setUp(self):
         self.regions = []
 
     def tearDown(self):
-        self.post("/v2/systemsharedmemory/unregister")
+        super().tearDown()
         for region in self.regions:
             region.close()
 
@@ -75,22 +58,8 @@ class SharedMemoryTest(unittest.TestCase):
         self.regions.append(region)
         return region
 
-    def get(self, path):
-        status, _, body = curl(self.server.url(path))
-        return status, json.loads(body)
-
-    def post(self, path, body=None):
-        status, _, answer = curl("-X", "POST", self.server.url(path),
-                                 data=b"" if body is None else json.dumps(body).encode())
-        return status, json.loads(answer)
-
     def register(self, name, key, byte_size, offset=0):
-        return self.post(f"/v2/systemsharedmemory/region/{name}/register",
-                         {"key": key, "offset": offset, "byte_size": byte_size})
-
-    def infer(self, body, model="echo"):
-        status, _, answer = post_json(self.server, f"/v2/models/{model}/infer", body)
-        return status, json.loads(answer)
+        return self.register_region(name, {"key": key, "offset": offset, "byte_size": byte_size})
 
     def test_extension_is_listed(self):
         status, metadata = self.get("/v2")
