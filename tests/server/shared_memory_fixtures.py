@@ -5,7 +5,7 @@ import json
 import shutil
 import tempfile
 
-from server_fixtures import Server, curl, pack_repository, post_json
+from server_fixtures import Server, curl, echo_request, pack_repository, post_json
 
 
 def shm(region: str, byte_size: int, offset: int | None = None) -> dict:
@@ -14,6 +14,22 @@ def shm(region: str, byte_size: int, offset: int | None = None) -> dict:
     if offset is not None:
         parameters["shared_memory_offset"] = offset
     return parameters
+
+
+def fp32_input_in_region(parameters: dict, shape: list[int] | None = None,
+                         data: list | None = None) -> dict:
+    """An echo request (one row) whose in_fp32 input is read from shared memory as `parameters`
+    say, with `shape` where given; `data` beside the parameters, where given, is a refusal."""
+    request = echo_request(1)
+    for item in request["inputs"]:
+        if item["name"] == "in_fp32":
+            del item["data"]
+            item["parameters"] = parameters
+            if shape is not None:
+                item["shape"] = shape
+            if data is not None:
+                item["data"] = data
+    return request
 
 
 class SharedMemoryServer:

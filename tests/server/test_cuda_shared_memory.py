@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 
 from server_fixtures import echo_request
-from shared_memory_fixtures import SharedMemoryServer, shm
+from shared_memory_fixtures import SharedMemoryServer, fp32_input_in_region, shm
 import test_grpc  # the client generated from the server's proto
 
 pb, pb_grpc = test_grpc.pb, test_grpc.pb_grpc
@@ -184,12 +184,7 @@ class CudaSharedMemoryTest(SharedMemoryServer, unittest.TestCase):
         values = np.arange(count, dtype=np.float32)
         pointer, handle = self.allocation(8 * count, values.tobytes())
         self.assertEqual(self.register("big", handle, 8 * count), (200, {}))
-        request = echo_request(1)
-        for item in request["inputs"]:
-            if item["name"] == "in_fp32":
-                del item["data"]
-                item["shape"] = [1, count]
-                item["parameters"] = shm("big", 4 * count)
+        request = fp32_input_in_region(shm("big", 4 * count), shape=[1, count])
         request["outputs"] = [{"name": "out_fp32", "parameters": shm("big", 4 * count, 4 * count)}]
         status, answer = self.infer(request)
         self.assertEqual(status, 200, answer)
@@ -204,11 +199,7 @@ class CudaSharedMemoryTest(SharedMemoryServer, unittest.TestCase):
         answer = self.stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest())
         self.assertEqual(list(answer.regions), ["g"])
         self.assertEqual((answer.regions["g"].device_id, answer.regions["g"].byte_size), (0, 4096))
-        request = echo_request(1)
-        for item in request["inputs"]:
-            if item["name"] == "in_fp32":
-                del item["data"]
-                item["parameters"] = shm("g", 4)
+        request = fp32_input_in_region(shm("g", 4))
         status, answer = self.infer(request)
         self.assertEqual(status, 200, answer)
         by_name = {output["name"]: output for output in answer["outputs"]}
@@ -253,11 +244,7 @@ class CudaSharedMemoryTest(SharedMemoryServer, unittest.TestCase):
         self.assertEqual([r["name"] for r in self.get("/v2/cudasharedmemory/status")[1]], ["r"])
 
         # Ranges past the registered size, and a registered size past the allocation's.
-        request = echo_request(1)
-        for item in request["inputs"]:
-            if item["name"] == "in_fp32":
-                del item["data"]
-                item["parameters"] = shm("r", 4, offset=4094)
+        request = fp32_input_in_region(shm("r", 4, offset=4094))
         status, answer = self.infer(request)
         self.assertEqual(status, 400, answer)
         self.assertIn("run past the end of shared memory region 'r' (4096 bytes)",
@@ -276,12 +263,7 @@ class CudaSharedMemoryTest(SharedMemoryServer, unittest.TestCase):
     def test_a_registered_size_past_the_allocation_is_refused_by_the_device(self):
         _, handle = self.allocation(4096)
         self.assertEqual(self.register("lying", handle, 1 << 20), (200, {}))
-        request = echo_request(1)
-        for item in request["inputs"]:
-            if item["name"] == "in_fp32":
-                del item["data"]
-                item["shape"] = [1, 1024]
-                item["parameters"] = shm("lying", 4096, offset=8192)
+        request = fp32_input_in_region(shm("lying", 4096, offset=8192), shape=[1, 1024])
         status, answer = self.infer(request)
         self.assertEqual(status, 400, answer)
         self.assertIn("input 'in_fp32': CUDA shared memory region 'lying'",

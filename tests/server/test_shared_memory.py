@@ -19,7 +19,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from server_fixtures import Server, curl, echo_request, pack_repository, post_json
-from shared_memory_fixtures import SharedMemoryServer, shm
+from shared_memory_fixtures import SharedMemoryServer, fp32_input_in_region, shm
 
 
 class Region:
@@ -193,26 +193,11 @@ class SharedMemoryTest(SharedMemoryServer, unittest.TestCase):
         values = np.arange(count, dtype=np.float32)
         region.array(np.float32, count)[:] = values
         self.assertEqual(self.register("big", region.key, 8 * count), (200, {}))
-        request = echo_request(1)
-        for item in request["inputs"]:
-            if item["name"] == "in_fp32":
-                del item["data"]
-                item["shape"] = [1, count]
-                item["parameters"] = shm("big", 4 * count)
+        request = fp32_input_in_region(shm("big", 4 * count), shape=[1, count])
         request["outputs"] = [{"name": "out_fp32", "parameters": shm("big", 4 * count, 4 * count)}]
         status, response = self.infer(request)
         self.assertEqual(status, 200, response)
         np.testing.assert_array_equal(region.array(np.float32, count, offset=4 * count), values)
-
-    def request_with_fp32_in(self, parameters, data=None):
-        request = echo_request(1)
-        for item in request["inputs"]:
-            if item["name"] == "in_fp32":
-                del item["data"]
-                item["parameters"] = parameters
-                if data is not None:
-                    item["data"] = data
-        return request
 
     def assert_refused(self, request, *messages, status=400):
         answer_status, answer = self.infer(request)
@@ -224,27 +209,27 @@ class SharedMemoryTest(SharedMemoryServer, unittest.TestCase):
         region = self.region(4096)
         region.memory.buf[:] = b"\x00" * 4096
         self.assertEqual(self.register("r", region.key, 64, offset=4000 - 64), (200, {}))
-        self.assert_refused(self.request_with_fp32_in(shm("nope", 4)),
+        self.assert_refused(fp32_input_in_region(shm("nope", 4)),
                             "input 'in_fp32': unable to find shared memory region: 'nope'")
-        self.assert_refused(self.request_with_fp32_in(shm("r", 4, offset=61)),
+        self.assert_refused(fp32_input_in_region(shm("r", 4, offset=61)),
                             "input 'in_fp32': shared_memory_offset 61 and "
                             "shared_memory_byte_size 4 run past the end of shared memory region "
                             "'r' (64 bytes)")
-        self.assert_refused(self.request_with_fp32_in(shm("r", 2**64 - 1, offset=8)),
+        self.assert_refused(fp32_input_in_region(shm("r", 2**64 - 1, offset=8)),
                             "shared_memory_offset 8 and shared_memory_byte_size "
                             "18446744073709551615 run past the end of shared memory region 'r'")
-        self.assert_refused(self.request_with_fp32_in(shm("r", 8)),
+        self.assert_refused(fp32_input_in_region(shm("r", 8)),
                             "input 'in_fp32': shared_memory_byte_size is 8 bytes, but shape [1, 1] "
                             "of FP32 needs 4")
-        self.assert_refused(self.request_with_fp32_in(shm("r", 4), data=[1.0]),
+        self.assert_refused(fp32_input_in_region(shm("r", 4), data=[1.0]),
                             "input 'in_fp32' has both shared_memory_region and 'data'")
-        self.assert_refused(self.request_with_fp32_in({"shared_memory_region": "r"}),
+        self.assert_refused(fp32_input_in_region({"shared_memory_region": "r"}),
                             "shared_memory_region needs shared_memory_byte_size")
-        self.assert_refused(self.request_with_fp32_in({"shared_memory_byte_size": 4}),
+        self.assert_refused(fp32_input_in_region({"shared_memory_byte_size": 4}),
                             "need shared_memory_region")
-        self.assert_refused(self.request_with_fp32_in(shm("r", -4)),
+        self.assert_refused(fp32_input_in_region(shm("r", -4)),
                             "shared_memory_byte_size must be a non-negative integer")
-        self.assert_refused(self.request_with_fp32_in({"shared_memory_region": 3,
+        self.assert_refused(fp32_input_in_region({"shared_memory_region": 3,
                                                        "shared_memory_byte_size": 4}),
                             "shared_memory_region must be the name of a registered region")
 
