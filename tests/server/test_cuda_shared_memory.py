@@ -25,7 +25,7 @@ from server_fixtures import echo_request
 from shared_memory_fixtures import SharedMemoryServer, fp32_input_in_region, shm
 import test_grpc  # the client generated from the server's proto
 
-pb, pb_grpc = test_grpc.pb, test_grpc.pb_grpc
+pb = test_grpc.pb
 
 HOST_TO_DEVICE, DEVICE_TO_HOST = 1, 2  # cudaMemcpyKind
 
@@ -88,19 +88,8 @@ RUNTIME, WHY_NOT = client_runtime()
 
 
 @unittest.skipIf(RUNTIME is None, WHY_NOT)
-class CudaSharedMemoryTest(SharedMemoryServer, unittest.TestCase):
+class CudaSharedMemoryTest(test_grpc.GrpcClient, SharedMemoryServer, unittest.TestCase):
     EXTENSION = "cudasharedmemory"
-
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.channel = grpc.insecure_channel(f"127.0.0.1:{cls.server.grpc_port}")
-        cls.stub = pb_grpc.GRPCInferenceServiceStub(cls.channel)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.channel.close()
-        super().tearDownClass()
 
     def setUp(self):
         self.allocations = []
