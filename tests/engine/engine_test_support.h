@@ -34,8 +34,8 @@ inline Tensor TensorOf(const Shape& shape, const std::vector<double>& values,
                        DType dtype = DType::kFloat64) {
   Tensor wide = Tensor::Empty(shape, DType::kFloat64);
   EXPECT_EQ(wide.numel(), static_cast<int64_t>(values.size())) << "values for the shape";
-  std::copy(values.begin(), values.begin() + std::min<int64_t>(wide.numel(), values.size()),
-            wide.mutable_data_as<double>());
+  const int64_t count = std::min(wide.numel(), static_cast<int64_t>(values.size()));
+  std::copy_n(values.begin(), count, wide.mutable_data_as<double>());
   return wide.To(dtype);
 }
 
