@@ -2,9 +2,12 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -67,6 +70,61 @@ bool ListenerIntact(int fd) {
   }
   length = sizeof(int);
   return ::getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &shared, &length) == 0 && shared == 0;
+}
+
+namespace {
+
+// The ports this process listens on (0: a free entry), and the highest descriptor a listener or
+// connection has had, for CloseServerSocketsInChild. Plain atomics: the fork handler may take
+// no lock.
+constexpr size_t kMaxListeners = 64;
+std::array<std::atomic<int>, kMaxListeners> listening_ports{};
+std::atomic<int> highest_socket{-1};
+
+// The fork handler (see RegisterListeningPort). Only getsockname, getsockopt and close, which
+// are async-signal-safe, as the child of a threaded process requires.
+void CloseServerSocketsInChild() {
+  const int highest = highest_socket.load(std::memory_order_relaxed);
+  for (int fd = 0; fd <= highest; ++fd) {
+    const int port = BoundPort(fd);  // async-signal-safe: getsockname only
+    int type = 0;
+    socklen_t type_length = sizeof(type);
+    if (port == 0 || ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_length) != 0 ||
+        type != SOCK_STREAM) {
+      continue;
+    }
+    for (const std::atomic<int>& listening : listening_ports) {
+      if (listening.load(std::memory_order_relaxed) == port) {
+        ::close(fd);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void NoteServerSocket(int fd) {
+  int seen = highest_socket.load(std::memory_order_relaxed);
+  while (fd > seen && !highest_socket.compare_exchange_weak(seen, fd)) {
+  }
+}
+
+void RegisterListeningPort(int fd, int port) {
+  static std::once_flag registered;
+  std::call_once(registered, [] { ::pthread_atfork(nullptr, nullptr, CloseServerSocketsInChild); });
+  NoteServerSocket(fd);
+  for (std::atomic<int>& entry : listening_ports) {
+    int free = 0;
+    if (entry.compare_exchange_strong(free, port)) return;
+  }
+}
+
+void UnregisterListeningPort(int port) {
+  for (std::atomic<int>& entry : listening_ports) {
+    int expected = port;
+    if (entry.compare_exchange_strong(expected, 0)) return;
+  }
 }
 
 namespace {

@@ -27,6 +27,17 @@ int BoundPort(int fd);
 // bound to the port with it takes part of the connections, through every restart.
 bool ListenerIntact(int fd);
 
+// Registers a listener on `port` (and `fd`, for NoteServerSocket) for the fork handler that
+// closes, in the child of any fork() of the server (a model calling os.fork(), say), every TCP
+// socket whose local port is one the server listens on: its listeners and the connections they
+// accepted. Left open there, a listening port stays taken after the server dies (a restart
+// fails with "Address already in use"), a daemon could accept on it, and a client's connection
+// is not closed when the server closes it. Thread-safe.
+void RegisterListeningPort(int fd, int port);
+void UnregisterListeningPort(int port);
+// Notes a socket's descriptor (a connection accepted), so that the fork handler looks that far.
+void NoteServerSocket(int fd);
+
 // For an accept loop whose listener ListenerIntact denies (checked when an accept fails, and
 // with each connection accepted), which then stops accepting on it: logs that the listener on
 // `port` stopped listening and calls the handler (the first report only). Thread-safe.

@@ -38,6 +38,7 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metr
         grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
         grpc::InsecureServerCredentials());
     server->port_ = BoundPort(listener_fd);
+    RegisterListeningPort(listener_fd, server->port_);
   }
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(grpc_config.max_message_bytes));
@@ -93,6 +94,7 @@ void GrpcServer::AcceptConnections() {
       continue;
     }
     descriptors_logged = false;
+    NoteServerSocket(fd);
     const int on = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
     grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters connection;
@@ -104,6 +106,7 @@ void GrpcServer::AcceptConnections() {
 
 GrpcServer::~GrpcServer() {
   if (!shut_down_) Shutdown(std::chrono::system_clock::now());
+  if (acceptor_ != nullptr && port_ != 0) UnregisterListeningPort(port_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
   if (listener_fd_ >= 0) ::close(listener_fd_);
 }

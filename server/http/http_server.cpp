@@ -38,72 +38,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kServerName = "orochi";
 
-// The ports this process listens on (0: a free entry), and the highest descriptor a listener or
-// connection has had, for CloseServerSocketsInChild. Plain atomics: the fork handler may take
-// no lock.
-constexpr size_t kMaxListeners = 64;
-std::array<std::atomic<int>, kMaxListeners> listening_ports{};
-std::atomic<int> highest_socket{-1};
-
-void NoteSocket(int fd) {
-  int seen = highest_socket.load(std::memory_order_relaxed);
-  while (fd > seen && !highest_socket.compare_exchange_weak(seen, fd)) {
-  }
-}
-
-// Runs in the child of any fork() of the server (a model calling os.fork(), say): the child
-// is a copy of the whole process, with every listener and client connection. Left open there,
-// a listening port stays taken after the server dies (a restart fails with "Address already
-// in use") and a client's connection is not closed when the server closes it. The child gets
-// none of them: every TCP socket whose local port is one the server listens on (its listeners
-// and the connections they accepted). Only getsockname, getsockopt and close, which are
-// async-signal-safe, as the child of a threaded process requires.
-void CloseServerSocketsInChild() {
-  const int highest = highest_socket.load(std::memory_order_relaxed);
-  for (int fd = 0; fd <= highest; ++fd) {
-    sockaddr_storage address{};
-    socklen_t length = sizeof(address);
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) continue;
-    int port = 0;
-    if (address.ss_family == AF_INET) {
-      port = ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
-    } else if (address.ss_family == AF_INET6) {
-      port = ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
-    } else {
-      continue;
-    }
-    int type = 0;
-    socklen_t type_length = sizeof(type);
-    if (port == 0 || ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_length) != 0 ||
-        type != SOCK_STREAM) {
-      continue;
-    }
-    for (const std::atomic<int>& listening : listening_ports) {
-      if (listening.load(std::memory_order_relaxed) == port) {
-        ::close(fd);
-        break;
-      }
-    }
-  }
-}
-
-void RegisterListeningPort(int fd, int port) {
-  static std::once_flag registered;
-  std::call_once(registered, [] { ::pthread_atfork(nullptr, nullptr, CloseServerSocketsInChild); });
-  NoteSocket(fd);
-  for (std::atomic<int>& entry : listening_ports) {
-    int free = 0;
-    if (entry.compare_exchange_strong(free, port)) return;
-  }
-}
-
-void UnregisterListeningPort(int port) {
-  for (std::atomic<int>& entry : listening_ports) {
-    int expected = port;
-    if (entry.compare_exchange_strong(expected, 0)) return;
-  }
-}
-
 }  // namespace
 
 // The open connections of one listener: from which address each comes and which wait idle
@@ -950,7 +884,7 @@ void HttpServer::Accept() {
       });
       return;
     }
-    NoteSocket(socket.native_handle());
+    NoteServerSocket(socket.native_handle());
     if (accept_failing_) {
       Log(LogLevel::kInfo, "accepting connections again", {{"port", std::to_string(port_), false}});
       accept_failing_ = false;
