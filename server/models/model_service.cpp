@@ -326,18 +326,22 @@ Status ModelService::LoadFromRepository() {
     names = config_.load;
   }
   for (const std::string& name : names) {
-    OROCHI_ASSIGN_OR_RETURN(std::vector<int64_t> selected, SelectedVersions(name));
-    if (selected.empty()) {
-      std::string message = "model '" + name + "' has no version in the repository (expected ";
-      message += store_.root() + "/" + name + "/<version>/model.orochi)";
-      return NotFound(message);
+    Result<std::vector<int64_t>> selected = SelectedVersions(name);
+    Status loaded = selected.status();
+    if (loaded.ok() && selected->empty()) {
+      loaded = NotFound("model '" + name + "' has no version in the repository (expected " +
+                        store_.root() + "/" + name + "/<version>/model.orochi)");
     }
-    if (SkipQuarantined(name)) continue;
-    Status loaded = LoadModel(name).status();
-    if (IsMissingDevice(loaded) || loaded.code() == StatusCode::kDeadlineExceeded) {
-      // Startup is strict, except here: a GPU model on a machine without the GPU, or a model
-      // whose load ran past models.load_timeout_s, waits UNAVAILABLE with its reason while the
-      // other models are served (a start that waited forever for one model would serve none).
+    if (loaded.ok() && SkipQuarantined(name)) continue;
+    if (loaded.ok()) loaded = LoadModel(name).status();
+    // Startup is strict (a first start that fails says why and ends), except: a GPU model on a
+    // machine without the GPU, or a model whose load ran past models.load_timeout_s, waits
+    // UNAVAILABLE with its reason while the other models are served (a start that waited
+    // forever for one model would serve none); and after a restart nothing fails it: a package
+    // that model code damaged (or one that fails since) must not keep every other model down
+    // through restart after restart.
+    if (IsMissingDevice(loaded) || loaded.code() == StatusCode::kDeadlineExceeded ||
+        (restarted_ && !loaded.ok())) {
       Log(LogLevel::kWarning, "model not loaded", {{"model", name}, {"reason", loaded.message()}});
       continue;
     }
@@ -880,6 +884,7 @@ void ModelService::OnStreamEnded(const std::string& model_key, StreamEnd end) {
 
 void ModelService::NoteRestarts(int64_t restarts) {
   if (restarts == 0) return;
+  restarted_ = true;
   scheduler_.SetUnknownSequenceNote(
       "the serving process was restarted after model code crashed it (restarts so far: " +
       std::to_string(restarts) +

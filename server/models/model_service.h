@@ -111,7 +111,9 @@ class ModelService : public SchedulerObserver {
   // LoadFromRepository; explicit loads and deploys are not affected.
   void Quarantine(std::map<std::string, std::string> quarantined);
   // Tells the refusal of a request for an unknown sequence that this serving process replaced
-  // one that died (`restarts` so far): the sequences it held went with it.
+  // one that died (`restarts` so far): the sequences it held went with it. Before
+  // LoadFromRepository: after a restart, a model that does not load is left UNAVAILABLE with
+  // its reason instead of failing the start, as at a first start (see LoadFromRepository).
   void NoteRestarts(int64_t restarts);
 
   // Whether `name` can name a model: what a manifest allows (1-128 letters, digits, '_', '.',
@@ -286,6 +288,7 @@ class ModelService : public SchedulerObserver {
   // Why the last load of "name:version" failed, for the repository index; cleared on success.
   std::map<std::string, std::string> load_failures_;
   std::map<std::string, std::string> quarantined_;  // see Quarantine
+  bool restarted_ = false;                          // see NoteRestarts
   std::atomic<int64_t> loading_copies_{0};          // copies out of service for a load
   std::map<std::string, std::shared_ptr<ServedModel>, std::less<>> by_key_;
   size_t next_slot_ = 0;

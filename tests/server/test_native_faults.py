@@ -436,6 +436,28 @@ class ListenerShutdownTest(FaultsTest):
             self.assertEqual(server.stop(), 0)
 
 
+class DamagedRepositoryTest(FaultsTest):
+
+    def test_a_restart_serves_what_loads_and_reports_the_rest(self):
+        # Model code can write to the repository. Once, a package damaged there failed every
+        # restart (as a first start fails, exit 1), and the supervisor restarted it for good.
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1)
+        try:
+            first = server.serving_pid
+            with open(os.path.join(self.repository, "echo", "1", "model.orochi"), "r+b") as file:
+                file.truncate(100)
+            os.kill(first, signal.SIGKILL)
+            server.wait_for_serving(2)
+            self.assertIn("model not loaded model=echo", server.log_text())
+            entry = index(server)["echo"]
+            self.assertEqual(entry["state"], "UNAVAILABLE", entry)
+            status, _, body = self.hostile(server, "nothing")
+            self.assertEqual(status, 200, body)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
 class DescriptorExhaustionTest(FaultsTest):
 
     def test_a_repository_that_cannot_be_listed_is_not_taken_for_empty(self):
