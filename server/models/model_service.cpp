@@ -329,8 +329,9 @@ Status ModelService::LoadFromRepository() {
     Result<std::vector<int64_t>> selected = SelectedVersions(name);
     Status loaded = selected.status();
     if (loaded.ok() && selected->empty()) {
-      loaded = NotFound("model '" + name + "' has no version in the repository (expected " +
-                        store_.root() + "/" + name + "/<version>/model.orochi)");
+      std::string message = "model '" + name + "' has no version in the repository (expected ";
+      message += store_.root() + "/" + name + "/<version>/model.orochi)";
+      loaded = NotFound(message);
     }
     if (loaded.ok() && SkipQuarantined(name)) continue;
     if (loaded.ok()) loaded = LoadModel(name).status();
