@@ -318,6 +318,44 @@ TEST(Softmax, MatchesTheReferenceOverAnyDim) {
   EXPECT_THROW(Softmax(Zeros({3}, DType::kInt64), 0), Error);
 }
 
+TEST(Cumsum, MatchesRunningSumsOverAnyDimAndPromotesIntegersToInt64) {
+  for (DType dtype : kFloatTypes) {
+    Tensor input = RandomTensor({5, 7}, dtype, -3, 3, 31).Transpose(0, 1);  // [7, 5], strided
+    for (int64_t dim : {0, 1, -1}) {
+      Tensor sums = Cumsum(input, dim);
+      EXPECT_EQ(sums.dtype(), dtype);
+      EXPECT_EQ(sums.shape(), input.shape());
+      std::vector<double> expected(static_cast<size_t>(input.numel()));
+      const int64_t d = WrapDim(dim, 2);
+      for (int64_t i = 0; i < input.numel(); ++i) {
+        std::vector<int64_t> index = UnflattenIndex(i, input.shape());
+        std::vector<int64_t> probe = index;
+        double total = 0;
+        for (probe[d] = 0; probe[d] <= index[d]; ++probe[d]) total += ElementAt(input, probe);
+        expected[static_cast<size_t>(i)] = total;
+      }
+      ExpectNear(sums, expected, Tolerance(dtype) * 8, "cumsum");
+    }
+  }
+  for (DType dtype : {DType::kBool, DType::kUInt8, DType::kInt32, DType::kInt64}) {
+    Tensor sums = Cumsum(Ones({2, 3}, dtype), 1);
+    EXPECT_EQ(sums.dtype(), DType::kInt64);
+    ExpectNear(sums, {1, 2, 3, 1, 2, 3}, 0, "cumsum of ones");
+  }
+  // Rows enough for the intra-op pool to split them: every row still adds in its own order.
+  Tensor rows = RandomTensor({512, 257}, DType::kFloat32, 0, 1, 32);
+  Tensor whole = Cumsum(rows, 1);
+  for (int64_t row : {0, 255, 511}) {
+    double total = 0;
+    for (int64_t column = 0; column < 257; ++column) {
+      total += ElementAt(rows, {row, column});
+      EXPECT_NEAR(ElementAt(whole, {row, column}), total, 1e-4) << row << ", " << column;
+    }
+  }
+  EXPECT_EQ(Cumsum(Scalar(2.5, DType::kFloat32), 0).ItemAsDouble(), 2.5);
+  EXPECT_THROW(Cumsum(Zeros({2, 3}), 2), Error);
+}
+
 std::vector<double> ReferenceMatmul(const Tensor& a, const Tensor& b, const Shape& out_shape) {
   // Reference on the batched 3-D forms; out_shape is the torch.matmul result shape.
   Tensor left = a.dim() == 1 ? a.Unsqueeze(0) : a;
