@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 namespace orochi {
 namespace {
@@ -57,6 +58,8 @@ void Copy(char* target, size_t capacity, std::string_view text) {
   std::memcpy(target, text.data(), length);
   target[length] = '\0';
 }
+
+constexpr int kRecordedSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
 // Appends to a fixed line; async-signal-safe.
 struct Line {
@@ -130,10 +133,13 @@ void InstallCrashRecorder(int fd) {
   // On the alternate stack where the thread has one; once (SA_RESETHAND), so that a fault in
   // the handler itself ends the process instead of looping.
   action.sa_flags = SA_ONSTACK | SA_RESETHAND;
-  for (int signal_number : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) {
-    sigaction(signal_number, &action, nullptr);
-  }
+  for (int signal_number : kRecordedSignals) sigaction(signal_number, &action, nullptr);
   alternate_stack.Ensure();
+}
+
+bool IsRecordedSignal(int signal_number) {
+  return std::find(std::begin(kRecordedSignals), std::end(kRecordedSignals), signal_number) !=
+         std::end(kRecordedSignals);
 }
 
 }  // namespace orochi

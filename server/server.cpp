@@ -25,6 +25,7 @@
 #include "http/router.h"
 #include "kserve/handlers.h"
 #include "kserve/settings.h"
+#include "listening_socket.h"
 #include "log.h"
 #include "metrics/metrics.h"
 #include "model_output_log.h"
@@ -168,8 +169,9 @@ struct Server::Impl {
   std::atomic<bool> ready{false};
   std::mutex stop_mutex;
   std::condition_variable stop_requested;
-  int stop_requests = 0;    // signals and RequestStop calls so far
-  bool skip_delay = false;  // stop without the shutdown delay (SIGINT, or a second request)
+  int stop_requests = 0;       // signals and RequestStop calls so far
+  bool listener_lost = false;  // a listener stopped listening: Run's status says so
+  bool skip_delay = false;     // stop without the shutdown delay (SIGINT, or a second request)
 
   void Stop(bool at_once) {
     {
@@ -274,6 +276,7 @@ struct Server::Impl {
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Server::~Server() {
+  SetListenerLostHandler(nullptr);
   RequestStop();
   impl_->io.stop();
   for (std::thread& thread : impl_->io_threads) {
@@ -491,6 +494,13 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   auto server = std::unique_ptr<Server>(new Server(std::move(impl)));
   Server* raw = server.get();
   server->impl_->AwaitSignal();
+  SetListenerLostHandler([impl = server->impl_.get()] {
+    {
+      std::lock_guard lock(impl->stop_mutex);
+      impl->listener_lost = true;
+    }
+    impl->Stop(/*at_once=*/true);  // the ports still listening serve what is in flight
+  });
   for (int i = 0; i < cfg.http.io_threads; ++i) {
     server->impl_->io_threads.emplace_back([raw] { RunIo(raw->impl_->io); });
   }
@@ -617,7 +627,8 @@ int Server::Run() {
     std::_Exit(1);
   }
   finish();
-  return 0;
+  std::lock_guard lock(s.stop_mutex);
+  return s.listener_lost ? kListenerLostExitStatus : 0;
 }
 
 }  // namespace orochi::server

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -25,10 +26,12 @@
 #include <utility>
 #include <vector>
 
+#include "listening_socket.h"
 #include "log.h"
 #include "orochi/base/crash_record.h"
 #include "orochi/packaging/model_key.h"
 #include "orochi/server/server.h"
+#include "supervisor_shield.h"
 
 namespace orochi::server {
 namespace {
@@ -45,36 +48,6 @@ constexpr std::chrono::milliseconds kLongestRestartDelay{5000};
 // A serving process that ran this long before dying was not in a crash loop.
 constexpr std::chrono::seconds kStableAfter{30};
 
-// A listening socket on address:port, as HttpServer::Listen makes one.
-Result<int> BindListener(const std::string& address, int port) {
-  sockaddr_storage storage{};
-  socklen_t length = 0;
-  auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
-  auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
-  if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons(static_cast<uint16_t>(port));
-    length = sizeof(sockaddr_in);
-  } else if (inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons(static_cast<uint16_t>(port));
-    length = sizeof(sockaddr_in6);
-  } else {
-    return InvalidArgument("'" + address + "' is not an IP address");
-  }
-  const int fd = ::socket(storage.ss_family, SOCK_STREAM, 0);
-  if (fd < 0) return Unavailable(std::string("cannot create a socket: ") + std::strerror(errno));
-  const int on = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&storage), length) != 0 ||
-      ::listen(fd, SOMAXCONN) != 0) {
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    return Unavailable("cannot listen on " + address + ":" + std::to_string(port) + ": " + why);
-  }
-  return fd;
-}
-
 // What the serving process reported on the pipe before it ended.
 struct Report {
   bool ready = false;
@@ -86,10 +59,15 @@ struct Report {
 
 // Reads everything the serving process wrote: "ready" once it serves, and a crash line if it
 // died of a fatal signal (see crash_record.h).
+// Model code can write to the pipe too (its descriptor is in /proc/self/fd): what one call
+// reads is bounded, as are the frames kept, so that a writer as fast as this reader neither
+// keeps it here nor grows its memory.
 Report ReadReport(int fd, Report report) {
+  constexpr size_t kMostBytesRead = 1 << 16;
+  constexpr size_t kMostFramesKept = 128;
   std::string text;
   char buffer[4096];
-  while (true) {
+  while (text.size() < kMostBytesRead) {
     const ssize_t got = ::read(fd, buffer, sizeof(buffer));
     if (got <= 0) break;
     text.append(buffer, static_cast<size_t>(got));
@@ -99,9 +77,14 @@ Report ReadReport(int fd, Report report) {
   while (std::getline(lines, line)) {
     if (line == "ready") {
       report.ready = true;
-    } else if (!report.crash.empty() && line.starts_with("  File ")) {
+    } else if (!report.crash.empty() && line.starts_with("  File ") &&
+               report.python_stack.size() < kMostFramesKept) {
       report.python_stack.push_back(line.substr(2));
     } else if (line.starts_with("crash ")) {
+      // The last line wins whole: the dying process's own comes after anything model code
+      // wrote to the pipe before it.
+      report.crash.clear();
+      report.python_stack.clear();
       std::istringstream fields(line.substr(6));
       std::string field;
       while (fields >> field) {
@@ -192,17 +175,27 @@ class Supervisor {
   Result<int> Run() {
     OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config_));
     ConfigureLog(config_.log.level, config_.log.format);
-    OROCHI_ASSIGN_OR_RETURN(inherited_.inference_fd,
-                            BindListener(config_.http.bind_address, config_.http.inference_port));
-    OROCHI_ASSIGN_OR_RETURN(inherited_.metrics_fd,
-                            BindListener(config_.http.bind_address, config_.http.metrics_port));
-    OROCHI_ASSIGN_OR_RETURN(inherited_.management_fd,
-                            BindListener(config_.management.bind_address, config_.management.port));
+    HideSupervisorMemory();
+    // What the serving process's models start and leave behind (setsid() daemons, out of the
+    // group that kill(-child) reaches) becomes the supervisor's child when its parent dies,
+    // rather than init's, so that KillDescendants finds it.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    // Signals a descriptor's owner or the terminal can send, which no seccomp filter sees
+    // coming: none is the supervisor's business, and their default actions end or stop it.
+    for (int unused : {SIGIO, SIGURG, SIGPIPE, SIGTTIN, SIGTTOU, SIGTSTP}) {
+      ::signal(unused, SIG_IGN);
+    }
+    OROCHI_RETURN_IF_ERROR(
+        Listen(config_.http.bind_address, config_.http.inference_port, inherited_.inference_fd));
+    OROCHI_RETURN_IF_ERROR(
+        Listen(config_.http.bind_address, config_.http.metrics_port, inherited_.metrics_fd));
+    OROCHI_RETURN_IF_ERROR(
+        Listen(config_.management.bind_address, config_.management.port, inherited_.management_fd));
     if (config_.grpc.enabled) {
       // Held here too, so that gRPC clients' connections wait in its backlog while a serving
       // process restarts instead of being refused (and backing off for seconds).
-      OROCHI_ASSIGN_OR_RETURN(inherited_.grpc_fd,
-                              BindListener(config_.grpc.bind_address, config_.grpc.port));
+      OROCHI_RETURN_IF_ERROR(
+          Listen(config_.grpc.bind_address, config_.grpc.port, inherited_.grpc_fd));
     }
     // The signals the supervisor acts on come through a signalfd, never to handlers: one poll
     // waits for them and for the serving process's output. The serving process gets the mask
@@ -231,8 +224,21 @@ class Supervisor {
         return Internal(std::string("cannot create a pipe: ") + std::strerror(errno));
       }
       const Clock::time_point started = Clock::now();
+      HealListeners();
       const pid_t supervisor = ::getpid();
+      const pid_t supervisor_group = ::getpgrp();
       const pid_t child = ::fork();
+      if (child < 0 && (errno == EAGAIN || errno == ENOMEM) && !first_start) {
+        // Out of processes (the user's limit, a pids cgroup): what the last serving process
+        // left is gone (KillDescendants), so the slots come back; retry rather than end.
+        Log(LogLevel::kError, "cannot start the serving process; retrying",
+            {{"error", std::strerror(errno)}});
+        ::close(report_pipe[0]);
+        ::close(report_pipe[1]);
+        KillDescendants();
+        if (WaitOrStop(std::chrono::milliseconds(500))) return 0;
+        continue;
+      }
       if (child < 0) {
         return Internal(std::string("cannot start the serving process: ") + std::strerror(errno));
       }
@@ -242,7 +248,7 @@ class Supervisor {
         ::close(report_pipe[0]);
         ::close(signals_);
         ::pthread_sigmask(SIG_SETMASK, &original, nullptr);
-        ServeInChild(report_pipe[1], supervisor);  // does not return
+        ServeInChild(report_pipe[1], supervisor, supervisor_group);  // does not return
       }
       ::close(report_pipe[1]);
       ::fcntl(report_pipe[0], F_SETFL, O_NONBLOCK);
@@ -250,12 +256,14 @@ class Supervisor {
       bool stopping = false;
       Report report;
       while (true) {
-        const int signal_number = Wait(std::nullopt);
-        if ((signal_number == SIGTERM || signal_number == SIGINT) && FromServingProcess(child)) {
-          // Model code (os.kill(os.getppid(), SIGTERM)) does not decide when the server stops.
+        const auto [signal_number, sender] = Wait(std::nullopt);
+        if ((signal_number == SIGTERM || signal_number == SIGINT) &&
+            FromServingProcess(sender, child)) {
+          // Model code does not decide when the server stops. (Its calls cannot reach the
+          // supervisor where the seccomp filter is in place: this is for where it is not.)
           Log(LogLevel::kWarning, "a stop signal from the serving process itself is ignored",
               {{"signal", SignalName(signal_number)},
-               {"sender_pid", std::to_string(last_sender_), false}});
+               {"sender_pid", std::to_string(sender), false}});
           continue;
         }
         if (signal_number == SIGTERM || signal_number == SIGINT) {
@@ -264,20 +272,12 @@ class Supervisor {
           continue;
         }
         report = ReadReport(report_pipe[0], report);  // keep the pipe from filling
-        const pid_t waited = ::waitpid(child, &status, WNOHANG | WUNTRACED);
-        if (waited == child && WIFSTOPPED(status)) {
-          // Stopped from inside (model code's os.kill(os.getpid(), SIGSTOP)): nobody would
-          // continue it, and a stopped process holds every port and answers nothing.
-          Log(LogLevel::kWarning, "the serving process was stopped; continuing it",
-              {{"signal", SignalName(WSTOPSIG(status))}});
-          ::kill(child, SIGCONT);
-          continue;
-        }
-        if (waited == child) break;
+        if (ReapChildren(child, status)) break;
       }
       // What model code forked and left behind (a child deadlocked on a lock the fork copied,
       // say) must not outlive the process it came from, nor hold what it inherited.
       ::kill(-child, SIGKILL);
+      KillDescendants();
       report = ReadReport(report_pipe[0], report);
       ::close(report_pipe[0]);
       stdout_.Drain();  // its last words, if it wrote any
@@ -314,7 +314,7 @@ class Supervisor {
   }
 
  private:
-  [[noreturn]] void ServeInChild(int report_fd, pid_t supervisor) {
+  [[noreturn]] void ServeInChild(int report_fd, pid_t supervisor, pid_t supervisor_group) {
     // If the supervisor is killed outright, the serving process must not linger on its ports.
     // SIGINT, not SIGTERM: it skips http.shutdown_delay_s (nothing routes here by then that
     // waiting would help) and goes straight to the drain.
@@ -323,9 +323,18 @@ class Supervisor {
     // it was started from: model code reading it (input(), pdb) would stop the process with
     // SIGTTIN. Ignored, such a read fails (EIO) instead.
     for (int job_control : {SIGTTIN, SIGTTOU, SIGTSTP}) ::signal(job_control, SIG_IGN);
+    IgnoreUnusedSignals();
     // The supervisor may have gone before the request above took effect. (It may be PID 1 itself,
     // in a container: compare with its pid, not with init's.)
     if (::getppid() != supervisor) std::_Exit(1);
+    // Never blocks: a pipe that model code filled loses the crash record, not the restart.
+    ::fcntl(report_fd, F_SETFL, O_NONBLOCK);
+    // Before any model code: from here no call of this process or of what it starts can signal
+    // the supervisor (supervisor_shield.h).
+    if (Status shielded = ShieldSupervisorFrom(supervisor, supervisor_group); !shielded.ok()) {
+      Log(LogLevel::kWarning, "model code can signal the supervisor",
+          {{"reason", shielded.message()}});
+    }
     InstallCrashRecorder(report_fd);
     Result<std::unique_ptr<Server>> started = Server::Start(config_, inherited_);
     if (!started.ok()) {
@@ -351,6 +360,73 @@ class Supervisor {
     std::exit(code);
   }
 
+  // Binds address:port into `fd`, and remembers where for HealListeners (the port the kernel
+  // picked, where the configured one is 0).
+  Status Listen(const std::string& address, int port, int& fd) {
+    OROCHI_ASSIGN_OR_RETURN(fd, BindListener(address, port));
+    listeners_.push_back({address, BoundPort(fd), &fd});
+    return Status::Ok();
+  }
+
+  // Binds again each listener that no longer listens (see listening_socket.h), on its port.
+  void HealListeners() {
+    for (const Listener& listener : listeners_) {
+      if (ListenerIntact(*listener.fd)) continue;
+      ::close(*listener.fd);
+      Result<int> bound = BindListener(listener.address, listener.port);
+      if (!bound.ok()) {
+        // The serving process binds the port itself (-1), if it is free by then; the next
+        // restart tries here again.
+        *listener.fd = -1;
+        Log(LogLevel::kError,
+            "a listening socket was shut down or shared and cannot be bound again",
+            {{"port", std::to_string(listener.port), false}, {"error", bound.status().message()}});
+        continue;
+      }
+      *listener.fd = *bound;
+      Log(LogLevel::kWarning, "a listening socket was shut down or shared; bound again",
+          {{"port", std::to_string(listener.port), false}});
+    }
+  }
+
+  // Kills and reaps every child of the supervisor, the serving process being dead: what its
+  // models left, reparented here (PR_SET_CHILD_SUBREAPER), round after round, since killing a
+  // process reparents its own children here in turn. Bounded, against a fork loop that keeps
+  // pace; what is left then is met again at the next death.
+  static void KillDescendants() {
+    for (int round = 0; round < 1000; ++round) {
+      std::vector<pid_t> children;
+      std::ifstream listed("/proc/self/task/" + std::to_string(::getpid()) + "/children");
+      for (pid_t pid = 0; listed >> pid;) children.push_back(pid);
+      if (children.empty()) return;
+      for (pid_t pid : children) ::kill(pid, SIGKILL);
+      for (pid_t pid : children) ::waitpid(pid, nullptr, 0);
+    }
+  }
+
+  // Reaps what ended among the supervisor's children: true, with its `status`, when the
+  // serving process `child` did. Any other child is reaped and forgotten (one that model code
+  // made the supervisor's with CLONE_PARENT, where the filter does not stop it), so that none
+  // stays a zombie. A serving process stopped from inside (model code's
+  // os.kill(os.getpid(), SIGSTOP)) is continued: nobody else would, and a stopped process holds
+  // every port and answers nothing.
+  static bool ReapChildren(pid_t child, int& status) {
+    while (true) {
+      int reaped_status = 0;
+      const pid_t reaped = ::waitpid(-1, &reaped_status, WNOHANG | WUNTRACED);
+      if (reaped <= 0) return false;
+      if (reaped != child) continue;
+      if (WIFSTOPPED(reaped_status)) {
+        Log(LogLevel::kWarning, "the serving process was stopped; continuing it",
+            {{"signal", SignalName(WSTOPSIG(reaped_status))}});
+        ::kill(child, SIGCONT);
+        continue;
+      }
+      status = reaped_status;
+      return true;
+    }
+  }
+
   // Logs the death of a serving process and keeps the books for the next one.
   void RecordDeath(int status, const Report& report,
                    const char* message = "the serving process died; restarting it") {
@@ -365,7 +441,12 @@ class Supervisor {
       auto found = report.crash.find(name);
       return found != report.crash.end() ? found->second : std::string();
     };
-    const std::string model_key = field("model");
+    // A record is the process's only if the handler could have written it and it names the
+    // signal the process died of: a line that model code wrote before killing its process some
+    // other way (SIGKILL, which no handler sees) must not put its crash on another model.
+    const bool recorded = WIFSIGNALED(status) && IsRecordedSignal(WTERMSIG(status)) &&
+                          field("signal") == std::to_string(WTERMSIG(status));
+    const std::string model_key = recorded ? field("model") : std::string();
     if (!model_key.empty()) {
       fields.push_back({"model", model_key});
       fields.push_back({"copy", field("copy"), false});
@@ -403,7 +484,11 @@ class Supervisor {
 
   // Waits for a signal (returned), logging the serving process's output meanwhile; with a
   // `timeout`, 0 when it passes first.
-  int Wait(std::optional<std::chrono::milliseconds> timeout) {
+  struct Signal {
+    int number = 0;  // 0: the timeout passed first
+    pid_t sender = 0;
+  };
+  Signal Wait(std::optional<std::chrono::milliseconds> timeout) {
     const Clock::time_point until = Clock::now() + timeout.value_or(std::chrono::milliseconds(0));
     while (true) {
       pollfd watched[] = {
@@ -414,22 +499,21 @@ class Supervisor {
             0,
             std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count()));
       }
-      if (::poll(watched, 3, wait_ms) < 0 && errno != EINTR) return 0;
+      if (::poll(watched, 3, wait_ms) < 0 && errno != EINTR) return {};
       if ((watched[1].revents & POLLIN) != 0) stdout_.Drain();
       if ((watched[2].revents & POLLIN) != 0) stderr_.Drain();
       signalfd_siginfo info{};
       if (::read(signals_, &info, sizeof(info)) == sizeof(info)) {
-        last_sender_ = static_cast<pid_t>(info.ssi_pid);
-        return static_cast<int>(info.ssi_signo);
+        return {static_cast<int>(info.ssi_signo), static_cast<pid_t>(info.ssi_pid)};
       }
-      if (timeout && Clock::now() >= until) return 0;
+      if (timeout && Clock::now() >= until) return {};
     }
   }
 
-  // Whether the last signal came from the serving process `child` or a process of its group
-  // (what its models forked).
-  bool FromServingProcess(pid_t child) const {
-    return last_sender_ > 0 && (last_sender_ == child || ::getpgid(last_sender_) == child);
+  // Whether `sender` is the serving process `child` or a process of its group (what its models
+  // forked).
+  static bool FromServingProcess(pid_t sender, pid_t child) {
+    return sender > 0 && (sender == child || ::getpgid(sender) == child);
   }
 
   // Sleeps `delay` unless SIGTERM or SIGINT comes first (true then: stop).
@@ -437,16 +521,22 @@ class Supervisor {
     const Clock::time_point until = Clock::now() + delay;
     while (Clock::now() < until) {
       const int signal_number =
-          Wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
+          Wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now())).number;
       if (signal_number == SIGTERM || signal_number == SIGINT) return true;
     }
     return false;
   }
 
+  struct Listener {
+    std::string address;
+    int port = 0;
+    int* fd = nullptr;  // in inherited_
+  };
+
   const ServerConfig config_;
   Inheritance inherited_;
+  std::vector<Listener> listeners_;
   int signals_ = -1;               // a signalfd for SIGTERM, SIGINT and SIGCHLD
-  pid_t last_sender_ = 0;          // of the signal Wait returned last
   int stdout_pipe_[2] = {-1, -1};  // the serving process's descriptor 1, once it serves
   int stderr_pipe_[2] = {-1, -1};  // and 2
   DescriptorOutput stdout_{&stdout_pipe_[0], "stdout"};

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "orochi/base/process_memory.h"
 #include "orochi/interpreters/interpreter.h"
 #include "orochi/interpreters/interpreter_manager.h"
 
@@ -43,14 +44,6 @@ T Check(orochi::Result<T> result) {
 
 void Check(const orochi::Status& status) {
   if (!status.ok()) Die(status);
-}
-
-long ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  long total = 0;
-  long resident = 0;
-  statm >> total >> resident;
-  return resident * sysconf(_SC_PAGESIZE);
 }
 
 double Seconds(Clock::duration duration) { return std::chrono::duration<double>(duration).count(); }
@@ -99,12 +92,12 @@ void BenchCreation(int samples) {
 
 void BenchIdleMemory(int copies) {
   malloc_trim(0);
-  long before = ResidentBytes();
+  const int64_t before = orochi::ResidentBytes();
   std::vector<std::unique_ptr<Interpreter>> alive;
   alive.reserve(static_cast<size_t>(copies));
   for (int i = 0; i < copies; ++i) alive.push_back(Check(Interpreter::Create({})));
   malloc_trim(0);
-  double per_copy_mb = static_cast<double>(ResidentBytes() - before) / copies / (1 << 20);
+  double per_copy_mb = static_cast<double>(orochi::ResidentBytes() - before) / copies / (1 << 20);
   std::printf("idle memory:     %.1f MB resident per copy over %d copies  (goal <= 12 MB)\n",
               per_copy_mb, copies);
 }

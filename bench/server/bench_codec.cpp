@@ -14,13 +14,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "orochi/base/process_memory.h"
 #include "orochi/engine/tensor.h"
 #include "orochi/server/kserve_codec.h"
 
@@ -30,15 +30,6 @@ using orochi::engine::DType;
 using orochi::engine::Tensor;
 using orochi::packaging::DataType;
 namespace kserve = orochi::server::kserve;
-
-int64_t ResidentKiB(const char* field) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.starts_with(field)) return std::stoll(line.substr(std::string(field).size()));
-  }
-  return 0;
-}
 
 struct Measurement {
   double seconds = 0;
@@ -52,7 +43,7 @@ Measurement InChild(const std::function<void()>& work) {
   const pid_t child = fork();
   if (child == 0) {
     close(pipe_ends[0]);
-    const int64_t start_kib = ResidentKiB("VmRSS:");
+    const int64_t start_kib = orochi::ProcessStatusKiB("VmRSS");
     double best = 1e9;
     for (int run = 0; run < 3; ++run) {
       const auto start = std::chrono::steady_clock::now();
@@ -60,7 +51,8 @@ Measurement InChild(const std::function<void()>& work) {
       best = std::min(
           best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
-    Measurement result{best, static_cast<double>(ResidentKiB("VmHWM:") - start_kib) / 1024};
+    Measurement result{best,
+                       static_cast<double>(orochi::ProcessStatusKiB("VmHWM") - start_kib) / 1024};
     if (write(pipe_ends[1], &result, sizeof(result)) != sizeof(result)) _exit(1);
     _exit(0);
   }

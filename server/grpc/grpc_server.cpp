@@ -12,24 +12,10 @@
 #include <cstring>
 #include <utility>
 
+#include "listening_socket.h"
 #include "log.h"
 
 namespace orochi::server::grpc_api {
-namespace {
-
-// The port a bound socket listens on.
-int LocalPort(int fd) {
-  sockaddr_storage address{};
-  socklen_t length = sizeof(address);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return 0;
-  if (address.ss_family == AF_INET6) {
-    return ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
-  }
-  return ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
-}
-
-}  // namespace
-
 Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metrics& metrics,
                                                       const ServerConfig& config,
                                                       ServiceOptions options, int listener_fd) {
@@ -51,7 +37,7 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metr
     server->acceptor_ = builder.experimental().AddExternalConnectionAcceptor(
         grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
         grpc::InsecureServerCredentials());
-    server->port_ = LocalPort(listener_fd);
+    server->port_ = BoundPort(listener_fd);
   }
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(grpc_config.max_message_bytes));
@@ -86,6 +72,13 @@ void GrpcServer::AcceptConnections() {
     if (watched[0].revents == 0) continue;
     // Non-blocking, as gRPC's own listener makes the connections it accepts.
     const int fd = ::accept4(listener_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    // Shut down from model code, no accept will succeed again (and poll says so at once);
+    // shared through SO_REUSEPORT, part of the connections go elsewhere.
+    if (!ListenerIntact(listener_fd_)) {
+      ReportListenerLost(port_);
+      if (fd >= 0) ::close(fd);
+      return;
+    }
     if (fd < 0) {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         // The connection stays in the backlog, and retrying at once would spin: as HTTP does.

@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "listening_socket.h"
 #include "log.h"
 
 namespace orochi::server::http {
@@ -927,6 +928,13 @@ void HttpServer::Accept() {
   acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code error,
                                                         tcp::socket socket) {
     if (error == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    // Checked with each connection too, so that a listener shared through SO_REUSEPORT is
+    // noticed at once. The server drains and exits; nothing to accept meanwhile.
+    const bool intact = ListenerIntact(acceptor_.native_handle());
+    if (error && !intact) {
+      ReportListenerLost(port_);
+      return;
+    }
     if (error) {
       // Out of descriptors (EMFILE, ENFILE) or memory: the connection stays in the
       // backlog, so accepting again at once fails again at once, at full CPU, and starves
@@ -974,6 +982,10 @@ void HttpServer::Accept() {
         }));
         break;
       }
+    }
+    if (!intact) {
+      ReportListenerLost(port_);
+      return;
     }
     Accept();
   });

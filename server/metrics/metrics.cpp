@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "orochi/base/process_memory.h"
 #include "orochi/engine/device.h"
 
 namespace orochi::server {
@@ -249,41 +250,77 @@ constexpr const char* kSequenceEndReasons[] = {"end",  "restarted", "expired",
 
 }  // namespace
 
+// The table of a version's series, by kind: what ModelKnown, StreamsKnown and SequencesKnown
+// add (at 0) is exactly what ModelGone and LoadRefused remove, so the two cannot drift apart.
+// `visit(family, labels, buckets...)` is called once per series; histograms get their buckets.
+template <typename Visit>
+void Metrics::ForEachSeries(SeriesKind kind, const std::string& model, const std::string& version,
+                            Visit visit) {
+  const prometheus::Labels labels{{"model", model}, {"version", version}};
+  const auto labelled = [&](const char* name, const char* value) {
+    return prometheus::Labels{{"model", model}, {"version", version}, {name, value}};
+  };
+  switch (kind) {
+    case SeriesKind::kRequests:
+      for (const char* reason : kRequestReasons) visit(requests_, labelled("reason", reason));
+      visit(request_seconds_, labels, LatencyBuckets());
+      visit(queue_seconds_, labels, LatencyBuckets());
+      visit(compute_seconds_, labels, LatencyBuckets());
+      visit(batch_size_, labels, BatchBuckets());
+      visit(queue_depth_, labels);
+      visit(queue_capacity_, labels);
+      return;
+    case SeriesKind::kStreams:
+      visit(first_response_seconds_, labels, LatencyBuckets());
+      visit(between_responses_seconds_, labels, LatencyBuckets());
+      visit(stream_responses_, labels);
+      visit(live_streams_, labels);
+      for (const char* end : kStreamEnds) visit(streams_ended_, labelled("end", end));
+      return;
+    case SeriesKind::kSequences:
+      visit(live_sequences_, labels);
+      for (const char* reason : kSequenceEndReasons) {
+        visit(sequences_ended_, labelled("reason", reason));
+      }
+      return;
+    case SeriesKind::kLoads:
+      for (const char* result : {"success", "failure"}) {
+        visit(model_loads_, labelled("result", result));
+      }
+      visit(model_load_seconds_, labels, LatencyBuckets());
+      return;
+  }
+}
+
+void Metrics::AddSeries(SeriesKind kind, const std::string& model, const std::string& version) {
+  ForEachSeries(kind, model, version,
+                [](auto& family, const prometheus::Labels& labels, const auto&... buckets) {
+                  family.Add(labels, buckets...);
+                });
+}
+
+void Metrics::RemoveSeries(SeriesKind kind, const std::string& model, const std::string& version) {
+  ForEachSeries(kind, model, version,
+                [](auto& family, const prometheus::Labels& labels, const auto&... buckets) {
+                  family.Remove(&family.Add(labels, buckets...));
+                });
+}
+
 void Metrics::ModelKnown(const std::string& model, const std::string& version,
                          int64_t max_queue_size) {
-  for (const char* reason : kRequestReasons) {
-    requests_.Add({{"model", model}, {"version", version}, {"reason", reason}});
-  }
-  const prometheus::Labels labels{{"model", model}, {"version", version}};
-  request_seconds_.Add(labels, LatencyBuckets());
-  queue_seconds_.Add(labels, LatencyBuckets());
-  compute_seconds_.Add(labels, LatencyBuckets());
-  batch_size_.Add(labels, BatchBuckets());
-  queue_depth_.Add(labels);
-  queue_capacity_.Add(labels).Set(static_cast<double>(max_queue_size));
-  for (const char* result : {"success", "failure"}) {
-    model_loads_.Add({{"model", model}, {"version", version}, {"result", result}});
-  }
-  model_load_seconds_.Add(labels, LatencyBuckets());
-  model_crashes_.Add({{"model", model}});
+  AddSeries(SeriesKind::kRequests, model, version);
+  queue_capacity_.Add({{"model", model}, {"version", version}})
+      .Set(static_cast<double>(max_queue_size));
+  AddSeries(SeriesKind::kLoads, model, version);
+  model_crashes_.Add({{"model", model}});  // per model, kept across its versions
 }
 
 void Metrics::StreamsKnown(const std::string& model, const std::string& version) {
-  const prometheus::Labels labels{{"model", model}, {"version", version}};
-  first_response_seconds_.Add(labels, LatencyBuckets());
-  between_responses_seconds_.Add(labels, LatencyBuckets());
-  stream_responses_.Add(labels);
-  live_streams_.Add(labels);
-  for (const char* end : kStreamEnds) {
-    streams_ended_.Add({{"model", model}, {"version", version}, {"end", end}});
-  }
+  AddSeries(SeriesKind::kStreams, model, version);
 }
 
 void Metrics::SequencesKnown(const std::string& model, const std::string& version) {
-  live_sequences_.Add({{"model", model}, {"version", version}});
-  for (const char* reason : kSequenceEndReasons) {
-    sequences_ended_.Add({{"model", model}, {"version", version}, {"reason", reason}});
-  }
+  AddSeries(SeriesKind::kSequences, model, version);
 }
 
 void Metrics::ModelGone(const std::string& model, const std::string& version) {
@@ -302,39 +339,15 @@ void Metrics::LoadRefusalGone(const std::string& model, const std::string& versi
 void Metrics::CopyReplaced() { copies_replaced_.Increment(); }
 
 void Metrics::RemoveRequestSeries(const std::string& model, const std::string& version) {
-  for (const char* reason : kRequestReasons) {
-    requests_.Remove(&requests_.Add({{"model", model}, {"version", version}, {"reason", reason}}));
+  for (SeriesKind kind : {SeriesKind::kRequests, SeriesKind::kStreams, SeriesKind::kSequences}) {
+    RemoveSeries(kind, model, version);
   }
-  const prometheus::Labels labels{{"model", model}, {"version", version}};
-  request_seconds_.Remove(&request_seconds_.Add(labels, LatencyBuckets()));
-  queue_seconds_.Remove(&queue_seconds_.Add(labels, LatencyBuckets()));
-  compute_seconds_.Remove(&compute_seconds_.Add(labels, LatencyBuckets()));
-  batch_size_.Remove(&batch_size_.Add(labels, BatchBuckets()));
-  queue_depth_.Remove(&queue_depth_.Add(labels));
-  first_response_seconds_.Remove(&first_response_seconds_.Add(labels, LatencyBuckets()));
-  between_responses_seconds_.Remove(&between_responses_seconds_.Add(labels, LatencyBuckets()));
-  stream_responses_.Remove(&stream_responses_.Add(labels));
-  live_streams_.Remove(&live_streams_.Add(labels));
-  for (const char* end : kStreamEnds) {
-    streams_ended_.Remove(
-        &streams_ended_.Add({{"model", model}, {"version", version}, {"end", end}}));
-  }
-  live_sequences_.Remove(&live_sequences_.Add(labels));
-  for (const char* reason : kSequenceEndReasons) {
-    sequences_ended_.Remove(
-        &sequences_ended_.Add({{"model", model}, {"version", version}, {"reason", reason}}));
-  }
-  queue_capacity_.Remove(&queue_capacity_.Add(labels));
 }
 
 void Metrics::RemoveLoadSeries(const std::string& model, const std::string& version) {
-  const prometheus::Labels labels{{"model", model}, {"version", version}};
-  for (const char* result : {"success", "failure"}) {
-    model_loads_.Remove(
-        &model_loads_.Add({{"model", model}, {"version", version}, {"result", result}}));
-  }
-  model_load_seconds_.Remove(&model_load_seconds_.Add(labels, LatencyBuckets()));
-  model_load_failed_.Remove(&model_load_failed_.Add(labels));
+  RemoveSeries(SeriesKind::kLoads, model, version);
+  // Made by ModelLoaded once a load ends, not ahead (a 0 before then would say it had not failed).
+  model_load_failed_.Remove(&model_load_failed_.Add({{"model", model}, {"version", version}}));
 }
 
 void Metrics::StreamResponse(const std::string& model, const std::string& version, bool first,
@@ -410,10 +423,8 @@ std::string Metrics::Render() {
       cpu_seconds_reported_ = used;
     }
   }
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.starts_with("VmRSS:")) resident_bytes_.Set(std::stod(line.substr(6)) * 1024);
+  if (const int64_t resident = ResidentBytes(); resident >= 0) {
+    resident_bytes_.Set(static_cast<double>(resident));
   }
   std::error_code error;
   double fds = 0;

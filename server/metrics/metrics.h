@@ -78,6 +78,15 @@ class Metrics {
   std::string Render();
 
  private:
+  // The kinds of a version's series: every model's requests and loads, a streaming model's
+  // streams, a stateful model's sequences.
+  enum class SeriesKind { kRequests, kStreams, kSequences, kLoads };
+  template <typename Visit>
+  void ForEachSeries(SeriesKind kind, const std::string& model, const std::string& version,
+                     Visit visit);
+  void AddSeries(SeriesKind kind, const std::string& model, const std::string& version);
+  void RemoveSeries(SeriesKind kind, const std::string& model, const std::string& version);
+  // Requests, streams and sequences: a version that never served or serves no more.
   void RemoveRequestSeries(const std::string& model, const std::string& version);
   void RemoveLoadSeries(const std::string& model, const std::string& version);
 

@@ -242,10 +242,12 @@ Status Scheduler::CopyAvailability(const ModelQueue& queue) {
       std::find(queue.held_by.begin(), queue.held_by.end(), true) != queue.held_by.end()) {
     return Status::Ok();
   }
+  const bool retried =
+      std::find(queue.missing_in.begin(), queue.missing_in.end(), true) != queue.missing_in.end();
   return Unavailable("model " + queue.model->key() +
                      " has no interpreter copy to run in: loading it into the replacement of a "
                      "stuck copy failed (" +
-                     queue.load_error + "); the load is retried");
+                     queue.load_error + ")" + (retried ? "; the load is retried" : ""));
 }
 
 Status Scheduler::Submit(const std::string& model_key, InferJob& job) {
@@ -333,6 +335,13 @@ size_t Scheduler::Stop(std::optional<Clock::time_point> deadline) {
       worker.copy.reset();
       if (worker.queue != nullptr) worker.queue->running--;  // its thread will not touch it
       worker.queue = nullptr;
+      if (worker.reloading != nullptr) {
+        // Nor the queue of the model it reloads; it counts itself out of abandoned_running_
+        // should it return (LoadMissingModel).
+        worker.reloading->running--;
+        worker.reloading = nullptr;
+        abandoned_running_++;
+      }
       worker.thread.detach();
     }
     idle_.notify_all();  // a RemoveModel may be waiting on a batch that was left behind
@@ -733,6 +742,15 @@ void Scheduler::Watch() {
     for (size_t slot = 0; slot < workers_.size(); ++slot) {
       Worker& worker = workers_[slot];
       if (worker.between_calls) continue;  // streams: their worker watches them itself
+      if (worker.reloading != nullptr && worker.deadline) {
+        // LoadInto interrupts the load at the deadline itself; past the grace, it is stuck.
+        if (now >= *worker.deadline + execution_grace_) {
+          ReplaceStuckReload(lock, slot);
+        } else {
+          next = std::min(next, *worker.deadline + execution_grace_);
+        }
+        continue;
+      }
       if (worker.batch && !worker.interrupted) {
         // A stream's call is left to return (its generator is then closed at its yield)
         // unless it is stuck in the call.
@@ -792,26 +810,18 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
   Worker& worker = workers_[slot];
   std::shared_ptr<Batch> batch = std::move(worker.batch);
   ModelQueue* queue = worker.queue;
-  worker.generation++;
-  worker.busy = false;  // the stuck thread is no longer the slot's worker
-  worker.between_calls = false;
   const bool streams = queue != nullptr && queue->batching.streaming && batch;
   if (streams) {
     queue->live_streams -= static_cast<int64_t>(batch->jobs.size());
     if (observer_ != nullptr) observer_->OnLiveStreams(queue->model->key(), queue->live_streams);
   }
-  worker.copy.reset();
-  worker.deadline.reset();
-  worker.queue = nullptr;
-  worker.thread.detach();  // it may never come back from the copy
+  LeaveStuckWorker(slot);
   std::vector<std::pair<InferJob, Status>> lost;
   LoseSequences(slot, answer.message(), lost);
   // Its thread returns early, if ever, without ending the batch for the observer.
   if (observer_ != nullptr) observer_->OnCopyRunning(slot, false);
   if (queue != nullptr) queue->running--;
   idle_.notify_all();
-  abandoned_running_++;
-  if (observer_ != nullptr) observer_->OnAbandonedCopies(static_cast<int64_t>(abandoned_running_));
   // The stuck thread cannot be stopped, only left: past the cap, the model whose code it is
   // stuck in gets no more copies to get stuck in. The copy is still replaced, so that the other
   // models keep their capacity (and a load into the slot does not wait on the stuck thread).
@@ -867,6 +877,55 @@ void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot
     job.done(Unavailable(unavailable), InferTimings{now - job.enqueued, {}, 0});
   }
   for (auto& [job, refusal] : lost) job.done(refusal, InferTimings{now - job.enqueued, {}, 0});
+  lock.lock();
+}
+
+void Scheduler::LeaveStuckWorker(size_t slot) {
+  Worker& worker = workers_[slot];
+  worker.generation++;
+  worker.busy = false;  // the stuck thread is no longer the slot's worker
+  worker.between_calls = false;
+  worker.copy.reset();
+  worker.deadline.reset();
+  worker.queue = nullptr;
+  worker.reloading = nullptr;
+  worker.thread.detach();  // it may never come back from the copy
+  abandoned_running_++;
+  if (observer_ != nullptr) observer_->OnAbandonedCopies(static_cast<int64_t>(abandoned_running_));
+}
+
+void Scheduler::ReplaceStuckReload(std::unique_lock<std::mutex>& lock, size_t slot) {
+  Worker& worker = workers_[slot];
+  ModelQueue& queue = *worker.reloading;
+  const std::chrono::milliseconds timeout = queue.model->load_timeout();
+  LeaveStuckWorker(slot);
+  queue.running--;  // as LoadMissingModel would have, so that an unload waits for nothing
+  idle_.notify_all();
+  queue.missing_in[slot] = false;  // not loaded here again: see the header
+  queue.load_error =
+      "its __init__ did not return within the load timeout of " + std::to_string(timeout.count()) +
+      " ms and the grace of " + std::to_string(execution_grace_.count()) +
+      " ms when reloaded into the replacement of interpreter copy " + std::to_string(slot) +
+      " (stuck where the interrupt does not reach, in C code); that copy was "
+      "replaced in turn, and the model is not loaded into it again: load it "
+      "explicitly or deploy another version";
+  Log(LogLevel::kError,
+      "reloading a model got stuck past the load timeout; its copy was replaced without it",
+      {{"copy", std::to_string(slot), false},
+       {"model", queue.model->key()},
+       {"load_timeout_ms", std::to_string(timeout.count()), false}});
+  StartReplacementWorker(slot, &queue);
+  if (observer_ != nullptr) ReportRecovering();
+  if (CopyAvailability(queue).ok()) return;
+  // No copy holds it any more: its queued requests would wait for nothing.
+  std::vector<InferJob> refused(std::make_move_iterator(queue.jobs.begin()),
+                                std::make_move_iterator(queue.jobs.end()));
+  queue.jobs.clear();
+  if (observer_ != nullptr) observer_->OnQueueDepth(queue.model->key(), 0);
+  const Status refusal = CopyAvailability(queue);
+  lock.unlock();
+  const Clock::time_point now = Clock::now();
+  for (InferJob& job : refused) job.done(refusal, InferTimings{now - job.enqueued, {}, 0});
   lock.lock();
 }
 
@@ -960,9 +1019,10 @@ void Scheduler::RepairSlot(std::unique_lock<std::mutex>& lock, size_t slot, uint
     }
     ModelQueue& queue = *found->second;
     const size_t refused_before = refused.size();
-    if (!LoadMissingModel(lock, slot, queue, refused)) failed.push_back(key);
+    const bool loaded = LoadMissingModel(lock, slot, generation, queue, refused);
+    if (worker.generation != generation) return;  // left to a stuck load, or behind by Stop
+    if (!loaded) failed.push_back(key);
     if (refused.size() > refused_before) refused_reason = CopyAvailability(queue).message();
-    if (worker.generation != generation) break;  // left behind by Stop meanwhile
   }
   if (!failed.empty()) {
     const std::chrono::milliseconds wait = BackOff(worker);
@@ -994,15 +1054,33 @@ void Scheduler::RepairSlot(std::unique_lock<std::mutex>& lock, size_t slot, uint
   lock.lock();
 }
 
-bool Scheduler::LoadMissingModel(std::unique_lock<std::mutex>& lock, size_t slot, ModelQueue& queue,
+bool Scheduler::LoadMissingModel(std::unique_lock<std::mutex>& lock, size_t slot,
+                                 uint64_t generation, ModelQueue& queue,
                                  std::vector<InferJob>& refused) {
   // RemoveModel waits while running > 0, so the queue outlives the load, and the model is
   // never unloaded while it is being loaded again here.
   queue.running++;
   const std::shared_ptr<interpreters::ReplicatedModel> model = queue.model;
+  Worker& worker = workers_[slot];
+  if (model->load_timeout().count() > 0) {
+    worker.reloading = &queue;
+    worker.deadline = Clock::now() + model->load_timeout();
+    watch_.notify_all();
+  }
   lock.unlock();
   const Status loaded = model->LoadInto(slot);
   lock.lock();
+  if (worker.generation != generation) {
+    // Left to its stuck load by ReplaceStuckReload, which did this thread's accounts for the
+    // queue (which may be gone by now); it has returned at last and no longer burns a core.
+    if (abandoned_running_ > 0) abandoned_running_--;
+    if (observer_ != nullptr) {
+      observer_->OnAbandonedCopies(static_cast<int64_t>(abandoned_running_));
+    }
+    return false;
+  }
+  worker.reloading = nullptr;
+  worker.deadline.reset();
   queue.running--;
   idle_.notify_all();
   if (loaded.ok()) {

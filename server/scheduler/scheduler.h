@@ -299,6 +299,9 @@ class Scheduler {
     bool needs_fresh_copy = false;
     int failed_attempts = 0;     // repairs in a row that failed, for the backoff
     Clock::time_point retry_at;  // the next repair does not start before
+    // The model RepairSlot is loading into the slot's fresh copy, whose load `deadline` is
+    // watched as a batch's is (ReplaceStuckReload).
+    ModelQueue* reloading = nullptr;
   };
 
   void Work(size_t slot, uint64_t generation);
@@ -344,6 +347,15 @@ class Scheduler {
   // a while.
   void ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot, const Status& answer,
                         const ModelQueue* leaving = nullptr);
+  // Abandons the copy on `slot` whose worker is stuck reloading `worker.reloading` past the
+  // load timeout and the grace (in C code, where the interrupt does not reach), and starts a
+  // fresh one with the slot's other models: that model is not loaded into the slot again, so
+  // that a model that always gets stuck there costs one copy, not one per retry. Unlocks
+  // `lock` for a while.
+  void ReplaceStuckReload(std::unique_lock<std::mutex>& lock, size_t slot);
+  // Leaves `slot`'s worker thread to its stuck call: a new generation takes the slot, and the
+  // thread counts as running an abandoned copy until it returns.
+  void LeaveStuckWorker(size_t slot);
   // Starts the worker of a new generation on `slot`, whose copy was just abandoned: it first
   // puts a fresh copy there with the slot's models but `leaving` (RepairSlot), then serves.
   void StartReplacementWorker(size_t slot, const ModelQueue* leaving);
@@ -356,8 +368,10 @@ class Scheduler {
   // Loads `queue`'s model into `slot`; the model is counted as running meanwhile so that
   // RemoveModel waits for the load. Requests refused because the model has no copy left are
   // added to `refused`. Unlocks `lock` while the model loads.
-  bool LoadMissingModel(std::unique_lock<std::mutex>& lock, size_t slot, ModelQueue& queue,
-                        std::vector<InferJob>& refused);
+  // False too when the load got stuck and the worker of `generation` was left to it
+  // (ReplaceStuckReload): the caller must then return without touching the slot.
+  bool LoadMissingModel(std::unique_lock<std::mutex>& lock, size_t slot, uint64_t generation,
+                        ModelQueue& queue, std::vector<InferJob>& refused);
   // Counts a failed repair of `slot` and sets when the next one starts; returns the wait.
   std::chrono::milliseconds BackOff(Worker& worker);
   // Tells the observer how many slots are recovering (see OnCopiesRecovering).

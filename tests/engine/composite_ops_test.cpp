@@ -1,4 +1,6 @@
-// The ops built from kernels and other ops, against references computed here.
+// The ops built from kernels and other ops, against references computed here. Where such a
+// reference is the op's formula written again (variance, the norms, attention), the op is also
+// checked on values worked out by hand or by PyTorch, written out as literals.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -76,6 +78,16 @@ TEST(Statistics, VarStdProdAnyAll) {
   EXPECT_EQ(Any(Zeros({0})).ItemAsDouble(), 0);
   EXPECT_EQ(Any(Arange(0, 3, 1, DType::kUInt8)).dtype(), DType::kUInt8);
   EXPECT_EQ(All(Zeros({0}, DType::kUInt8), {0}).dtype(), DType::kUInt8);
+}
+
+// Worked by hand: {2, 4, 4, 4, 5, 5, 7, 9} has mean 5 and squared deviations summing to 32.
+TEST(Statistics, VarAndStdOfHandWorkedValues) {
+  const Tensor x = TensorOf({2, 8}, {2, 4, 4, 4, 5, 5, 7, 9, 9, 7, 5, 5, 4, 4, 4, 2});
+  ExpectNear(Var(x, {1}, 0), {4, 4}, 1e-15, "population variance");
+  ExpectNear(Std(x, {1}, 0), {2, 2}, 1e-15, "population deviation");
+  ExpectNear(Var(x, {1}, 1), {32.0 / 7, 32.0 / 7}, 1e-15, "sample variance");
+  ExpectNear(Std(x, {1}, 1), {std::sqrt(32.0 / 7), std::sqrt(32.0 / 7)}, 1e-15, "sample deviation");
+  ExpectNear(Var(x.To(DType::kFloat32), {}, 0), {4}, 2e-6, "over both rows, float32");
 }
 
 TEST(Selection, WhereClampLogicalMaskedFill) {
@@ -332,6 +344,51 @@ TEST(Normalization, LayerNormAndRmsNormMatchTheReference) {
   }
   EXPECT_THROW(LayerNorm(Zeros({2, 3}), {4}), Error);
   EXPECT_THROW(LayerNorm(Zeros({2, 3}), {3}, Zeros({4})), Error);
+}
+
+// Worked by hand: the row {2, 4, 4, 4, 5, 5, 7, 9} has mean 5 and (biased) variance 4, so with
+// eps = 5 layer norm divides its deviations by sqrt(4 + 5) = 3; the row {1, 2, 2, 4} has mean
+// square 25 / 4, so with eps = 11 / 4 RMS norm divides it by sqrt(9) = 3. An eps added outside
+// the square root, or an unbiased variance, gives other numbers.
+TEST(Normalization, LayerNormAndRmsNormOfHandWorkedValues) {
+  for (DType dtype : {DType::kFloat64, DType::kFloat32, DType::kBFloat16}) {
+    const std::string name(DTypeName(dtype));
+    const double tolerance = dtype == DType::kFloat64 ? 1e-15 : Tolerance(dtype) * 2;
+    const Tensor row = TensorOf({1, 8}, {2, 4, 4, 4, 5, 5, 7, 9}, dtype);
+    ExpectNear(LayerNorm(row, {8}, std::nullopt, std::nullopt, 5),
+               {-1, -1.0 / 3, -1.0 / 3, -1.0 / 3, 0, 0, 2.0 / 3, 4.0 / 3}, tolerance,
+               "layer_norm " + name);
+    const Tensor weight = TensorOf({8}, {1, 2, 3, -1, 1, 1, 0.5, 3}, dtype);
+    const Tensor bias = TensorOf({8}, {0, 1, 0, 0, -2, 0, 0, 0.5}, dtype);
+    ExpectNear(LayerNorm(row, {8}, weight, bias, 5),
+               {-1, 1 - 2.0 / 3, -1, 1.0 / 3, -2, 0, 1.0 / 3, 4.5}, tolerance,
+               "layer_norm with weight and bias " + name);
+    const Tensor short_row = TensorOf({2, 4}, {1, 2, 2, 4, -1, -2, -2, -4}, dtype);
+    ExpectNear(RmsNorm(short_row, {4}, std::nullopt, 11.0 / 4),
+               {1.0 / 3, 2.0 / 3, 2.0 / 3, 4.0 / 3, -1.0 / 3, -2.0 / 3, -2.0 / 3, -4.0 / 3},
+               tolerance, "rms_norm " + name);
+    ExpectNear(RmsNorm(short_row, {4}, TensorOf({4}, {3, -3, 1.5, 0}, dtype), 11.0 / 4),
+               {1, -2, 1, 0, -1, 2, -1, 0}, tolerance, "rms_norm with weight " + name);
+  }
+}
+
+// Reference values: Debian's PyTorch 1.13 in float64, torch.softmax(q @ k.T / 2, -1) @ v (its
+// scaled_dot_product_attention came later), the causal row masked with -inf before the softmax.
+// Two limits need no reference: one key gives its value, and equal keys average the values.
+TEST(LinearAlgebra, AttentionMatchesPyTorchAndItsLimits) {
+  const Tensor q = TensorOf({2, 4}, {0.5, -1, 0.25, 2, 1, 0, -0.5, 0.75});
+  const Tensor k = TensorOf({3, 4}, {1, 0.5, -1, 0, 0, 2, 0.5, -0.25, -1.5, 0, 1, 1});
+  const Tensor v = TensorOf({3, 2}, {1, -2, 0.5, 3, -1, 0.25});
+  ExpectNear(ScaledDotProductAttention(q, k, v),
+             {-0.32743785160242334, -0.0970789731456638, 0.5739652316625613, -0.4889243499670432},
+             1e-15, "attention");
+  ExpectNear(ScaledDotProductAttention(q, k, v, std::nullopt, true),
+             {1.0, -2.0, 0.8624351380884123, -0.6243513808841239}, 1e-15, "causal attention");
+  ExpectNear(ScaledDotProductAttention(q, k.Narrow(0, 2, 1), v.Narrow(0, 2, 1)),
+             {-1, 0.25, -1, 0.25}, 1e-15, "one key");
+  const Tensor same_keys = k.Narrow(0, 1, 1).Expand({3, 4});
+  ExpectNear(ScaledDotProductAttention(q, same_keys, v), {0.5 / 3, 1.25 / 3, 0.5 / 3, 1.25 / 3},
+             1e-15, "equal keys");
 }
 
 TEST(LinearAlgebra, LinearBmmAndAttention) {

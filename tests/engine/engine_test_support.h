@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -25,6 +26,17 @@ inline Tensor RandomTensor(const Shape& shape, DType dtype, double low = -2, dou
     data[i] = IsFloating(dtype) ? value : std::round(value);
   }
   return values.To(dtype);
+}
+
+// A tensor of `shape` holding `values` in row-major order, converted to `dtype`: for inputs and
+// reference values written out in a test.
+inline Tensor TensorOf(const Shape& shape, const std::vector<double>& values,
+                       DType dtype = DType::kFloat64) {
+  Tensor wide = Tensor::Empty(shape, DType::kFloat64);
+  EXPECT_EQ(wide.numel(), static_cast<int64_t>(values.size())) << "values for the shape";
+  const int64_t count = std::min(wide.numel(), static_cast<int64_t>(values.size()));
+  std::copy_n(values.begin(), count, wide.mutable_data_as<double>());
+  return wide.To(dtype);
 }
 
 // The element of `tensor` at `index` (an index into `broadcast_shape`, right-aligned, with

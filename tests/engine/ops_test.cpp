@@ -1,5 +1,8 @@
 // Every op against a reference computed here in double precision, over several dtypes,
-// broadcast shapes and non-contiguous inputs.
+// broadcast shapes and non-contiguous inputs. Those references are the ops' formulas written
+// again, which a kernel with the same wrong formula would pass: so each op is also checked at
+// fixed inputs against values PyTorch computed (written out below as literals), and the
+// formulas here against the same values.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -87,6 +90,97 @@ TEST(UnaryOps, MatchTheReferenceOnEveryFloatingDType) {
       ExpectNear(output, expected, Tolerance(dtype) * 2,
                  std::string(OpName(op)) + " " + std::string(DTypeName(dtype)));
     }
+  }
+}
+
+// Reference values: Debian's PyTorch 1.13 in float64 (torch.exp(x), torch.sigmoid(x),
+// torch.nn.functional.silu(x), torch.nn.functional.gelu(x), gelu(x, approximate="tanh"), ...),
+// printed with repr() and written out here; round() is checked at halves, which go to even.
+struct FixedPoints {
+  Op op;
+  std::vector<double> inputs;
+  std::vector<double> expected;
+};
+
+const std::vector<double> kSignedInputs{-6, -2.5, -1, -0.25, 0, 0.5, 1.5, 3};
+const std::vector<double> kPositiveInputs{0.125, 0.5, 1, 2.5, 7};
+
+const std::vector<FixedPoints>& UnaryFixedPoints() {
+  static const std::vector<FixedPoints> kPoints{
+      {Op::neg, kSignedInputs, {6, 2.5, 1, 0.25, -0.0, -0.5, -1.5, -3}},
+      {Op::abs, kSignedInputs, {6, 2.5, 1, 0.25, 0, 0.5, 1.5, 3}},
+      {Op::exp,
+       kSignedInputs,
+       {0.0024787521766663585, 0.0820849986238988, 0.36787944117144233, 0.7788007830714049, 1.0,
+        1.6487212707001282, 4.4816890703380645, 20.085536923187668}},
+      {Op::sin,
+       kSignedInputs,
+       {0.27941549819892586, -0.5984721441039564, -0.8414709848078965, -0.24740395925452294, 0.0,
+        0.479425538604203, 0.9974949866040544, 0.1411200080598672}},
+      {Op::cos,
+       kSignedInputs,
+       {0.960170286650366, -0.8011436155469337, 0.5403023058681398, 0.9689124217106447, 1.0,
+        0.8775825618903728, 0.0707372016677029, -0.9899924966004454}},
+      {Op::tanh,
+       kSignedInputs,
+       {-0.9999877116507956, -0.9866142981514303, -0.7615941559557649, -0.24491866240370913, 0.0,
+        0.46211715726000974, 0.9051482536448664, 0.9950547536867305}},
+      {Op::sigmoid,
+       kSignedInputs,
+       {0.0024726231566347743, 0.07585818002124355, 0.2689414213699951, 0.43782349911420193, 0.5,
+        0.6224593312018546, 0.8175744761936437, 0.9525741268224334}},
+      {Op::relu, kSignedInputs, {0, 0, 0, 0, 0, 0.5, 1.5, 3}},
+      {Op::silu,
+       kSignedInputs,
+       {-0.014835738939808647, -0.18964545005310887, -0.2689414213699951, -0.10945587477855048, 0.0,
+        0.3112296656009273, 1.2263617142904655, 2.8577223804672998}},
+      {Op::gelu,
+       kSignedInputs,
+       {-5.919525869479969e-09, -0.015524163314440398, -0.15865525393145702, -0.10032341857926907,
+        0.0, 0.34573123063700656, 1.399789198096713, 2.99595030590511}},
+      {Op::gelu_tanh,
+       kSignedInputs,
+       {-8.43964897967453e-11, -0.015084266089998577, -0.1588080093917233, -0.100324649298315, 0.0,
+        0.34571400982514394, 1.3995715769802328, 2.996362607918227}},
+      {Op::erf,
+       kSignedInputs,
+       {-1.0, -0.999593047982555, -0.8427007929497149, -0.27632639016823696, 0.0,
+        0.5204998778130465, 0.9661051464753108, 0.9999779095030014}},
+      {Op::floor, kSignedInputs, {-6, -3, -1, -1, 0, 0, 1, 3}},
+      {Op::ceil, kSignedInputs, {-6, -2, -1, -0.0, 0, 1, 2, 3}},
+      {Op::round, {-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -1.75, 1.25}, {-2, -2, -0.0, 0, 2, 2, -2, 1}},
+      {Op::log,
+       kPositiveInputs,
+       {-2.0794415416798357, -0.6931471805599453, 0.0, 0.9162907318741551, 1.9459101490553132}},
+      {Op::sqrt,
+       kPositiveInputs,
+       {0.3535533905932738, 0.7071067811865476, 1.0, 1.5811388300841898, 2.6457513110645907}},
+      {Op::rsqrt,
+       kPositiveInputs,
+       {2.82842712474619, 1.414213562373095, 1.0, 0.6324555320336759, 0.3779644730092272}},
+  };
+  return kPoints;
+}
+
+TEST(UnaryOps, MatchPyTorchAtFixedPointsOnEveryFloatingDType) {
+  for (const FixedPoints& points : UnaryFixedPoints()) {
+    const int64_t count = static_cast<int64_t>(points.inputs.size());
+    for (DType dtype : kFloatTypes) {
+      // The inputs are exact in every floating dtype; the output is rounded to it once.
+      ExpectNear(Unary(points.op, TensorOf({count}, points.inputs, dtype)), points.expected,
+                 dtype == DType::kFloat64 ? 1e-15 : Tolerance(dtype),
+                 std::string(OpName(points.op)) + " " + std::string(DTypeName(dtype)));
+    }
+  }
+}
+
+// The formulas that the other tests here compare the kernels with give PyTorch's values too.
+TEST(UnaryOps, TheReferenceFormulasGivePyTorchsValues) {
+  for (const FixedPoints& points : UnaryFixedPoints()) {
+    std::vector<double> formula;
+    for (double x : points.inputs) formula.push_back(Reference(points.op, x));
+    const int64_t count = static_cast<int64_t>(formula.size());
+    ExpectNear(TensorOf({count}, formula), points.expected, 1e-15, std::string(OpName(points.op)));
   }
 }
 
@@ -183,6 +277,35 @@ TEST(BinaryOps, BroadcastPromoteAndMatchTheReference) {
                      std::string(DTypeName(types.b)));
     }
   }
+}
+
+// Reference values: Debian's PyTorch 1.13 (torch.floor_divide, torch.remainder, a / b and
+// torch.pow on float64 and int64 tensors), written out here. Floor division and the remainder
+// take the sign of the divisor, as Python's // and %; integer division gives float32.
+TEST(BinaryOps, DivisionRemainderAndPowerMatchPyTorchAtFixedPoints) {
+  const Tensor a = TensorOf({8}, {-7, -7, 7, 7, -5.5, 5.5, -0.75, 3});
+  const Tensor b = TensorOf({8}, {2, -2, 2, -2, 2, -2, 0.5, -4});
+  ExpectNear(Binary(Op::floor_divide, a, b), {-4, 3, 3, -4, -3, -3, -2, -1}, 0, "floor_divide");
+  ExpectNear(Binary(Op::remainder, a, b), {1, -1, 1, -1, 0.5, -0.5, 0.25, -1}, 0, "remainder");
+  ExpectNear(Binary(Op::div, a, b), {-3.5, 3.5, 3.5, -3.5, -2.75, -2.75, -1.5, -0.75}, 0, "div");
+
+  const Tensor ai = TensorOf({8}, {-7, -7, 7, 7, -8, 9, 0, 5}, DType::kInt64);
+  const Tensor bi = TensorOf({8}, {2, -2, 2, -2, 3, -4, 3, 5}, DType::kInt64);
+  ExpectNear(Binary(Op::floor_divide, ai, bi), {-4, 3, 3, -4, -3, -3, 0, 1}, 0,
+             "floor_divide int64");
+  ExpectNear(Binary(Op::remainder, ai, bi), {1, -1, 1, -1, 1, -3, 0, 0}, 0, "remainder int64");
+  const Tensor quotient = Binary(Op::div, ai, bi);
+  EXPECT_EQ(quotient.dtype(), DType::kFloat32);
+  ExpectNear(quotient, {-3.5, 3.5, 3.5, -3.5, -2.6666667461395264, -2.25, 0, 1}, 0, "div int64");
+
+  ExpectNear(Binary(Op::pow, TensorOf({4}, {2, 0.5, 9, 1.5}), TensorOf({4}, {-1, 3, 0.5, 2.5})),
+             {0.5, 0.125, 3.0, 2.7556759606310752}, 1e-15, "pow");
+  ExpectNear(Binary(Op::pow, TensorOf({6}, {2, -3, 5, 1, -1, 0}, DType::kInt64),
+                    TensorOf({6}, {10, 3, 0, -2, -3, 0}, DType::kInt64)),
+             {1024, -27, 1, 1, -1, 1}, 0, "pow int64");
+  ExpectNear(Binary(Op::pow, TensorOf({3}, {2, 3, -2}, DType::kInt64),
+                    TensorOf({3}, {-1, -2, -1}, DType::kInt64)),
+             {0, 0, 0}, 0, "pow int64, negative exponents");
 }
 
 TEST(BinaryOps, MaximumAndMinimumPropagateNaN) {
@@ -318,6 +441,33 @@ TEST(Softmax, MatchesTheReferenceOverAnyDim) {
   EXPECT_THROW(Softmax(Zeros({3}, DType::kInt64), 0), Error);
 }
 
+// Reference values: Debian's PyTorch 1.13, torch.softmax and torch.log_softmax in float64,
+// written out here; a -inf logit has probability 0 and log-probability -inf.
+TEST(Softmax, MatchesPyTorchAtFixedPoints) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType dtype : kFloatTypes) {
+    const Tensor logits = TensorOf({2, 4}, {1, 2, 3, 4, -1, 0, 0.5, -inf}, dtype);
+    const std::string name(DTypeName(dtype));
+    const double tolerance = dtype == DType::kFloat64 ? 1e-15 : Tolerance(dtype) * 2;
+    ExpectNear(Softmax(logits, 1),
+               {0.03205860328008499, 0.08714431874203257, 0.23688281808991016, 0.6439142598879724,
+                0.12195165230972885, 0.3314989604240915, 0.5465493872661796, 0.0},
+               tolerance, "softmax dim 1 " + name);
+    ExpectNear(LogSoftmax(logits, 1),
+               {-3.4401896985611953, -2.4401896985611953, -1.4401896985611953, -0.44018969856119533,
+                -2.1041306053367284, -1.1041306053367284, -0.6041306053367282, -inf},
+               tolerance * 2, "log_softmax dim 1 " + name);
+    ExpectNear(Softmax(logits, 0),
+               {0.8807970779778823, 0.8807970779778823, 0.9241418199787566, 1.0,
+                0.11920292202211755, 0.11920292202211755, 0.07585818002124356, 0.0},
+               tolerance, "softmax dim 0 " + name);
+    ExpectNear(LogSoftmax(logits, 0),
+               {-0.1269280110429726, -0.1269280110429726, -0.07888973429254957, 0.0,
+                -2.1269280110429727, -2.1269280110429727, -2.5788897342925496, -inf},
+               tolerance * 2, "log_softmax dim 0 " + name);
+  }
+}
+
 TEST(Cumsum, MatchesRunningSumsOverAnyDimAndPromotesIntegersToInt64) {
   for (DType dtype : kFloatTypes) {
     Tensor input = RandomTensor({5, 7}, dtype, -3, 3, 31).Transpose(0, 1);  // [7, 5], strided
@@ -354,6 +504,15 @@ TEST(Cumsum, MatchesRunningSumsOverAnyDimAndPromotesIntegersToInt64) {
   }
   EXPECT_EQ(Cumsum(Scalar(2.5, DType::kFloat32), 0).ItemAsDouble(), 2.5);
   EXPECT_THROW(Cumsum(Zeros({2, 3}), 2), Error);
+  // Reference values: Debian's PyTorch 1.13, torch.cumsum in float64, written out here.
+  const Tensor fixed =
+      TensorOf({2, 4}, {0.5, -1.25, 3.0, 0.1, 2.0, 1e-3, -7.5, 4.25}, DType::kFloat64);
+  ExpectNear(Cumsum(fixed, 1),
+             {0.5, -0.75, 2.25, 2.35, 2.0, 2.001, -5.4990000000000006, -1.2490000000000006}, 1e-15,
+             "cumsum dim 1");
+  ExpectNear(Cumsum(fixed, 0), {0.5, -1.25, 3.0, 0.1, 2.5, -1.249, -4.5, 4.35}, 1e-15,
+             "cumsum dim 0");
+  ExpectNear(Cumsum(TensorOf({3}, {3, -2, 7}, DType::kInt32), 0), {3, 1, 8}, 0, "cumsum int32");
 }
 
 std::vector<double> ReferenceMatmul(const Tensor& a, const Tensor& b, const Shape& out_shape) {

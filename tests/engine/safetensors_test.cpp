@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "engine_test_support.h"
+#include "orochi/base/process_memory.h"
 
 namespace orochi::engine {
 namespace {
@@ -174,14 +175,6 @@ TEST_F(SafetensorsTest, RejectsEachMalformedFileByName) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
 }
 
-long ResidentKilobytes() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.starts_with("VmRSS:")) return std::stol(line.substr(6));
-  }
-  return -1;
-}
-
 // A 1 GiB file maps in milliseconds and costs no resident memory until its data is read.
 TEST_F(SafetensorsTest, LoadingAGigabyteReadsNothingUpFront) {
   constexpr int64_t kElements = int64_t{1} << 28;  // 1 GiB of float32
@@ -191,11 +184,11 @@ TEST_F(SafetensorsTest, LoadingAGigabyteReadsNothingUpFront) {
   std::string path = WriteRaw("big.safetensors", header, 0);
   ASSERT_EQ(truncate(path.c_str(), static_cast<off_t>(8 + header.size() + kElements * 4)), 0);
 
-  long resident_before = ResidentKilobytes();
+  const int64_t resident_before = ProcessStatusKiB("VmRSS");
   auto start = std::chrono::steady_clock::now();
   Result<SafetensorsContents> loaded = LoadSafetensors(path);
   auto elapsed = std::chrono::steady_clock::now() - start;
-  long resident_after = ResidentKilobytes();
+  const int64_t resident_after = ProcessStatusKiB("VmRSS");
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   std::printf("1 GiB safetensors: loaded in %.3f ms, resident +%ld KB\n",
               std::chrono::duration<double, std::milli>(elapsed).count(),

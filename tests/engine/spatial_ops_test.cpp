@@ -1,5 +1,6 @@
 // Convolution, pooling, batch norm, sorting, masked selection and random tensors against
-// references computed here.
+// references computed here, and (where a reference would repeat the op's own formula: output
+// sizes, window bounds, padding that counts, batch norm) against values PyTorch computed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -86,6 +87,25 @@ TEST(Convolution, Conv2dMatchesTheDefinition) {
   Tensor empty_sum = Conv2d(Zeros({2, 0, 4, 4}), Zeros({3, 0, 3, 3}), Ones({3}));
   EXPECT_EQ(empty_sum.shape(), (Shape{2, 3, 2, 2}));
   for (double value : Values(empty_sum)) EXPECT_EQ(value, 1.0);
+}
+
+// Reference values: Debian's PyTorch 1.13, torch.nn.functional.conv2d in float64 with stride
+// (2, 1), padding (1, 0), dilation (1, 2) and 2 groups, written out here.
+TEST(Convolution, Conv2dMatchesPyTorchAtFixedPoints) {
+  std::vector<double> ramp;  // torch.arange(1, 33).reshape(1, 2, 4, 4) / 8
+  for (int i = 1; i <= 32; ++i) ramp.push_back(i / 8.0);
+  const Tensor weight =
+      TensorOf({4, 1, 2, 2}, {1, -1, 0.5, 2, 0, 1, -2, 0.25, 1, 1, 1, -1, 3, 0, 0, -0.5});
+  const Tensor bias = TensorOf({4}, {0.5, -1, 0, 2});
+  for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
+    const Tensor output = Conv2d(TensorOf({1, 2, 4, 4}, ramp, dtype), weight.To(dtype),
+                                 bias.To(dtype), {{2, 1}, {1, 0}, {1, 2}, 2});
+    ASSERT_EQ(output.shape(), (Shape{1, 4, 3, 2}));
+    ExpectNear(output, {1.3125,   1.625,  3.5625, 3.875, 0.25,   0.25,  -1.15625, -1.375,
+                        -2.03125, -2.125, 0.875,  1.0,   -0.25,  -0.25, 5.25,     5.5,
+                        7.5,      7.75,   0.8125, 0.75,  8.1875, 8.5,   12.875,   13.25},
+               Tolerance(dtype) * 4, "conv2d " + std::string(DTypeName(dtype)));
+  }
 }
 
 TEST(Convolution, ReadOnlyWeightsGiveTheSameResultsAsWritableOnes) {
@@ -221,6 +241,69 @@ TEST(Pooling, MaxAvgAndAdaptiveMatchTheReference) {
              "global average");
 }
 
+// Reference values: Debian's PyTorch 1.13 in float64 (torch.nn.functional.max_pool2d and
+// avg_pool2d with kernel (3, 2), stride 2, padding 1, whose padding counts in the average;
+// adaptive_avg_pool2d to (3, 2) and (3, 4), whose windows overlap), written out here.
+TEST(Pooling, MatchPyTorchAtFixedPoints) {
+  const std::vector<double> values{3, -1, 4, 1, -5, 9, 2, -6, 5, 3, 5, -8, 9, 7, -9, 3, 2, 3, 8, 4};
+  for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
+    const std::string name(DTypeName(dtype));
+    const Tensor input = TensorOf({1, 1, 4, 5}, values, dtype);
+    const Tensor maximum = MaxPool2d(input, {3, 2}, {{2, 2}}, {1, 1});
+    ASSERT_EQ(maximum.shape(), (Shape{1, 1, 2, 3}));
+    ExpectNear(maximum, {9, 4, 5, 9, 9, 8}, 0, "max_pool2d " + name);
+    ExpectNear(AvgPool2d(input, {3, 2}, {{2, 2}}, {1, 1}),
+               {2.0, -0.16666666666666666, 0.6666666666666666, 2.8333333333333335,
+                0.3333333333333333, 3.0},
+               Tolerance(dtype), "avg_pool2d " + name);
+    const Tensor adaptive = AdaptiveAvgPool2d(input, {3, 2});
+    ASSERT_EQ(adaptive.shape(), (Shape{1, 1, 3, 2}));
+    ExpectNear(adaptive,
+               {1.8333333333333333, 0.3333333333333333, 1.8333333333333333, 1.5, 2.3333333333333335,
+                3.6666666666666665},
+               Tolerance(dtype), "adaptive_avg_pool2d (3, 2) " + name);
+    ExpectNear(AdaptiveAvgPool2d(input, {3, 4}),
+               {3.25, -0.25, 1.0, 1.0, 2.0, -0.75, 3.75, 1.5, 0.5, 1.5, 6.75, 2.5},
+               Tolerance(dtype), "adaptive_avg_pool2d (3, 4) " + name);
+  }
+}
+
+// Reference values: Debian's PyTorch 1.13, torch.nn.functional.batch_norm(x, mean, var, weight,
+// bias, training=False, eps=1e-5) in float64, x = torch.arange(24).reshape(2, 3, 4) / 4 - 2.5.
+TEST(BatchNorm, MatchesPyTorchAtFixedPoints) {
+  std::vector<double> ramp;
+  for (int i = 0; i < 24; ++i) ramp.push_back(i / 4.0 - 2.5);
+  const Tensor output = BatchNorm(TensorOf({2, 3, 4}, ramp), TensorOf({3}, {0.5, -1, 0.25}),
+                                  TensorOf({3}, {4, 0.25, 1.5}), TensorOf({3}, {2, -1, 0.5}),
+                                  TensorOf({3}, {0.1, 0, -3}), 1e-5);
+  ExpectNear(output,
+             {-2.8999962500070313,
+              -2.649996562506445,
+              -2.3999968750058596,
+              -2.1499971875052735,
+              0.9999800005999799,
+              0.49999000029998997,
+              0.0,
+              -0.49999000029998997,
+              -3.306185197232274,
+              -3.2041234648215164,
+              -3.102061732410758,
+              -3.0,
+              0.09999999999999998,
+              0.3499996875005859,
+              0.5999993750011718,
+              0.8499990625017577,
+              -4.999900002999899,
+              -5.49989000329989,
+              -5.99988000359988,
+              -6.499870003899869,
+              -2.081444408303178,
+              -1.9793826758924196,
+              -1.8773209434816616,
+              -1.7752592110709036},
+             1e-14, "batch_norm");
+}
+
 TEST(BatchNorm, NormalisesEachChannel) {
   Tensor input = RandomTensor({2, 3, 4}, DType::kFloat64, -2, 2, 7);
   Tensor mean = RandomTensor({3}, DType::kFloat64, -1, 1, 8);
@@ -245,9 +328,7 @@ TEST(BatchNorm, NormalisesEachChannel) {
 // to 0.0, in both directions.
 TEST(Sorting, TiesNanAndSignedZerosSortStablyInEveryKeyWidth) {
   auto tensor_of = [](const std::vector<double>& values, DType dtype) {
-    Tensor wide = Tensor::Empty({static_cast<int64_t>(values.size())}, DType::kFloat64);
-    std::copy(values.begin(), values.end(), wide.mutable_data_as<double>());
-    return wide.To(dtype);
+    return TensorOf({static_cast<int64_t>(values.size())}, values, dtype);
   };
   const double nan = std::nan("");
   const double infinity = HUGE_VAL;

@@ -18,25 +18,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CORPUS = os.path.join(HERE, "corpus")
 
+# The requests the integration tests send, so that the seeds are theirs.
+sys.path.insert(0, os.path.join(ROOT, "tests", "server"))
+from server_fixtures import binary_echo_request, echo_request  # noqa: E402
+
 
 def write(target: str, name: str, data: bytes) -> None:
     directory = os.path.join(CORPUS, target)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, name), "wb") as file:
         file.write(data)
-
-
-def echo_request(rows=1):
-    """The integration tests' request to the echo model: one value per datatype and row."""
-    data = {
-        "BOOL": [True, False], "UINT8": [255, 0], "INT8": [-128, 127], "INT16": [-32768, 5],
-        "INT32": [2**31 - 1, -7], "INT64": [2**62 + 1, -3], "FP16": [1.5, -2.0],
-        "BF16": [2.0, -0.5], "FP32": [0.25, 3.5], "FP64": [0.1, -1e300],
-        "BYTES": ["héllo", ""],
-    }
-    inputs = [{"name": f"in_{datatype.lower()}", "datatype": datatype, "shape": [rows, 1],
-               "data": [sample[r % 2] for r in range(rows)]} for datatype, sample in data.items()]
-    return {"id": "echo-1", "inputs": inputs}
 
 
 def json_seeds():
@@ -69,22 +60,7 @@ def kserve_seeds():
     seed("echo_json", echo, json.dumps(echo_request(rows=2)).encode())
 
     # The binary extension, as the integration tests send it.
-    request = echo_request(rows=2)
-    binary = b""
-    for entry in request["inputs"]:
-        if entry["datatype"] == "FP32":
-            raw = struct.pack("<2f", 1.25, -8.0)
-        elif entry["datatype"] == "BYTES":
-            raw = b"".join(struct.pack("<I", len(item)) + item for item in (b"\x00\xff", b"ab"))
-        else:
-            continue
-        entry.pop("data")
-        entry["parameters"] = {"binary_data_size": len(raw)}
-        binary += raw
-    request["outputs"] = [{"name": "out_fp32", "parameters": {"binary_data": True}},
-                          {"name": "out_bytes", "parameters": {"binary_data": True}},
-                          {"name": "out_int8"}]
-    header = json.dumps(request).encode()
+    header, binary = binary_echo_request()
     seed("echo_binary", echo, header + binary, json_length=len(header))
 
     # Data before the name and shape (read again from the text), nested data, classification,

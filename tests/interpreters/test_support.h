@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "orochi/base/process_memory.h"
 #include "orochi/interpreters/interpreter.h"
 
 #define EXPECT_OK(expr) EXPECT_TRUE((expr).ok()) << (expr).ToString()
@@ -99,14 +100,6 @@ inline int CountOpenFds() {
     ++count;
   }
   return count;
-}
-
-inline long ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  long total_pages = 0;
-  long resident_pages = 0;
-  statm >> total_pages >> resident_pages;
-  return resident_pages * sysconf(_SC_PAGESIZE);
 }
 
 // Sets an environment variable for the scope's lifetime.

@@ -4,12 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <fstream>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "orochi/base/process_memory.h"
 #include "orochi/engine/ops.h"
 #include "orochi/interpreters/interpreter_manager.h"
 #include "orochi/interpreters/model.h"
@@ -214,15 +214,6 @@ TEST(ReplicatedModel, UnloadFreesThePythonObjectsAndTheWeightsWithTheLastUser) {
   }
   // Loading the same key again works once the old one is gone.
   EXPECT_TRUE(ReplicatedModel::Load(*manager, server::ModelSourceFrom(package)).ok());
-}
-
-long ResidentBytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.starts_with("VmRSS:")) return std::stol(line.substr(6)) * 1024;
-  }
-  return -1;
 }
 
 TEST(ReplicatedModel, TwoHundredMegabytesOfWeightsInEightCopiesAreResidentOnce) {

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "kserve/request_json.h"
+#include "orochi/base/process_memory.h"
 #include "orochi/engine/dtype.h"
 #include "orochi/engine/tensor.h"
 #include "orochi/server/kserve_codec.h"
@@ -231,24 +231,15 @@ TEST(ParseInferRequest, AnEmptyShapeWhoseStridesPass64BitsIsRefused) {
   }
 }
 
-int64_t PeakAddressSpaceKiB() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.starts_with("VmPeak:")) return std::stoll(line.substr(7));
-  }
-  return -1;
-}
-
 // In a child process of its own (so that the peak is this parse's): `parse` must be refused
 // with exactly `message`, the process's address space growing by less than `limit_mib`.
 void ExpectRefusedWithin(const std::function<Result<InferRequest>()>& parse,
                          const std::string& message, int64_t limit_mib) {
   EXPECT_EXIT(
       {
-        const int64_t before = PeakAddressSpaceKiB();
+        const int64_t before = ProcessStatusKiB("VmPeak");
         Result<InferRequest> parsed = parse();
-        const int64_t grown_mib = (PeakAddressSpaceKiB() - before) / 1024;
+        const int64_t grown_mib = (ProcessStatusKiB("VmPeak") - before) / 1024;
         std::fprintf(stderr, "%s; address space grew by %lld MiB\n",
                      parsed.status().ToString().c_str(), static_cast<long long>(grown_mib));
         std::exit(

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import time
@@ -175,6 +176,28 @@ def echo_request(rows=1, values=None):
     return {"id": "echo-1", "inputs": inputs}
 
 
+def binary_echo_request() -> tuple[bytes, bytes]:
+    """A two-row echo request in the binary extension: its JSON header (the FP32 and BYTES inputs
+    as binary data, out_fp32 and out_bytes asked for as binary, out_int8 as JSON) and the binary
+    data that follows it (FP32 1.25, -8.0; BYTES b"\\x00\\xff", b"ab")."""
+    request = echo_request(rows=2)
+    binary = b""
+    for entry in request["inputs"]:
+        if entry["datatype"] == "FP32":
+            raw = struct.pack("<2f", 1.25, -8.0)
+        elif entry["datatype"] == "BYTES":
+            raw = b"".join(struct.pack("<I", len(item)) + item for item in (b"\x00\xff", b"ab"))
+        else:
+            continue
+        entry.pop("data")
+        entry["parameters"] = {"binary_data_size": len(raw)}
+        binary += raw
+    request["outputs"] = [{"name": "out_fp32", "parameters": {"binary_data": True}},
+                          {"name": "out_bytes", "parameters": {"binary_data": True}},
+                          {"name": "out_int8"}]
+    return json.dumps(request).encode(), binary
+
+
 class SharedServerTest(unittest.TestCase):
     """Tests that share one server, started with CONFIG and COPIES, which must exit cleanly."""
 
@@ -260,6 +283,15 @@ def run_at_once(calls) -> list:
     for thread in threads:
         thread.join()
     return results
+
+
+def resident_kib(pid: int) -> int:
+    """The resident memory of process `pid` (VmRSS of /proc/PID/status), in KiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
 
 
 def cpu_seconds(pid: int) -> float:

@@ -15,20 +15,17 @@ the server maps from this process.
 import base64
 import ctypes
 import ctypes.util
-import json
 import os
-import shutil
-import tempfile
 import unittest
 
 import grpc
 import numpy as np
 
-from server_fixtures import Server, curl, echo_request, pack_repository, post_json
-from test_shared_memory import shm
+from server_fixtures import echo_request
+from shared_memory_fixtures import SharedMemoryServer, fp32_input_in_region, shm
 import test_grpc  # the client generated from the server's proto
 
-pb, pb_grpc = test_grpc.pb, test_grpc.pb_grpc
+pb = test_grpc.pb
 
 HOST_TO_DEVICE, DEVICE_TO_HOST = 1, 2  # cudaMemcpyKind
 
@@ -91,28 +88,14 @@ RUNTIME, WHY_NOT = client_runtime()
 
 
 @unittest.skipIf(RUNTIME is None, WHY_NOT)
-class CudaSharedMemoryTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.root = tempfile.mkdtemp(prefix="orochi-cuda-shm-")
-        cls.server = Server(pack_repository(cls.root), {"http": {"allow_shared_memory": True}},
-                            copies=2)
-        cls.channel = grpc.insecure_channel(f"127.0.0.1:{cls.server.grpc_port}")
-        cls.stub = pb_grpc.GRPCInferenceServiceStub(cls.channel)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.channel.close()
-        # Regions still registered are the server's to close as it exits: it must exit cleanly.
-        code = cls.server.stop()
-        shutil.rmtree(cls.root)
-        assert code == 0, f"orochi serve exited with {code}"
+class CudaSharedMemoryTest(test_grpc.GrpcClient, SharedMemoryServer, unittest.TestCase):
+    EXTENSION = "cudasharedmemory"
 
     def setUp(self):
         self.allocations = []
 
     def tearDown(self):
-        self.post("/v2/cudasharedmemory/unregister")
+        super().tearDown()
         for pointer in self.allocations:
             RUNTIME.free(pointer)
 
@@ -124,19 +107,9 @@ class CudaSharedMemoryTest(unittest.TestCase):
             RUNTIME.upload(pointer, fill)
         return pointer, base64.b64encode(RUNTIME.ipc_handle(pointer)).decode()
 
-    def get(self, path):
-        status, _, body = curl(self.server.url(path))
-        return status, json.loads(body)
-
-    def post(self, path, body=None):
-        status, _, answer = curl("-X", "POST", self.server.url(path),
-                                 data=b"" if body is None else json.dumps(body).encode())
-        return status, json.loads(answer)
-
     def register(self, name, handle, byte_size, device_id=0):
-        return self.post(f"/v2/cudasharedmemory/region/{name}/register",
-                         {"raw_handle": {"b64": handle}, "device_id": device_id,
-                          "byte_size": byte_size})
+        return self.register_region(name, {"raw_handle": {"b64": handle}, "device_id": device_id,
+                                           "byte_size": byte_size})
 
     def test_extension_is_listed(self):
         status, metadata = self.get("/v2")
@@ -183,9 +156,9 @@ class CudaSharedMemoryTest(unittest.TestCase):
                 item["parameters"] = shm("in", 24, offset=64)
         request["outputs"] = [{"name": "out_fp32", "parameters": shm("out", 64, offset=8)},
                               {"name": "out_int64"}]
-        status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
-        self.assertEqual(status, 200, body)
-        by_name = {output["name"]: output for output in json.loads(body)["outputs"]}
+        status, answer = self.infer(request)
+        self.assertEqual(status, 200, answer)
+        by_name = {output["name"]: output for output in answer["outputs"]}
         self.assertEqual(by_name["out_fp32"]["parameters"], {
             "shared_memory_region": "out", "shared_memory_offset": 8,
             "shared_memory_byte_size": 12})
@@ -200,15 +173,10 @@ class CudaSharedMemoryTest(unittest.TestCase):
         values = np.arange(count, dtype=np.float32)
         pointer, handle = self.allocation(8 * count, values.tobytes())
         self.assertEqual(self.register("big", handle, 8 * count), (200, {}))
-        request = echo_request(1)
-        for item in request["inputs"]:
-            if item["name"] == "in_fp32":
-                del item["data"]
-                item["shape"] = [1, count]
-                item["parameters"] = shm("big", 4 * count)
+        request = fp32_input_in_region(shm("big", 4 * count), shape=[1, count])
         request["outputs"] = [{"name": "out_fp32", "parameters": shm("big", 4 * count, 4 * count)}]
-        status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
-        self.assertEqual(status, 200, body)
+        status, answer = self.infer(request)
+        self.assertEqual(status, 200, answer)
         np.testing.assert_array_equal(
             np.frombuffer(RUNTIME.download(pointer + 4 * count, 4 * count), dtype=np.float32),
             values)
@@ -220,14 +188,10 @@ class CudaSharedMemoryTest(unittest.TestCase):
         answer = self.stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest())
         self.assertEqual(list(answer.regions), ["g"])
         self.assertEqual((answer.regions["g"].device_id, answer.regions["g"].byte_size), (0, 4096))
-        request = echo_request(1)
-        for item in request["inputs"]:
-            if item["name"] == "in_fp32":
-                del item["data"]
-                item["parameters"] = shm("g", 4)
-        status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
-        self.assertEqual(status, 200, body)
-        by_name = {output["name"]: output for output in json.loads(body)["outputs"]}
+        request = fp32_input_in_region(shm("g", 4))
+        status, answer = self.infer(request)
+        self.assertEqual(status, 200, answer)
+        by_name = {output["name"]: output for output in answer["outputs"]}
         self.assertEqual(by_name["out_fp32"]["data"], [1.5])
         with self.assertRaises(grpc.RpcError) as refused:
             self.stub.CudaSharedMemoryRegister(pb.CudaSharedMemoryRegisterRequest(
@@ -269,21 +233,17 @@ class CudaSharedMemoryTest(unittest.TestCase):
         self.assertEqual([r["name"] for r in self.get("/v2/cudasharedmemory/status")[1]], ["r"])
 
         # Ranges past the registered size, and a registered size past the allocation's.
-        request = echo_request(1)
-        for item in request["inputs"]:
-            if item["name"] == "in_fp32":
-                del item["data"]
-                item["parameters"] = shm("r", 4, offset=4094)
-        status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
-        self.assertEqual(status, 400, body)
+        request = fp32_input_in_region(shm("r", 4, offset=4094))
+        status, answer = self.infer(request)
+        self.assertEqual(status, 400, answer)
         self.assertIn("run past the end of shared memory region 'r' (4096 bytes)",
-                      json.loads(body)["error"])
+                      answer["error"])
         for item in request["inputs"]:
             if item["name"] == "in_fp32":
                 item["shape"] = [1, 1024]
                 item["parameters"] = shm("r", 4096)
-        status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
-        self.assertEqual(status, 200, body)
+        status, answer = self.infer(request)
+        self.assertEqual(status, 200, answer)
 
 
     @unittest.skipUnless(os.environ.get("OROCHI_CLIENT_CUDA_RUNTIME"),
@@ -292,24 +252,19 @@ class CudaSharedMemoryTest(unittest.TestCase):
     def test_a_registered_size_past_the_allocation_is_refused_by_the_device(self):
         _, handle = self.allocation(4096)
         self.assertEqual(self.register("lying", handle, 1 << 20), (200, {}))
-        request = echo_request(1)
-        for item in request["inputs"]:
-            if item["name"] == "in_fp32":
-                del item["data"]
-                item["shape"] = [1, 1024]
-                item["parameters"] = shm("lying", 4096, offset=8192)
-        status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
-        self.assertEqual(status, 400, body)
+        request = fp32_input_in_region(shm("lying", 4096, offset=8192), shape=[1, 1024])
+        status, answer = self.infer(request)
+        self.assertEqual(status, 400, answer)
         self.assertIn("input 'in_fp32': CUDA shared memory region 'lying'",
-                      json.loads(body)["error"])
+                      answer["error"])
         request["outputs"] = [{"name": "out_fp32", "parameters": shm("lying", 4096, offset=8192)}]
         for item in request["inputs"]:
             if item["name"] == "in_fp32":
                 item["parameters"] = shm("lying", 4096)
-        status, _, body = post_json(self.server, "/v2/models/echo/infer", request)
-        self.assertEqual(status, 400, body)
+        status, answer = self.infer(request)
+        self.assertEqual(status, 400, answer)
         self.assertIn("output 'out_fp32': CUDA shared memory region 'lying'",
-                      json.loads(body)["error"])
+                      answer["error"])
 
 
 if __name__ == "__main__":

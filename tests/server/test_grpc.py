@@ -81,11 +81,9 @@ def outputs_by_name(response):
             in zip(response.outputs, response.raw_output_contents)}
 
 
-class GrpcServerTest(SharedServerTest):
-    """One server with the echo, slow and extra_rows models, and a channel to its gRPC port."""
-
-    CONFIG: dict = {"grpc": {"max_message_bytes": 1 << 20, "max_stream_in_flight": 4},
-                    "http": {"allow_shared_memory": True}}
+class GrpcClient:
+    """Mixed into a test class before the class whose setUpClass starts `cls.server`: a channel
+    to the server's gRPC port (cls.channel) and the inference service's stub on it (cls.stub)."""
 
     @classmethod
     def setUpClass(cls):
@@ -97,6 +95,13 @@ class GrpcServerTest(SharedServerTest):
     def tearDownClass(cls):
         cls.channel.close()
         super().tearDownClass()
+
+
+class GrpcServerTest(GrpcClient, SharedServerTest):
+    """One server with the echo, slow and extra_rows models, and a channel to its gRPC port."""
+
+    CONFIG: dict = {"grpc": {"max_message_bytes": 1 << 20, "max_stream_in_flight": 4},
+                    "http": {"allow_shared_memory": True}}
 
     def assertCode(self, call, code, message_part=None):
         with self.assertRaises(grpc.RpcError) as caught:

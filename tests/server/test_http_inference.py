@@ -17,7 +17,8 @@ import threading
 import time
 import unittest
 
-from server_fixtures import SharedServerTest, curl, echo_request, post_json, slow_request
+from server_fixtures import (SharedServerTest, binary_echo_request, curl, echo_request, post_json,
+                             slow_request)
 
 
 class ServerTest(SharedServerTest):
@@ -246,22 +247,7 @@ class ServerTest(SharedServerTest):
         self.assertEqual(names, ["out_int64", "out_bytes"])
 
     def test_binary_extension_both_ways(self):
-        request = echo_request(rows=2)
-        binary = b""
-        for entry in request["inputs"]:
-            if entry["datatype"] == "FP32":
-                raw = struct.pack("<2f", 1.25, -8.0)
-            elif entry["datatype"] == "BYTES":
-                raw = b"".join(struct.pack("<I", len(item)) + item for item in (b"\x00\xff", b"ab"))
-            else:
-                continue
-            entry.pop("data")
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            binary += raw
-        request["outputs"] = [{"name": "out_fp32", "parameters": {"binary_data": True}},
-                              {"name": "out_bytes", "parameters": {"binary_data": True}},
-                              {"name": "out_int8"}]
-        header = json.dumps(request).encode()
+        header, binary = binary_echo_request()
         status, headers, body = curl(
             "-X", "POST", "-H", "Content-Type: application/octet-stream",
             "-H", f"Inference-Header-Content-Length: {len(header)}",

@@ -17,7 +17,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from server_fixtures import BINARY, Server, curl, run_at_once  # noqa: E402
+from server_fixtures import BINARY, Server, curl, resident_kib, run_at_once  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "packaging"))
 from test_package_commands import hostile_cases, safetensors  # noqa: E402
@@ -475,15 +475,11 @@ class RepositoryTest(unittest.TestCase):
                 self.assertEqual(self.manage(server, "POST", path + "/unload")[0], 200)
                 self.assertEqual(self.manage(server, "POST", path + "/load")[0], 200)
 
-        def resident_kb():
-            with open(f"/proc/{server.serving_pid}/status") as status:
-                return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
-
         cycles(30)  # the allocator's pools and caches reach their working size first
-        before = resident_kb()
+        before = resident_kib(server.serving_pid)
         count = 150
         cycles(count)
-        growth = (resident_kb() - before) / count
+        growth = (resident_kib(server.serving_pid) - before) / count
         self.assertLess(growth, 3.0, f"{growth:.1f} KB of resident memory more per cycle")
         self.assertEqual(self.infer(server)[0], 200)
 

@@ -19,6 +19,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from server_fixtures import Server, curl, echo_request, pack_repository, post_json
+from shared_memory_fixtures import SharedMemoryServer, fp32_input_in_region, shm
 
 
 class Region:
@@ -41,32 +42,14 @@ def bytes_elements(items: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(item)) + item for item in items)
 
 
-def shm(region: str, byte_size: int, offset: int | None = None) -> dict:
-    parameters = {"shared_memory_region": region, "shared_memory_byte_size": byte_size}
-    if offset is not None:
-        parameters["shared_memory_offset"] = offset
-    return parameters
-
-
-class SharedMemoryTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.root = tempfile.mkdtemp(prefix="orochi-shm-")
-        cls.repository = pack_repository(cls.root)
-        cls.server = Server(cls.repository, {"http": {"allow_shared_memory": True}}, copies=2)
-
-    @classmethod
-    def tearDownClass(cls):
-        # Regions still registered are the server's to unmap as it exits: it must exit cleanly.
-        code = cls.server.stop()
-        shutil.rmtree(cls.root)
-        assert code == 0, f"orochi serve exited with {code}"
+class SharedMemoryTest(SharedMemoryServer, unittest.TestCase):
+    EXTENSION = "systemsharedmemory"
 
     def setUp(self):
         self.regions = []
 
     def tearDown(self):
-        self.post("/v2/systemsharedmemory/unregister")
+        super().tearDown()
         for region in self.regions:
             region.close()
 
@@ -75,22 +58,8 @@ class SharedMemoryTest(unittest.TestCase):
         self.regions.append(region)
         return region
 
-    def get(self, path):
-        status, _, body = curl(self.server.url(path))
-        return status, json.loads(body)
-
-    def post(self, path, body=None):
-        status, _, answer = curl("-X", "POST", self.server.url(path),
-                                 data=b"" if body is None else json.dumps(body).encode())
-        return status, json.loads(answer)
-
     def register(self, name, key, byte_size, offset=0):
-        return self.post(f"/v2/systemsharedmemory/region/{name}/register",
-                         {"key": key, "offset": offset, "byte_size": byte_size})
-
-    def infer(self, body, model="echo"):
-        status, _, answer = post_json(self.server, f"/v2/models/{model}/infer", body)
-        return status, json.loads(answer)
+        return self.register_region(name, {"key": key, "offset": offset, "byte_size": byte_size})
 
     def test_extension_is_listed(self):
         status, metadata = self.get("/v2")
@@ -224,26 +193,11 @@ class SharedMemoryTest(unittest.TestCase):
         values = np.arange(count, dtype=np.float32)
         region.array(np.float32, count)[:] = values
         self.assertEqual(self.register("big", region.key, 8 * count), (200, {}))
-        request = echo_request(1)
-        for item in request["inputs"]:
-            if item["name"] == "in_fp32":
-                del item["data"]
-                item["shape"] = [1, count]
-                item["parameters"] = shm("big", 4 * count)
+        request = fp32_input_in_region(shm("big", 4 * count), shape=[1, count])
         request["outputs"] = [{"name": "out_fp32", "parameters": shm("big", 4 * count, 4 * count)}]
         status, response = self.infer(request)
         self.assertEqual(status, 200, response)
         np.testing.assert_array_equal(region.array(np.float32, count, offset=4 * count), values)
-
-    def request_with_fp32_in(self, parameters, data=None):
-        request = echo_request(1)
-        for item in request["inputs"]:
-            if item["name"] == "in_fp32":
-                del item["data"]
-                item["parameters"] = parameters
-                if data is not None:
-                    item["data"] = data
-        return request
 
     def assert_refused(self, request, *messages, status=400):
         answer_status, answer = self.infer(request)
@@ -255,27 +209,27 @@ class SharedMemoryTest(unittest.TestCase):
         region = self.region(4096)
         region.memory.buf[:] = b"\x00" * 4096
         self.assertEqual(self.register("r", region.key, 64, offset=4000 - 64), (200, {}))
-        self.assert_refused(self.request_with_fp32_in(shm("nope", 4)),
+        self.assert_refused(fp32_input_in_region(shm("nope", 4)),
                             "input 'in_fp32': unable to find shared memory region: 'nope'")
-        self.assert_refused(self.request_with_fp32_in(shm("r", 4, offset=61)),
+        self.assert_refused(fp32_input_in_region(shm("r", 4, offset=61)),
                             "input 'in_fp32': shared_memory_offset 61 and "
                             "shared_memory_byte_size 4 run past the end of shared memory region "
                             "'r' (64 bytes)")
-        self.assert_refused(self.request_with_fp32_in(shm("r", 2**64 - 1, offset=8)),
+        self.assert_refused(fp32_input_in_region(shm("r", 2**64 - 1, offset=8)),
                             "shared_memory_offset 8 and shared_memory_byte_size "
                             "18446744073709551615 run past the end of shared memory region 'r'")
-        self.assert_refused(self.request_with_fp32_in(shm("r", 8)),
+        self.assert_refused(fp32_input_in_region(shm("r", 8)),
                             "input 'in_fp32': shared_memory_byte_size is 8 bytes, but shape [1, 1] "
                             "of FP32 needs 4")
-        self.assert_refused(self.request_with_fp32_in(shm("r", 4), data=[1.0]),
+        self.assert_refused(fp32_input_in_region(shm("r", 4), data=[1.0]),
                             "input 'in_fp32' has both shared_memory_region and 'data'")
-        self.assert_refused(self.request_with_fp32_in({"shared_memory_region": "r"}),
+        self.assert_refused(fp32_input_in_region({"shared_memory_region": "r"}),
                             "shared_memory_region needs shared_memory_byte_size")
-        self.assert_refused(self.request_with_fp32_in({"shared_memory_byte_size": 4}),
+        self.assert_refused(fp32_input_in_region({"shared_memory_byte_size": 4}),
                             "need shared_memory_region")
-        self.assert_refused(self.request_with_fp32_in(shm("r", -4)),
+        self.assert_refused(fp32_input_in_region(shm("r", -4)),
                             "shared_memory_byte_size must be a non-negative integer")
-        self.assert_refused(self.request_with_fp32_in({"shared_memory_region": 3,
+        self.assert_refused(fp32_input_in_region({"shared_memory_region": 3,
                                                        "shared_memory_byte_size": 4}),
                             "shared_memory_region must be the name of a registered region")
 

@@ -14,6 +14,7 @@
 #include "orochi/engine/tensor.h"
 #include "orochi/interpreters/interpreter_manager.h"
 #include "orochi/interpreters/model.h"
+#include "orochi/packaging/model_key.h"
 #include "orochi/packaging/package.h"
 
 namespace {
@@ -46,7 +47,8 @@ int main(int argc, char** argv) {
   if (!manager.ok()) return Fail(manager.status());
 
   ModelSource source;
-  source.key = package->manifest().name + ":1";
+  source.key =
+      orochi::packaging::ModelKey{package->manifest().name, package->manifest().version}.ToString();
   source.manifest_json = package->manifest().json;
   source.code = package->code();
   source.weights = package->weights();

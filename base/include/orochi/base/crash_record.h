@@ -48,4 +48,9 @@ class ScopedCrashContext {
 // so that a crash by stack overflow is recorded too.
 void InstallCrashRecorder(int fd);
 
+// Whether a process that died of `signal_number` had the chance to write a crash line: one of
+// the signals above. A line read after a death by any other signal (SIGKILL, say) was written
+// by someone else, and is not the process's record.
+bool IsRecordedSignal(int signal_number);
+
 }  // namespace orochi

@@ -175,6 +175,8 @@ class ReplicatedModel {
 
   const std::string& key() const { return key_; }
   const std::vector<size_t>& slots() const { return slots_; }
+  // LoadInto's timeout (0: none).
+  std::chrono::milliseconds load_timeout() const { return load_timeout_; }
 
  private:
   ReplicatedModel(InterpreterManager& manager, std::string key, std::vector<size_t> slots);

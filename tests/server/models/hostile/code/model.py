@@ -6,6 +6,119 @@ import os
 import sys
 
 
+def refused(attempt) -> float:
+    """1.0 if the attempt failed with EPERM, 0.0 if it went through."""
+    try:
+        attempt()
+    except PermissionError:
+        return 1.0
+    return 0.0
+
+
+def supervisor_reach() -> list:
+    """Probes (signal 0 and reads, which change nothing where they go through), then SIGKILL."""
+    import resource
+    import signal
+    import threading
+    supervisor = os.getppid()
+    group = os.getpgid(supervisor)
+    probes = [
+        lambda: os.kill(supervisor, 0),
+        lambda: os.kill(-1, 0),  # every process of the user
+        lambda: os.killpg(group, 0),
+        lambda: os.close(os.pidfd_open(supervisor)),
+        lambda: resource.prlimit(supervisor, resource.RLIMIT_NOFILE),
+        # What a model starts has the filter too: a shell's own kill.
+        lambda: shell_kill(supervisor),
+        clone_parent,
+        # Reaching it without a signal call: as the owner of a descriptor's SIGIO, through its
+        # scheduling (which its next serving process inherits).
+        lambda: set_owner(supervisor),
+        lambda: os.setpriority(os.PRIO_PROCESS, supervisor,
+                               os.getpriority(os.PRIO_PROCESS, supervisor)),
+        lambda: os.sched_setaffinity(supervisor, os.sched_getaffinity(supervisor)),
+    ]
+    results = [refused(probe) for probe in probes]
+    results.append(refused(lambda: os.kill(supervisor, signal.SIGKILL)))
+    # Its own process and group: probes go through; what would end the process with no record
+    # of this model does not.
+    results.append(refused(lambda: os.kill(os.getpid(), 0)))
+    results.append(refused(lambda: os.kill(0, 0)))
+    results.append(refused(lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)))
+    results.append(refused(lambda: set_cpu_limit(resource)))
+    results.append(refused(lambda: os.kill(0, signal.SIGKILL)))
+    results.append(refused(lambda: os.kill(os.getpid(), signal.SIGKILL)))
+    return results
+
+
+def clone_parent():
+    """A child of the supervisor's (clone with CLONE_PARENT), which exits at once."""
+    import ctypes
+    import platform
+    clone = {"x86_64": 56, "aarch64": 220}[platform.machine()]
+    libc = ctypes.CDLL(None, use_errno=True)
+    pid = libc.syscall(clone, 0x8000 | 17, 0, 0, 0, 0)  # CLONE_PARENT | SIGCHLD, fork-like
+    if pid == 0:
+        os._exit(0)
+    if pid < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+def shutdown_listeners() -> int:
+    """Shuts down every listening socket of the process; returns how many."""
+    import socket
+    listeners = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            listeners.append(sock)  # a dup: the server closing its own does not end it
+        else:
+            sock.close()
+    for sock in listeners:  # after the first, the server starts to drain
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+    return len(listeners)
+
+
+def set_owner(pid):
+    import fcntl
+    import socket
+    first, second = socket.socketpair()
+    with first, second:
+        fcntl.fcntl(first.fileno(), fcntl.F_SETOWN, pid)
+
+
+def set_cpu_limit(resource):
+    try:
+        resource.setrlimit(resource.RLIMIT_CPU, (1, 1))
+    except ValueError as error:  # how CPython words EPERM here
+        raise PermissionError(str(error)) from error
+
+
+def share_listener() -> int:
+    """Sets SO_REUSEPORT on the listener of the port this request came in on; returns its fd."""
+    import socket
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        with sock:
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                return int(name)
+    return -1
+
+
+def shell_kill(pid):
+    import subprocess
+    if subprocess.run(["sh", "-c", f"kill -0 {pid} 2>/dev/null"], check=False).returncode != 0:
+        raise PermissionError("the shell's kill was refused")
+
+
 class Hostile:
     def __init__(self, context):
         pass
@@ -54,6 +167,32 @@ class Hostile:
         elif mode == "terminate_supervisor":
             import signal
             os.kill(os.getppid(), signal.SIGTERM)
+        elif mode == "signal_supervisor":  # every way to reach the supervisor by its pid
+            return {"out": supervisor_reach()}
+        elif mode == "forge_crash_record":  # blames echo; the test then kills the process
+            import stat
+            for name in os.listdir("/proc/self/fd"):
+                fd = int(name)
+                try:
+                    if fd > 2 and stat.S_ISFIFO(os.fstat(fd).st_mode):
+                        os.write(fd, b"crash signal=9 model=echo:1 copy=0 activity=predict\n")
+                except OSError:
+                    pass
+        elif mode == "share_listener":  # SO_REUSEPORT on the inference listener
+            return {"out": [float(share_listener())]}
+        elif mode == "shutdown_listeners":  # the sockets the supervisor holds too
+            return {"out": [float(shutdown_listeners())]}
+        elif mode == "set_timers":  # their signals' default action would end the process
+            import signal
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            signal.setitimer(signal.ITIMER_PROF, 0.001)
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0.001)
+            end = __import__("time").process_time() + 0.05
+            while __import__("time").process_time() < end:  # CPU time, for the two others
+                pass
+        elif mode == "escape_group":  # a daemon in a session of its own, orphaned at once
+            import subprocess
+            subprocess.run(["setsid", "-f", "sleep", "61.234"], check=True)
         elif mode == "stop_process":  # freezes the whole process; nothing in it can continue it
             import signal
             os.kill(os.getpid(), signal.SIGSTOP)

@@ -1,0 +1,101 @@
+#include "listening_socket.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "log.h"
+
+namespace orochi::server {
+
+Result<int> BindListener(const std::string& address, int port) {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
+  if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    length = sizeof(sockaddr_in);
+  } else if (inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    length = sizeof(sockaddr_in6);
+  } else {
+    return InvalidArgument("'" + address + "' is not an IP address");
+  }
+  const int fd = ::socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Unavailable(std::string("cannot create a socket: ") + std::strerror(errno));
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&storage), length) != 0 ||
+      ::listen(fd, SOMAXCONN) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return Unavailable("cannot listen on " + address + ":" + std::to_string(port) + ": " + why);
+  }
+  return fd;
+}
+
+int BoundPort(int fd) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return 0;
+  if (address.ss_family == AF_INET) {
+    return ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
+  }
+  if (address.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
+  }
+  return 0;
+}
+
+bool ListenerIntact(int fd) {
+  int listening = 0;
+  int shared = 0;
+  socklen_t length = sizeof(int);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &length) != 0 || listening == 0) {
+    return false;
+  }
+  length = sizeof(int);
+  return ::getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &shared, &length) == 0 && shared == 0;
+}
+
+namespace {
+
+std::mutex listener_lost_mutex;
+std::function<void()> listener_lost_handler;
+bool listener_lost_reported = false;
+
+}  // namespace
+
+void SetListenerLostHandler(std::function<void()> handler) {
+  std::lock_guard lock(listener_lost_mutex);
+  listener_lost_handler = std::move(handler);
+}
+
+void ReportListenerLost(int port) {
+  std::function<void()> handler;
+  {
+    std::lock_guard lock(listener_lost_mutex);
+    Log(LogLevel::kError,
+        "a listening socket was shut down or shared (SO_REUSEPORT) by model code; the serving "
+        "process exits so that the supervisor binds the port again",
+        {{"port", std::to_string(port), false}});
+    if (listener_lost_reported) return;
+    listener_lost_reported = true;
+    handler = listener_lost_handler;
+  }
+  if (!handler) std::_Exit(kListenerLostExitStatus);
+  handler();
+}
+
+}  // namespace orochi::server

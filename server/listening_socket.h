@@ -1,0 +1,41 @@
+// The listening sockets of `orochi serve`: bound once by the supervisor and inherited by each
+// serving process it starts, so that a restart never closes a port.
+//
+// One socket, two processes: model code in the serving process can shut down an inherited
+// listener (shutdown(2) on the descriptor, or on a dup of it), which ends its listening state
+// for the supervisor too, so that no accept on it succeeds again; or set SO_REUSEPORT on it
+// (ListenerIntact). The serving process then drains and
+// exits (ReportListenerLost) instead of serving nothing on that port for good, and the
+// supervisor binds the port again before the next start (Supervisor::HealListeners).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "orochi/base/status.h"
+
+namespace orochi::server {
+
+// A TCP socket listening on address:port (port 0: one the kernel picks), close-on-exec.
+Result<int> BindListener(const std::string& address, int port);
+
+// The port `fd` is bound to, or 0.
+int BoundPort(int fd);
+
+// Whether `fd` is still a listening socket that shares its port with no other: model code can
+// also set SO_REUSEPORT on an inherited listener, after which a socket of its own (a daemon's)
+// bound to the port with it takes part of the connections, through every restart.
+bool ListenerIntact(int fd);
+
+// For an accept loop whose listener ListenerIntact denies (checked when an accept fails, and
+// with each connection accepted), which then stops accepting on it: logs that the listener on
+// `port` stopped listening and calls the handler (the first report only). Thread-safe.
+void ReportListenerLost(int port);
+
+// What ReportListenerLost calls: the Server's, which drains and exits with
+// kListenerLostExitStatus so that its supervisor restarts it on a listener bound again. Without
+// one, the process exits at once with that status.
+void SetListenerLostHandler(std::function<void()> handler);
+inline constexpr int kListenerLostExitStatus = 75;  // EX_TEMPFAIL
+
+}  // namespace orochi::server

@@ -1,0 +1,324 @@
+#include "supervisor_shield.h"
+
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/sched.h>
+#include <linux/seccomp.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+
+#include <array>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "orochi/base/check.h"
+
+namespace orochi::server {
+namespace {
+
+#if defined(__x86_64__)
+constexpr uint32_t kNativeArch = AUDIT_ARCH_X86_64;
+// x32 calls come with the native arch and this bit in their number: refused, like the i386
+// calls (a different arch), since nothing in a 64-bit server makes them and the rules below
+// look at native numbers only.
+constexpr uint32_t kForeignCallBit = 0x40000000;
+#elif defined(__aarch64__)
+constexpr uint32_t kNativeArch = AUDIT_ARCH_AARCH64;
+constexpr uint32_t kForeignCallBit = 0;
+#else
+constexpr uint32_t kNativeArch = 0;
+constexpr uint32_t kForeignCallBit = 0;
+#endif
+
+constexpr uint32_t kAllow = SECCOMP_RET_ALLOW;
+constexpr uint32_t kRefuse = SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA);
+constexpr uint32_t kNoSuchCall = SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA);
+
+// The low 32 bits of a call's argument: where the kernel reads a pid_t or an int from.
+constexpr uint32_t Argument(size_t index) {
+  return static_cast<uint32_t>(offsetof(seccomp_data, args) + sizeof(uint64_t) * index) +
+         (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? 0 : 4);
+}
+constexpr uint32_t kCallNumber = offsetof(seccomp_data, nr);
+constexpr uint32_t kArch = offsetof(seccomp_data, arch);
+
+// A seccomp program written with named jump targets, resolved by Finish. Every jump goes
+// forward, as BPF requires.
+class FilterBuilder {
+ public:
+  using Label = size_t;
+
+  Label NewLabel() {
+    bound_.push_back(kUnbound);
+    return bound_.size() - 1;
+  }
+  void Bind(Label label) { bound_[label] = program_.size(); }
+
+  void Load(uint32_t offset) {
+    program_.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offset));  // NOLINT(hicpp-signed-bitwise)
+  }
+  void Return(uint32_t action) {
+    program_.push_back(BPF_STMT(BPF_RET | BPF_K, action));  // NOLINT(hicpp-signed-bitwise)
+  }
+  // To `target` when the loaded word equals `value`; on to the next instruction otherwise.
+  void JumpIfEqual(uint32_t value, Label target) {
+    Jump(BPF_JEQ, value, target);  // NOLINT(hicpp-signed-bitwise)
+  }
+  // To `target` when the loaded word has any of `bits`.
+  void JumpIfAnyBit(uint32_t bits, Label target) {
+    Jump(BPF_JSET, bits, target);  // NOLINT(hicpp-signed-bitwise)
+  }
+  // For each of `values`, to `target` when the loaded word equals it.
+  template <typename Values>
+  void JumpIfOneOf(const Values& values, Label target) {
+    for (auto value : values) JumpIfEqual(static_cast<uint32_t>(value), target);
+  }
+
+  std::vector<sock_filter> Finish() {
+    for (const auto& [at, label] : jumps_) {
+      const size_t distance = bound_[label] - at - 1;
+      OROCHI_INTERNAL_ASSERT(bound_[label] != kUnbound && bound_[label] > at && distance <= 255,
+                             "seccomp filter: a jump to an unbound or distant label");
+      program_[at].jt = static_cast<uint8_t>(distance);
+    }
+    return program_;
+  }
+
+ private:
+  static constexpr size_t kUnbound = static_cast<size_t>(-1);
+
+  void Jump(uint16_t condition, uint32_t value, Label target) {
+    jumps_.emplace_back(program_.size(), target);
+    // NOLINTNEXTLINE(hicpp-signed-bitwise)
+    program_.push_back(BPF_JUMP(static_cast<uint16_t>(BPF_JMP | condition | BPF_K), value, 0, 0));
+  }
+
+  std::vector<sock_filter> program_;
+  std::vector<size_t> bound_;                    // by label: its instruction
+  std::vector<std::pair<size_t, Label>> jumps_;  // instruction, where it jumps when true
+};
+
+// The signals a thread of the serving process may send itself (raise, abort): the crash
+// recorder's, which it attributes to the thread's model, and glibc's own two (thread
+// cancellation, set*id broadcast). 0 is a probe.
+// ioprio_set's `which` for a user (linux/ioprio.h, not in every distribution's headers).
+constexpr uint32_t kIoPriorityOfUser = 3;
+
+constexpr int kGlibcCancel = 32;
+constexpr int kGlibcSetxid = 33;
+constexpr int kSignalsToOwnThreads[] = {0,      SIGSEGV, SIGBUS,       SIGFPE,
+                                        SIGILL, SIGABRT, kGlibcCancel, kGlibcSetxid};
+
+std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t serving) {
+  FilterBuilder filter;
+  const auto refuse = filter.NewLabel();
+  const auto allow = filter.NewLabel();
+  const auto no_such_call = filter.NewLabel();
+  const auto native = filter.NewLabel();
+  const auto clone = filter.NewLabel();
+  const auto process_signal = filter.NewLabel();
+  const auto own_process_signal = filter.NewLabel();
+  const auto thread_signal = filter.NewLabel();
+  const auto own_thread_signal = filter.NewLabel();
+  const auto tkill = filter.NewLabel();
+  const auto first_is_supervisor = filter.NewLabel();
+  const auto second_is_supervisor = filter.NewLabel();
+  const auto limit = filter.NewLabel();
+  const auto fcntl = filter.NewLabel();
+  const auto ioctl = filter.NewLabel();
+  const auto setsockopt = filter.NewLabel();
+  const auto priority = filter.NewLabel();
+  const auto allow_unless_socket_option = filter.NewLabel();
+
+  filter.Load(kArch);
+  filter.JumpIfEqual(kNativeArch, native);
+  filter.Return(kRefuse);
+  filter.Bind(native);
+  filter.Load(kCallNumber);
+  if (kForeignCallBit != 0) filter.JumpIfAnyBit(kForeignCallBit, refuse);
+  filter.JumpIfEqual(SYS_clone, clone);
+  filter.JumpIfEqual(SYS_clone3, no_such_call);
+  filter.JumpIfEqual(SYS_pidfd_send_signal, refuse);
+  filter.JumpIfOneOf(std::array{SYS_kill, SYS_rt_sigqueueinfo}, process_signal);
+  filter.JumpIfOneOf(std::array{SYS_tgkill, SYS_rt_tgsigqueueinfo}, thread_signal);
+  filter.JumpIfEqual(SYS_tkill, tkill);
+  filter.JumpIfOneOf(
+      std::array{SYS_pidfd_open, SYS_process_vm_readv, SYS_process_vm_writev, SYS_sched_setaffinity,
+                 SYS_sched_setscheduler, SYS_sched_setparam, SYS_sched_setattr},
+      first_is_supervisor);
+  filter.JumpIfEqual(SYS_fcntl, fcntl);
+  filter.JumpIfEqual(SYS_ioctl, ioctl);
+  filter.JumpIfEqual(SYS_setsockopt, setsockopt);
+  filter.JumpIfOneOf(std::array{SYS_setpriority, SYS_ioprio_set}, priority);
+  filter.JumpIfEqual(SYS_ptrace, second_is_supervisor);
+  filter.JumpIfEqual(SYS_prlimit64, limit);
+  filter.JumpIfEqual(SYS_setrlimit, limit);
+  filter.Return(kAllow);
+
+  // kill(pid, signal), rt_sigqueueinfo(pid, signal, info): the supervisor, its group and every
+  // process are out of reach; the serving process itself and its group get probes only.
+  filter.Bind(process_signal);
+  filter.Load(Argument(0));
+  filter.JumpIfOneOf(std::array{supervisor, -supervisor_group, -1}, refuse);
+  filter.JumpIfOneOf(std::array{serving, 0, -serving}, own_process_signal);
+  filter.Return(kAllow);
+  filter.Bind(own_process_signal);
+  filter.Load(Argument(1));
+  filter.JumpIfEqual(0, allow);
+  filter.Return(kRefuse);
+
+  // tgkill(tgid, tid, signal), rt_tgsigqueueinfo(tgid, tid, signal, info).
+  filter.Bind(thread_signal);
+  filter.Load(Argument(0));
+  filter.JumpIfEqual(static_cast<uint32_t>(supervisor), refuse);
+  filter.JumpIfEqual(static_cast<uint32_t>(serving), own_thread_signal);
+  filter.Return(kAllow);
+  filter.Bind(own_thread_signal);
+  filter.Load(Argument(2));
+  filter.JumpIfOneOf(kSignalsToOwnThreads, allow);
+  filter.Return(kRefuse);
+
+  // tkill(tid, signal) names no process, so its signal is held to the same list whatever the
+  // thread (the supervisor's one thread is refused outright).
+  filter.Bind(tkill);
+  filter.Load(Argument(0));
+  filter.JumpIfEqual(static_cast<uint32_t>(supervisor), refuse);
+  filter.Load(Argument(1));
+  filter.JumpIfOneOf(kSignalsToOwnThreads, allow);
+  filter.Return(kRefuse);
+
+  filter.Bind(first_is_supervisor);
+  filter.Load(Argument(0));
+  filter.JumpIfEqual(static_cast<uint32_t>(supervisor), refuse);
+  filter.Return(kAllow);
+
+  filter.Bind(second_is_supervisor);
+  filter.Load(Argument(1));
+  filter.JumpIfEqual(static_cast<uint32_t>(supervisor), refuse);
+  filter.Return(kAllow);
+
+  // prlimit64(pid, resource, new, old) and setrlimit(resource, new): not the supervisor's, and
+  // no CPU limit, whose hard limit ends the process with SIGKILL, which leaves no record of
+  // which model did it. The resource is prlimit64's second argument and setrlimit's first.
+  filter.Bind(limit);
+  const auto prlimit = filter.NewLabel();
+  filter.JumpIfEqual(SYS_prlimit64, prlimit);
+  filter.Load(Argument(0));
+  filter.JumpIfEqual(RLIMIT_CPU, refuse);
+  filter.Return(kAllow);
+  filter.Bind(prlimit);
+  filter.Load(Argument(0));
+  filter.JumpIfEqual(static_cast<uint32_t>(supervisor), refuse);
+  filter.Load(Argument(1));
+  filter.JumpIfEqual(RLIMIT_CPU, refuse);
+  filter.Return(kAllow);
+
+  // fcntl(fd, F_SETOWN, pid) makes the kernel signal pid (SIGIO, or F_SETSIG's choice, SIGKILL
+  // included) when the descriptor has input: a signal no kill() sends. F_SETOWN_EX passes its
+  // owner in memory: refused outright, as are the ioctls that set an owner, which do too.
+  filter.Bind(fcntl);
+  const auto set_owner = filter.NewLabel();
+  filter.Load(Argument(1));
+  filter.JumpIfEqual(F_SETOWN_EX, refuse);
+  filter.JumpIfEqual(F_SETOWN, set_owner);
+  filter.Return(kAllow);
+  filter.Bind(set_owner);
+  filter.Load(Argument(2));
+  filter.JumpIfOneOf(std::array{supervisor, -supervisor_group}, refuse);
+  filter.Return(kAllow);
+
+  // Owners as above; the terminal's foreground group (which would leave the supervisor in the
+  // background of its own terminal, stopped by its next write) and typing into it.
+  filter.Bind(ioctl);
+  filter.Load(Argument(1));
+  filter.JumpIfOneOf(std::array<uint32_t, 4>{FIOSETOWN, SIOCSPGRP, TIOCSPGRP, TIOCSTI}, refuse);
+  filter.Return(kAllow);
+
+  // The listening sockets are the supervisor's too: a socket filter could drop every connection
+  // through every restart. Nothing in the serving process sets one. (SO_REUSEPORT, which would
+  // let a daemon's socket share a listener's connections, cannot be refused so: gRPC sets it on
+  // a socket of its own to see whether it works. A listener with it is replaced instead, see
+  // listening_socket.h.)
+  filter.Bind(setsockopt);
+  filter.Load(Argument(1));
+  filter.JumpIfEqual(SOL_SOCKET, allow_unless_socket_option);
+  filter.Return(kAllow);
+  filter.Bind(allow_unless_socket_option);
+  filter.Load(Argument(2));
+  filter.JumpIfOneOf(std::array{SO_ATTACH_FILTER, SO_ATTACH_BPF, SO_ATTACH_REUSEPORT_CBPF,
+                                SO_ATTACH_REUSEPORT_EBPF, SO_LOCK_FILTER},
+                     refuse);
+  filter.Return(kAllow);
+
+  // setpriority(which, who, prio), ioprio_set(which, who, prio): the supervisor's priority is
+  // what every serving process it forks starts with. A user-wide one reaches it too: PRIO_USER
+  // (2) and IOPRIO_WHO_USER (3), refused for both calls (2 is ioprio_set's process group).
+  filter.Bind(priority);
+  filter.Load(Argument(0));
+  filter.JumpIfOneOf(std::array<uint32_t, 2>{PRIO_USER, kIoPriorityOfUser}, refuse);
+  filter.Load(Argument(1));
+  filter.JumpIfOneOf(std::array{supervisor, supervisor_group}, refuse);
+  filter.Return(kAllow);
+
+  filter.Bind(clone);
+  filter.Load(Argument(0));
+  filter.JumpIfAnyBit(CLONE_PARENT, refuse);
+  filter.Return(kAllow);
+
+  filter.Bind(no_such_call);
+  filter.Return(kNoSuchCall);
+  filter.Bind(refuse);
+  filter.Return(kRefuse);
+  filter.Bind(allow);
+  filter.Return(kAllow);
+  return filter.Finish();
+}
+
+}  // namespace
+
+void HideSupervisorMemory() { ::prctl(PR_SET_DUMPABLE, 0); }
+
+void IgnoreUnusedSignals() {
+  // A handler rather than SIG_IGN: handlers are reset by execve, so what models start gets the
+  // default actions it expects.
+  struct sigaction nothing {};
+  nothing.sa_handler = [](int) {};
+  sigemptyset(&nothing.sa_mask);
+  nothing.sa_flags = SA_RESTART;
+  for (int signal_number :
+       {SIGHUP, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGSTKFLT, SIGXCPU}) {
+    ::sigaction(signal_number, &nothing, nullptr);
+  }
+  for (int signal_number = SIGRTMIN; signal_number <= SIGRTMAX; ++signal_number) {
+    ::sigaction(signal_number, &nothing, nullptr);
+  }
+}
+
+Status ShieldSupervisorFrom(pid_t supervisor, pid_t supervisor_group) {
+  if (kNativeArch == 0) {
+    return Unimplemented("the serving process's seccomp filter is not written for this processor");
+  }
+  ::prctl(PR_SET_DUMPABLE, 1);
+  std::vector<sock_filter> program = Compile(supervisor, supervisor_group, ::getpid());
+  const sock_fprog filter{static_cast<unsigned short>(program.size()), program.data()};
+  // Required to install a filter without CAP_SYS_ADMIN; it also keeps what models execute from
+  // gaining privileges (set-user-ID programs), which they have no business doing.
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+      ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter) != 0) {
+    return Internal(std::string("the kernel refused the serving process's seccomp filter: ") +
+                    std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace orochi::server
