@@ -165,6 +165,7 @@ inline constexpr OpDTypes kKernelDTypes[] = {
     {Op::sort, kNumericDTypes},
     {Op::softmax, kFloatingDTypes},
     {Op::log_softmax, kFloatingDTypes},
+    {Op::cumsum, kFloatingDTypes | DTypes({DType::kInt64})},
     {Op::matmul, kAllDTypes},
 };
 

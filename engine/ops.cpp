@@ -311,6 +311,11 @@ Tensor LogSoftmax(const Tensor& input, int64_t dim) {
   return SoftmaxLike(Op::log_softmax, input, dim);
 }
 
+Tensor Cumsum(const Tensor& input, int64_t dim) {
+  if (IsFloating(input.dtype())) return SoftmaxLike(Op::cumsum, input, dim);
+  return SoftmaxLike(Op::cumsum, input.To(DType::kInt64), dim);
+}
+
 namespace {
 
 // `matrices` [..., rows, columns], already expanded to the batch shape, as the [batch, rows,

@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <optional>
+#include <string>
 
 #include "orochi/base/check.h"
 
@@ -37,7 +39,24 @@ BlasLibrary Load() {
   } else {
     blas.core_choice = "OpenBLAS's own CPU detection";
   }
-  void* library = dlopen(OROCHI_OPENBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+  // OpenBLAS starts its worker threads as it loads, sized by OPENBLAS_NUM_THREADS (else one per
+  // core), and each then spins in sched_yield for about 0.1 s before it sleeps: CPU taken from
+  // the copies' first calls, for threads that set_num_threads(1) below never uses. Loaded with
+  // one thread, it starts none; the variable is put back afterwards for the processes model
+  // code starts. (Already loaded, by numpy in a copy, it keeps the threads it started then.)
+  void* library = dlopen(OROCHI_OPENBLAS_SONAME, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (library == nullptr) {
+    const char* set = std::getenv("OPENBLAS_NUM_THREADS");
+    const std::optional<std::string> previous =
+        set != nullptr ? std::optional<std::string>(set) : std::nullopt;
+    setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/1);
+    library = dlopen(OROCHI_OPENBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (previous) {
+      setenv("OPENBLAS_NUM_THREADS", previous->c_str(), /*overwrite=*/1);
+    } else {
+      unsetenv("OPENBLAS_NUM_THREADS");
+    }
+  }
   if (library == nullptr) {
     const char* error = dlerror();
     OROCHI_INTERNAL_ASSERT(false, error != nullptr ? error : "cannot load " OROCHI_OPENBLAS_SONAME);

@@ -16,6 +16,7 @@ void WhereOp(const Tensor& condition, const Tensor& a, const Tensor& b, Tensor& 
 // reduce.cpp
 void ReduceOp(Op op, const Tensor& input, Tensor& output);
 void SoftmaxOp(Op op, const Tensor& input, Tensor& output);
+void CumsumOp(Op op, const Tensor& input, Tensor& output);
 void NormOp(Op op, const Tensor& input, const Tensor* weight, const Tensor* bias, double eps,
             Tensor& output);
 // index.cpp

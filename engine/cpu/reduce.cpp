@@ -213,4 +213,27 @@ void NormOp(Op op, const Tensor& input, const Tensor* weight, const Tensor* bias
   });
 }
 
+// Adds in the row's order, in float (double for float64, int64 for int64): the same sums whichever
+// thread runs a row.
+void CumsumOp(Op /*op*/, const Tensor& input, Tensor& output) {
+  const int64_t inner = input.dim() == 0 ? 1 : input.shape().back();
+  const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
+  VisitDType(input.dtype(), [&]<typename T>() {
+    using C = std::conditional_t<std::is_same_v<T, double>, double,
+                                 std::conditional_t<std::is_integral_v<T>, int64_t, float>>;
+    const T* in = input.data_as<T>();
+    T* out = output.mutable_data_as<T>();
+    const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(inner, 1));
+    ParallelFor(outer, grain, [&](int64_t first, int64_t last) {
+      for (int64_t row = first; row < last; ++row) {
+        C total = 0;
+        for (int64_t i = row * inner; i < (row + 1) * inner; ++i) {
+          total += Convert<C>(in[i]);
+          out[i] = Convert<T>(total);
+        }
+      }
+    });
+  });
+}
+
 }  // namespace orochi::engine::cpu

@@ -63,6 +63,7 @@ constexpr KernelTable kCpuKernels = {
     .sort = SortRows,
     .softmax = SoftmaxOp,
     .log_softmax = SoftmaxOp,
+    .cumsum = CumsumOp,
     .matmul = Matmul,
 };
 static_assert(HasEveryKernel(kCpuKernels), "the CPU has a kernel for every op of op.h");

@@ -178,6 +178,15 @@ void CudaSoftmax(Op op, const Tensor& input, Tensor& output) {
               OpName(op));
 }
 
+void CudaCumsum(Op op, const Tensor& input, Tensor& output) {
+  const auto [outer, inner] = RowsOf(input);
+  if (outer == 0) return;
+  StreamScope scope(output, {&input});
+  scope.Check(LaunchCumsum(TypeOf(input), input.data(), output.mutable_data(), outer, inner,
+                           scope.stream()),
+              OpName(op));
+}
+
 void CudaNorm(Op op, const Tensor& input, const Tensor* weight, const Tensor* bias, double eps,
               Tensor& output) {
   const auto [outer, inner] = RowsOf(input);
@@ -393,6 +402,7 @@ constexpr KernelTable kCudaKernels = {
     .sort = CudaSort,
     .softmax = CudaSoftmax,
     .log_softmax = CudaSoftmax,
+    .cumsum = CudaCumsum,
     // float16/bfloat16/float32 (TF32 when allowed)/float64 through cuBLAS; bool and integers
     // with a plain kernel, as the CPU's loops.
     .matmul = CudaMatmul,

@@ -69,6 +69,9 @@ cudaError_t LaunchReduce(Op op, ScalarType in_type, const void* in, ScalarType o
 // softmax / log_softmax of each row of contiguous [outer, inner], floating types.
 cudaError_t LaunchSoftmax(bool log, ScalarType type, const void* in, void* out, int64_t outer,
                           int64_t inner, cudaStream_t stream);
+// Running sums along each row of contiguous [outer, inner]: floating types and int64.
+cudaError_t LaunchCumsum(ScalarType type, const void* in, void* out, int64_t outer, int64_t inner,
+                         cudaStream_t stream);
 // layer_norm (rms = false) / rms_norm of each row; weight and bias [inner] or null.
 cudaError_t LaunchNorm(bool rms, ScalarType type, const void* in, const void* weight,
                        const void* bias, double eps, void* out, int64_t outer, int64_t inner,

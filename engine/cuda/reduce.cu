@@ -210,6 +210,21 @@ __global__ void SoftmaxKernel(bool log, const T* in, T* out, int64_t outer, int6
   }
 }
 
+// One thread per row, adding in the row's order as the CPU does (rows here are a sampler's or a
+// scan's, short and many, rather than long and few).
+template <typename T>
+__global__ void CumsumKernel(const T* in, T* out, int64_t outer, int64_t inner) {
+  using C = std::conditional_t<std::is_same_v<T, int64_t>, int64_t, RowCompute<T>>;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < outer;
+       row += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    C total = 0;
+    for (int64_t i = row * inner; i < (row + 1) * inner; ++i) {
+      total += Cast<C>(in[i]);
+      out[i] = Cast<T>(total);
+    }
+  }
+}
+
 template <typename T>
 __global__ void NormKernel(bool rms, const T* in, const T* weight, const T* bias, double eps,
                            T* out, int64_t outer, int64_t inner, int group) {
@@ -259,6 +274,21 @@ cudaError_t LaunchSoftmaxOf(bool log, const void* in, void* out, int64_t outer, 
     const RowGroups groups = GroupsFor(inner);
     OROCHI_LAUNCH(SoftmaxKernel<T>, RowGrid(outer, groups), groups.block, stream, log,
                   static_cast<const T*>(in), static_cast<T*>(out), outer, inner, groups.group);
+    return cudaGetLastError();
+  }
+}
+
+template <typename T>
+cudaError_t LaunchCumsumOf(const void* in, void* out, int64_t outer, int64_t inner,
+                           cudaStream_t stream) {
+  if constexpr (!kIsFloating<T> && !std::is_same_v<T, int64_t>) {
+    return cudaErrorInvalidValue;  // registered for floating types and int64 only
+  } else {
+    constexpr int64_t kThreads = 128;
+    const auto blocks =
+        static_cast<unsigned>(std::min<int64_t>((outer + kThreads - 1) / kThreads, 65535));
+    OROCHI_LAUNCH(CumsumKernel<T>, blocks, static_cast<unsigned>(kThreads), stream,
+                  static_cast<const T*>(in), static_cast<T*>(out), outer, inner);
     return cudaGetLastError();
   }
 }
@@ -314,6 +344,13 @@ cudaError_t LaunchSoftmax(bool log, ScalarType type, const void* in, void* out, 
                           int64_t inner, cudaStream_t stream) {
   if (outer == 0 || inner == 0) return cudaSuccess;
   OROCHI_CUDA_DISPATCH(type, T, return LaunchSoftmaxOf<T>(log, in, out, outer, inner, stream));
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchCumsum(ScalarType type, const void* in, void* out, int64_t outer, int64_t inner,
+                         cudaStream_t stream) {
+  if (outer == 0 || inner == 0) return cudaSuccess;
+  OROCHI_CUDA_DISPATCH(type, T, return LaunchCumsumOf<T>(in, out, outer, inner, stream));
   return cudaErrorInvalidValue;
 }
 

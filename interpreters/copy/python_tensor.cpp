@@ -456,6 +456,13 @@ void BindReductions(py::class_<Tensor>& cls, py::module_& module) {
         },
         py::arg("dim"), py::arg("dtype") = py::none());
   }
+  DefBoth(
+      cls, module, "cumsum",
+      [](const Tensor& self, int64_t dim, py::handle dtype) {
+        std::optional<DType> as = ParseOptionalDType(dtype);
+        return engine::Cumsum(as ? self.To(*as) : self, dim);
+      },
+      py::arg("dim"), py::kw_only(), py::arg("dtype") = py::none());
 }
 
 void BindSelection(py::class_<Tensor>& cls, py::module_& module) {

@@ -68,18 +68,28 @@ void StreamWriter::Pump() {
       if (body_ == nullptr) return;
     }
     std::shared_ptr<http::BodyStream> body = body_;
-    if (!item->response) {
-      std::string closing = Closing(item->end);
+    // Every response ready now goes out in one write: a writer that fell behind a step-batched
+    // stream catches up with one send (and one wake-up of the reader) instead of one per token.
+    std::string events;
+    bool ended = false;
+    for (; item; item = stream_->Pop()) {
+      if (!item->response) {
+        events += Closing(item->end);
+        ended = true;
+        break;
+      }
+      events += Event(*model_, *item->response);
+    }
+    if (ended) {
       lock.unlock();
-      if (!closing.empty()) body->Send(std::move(closing), nullptr);
+      if (!events.empty()) body->Send(std::move(events), nullptr);
       body->End();
       return;
     }
-    std::string event = Event(*model_, *item->response);
-    if (event.empty()) continue;
+    if (events.empty()) continue;
     sending_ = true;
     lock.unlock();
-    body->Send(std::move(event), [self = shared_from_this()](bool ok) {
+    body->Send(std::move(events), [self = shared_from_this()](bool ok) {
       if (!ok) self->stream_->Cancel();  // the client is gone: the model stops
       {
         std::lock_guard relock(self->mutex_);

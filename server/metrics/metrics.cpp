@@ -94,12 +94,14 @@ Metrics::Metrics()
                           .Help("Stateful models: sequences whose state an interpreter copy "
                                 "holds now")
                           .Register(*registry_)),
-      sequences_ended_(BuildCounter()
-                           .Name("orochi_sequences_ended_total")
-                           .Help("Stateful models: sequences ended, by reason: end "
-                                 "(sequence_end), restarted (sequence_start on a live id), "
-                                 "expired (idle timeout), lost (copy replaced), unloaded")
-                           .Register(*registry_)),
+      sequences_ended_(
+          BuildCounter()
+              .Name("orochi_sequences_ended_total")
+              .Help("Stateful models: sequences ended, by reason: end "
+                    "(sequence_end), restarted (sequence_start on a live id), "
+                    "expired (idle timeout), lost (copy replaced), unloaded, never_started "
+                    "(its sequence_start was cancelled or timed out before it ran)")
+              .Register(*registry_)),
       copies_(BuildGauge()
                   .Name("orochi_interpreter_copies")
                   .Help("Interpreter copies by state")
@@ -243,7 +245,8 @@ constexpr const char* kStreamEnds[] = {"finished", "cancelled", "deadline",
                                        "unloaded", "stalled",   "error"};
 
 // Every `reason` of orochi_sequences_ended_total (scheduler's SequenceEndName).
-constexpr const char* kSequenceEndReasons[] = {"end", "restarted", "expired", "lost", "unloaded"};
+constexpr const char* kSequenceEndReasons[] = {"end",  "restarted", "expired",
+                                               "lost", "unloaded",  "never_started"};
 
 }  // namespace
 

@@ -566,6 +566,14 @@ bool Scheduler::Run(size_t slot, uint64_t generation, ModelQueue& queue,
       std::lock_guard lock(mutex_);
       queue.drops[slot].push_back(job.sequence->call.id);
     }
+    if (skipped && job.sequence) {
+      // A sequence this start would have opened has no state in its copy: it is not live.
+      std::lock_guard lock(mutex_);
+      CloseUnstartedSequence(queue, *job.sequence,
+                             job.abandoned && job.abandoned()
+                                 ? "the client disconnected before it ran"
+                                 : "its deadline expired in the queue");
+    }
     if (job.abandoned && job.abandoned()) {
       job.done(FailedPrecondition("the client disconnected before the request ran"),
                InferTimings{start - job.enqueued, {}, 0});

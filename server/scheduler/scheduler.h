@@ -70,6 +70,7 @@ struct SequenceStep {
   interpreters::SequenceCall call;  // id, start, end
   size_t slot = 0;                  // set by Submit: the copy that holds the state
   uint64_t incarnation = 0;         // set by Submit: which life of the id it belongs to
+  bool opened = false;              // set by Submit: this start made the id live (it was not)
 };
 
 struct InferJob {
@@ -120,8 +121,8 @@ const char* StreamEndName(StreamEnd end);
 
 // Why a stateful model's sequence ended, for metrics: a request with sequence_end, a
 // sequence_start for an id that was live, no request within the idle timeout, its copy replaced,
-// its model unloaded.
-enum class SequenceEnd { kEnded, kRestarted, kExpired, kLost, kUnloaded };
+// its model unloaded, or the sequence_start that opened it answered without running.
+enum class SequenceEnd { kEnded, kRestarted, kExpired, kLost, kUnloaded, kNeverStarted };
 const char* SequenceEndName(SequenceEnd end);
 
 // What the scheduler observes, for metrics and statistics.
@@ -321,6 +322,9 @@ class Scheduler {
   Status AdmitSequenceStep(ModelQueue& queue, InferJob& job);
   // The job's sequence is idle again once its answer goes out (called from `done`).
   void SettleSequenceStep(const std::string& model_key, const SequenceStep& step);
+  // A start that opened its sequence and was answered without running (client gone, deadline):
+  // the sequence, which has no state in its copy, ends; its next request is refused for `why`.
+  void CloseUnstartedSequence(ModelQueue& queue, const SequenceStep& step, const std::string& why);
   // Ends a live sequence for `end`; `why` (not for kEnded/kRestarted) answers its next request.
   void EndSequence(ModelQueue& queue, std::map<std::string, LiveSequence>::iterator live,
                    SequenceEnd end, const std::string& why);

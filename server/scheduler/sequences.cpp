@@ -34,6 +34,8 @@ const char* SequenceEndName(SequenceEnd end) {
       return "lost";
     case SequenceEnd::kUnloaded:
       return "unloaded";
+    case SequenceEnd::kNeverStarted:
+      return "never_started";
   }
   return "end";
 }
@@ -84,6 +86,7 @@ Status Scheduler::AdmitSequenceStep(ModelQueue& queue, InferJob& job) {
     added.slot = *chosen;
     added.incarnation = next_sequence_incarnation_++;
     live = queue.sequences.emplace(id, added).first;
+    step.opened = true;
     queue.sequences_in[*chosen]++;
     queue.gone.erase(id);
     if (observer_ != nullptr) {
@@ -107,6 +110,15 @@ Status Scheduler::AdmitSequenceStep(ModelQueue& queue, InferJob& job) {
   // this one still runs in order in its copy, which frees the state after it.
   if (step.call.end) EndSequence(queue, live, SequenceEnd::kEnded, {});
   return Status::Ok();
+}
+
+void Scheduler::CloseUnstartedSequence(ModelQueue& queue, const SequenceStep& step,
+                                       const std::string& why) {
+  if (!step.call.start || !step.opened) return;  // a restart that did not run keeps the old state
+  auto live = queue.sequences.find(step.call.id);
+  if (live == queue.sequences.end() || live->second.incarnation != step.incarnation) return;
+  EndSequence(queue, live, SequenceEnd::kNeverStarted,
+              "never started: its sequence_start request did not run (" + why + ")");
 }
 
 void Scheduler::SettleSequenceStep(const std::string& model_key, const SequenceStep& step) {

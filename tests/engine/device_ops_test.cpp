@@ -264,6 +264,17 @@ std::vector<OpCase> Cases() {
   }
 
   cases.push_back(
+      {"cumsum",
+       {Op::cumsum},
+       [](DType dtype) {
+         return Tensors{Input({4, 5, 6}, dtype, -5, 5, 24), Input({3, 300}, dtype, 0, 1, 25)};
+       },
+       [](const Tensors& in, Device, DType) {
+         return Tensors{Cumsum(in[0], -1), Cumsum(in[0], 0), Cumsum(in[1], 1)};
+       },
+       /*tolerance_scale=*/8});
+
+  cases.push_back(
       {"index_select, embedding and gather",
        {Op::index_select},
        [](DType dtype) {

@@ -468,6 +468,53 @@ TEST(Softmax, MatchesPyTorchAtFixedPoints) {
   }
 }
 
+TEST(Cumsum, MatchesRunningSumsOverAnyDimAndPromotesIntegersToInt64) {
+  for (DType dtype : kFloatTypes) {
+    Tensor input = RandomTensor({5, 7}, dtype, -3, 3, 31).Transpose(0, 1);  // [7, 5], strided
+    for (int64_t dim : {0, 1, -1}) {
+      Tensor sums = Cumsum(input, dim);
+      EXPECT_EQ(sums.dtype(), dtype);
+      EXPECT_EQ(sums.shape(), input.shape());
+      std::vector<double> expected(static_cast<size_t>(input.numel()));
+      const int64_t d = WrapDim(dim, 2);
+      for (int64_t i = 0; i < input.numel(); ++i) {
+        std::vector<int64_t> index = UnflattenIndex(i, input.shape());
+        std::vector<int64_t> probe = index;
+        double total = 0;
+        for (probe[d] = 0; probe[d] <= index[d]; ++probe[d]) total += ElementAt(input, probe);
+        expected[static_cast<size_t>(i)] = total;
+      }
+      ExpectNear(sums, expected, Tolerance(dtype) * 8, "cumsum");
+    }
+  }
+  for (DType dtype : {DType::kBool, DType::kUInt8, DType::kInt32, DType::kInt64}) {
+    Tensor sums = Cumsum(Ones({2, 3}, dtype), 1);
+    EXPECT_EQ(sums.dtype(), DType::kInt64);
+    ExpectNear(sums, {1, 2, 3, 1, 2, 3}, 0, "cumsum of ones");
+  }
+  // Rows enough for the intra-op pool to split them: every row still adds in its own order.
+  Tensor rows = RandomTensor({512, 257}, DType::kFloat32, 0, 1, 32);
+  Tensor whole = Cumsum(rows, 1);
+  for (int64_t row : {0, 255, 511}) {
+    double total = 0;
+    for (int64_t column = 0; column < 257; ++column) {
+      total += ElementAt(rows, {row, column});
+      EXPECT_NEAR(ElementAt(whole, {row, column}), total, 1e-4) << row << ", " << column;
+    }
+  }
+  EXPECT_EQ(Cumsum(Scalar(2.5, DType::kFloat32), 0).ItemAsDouble(), 2.5);
+  EXPECT_THROW(Cumsum(Zeros({2, 3}), 2), Error);
+  // Reference values: Debian's PyTorch 1.13, torch.cumsum in float64, written out here.
+  const Tensor fixed =
+      TensorOf({2, 4}, {0.5, -1.25, 3.0, 0.1, 2.0, 1e-3, -7.5, 4.25}, DType::kFloat64);
+  ExpectNear(Cumsum(fixed, 1),
+             {0.5, -0.75, 2.25, 2.35, 2.0, 2.001, -5.4990000000000006, -1.2490000000000006}, 1e-15,
+             "cumsum dim 1");
+  ExpectNear(Cumsum(fixed, 0), {0.5, -1.25, 3.0, 0.1, 2.5, -1.249, -4.5, 4.35}, 1e-15,
+             "cumsum dim 0");
+  ExpectNear(Cumsum(TensorOf({3}, {3, -2, 7}, DType::kInt32), 0), {3, 1, 8}, 0, "cumsum int32");
+}
+
 std::vector<double> ReferenceMatmul(const Tensor& a, const Tensor& b, const Shape& out_shape) {
   // Reference on the batched 3-D forms; out_shape is the torch.matmul result shape.
   Tensor left = a.dim() == 1 ? a.Unsqueeze(0) : a;

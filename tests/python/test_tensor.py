@@ -514,6 +514,17 @@ class ReductionsTest(Case):
         self.assertTensor(x.log_softmax(1), [[math.log(v) for v in expected]])
         self.assertIs(x.softmax(-1, dtype=orochi.float64).dtype, orochi.float64)
 
+    def test_cumsum(self):
+        x = t([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+        self.assertTensor(x.cumsum(-1), [[1, 3, 6], [4, 9, 15]], orochi.float32)
+        self.assertTensor(orochi.cumsum(x, dim=0), [[1, 2, 3], [5, 7, 9]])
+        self.assertTensor(x.cumsum(1, dtype=orochi.float64), [[1, 3, 6], [4, 9, 15]],
+                          orochi.float64)
+        self.assertTensor(t([1, 2, 3]).cumsum(0), [1, 3, 6], orochi.int64)
+        self.assertTensor(t([True, False, True]).cumsum(0), [1, 1, 2], orochi.int64)
+        with self.assertRaisesRegex(IndexError, "dim"):
+            x.cumsum(2)
+
     def test_reduction_errors(self):
         with self.assertRaisesRegex(RuntimeError, "mean"):
             t([1, 2]).mean()

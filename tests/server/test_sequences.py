@@ -124,7 +124,8 @@ class SequencesTest(unittest.TestCase):
             ended = {labels for labels in metric_series(self.server, "orochi_sequences_ended_total")
                      if f'model="{model}"' in labels}
             self.assertEqual({re.search(r'reason="(\w+)"', labels).group(1) for labels in ended},
-                             {"end", "restarted", "expired", "lost", "unloaded"}, model)
+                             {"end", "restarted", "expired", "lost", "unloaded",
+                              "never_started"}, model)
             self.assertIn(f'model="{model}",version="1"',
                           metric_series(self.server, "orochi_live_sequences"))
         self.assertFalse([labels for labels in metric_series(self.server, "orochi_streams_total")
@@ -243,6 +244,25 @@ class SequencesTest(unittest.TestCase):
         status, body = self.count("idle", start=True)
         self.assertEqual((status, body["outputs"][0]["data"]), (200, [1]), body)
         self.assertEqual(self.count("idle", end=True)[0], 200)
+
+    def test_a_start_answered_without_running_leaves_no_sequence(self):
+        never = metric(self.server, "orochi_sequences_ended_total", model="counter",
+                       reason="never_started")
+        live = metric(self.server, "orochi_live_sequences", model="counter")
+        # A deadline of 1 us has passed by the time a copy takes the request: it never runs.
+        status, body = self.count("unstarted", start=True, timeout_us=1)
+        self.assertNotEqual(status, 200, body)
+        self.assertIn("deadline", body["error"])
+        self.assertEqual(metric(self.server, "orochi_live_sequences", model="counter"), live)
+        self.assertEqual(metric(self.server, "orochi_sequences_ended_total", model="counter",
+                                reason="never_started"), never + 1)
+        status, body = self.count("unstarted")
+        self.assertEqual(status, 400, body)
+        self.assertIn('sequence "unstarted" of model counter:1 never started: its sequence_start '
+                      "request did not run (its deadline expired in the queue)", body["error"])
+        status, body = self.count("unstarted", start=True)
+        self.assertEqual((status, body["outputs"][0]["data"]), (200, [1]), body)
+        self.assertEqual(self.count("unstarted", end=True)[0], 200)
 
     def test_live_sequences_past_the_limit_are_refused(self):
         # 3 per copy, 2 copies.

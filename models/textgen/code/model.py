@@ -89,9 +89,6 @@ class Sampler:
 
     def __init__(self, device):
         self.device = device
-        indices = orochi.arange(network.VOCABULARY, device=device)
-        # x @ upper is the running sum of x along its last dimension
-        self.upper = (indices.unsqueeze(1) <= indices.unsqueeze(0)).float()
 
     def choose(self, logits, sequences) -> list:
         sampled = [index for index, sequence in enumerate(sequences) if sequence.temperature > 0]
@@ -114,7 +111,7 @@ class Sampler:
         ordered, order = probabilities.sort(-1, descending=True)
         # The smallest set of most likely tokens whose probabilities reach top_p: a prefix of
         # the sorted order, so the running sum over it is the running sum over all tokens.
-        running = ordered @ self.upper
+        running = ordered.cumsum(-1)
         kept = (running - ordered < top_p).float()
         draws = draw * (ordered * kept).sum(-1, keepdim=True)
         position = (running <= draws).sum(-1, keepdim=True).minimum(

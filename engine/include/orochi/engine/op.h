@@ -74,6 +74,7 @@ namespace orochi::engine {
   X(sort, Sort)                \
   X(softmax, Softmax)          \
   X(log_softmax, Softmax)      \
+  X(cumsum, Softmax)           \
   X(matmul, Matmul)
 
 enum class Op : uint16_t {

@@ -59,6 +59,9 @@ OROCHI_ENGINE_API Tensor Reduce(Op op, const Tensor& input, const std::vector<in
                                 bool keepdim = false);
 OROCHI_ENGINE_API Tensor Softmax(const Tensor& input, int64_t dim);
 OROCHI_ENGINE_API Tensor LogSoftmax(const Tensor& input, int64_t dim);
+// Running sums along `dim`, as torch.cumsum: floating input keeps its dtype (16-bit floats add
+// in float32), bool and integers give int64.
+OROCHI_ENGINE_API Tensor Cumsum(const Tensor& input, int64_t dim);
 
 // argmax/argmin over one dim (or the flattened tensor): int64 indices of the first extreme.
 OROCHI_ENGINE_API Tensor ArgReduce(Op op, const Tensor& input, std::optional<int64_t> dim = {},
