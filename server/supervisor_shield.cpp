@@ -83,6 +83,15 @@ class FilterBuilder {
   void JumpIfOneOf(const Values& values, Label target) {
     for (auto value : values) JumpIfEqual(static_cast<uint32_t>(value), target);
   }
+  // Loads the call's argument `index` (its low word), then JumpIfOneOf.
+  template <typename Values>
+  void JumpIfArgumentIsOneOf(size_t index, const Values& values, Label target) {
+    Load(Argument(index));
+    JumpIfOneOf(values, target);
+  }
+  void JumpIfArgumentIs(size_t index, uint32_t value, Label target) {
+    JumpIfArgumentIsOneOf(index, std::array{value}, target);
+  }
 
   std::vector<sock_filter> Finish() {
     for (const auto& [at, label] : jumps_) {
@@ -168,43 +177,35 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   // kill(pid, signal), rt_sigqueueinfo(pid, signal, info): the supervisor, its group and every
   // process are out of reach; the serving process itself and its group get probes only.
   filter.Bind(process_signal);
-  filter.Load(Argument(0));
-  filter.JumpIfOneOf(std::array{supervisor, -supervisor_group, -1}, refuse);
+  filter.JumpIfArgumentIsOneOf(0, std::array{supervisor, -supervisor_group, -1}, refuse);
   filter.JumpIfOneOf(std::array{serving, 0, -serving}, own_process_signal);
   filter.Return(kAllow);
   filter.Bind(own_process_signal);
-  filter.Load(Argument(1));
-  filter.JumpIfEqual(0, allow);
+  filter.JumpIfArgumentIs(1, 0, allow);
   filter.Return(kRefuse);
 
   // tgkill(tgid, tid, signal), rt_tgsigqueueinfo(tgid, tid, signal, info).
   filter.Bind(thread_signal);
-  filter.Load(Argument(0));
-  filter.JumpIfEqual(static_cast<uint32_t>(supervisor), refuse);
+  filter.JumpIfArgumentIs(0, static_cast<uint32_t>(supervisor), refuse);
   filter.JumpIfEqual(static_cast<uint32_t>(serving), own_thread_signal);
   filter.Return(kAllow);
   filter.Bind(own_thread_signal);
-  filter.Load(Argument(2));
-  filter.JumpIfOneOf(kSignalsToOwnThreads, allow);
+  filter.JumpIfArgumentIsOneOf(2, kSignalsToOwnThreads, allow);
   filter.Return(kRefuse);
 
   // tkill(tid, signal) names no process, so its signal is held to the same list whatever the
   // thread (the supervisor's one thread is refused outright).
   filter.Bind(tkill);
-  filter.Load(Argument(0));
-  filter.JumpIfEqual(static_cast<uint32_t>(supervisor), refuse);
-  filter.Load(Argument(1));
-  filter.JumpIfOneOf(kSignalsToOwnThreads, allow);
+  filter.JumpIfArgumentIs(0, static_cast<uint32_t>(supervisor), refuse);
+  filter.JumpIfArgumentIsOneOf(1, kSignalsToOwnThreads, allow);
   filter.Return(kRefuse);
 
   filter.Bind(first_is_supervisor);
-  filter.Load(Argument(0));
-  filter.JumpIfEqual(static_cast<uint32_t>(supervisor), refuse);
+  filter.JumpIfArgumentIs(0, static_cast<uint32_t>(supervisor), refuse);
   filter.Return(kAllow);
 
   filter.Bind(second_is_supervisor);
-  filter.Load(Argument(1));
-  filter.JumpIfEqual(static_cast<uint32_t>(supervisor), refuse);
+  filter.JumpIfArgumentIs(1, static_cast<uint32_t>(supervisor), refuse);
   filter.Return(kAllow);
 
   // prlimit64(pid, resource, new, old) and setrlimit(resource, new): not the supervisor's, and
@@ -213,14 +214,11 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   filter.Bind(limit);
   const auto prlimit = filter.NewLabel();
   filter.JumpIfEqual(SYS_prlimit64, prlimit);
-  filter.Load(Argument(0));
-  filter.JumpIfEqual(RLIMIT_CPU, refuse);
+  filter.JumpIfArgumentIs(0, RLIMIT_CPU, refuse);
   filter.Return(kAllow);
   filter.Bind(prlimit);
-  filter.Load(Argument(0));
-  filter.JumpIfEqual(static_cast<uint32_t>(supervisor), refuse);
-  filter.Load(Argument(1));
-  filter.JumpIfEqual(RLIMIT_CPU, refuse);
+  filter.JumpIfArgumentIs(0, static_cast<uint32_t>(supervisor), refuse);
+  filter.JumpIfArgumentIs(1, RLIMIT_CPU, refuse);
   filter.Return(kAllow);
 
   // fcntl(fd, F_SETOWN, pid) makes the kernel signal pid (SIGIO, or F_SETSIG's choice, SIGKILL
@@ -228,20 +226,18 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   // owner in memory: refused outright, as are the ioctls that set an owner, which do too.
   filter.Bind(fcntl);
   const auto set_owner = filter.NewLabel();
-  filter.Load(Argument(1));
-  filter.JumpIfEqual(F_SETOWN_EX, refuse);
+  filter.JumpIfArgumentIs(1, F_SETOWN_EX, refuse);
   filter.JumpIfEqual(F_SETOWN, set_owner);
   filter.Return(kAllow);
   filter.Bind(set_owner);
-  filter.Load(Argument(2));
-  filter.JumpIfOneOf(std::array{supervisor, -supervisor_group}, refuse);
+  filter.JumpIfArgumentIsOneOf(2, std::array{supervisor, -supervisor_group}, refuse);
   filter.Return(kAllow);
 
   // Owners as above; the terminal's foreground group (which would leave the supervisor in the
   // background of its own terminal, stopped by its next write) and typing into it.
   filter.Bind(ioctl);
-  filter.Load(Argument(1));
-  filter.JumpIfOneOf(std::array<uint32_t, 4>{FIOSETOWN, SIOCSPGRP, TIOCSPGRP, TIOCSTI}, refuse);
+  filter.JumpIfArgumentIsOneOf(1, std::array<uint32_t, 4>{FIOSETOWN, SIOCSPGRP, TIOCSPGRP, TIOCSTI},
+                               refuse);
   filter.Return(kAllow);
 
   // The listening sockets are the supervisor's too: a socket filter could drop every connection
@@ -250,24 +246,21 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   // a socket of its own to see whether it works. A listener with it is replaced instead, see
   // listening_socket.h.)
   filter.Bind(setsockopt);
-  filter.Load(Argument(1));
-  filter.JumpIfEqual(SOL_SOCKET, allow_unless_socket_option);
+  filter.JumpIfArgumentIs(1, SOL_SOCKET, allow_unless_socket_option);
   filter.Return(kAllow);
   filter.Bind(allow_unless_socket_option);
-  filter.Load(Argument(2));
-  filter.JumpIfOneOf(std::array{SO_ATTACH_FILTER, SO_ATTACH_BPF, SO_ATTACH_REUSEPORT_CBPF,
-                                SO_ATTACH_REUSEPORT_EBPF, SO_LOCK_FILTER},
-                     refuse);
+  filter.JumpIfArgumentIsOneOf(2,
+                               std::array{SO_ATTACH_FILTER, SO_ATTACH_BPF, SO_ATTACH_REUSEPORT_CBPF,
+                                          SO_ATTACH_REUSEPORT_EBPF, SO_LOCK_FILTER},
+                               refuse);
   filter.Return(kAllow);
 
   // setpriority(which, who, prio), ioprio_set(which, who, prio): the supervisor's priority is
   // what every serving process it forks starts with. A user-wide one reaches it too: PRIO_USER
   // (2) and IOPRIO_WHO_USER (3), refused for both calls (2 is ioprio_set's process group).
   filter.Bind(priority);
-  filter.Load(Argument(0));
-  filter.JumpIfOneOf(std::array<uint32_t, 2>{PRIO_USER, kIoPriorityOfUser}, refuse);
-  filter.Load(Argument(1));
-  filter.JumpIfOneOf(std::array{supervisor, supervisor_group}, refuse);
+  filter.JumpIfArgumentIsOneOf(0, std::array<uint32_t, 2>{PRIO_USER, kIoPriorityOfUser}, refuse);
+  filter.JumpIfArgumentIsOneOf(1, std::array{supervisor, supervisor_group}, refuse);
   filter.Return(kAllow);
 
   filter.Bind(clone);

@@ -7,6 +7,7 @@ the one model, never the service.
     OROCHI_BINARY=build/bin/orochi python3.11 -m unittest -v test_native_faults
 """
 
+import contextlib
 import json
 import os
 import re
@@ -88,6 +89,17 @@ class FaultsTest(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.root)
 
+    @contextlib.contextmanager
+    def hostile_server(self, stop_message=None):
+        """A server with one copy and the test models, hostile among them; it must stop with
+        status 0."""
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {}, copies=1)
+        try:
+            yield server
+        finally:
+            self.assertEqual(server.stop(), 0, stop_message)
+
     def hostile(self, server, mode):
         return post_json(server, "/v2/models/hostile/infer", {"inputs": [
             {"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]}]})
@@ -101,9 +113,7 @@ class FaultsTest(unittest.TestCase):
 class StackOverflowTest(FaultsTest):
 
     def test_a_c_stack_overflow_in_predict_restarts_the_serving_process(self):
-        pack_model(self.repository, "hostile")
-        server = Server(self.repository, {}, copies=1)
-        try:
+        with self.hostile_server() as server:
             first = server.serving_pid
             status, _, _ = post_json(server, "/v2/models/hostile/infer", {"inputs": [
                 {"name": "mode", "datatype": "BYTES", "shape": [1], "data": ["stack_overflow"]}]})
@@ -118,8 +128,6 @@ class StackOverflowTest(FaultsTest):
             self.assert_echo_serves(server)
             status, _, body = post_json(server, "/v2/models/slow/infer", slow_request("sleep"))
             self.assertEqual(status, 200, body)
-        finally:
-            self.assertEqual(server.stop(), 0)
 
 
 class CrashDuringLoadTest(FaultsTest):
@@ -224,9 +232,7 @@ class StoppedProcessTest(FaultsTest):
         # Once, SIGSTOP from model code froze the server for good: ports open, nothing answered.
         # Model code can no longer send it (refused like any signal to its own process); from
         # outside, the supervisor continues the process.
-        pack_model(self.repository, "hostile")
-        server = Server(self.repository, {}, copies=1)
-        try:
+        with self.hostile_server() as server:
             status, _, body = self.hostile(server, "stop_process")
             self.assertEqual(status, 500, body)
             self.assertIn(b"PermissionError", body)
@@ -238,8 +244,6 @@ class StoppedProcessTest(FaultsTest):
             self.assertIn("the serving process was stopped; continuing it signal=SIGSTOP",
                           server.log_text())
             self.assert_echo_serves(server, within_s=5)
-        finally:
-            self.assertEqual(server.stop(), 0)
 
 
 class StopSignalFromModelCodeTest(FaultsTest):
@@ -250,9 +254,7 @@ class StopSignalFromModelCodeTest(FaultsTest):
         # Once it drained the serving process, which the supervisor restarted (a clean exit
         # nobody asked for): a restart that names no model, so a loop of them was never
         # quarantined, and its quick restarts backed off to seconds.
-        pack_model(self.repository, "hostile")
-        server = Server(self.repository, {}, copies=1)
-        try:
+        with self.hostile_server() as server:
             first = server.serving_pid
             status, _, body = self.hostile(server, "terminate_self")
             self.assertEqual(status, 500, body)
@@ -261,14 +263,10 @@ class StopSignalFromModelCodeTest(FaultsTest):
             self.assertEqual(server.serving_pid, first)
             self.assertNotIn("shutting down", server.log_text())
             self.assert_echo_serves(server)
-        finally:
-            self.assertEqual(server.stop(), 0)
 
     def test_timers_set_by_model_code_end_nothing(self):
         # Their signals (SIGALRM, SIGPROF, SIGVTALRM) once ended the process, naming no model.
-        pack_model(self.repository, "hostile")
-        server = Server(self.repository, {}, copies=1)
-        try:
+        with self.hostile_server() as server:
             first = server.serving_pid
             status, _, body = self.hostile(server, "set_timers")
             self.assertEqual(status, 200, body)
@@ -276,15 +274,11 @@ class StopSignalFromModelCodeTest(FaultsTest):
             self.assertEqual(server.serving_pid, first)
             self.assertNotIn("restarting it", server.log_text())
             self.assert_echo_serves(server)
-        finally:
-            self.assertEqual(server.stop(), 0)
 
     def test_a_sigterm_to_the_supervisor_is_refused(self):
         # Once it reached the supervisor, which stopped the server; then the supervisor ignored
         # it by its sender. Now the call itself fails, and the model's error says so.
-        pack_model(self.repository, "hostile")
-        server = Server(self.repository, {}, copies=1)
-        try:
+        with self.hostile_server(stop_message="SIGTERM from outside still stops it") as server:
             first = server.serving_pid
             status, _, body = self.hostile(server, "terminate_supervisor")
             self.assertEqual(status, 500, body)
@@ -293,14 +287,10 @@ class StopSignalFromModelCodeTest(FaultsTest):
             self.assertIsNone(server.process.poll(), "the server stopped")
             self.assertEqual(server.serving_pid, first)
             self.assert_echo_serves(server)
-        finally:
-            self.assertEqual(server.stop(), 0, "SIGTERM from outside still stops it")
 
     def test_no_call_of_model_code_reaches_the_supervisor(self):
         # Once, os.kill(os.getppid(), signal.SIGKILL) ended the server past any restart.
-        pack_model(self.repository, "hostile")
-        server = Server(self.repository, {}, copies=1)
-        try:
+        with self.hostile_server() as server:
             first = server.serving_pid
             status, _, body = self.hostile(server, "signal_supervisor")
             self.assertEqual(status, 200, body)
@@ -327,16 +317,12 @@ class StopSignalFromModelCodeTest(FaultsTest):
             self.assertEqual(server.serving_pid, first)
             self.assertEqual(child_pids(server.process.pid), [first], "a stray child")
             self.assert_echo_serves(server)
-        finally:
-            self.assertEqual(server.stop(), 0)
 
     def test_a_forged_crash_record_blames_nobody(self):
         # The record is trusted only when it names the signal its process died of, and a
         # SIGKILL leaves none: the forged line naming echo was once counted against echo.
         # (Model code can no longer SIGKILL its own process; the test does it from outside.)
-        pack_model(self.repository, "hostile")
-        server = Server(self.repository, {}, copies=1)
-        try:
+        with self.hostile_server() as server:
             first = server.serving_pid
             self.hostile(server, "forge_crash_record")
             os.kill(first, signal.SIGKILL)  # as the OOM killer would: no handler sees it
@@ -346,15 +332,11 @@ class StopSignalFromModelCodeTest(FaultsTest):
                           server.log_text())
             self.assertIn('orochi_model_crashes_total{model="echo"} 0\n', metrics_text(server))
             self.assert_echo_serves(server)
-        finally:
-            self.assertEqual(server.stop(), 0)
 
     def test_a_daemon_that_left_the_group_ends_with_its_serving_process(self):
         # Out of the serving process's group, such a daemon outlived it (and could hunt each
         # new serving process, or take every process slot); now it is the supervisor's to end.
-        pack_model(self.repository, "hostile")
-        server = Server(self.repository, {}, copies=1)
-        try:
+        with self.hostile_server() as server:
             first = server.serving_pid
             status, _, body = self.hostile(server, "escape_group")
             self.assertEqual(status, 200, body)
@@ -367,8 +349,6 @@ class StopSignalFromModelCodeTest(FaultsTest):
                 time.sleep(0.05)
             self.assertFalse(os.path.exists(f"/proc/{daemon}"), "the daemon outlived it")
             self.assert_echo_serves(server)
-        finally:
-            self.assertEqual(server.stop(), 0)
 
 
 def daemon_pid(argument: str):
@@ -392,9 +372,7 @@ class ListenerShutdownTest(FaultsTest):
         # The listening sockets are the supervisor's too: shut down from model code, they once
         # stopped listening for good (through every restart), and gRPC's accept loop spun.
         import grpc
-        pack_model(self.repository, "hostile")
-        server = Server(self.repository, {}, copies=1)
-        try:
+        with self.hostile_server() as server:
             first = server.serving_pid
             status, _, body = self.hostile(server, "shutdown_listeners")
             self.assertEqual(status, 200, body)
@@ -414,15 +392,11 @@ class ListenerShutdownTest(FaultsTest):
             self.assertEqual(len(index(server)), 4)
             with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
                 grpc.channel_ready_future(channel).result(timeout=5)
-        finally:
-            self.assertEqual(server.stop(), 0)
 
     def test_a_listener_shared_through_so_reuseport_is_replaced(self):
         # With SO_REUSEPORT on the inference listener, a daemon's socket on the port took part
         # of its connections, through every restart. Now the next accept notices.
-        pack_model(self.repository, "hostile")
-        server = Server(self.repository, {}, copies=1)
-        try:
+        with self.hostile_server() as server:
             first = server.serving_pid
             status, _, body = self.hostile(server, "share_listener")
             self.assertEqual(status, 200, body)
@@ -432,8 +406,6 @@ class ListenerShutdownTest(FaultsTest):
             self.assertIn(f"a listening socket was shut down or shared; bound again "
                           f"port={server.port}", server.log_text())
             self.assert_echo_serves(server, within_s=5)
-        finally:
-            self.assertEqual(server.stop(), 0)
 
 
 class DamagedRepositoryTest(FaultsTest):
@@ -441,9 +413,7 @@ class DamagedRepositoryTest(FaultsTest):
     def test_a_restart_serves_what_loads_and_reports_the_rest(self):
         # Model code can write to the repository. Once, a package damaged there failed every
         # restart (as a first start fails, exit 1), and the supervisor restarted it for good.
-        pack_model(self.repository, "hostile")
-        server = Server(self.repository, {}, copies=1)
-        try:
+        with self.hostile_server() as server:
             first = server.serving_pid
             with open(os.path.join(self.repository, "echo", "1", "model.orochi"), "r+b") as file:
                 file.truncate(100)
@@ -454,8 +424,6 @@ class DamagedRepositoryTest(FaultsTest):
             self.assertEqual(entry["state"], "UNAVAILABLE", entry)
             status, _, body = self.hostile(server, "nothing")
             self.assertEqual(status, 200, body)
-        finally:
-            self.assertEqual(server.stop(), 0)
 
 
 class DescriptorExhaustionTest(FaultsTest):
@@ -484,11 +452,15 @@ class DescriptorExhaustionTest(FaultsTest):
 
 class ReloadTimeoutTest(FaultsTest):
 
-    def test_a_reload_into_a_replaced_copy_is_under_the_load_timeout(self):
+    @contextlib.contextmanager
+    def copy_replaced_under_reloadhang(self, hang: str):
+        """A server whose one copy reloadhang's predict just got stuck and had replaced: its
+        models are being loaded into the fresh copy, where reloadhang's __init__ runs `hang`."""
         mark = os.path.join(self.root, "stuck-once")
         target = os.path.join(self.repository, "reloadhang", "1")
         os.makedirs(target)
-        shutil.copy(pack_variant(self.root, "reloadhang", HANGS_ON_RELOAD.format(mark=mark, hang=PYTHON_HANG)),
+        shutil.copy(pack_variant(self.root, "reloadhang",
+                                 HANGS_ON_RELOAD.format(mark=mark, hang=hang)),
                     os.path.join(target, "model.orochi"))
         config = {"models": {"load_timeout_s": 1, "execution_grace_ms": 300}}
         server = Server(self.repository, config, copies=1)
@@ -496,6 +468,20 @@ class ReloadTimeoutTest(FaultsTest):
             status, _, body = post_json(server, "/v2/models/reloadhang/infer",
                                         slow_request("sleep", 0, timeout_us=200_000))
             self.assertEqual(status, 504, body)
+            yield server
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def assert_unloads_at_once(self, server, model: str):
+        began = time.time()
+        status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
+                               f"/v2/repository/models/{model}/unload")
+        self.assertEqual(status, 200, body)
+        self.assertLess(time.time() - began, 5)
+        self.assert_echo_serves(server)
+
+    def test_a_reload_into_a_replaced_copy_is_under_the_load_timeout(self):
+        with self.copy_replaced_under_reloadhang(PYTHON_HANG) as server:
             # The one copy was replaced; its models are loaded into the fresh one, where
             # reloadhang's __init__ never returns: interrupted at the load timeout, so the slot
             # serves its other models again (once, it served nothing ever again).
@@ -508,29 +494,10 @@ class ReloadTimeoutTest(FaultsTest):
                                                 r"stuck interpreter copy failed.*"
                                                 r"model=reloadhang:1 .*did not finish within "
                                                 r"the load timeout of 1000 ms")
-            # Unloading it waits for nothing stuck either.
-            began = time.time()
-            status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
-                                   "/v2/repository/models/reloadhang/unload")
-            self.assertEqual(status, 200, body)
-            self.assertLess(time.time() - began, 5)
-            self.assert_echo_serves(server)
-        finally:
-            self.assertEqual(server.stop(), 0)
+            self.assert_unloads_at_once(server, "reloadhang")  # waits for nothing stuck
 
     def test_a_reload_stuck_in_c_code_costs_one_copy_and_not_the_slot(self):
-        mark = os.path.join(self.root, "stuck-once")
-        target = os.path.join(self.repository, "reloadhang", "1")
-        os.makedirs(target)
-        shutil.copy(pack_variant(self.root, "reloadhang",
-                                 HANGS_ON_RELOAD.format(mark=mark, hang=C_HANG)),
-                    os.path.join(target, "model.orochi"))
-        config = {"models": {"load_timeout_s": 1, "execution_grace_ms": 300}}
-        server = Server(self.repository, config, copies=1)
-        try:
-            status, _, body = post_json(server, "/v2/models/reloadhang/infer",
-                                        slow_request("sleep", 0, timeout_us=200_000))
-            self.assertEqual(status, 504, body)
+        with self.copy_replaced_under_reloadhang(C_HANG) as server:
             # The reload into the fresh copy is stuck in C, where the interrupt does not reach:
             # past the load timeout and the grace, that copy is replaced too, without the model
             # (once, the slot served nothing for as long as the C call lasted, maybe for good).
@@ -543,14 +510,7 @@ class ReloadTimeoutTest(FaultsTest):
             self.assertEqual(status, 503, body)
             self.assertIn(b"is not loaded into it again", body)
             self.assertNotIn(b"the load is retried", body)
-            began = time.time()
-            status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
-                                   "/v2/repository/models/reloadhang/unload")
-            self.assertEqual(status, 200, body)
-            self.assertLess(time.time() - began, 5)
-            self.assert_echo_serves(server)
-        finally:
-            self.assertEqual(server.stop(), 0)
+            self.assert_unloads_at_once(server, "reloadhang")
 
 
 if __name__ == "__main__":
