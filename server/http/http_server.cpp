@@ -44,6 +44,11 @@ constexpr const char* kServerName = "orochi";
 // between requests, so that a full listener (or a client at its cap) makes room by closing the
 // oldest idle connection instead of refusing a new client. Thread-safe: the acceptor and each
 // session run on strands of their own.
+// A request body that comes slower than this, over at least kSlowBodyGrace, is closed to make
+// room when its listener is full (ConnectionTable::EvictSlowestBody), in bytes a second.
+constexpr double kMinBodyRate = 1024;
+constexpr Clock::duration kSlowBodyGrace = std::chrono::seconds(2);
+
 class ConnectionTable {
  public:
   enum class Admission { kAdmitted, kListenerFull, kClientFull };
@@ -57,7 +62,7 @@ class ConnectionTable {
         !EvictOldestIdle(&client)) {
       return Admission::kClientFull;
     }
-    if (entries_.size() >= max_total && !EvictOldestIdle(nullptr)) {
+    if (entries_.size() >= max_total && !EvictOldestIdle(nullptr) && !EvictSlowestBody()) {
       return Admission::kListenerFull;
     }
     return Admission::kAdmitted;
@@ -90,6 +95,14 @@ class ConnectionTable {
       found->second.fresh = false;
     }
   }
+  // Reading a request's body since `since` (nullopt: not), `bytes` of it so far.
+  void BodyProgress(uint64_t id, std::optional<Clock::time_point> since, uint64_t bytes) {
+    std::lock_guard lock(mutex_);
+    auto found = entries_.find(id);
+    if (found == entries_.end()) return;
+    found->second.body_since = since;
+    found->second.body_bytes = bytes;
+  }
   // The connections a drain waits for: reading or answering a request, or opened less than
   // `fresh_wait` ago with no request begun yet (it may be on its way: a balancer connects,
   // then writes). The others are idle keep-alive connections.
@@ -119,9 +132,16 @@ class ConnectionTable {
     bool fresh = true;      // no request begun on it yet
     Clock::time_point added = Clock::now();
     Clock::time_point idle_since{};
+    std::optional<Clock::time_point> body_since;  // reading a request's body since
+    uint64_t body_bytes = 0;                      // of it so far
   };
   // Closes the connection idle longest (of `client` only, if given); false if none is idle.
   bool EvictOldestIdle(const asio::ip::address* client);
+  // With no idle connection to close, a full listener closes the one whose request body has
+  // come slowest, below kMinBodyRate over at least kSlowBodyGrace (408 to it): bodies
+  // trickled a byte at a time from many addresses would otherwise hold every connection for
+  // http.request_timeout_s, again and again. False if none is that slow.
+  bool EvictSlowestBody();
 
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Entry> entries_;
@@ -158,9 +178,19 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Closes the connection if it is still idle (the table chose it to make room).
+  // Closes the connection if it is idle, or answers 408 if it is reading a request's body
+  // (which came too slowly: see ConnectionTable::EvictSlowestBody).
   void Evict() {
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] {
-      if (self->idle_) self->Close();
+      if (self->idle_) {
+        self->Close();
+      } else if (self->reading_body_) {
+        // Through the read timer's path: the pending read ends, OnReadTimeout answers.
+        self->evicted_slow_ = true;
+        self->read_timed_out_ = true;
+        beast::error_code ignored;
+        self->stream_.socket().cancel(ignored);
+      }
     });
   }
 
@@ -226,19 +256,28 @@ class Session : public std::enable_shared_from_this<Session> {
   // but not slower than that.
   template <class Parser, class Done>
   void ReadBody(Parser& parser, Done done) {
-    reading_body_ = true;
+    if (!reading_body_) {
+      reading_body_ = true;
+      body_since_ = Clock::now();
+      body_bytes_ = 0;
+    }
     if (parser.is_done()) {
+      connections_->BodyProgress(connection_id_, std::nullopt, 0);
       done(beast::error_code{});
       return;
     }
+    connections_->BodyProgress(connection_id_, body_since_, body_bytes_);
     const Clock::duration left = body_deadline_ - Clock::now();
     ArmReadTimer(
         std::max(Clock::duration::zero(), std::min<Clock::duration>(limits_.idle_timeout, left)));
     bhttp::async_read_some(stream_, buffer_, parser,
                            [self = shared_from_this(), &parser, done = std::move(done)](
-                               beast::error_code error, size_t) mutable {
+                               beast::error_code error, size_t read) mutable {
                              self->DisarmReadTimer();
+                             self->body_bytes_ += read;
                              if (error) {
+                               self->connections_->BodyProgress(self->connection_id_, std::nullopt,
+                                                                0);
                                done(error);
                                return;
                              }
@@ -251,7 +290,11 @@ class Session : public std::enable_shared_from_this<Session> {
   bool OnReadTimeout(beast::error_code error) {
     if (error != asio::error::operation_aborted || !read_timed_out_) return false;
     const std::string seconds = std::to_string(limits_.idle_timeout.count());
-    if (reading_body_ && Clock::now() >= body_deadline_) {
+    if (evicted_slow_) {
+      Fail(408, "the request body came slower than " +
+                    std::to_string(static_cast<int>(kMinBodyRate)) +
+                    " bytes/s while the server had no room for new connections");
+    } else if (reading_body_ && Clock::now() >= body_deadline_) {
       Fail(408, "the request body was not complete within " +
                     std::to_string(body_timeout_.count()) + " s of its header");
     } else if (reading_body_) {
@@ -730,6 +773,9 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t read_timer_generation_ = 0;
   bool read_timed_out_ = false;
   bool reading_body_ = false;
+  Clock::time_point body_since_;  // when reading_body_ began
+  uint64_t body_bytes_ = 0;       // of the body read since
+  bool evicted_slow_ = false;     // closed for room: its body came too slowly
   bool expects_continue_ = false;
   bool head_ = false;    // the request is a HEAD: its answer goes without the body
   bool probed_ = false;  // see WatchForHangUp
@@ -782,6 +828,26 @@ bool ConnectionTable::EvictOldestIdle(const asio::ip::address* client) {
   oldest->idle = false;
   oldest->evicting = true;
   oldest->evict();
+  return true;
+}
+
+bool ConnectionTable::EvictSlowestBody() {
+  const Clock::time_point now = Clock::now();
+  Entry* slowest = nullptr;
+  double slowest_rate = kMinBodyRate;
+  for (auto& [id, entry] : entries_) {
+    if (!entry.body_since || entry.evicting || now - *entry.body_since < kSlowBodyGrace) continue;
+    const double rate = static_cast<double>(entry.body_bytes) /
+                        std::chrono::duration<double>(now - *entry.body_since).count();
+    if (rate < slowest_rate) {
+      slowest = &entry;
+      slowest_rate = rate;
+    }
+  }
+  if (slowest == nullptr) return false;
+  slowest->evicting = true;
+  slowest->body_since.reset();
+  slowest->evict();
   return true;
 }
 

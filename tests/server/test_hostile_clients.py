@@ -175,6 +175,34 @@ class ConnectionLimitsTest(HeldConnectionsTest):
             self.sockets = []
             self.assertEqual(server.stop(), 0)
 
+    def test_slow_bodies_make_room_when_the_listener_is_full(self):
+        # Bodies trickled from several addresses once held every connection until
+        # http.request_timeout_s, again and again: every other client got 503.
+        server = Server(self.repository, {"http": {"max_connections": 20}}, copies=1)
+        try:
+            for source in ("127.0.0.2", "127.0.0.3"):
+                self.hold(server.port, 10, busy=True, source=source)
+            self.assertEqual(health(server.port), 503)  # within the grace: still theirs
+            time.sleep(2.5)
+            self.assertEqual(health(server.port), 200)
+            answers = []
+            for sock in self.sockets:
+                sock.setblocking(False)
+                try:
+                    answers.append(sock.recv(65536))
+                except BlockingIOError:
+                    answers.append(b"")
+            cut = [answer for answer in answers if answer]
+            self.assertEqual(len(cut), 1, answers)
+            self.assertTrue(cut[0].startswith(b"HTTP/1.1 408"), cut[0])
+            self.assertIn(b"the request body came slower than 1024 bytes/s while the server had "
+                          b"no room for new connections", cut[0])
+        finally:
+            for sock in self.sockets:
+                sock.close()
+            self.sockets = []
+            self.assertEqual(server.stop(), 0)
+
     def test_one_client_cannot_take_every_connection(self):
         server = Server(self.repository, {"http": {"max_connections": 100,
                                                    "max_connections_per_client": 5}}, copies=1)
