@@ -55,6 +55,8 @@ struct Report {
   // The crashed copy's Python frames that followed the crash line, most recent first, each
   // as CPython writes it: File "<package digits:1>/code/model.py", line 12 in predict
   std::vector<std::string> python_stack;
+  // Model versions whose load ran past the load timeout at its start ("stuck_load" lines).
+  std::vector<std::string> stuck_loads;
 };
 
 // Reads everything the serving process wrote: "ready" once it serves, and a crash line if it
@@ -64,7 +66,7 @@ struct Report {
 // keeps it here nor grows its memory.
 Report ReadReport(int fd, Report report) {
   constexpr size_t kMostBytesRead = 1 << 16;
-  constexpr size_t kMostFramesKept = 128;
+  constexpr size_t kMostLinesKept = 128;
   std::string text;
   char buffer[4096];
   while (text.size() < kMostBytesRead) {
@@ -77,8 +79,12 @@ Report ReadReport(int fd, Report report) {
   while (std::getline(lines, line)) {
     if (line == "ready") {
       report.ready = true;
+    } else if (line.starts_with("stuck_load model=")) {
+      if (report.stuck_loads.size() < kMostLinesKept) {
+        report.stuck_loads.push_back(line.substr(sizeof("stuck_load model=") - 1));
+      }
     } else if (!report.crash.empty() && line.starts_with("  File ") &&
-               report.python_stack.size() < kMostFramesKept) {
+               report.python_stack.size() < kMostLinesKept) {
       report.python_stack.push_back(line.substr(2));
     } else if (line.starts_with("crash ")) {
       // The last line wins whole: the dying process's own comes after anything model code
@@ -296,6 +302,7 @@ class Supervisor {
       if (first_start && !report.ready && WIFEXITED(status)) {
         return exit_status;  // it said why on stderr: a start that fails is not restarted
       }
+      QuarantineStuckLoads(report);
       first_start = false;
       // A clean exit nobody asked for is model code's doing too (a SIGTERM to its own
       // process starts the graceful shutdown): the server goes on, as after a crash.
@@ -336,6 +343,7 @@ class Supervisor {
           {{"reason", shielded.message()}});
     }
     InstallCrashRecorder(report_fd);
+    inherited_.report_fd = report_fd;
     Result<std::unique_ptr<Server>> started = Server::Start(config_, inherited_);
     if (!started.ok()) {
       std::fprintf(stderr, "orochi serve: %s\n", started.status().message().c_str());
@@ -424,6 +432,22 @@ class Supervisor {
       }
       status = reaped_status;
       return true;
+    }
+  }
+
+  // A model version whose load ran past the load timeout at the start of the serving process
+  // that just died would make the next start wait as long again (stuck in C, say, with nothing
+  // to interrupt): the next serving process skips it, as a quarantined one.
+  void QuarantineStuckLoads(const Report& report) {
+    for (const std::string& model_key : report.stuck_loads) {
+      if (inherited_.quarantined.count(model_key) != 0) continue;
+      const std::string reason =
+          "quarantined: loading model " + model_key + " did not finish within " +
+          std::to_string(config_.models.load_timeout_s) +
+          " s (models.load_timeout_s) at an earlier start; load it explicitly or deploy another "
+          "version";
+      inherited_.quarantined[model_key] = reason;
+      Log(LogLevel::kError, "model quarantined", {{"model", model_key}, {"reason", reason}});
     }
   }
 

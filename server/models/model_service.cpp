@@ -1,5 +1,7 @@
 #include "model_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <optional>
 #include <string_view>
@@ -344,6 +346,7 @@ Status ModelService::LoadFromRepository() {
     if (IsMissingDevice(loaded) || loaded.code() == StatusCode::kDeadlineExceeded ||
         (restarted_ && !loaded.ok())) {
       Log(LogLevel::kWarning, "model not loaded", {{"model", name}, {"reason", loaded.message()}});
+      if (loaded.code() == StatusCode::kDeadlineExceeded) ReportStuckLoad(name);
       continue;
     }
     OROCHI_RETURN_IF_ERROR(loaded);
@@ -354,6 +357,19 @@ Status ModelService::LoadFromRepository() {
 void ModelService::Quarantine(std::map<std::string, std::string> quarantined) {
   std::lock_guard lock(mutex_);
   quarantined_ = std::move(quarantined);
+}
+
+void ModelService::ReportStuckLoad(const std::string& name) {
+  if (stuck_load_report_fd_ < 0) return;
+  const Result<std::vector<int64_t>> selected = SelectedVersions(name);
+  if (!selected.ok()) return;
+  for (int64_t version : *selected) {
+    const std::string line =
+        "stuck_load model=" + packaging::ModelKey{name, version}.ToString() + "\n";
+    // One write, under PIPE_BUF: whole or not at all, as the supervisor reads lines.
+    [[maybe_unused]] const ssize_t written =
+        ::write(stuck_load_report_fd_, line.data(), line.size());
+  }
 }
 
 bool ModelService::SkipQuarantined(const std::string& name) {

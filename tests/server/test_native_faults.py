@@ -70,6 +70,19 @@ class Hangs:
 '''
 
 
+STUCK_IN_C_INIT = '''
+import ctypes
+
+
+class Hangs:
+    def __init__(self, context):
+        ctypes.CDLL("libc.so.6").sleep(30)  # C code, which no interrupt reaches
+
+    def predict(self, inputs):
+        return {"done": [True]}
+'''
+
+
 def index(server) -> dict:
     _, _, body = curl("-X", "POST",
                       f"http://127.0.0.1:{server.management_port}/v2/repository/index")
@@ -424,6 +437,28 @@ class DamagedRepositoryTest(FaultsTest):
             self.assertEqual(entry["state"], "UNAVAILABLE", entry)
             status, _, body = self.hostile(server, "nothing")
             self.assertEqual(status, 200, body)
+
+    def test_a_load_stuck_at_start_is_not_waited_for_again_after_a_crash(self):
+        # Once each restart waited models.load_timeout_s again for the same stuck __init__.
+        target = os.path.join(self.repository, "stuckinit", "1")
+        os.makedirs(target)
+        shutil.copy(pack_variant(self.root, "stuckinit", STUCK_IN_C_INIT),
+                    os.path.join(target, "model.orochi"))
+        pack_model(self.repository, "hostile")
+        config = {"models": {"load_timeout_s": 2, "execution_grace_ms": 300}}
+        server = Server(self.repository, config, copies=1)
+        try:
+            self.assertIn("model not loaded model=stuckinit", server.log_text())
+            first = server.serving_pid
+            crashed = time.time()
+            os.kill(first, signal.SIGKILL)
+            server.wait_for_serving(2)
+            self.assertLess(time.time() - crashed, 2, "the restart waited for the load again")
+            self.assertIn("model quarantined model=stuckinit:1 reason=\"quarantined: loading "
+                          "model stuckinit:1 did not finish within 2 s", server.log_text())
+            self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
 
 
 class DescriptorExhaustionTest(FaultsTest):

@@ -34,6 +34,10 @@ struct Inheritance {
   // Model versions ("name:version") not loaded at startup, with why: they crashed the server
   // too often. Loading one explicitly, or deploying another version, still works.
   std::map<std::string, std::string> quarantined;
+  // Where the serving process tells its supervisor of a model version whose load ran past
+  // models.load_timeout_s at startup (a line "stuck_load model=name:version"), so that the next
+  // serving process quarantines it instead of waiting as long again; -1 without a supervisor.
+  int report_fd = -1;
 };
 
 class Server {
