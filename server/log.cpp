@@ -54,12 +54,18 @@ std::string Timestamp() {
 // and records written to 2 would go to that client, mixed into its response. A duplicate made
 // here keeps pointing at the original stderr whatever happens to 2 later (os.dup2 over it
 // included). It is close-on-exec, so programs a model starts do not inherit it.
+// SetLogDescriptor replaces it.
+std::atomic<int> g_descriptor{-1};
+
 int LogDescriptor() {
-  static const int descriptor = [] {
+  static std::once_flag taken;
+  std::call_once(taken, [] {
     int duplicate = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
-    return duplicate >= 0 ? duplicate : STDERR_FILENO;  // stderr closed at start: nothing better
-  }();
-  return descriptor;
+    // stderr closed at start: nothing better.
+    int unset = -1;
+    g_descriptor.compare_exchange_strong(unset, duplicate >= 0 ? duplicate : STDERR_FILENO);
+  });
+  return g_descriptor.load();
 }
 
 void WriteAll(int descriptor, std::string_view text) {
@@ -160,6 +166,16 @@ std::string FormatLogRecord(LogLevel level, const std::string& time, const std::
     }
   }
   return line;
+}
+
+void SetLogDescriptor(int descriptor) {
+  std::lock_guard lock(g_write_mutex);
+  g_descriptor = descriptor;
+}
+
+void WriteLogLines(std::string_view lines) {
+  std::lock_guard lock(g_write_mutex);
+  WriteAll(LogDescriptor(), lines);
 }
 
 void Log(LogLevel level, const std::string& message, const std::vector<LogField>& fields) {

@@ -1,9 +1,11 @@
 // One line per event on stderr, as text or JSON (config log.format), filtered by level. Written
 // through a duplicate of descriptor 2 taken at the first call, so that a model closing or
-// redirecting descriptor 2 later changes nothing for the log. Thread-safe: lines never interleave.
+// redirecting descriptor 2 later changes nothing for the log; a serving process writes to its
+// supervisor's pipe instead (SetLogDescriptor). Thread-safe: lines never interleave.
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,6 +26,12 @@ void ConfigureLog(const std::string& level, const std::string& format);
 std::string CurrentLogLevel();
 std::string CurrentLogFormat();
 void Log(LogLevel level, const std::string& message, const std::vector<LogField>& fields = {});
+
+// From now on records go to `descriptor` (the process keeps it open), not to stderr.
+void SetLogDescriptor(int descriptor);
+// Writes records formatted elsewhere (whole lines, each with its newline) where Log writes, in
+// one piece with respect to Log's own records.
+void WriteLogLines(std::string_view lines);
 
 // One record as Log writes it, without the newline. Whatever the message and values hold
 // (spaces, quotes, newlines of a traceback or a model's output), a record is one line and

@@ -36,6 +36,7 @@
 #include "orochi/engine/ops.h"
 #include "orochi/engine/threads.h"
 #include "orochi/interpreters/interpreter_manager.h"
+#include "peer_process.h"
 #include "repository/repository_api.h"
 
 namespace orochi::server {
@@ -421,14 +422,39 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   limits.max_connections_per_client = static_cast<size_t>(cfg.http.max_connections_per_client);
   http::Limits inference_limits = limits;
   inference_limits.observe = s.Observer(s.inference_router, "inference");
+  // Model code runs as the server's user and can read its token: who may manage models is told
+  // by the process the connection comes from (peer_process.h), then by the token.
+  auto model_code_peers = std::make_shared<const ProcessTreePeers>(
+      inherited.supervisor != 0 ? inherited.supervisor : ::getpid());
+  auto refuse_model_code = [model_code_peers](const std::string& address, uint16_t port,
+                                              int server_port) {
+    std::optional<std::string> refused =
+        model_code_peers->Refusal(address, port, static_cast<uint16_t>(server_port));
+    if (refused) {
+      Log(LogLevel::kWarning, "management request refused",
+          {{"port", std::to_string(server_port), false}, {"reason", *refused}});
+    }
+    return refused;
+  };
+  auto screen_management = [refuse_model_code, management_token](
+                               const http::Request& header, const asio::ip::tcp::endpoint& client,
+                               int server_port) -> std::optional<http::Response> {
+    if (std::optional<std::string> refused =
+            refuse_model_code(client.address().to_string(), client.port(), server_port)) {
+      return http::ErrorResponse(403, "management request refused: " + *refused);
+    }
+    if (management_token) return CheckToken(*management_token, header);
+    return std::nullopt;
+  };
   if (inference_token || repository_here) {
     // The repository calls served here need the management token instead of the inference
     // port's (a request carries one Authorization header).
     inference_limits.screen =
-        [inference_token, management_token, repository_here,
-         repository_paths](const http::Request& header) -> std::optional<http::Response> {
+        [&s, inference_token, repository_here, repository_paths, screen_management](
+            const http::Request& header,
+            const asio::ip::tcp::endpoint& client) -> std::optional<http::Response> {
       if (repository_here && repository_paths->Resolve(header).path_matched) {
-        return CheckToken(*management_token, header);
+        return screen_management(header, client, s.inference->port());
       }
       if (inference_token) return CheckToken(*inference_token, header);
       return std::nullopt;
@@ -464,12 +490,11 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
     s.admin->Post(
         [logged_management, shared, respond] { logged_management(std::move(*shared), respond); });
   };
-  if (management_token) {
-    // Checked on the header, before an upload's body is streamed to disk.
-    management_limits.screen = [token = *management_token](const http::Request& header) {
-      return CheckToken(token, header);
-    };
-  }
+  // Checked on the header, before an upload's body is streamed to disk.
+  management_limits.screen = [&s, screen_management](const http::Request& header,
+                                                     const asio::ip::tcp::endpoint& client) {
+    return screen_management(header, client, s.management->port());
+  };
   s.management =
       std::make_unique<http::HttpServer>(s.io, management_limits, std::move(management_handler));
   OROCHI_RETURN_IF_ERROR(ListenOrAdopt(*s.management, cfg.management.bind_address,
@@ -481,6 +506,10 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
     grpc_options.inference_token = inference_token;
     grpc_options.management_token = management_token;
     grpc_options.repository = !cfg.models.repository.empty();
+    grpc_options.screen_repository_caller = [&s, refuse_model_code](const std::string& address,
+                                                                    uint16_t port) {
+      return refuse_model_code(address, port, s.grpc->port());
+    };
     grpc_options.shared_memory = s.shared_memory.get();
     // One at a time with the management API's operations, on the same queue.
     grpc_options.run_repository_operation = [&s](std::function<void()> work) {

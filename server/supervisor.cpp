@@ -19,10 +19,12 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -64,7 +66,11 @@ struct Report {
 // Model code can write to the pipe too (its descriptor is in /proc/self/fd): what one call
 // reads is bounded, as are the frames kept, so that a writer as fast as this reader neither
 // keeps it here nor grows its memory.
-Report ReadReport(int fd, Report report) {
+//
+// A "stuck_load" line is taken only when `stuck_loads_plausible` (the process has been starting
+// for at least the load timeout, which is when the server writes one) and before "ready": model
+// code could write one naming another model, which the next serving process would skip.
+Report ReadReport(int fd, Report report, bool stuck_loads_plausible) {
   constexpr size_t kMostBytesRead = 1 << 16;
   constexpr size_t kMostLinesKept = 128;
   std::string text;
@@ -80,7 +86,7 @@ Report ReadReport(int fd, Report report) {
     if (line == "ready") {
       report.ready = true;
     } else if (line.starts_with("stuck_load model=")) {
-      if (report.stuck_loads.size() < kMostLinesKept) {
+      if (stuck_loads_plausible && !report.ready && report.stuck_loads.size() < kMostLinesKept) {
         report.stuck_loads.push_back(line.substr(sizeof("stuck_load model=") - 1));
       }
     } else if (!report.crash.empty() && line.starts_with("  File ") &&
@@ -174,6 +180,74 @@ class DescriptorOutput {
   int64_t dropped_ = 0;
 };
 
+// The serving process's own log records, through a pipe of their own: model code can write to
+// any descriptor of its process, this one too, and what it writes there must not flood the
+// supervisor's log (it once wrote 1.5 GB of records in a second). Forwarded a line at a time,
+// as written, up to kBytesPerSecond (a busy server logging every request writes a few MB a
+// second); past that, lines are dropped, counted, and reported once there is room again. A
+// line longer than kLineLimit (no record of the server's is) is cut there.
+class ServerLogForwarder {
+ public:
+  static constexpr size_t kLineLimit = size_t{64} << 10;
+  static constexpr double kBytesPerSecond = 16.0 * (1 << 20);
+
+  explicit ServerLogForwarder(const int* descriptor) : descriptor_(descriptor) {}
+
+  // Reads what is there (the descriptor is non-blocking) and forwards its complete lines.
+  void Drain() {
+    char buffer[65536];
+    while (true) {
+      const ssize_t got = ::read(*descriptor_, buffer, sizeof(buffer));
+      if (got <= 0) break;
+      std::string_view chunk(buffer, static_cast<size_t>(got));
+      while (!chunk.empty()) {
+        const size_t end = chunk.find('\n');
+        const std::string_view part = chunk.substr(0, end);
+        pending_.append(part.substr(0, kLineLimit - std::min(kLineLimit, pending_.size())));
+        if (end == std::string_view::npos) break;
+        Forward();
+        chunk.remove_prefix(end + 1);
+      }
+    }
+  }
+
+  // Forwards a line that its process, now dead, did not end: not joined to the next one's.
+  void Flush() {
+    if (!pending_.empty()) Forward();
+  }
+
+ private:
+  void Forward() {
+    pending_ += '\n';
+    const Clock::time_point now = Clock::now();
+    budget_ =
+        std::min(kBytesPerSecond, budget_ + std::chrono::duration<double>(now - refilled_).count() *
+                                                kBytesPerSecond);
+    refilled_ = now;
+    if (budget_ < static_cast<double>(pending_.size())) {
+      dropped_++;
+    } else {
+      budget_ -= static_cast<double>(pending_.size());
+      if (dropped_ > 0) {
+        Log(LogLevel::kWarning,
+            "log records of the serving process dropped: written faster than "
+            "the log's limit (model code writing to the log's descriptor?)",
+            {{"dropped_lines", std::to_string(dropped_), false},
+             {"bytes_per_second", std::to_string(static_cast<int64_t>(kBytesPerSecond)), false}});
+        dropped_ = 0;
+      }
+      WriteLogLines(pending_);
+    }
+    pending_.clear();
+  }
+
+  const int* descriptor_;
+  std::string pending_;
+  double budget_ = kBytesPerSecond;
+  Clock::time_point refilled_ = Clock::now();
+  int64_t dropped_ = 0;
+};
+
 class Supervisor {
  public:
   explicit Supervisor(ServerConfig config) : config_(std::move(config)) {}
@@ -213,13 +287,13 @@ class Supervisor {
     ::pthread_sigmask(SIG_BLOCK, &handled, &original);
     signals_ = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
     if (signals_ < 0 || ::pipe2(stdout_pipe_, O_CLOEXEC | O_NONBLOCK) != 0 ||
-        ::pipe2(stderr_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
+        ::pipe2(stderr_pipe_, O_CLOEXEC | O_NONBLOCK) != 0 ||
+        ::pipe2(log_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
       return Internal(std::string("cannot set up the supervisor: ") + std::strerror(errno));
     }
     // The write ends are the serving process's to block on: a full pipe slows a model that
     // floods its descriptors instead of dropping the server's own lines.
-    ::fcntl(stdout_pipe_[1], F_SETFL, 0);
-    ::fcntl(stderr_pipe_[1], F_SETFL, 0);
+    for (const int* pipe : {stdout_pipe_, stderr_pipe_, log_pipe_}) ::fcntl(pipe[1], F_SETFL, 0);
 
     bool first_start = true;
     std::chrono::milliseconds delay{0};
@@ -260,7 +334,12 @@ class Supervisor {
       ::fcntl(report_pipe[0], F_SETFL, O_NONBLOCK);
       int status = 0;
       bool stopping = false;
-      Report report;
+      // Read as it comes (Wait), so that when a line arrived is known.
+      report_fd_ = report_pipe[0];
+      report_open_ = true;
+      report_ = Report{};
+      started_ = started;
+      const Report& report = report_;
       while (true) {
         const auto [signal_number, sender] = Wait(std::nullopt);
         if ((signal_number == SIGTERM || signal_number == SIGINT) &&
@@ -277,16 +356,19 @@ class Supervisor {
           ::kill(child, signal_number);
           continue;
         }
-        report = ReadReport(report_pipe[0], report);  // keep the pipe from filling
+        ReadReportNow();
         if (ReapChildren(child, status)) break;
       }
       // What model code forked and left behind (a child deadlocked on a lock the fork copied,
       // say) must not outlive the process it came from, nor hold what it inherited.
       ::kill(-child, SIGKILL);
       KillDescendants();
-      report = ReadReport(report_pipe[0], report);
+      ReadReportNow();
       ::close(report_pipe[0]);
-      stdout_.Drain();  // its last words, if it wrote any
+      report_fd_ = -1;
+      server_log_.Drain();  // its last records and words, if it wrote any
+      server_log_.Flush();
+      stdout_.Drain();
       stderr_.Drain();
       const int exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (stopping) {
@@ -322,6 +404,10 @@ class Supervisor {
 
  private:
   [[noreturn]] void ServeInChild(int report_fd, pid_t supervisor, pid_t supervisor_group) {
+    // Its records go through the supervisor (ServerLogForwarder), bounded. Close-on-exec: what
+    // models start does not inherit it.
+    SetLogDescriptor(log_pipe_[1]);
+    ::close(log_pipe_[0]);
     // If the supervisor is killed outright, the serving process must not linger on its ports.
     // SIGINT, not SIGTERM: it skips http.shutdown_delay_s (nothing routes here by then that
     // waiting would help) and goes straight to the drain.
@@ -344,6 +430,7 @@ class Supervisor {
     }
     InstallCrashRecorder(report_fd);
     inherited_.report_fd = report_fd;
+    inherited_.supervisor = supervisor;
     Result<std::unique_ptr<Server>> started = Server::Start(config_, inherited_);
     if (!started.ok()) {
       std::fprintf(stderr, "orochi serve: %s\n", started.status().message().c_str());
@@ -515,23 +602,39 @@ class Supervisor {
   Signal Wait(std::optional<std::chrono::milliseconds> timeout) {
     const Clock::time_point until = Clock::now() + timeout.value_or(std::chrono::milliseconds(0));
     while (true) {
-      pollfd watched[] = {
-          {signals_, POLLIN, 0}, {stdout_pipe_[0], POLLIN, 0}, {stderr_pipe_[0], POLLIN, 0}};
+      pollfd watched[] = {{signals_, POLLIN, 0},
+                          {stdout_pipe_[0], POLLIN, 0},
+                          {stderr_pipe_[0], POLLIN, 0},
+                          {log_pipe_[0], POLLIN, 0},
+                          {report_open_ ? report_fd_ : -1, POLLIN, 0}};  // -1: not watched
       int wait_ms = -1;
       if (timeout) {
         wait_ms = static_cast<int>(std::max<int64_t>(
             0,
             std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count()));
       }
-      if (::poll(watched, 3, wait_ms) < 0 && errno != EINTR) return {};
+      if (::poll(watched, std::size(watched), wait_ms) < 0 && errno != EINTR) return {};
       if ((watched[1].revents & POLLIN) != 0) stdout_.Drain();
       if ((watched[2].revents & POLLIN) != 0) stderr_.Drain();
+      if ((watched[3].revents & POLLIN) != 0) server_log_.Drain();
+      if ((watched[4].revents & POLLIN) != 0) {
+        ReadReportNow();
+      } else if (watched[4].revents != 0) {
+        report_open_ = false;  // closed (model code can close it): it would poll ready for ever
+      }
       signalfd_siginfo info{};
       if (::read(signals_, &info, sizeof(info)) == sizeof(info)) {
         return {static_cast<int>(info.ssi_signo), static_cast<pid_t>(info.ssi_pid)};
       }
       if (timeout && Clock::now() >= until) return {};
     }
+  }
+
+  void ReadReportNow() {
+    if (report_fd_ < 0) return;
+    const bool stuck_loads_plausible =
+        Clock::now() - started_ >= std::chrono::seconds(config_.models.load_timeout_s);
+    report_ = ReadReport(report_fd_, std::move(report_), stuck_loads_plausible);
   }
 
   // Whether `sender` is the serving process `child` or a process of its group (what its models
@@ -563,8 +666,14 @@ class Supervisor {
   int signals_ = -1;               // a signalfd for SIGTERM, SIGINT and SIGCHLD
   int stdout_pipe_[2] = {-1, -1};  // the serving process's descriptor 1, once it serves
   int stderr_pipe_[2] = {-1, -1};  // and 2
+  int log_pipe_[2] = {-1, -1};     // its own log records
   DescriptorOutput stdout_{&stdout_pipe_[0], "stdout"};
   DescriptorOutput stderr_{&stderr_pipe_[0], "stderr"};
+  ServerLogForwarder server_log_{&log_pipe_[0]};
+  int report_fd_ = -1;        // the serving process's report pipe, while it runs
+  bool report_open_ = false;  // its write end not closed yet
+  Report report_;             // what came on it so far
+  Clock::time_point started_;
   std::map<std::string, std::deque<Clock::time_point>> crash_times_;  // by model key
 };
 

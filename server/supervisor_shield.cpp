@@ -135,6 +135,7 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   const auto no_such_call = filter.NewLabel();
   const auto native = filter.NewLabel();
   const auto clone = filter.NewLabel();
+  const auto unshare = filter.NewLabel();
   const auto process_signal = filter.NewLabel();
   const auto own_process_signal = filter.NewLabel();
   const auto thread_signal = filter.NewLabel();
@@ -156,7 +157,10 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   filter.Load(kCallNumber);
   if (kForeignCallBit != 0) filter.JumpIfAnyBit(kForeignCallBit, refuse);
   filter.JumpIfEqual(SYS_clone, clone);
-  filter.JumpIfEqual(SYS_clone3, no_such_call);
+  filter.JumpIfOneOf(
+      std::array{SYS_clone3, SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register},
+      no_such_call);
+  filter.JumpIfEqual(SYS_unshare, unshare);
   filter.JumpIfEqual(SYS_pidfd_send_signal, refuse);
   filter.JumpIfOneOf(std::array{SYS_kill, SYS_rt_sigqueueinfo}, process_signal);
   filter.JumpIfOneOf(std::array{SYS_tgkill, SYS_rt_tgsigqueueinfo}, thread_signal);
@@ -226,12 +230,19 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   // owner in memory: refused outright, as are the ioctls that set an owner, which do too.
   filter.Bind(fcntl);
   const auto set_owner = filter.NewLabel();
+  const auto set_signal = filter.NewLabel();
   filter.JumpIfArgumentIs(1, F_SETOWN_EX, refuse);
+  filter.JumpIfEqual(F_SETSIG, set_signal);
   filter.JumpIfEqual(F_SETOWN, set_owner);
   filter.Return(kAllow);
   filter.Bind(set_owner);
   filter.JumpIfArgumentIsOneOf(2, std::array{supervisor, -supervisor_group}, refuse);
   filter.Return(kAllow);
+  // F_SETSIG picks the signal an owner gets: only the default (0, SIGIO, which the serving
+  // process ignores), not SIGKILL to the serving process itself, which would name no model.
+  filter.Bind(set_signal);
+  filter.JumpIfArgumentIs(2, 0, allow);
+  filter.Return(kRefuse);
 
   // Owners as above; the terminal's foreground group (which would leave the supervisor in the
   // background of its own terminal, stopped by its next write) and typing into it.
@@ -263,9 +274,22 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   filter.JumpIfArgumentIsOneOf(1, std::array{supervisor, supervisor_group}, refuse);
   filter.Return(kAllow);
 
+  // The management API tells model code by the process that holds a connection's socket, read
+  // from /proc/<pid>/fd (peer_process.h): a thread with a descriptor table of its own would
+  // hold sockets that no /proc/<pid>/fd lists. So a thread shares its process's table
+  // (CLONE_FILES with CLONE_THREAD), and nothing unshares it.
   filter.Bind(clone);
+  const auto thread = filter.NewLabel();
   filter.Load(Argument(0));
   filter.JumpIfAnyBit(CLONE_PARENT, refuse);
+  filter.JumpIfAnyBit(CLONE_THREAD, thread);
+  filter.Return(kAllow);
+  filter.Bind(thread);
+  filter.JumpIfAnyBit(CLONE_FILES, allow);
+  filter.Return(kRefuse);
+  filter.Bind(unshare);
+  filter.Load(Argument(0));
+  filter.JumpIfAnyBit(CLONE_FILES, refuse);
   filter.Return(kAllow);
 
   filter.Bind(no_such_call);

@@ -18,7 +18,13 @@
 //   - signals to the serving process itself or its group, but for probes (signal 0) and, to
 //     its own threads, the signals the crash recorder attributes (crash_record.h) and glibc's
 //     own two;
-//   - a CPU time limit (setrlimit, prlimit64 with RLIMIT_CPU).
+//   - a CPU time limit (setrlimit, prlimit64 with RLIMIT_CPU);
+//   - a descriptor's owner signal other than the default (F_SETSIG), which could be SIGKILL;
+//   - a thread with a descriptor table of its own (clone with CLONE_THREAD but not CLONE_FILES,
+//     unshare with CLONE_FILES), whose sockets /proc/<pid>/fd would not list: the management
+//     API tells model code by them (peer_process.h);
+//   - io_uring, whose operations (shutdown, socket options) no filter sees: its calls answer
+//     ENOSYS, as on a kernel without it.
 // Signals to processes its models forked and to any other process go through unchanged. The
 // supervisor makes itself non-dumpable, which closes /proc/<pid>/mem and ptrace to processes
 // of the same user that lack CAP_SYS_PTRACE.

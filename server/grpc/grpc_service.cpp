@@ -44,6 +44,20 @@ bool LoopbackPeer(const std::string& peer) {
          peer.starts_with("ipv6:[::ffff:127.") || peer.starts_with("unix:");
 }
 
+// A TCP peer ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000") as its address and port.
+std::optional<std::pair<std::string, uint16_t>> TcpPeer(const std::string& peer) {
+  const size_t scheme = peer.find(':');
+  const size_t port_at = peer.rfind(':');
+  if (scheme == std::string::npos || port_at == scheme ||
+      (!peer.starts_with("ipv4:") && !peer.starts_with("ipv6:"))) {
+    return std::nullopt;
+  }
+  char* end = nullptr;
+  const unsigned long port = std::strtoul(peer.c_str() + port_at + 1, &end, 10);
+  if (*end != '\0' || port > 65535) return std::nullopt;
+  return std::pair{peer.substr(scheme + 1, port_at - scheme - 1), static_cast<uint16_t>(port)};
+}
+
 // A unary call in progress: answered once, counted, and flagged when its client cancels or
 // leaves (read by the scheduler through client_gone, which must not touch the context).
 class UnaryCall final : public grpc::ServerUnaryReactor {
@@ -501,6 +515,17 @@ std::optional<grpc::Status> InferenceService::Refusal(const grpc::CallbackServer
     if (!options_.repository) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "the server has no model repository (models.repository)");
+    }
+    if (options_.screen_repository_caller) {
+      const std::optional<std::pair<std::string, uint16_t>> peer = TcpPeer(context.peer());
+      std::optional<std::string> refused =
+          peer ? options_.screen_repository_caller(peer->first, peer->second)
+               : std::optional<std::string>("cannot tell where the call comes from (peer '" +
+                                            context.peer() + "')");
+      if (refused) {
+        return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                            "repository call refused: " + *refused);
+      }
     }
     // The management API's rule: without its token, only callers on this machine.
     if (!token && !LoopbackPeer(context.peer())) {

@@ -36,6 +36,10 @@ struct ServiceOptions {
   std::optional<std::string> inference_token;   // required of every call when set
   std::optional<std::string> management_token;  // required of repository calls when set
   bool repository = false;                      // there is a repository to manage
+  // Why a repository call from the peer at `address`:`port` is refused whatever its token
+  // (model code: peer_process.h); nullopt lets it on to the token check.
+  std::function<std::optional<std::string>(const std::string& address, uint16_t port)>
+      screen_repository_caller;
   // Runs a repository operation (loads take seconds) off gRPC's threads, one at a time with
   // the management API's.
   std::function<void(std::function<void()>)> run_repository_operation;

@@ -49,6 +49,22 @@ constexpr const char* kServerName = "orochi";
 constexpr double kMinBodyRate = 1024;
 constexpr Clock::duration kSlowBodyGrace = std::chrono::seconds(2);
 
+// How a connection's request body is coming in: written by its session with each read, without
+// the table's lock (a large body takes thousands of reads), and read by the table only when its
+// listener is full.
+struct BodyMeter {
+  // Steady-clock nanoseconds when reading the body began; 0 while no body is being read.
+  std::atomic<int64_t> since{0};
+  std::atomic<uint64_t> bytes{0};  // of the body read since
+
+  void Begin() {
+    bytes.store(0, std::memory_order_relaxed);
+    since.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  void End() { since.store(0, std::memory_order_relaxed); }
+  void Add(size_t read) { bytes.fetch_add(read, std::memory_order_relaxed); }
+};
+
 class ConnectionTable {
  public:
   enum class Admission { kAdmitted, kListenerFull, kClientFull };
@@ -67,11 +83,13 @@ class ConnectionTable {
     }
     return Admission::kAdmitted;
   }
-  // `evict` closes the connection if it is still idle; callable from any thread.
-  uint64_t Add(const asio::ip::address& client, std::function<void()> evict) {
+  // `evict` closes the connection if it is still idle, or cuts its slow body; callable from any
+  // thread. `body` is the connection's, kept up to date by its session.
+  uint64_t Add(const asio::ip::address& client, std::shared_ptr<const BodyMeter> body,
+               std::function<void()> evict) {
     std::lock_guard lock(mutex_);
     const uint64_t id = next_id_++;
-    entries_.emplace(id, Entry{client, std::move(evict)});
+    entries_.emplace(id, Entry{client, std::move(body), std::move(evict)});
     per_client_[client]++;
     return id;
   }
@@ -94,14 +112,6 @@ class ConnectionTable {
     } else {
       found->second.fresh = false;
     }
-  }
-  // Reading a request's body since `since` (nullopt: not), `bytes` of it so far.
-  void BodyProgress(uint64_t id, std::optional<Clock::time_point> since, uint64_t bytes) {
-    std::lock_guard lock(mutex_);
-    auto found = entries_.find(id);
-    if (found == entries_.end()) return;
-    found->second.body_since = since;
-    found->second.body_bytes = bytes;
   }
   // The connections a drain waits for: reading or answering a request, or opened less than
   // `fresh_wait` ago with no request begun yet (it may be on its way: a balancer connects,
@@ -126,14 +136,13 @@ class ConnectionTable {
  private:
   struct Entry {
     asio::ip::address client;
+    std::shared_ptr<const BodyMeter> body;
     std::function<void()> evict;
     bool idle = false;
     bool evicting = false;  // chosen to make room: counted until it has closed
     bool fresh = true;      // no request begun on it yet
     Clock::time_point added = Clock::now();
     Clock::time_point idle_since{};
-    std::optional<Clock::time_point> body_since;  // reading a request's body since
-    uint64_t body_bytes = 0;                      // of it so far
   };
   // Closes the connection idle longest (of `client` only, if given); false if none is idle.
   bool EvictOldestIdle(const asio::ip::address* client);
@@ -170,6 +179,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
+
+  std::shared_ptr<const BodyMeter> body_meter() const { return body_meter_; }
 
   // `connection_id`: this connection in the listener's ConnectionTable.
   void Start(uint64_t connection_id) {
@@ -221,6 +232,7 @@ class Session : public std::enable_shared_from_this<Session> {
     // The header decides which limit applies (uploads have their own): checked in OnHeader.
     parser_->body_limit(std::max(limits_.max_body_bytes, limits_.max_upload_bytes));
     reading_body_ = false;
+    body_meter_->End();
     // The idle timeout covers waiting for the next request and reading its header.
     ArmReadTimer(limits_.idle_timeout);
     bhttp::async_read_header(stream_, buffer_, *parser_,
@@ -258,15 +270,13 @@ class Session : public std::enable_shared_from_this<Session> {
   void ReadBody(Parser& parser, Done done) {
     if (!reading_body_) {
       reading_body_ = true;
-      body_since_ = Clock::now();
-      body_bytes_ = 0;
+      body_meter_->Begin();
     }
     if (parser.is_done()) {
-      connections_->BodyProgress(connection_id_, std::nullopt, 0);
+      body_meter_->End();
       done(beast::error_code{});
       return;
     }
-    connections_->BodyProgress(connection_id_, body_since_, body_bytes_);
     const Clock::duration left = body_deadline_ - Clock::now();
     ArmReadTimer(
         std::max(Clock::duration::zero(), std::min<Clock::duration>(limits_.idle_timeout, left)));
@@ -274,10 +284,9 @@ class Session : public std::enable_shared_from_this<Session> {
                            [self = shared_from_this(), &parser, done = std::move(done)](
                                beast::error_code error, size_t read) mutable {
                              self->DisarmReadTimer();
-                             self->body_bytes_ += read;
+                             self->body_meter_->Add(read);
                              if (error) {
-                               self->connections_->BodyProgress(self->connection_id_, std::nullopt,
-                                                                0);
+                               self->body_meter_->End();
                                done(error);
                                return;
                              }
@@ -329,7 +338,13 @@ class Session : public std::enable_shared_from_this<Session> {
     // server no reading and no disk, and a client that sent `Expect: 100-continue` learns the
     // answer without sending its body.
     if (limits_.screen) {
-      if (std::optional<Response> refused = limits_.screen(header)) {
+      beast::error_code gone;
+      const tcp::endpoint client = stream_.socket().remote_endpoint(gone);
+      if (gone) {  // reset meanwhile: nobody to answer
+        Close();
+        return;
+      }
+      if (std::optional<Response> refused = limits_.screen(header, client)) {
         Refuse(std::move(*refused));
         return;
       }
@@ -773,9 +788,8 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t read_timer_generation_ = 0;
   bool read_timed_out_ = false;
   bool reading_body_ = false;
-  Clock::time_point body_since_;  // when reading_body_ began
-  uint64_t body_bytes_ = 0;       // of the body read since
-  bool evicted_slow_ = false;     // closed for room: its body came too slowly
+  std::shared_ptr<BodyMeter> body_meter_ = std::make_shared<BodyMeter>();
+  bool evicted_slow_ = false;  // closed for room: its body came too slowly
   bool expects_continue_ = false;
   bool head_ = false;    // the request is a HEAD: its answer goes without the body
   bool probed_ = false;  // see WatchForHangUp
@@ -836,9 +850,12 @@ bool ConnectionTable::EvictSlowestBody() {
   Entry* slowest = nullptr;
   double slowest_rate = kMinBodyRate;
   for (auto& [id, entry] : entries_) {
-    if (!entry.body_since || entry.evicting || now - *entry.body_since < kSlowBodyGrace) continue;
-    const double rate = static_cast<double>(entry.body_bytes) /
-                        std::chrono::duration<double>(now - *entry.body_since).count();
+    const int64_t since = entry.body->since.load(std::memory_order_relaxed);
+    if (since == 0 || entry.evicting) continue;
+    const Clock::duration reading = now - Clock::time_point(Clock::duration(since));
+    if (reading < kSlowBodyGrace) continue;
+    const double rate = static_cast<double>(entry.body->bytes.load(std::memory_order_relaxed)) /
+                        std::chrono::duration<double>(reading).count();
     if (rate < slowest_rate) {
       slowest = &entry;
       slowest_rate = rate;
@@ -846,7 +863,6 @@ bool ConnectionTable::EvictSlowestBody() {
   }
   if (slowest == nullptr) return false;
   slowest->evicting = true;
-  slowest->body_since.reset();
   slowest->evict();
   return true;
 }
@@ -977,9 +993,11 @@ void HttpServer::Accept() {
         socket.set_option(tcp::no_delay(true), error);
         auto session = std::make_shared<Session>(std::move(socket), limits_, handler_, in_flight_,
                                                  connections_);
-        session->Start(connections_->Add(client, [weak = std::weak_ptr<Session>(session)] {
-          if (std::shared_ptr<Session> alive = weak.lock()) alive->Evict();
-        }));
+        session->Start(connections_->Add(client, session->body_meter(),
+                                         [weak = std::weak_ptr<Session>(session)] {
+                                           if (std::shared_ptr<Session> alive = weak.lock())
+                                             alive->Evict();
+                                         }));
         break;
       }
     }

@@ -122,8 +122,11 @@ struct Limits {
   uint64_t max_upload_bytes = 0;
   // Looks at each request's header before its body is read: a response refuses the request
   // there, before a byte of the body is read or stored, and the connection closes after it
-  // (e.g. a missing token, so that an unauthenticated upload never reaches the disk).
-  std::function<std::optional<Response>(const Request& header)> screen;
+  // (e.g. a missing token, so that an unauthenticated upload never reaches the disk). `client`
+  // is the connection's other end.
+  std::function<std::optional<Response>(const Request& header,
+                                        const boost::asio::ip::tcp::endpoint& client)>
+      screen;
   // Told of each answer the transport gives by itself (a request it cannot read, a limit, a
   // refusal by screen), with the request's method and target as far as they were read: the
   // handler never sees these requests, yet they belong in the logs and metrics.

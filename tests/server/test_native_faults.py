@@ -335,6 +335,8 @@ class StopSignalFromModelCodeTest(FaultsTest):
         # The record is trusted only when it names the signal its process died of, and a
         # SIGKILL leaves none: the forged line naming echo was once counted against echo.
         # (Model code can no longer SIGKILL its own process; the test does it from outside.)
+        # A forged stuck_load line once got echo quarantined at the restart: one counts only
+        # while the process starts, after models.load_timeout_s.
         with self.hostile_server() as server:
             first = server.serving_pid
             self.hostile(server, "forge_crash_record")
@@ -344,6 +346,7 @@ class StopSignalFromModelCodeTest(FaultsTest):
             self.assertIn("the serving process died; restarting it signal=SIGKILL restarts=1",
                           server.log_text())
             self.assertIn('orochi_model_crashes_total{model="echo"} 0\n', metrics_text(server))
+            self.assertNotIn("model quarantined", server.log_text())
             self.assert_echo_serves(server)
 
     def test_a_daemon_that_left_the_group_ends_with_its_serving_process(self):
@@ -459,6 +462,53 @@ class DamagedRepositoryTest(FaultsTest):
             self.assert_echo_serves(server)
         finally:
             self.assertEqual(server.stop(), 0)
+
+
+class LogFloodTest(FaultsTest):
+
+    def test_model_code_writing_to_the_log_descriptor_is_bounded(self):
+        # Once the serving process logged straight to the supervisor's stderr, and model code
+        # writing to that descriptor put 1.5 GB of forged records in the log in a second.
+        with self.hostile_server() as server:
+            status, _, body = self.hostile(server, "flood_log")
+            self.assertEqual(status, 200, body)
+            self.assertGreaterEqual(json.loads(body)["outputs"][0]["data"][0], 1)
+            time.sleep(1.2)  # the budget refills; the next record reports what was dropped
+            self.assert_echo_serves(server)
+            text = server.log_text()
+            self.assertLess(len(text), 40 << 20, "64 MB of forged lines reached the log")
+            self.assertRegex(text, r"log records of the serving process dropped: .* "
+                                   r"dropped_lines=\d+ bytes_per_second=16777216")
+            # The server's own records still come through, whole.
+            self.assertRegex(text, r"info request listener=inference method=POST "
+                                   r"target=/v2/models/echo/infer status=200")
+
+
+class ManagementFromModelCodeTest(FaultsTest):
+    """Model code runs as the server's user and can read its token, so who may manage models is
+    told by the process a connection comes from (peer_process.h)."""
+
+    def test_model_code_cannot_manage_models_and_an_operator_still_can(self):
+        # Once a model's predict unloaded (or deleted) every other model through the loopback
+        # management API, which trusts loopback without a token.
+        with self.hostile_server() as server:
+            for how, port, refused in (("http", server.management_port, 403),
+                                       ("curl", server.management_port, 403),
+                                       ("grpc", server.grpc_port, 7)):  # PERMISSION_DENIED
+                status, _, body = self.hostile(server, f"manage:{port}:{how}")
+                self.assertEqual(status, 200, body)
+                self.assertEqual(json.loads(body)["outputs"][0]["data"], [refused], how)
+            self.assertEqual(len(re.findall(r"management request refused port=\d+ reason=\"the "
+                                            r"connection comes from process \d+, which the "
+                                            r"server started", server.log_text())), 3)
+            # What would hide a socket from /proc/<pid>/fd, or act past the filter.
+            status, _, body = self.hostile(server, "hidden_routes")
+            self.assertEqual(status, 200, body)
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [1, 1, 1])
+            self.assert_echo_serves(server)
+            status, _, body = curl("-X", "POST", "-d", "{}", f"http://127.0.0.1:"
+                                   f"{server.management_port}/v2/repository/models/echo/unload")
+            self.assertEqual(status, 200, body)
 
 
 class DescriptorExhaustionTest(FaultsTest):

@@ -8,6 +8,8 @@
 // Thread-safety: RequestStop may be called from any thread.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -38,6 +40,9 @@ struct Inheritance {
   // models.load_timeout_s at startup (a line "stuck_load model=name:version"), so that the next
   // serving process quarantines it instead of waiting as long again; -1 without a supervisor.
   int report_fd = -1;
+  // The supervisor's pid; 0 without one. Every process under it is the server's or model code's
+  // (peer_process.h): the management API refuses requests from them.
+  pid_t supervisor = 0;
 };
 
 class Server {

@@ -51,6 +51,53 @@ def supervisor_reach() -> list:
     return results
 
 
+def hidden_routes() -> list:
+    """Ways around the filter's and the management API's sight: a descriptor table of its own
+    (unshare), SIGKILL picked for a descriptor's owner (F_SETSIG), io_uring (whose operations no
+    seccomp filter sees). 1.0 for each refused."""
+    import ctypes
+    import errno
+    import fcntl
+    import socket
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def unshare_files():
+        if libc.unshare(0x400) != 0:  # CLONE_FILES
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+    def kill_signal_for_owner():
+        with socket.socket() as sock:
+            fcntl.fcntl(sock.fileno(), 10, 9)  # F_SETSIG, SIGKILL
+
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params
+    ring = libc.syscall(425, 8, params)  # io_uring_setup, the same number on x86-64 and arm64
+    no_ring = 1.0 if ring < 0 and ctypes.get_errno() == errno.ENOSYS else 0.0
+    if ring >= 0:
+        os.close(ring)
+    return [refused(unshare_files), refused(kill_signal_for_owner), no_ring]
+
+
+def flood_pipes(megabytes: int) -> int:
+    """Writes `megabytes` of forged lines to each pipe the process writes to past 1 and 2 (the
+    server's own log among them); returns how many pipes took them."""
+    import fcntl
+    import stat
+    block = (b"forged log line " + b"x" * 83 + b"\n") * 10486  # about 1 MB
+    flooded = 0
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if (fd <= 2 or not stat.S_ISFIFO(os.fstat(fd).st_mode) or
+                    fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_WRONLY):
+                continue
+            for _ in range(megabytes):
+                os.write(fd, block)
+            flooded += 1
+        except OSError:  # gone, or the report pipe (non-blocking), full
+            pass
+    return flooded
+
+
 def clone_parent():
     """A child of the supervisor's (clone with CLONE_PARENT), which exits at once."""
     import ctypes
@@ -111,6 +158,40 @@ def share_listener() -> int:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 return int(name)
     return -1
+
+
+def manage(port: int, how: str) -> int:
+    """Asks the management API on `port` to unload echo, as any loopback client may: from this
+    process (`http`), from curl (a process it starts), or over gRPC from a Python it starts (the
+    gRPC port is `port`). Returns the HTTP status, or the gRPC status code."""
+    import subprocess
+    unload = f"http://127.0.0.1:{port}/v2/repository/models/echo/unload"
+    if how == "http":
+        import urllib.error
+        import urllib.request
+        request = urllib.request.Request(unload, data=b"{}", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=20) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+    if how == "curl":
+        done = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
+                               "-d", "{}", unload], capture_output=True, check=True, timeout=20)
+        return int(done.stdout)
+    # RepositoryModelUnloadRequest {model_name (2): "echo"}, sent as raw bytes.
+    script = ("import grpc, sys\n"
+              f"channel = grpc.insecure_channel('127.0.0.1:{port}')\n"
+              "unload = channel.unary_unary('/inference.GRPCInferenceService/"
+              "RepositoryModelUnload', request_serializer=None, response_deserializer=None)\n"
+              "try:\n"
+              "    unload(b'\\x12\\x04echo', timeout=20)\n"
+              "    print(0)\n"
+              "except grpc.RpcError as error:\n"
+              "    print(error.code().value[0])\n")
+    done = subprocess.run(["/usr/bin/python3.11", "-c", script], capture_output=True,
+                          check=True, timeout=30)
+    return int(done.stdout)
 
 
 def shell_kill(pid):
@@ -175,7 +256,8 @@ class Hostile:
                 fd = int(name)
                 try:
                     if fd > 2 and stat.S_ISFIFO(os.fstat(fd).st_mode):
-                        os.write(fd, b"crash signal=9 model=echo:1 copy=0 activity=predict\n")
+                        os.write(fd, b"stuck_load model=echo:1\n"
+                                     b"crash signal=9 model=echo:1 copy=0 activity=predict\n")
                 except OSError:
                     pass
         elif mode == "share_listener":  # SO_REUSEPORT on the inference listener
@@ -202,6 +284,13 @@ class Hostile:
         elif mode == "flood_fds":
             for _ in range(5000):
                 os.write(1, b"flood\n")
+        elif mode == "flood_log":
+            return {"out": [float(flood_pipes(64))]}
+        elif mode == "hidden_routes":
+            return {"out": hidden_routes()}
+        elif mode.startswith("manage:"):  # manage:<port>:<http|curl|grpc>
+            _, port, how = mode.split(":")
+            return {"out": [float(manage(int(port), how))]}
         elif mode == "odd_keys":
             return {"out": [1.0], 1: [2.0], None: [3.0]}
         return {"out": [1.0]}

@@ -1,0 +1,222 @@
+#include "peer_process.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string_view>
+#include <vector>
+
+namespace orochi::server {
+namespace {
+
+// A descriptor closed when it goes out of scope.
+class Descriptor {
+ public:
+  explicit Descriptor(int fd) : fd_(fd) {}
+  ~Descriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+struct PeerAddress {
+  int family = AF_INET;
+  std::array<uint32_t, 4> words{};  // as inet_diag_sockid holds it, in network order
+};
+
+// "127.0.0.1", "::1", "[::1]" and "::ffff:127.0.0.1" (an IPv4 peer of a dual-stack listener,
+// whose own socket is an AF_INET one).
+std::optional<PeerAddress> ParsePeerAddress(std::string_view text) {
+  if (text.size() >= 2 && text.front() == '[' && text.back() == ']') {
+    text = text.substr(1, text.size() - 2);
+  }
+  const std::string address(text);
+  PeerAddress parsed;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, address.c_str(), &v4) == 1) {
+    parsed.words[0] = v4.s_addr;
+    return parsed;
+  }
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, address.c_str(), &v6) != 1) return std::nullopt;
+  if (IN6_IS_ADDR_V4MAPPED(&v6)) {
+    std::memcpy(parsed.words.data(), &v6.s6_addr[12], 4);
+    return parsed;
+  }
+  parsed.family = AF_INET6;
+  std::memcpy(parsed.words.data(), &v6.s6_addr[0], 16);
+  return parsed;
+}
+
+struct SocketSearch {
+  bool found = false;
+  unsigned inode = 0;
+};
+
+// The socket on this host whose own end is `peer`:`peer_port` and whose other end is port
+// `server_port`: the client's end of the connection (the server's own end has the ports the
+// other way round). A dump of the family's TCP sockets, matched here.
+std::optional<SocketSearch> FindClientSocket(const PeerAddress& peer, uint16_t peer_port,
+                                             uint16_t server_port, std::string* error) {
+  Descriptor netlink(::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
+  if (netlink.get() < 0) {
+    *error = std::string("cannot open a sock_diag socket: ") + std::strerror(errno);
+    return std::nullopt;
+  }
+  struct {
+    nlmsghdr header;
+    inet_diag_req_v2 request;
+  } message{};
+  message.header.nlmsg_len = sizeof(message);
+  message.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  message.header.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;  // NOLINT(hicpp-signed-bitwise)
+  message.request.sdiag_family = static_cast<uint8_t>(peer.family);
+  message.request.sdiag_protocol = IPPROTO_TCP;
+  message.request.idiag_states = ~0U;  // closing ones too: they have no inode, and say so
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  if (::sendto(netlink.get(), &message, sizeof(message), 0, reinterpret_cast<sockaddr*>(&kernel),
+               sizeof(kernel)) < 0) {
+    *error = std::string("cannot ask the kernel for its TCP sockets: ") + std::strerror(errno);
+    return std::nullopt;
+  }
+  const size_t address_bytes = peer.family == AF_INET ? 4 : 16;
+  SocketSearch search;
+  std::vector<char> buffer(size_t{64} << 10);
+  for (;;) {
+    const ssize_t got = ::recv(netlink.get(), buffer.data(), buffer.size(), 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      *error = std::string("cannot read the kernel's TCP sockets: ") + std::strerror(errno);
+      return std::nullopt;
+    }
+    auto remaining = static_cast<int>(got);
+    for (auto* header = reinterpret_cast<nlmsghdr*>(buffer.data()); NLMSG_OK(header, remaining);
+         header = NLMSG_NEXT(header, remaining)) {
+      if (header->nlmsg_type == NLMSG_DONE) return search;
+      if (header->nlmsg_type == NLMSG_ERROR) {
+        const auto* failure = static_cast<const nlmsgerr*>(NLMSG_DATA(header));
+        *error = std::string("the kernel refused to list its TCP sockets: ") +
+                 std::strerror(-failure->error);
+        return std::nullopt;
+      }
+      const auto* entry = static_cast<const inet_diag_msg*>(NLMSG_DATA(header));
+      if (search.found || ntohs(entry->id.idiag_sport) != peer_port ||
+          ntohs(entry->id.idiag_dport) != server_port ||
+          std::memcmp(entry->id.idiag_src, peer.words.data(), address_bytes) != 0) {
+        continue;
+      }
+      search.found = true;
+      search.inode = entry->idiag_inode;
+    }
+  }
+}
+
+// Every process's parent, from /proc/<pid>/stat (the field after the command, whose name may
+// hold spaces and parentheses, so read from the last ')').
+std::map<pid_t, std::vector<pid_t>> ChildrenByParent() {
+  std::map<pid_t, std::vector<pid_t>> children;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return children;
+  while (const dirent* entry = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(entry->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    std::ifstream stat(std::string("/proc/") + entry->d_name + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;  // gone meanwhile
+    const size_t command_end = line.rfind(')');
+    if (command_end == std::string::npos) continue;
+    std::istringstream fields(line.substr(command_end + 1));
+    std::string state;
+    long parent = 0;
+    if (fields >> state >> parent) {
+      children[static_cast<pid_t>(parent)].push_back(static_cast<pid_t>(pid));
+    }
+  }
+  ::closedir(proc);
+  return children;
+}
+
+bool HoldsSocket(pid_t pid, const std::string& wanted) {
+  const std::string directory = "/proc/" + std::to_string(pid) + "/fd";
+  DIR* descriptors = ::opendir(directory.c_str());
+  if (descriptors == nullptr) return false;  // gone, or not ours to read (the supervisor)
+  bool held = false;
+  std::array<char, 64> target{};
+  while (const dirent* entry = ::readdir(descriptors)) {
+    if (entry->d_name[0] == '.') continue;
+    const std::string link = directory + "/" + entry->d_name;
+    const ssize_t length = ::readlink(link.c_str(), target.data(), target.size());
+    if (length > 0 && std::string_view(target.data(), static_cast<size_t>(length)) == wanted) {
+      held = true;
+      break;
+    }
+  }
+  ::closedir(descriptors);
+  return held;
+}
+
+// The process of the tree under `root` (itself included) that holds socket `inode`.
+std::optional<pid_t> HolderInTree(pid_t root, unsigned inode) {
+  const std::string wanted = "socket:[" + std::to_string(inode) + "]";
+  const std::map<pid_t, std::vector<pid_t>> children = ChildrenByParent();
+  std::vector<pid_t> pending{root};
+  while (!pending.empty()) {
+    const pid_t pid = pending.back();
+    pending.pop_back();
+    if (HoldsSocket(pid, wanted)) return pid;
+    if (auto found = children.find(pid); found != children.end()) {
+      pending.insert(pending.end(), found->second.begin(), found->second.end());
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> ProcessTreePeers::Refusal(const std::string& peer_address,
+                                                     uint16_t peer_port,
+                                                     uint16_t server_port) const {
+  const std::optional<PeerAddress> peer = ParsePeerAddress(peer_address);
+  if (!peer) return "cannot tell where the connection comes from (peer '" + peer_address + "')";
+  std::string error;
+  std::optional<SocketSearch> client = FindClientSocket(*peer, peer_port, server_port, &error);
+  if (client && !client->found && peer->family == AF_INET) {
+    // An IPv6 socket connected to an IPv4 address ("::ffff:127.0.0.1", as gRPC's clients make
+    // them) shows up to the server as an IPv4 peer.
+    PeerAddress mapped{AF_INET6, {0, 0, htonl(0xffff), peer->words[0]}};
+    client = FindClientSocket(mapped, peer_port, server_port, &error);
+  }
+  if (!client) return "cannot tell which process the connection comes from: " + error;
+  if (!client->found) return std::nullopt;  // another host's
+  if (client->inode == 0) {
+    return "the connection's other end on this host is held by no process (closed before the "
+           "answer): cannot tell whether model code sent it";
+  }
+  if (std::optional<pid_t> holder = HolderInTree(tree_root_, client->inode)) {
+    return "the connection comes from process " + std::to_string(*holder) +
+           ", which the server started (model code, or a process model code started): model "
+           "code may not manage models";
+  }
+  return std::nullopt;
+}
+
+}  // namespace orochi::server

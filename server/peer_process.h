@@ -1,0 +1,45 @@
+// Which process is at the other end of a TCP connection made from this machine: the management
+// API's answer to model code. Model code runs as the server's own user and can read whatever
+// the server can, the management token included, so neither loopback nor a token tells an
+// operator's `curl` from a model's `urllib` that deletes every other model. What does is the
+// peer's socket: the kernel knows its inode (sock_diag), and /proc knows which process holds it.
+// A process that descends from the server (the serving process, everything its models start,
+// and the daemons a supervisor adopted as subreaper) is model code.
+//
+// What it cannot see: a socket handed (SCM_RIGHTS) to a process outside the tree, which takes a
+// process of the same user that is listening for it; and a process that model code got started
+// outside the tree by others (a cron or systemd user job). docs/HARDENING.md says so.
+//
+// Thread-safety: a ProcessTreePeers is immutable; Refusal may be called from any thread. Each
+// call lists this host's TCP sockets and reads /proc, a few milliseconds: meant for the rare
+// management requests, not for inference.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace orochi::server {
+
+class ProcessTreePeers {
+ public:
+  // `tree_root`: the supervisor's pid, or this process's own without a supervisor.
+  explicit ProcessTreePeers(pid_t tree_root) : tree_root_(tree_root) {}
+
+  // Why a request over the connection from `peer_address`:`peer_port` to this server's
+  // `server_port` is refused: its socket is held by a process of the tree (named in the
+  // reason), or is on this host and held by no process any more (a client that sent its
+  // request and closed, which no operator's tool does, but which would hide model code).
+  // nullopt for a peer on another host, or held by a process outside the tree. `peer_address`
+  // is as a transport prints it ("127.0.0.1", "::1", "::ffff:127.0.0.1"). If the host's
+  // sockets cannot be listed (no sock_diag in this kernel), refused with the reason.
+  std::optional<std::string> Refusal(const std::string& peer_address, uint16_t peer_port,
+                                     uint16_t server_port) const;
+
+ private:
+  pid_t tree_root_;
+};
+
+}  // namespace orochi::server

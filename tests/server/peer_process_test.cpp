@@ -1,0 +1,150 @@
+// Which process a connection comes from: real sockets on loopback, real /proc.
+#include "peer_process.h"
+
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace orochi::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A listener on 127.0.0.1 and one client connected to it, both of this process.
+class LoopbackConnection : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    ASSERT_EQ(::listen(listener_, 4), 0);
+    socklen_t length = sizeof(address);
+    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length);
+    server_port_ = ntohs(address.sin_port);
+    client_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(::connect(client_, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    length = sizeof(address);
+    ::getsockname(client_, reinterpret_cast<sockaddr*>(&address), &length);
+    client_port_ = ntohs(address.sin_port);
+    accepted_ = ::accept(listener_, nullptr, nullptr);
+    ASSERT_GE(accepted_, 0);
+  }
+  void TearDown() override {
+    for (int fd : {accepted_, client_, listener_}) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  int listener_ = -1;
+  int client_ = -1;
+  int accepted_ = -1;
+  uint16_t server_port_ = 0;
+  uint16_t client_port_ = 0;
+};
+
+TEST_F(LoopbackConnection, AClientOfTheTreeIsRefusedAndNamed) {
+  const ProcessTreePeers peers(::getpid());
+  const std::optional<std::string> refused = peers.Refusal("127.0.0.1", client_port_, server_port_);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(*refused, HasSubstr("process " + std::to_string(::getpid())));
+  EXPECT_THAT(*refused, HasSubstr("model code may not manage models"));
+  // As a dual-stack listener reports an IPv4 peer.
+  EXPECT_TRUE(peers.Refusal("::ffff:127.0.0.1", client_port_, server_port_).has_value());
+}
+
+TEST_F(LoopbackConnection, AClientHeldByAChildOfTheTreeIsRefused) {
+  // The child holds the client socket; the tree's root lets go of its own copy.
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(ready[0]);
+    ::write(ready[1], "x", 1);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ::close(ready[0]);
+  ::close(client_);
+  client_ = -1;
+  const std::optional<std::string> refused =
+      ProcessTreePeers(::getpid()).Refusal("127.0.0.1", client_port_, server_port_);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(*refused, HasSubstr("process " + std::to_string(child)));
+}
+
+TEST_F(LoopbackConnection, AnIpv6SocketConnectedToTheIpv4ListenerIsFoundToo) {
+  // As gRPC's clients connect: an AF_INET6 socket to ::ffff:127.0.0.1, which the server sees
+  // as the IPv4 peer 127.0.0.1. Once it passed for a client on another host.
+  const int client6 = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 address{};
+  address.sin6_family = AF_INET6;
+  address.sin6_port = htons(server_port_);
+  ASSERT_EQ(::inet_pton(AF_INET6, "::ffff:127.0.0.1", &address.sin6_addr), 1);
+  ASSERT_EQ(::connect(client6, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  socklen_t length = sizeof(address);
+  ::getsockname(client6, reinterpret_cast<sockaddr*>(&address), &length);
+  const int accepted = ::accept(listener_, nullptr, nullptr);
+  const std::optional<std::string> refused =
+      ProcessTreePeers(::getpid()).Refusal("127.0.0.1", ntohs(address.sin6_port), server_port_);
+  ::close(accepted);
+  ::close(client6);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(*refused, HasSubstr("process " + std::to_string(::getpid())));
+}
+
+TEST_F(LoopbackConnection, AClientOutsideTheTreeIsLetOn) {
+  // A tree of one sleeping child, which holds no socket of this connection: this process is
+  // outside it, as an operator's curl is outside the server's.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(client_);
+    ::pause();
+    ::_exit(0);
+  }
+  const std::optional<std::string> refused =
+      ProcessTreePeers(child).Refusal("127.0.0.1", client_port_, server_port_);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_FALSE(refused.has_value()) << *refused;
+}
+
+TEST_F(LoopbackConnection, APeerOnAnotherHostIsLetOn) {
+  // No socket of this host has that address and port: the peer is elsewhere.
+  EXPECT_FALSE(
+      ProcessTreePeers(::getpid()).Refusal("192.0.2.7", client_port_, server_port_).has_value());
+}
+
+TEST_F(LoopbackConnection, AClientThatClosedCannotBeToldApartAndIsRefused) {
+  // Sent its request and closed: its end lingers (FIN_WAIT) with no process holding it.
+  ::close(client_);
+  client_ = -1;
+  const std::optional<std::string> refused =
+      ProcessTreePeers(::getpid()).Refusal("127.0.0.1", client_port_, server_port_);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(*refused, HasSubstr("held by no process"));
+}
+
+TEST(ProcessTreePeersTest, AnAddressThatIsNoneIsRefused) {
+  const std::optional<std::string> refused =
+      ProcessTreePeers(::getpid()).Refusal("not-an-address", 1, 2);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(*refused, HasSubstr("not-an-address"));
+}
+
+}  // namespace
+}  // namespace orochi::server
