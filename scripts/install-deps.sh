@@ -30,7 +30,7 @@ packages=(
   # linear, SLEEF for its vectorised math (exp, log, tanh, erf, ...) on AVX2 and AVX-512
   libopenblas-dev libdnnl-dev libsleef-dev nlohmann-json3-dev
   # tests and benchmarks
-  googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps
+  googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps iproute2
   # the rolling-restart test's load balancer (tests/server/test_rolling_restart.py)
   nginx
   # the Kubernetes manifests' validator (tests/kubernetes) and the OpenAI client check

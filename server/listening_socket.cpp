@@ -72,6 +72,8 @@ bool ListenerIntact(int fd) {
   return ::getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &shared, &length) == 0 && shared == 0;
 }
 
+bool TendListener(int fd) { return ListenerIntact(fd) && ::listen(fd, SOMAXCONN) == 0; }
+
 namespace {
 
 // The ports this process listens on (0: a free entry), and the highest descriptor a listener or

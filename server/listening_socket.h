@@ -27,6 +27,15 @@ int BoundPort(int fd);
 // bound to the port with it takes part of the connections, through every restart.
 bool ListenerIntact(int fd);
 
+// How often the accept loops tend their listener (TendListener).
+inline constexpr int kListenerUpkeepMs = 1000;
+
+// ListenerIntact, and if so gives `fd` its full backlog again: model code can shrink it with
+// listen(fd, 0), which the listener would keep through every restart, a connection at a time
+// taken and the rest of a burst dropped. The accept loops call it every kListenerUpkeepMs, so
+// that a listener nobody connects to is checked too, and when an accept fails.
+bool TendListener(int fd);
+
 // Registers a listener on `port` (and `fd`, for NoteServerSocket) for the fork handler that
 // closes, in the child of any fork() of the server (a model calling os.fork(), say), every TCP
 // socket whose local port is one the server listens on: its listeners and the connections they
@@ -38,8 +47,8 @@ void UnregisterListeningPort(int port);
 // Notes a socket's descriptor (a connection accepted), so that the fork handler looks that far.
 void NoteServerSocket(int fd);
 
-// For an accept loop whose listener ListenerIntact denies (checked when an accept fails, and
-// with each connection accepted), which then stops accepting on it: logs that the listener on
+// For an accept loop whose listener TendListener denies, which then stops accepting on it: logs
+// that the listener on
 // `port` stopped listening and calls the handler (the first report only). Thread-safe.
 void ReportListenerLost(int port);
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -66,18 +67,27 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metr
 
 void GrpcServer::AcceptConnections() {
   bool descriptors_logged = false;
+  auto tended = std::chrono::steady_clock::now();
   while (true) {
     pollfd watched[] = {{listener_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (::poll(watched, 2, -1) < 0 && errno != EINTR) return;
+    if (::poll(watched, 2, kListenerUpkeepMs) < 0 && errno != EINTR) return;
     if (watched[1].revents != 0) return;
+    // Shut down from model code, no accept will succeed again (and poll says so at once);
+    // shared through SO_REUSEPORT, part of the connections go elsewhere; listen(fd, 0) shrank
+    // its backlog.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - tended >= std::chrono::milliseconds(kListenerUpkeepMs)) {
+      tended = now;
+      if (!TendListener(listener_fd_)) {
+        ReportListenerLost(port_);
+        return;
+      }
+    }
     if (watched[0].revents == 0) continue;
     // Non-blocking, as gRPC's own listener makes the connections it accepts.
     const int fd = ::accept4(listener_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    // Shut down from model code, no accept will succeed again (and poll says so at once);
-    // shared through SO_REUSEPORT, part of the connections go elsewhere.
-    if (!ListenerIntact(listener_fd_)) {
+    if (fd < 0 && !TendListener(listener_fd_)) {
       ReportListenerLost(port_);
-      if (fd >= 0) ::close(fd);
       return;
     }
     if (fd < 0) {

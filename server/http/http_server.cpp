@@ -885,6 +885,7 @@ HttpServer::HttpServer(asio::io_context& io, Limits limits, Handler handler)
       handler_(std::move(handler)),
       acceptor_(asio::make_strand(io)),
       accept_pause_(acceptor_.get_executor()),
+      upkeep_(acceptor_.get_executor()),
       connections_(std::make_shared<ConnectionTable>()) {}
 
 HttpServer::~HttpServer() {  // the owner stops the io_context first
@@ -907,6 +908,7 @@ Status HttpServer::Listen(const std::string& address, int port) {
   port_ = acceptor_.local_endpoint().port();
   RegisterListeningPort(acceptor_.native_handle(), port_);
   Accept();
+  TendListenerEverySecond();
   return Status::Ok();
 }
 
@@ -923,7 +925,22 @@ Status HttpServer::Adopt(int fd) {
   port_ = acceptor_.local_endpoint().port();
   RegisterListeningPort(acceptor_.native_handle(), port_);
   Accept();
+  TendListenerEverySecond();
   return Status::Ok();
+}
+
+void HttpServer::TendListenerEverySecond() {
+  upkeep_.expires_after(std::chrono::milliseconds(kListenerUpkeepMs));
+  upkeep_.async_wait([this](beast::error_code error) {
+    if (error || !acceptor_.is_open()) return;
+    if (!TendListener(acceptor_.native_handle())) {
+      ReportListenerLost(port_);
+      beast::error_code ignored;
+      acceptor_.cancel(ignored);  // the pending accept ends (operation_aborted): no more
+      return;
+    }
+    TendListenerEverySecond();
+  });
 }
 
 void HttpServer::CloseAfterEachAnswer() { connections_->SetClosing(); }
@@ -937,6 +954,7 @@ void HttpServer::StopAccepting() {
     beast::error_code ignored;
     acceptor_.close(ignored);
     accept_pause_.cancel();
+    upkeep_.cancel();
   });
 }
 
@@ -944,10 +962,9 @@ void HttpServer::Accept() {
   acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code error,
                                                         tcp::socket socket) {
     if (error == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    // Checked with each connection too, so that a listener shared through SO_REUSEPORT is
-    // noticed at once. The server drains and exits; nothing to accept meanwhile.
-    const bool intact = ListenerIntact(acceptor_.native_handle());
-    if (error && !intact) {
+    // A listener shut down fails every accept at once: the server drains and exits, nothing
+    // to accept meanwhile. (Shared or shrunk ones are found by the upkeep.)
+    if (error && !TendListener(acceptor_.native_handle())) {
       ReportListenerLost(port_);
       return;
     }
@@ -993,17 +1010,12 @@ void HttpServer::Accept() {
         socket.set_option(tcp::no_delay(true), error);
         auto session = std::make_shared<Session>(std::move(socket), limits_, handler_, in_flight_,
                                                  connections_);
-        session->Start(connections_->Add(client, session->body_meter(),
-                                         [weak = std::weak_ptr<Session>(session)] {
-                                           if (std::shared_ptr<Session> alive = weak.lock())
-                                             alive->Evict();
-                                         }));
+        auto evict = [weak = std::weak_ptr<Session>(session)] {
+          if (std::shared_ptr<Session> alive = weak.lock()) alive->Evict();
+        };
+        session->Start(connections_->Add(client, session->body_meter(), std::move(evict)));
         break;
       }
-    }
-    if (!intact) {
-      ReportListenerLost(port_);
-      return;
     }
     Accept();
   });

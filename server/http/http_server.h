@@ -165,6 +165,8 @@ class HttpServer {
 
  private:
   void Accept();
+  // Stops accepting for good if the listener was shut down or shared (listening_socket.h).
+  void TendListenerEverySecond();
   void RefuseConnection(boost::asio::ip::tcp::socket socket, const std::string& why);
 
   boost::asio::io_context& io_;
@@ -172,6 +174,7 @@ class HttpServer {
   Handler handler_;
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer accept_pause_;  // after a failed accept (out of descriptors)
+  boost::asio::steady_timer upkeep_;        // TendListener, every kListenerUpkeepMs
   bool accept_failing_ = false;             // logged once per episode; on the acceptor's strand
   bool at_capacity_ = false;
   std::shared_ptr<ConnectionTable> connections_;

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import unittest
@@ -91,6 +92,13 @@ def index(server) -> dict:
 
 def status_of(url: str) -> int:
     return curl(url)[0]
+
+
+def listen_backlog(port: int) -> int:
+    """The backlog of the socket listening on `port` (ss's Send-Q for a listener)."""
+    listing = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True,
+                             text=True, check=True).stdout.split()
+    return int(listing[2])
 
 
 class FaultsTest(unittest.TestCase):
@@ -408,6 +416,25 @@ class ListenerShutdownTest(FaultsTest):
             self.assertEqual(len(index(server)), 4)
             with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
                 grpc.channel_ready_future(channel).result(timeout=5)
+
+    def test_a_backlog_shrunk_by_model_code_is_given_back(self):
+        # listen(fd, 0) on an inherited listener once stayed through every restart: a burst of
+        # connections took one at a time, and the rest waited for SYN retries (a second each).
+        with self.hostile_server() as server:
+            status, _, body = self.hostile(server, "shrink_backlogs")
+            self.assertEqual(status, 200, body)
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [4])
+            with open("/proc/sys/net/core/somaxconn") as file:
+                full = int(file.read())
+            ports = [server.port, server.metrics_port, server.management_port, server.grpc_port]
+            deadline = time.time() + 5
+            while True:
+                backlogs = {port: listen_backlog(port) for port in ports}
+                if set(backlogs.values()) == {full} or time.time() > deadline:
+                    break
+                time.sleep(0.2)
+            self.assertEqual(backlogs, {port: full for port in ports})
+            self.assert_echo_serves(server)
 
     def test_a_listener_shared_through_so_reuseport_is_replaced(self):
         # With SO_REUSEPORT on the inference listener, a daemon's socket on the port took part

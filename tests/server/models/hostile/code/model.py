@@ -194,6 +194,22 @@ def manage(port: int, how: str) -> int:
     return int(done.stdout)
 
 
+def shrink_backlogs() -> int:
+    """listen(fd, 0) on every listening socket of the process; returns how many."""
+    import socket
+    shrunk = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        with sock:
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.listen(0)
+                shrunk += 1
+    return shrunk
+
+
 def shell_kill(pid):
     import subprocess
     if subprocess.run(["sh", "-c", f"kill -0 {pid} 2>/dev/null"], check=False).returncode != 0:
@@ -262,6 +278,8 @@ class Hostile:
                     pass
         elif mode == "share_listener":  # SO_REUSEPORT on the inference listener
             return {"out": [float(share_listener())]}
+        elif mode == "shrink_backlogs":
+            return {"out": [float(shrink_backlogs())]}
         elif mode == "shutdown_listeners":  # the sockets the supervisor holds too
             return {"out": [float(shutdown_listeners())]}
         elif mode == "set_timers":  # their signals' default action would end the process
