@@ -358,7 +358,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   s.metrics.UnknownModel(0);
   s.models = std::make_unique<ModelService>(*s.manager, cfg.models, s.metrics);
   s.models->Quarantine(inherited.quarantined);
-  s.models->ReportStuckLoadsTo(inherited.report_fd);
+  s.models->ReportLoadsTo(inherited.report_fd);
   s.models->NoteRestarts(inherited.restarts);
   OROCHI_RETURN_IF_ERROR(s.models->LoadFromRepository());
 

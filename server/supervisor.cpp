@@ -59,6 +59,10 @@ struct Report {
   std::vector<std::string> python_stack;
   // Model versions whose load ran past the load timeout at its start ("stuck_load" lines).
   std::vector<std::string> stuck_loads;
+  // The model version whose load at the start began last ("loading" lines, before "ready"):
+  // a death there with no crash record (SIGKILL from the kernel's OOM killer, say) is put on
+  // it, so that a package that kills every start is quarantined like one that crashes.
+  std::string loading;
 };
 
 // Reads everything the serving process wrote: "ready" once it serves, and a crash line if it
@@ -85,6 +89,8 @@ Report ReadReport(int fd, Report report, bool stuck_loads_plausible) {
   while (std::getline(lines, line)) {
     if (line == "ready") {
       report.ready = true;
+    } else if (line.starts_with("loading model=")) {
+      if (!report.ready) report.loading = line.substr(sizeof("loading model=") - 1);
     } else if (line.starts_with("stuck_load model=")) {
       if (stuck_loads_plausible && !report.ready && report.stuck_loads.size() < kMostLinesKept) {
         report.stuck_loads.push_back(line.substr(sizeof("stuck_load model=") - 1));
@@ -557,8 +563,15 @@ class Supervisor {
     // other way (SIGKILL, which no handler sees) must not put its crash on another model.
     const bool recorded = WIFSIGNALED(status) && IsRecordedSignal(WTERMSIG(status)) &&
                           field("signal") == std::to_string(WTERMSIG(status));
-    const std::string model_key = recorded ? field("model") : std::string();
-    if (!model_key.empty()) {
+    // No record, at a start: the load in flight, if the serving process named one.
+    const bool load_in_flight = !recorded && !report.ready && !report.loading.empty();
+    const std::string model_key =
+        recorded ? field("model") : (load_in_flight ? report.loading : std::string());
+    if (load_in_flight) {
+      fields.push_back({"model", model_key});
+      fields.push_back({"activity", "load"});
+      fields.push_back({"record", "none: the load in flight at the start"});
+    } else if (!model_key.empty()) {
       fields.push_back({"model", model_key});
       fields.push_back({"copy", field("copy"), false});
       fields.push_back({"activity", field("activity")});
@@ -569,6 +582,8 @@ class Supervisor {
         }
         fields.push_back({"python_stack", frames});
       }
+    }
+    if (!model_key.empty()) {
       Result<packaging::ModelKey> parsed_key = packaging::ModelKey::Parse(model_key);
       inherited_.model_crashes[parsed_key.ok() ? parsed_key->name : model_key]++;
       std::deque<Clock::time_point>& crashes = crash_times_[model_key];

@@ -336,7 +336,10 @@ Status ModelService::LoadFromRepository() {
       loaded = NotFound(message);
     }
     if (loaded.ok() && SkipQuarantined(name)) continue;
-    if (loaded.ok()) loaded = LoadModel(name).status();
+    if (loaded.ok()) {
+      ReportToSupervisor("loading", name);
+      loaded = LoadModel(name).status();
+    }
     // Startup is strict (a first start that fails says why and ends), except: a GPU model on a
     // machine without the GPU, or a model whose load ran past models.load_timeout_s, waits
     // UNAVAILABLE with its reason while the other models are served (a start that waited
@@ -346,7 +349,7 @@ Status ModelService::LoadFromRepository() {
     if (IsMissingDevice(loaded) || loaded.code() == StatusCode::kDeadlineExceeded ||
         (restarted_ && !loaded.ok())) {
       Log(LogLevel::kWarning, "model not loaded", {{"model", name}, {"reason", loaded.message()}});
-      if (loaded.code() == StatusCode::kDeadlineExceeded) ReportStuckLoad(name);
+      if (loaded.code() == StatusCode::kDeadlineExceeded) ReportToSupervisor("stuck_load", name);
       continue;
     }
     OROCHI_RETURN_IF_ERROR(loaded);
@@ -359,16 +362,15 @@ void ModelService::Quarantine(std::map<std::string, std::string> quarantined) {
   quarantined_ = std::move(quarantined);
 }
 
-void ModelService::ReportStuckLoad(const std::string& name) {
-  if (stuck_load_report_fd_ < 0) return;
+void ModelService::ReportToSupervisor(const char* what, const std::string& name) {
+  if (report_fd_ < 0) return;
   const Result<std::vector<int64_t>> selected = SelectedVersions(name);
   if (!selected.ok()) return;
   for (int64_t version : *selected) {
     const std::string line =
-        "stuck_load model=" + packaging::ModelKey{name, version}.ToString() + "\n";
+        std::string(what) + " model=" + packaging::ModelKey{name, version}.ToString() + "\n";
     // One write, under PIPE_BUF: whole or not at all, as the supervisor reads lines.
-    [[maybe_unused]] const ssize_t written =
-        ::write(stuck_load_report_fd_, line.data(), line.size());
+    [[maybe_unused]] const ssize_t written = ::write(report_fd_, line.data(), line.size());
   }
 }
 

@@ -115,9 +115,10 @@ class ModelService : public SchedulerObserver {
   // LoadFromRepository: after a restart, a model that does not load is left UNAVAILABLE with
   // its reason instead of failing the start, as at a first start (see LoadFromRepository).
   void NoteRestarts(int64_t restarts);
-  // Where LoadFromRepository reports a load that ran past the load timeout (see
-  // Inheritance::report_fd); -1: nowhere.
-  void ReportStuckLoadsTo(int fd) { stuck_load_report_fd_ = fd; }
+  // Where LoadFromRepository tells the supervisor of each load it begins ("loading": a death
+  // with no crash record is put on it) and of each that ran past the load timeout
+  // ("stuck_load"); see Inheritance::report_fd. -1: nowhere.
+  void ReportLoadsTo(int fd) { report_fd_ = fd; }
 
   // Whether `name` can name a model: what a manifest allows (1-128 letters, digits, '_', '.',
   // '-', starting with a letter or digit), so it is always one path component inside the
@@ -290,11 +291,11 @@ class ModelService : public SchedulerObserver {
   std::map<std::string, std::map<int64_t, std::shared_ptr<ServedModel>>> models_;
   // Why the last load of "name:version" failed, for the repository index; cleared on success.
   std::map<std::string, std::string> load_failures_;
-  // Tells the supervisor of `name`'s selected versions, whose load ran past the timeout.
-  void ReportStuckLoad(const std::string& name);
+  // Tells the supervisor `what` ("loading", "stuck_load") of `name`'s selected versions.
+  void ReportToSupervisor(const char* what, const std::string& name);
   std::map<std::string, std::string> quarantined_;  // see Quarantine
   bool restarted_ = false;                          // see NoteRestarts
-  int stuck_load_report_fd_ = -1;                   // see ReportStuckLoadsTo
+  int report_fd_ = -1;                              // see ReportLoadsTo
   std::atomic<int64_t> loading_copies_{0};          // copies out of service for a load
   std::map<std::string, std::shared_ptr<ServedModel>, std::less<>> by_key_;
   size_t next_slot_ = 0;

@@ -34,6 +34,35 @@ class Hangs:
         return {"done": [True]}
 '''
 
+# Ends its own process with a SIGKILL that no handler sees, as the kernel's OOM killer would
+# (and as a POSIX timer can, set to SIGKILL: the filter sees no signal call).
+KILLED_INIT = '''
+import ctypes
+import time
+
+
+class Sigevent(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int),
+                ("pad", ctypes.c_byte * 48)]
+
+
+class Timespec(ctypes.Structure):
+    _fields_ = [("seconds", ctypes.c_long), ("nanoseconds", ctypes.c_long)]
+
+
+class Hangs:
+    def __init__(self, context):
+        libc = ctypes.CDLL(None, use_errno=True)
+        timer = ctypes.c_void_p()
+        libc.timer_create(1, ctypes.byref(Sigevent(signo=9, notify=0)), ctypes.byref(timer))
+        when = (Timespec * 2)(Timespec(0, 0), Timespec(0, 10_000_000))  # once, in 10 ms
+        libc.timer_settime(timer, 0, ctypes.byref(when), None)
+        time.sleep(5)
+
+    def predict(self, inputs):
+        return {"done": [True]}
+'''
+
 SLOW_INIT = '''
 import time
 
@@ -207,6 +236,34 @@ class CrashDuringLoadTest(FaultsTest):
             self.assert_echo_serves(server)
             self.assertEqual(server.log_text().count("the serving process died"), 3)
             self.assertEqual(index(server)["crashinit"]["state"], "UNAVAILABLE")
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+    def test_a_package_killed_at_start_without_a_record_is_quarantined(self):
+        # A SIGKILL leaves no crash record: such a package once killed every start, forever,
+        # with restarts backing off to seconds, and no model to quarantine.
+        target = os.path.join(self.repository, "killedinit", "1")
+        os.makedirs(target)
+        shutil.copy(pack_variant(self.root, "killedinit", KILLED_INIT),
+                    os.path.join(target, "model.orochi"))
+        server = Server(self.repository, {"supervisor": {"max_model_crashes": 2}}, copies=1)
+        try:
+            log = server.log_text()
+            self.assertEqual(len(re.findall(r"the serving process died; restarting it "
+                                            r"signal=SIGKILL model=killedinit:1 activity=load "
+                                            r"record=\"none: the load in flight at the start\"",
+                                            log)), 2, log)
+            states = index(server)
+            self.assertEqual(states["killedinit"]["state"], "UNAVAILABLE")
+            self.assertIn("quarantined: model killedinit:1 crashed the server 2 times",
+                          states["killedinit"]["reason"])
+            self.assert_echo_serves(server)
+            # Once serving, a death without a record blames nobody: no load is in flight.
+            os.kill(server.serving_pid, signal.SIGKILL)
+            server.wait_for_serving(2)
+            self.assertIn("the serving process died; restarting it signal=SIGKILL restarts=3",
+                          server.log_text())
         finally:
             self.assertEqual(server.stop(), 0)
 

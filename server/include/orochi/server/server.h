@@ -36,9 +36,11 @@ struct Inheritance {
   // Model versions ("name:version") not loaded at startup, with why: they crashed the server
   // too often. Loading one explicitly, or deploying another version, still works.
   std::map<std::string, std::string> quarantined;
-  // Where the serving process tells its supervisor of a model version whose load ran past
-  // models.load_timeout_s at startup (a line "stuck_load model=name:version"), so that the next
-  // serving process quarantines it instead of waiting as long again; -1 without a supervisor.
+  // Where the serving process tells its supervisor of each model version whose load it begins
+  // at startup ("loading model=name:version": a death there with no crash record, an OOM kill
+  // say, is put on it) and of one whose load ran past models.load_timeout_s ("stuck_load
+  // model=name:version"), so that the next serving process quarantines it instead of waiting
+  // as long again; -1 without a supervisor.
   int report_fd = -1;
   // The supervisor's pid; 0 without one. Every process under it is the server's or model code's
   // (peer_process.h): the management API refuses requests from them.
