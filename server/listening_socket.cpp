@@ -1,6 +1,7 @@
 #include "listening_socket.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sys/socket.h>
@@ -72,7 +73,14 @@ bool ListenerIntact(int fd) {
   return ::getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &shared, &length) == 0 && shared == 0;
 }
 
-bool TendListener(int fd) { return ListenerIntact(fd) && ::listen(fd, SOMAXCONN) == 0; }
+bool TendListener(int fd) {
+  if (!ListenerIntact(fd) || ::listen(fd, SOMAXCONN) != 0) return false;
+  // The flag lives on the open file description, which model code shares: cleared, accepts
+  // block the thread that makes them (an I/O thread of every HTTP port) until a client comes.
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0 && (flags & O_NONBLOCK) == 0) ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  return true;
+}
 
 namespace {
 

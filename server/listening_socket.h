@@ -30,10 +30,12 @@ bool ListenerIntact(int fd);
 // How often the accept loops tend their listener (TendListener).
 inline constexpr int kListenerUpkeepMs = 1000;
 
-// ListenerIntact, and if so gives `fd` its full backlog again: model code can shrink it with
-// listen(fd, 0), which the listener would keep through every restart, a connection at a time
-// taken and the rest of a burst dropped. The accept loops call it every kListenerUpkeepMs, so
-// that a listener nobody connects to is checked too, and when an accept fails.
+// ListenerIntact, and if so gives `fd` its full backlog and O_NONBLOCK again: model code can
+// shrink the backlog with listen(fd, 0), which the listener would keep through every restart (a
+// connection at a time taken, the rest of a burst dropped), and clear O_NONBLOCK on the file
+// description it shares, after which an accept blocks its thread. The accept loops call it
+// every kListenerUpkeepMs, so that a listener nobody connects to is checked too, and when an
+// accept fails.
 bool TendListener(int fd);
 
 // Registers a listener on `port` (and `fd`, for NoteServerSocket) for the fork handler that

@@ -40,10 +40,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A restart is immediate, unless the serving processes keep dying soon after they start: from
-// the kQuickCrashesAllowed-th such death in a row, the next start waits kFirstRestartDelay,
-// doubling up to kLongestRestartDelay, so that a process that cannot stay up does not take
-// every core restarting.
+// A restart is immediate, unless the serving processes keep dying before they serve, soon after
+// they start: from the kQuickCrashesAllowed-th such death in a row, the next start waits
+// kFirstRestartDelay, doubling up to kLongestRestartDelay, so that a process that cannot start
+// does not take every core restarting. A process that served is restarted at once however soon
+// it died (a crash that a client's request or a model's thread causes again and again): waiting
+// would only add to the time nothing is served.
 constexpr int kQuickCrashesAllowed = 3;
 constexpr std::chrono::milliseconds kFirstRestartDelay{100};
 constexpr std::chrono::milliseconds kLongestRestartDelay{5000};
@@ -398,7 +400,8 @@ class Supervisor {
                   WIFEXITED(status) && WEXITSTATUS(status) == 0
                       ? "the serving process exited though nobody asked it to stop; restarting it"
                       : "the serving process died; restarting it");
-      quick_crashes = Clock::now() - started >= kStableAfter ? 1 : quick_crashes + 1;
+      quick_crashes =
+          report.ready || Clock::now() - started >= kStableAfter ? 0 : quick_crashes + 1;
       if (quick_crashes < kQuickCrashesAllowed) {
         delay = std::chrono::milliseconds(0);
       } else {

@@ -5,6 +5,8 @@
 #include <linux/filter.h>
 #include <linux/sched.h>
 #include <linux/seccomp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
@@ -48,6 +50,11 @@ constexpr uint32_t kNoSuchCall = SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)
 constexpr uint32_t Argument(size_t index) {
   return static_cast<uint32_t>(offsetof(seccomp_data, args) + sizeof(uint64_t) * index) +
          (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? 0 : 4);
+}
+// The high 32 bits of a call's argument: with the low ones, whether a pointer is null.
+constexpr uint32_t ArgumentHigh(size_t index) {
+  return static_cast<uint32_t>(offsetof(seccomp_data, args) + sizeof(uint64_t) * index) +
+         (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? 4 : 0);
 }
 constexpr uint32_t kCallNumber = offsetof(seccomp_data, nr);
 constexpr uint32_t kArch = offsetof(seccomp_data, arch);
@@ -123,6 +130,9 @@ class FilterBuilder {
 // ioprio_set's `which` for a user (linux/ioprio.h, not in every distribution's headers).
 constexpr uint32_t kIoPriorityOfUser = 3;
 
+// TCP_AO_ADD_KEY (linux/tcp.h since 6.7, not in every distribution's headers).
+constexpr uint32_t kTcpAoAddKey = 38;
+
 constexpr int kGlibcCancel = 32;
 constexpr int kGlibcSetxid = 33;
 constexpr int kSignalsToOwnThreads[] = {0,      SIGSEGV, SIGBUS,       SIGFPE,
@@ -142,7 +152,6 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   const auto own_thread_signal = filter.NewLabel();
   const auto tkill = filter.NewLabel();
   const auto first_is_supervisor = filter.NewLabel();
-  const auto second_is_supervisor = filter.NewLabel();
   const auto limit = filter.NewLabel();
   const auto fcntl = filter.NewLabel();
   const auto ioctl = filter.NewLabel();
@@ -173,9 +182,13 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   filter.JumpIfEqual(SYS_ioctl, ioctl);
   filter.JumpIfEqual(SYS_setsockopt, setsockopt);
   filter.JumpIfOneOf(std::array{SYS_setpriority, SYS_ioprio_set}, priority);
-  filter.JumpIfEqual(SYS_ptrace, second_is_supervisor);
+  // Tracing: a child of the serving process could stop every thread of it (PTRACE_SEIZE,
+  // PTRACE_INTERRUPT), which no wait of the supervisor's sees. Nothing in the server traces.
+  // Limits: the serving process's own descriptor, memory or file-size limit lowered for good
+  // (its hard limit cannot be raised again) would starve every model. Reading them is prlimit64
+  // with no new limit.
+  filter.JumpIfOneOf(std::array{SYS_ptrace, SYS_setrlimit}, refuse);
   filter.JumpIfEqual(SYS_prlimit64, limit);
-  filter.JumpIfEqual(SYS_setrlimit, limit);
   filter.Return(kAllow);
 
   // kill(pid, signal), rt_sigqueueinfo(pid, signal, info): the supervisor, its group and every
@@ -208,22 +221,18 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   filter.JumpIfArgumentIs(0, static_cast<uint32_t>(supervisor), refuse);
   filter.Return(kAllow);
 
-  filter.Bind(second_is_supervisor);
-  filter.JumpIfArgumentIs(1, static_cast<uint32_t>(supervisor), refuse);
-  filter.Return(kAllow);
-
-  // prlimit64(pid, resource, new, old) and setrlimit(resource, new): not the supervisor's, and
-  // no CPU limit, whose hard limit ends the process with SIGKILL, which leaves no record of
-  // which model did it. The resource is prlimit64's second argument and setrlimit's first.
+  // prlimit64(pid, resource, new, old): the supervisor's not even read; anyone's only read (new
+  // is null, both halves of the pointer).
   filter.Bind(limit);
-  const auto prlimit = filter.NewLabel();
-  filter.JumpIfEqual(SYS_prlimit64, prlimit);
-  filter.JumpIfArgumentIs(0, RLIMIT_CPU, refuse);
-  filter.Return(kAllow);
-  filter.Bind(prlimit);
+  const auto new_limit_low_is_null = filter.NewLabel();
   filter.JumpIfArgumentIs(0, static_cast<uint32_t>(supervisor), refuse);
-  filter.JumpIfArgumentIs(1, RLIMIT_CPU, refuse);
-  filter.Return(kAllow);
+  filter.Load(Argument(2));
+  filter.JumpIfEqual(0, new_limit_low_is_null);
+  filter.Return(kRefuse);
+  filter.Bind(new_limit_low_is_null);
+  filter.Load(ArgumentHigh(2));
+  filter.JumpIfEqual(0, allow);
+  filter.Return(kRefuse);
 
   // fcntl(fd, F_SETOWN, pid) makes the kernel signal pid (SIGIO, or F_SETSIG's choice, SIGKILL
   // included) when the descriptor has input: a signal no kill() sends. F_SETOWN_EX passes its
@@ -256,13 +265,36 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   // let a daemon's socket share a listener's connections, cannot be refused so: gRPC sets it on
   // a socket of its own to see whether it works. A listener with it is replaced instead, see
   // listening_socket.h.)
+  //
+  // Options that make a listener deaf to every client while it still listens, through every
+  // restart: bound to another device, a minimum TTL or hop count no local packet has, a TCP
+  // MD5 or TCP-AO key that unsigned connections fail. (The supervisor's liveness probe catches
+  // what is not listed here.)
   filter.Bind(setsockopt);
-  filter.JumpIfArgumentIs(1, SOL_SOCKET, allow_unless_socket_option);
+  const auto ip_option = filter.NewLabel();
+  const auto ipv6_option = filter.NewLabel();
+  const auto tcp_option = filter.NewLabel();
+  filter.Load(Argument(1));
+  filter.JumpIfEqual(SOL_SOCKET, allow_unless_socket_option);
+  filter.JumpIfEqual(IPPROTO_IP, ip_option);
+  filter.JumpIfEqual(IPPROTO_IPV6, ipv6_option);
+  filter.JumpIfEqual(IPPROTO_TCP, tcp_option);
   filter.Return(kAllow);
   filter.Bind(allow_unless_socket_option);
-  filter.JumpIfArgumentIsOneOf(2,
-                               std::array{SO_ATTACH_FILTER, SO_ATTACH_BPF, SO_ATTACH_REUSEPORT_CBPF,
-                                          SO_ATTACH_REUSEPORT_EBPF, SO_LOCK_FILTER},
+  filter.JumpIfArgumentIsOneOf(
+      2,
+      std::array{SO_ATTACH_FILTER, SO_ATTACH_BPF, SO_ATTACH_REUSEPORT_CBPF,
+                 SO_ATTACH_REUSEPORT_EBPF, SO_LOCK_FILTER, SO_BINDTODEVICE, SO_BINDTOIFINDEX},
+      refuse);
+  filter.Return(kAllow);
+  filter.Bind(ip_option);
+  filter.JumpIfArgumentIs(2, IP_MINTTL, refuse);
+  filter.Return(kAllow);
+  filter.Bind(ipv6_option);
+  filter.JumpIfArgumentIs(2, IPV6_MINHOPCOUNT, refuse);
+  filter.Return(kAllow);
+  filter.Bind(tcp_option);
+  filter.JumpIfArgumentIsOneOf(2, std::array<uint32_t, 3>{TCP_MD5SIG, TCP_MD5SIG_EXT, kTcpAoAddKey},
                                refuse);
   filter.Return(kAllow);
 

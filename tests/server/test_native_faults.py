@@ -180,6 +180,22 @@ class StackOverflowTest(FaultsTest):
             self.assertEqual(status, 200, body)
 
 
+class CrashLoopAfterServingTest(FaultsTest):
+
+    def test_a_process_that_served_is_restarted_at_once_however_often_it_dies(self):
+        # Deaths soon after the start once backed off to 5 s between restarts, even for a
+        # process that had served: a client repeating a crashing request (or a model thread
+        # crashing a second after each load) kept the server down most of the time.
+        with self.hostile_server() as server:
+            for death in range(1, 11):  # the backoff reached 5 s by the ninth
+                killed = time.time()
+                os.kill(server.serving_pid, signal.SIGKILL)
+                server.wait_for_serving(death + 1)
+                back = time.time() - killed
+                self.assertLess(back, 4, f"death {death}: serving again after {back:.2f} s")
+            self.assert_echo_serves(server)
+
+
 class CrashDuringLoadTest(FaultsTest):
 
     def test_an_upload_whose_init_crashes_is_recorded_and_not_kept(self):
@@ -493,6 +509,19 @@ class ListenerShutdownTest(FaultsTest):
             self.assertEqual(backlogs, {port: full for port in ports})
             self.assert_echo_serves(server)
 
+    def test_listeners_made_blocking_by_model_code_are_made_non_blocking_again(self):
+        # O_NONBLOCK lives on the file description the listeners share with model code: cleared,
+        # accepts blocked the I/O threads, and every port stalled between two connections.
+        with self.hostile_server() as server:
+            status, _, body = self.hostile(server, "clear_nonblocking")
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [4], body)
+            time.sleep(1.5)  # a round of the listeners' upkeep
+            status, _, body = self.hostile(server, "count_blocking")
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [0], body)
+            for _ in range(3):
+                self.assertEqual(status_of(server.url("/v2/health/ready")), 200)
+            self.assert_echo_serves(server)
+
     def test_a_listener_shared_through_so_reuseport_is_replaced(self):
         # With SO_REUSEPORT on the inference listener, a daemon's socket on the port took part
         # of its connections, through every restart. Now the next accept notices.
@@ -588,7 +617,7 @@ class ManagementFromModelCodeTest(FaultsTest):
             # What would hide a socket from /proc/<pid>/fd, or act past the filter.
             status, _, body = self.hostile(server, "hidden_routes")
             self.assertEqual(status, 200, body)
-            self.assertEqual(json.loads(body)["outputs"][0]["data"], [1, 1, 1])
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [1] * 8)
             self.assert_echo_serves(server)
             status, _, body = curl("-X", "POST", "-d", "{}", f"http://127.0.0.1:"
                                    f"{server.management_port}/v2/repository/models/echo/unload")

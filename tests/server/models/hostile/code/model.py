@@ -69,12 +69,38 @@ def hidden_routes() -> list:
         with socket.socket() as sock:
             fcntl.fcntl(sock.fileno(), 10, 9)  # F_SETSIG, SIGKILL
 
+    def trace_its_process():
+        """PTRACE_SEIZE of the serving process from a child: it could stop every thread."""
+        parent = os.getpid()
+        child = os.fork()
+        if child == 0:
+            os._exit(0 if libc.ptrace(0x4206, parent, 0, 0) == 0 else ctypes.get_errno())
+        _, status = os.waitpid(child, 0)
+        if os.WEXITSTATUS(status) != 0:
+            raise OSError(os.WEXITSTATUS(status), os.strerror(os.WEXITSTATUS(status)))
+
+    def lower_descriptor_limit():
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        except ValueError as error:  # how CPython words EPERM here
+            raise PermissionError(str(error)) from error
+
+    def socket_option(level, option, value):
+        with socket.socket() as sock:
+            sock.setsockopt(level, option, value)
+
     params = ctypes.create_string_buffer(120)  # struct io_uring_params
     ring = libc.syscall(425, 8, params)  # io_uring_setup, the same number on x86-64 and arm64
     no_ring = 1.0 if ring < 0 and ctypes.get_errno() == errno.ENOSYS else 0.0
     if ring >= 0:
         os.close(ring)
-    return [refused(unshare_files), refused(kill_signal_for_owner), no_ring]
+    return [refused(unshare_files), refused(kill_signal_for_owner), no_ring,
+            refused(trace_its_process), refused(lower_descriptor_limit),
+            refused(lambda: socket_option(socket.SOL_SOCKET, 25, b"lo")),  # SO_BINDTODEVICE
+            refused(lambda: socket_option(socket.IPPROTO_IP, 21, 255)),  # IP_MINTTL
+            refused(lambda: socket_option(socket.IPPROTO_TCP, 14, bytes(216)))]  # TCP_MD5SIG
 
 
 def flood_pipes(megabytes: int) -> int:
@@ -210,6 +236,29 @@ def shrink_backlogs() -> int:
     return shrunk
 
 
+def listeners_blocking(clear: bool) -> int:
+    """Clears O_NONBLOCK on every listening socket of the process (`clear`), or counts those
+    that lack it."""
+    import fcntl
+    import socket
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        with sock:
+            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                continue
+            flags = fcntl.fcntl(sock.fileno(), fcntl.F_GETFL)
+            if clear:
+                fcntl.fcntl(sock.fileno(), fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+                count += 1
+            elif not flags & os.O_NONBLOCK:
+                count += 1
+    return count
+
+
 def shell_kill(pid):
     import subprocess
     if subprocess.run(["sh", "-c", f"kill -0 {pid} 2>/dev/null"], check=False).returncode != 0:
@@ -278,6 +327,8 @@ class Hostile:
                     pass
         elif mode == "share_listener":  # SO_REUSEPORT on the inference listener
             return {"out": [float(share_listener())]}
+        elif mode in ("clear_nonblocking", "count_blocking"):
+            return {"out": [float(listeners_blocking(mode == "clear_nonblocking"))]}
         elif mode == "shrink_backlogs":
             return {"out": [float(shrink_backlogs())]}
         elif mode == "shutdown_listeners":  # the sockets the supervisor holds too
