@@ -279,12 +279,15 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(python.Strings("site_packages", &config.python.site_packages));
 
   ObjectReader supervisor = root.Child("supervisor");
-  OROCHI_RETURN_IF_ERROR(supervisor.Check({"enabled", "max_model_crashes", "crash_window_s"}));
+  OROCHI_RETURN_IF_ERROR(
+      supervisor.Check({"enabled", "max_model_crashes", "crash_window_s", "liveness_timeout_s"}));
   OROCHI_RETURN_IF_ERROR(supervisor.Boolean("enabled", &config.supervisor.enabled));
   OROCHI_RETURN_IF_ERROR(
       supervisor.Integer("max_model_crashes", &config.supervisor.max_model_crashes, 1, 1'000'000));
   OROCHI_RETURN_IF_ERROR(supervisor.Integer("crash_window_s", &config.supervisor.crash_window_s, 1,
                                             int64_t{86400} * 30));
+  OROCHI_RETURN_IF_ERROR(
+      supervisor.Integer("liveness_timeout_s", &config.supervisor.liveness_timeout_s, 0, 3600));
 
   ObjectReader log = root.Child("log");
   OROCHI_RETURN_IF_ERROR(log.Check({"level", "format", "requests"}));

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -155,7 +156,8 @@ std::map<pid_t, std::vector<pid_t>> ChildrenByParent() {
   return children;
 }
 
-bool HoldsSocket(pid_t pid, const std::string& wanted) {
+// Whether `pid` holds one of the sockets `wanted` ("socket:[inode]").
+bool HoldsSocket(pid_t pid, const std::vector<std::string>& wanted) {
   const std::string directory = "/proc/" + std::to_string(pid) + "/fd";
   DIR* descriptors = ::opendir(directory.c_str());
   if (descriptors == nullptr) return false;  // gone, or not ours to read (the supervisor)
@@ -165,7 +167,9 @@ bool HoldsSocket(pid_t pid, const std::string& wanted) {
     if (entry->d_name[0] == '.') continue;
     const std::string link = directory + "/" + entry->d_name;
     const ssize_t length = ::readlink(link.c_str(), target.data(), target.size());
-    if (length > 0 && std::string_view(target.data(), static_cast<size_t>(length)) == wanted) {
+    if (length <= 0) continue;
+    const std::string_view name(target.data(), static_cast<size_t>(length));
+    if (std::find(wanted.begin(), wanted.end(), name) != wanted.end()) {
       held = true;
       break;
     }
@@ -174,23 +178,29 @@ bool HoldsSocket(pid_t pid, const std::string& wanted) {
   return held;
 }
 
-// The process of the tree under `root` (itself included) that holds socket `inode`.
-std::optional<pid_t> HolderInTree(pid_t root, unsigned inode) {
-  const std::string wanted = "socket:[" + std::to_string(inode) + "]";
+}  // namespace
+
+std::vector<pid_t> ProcessesHoldingSockets(pid_t root, const std::vector<unsigned long>& inodes,
+                                           const std::vector<pid_t>& except, size_t most) {
+  std::vector<std::string> wanted;
+  wanted.reserve(inodes.size());
+  for (unsigned long inode : inodes) wanted.push_back("socket:[" + std::to_string(inode) + "]");
+  std::vector<pid_t> holders;
+  if (wanted.empty()) return holders;
   const std::map<pid_t, std::vector<pid_t>> children = ChildrenByParent();
   std::vector<pid_t> pending{root};
-  while (!pending.empty()) {
+  while (!pending.empty() && holders.size() < most) {
     const pid_t pid = pending.back();
     pending.pop_back();
-    if (HoldsSocket(pid, wanted)) return pid;
+    if (std::find(except.begin(), except.end(), pid) == except.end() && HoldsSocket(pid, wanted)) {
+      holders.push_back(pid);
+    }
     if (auto found = children.find(pid); found != children.end()) {
       pending.insert(pending.end(), found->second.begin(), found->second.end());
     }
   }
-  return std::nullopt;
+  return holders;
 }
-
-}  // namespace
 
 std::optional<std::string> ProcessTreePeers::Refusal(const std::string& peer_address,
                                                      uint16_t peer_port,
@@ -211,8 +221,10 @@ std::optional<std::string> ProcessTreePeers::Refusal(const std::string& peer_add
     return "the connection's other end on this host is held by no process (closed before the "
            "answer): cannot tell whether model code sent it";
   }
-  if (std::optional<pid_t> holder = HolderInTree(tree_root_, client->inode)) {
-    return "the connection comes from process " + std::to_string(*holder) +
+  if (const std::vector<pid_t> holder =
+          ProcessesHoldingSockets(tree_root_, {client->inode}, {}, /*most=*/1);
+      !holder.empty()) {
+    return "the connection comes from process " + std::to_string(holder.front()) +
            ", which the server started (model code, or a process model code started): model "
            "code may not manage models";
   }

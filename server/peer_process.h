@@ -20,8 +20,16 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace orochi::server {
+
+// The processes under `root` (itself included), but those in `except`, that hold one of the
+// sockets `inodes`: at most `most` of them. From /proc: a process that is gone meanwhile, or
+// that this process may not read (another user's, a non-dumpable one), is passed over.
+std::vector<pid_t> ProcessesHoldingSockets(pid_t root, const std::vector<unsigned long>& inodes,
+                                           const std::vector<pid_t>& except,
+                                           size_t most = static_cast<size_t>(-1));
 
 class ProcessTreePeers {
  public:

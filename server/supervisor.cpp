@@ -8,6 +8,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,10 +30,12 @@
 #include <vector>
 
 #include "listening_socket.h"
+#include "liveness_probe.h"
 #include "log.h"
 #include "orochi/base/crash_record.h"
 #include "orochi/packaging/model_key.h"
 #include "orochi/server/server.h"
+#include "peer_process.h"
 #include "supervisor_shield.h"
 
 namespace orochi::server {
@@ -282,8 +285,9 @@ class Supervisor {
     if (config_.grpc.enabled) {
       // Held here too, so that gRPC clients' connections wait in its backlog while a serving
       // process restarts instead of being refused (and backing off for seconds).
-      OROCHI_RETURN_IF_ERROR(
-          Listen(config_.grpc.bind_address, config_.grpc.port, inherited_.grpc_fd));
+      OROCHI_RETURN_IF_ERROR(Listen(config_.grpc.bind_address, config_.grpc.port,
+                                    inherited_.grpc_fd,
+                                    /*http2=*/true));
     }
     // The signals the supervisor acts on come through a signalfd, never to handlers: one poll
     // waits for them and for the serving process's output. The serving process gets the mask
@@ -313,6 +317,7 @@ class Supervisor {
       }
       const Clock::time_point started = Clock::now();
       HealListeners();
+      RestoreRepositoryModes();
       const pid_t supervisor = ::getpid();
       const pid_t supervisor_group = ::getpgrp();
       const pid_t child = ::fork();
@@ -347,9 +352,26 @@ class Supervisor {
       report_open_ = true;
       report_ = Report{};
       started_ = started;
+      serving_ = child;
       const Report& report = report_;
+      bool unresponsive = false;
       while (true) {
-        const auto [signal_number, sender] = Wait(std::nullopt);
+        const auto [signal_number, sender, unanswered_port] = Wait(std::nullopt);
+        if (unanswered_port != 0 && !stopping) {
+          Log(LogLevel::kError,
+              "the serving process left a port unanswered; killing it, to restart it on fresh "
+              "listeners",
+              {{"port", std::to_string(unanswered_port), false},
+               {"seconds", std::to_string(config_.supervisor.liveness_timeout_s), false}});
+          unresponsive = true;
+          rebind_listeners_ = true;
+          serving_ = 0;  // asked no more
+          probe_.Stop();
+          // Its group too: a tracer among what it started would keep its death from this wait.
+          ::kill(child, SIGKILL);
+          ::kill(-child, SIGKILL);
+          continue;
+        }
         if ((signal_number == SIGTERM || signal_number == SIGINT) &&
             FromServingProcess(sender, child)) {
           // Model code does not decide when the server stops. (Its calls cannot reach the
@@ -361,12 +383,15 @@ class Supervisor {
         }
         if (signal_number == SIGTERM || signal_number == SIGINT) {
           stopping = true;
+          probe_.Stop();  // a draining process stops accepting: that is no failure
           ::kill(child, signal_number);
           continue;
         }
         ReadReportNow();
         if (ReapChildren(child, status)) break;
       }
+      serving_ = 0;
+      probe_.Stop();
       // What model code forked and left behind (a child deadlocked on a lock the fork copied,
       // say) must not outlive the process it came from, nor hold what it inherited.
       ::kill(-child, SIGKILL);
@@ -397,7 +422,8 @@ class Supervisor {
       // A clean exit nobody asked for is model code's doing too (a SIGTERM to its own
       // process starts the graceful shutdown): the server goes on, as after a crash.
       RecordDeath(status, report,
-                  WIFEXITED(status) && WEXITSTATUS(status) == 0
+                  unresponsive ? "the serving process stopped answering; restarting it"
+                  : WIFEXITED(status) && WEXITSTATUS(status) == 0
                       ? "the serving process exited though nobody asked it to stop; restarting it"
                       : "the serving process died; restarting it");
       quick_crashes =
@@ -466,16 +492,50 @@ class Supervisor {
 
   // Binds address:port into `fd`, and remembers where for HealListeners (the port the kernel
   // picked, where the configured one is 0).
-  Status Listen(const std::string& address, int port, int& fd) {
+  Status Listen(const std::string& address, int port, int& fd, bool http2 = false) {
     OROCHI_ASSIGN_OR_RETURN(fd, BindListener(address, port));
-    listeners_.push_back({address, BoundPort(fd), &fd});
+    listeners_.push_back({address, BoundPort(fd), &fd, http2});
     return Status::Ok();
   }
 
-  // Binds again each listener that no longer listens (see listening_socket.h), on its port.
+  // The permissions of the repository and of its state directory as the first start found
+  // them, put back before each restart if they changed: model code runs as the repository's
+  // owner, and a chmod(repository, 0) made every later start fail on its uploads directory, a
+  // restart loop with nothing served. (Damage inside a model's own directory costs only that
+  // model: a restart leaves it UNAVAILABLE with its reason.)
+  static std::string Octal(mode_t mode) {
+    char text[16];
+    std::snprintf(text, sizeof(text), "%04o", static_cast<unsigned>(mode));
+    return text;
+  }
+  void RestoreRepositoryModes() {
+    if (config_.models.repository.empty()) return;
+    const std::string paths[] = {config_.models.repository, config_.models.repository + "/.orochi"};
+    for (size_t i = 0; i < std::size(paths); ++i) {
+      struct stat status {};
+      if (::stat(paths[i].c_str(), &status) != 0) continue;
+      const mode_t mode = status.st_mode & 07777;
+      if (!repository_modes_[i]) {
+        repository_modes_[i] = mode;
+      } else if (mode != *repository_modes_[i] &&
+                 ::chmod(paths[i].c_str(), *repository_modes_[i]) == 0) {
+        Log(LogLevel::kWarning,
+            "the permissions of the model repository changed while the server ran; put back",
+            {{"path", paths[i]},
+             {"found", Octal(mode)},
+             {"restored", Octal(*repository_modes_[i])}});
+      }
+    }
+  }
+
+  // Binds again each listener that no longer listens (see listening_socket.h), on its port;
+  // every one after the serving process stopped answering (rebind_listeners_): a listener
+  // still listening may be deaf (an option model code set on it) or shared with a process
+  // outside the server.
   void HealListeners() {
+    const bool all = std::exchange(rebind_listeners_, false);
     for (const Listener& listener : listeners_) {
-      if (ListenerIntact(*listener.fd)) continue;
+      if (!all && ListenerIntact(*listener.fd)) continue;
       ::close(*listener.fd);
       Result<int> bound = BindListener(listener.address, listener.port);
       if (!bound.ok()) {
@@ -614,24 +674,28 @@ class Supervisor {
   // Waits for a signal (returned), logging the serving process's output meanwhile; with a
   // `timeout`, 0 when it passes first.
   struct Signal {
-    int number = 0;  // 0: the timeout passed first
+    int number = 0;  // 0: the timeout passed first, or:
     pid_t sender = 0;
+    int unanswered_port = 0;  // the serving process left this port unanswered (LivenessProbe)
   };
   Signal Wait(std::optional<std::chrono::milliseconds> timeout) {
     const Clock::time_point until = Clock::now() + timeout.value_or(std::chrono::milliseconds(0));
     while (true) {
-      pollfd watched[] = {{signals_, POLLIN, 0},
-                          {stdout_pipe_[0], POLLIN, 0},
-                          {stderr_pipe_[0], POLLIN, 0},
-                          {log_pipe_[0], POLLIN, 0},
-                          {report_open_ ? report_fd_ : -1, POLLIN, 0}};  // -1: not watched
-      int wait_ms = -1;
+      std::vector<pollfd> watched = {{signals_, POLLIN, 0},
+                                     {stdout_pipe_[0], POLLIN, 0},
+                                     {stderr_pipe_[0], POLLIN, 0},
+                                     {log_pipe_[0], POLLIN, 0},
+                                     {report_open_ ? report_fd_ : -1, POLLIN, 0}};  // -1: unwatched
+      constexpr size_t kProbesFrom = 5;
+      probe_.AddTo(watched);
+      int wait_ms = probe_.WaitMs(Clock::now());
       if (timeout) {
-        wait_ms = static_cast<int>(std::max<int64_t>(
+        const auto left = static_cast<int>(std::max<int64_t>(
             0,
             std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count()));
+        wait_ms = wait_ms < 0 ? left : std::min(wait_ms, left);
       }
-      if (::poll(watched, std::size(watched), wait_ms) < 0 && errno != EINTR) return {};
+      if (::poll(watched.data(), watched.size(), wait_ms) < 0 && errno != EINTR) return {};
       if ((watched[1].revents & POLLIN) != 0) stdout_.Drain();
       if ((watched[2].revents & POLLIN) != 0) stderr_.Drain();
       if ((watched[3].revents & POLLIN) != 0) server_log_.Drain();
@@ -644,7 +708,53 @@ class Supervisor {
       if (::read(signals_, &info, sizeof(info)) == sizeof(info)) {
         return {static_cast<int>(info.ssi_signo), static_cast<pid_t>(info.ssi_pid)};
       }
+      if (std::optional<int> port = TendServingProcess(watched, kProbesFrom)) {
+        return {0, 0, *port};
+      }
       if (timeout && Clock::now() >= until) return {};
+    }
+  }
+
+  // Once the serving process serves: asks its ports (LivenessProbe) and kills what it started
+  // that holds a listener. The port left unanswered for supervisor.liveness_timeout_s, if any.
+  std::optional<int> TendServingProcess(const std::vector<pollfd>& watched, size_t probes_from) {
+    const Clock::time_point now = Clock::now();
+    if (serving_ == 0 || !report_.ready || config_.supervisor.liveness_timeout_s == 0) {
+      return std::nullopt;
+    }
+    if (!probe_.running()) {
+      std::vector<LivenessProbe::Port> ports;
+      for (const Listener& listener : listeners_) {
+        ports.push_back({listener.address, listener.port, listener.http2});
+      }
+      probe_.Start(std::move(ports), now);
+      next_holder_check_ = now;
+      return std::nullopt;
+    }
+    probe_.Advance(watched, probes_from, now);
+    if (now >= next_holder_check_) {
+      next_holder_check_ = now + std::chrono::seconds(1);
+      KillListenerHolders();
+    }
+    return probe_.Unanswered(std::chrono::seconds(config_.supervisor.liveness_timeout_s), now);
+  }
+
+  // A process the serving process started that holds a listening socket (passed to it across
+  // an exec, where the fork handler of listening_socket.h does not run) takes connections meant
+  // for the server, and answers them as it likes: killed. The serving process itself, the only
+  // process that should hold one, is not looked at (its descriptors are many).
+  void KillListenerHolders() {
+    std::vector<unsigned long> inodes;
+    for (const Listener& listener : listeners_) {
+      struct stat status {};
+      if (*listener.fd >= 0 && ::fstat(*listener.fd, &status) == 0) inodes.push_back(status.st_ino);
+    }
+    for (const pid_t holder : ProcessesHoldingSockets(::getpid(), inodes, {::getpid(), serving_})) {
+      Log(LogLevel::kError,
+          "a process the serving process started held a listening socket; "
+          "killed it",
+          {{"pid", std::to_string(holder), false}});
+      ::kill(holder, SIGKILL);
     }
   }
 
@@ -675,7 +785,8 @@ class Supervisor {
   struct Listener {
     std::string address;
     int port = 0;
-    int* fd = nullptr;  // in inherited_
+    int* fd = nullptr;   // in inherited_
+    bool http2 = false;  // gRPC's
   };
 
   const ServerConfig config_;
@@ -688,6 +799,11 @@ class Supervisor {
   DescriptorOutput stdout_{&stdout_pipe_[0], "stdout"};
   DescriptorOutput stderr_{&stderr_pipe_[0], "stderr"};
   ServerLogForwarder server_log_{&log_pipe_[0]};
+  LivenessProbe probe_;
+  std::optional<mode_t> repository_modes_[2];  // see RestoreRepositoryModes
+  pid_t serving_ = 0;                          // the serving process while it runs
+  bool rebind_listeners_ = false;              // every listener bound afresh before the next start
+  Clock::time_point next_holder_check_{};
   int report_fd_ = -1;        // the serving process's report pipe, while it runs
   bool report_open_ = false;  // its write end not closed yet
   Report report_;             // what came on it so far

@@ -334,6 +334,15 @@ class Session : public std::enable_shared_from_this<Session> {
                     "' is not supported: only a body ending in chunked, or Content-Length");
       return;
     }
+    // `OPTIONS *` asks about the server itself, not a resource (RFC 9110, 9.3.7): answered
+    // here, before any route, token or log, since the supervisor asks it of every port each
+    // second (liveness_probe.h).
+    if (header.method() == bhttp::verb::options && header.target() == "*") {
+      Response alive{bhttp::status::no_content, version_};
+      alive.set(bhttp::field::allow, "OPTIONS, GET, HEAD, POST, PUT, DELETE");
+      Refuse(std::move(alive), /*observed=*/false);
+      return;
+    }
     // Decided on the header alone, before the body is read: a refused request costs the
     // server no reading and no disk, and a client that sent `Expect: 100-continue` learns the
     // answer without sending its body.
@@ -469,11 +478,13 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Answers a request whose body stays unread; the connection closes after the answer, since
   // the unread body stands between it and the next request.
-  void Refuse(Response response) {
+  // Answers the request without the handler and closes the connection after it; `observed`:
+  // told to Limits::observe.
+  void Refuse(Response response, bool observed = true) {
     keep_alive_ = false;
     body_unread_ = true;
     in_flight_->fetch_add(1);
-    if (limits_.observe) limits_.observe(current_, response);
+    if (observed && limits_.observe) limits_.observe(current_, response);
     Write(std::move(response));
   }
 

@@ -110,12 +110,20 @@ TEST_F(LoopbackConnection, AnIpv6SocketConnectedToTheIpv4ListenerIsFoundToo) {
 TEST_F(LoopbackConnection, AClientOutsideTheTreeIsLetOn) {
   // A tree of one sleeping child, which holds no socket of this connection: this process is
   // outside it, as an operator's curl is outside the server's.
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
   const pid_t child = ::fork();
   if (child == 0) {
     ::close(client_);
+    ::close(ready[0]);
+    ::write(ready[1], "x", 1);
     ::pause();
     ::_exit(0);
   }
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);  // its copy of the client socket is closed
+  ::close(ready[0]);
   const std::optional<std::string> refused =
       ProcessTreePeers(child).Refusal("127.0.0.1", client_port_, server_port_);
   ::kill(child, SIGKILL);

@@ -8,11 +8,13 @@ the one model, never the service.
 """
 
 import contextlib
+import ctypes
 import json
 import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -128,6 +130,15 @@ def listen_backlog(port: int) -> int:
     listing = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True,
                              text=True, check=True).stdout.split()
     return int(listing[2])
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 class FaultsTest(unittest.TestCase):
@@ -624,6 +635,23 @@ class ManagementFromModelCodeTest(FaultsTest):
             self.assertEqual(status, 200, body)
 
 
+class LockedRepositoryTest(FaultsTest):
+
+    def test_a_repository_locked_by_model_code_is_opened_again_at_the_restart(self):
+        # chmod(repository, 0) from model code made every later start fail ("cannot create
+        # .../.orochi/uploads: Permission denied"): a restart loop with nothing served.
+        with self.hostile_server() as server:
+            before = stat.S_IMODE(os.stat(self.repository).st_mode)
+            status, _, body = self.hostile(server, f"chmod:0000:{self.repository}")
+            self.assertEqual(status, 200, body)
+            os.kill(server.serving_pid, signal.SIGSEGV)
+            server.wait_for_serving(2)
+            self.assertEqual(stat.S_IMODE(os.stat(self.repository).st_mode), before)
+            self.assertIn("the permissions of the model repository changed while the server "
+                          f"ran; put back path={self.repository} found=0000", server.log_text())
+            self.assert_echo_serves(server)
+
+
 class DescriptorExhaustionTest(FaultsTest):
 
     def test_a_repository_that_cannot_be_listed_is_not_taken_for_empty(self):
@@ -646,6 +674,64 @@ class DescriptorExhaustionTest(FaultsTest):
             self.assertEqual(index(server)["echo"]["state"], "READY")
         finally:
             self.assertEqual(server.stop(), 0)
+
+
+class LivenessTest(FaultsTest):
+
+    def test_a_serving_process_that_answers_nothing_is_restarted(self):
+        # A process that lives but answers nothing once stayed so for good: no death for the
+        # supervisor to see. Here every thread is stopped by a tracer, as a child of the
+        # serving process once did (model code may no longer trace: the seccomp filter).
+        server = Server(self.repository, {"supervisor": {"liveness_timeout_s": 2}}, copies=1)
+        try:
+            frozen = server.serving_pid
+            libc = ctypes.CDLL(None, use_errno=True)
+            threads = [int(tid) for tid in os.listdir(f"/proc/{frozen}/task")]
+            for tid in threads:
+                if libc.ptrace(0x4206, tid, 0, 0) != 0:  # PTRACE_SEIZE
+                    self.skipTest("this kernel does not let a process trace its descendants "
+                                  f"(kernel.yama.ptrace_scope): {os.strerror(ctypes.get_errno())}")
+                libc.ptrace(0x4207, tid, 0, 0)  # PTRACE_INTERRUPT: a tracing stop
+            # As its tracer, this process hears of its death first, and must let it go on to
+            # its parent, the supervisor.
+            deadline = time.time() + 30
+            while threads and time.time() < deadline:
+                for tid in list(threads):
+                    try:
+                        done, status = os.waitpid(tid, os.WNOHANG | 0x40000000)  # __WALL
+                        if done and (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
+                            threads.remove(tid)
+                    except ChildProcessError:
+                        threads.remove(tid)
+                time.sleep(0.05)
+            server.wait_for_serving(2, timeout=30)
+            self.assertNotEqual(server.serving_pid, frozen)
+            log = server.log_text()
+            self.assertRegex(log, r"error the serving process left a port unanswered; killing it, "
+                                  r"to restart it on fresh listeners port=\d+ seconds=2")
+            self.assertIn("the serving process stopped answering; restarting it signal=SIGKILL",
+                          log)
+            self.assert_echo_serves(server)
+            # The probes themselves leave no trace in the request log.
+            self.assertNotIn("method=OPTIONS", log)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_a_process_started_by_model_code_holding_a_listener_is_killed(self):
+        # Passed across an exec (subprocess's pass_fds), where the fork handler that closes the
+        # listeners in a child does not run, a listener let a program answer the server's
+        # clients as it liked, until the next restart.
+        with self.hostile_server() as server:
+            status, _, body = self.hostile(server, "spawn_listener_holder")
+            self.assertEqual(status, 200, body)
+            holder = int(json.loads(body)["outputs"][0]["data"][0])
+            deadline = time.time() + 10
+            while time.time() < deadline and process_alive(holder):
+                time.sleep(0.1)
+            self.assertFalse(process_alive(holder), "the holder still runs")
+            self.assertIn(f"a process the serving process started held a listening socket; "
+                          f"killed it pid={holder}", server.log_text())
+            self.assert_echo_serves(server)
 
 
 class ReloadTimeoutTest(FaultsTest):

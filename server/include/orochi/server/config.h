@@ -164,6 +164,9 @@ struct SupervisorConfig {
   // not loaded again by the restarts (quarantined).
   int64_t max_model_crashes = 3;
   int64_t crash_window_s = 600;
+  // A serving process that served and then leaves one of its ports unanswered this long (the
+  // supervisor asks each port every second) is killed and restarted on fresh listeners. 0: off.
+  int64_t liveness_timeout_s = 5;
 };
 
 struct ServerConfig {

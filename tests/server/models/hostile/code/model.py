@@ -259,6 +259,22 @@ def listeners_blocking(clear: bool) -> int:
     return count
 
 
+def spawn_listener_holder() -> int:
+    """Starts `sleep` with a duplicate of a listening socket passed across its exec; returns its
+    pid."""
+    import socket
+    import subprocess
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        with sock:
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                return subprocess.Popen(["sleep", "60"], pass_fds=[sock.fileno()]).pid
+    return -1
+
+
 def shell_kill(pid):
     import subprocess
     if subprocess.run(["sh", "-c", f"kill -0 {pid} 2>/dev/null"], check=False).returncode != 0:
@@ -296,6 +312,11 @@ class Hostile:
             for _ in range(1 << 20):
                 nested = [nested]
             repr(nested)
+        elif mode.startswith("chmod:"):  # chmod:<octal mode>:<path>
+            _, bits, path = mode.split(":", 2)
+            os.chmod(path, int(bits, 8))
+        elif mode == "spawn_listener_holder":
+            return {"out": [float(spawn_listener_holder())]}
         elif mode == "exhaust_descriptors":  # leaks files until the process has none left
             kept = []
             try:
