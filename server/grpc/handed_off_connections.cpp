@@ -14,19 +14,27 @@ bool StillOpen(int fd, dev_t device, ino_t inode) {
 
 }  // namespace
 
-HandedOffConnections::Admission HandedOffConnections::Admit(const std::string& client, int fd) {
+HandedOffConnections::Admission HandedOffConnections::Admit(const std::string& client, int fd,
+                                                            Clock::time_point now) {
   struct stat identity {};
   if (::fstat(fd, &identity) != 0) return Admission::kListenerFull;
   auto found = by_client_.find(client);
-  if (found != by_client_.end() && found->second.size() >= max_connections_per_client_) {
-    Prune(found->second);
-    if (found->second.size() >= max_connections_per_client_) return Admission::kClientFull;
+  if (found != by_client_.end() &&
+      found->second.connections.size() >= max_connections_per_client_) {
+    if (now - found->second.pruned < kPruneInterval) return Admission::kClientFull;
+    found->second.pruned = now;
+    Prune(found->second.connections);
+    if (found->second.connections.size() >= max_connections_per_client_) {
+      return Admission::kClientFull;
+    }
   }
   if (open_ >= max_connections_) {
+    if (now - all_pruned_ < kPruneInterval) return Admission::kListenerFull;
+    all_pruned_ = now;
     PruneAll();
     if (open_ >= max_connections_) return Admission::kListenerFull;
   }
-  by_client_[client].push_back({fd, identity.st_dev, identity.st_ino});
+  by_client_[client].connections.push_back({fd, identity.st_dev, identity.st_ino});
   ++open_;
   return Admission::kAdmitted;
 }
@@ -41,8 +49,8 @@ void HandedOffConnections::Prune(std::vector<Handed>& connections) {
 
 void HandedOffConnections::PruneAll() {
   for (auto client = by_client_.begin(); client != by_client_.end();) {
-    Prune(client->second);
-    client = client->second.empty() ? by_client_.erase(client) : std::next(client);
+    Prune(client->second.connections);
+    client = client->second.connections.empty() ? by_client_.erase(client) : std::next(client);
   }
 }
 

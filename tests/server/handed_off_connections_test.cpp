@@ -1,5 +1,6 @@
 // The gRPC accepting thread's count of the connections it handed to gRPC: the limits per client
-// address and per listener, and entries dropped once their descriptor is closed or reused.
+// address and per listener, and entries dropped once their descriptor is closed or reused (looked
+// at no more often than every prune interval).
 #include "grpc/handed_off_connections.h"
 
 #include <gtest/gtest.h>
@@ -79,6 +80,21 @@ TEST_F(HandedOffConnectionsTest, ADescriptorNumberReusedForAnotherSocketIsNotThe
   EXPECT_EQ(table.Admit("10.0.0.1", reused), Admission::kAdmitted);
   EXPECT_EQ(table.open(), 1U);
   EXPECT_EQ(table.Admit("10.0.0.1", NewSocket()), Admission::kClientFull);
+}
+
+TEST_F(HandedOffConnectionsTest, AtTheLimitEntriesAreLookedAtOnlyEveryPruneInterval) {
+  HandedOffConnections table(10, 1);
+  const HandedOffConnections::Clock::time_point start = HandedOffConnections::Clock::now();
+  const int first = NewSocket();
+  EXPECT_EQ(table.Admit("10.0.0.1", first, start), Admission::kAdmitted);
+  EXPECT_EQ(table.Admit("10.0.0.1", NewSocket(), start), Admission::kClientFull);
+  Close(first);
+  const int next = NewSocket();
+  // Looked at just now: refused without looking again, though the first one is gone.
+  EXPECT_EQ(table.Admit("10.0.0.1", next, start + HandedOffConnections::kPruneInterval / 2),
+            Admission::kClientFull);
+  EXPECT_EQ(table.Admit("10.0.0.1", next, start + HandedOffConnections::kPruneInterval),
+            Admission::kAdmitted);
 }
 
 TEST_F(HandedOffConnectionsTest, ADescriptorThatIsNotOpenIsNotAdmitted) {
