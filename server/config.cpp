@@ -163,7 +163,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   ObjectReader grpc = root.Child("grpc");
   OROCHI_RETURN_IF_ERROR(
       grpc.Check({"enabled", "bind_address", "port", "max_message_bytes", "max_response_bytes",
-                  "max_stream_in_flight", "max_concurrent_streams"}));
+                  "max_stream_in_flight", "max_concurrent_streams", "max_connections",
+                  "max_connections_per_client"}));
   OROCHI_RETURN_IF_ERROR(grpc.Boolean("enabled", &config.grpc.enabled));
   OROCHI_RETURN_IF_ERROR(grpc.String("bind_address", &config.grpc.bind_address));
   OROCHI_RETURN_IF_ERROR(grpc.Integer("port", &config.grpc.port, 0, 65535));
@@ -176,6 +177,10 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
       grpc.Integer("max_stream_in_flight", &config.grpc.max_stream_in_flight, 1, 65536));
   OROCHI_RETURN_IF_ERROR(
       grpc.Integer("max_concurrent_streams", &config.grpc.max_concurrent_streams, 1, 1 << 20));
+  OROCHI_RETURN_IF_ERROR(
+      grpc.Integer("max_connections", &config.grpc.max_connections, 1, 1'000'000));
+  OROCHI_RETURN_IF_ERROR(grpc.Integer("max_connections_per_client",
+                                      &config.grpc.max_connections_per_client, 1, 1'000'000));
 
   ObjectReader management = root.Child("management");
   OROCHI_RETURN_IF_ERROR(management.Check(

@@ -1,5 +1,6 @@
 #include "grpc_server.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -13,10 +14,27 @@
 #include <cstring>
 #include <utility>
 
+#include "handed_off_connections.h"
 #include "listening_socket.h"
 #include "log.h"
 
 namespace orochi::server::grpc_api {
+namespace {
+
+// The peer's address without its port, as text ("" when it has none, e.g. reset already).
+std::string ClientAddress(const sockaddr_storage& peer) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (peer.ss_family == AF_INET) {
+    const auto& v4 = reinterpret_cast<const sockaddr_in&>(peer);
+    if (::inet_ntop(AF_INET, &v4.sin_addr, text, sizeof(text)) != nullptr) return text;
+  } else if (peer.ss_family == AF_INET6) {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(peer);
+    if (::inet_ntop(AF_INET6, &v6.sin6_addr, text, sizeof(text)) != nullptr) return text;
+  }
+  return "";
+}
+
+}  // namespace
 Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metrics& metrics,
                                                       const ServerConfig& config,
                                                       ServiceOptions options, int listener_fd) {
@@ -49,6 +67,12 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metr
   // A second server on the same port would split the calls between two processes without a
   // word; taking the port alone makes that an error at startup, as for the HTTP ports.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A connection without a call (one that sent its preface and settings, then nothing) is told
+  // GOAWAY and closed after the idle timeout, as HTTP's keep-alive connections are; one that
+  // never completes its preface and settings is closed after it too (gRPC's default: 120 s).
+  const int idle_ms = config.http.idle_timeout_s * 1000;
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, idle_ms);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, idle_ms);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return Unavailable("cannot listen for gRPC on " + host + ":" +
@@ -60,13 +84,18 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metr
     if (server->wake_fd_ < 0) {
       return Unavailable(std::string("cannot create an eventfd: ") + std::strerror(errno));
     }
-    server->accepting_ = std::thread([raw = server.get()] { raw->AcceptConnections(); });
+    server->accepting_ = std::thread(
+        [raw = server.get(), max_connections = static_cast<size_t>(grpc_config.max_connections),
+         max_per_client = static_cast<size_t>(grpc_config.max_connections_per_client)] {
+          raw->AcceptConnections(HandedOffConnections(max_connections, max_per_client));
+        });
   }
   return server;
 }
 
-void GrpcServer::AcceptConnections() {
+void GrpcServer::AcceptConnections(HandedOffConnections handed_off) {
   bool descriptors_logged = false;
+  bool at_capacity = false;  // refusing connections, logged once until one is admitted again
   auto tended = std::chrono::steady_clock::now();
   while (true) {
     pollfd watched[] = {{listener_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -85,7 +114,10 @@ void GrpcServer::AcceptConnections() {
     }
     if (watched[0].revents == 0) continue;
     // Non-blocking, as gRPC's own listener makes the connections it accepts.
-    const int fd = ::accept4(listener_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    sockaddr_storage peer{};
+    socklen_t peer_size = sizeof(peer);
+    const int fd = ::accept4(listener_fd_, reinterpret_cast<sockaddr*>(&peer), &peer_size,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0 && !TendListener(listener_fd_)) {
       ReportListenerLost(port_);
       return;
@@ -105,6 +137,28 @@ void GrpcServer::AcceptConnections() {
     }
     descriptors_logged = false;
     NoteServerSocket(fd);
+    const std::string client = ClientAddress(peer);
+    const HandedOffConnections::Admission admission = handed_off.Admit(client, fd);
+    if (admission != HandedOffConnections::Admission::kAdmitted) {
+      // gRPC has no way to close a connection it was handed without a call on it, so none is
+      // evicted: the newcomer is closed before any byte, and the client retries elsewhere or
+      // later.
+      if (!at_capacity) {
+        Log(LogLevel::kWarning, "too many gRPC connections; closing new ones at once",
+            {{"port", std::to_string(port_), false},
+             {"reason", admission == HandedOffConnections::Admission::kClientFull
+                            ? "too many open connections from " + client
+                            : std::string("the listener has too many open connections")},
+             {"open", std::to_string(handed_off.open()), false},
+             {"max_connections", std::to_string(handed_off.max_connections()), false},
+             {"max_connections_per_client", std::to_string(handed_off.max_connections_per_client()),
+              false}});
+        at_capacity = true;
+      }
+      ::close(fd);
+      continue;
+    }
+    at_capacity = false;
     const int on = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
     grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters connection;

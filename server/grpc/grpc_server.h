@@ -4,7 +4,8 @@
 //
 // gRPC cannot adopt a listening socket, so one inherited from the supervisor (which keeps it
 // bound across restarts of the serving process) is accepted on by a thread of this server's,
-// which hands each connection to gRPC as an external connection.
+// which hands each connection to gRPC as an external connection, unless grpc.max_connections or
+// grpc.max_connections_per_client are reached (handed_off_connections.h).
 //
 // Thread-safety: Start, then any thread may call port() and in_flight(); Shutdown once.
 #pragma once
@@ -26,6 +27,8 @@ class ExternalConnectionAcceptor;
 }  // namespace grpc
 
 namespace orochi::server::grpc_api {
+
+class HandedOffConnections;
 
 class GrpcServer {
  public:
@@ -49,8 +52,9 @@ class GrpcServer {
 
  private:
   GrpcServer() = default;
-  // The inherited listener's accepting thread, until wake_fd_ is written.
-  void AcceptConnections();
+  // The inherited listener's accepting thread, until wake_fd_ is written. A connection past
+  // `handed_off`'s limits is closed at once instead of handed to gRPC.
+  void AcceptConnections(HandedOffConnections handed_off);
 
   std::atomic<int64_t> in_flight_{0};
   std::unique_ptr<InferenceService> service_;

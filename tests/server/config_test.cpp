@@ -29,6 +29,8 @@ TEST(ServerConfig, TheShippedFileHoldsTheDefaults) {
   EXPECT_EQ(shipped->http.max_connections, defaults.http.max_connections);
   EXPECT_EQ(shipped->http.max_connections_per_client, defaults.http.max_connections_per_client);
   EXPECT_EQ(shipped->http.request_timeout_s, defaults.http.request_timeout_s);
+  EXPECT_EQ(shipped->grpc.max_connections, defaults.grpc.max_connections);
+  EXPECT_EQ(shipped->grpc.max_connections_per_client, defaults.grpc.max_connections_per_client);
   EXPECT_EQ(shipped->management.upload_timeout_s, defaults.management.upload_timeout_s);
   EXPECT_EQ(shipped->models.load_timeout_s, defaults.models.load_timeout_s);
   EXPECT_EQ(shipped->models.max_memory_bytes, defaults.models.max_memory_bytes);
@@ -119,6 +121,11 @@ TEST(ServerConfig, EachBadValueNamesItsKey) {
        "twice)"},
       {R"({"grpc": {"max_stream_in_flight": 0}})",
        "config: $.grpc.max_stream_in_flight: expected an integer from 1 to 65536, got 0"},
+      {R"({"grpc": {"max_connections": 0}})",
+       "config: $.grpc.max_connections: expected an integer from 1 to 1000000, got 0"},
+      {R"({"grpc": {"max_connections_per_client": 2000000}})",
+       "config: $.grpc.max_connections_per_client: expected an integer from 1 to 1000000, got "
+       "2000000"},
       {R"({"grpc": {"compression": "gzip"}})", "config: $.grpc.compression: unknown key"},
       {R"({"models": {"version_policies": {"m": {"policy": "specific"}}}})",
        "config: $.models.version_policies.m.versions: the 'specific' policy needs a non-empty "

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -621,6 +622,121 @@ class RepositoryTest(GrpcServerTest):
                          .config.instance_group[0].count, self.COPIES)
         self.assertCode(lambda: self.stub.RepositoryIndex(
             pb.RepositoryIndexRequest(repository_name="other")), grpc.StatusCode.INVALID_ARGUMENT)
+
+
+# What a client sends to open an HTTP/2 connection: the preface and an empty SETTINGS frame.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+class ConnectionFloodTest(SharedServerTest):
+    """Connections that open HTTP/2 and then say nothing cannot take the gRPC listener (and the
+    process's descriptors) from other clients: grpc.max_connections_per_client and
+    grpc.max_connections close the ones past them at once."""
+
+    CONFIG = {"grpc": {"max_connections": 70, "max_connections_per_client": 50}}
+    COPIES = 1
+
+    def setUp(self):
+        self.sockets = []
+
+    def tearDown(self):
+        for sock in self.sockets:
+            sock.close()
+
+    def flood(self, source: str, count: int) -> tuple[list, list]:
+        """Opens `count` connections from `source` that send the preface and SETTINGS, then
+        nothing; returns (those the server keeps open, those it closed)."""
+        opened = []
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", self.server.grpc_port), timeout=5,
+                                            source_address=(source, 0))
+            self.sockets.append(sock)
+            opened.append(sock)
+            try:
+                sock.sendall(HTTP2_PREFACE)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed already
+        time.sleep(1)  # the server has accepted them, and answered or closed each
+        kept, closed = [], []
+        for sock in opened:
+            (closed if self.closed_by_server(sock) else kept).append(sock)
+        return kept, closed
+
+    @staticmethod
+    def closed_by_server(sock: socket.socket) -> bool:
+        sock.setblocking(False)
+        try:
+            while sock.recv(65536):
+                pass  # the server's SETTINGS: a connection gRPC took
+            return True
+        except BlockingIOError:
+            return False
+        except ConnectionResetError:
+            return True
+
+    def grpc_live(self) -> bool:
+        with grpc.insecure_channel(f"127.0.0.1:{self.server.grpc_port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            return stub.ServerLive(pb.ServerLiveRequest(), timeout=10).live
+
+    def test_one_address_cannot_take_every_connection(self):
+        kept, closed = self.flood("127.0.0.2", 60)
+        self.assertEqual((len(kept), len(closed)), (50, 10))
+        # Other addresses are served: gRPC from 127.0.0.1, and HTTP's health checks.
+        self.assertTrue(self.grpc_live())
+        self.assertEqual(curl(f"http://127.0.0.1:{self.server.port}/v2/health/ready")[0], 200)
+        # Past the listener's limit (70), new connections from any address are closed; the
+        # channel above may still hold one for a moment.
+        kept, closed = self.flood("127.0.0.3", 30)
+        self.assertIn(len(kept), (19, 20))
+        self.assertEqual(len(kept) + len(closed), 30)
+        self.assertEqual(len(self.flood("127.0.0.4", 1)[1]), 1)
+        self.assertEqual(curl(f"http://127.0.0.1:{self.server.port}/v2/health/ready")[0], 200)
+        with open(self.server.log_path) as log:
+            refusals = log.read().count("too many gRPC connections")
+        self.assertEqual(refusals, 2)  # once per episode: the first refusals, then after one kept
+        # Once the flood lets go, its connections no longer count.
+        for sock in self.sockets:
+            sock.close()
+        self.sockets = []
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            kept, closed = self.flood("127.0.0.2", 1)
+            if kept:
+                break
+        self.assertEqual(len(kept), 1)
+        self.assertTrue(self.grpc_live())
+
+
+class IdleConnectionTest(SharedServerTest):
+    """A gRPC connection without a call is closed after http.idle_timeout_s, as HTTP's are."""
+
+    CONFIG = {"http": {"idle_timeout_s": 2}}
+    COPIES = 1
+
+    def test_an_idle_connection_is_closed_after_the_idle_timeout(self):
+        with socket.create_connection(("127.0.0.1", self.server.grpc_port), timeout=10) as sock:
+            sock.sendall(HTTP2_PREFACE)
+            start = time.time()
+            received = b""
+            try:
+                while chunk := sock.recv(65536):
+                    received += chunk
+            except ConnectionResetError:
+                pass
+            elapsed = time.time() - start
+        self.assertGreater(elapsed, 1.5)
+        self.assertLess(elapsed, 8)
+        self.assertIn(7, frame_types(received))  # GOAWAY, before the close
+
+
+def frame_types(received: bytes) -> list[int]:
+    """The types of the HTTP/2 frames in what a server sent."""
+    types, offset = [], 0
+    while offset + 9 <= len(received):
+        types.append(received[offset + 3])
+        offset += 9 + int.from_bytes(received[offset:offset + 3], "big")
+    return types
 
 
 class ShutdownTest(unittest.TestCase):

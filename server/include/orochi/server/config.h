@@ -68,6 +68,11 @@ struct GrpcConfig {
   int64_t max_stream_in_flight = 64;
   // HTTP/2 streams (calls) open at once on one connection.
   int64_t max_concurrent_streams = 1024;
+  // Open connections on the listener, and from one client address (under the supervisor, whose
+  // listener the server accepts on itself). Past either a new connection is closed at once:
+  // gRPC cannot close an idle one to make room as HTTP does.
+  int64_t max_connections = 4096;
+  int64_t max_connections_per_client = 1024;
 };
 
 // The management API (model repository): closed by default. A bearer token is required
