@@ -101,8 +101,13 @@ void LivenessProbe::Advance(const std::vector<pollfd>& watched, size_t first,
       state.sent = true;
       continue;
     }
+    // Bytes, or a connection closed or reset once accepted: something tends the port (a
+    // listener at its connection limit closes newcomers at once, and that is an answer too).
+    // What a process that no longer accepts leaves is silence, until the timeout.
     char answer[256];
-    if (::recv(state.fd, answer, sizeof(answer), 0) > 0) state.answered_at = now;
+    const ssize_t got = ::recv(state.fd, answer, sizeof(answer), 0);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (got >= 0 || errno == ECONNRESET) state.answered_at = now;
     Close(state);
   }
   for (State& state : states_) {

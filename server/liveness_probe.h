@@ -5,7 +5,8 @@
 //
 // Once a second each port is asked: an HTTP port with `OPTIONS *` (which the HTTP transport
 // answers itself with 204, before any route, token or log), gRPC's with the HTTP/2 connection
-// preface (which the server answers with its SETTINGS). Any answer counts; a port with none
+// preface (which the server answers with its SETTINGS). Any answer counts, a connection closed
+// or reset after it was accepted too (a listener at its connection limit); a port with none
 // for the timeout is unanswered (Unanswered), and the supervisor restarts the serving process
 // on fresh listeners.
 //

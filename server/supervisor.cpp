@@ -64,6 +64,7 @@ struct Report {
   std::vector<std::string> python_stack;
   // Model versions whose load ran past the load timeout at its start ("stuck_load" lines).
   std::vector<std::string> stuck_loads;
+  std::string unfinished;  // a line read without its end yet
   // The model version whose load at the start began last ("loading" lines, before "ready"):
   // a death there with no crash record (SIGKILL from the kernel's OOM killer, say) is put on
   // it, so that a package that kills every start is quarantined like one that crashes.
@@ -82,12 +83,20 @@ struct Report {
 Report ReadReport(int fd, Report report, bool stuck_loads_plausible) {
   constexpr size_t kMostBytesRead = 1 << 16;
   constexpr size_t kMostLinesKept = 128;
-  std::string text;
+  // Read while the process writes: a line may come in two reads. What follows the last
+  // newline waits for the rest (a line longer than a read's bound is taken cut).
+  std::string text = std::move(report.unfinished);
+  report.unfinished.clear();
   char buffer[4096];
   while (text.size() < kMostBytesRead) {
     const ssize_t got = ::read(fd, buffer, sizeof(buffer));
     if (got <= 0) break;
     text.append(buffer, static_cast<size_t>(got));
+  }
+  if (const size_t end = text.rfind('\n'); end != std::string::npos || text.size() < 4096) {
+    const size_t kept = end == std::string::npos ? 0 : end + 1;
+    report.unfinished = text.substr(kept);
+    text.resize(kept);
   }
   std::istringstream lines(text);
   std::string line;
