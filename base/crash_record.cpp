@@ -59,7 +59,8 @@ void Copy(char* target, size_t capacity, std::string_view text) {
   target[length] = '\0';
 }
 
-constexpr int kRecordedSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+// SIGTRAP: a breakpoint instruction (code patched, a debugging aid left in), SIGSYS: a bad call.
+constexpr int kRecordedSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS};
 
 // Appends to a fixed line; async-signal-safe.
 struct Line {

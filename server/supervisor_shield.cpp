@@ -135,8 +135,8 @@ constexpr uint32_t kTcpAoAddKey = 38;
 
 constexpr int kGlibcCancel = 32;
 constexpr int kGlibcSetxid = 33;
-constexpr int kSignalsToOwnThreads[] = {0,      SIGSEGV, SIGBUS,       SIGFPE,
-                                        SIGILL, SIGABRT, kGlibcCancel, kGlibcSetxid};
+constexpr int kSignalsToOwnThreads[] = {0,       SIGSEGV, SIGBUS, SIGFPE,       SIGILL,
+                                        SIGABRT, SIGTRAP, SIGSYS, kGlibcCancel, kGlibcSetxid};
 
 std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t serving) {
   FilterBuilder filter;

@@ -191,6 +191,21 @@ class StackOverflowTest(FaultsTest):
             self.assertEqual(status, 200, body)
 
 
+class TrapTest(FaultsTest):
+
+    def test_a_sigtrap_in_predict_is_recorded_against_its_model(self):
+        # SIGTRAP, which the crash recorder once did not handle, named no model: a crash loop
+        # of it was never quarantined.
+        with self.hostile_server() as server:
+            status, _, _ = self.hostile(server, "trap")
+            self.assertEqual(status, 0, "the connection closed without an answer")
+            server.wait_for_serving(2)
+            self.assertRegex(server.log_text(), r"the serving process died; restarting it "
+                                                r"signal=SIGTRAP model=hostile:1 copy=0 "
+                                                r"activity=predict ")
+            self.assert_echo_serves(server)
+
+
 class CrashLoopAfterServingTest(FaultsTest):
 
     def test_a_process_that_served_is_restarted_at_once_however_often_it_dies(self):

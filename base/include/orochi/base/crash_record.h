@@ -43,7 +43,8 @@ class ScopedCrashContext {
   ScopedCrashContext& operator=(const ScopedCrashContext&) = delete;
 };
 
-// Handles SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT by writing a crash line to `fd`, then dying
+// Handles SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP and SIGSYS by writing a crash line to
+// `fd`, then dying
 // of the signal. Each thread that has carried a ScopedCrashContext has an alternate signal stack,
 // so that a crash by stack overflow is recorded too.
 void InstallCrashRecorder(int fd);

@@ -303,6 +303,9 @@ class Hostile:
             os.chdir("/")
         elif mode == "huge_error":
             raise ValueError("x" * (16 << 20))
+        elif mode == "trap":  # a breakpoint instruction, as code patched or left in hits one
+            import signal
+            signal.raise_signal(signal.SIGTRAP)
         elif mode == "segfault":  # a native crash, as a C extension's bug would make one
             import ctypes
             ctypes.string_at(0)
