@@ -137,6 +137,19 @@ def clone_parent():
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 
+def listening_sockets():
+    """Each listening socket of the process, as a duplicate closed after its turn."""
+    import socket
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        with sock:
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                yield sock
+
+
 def shutdown_listeners() -> int:
     """Shuts down every listening socket of the process; returns how many."""
     import socket
@@ -174,15 +187,9 @@ def set_cpu_limit(resource):
 def share_listener() -> int:
     """Sets SO_REUSEPORT on the listener of the port this request came in on; returns its fd."""
     import socket
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            sock = socket.socket(fileno=os.dup(int(name)))
-        except OSError:
-            continue
-        with sock:
-            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-                return int(name)
+    for sock in listening_sockets():
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        return sock.fileno()
     return -1
 
 
@@ -222,17 +229,10 @@ def manage(port: int, how: str) -> int:
 
 def shrink_backlogs() -> int:
     """listen(fd, 0) on every listening socket of the process; returns how many."""
-    import socket
     shrunk = 0
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            sock = socket.socket(fileno=os.dup(int(name)))
-        except OSError:
-            continue
-        with sock:
-            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                sock.listen(0)
-                shrunk += 1
+    for sock in listening_sockets():
+        sock.listen(0)
+        shrunk += 1
     return shrunk
 
 
@@ -240,38 +240,22 @@ def listeners_blocking(clear: bool) -> int:
     """Clears O_NONBLOCK on every listening socket of the process (`clear`), or counts those
     that lack it."""
     import fcntl
-    import socket
     count = 0
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            sock = socket.socket(fileno=os.dup(int(name)))
-        except OSError:
-            continue
-        with sock:
-            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                continue
-            flags = fcntl.fcntl(sock.fileno(), fcntl.F_GETFL)
-            if clear:
-                fcntl.fcntl(sock.fileno(), fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
-                count += 1
-            elif not flags & os.O_NONBLOCK:
-                count += 1
+    for sock in listening_sockets():
+        flags = fcntl.fcntl(sock.fileno(), fcntl.F_GETFL)
+        if clear:
+            fcntl.fcntl(sock.fileno(), fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+        if clear or not flags & os.O_NONBLOCK:
+            count += 1
     return count
 
 
 def spawn_listener_holder() -> int:
     """Starts `sleep` with a duplicate of a listening socket passed across its exec; returns its
     pid."""
-    import socket
     import subprocess
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            sock = socket.socket(fileno=os.dup(int(name)))
-        except OSError:
-            continue
-        with sock:
-            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                return subprocess.Popen(["sleep", "60"], pass_fds=[sock.fileno()]).pid
+    for sock in listening_sockets():
+        return subprocess.Popen(["sleep", "60"], pass_fds=[sock.fileno()]).pid
     return -1
 
 
