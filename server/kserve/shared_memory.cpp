@@ -276,6 +276,11 @@ Status SharedMemoryRegistry::Register(const std::string& name, const std::string
     return InvalidArgument(what + ": cannot stat shared memory object " + Quote(key) + ": " +
                            std::strerror(errno));
   }
+  // Read and written by offset: a FIFO, say, has no bytes at offsets (and no size to check).
+  if (!S_ISREG(info.st_mode)) {
+    return InvalidArgument(what + ": shared memory object " + Quote(key) +
+                           " is not a regular file");
+  }
   const auto object_size = static_cast<uint64_t>(info.st_size);
   if (offset > object_size || byte_size > object_size - offset) {
     return InvalidArgument(what + ": offset " + std::to_string(offset) + " and byte_size " +
