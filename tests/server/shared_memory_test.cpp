@@ -141,9 +141,9 @@ void Truncate(const Object& object, size_t size) {
 }
 
 TEST(SharedMemoryRegistry, AnObjectTruncatedAfterRegistrationIsAnErrorNotACrash) {
-  Object object(3 * 4096);
+  Object object(size_t{3} * 4096);
   SharedMemoryRegistry registry(true);
-  ASSERT_TRUE(registry.Register("r", object.key(), 4096, 2 * 4096).ok());
+  ASSERT_TRUE(registry.Register("r", object.key(), 4096, uint64_t{2} * 4096).ok());
   std::shared_ptr<const SharedMemoryRegion> region = *registry.Find("r");
   std::byte bytes[64] = {};
   Truncate(object, 0);  // the test's mapping is not touched from here until it grows again
@@ -175,14 +175,14 @@ TEST(SharedMemoryRegistry, AnObjectTruncatedAfterRegistrationIsAnErrorNotACrash)
   }
   EXPECT_EQ(info.st_size, 4096 + 10);  // a refused write does not grow the object
 
-  Truncate(object, 3 * 4096);  // grown back: served again
+  Truncate(object, size_t{3} * 4096);  // grown back: served again
   std::memcpy(object.data() + 4096 + 100, "back", 4);
   ASSERT_TRUE(region->ReadInto(100, 4, "input 'x'", bytes).ok());
   EXPECT_EQ(std::memcmp(bytes, "back", 4), 0);
 }
 
 TEST(SharedMemoryRegistry, ReadsAndWritesRacingATruncationFailOrSucceedButNeverCrash) {
-  constexpr size_t kSize = 64 * 1024;
+  constexpr size_t kSize = size_t{64} * 1024;
   Object object(kSize);
   SharedMemoryRegistry registry(true);
   ASSERT_TRUE(registry.Register("r", object.key(), 0, kSize).ok());
@@ -198,8 +198,8 @@ TEST(SharedMemoryRegistry, ReadsAndWritesRacingATruncationFailOrSucceedButNeverC
   std::vector<std::byte> buffer(kSize);
   int refused = 0;
   for (int i = 0; i < 2000; ++i) {
-    for (Status status : {region->ReadInto(0, kSize, "input 'x'", buffer.data()),
-                          region->Write(0, buffer, "output 'y'")}) {
+    for (const Status& status : {region->ReadInto(0, kSize, "input 'x'", buffer.data()),
+                                 region->Write(0, buffer, "output 'y'")}) {
       if (status.ok()) continue;
       ++refused;
       EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
