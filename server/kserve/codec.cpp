@@ -9,8 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "orochi/base/check.h"
 #include "orochi/engine/dtype.h"
@@ -32,25 +34,34 @@ using packaging::TensorSpec;
 
 Status Bad(const std::string& message) { return InvalidArgument(message); }
 
-// `source` is where the bytes came from (the parameter that gave their size, or gRPC's raw
-// contents), for the error.
-Result<engine::Tensor> TensorFromBinary(const TensorSpec& spec, const engine::Shape& shape,
-                                        std::string_view bytes, std::string_view source) {
+// A tensor of `size` bytes that `fill` writes into its memory. `source` is where the bytes come
+// from (the parameter that gave their size, or gRPC's raw contents), for the error when `size`
+// is not what the shape needs.
+Result<engine::Tensor> TensorFilledBy(const TensorSpec& spec, const engine::Shape& shape,
+                                      uint64_t size, std::string_view source,
+                                      const std::function<Status(std::byte*)>& fill) {
   const engine::DType dtype = *packaging::EngineDType(spec.datatype);
   const auto expected = static_cast<size_t>(engine::NumElements(shape)) * engine::ItemSize(dtype);
-  if (bytes.size() != expected) {
-    return Bad("input '" + spec.name + "': " + std::string(source) + " is " +
-               std::to_string(bytes.size()) + " bytes, but shape " + engine::ShapeString(shape) +
-               " of " + std::string(DataTypeName(spec.datatype)) + " needs " +
-               std::to_string(expected));
+  if (size != expected) {
+    return Bad("input '" + spec.name + "': " + std::string(source) + " is " + std::to_string(size) +
+               " bytes, but shape " + engine::ShapeString(shape) + " of " +
+               std::string(DataTypeName(spec.datatype)) + " needs " + std::to_string(expected));
   }
   engine::Tensor tensor = engine::Tensor::Empty(shape, dtype);
-  if (expected > 0) std::memcpy(tensor.mutable_data(), bytes.data(), expected);
+  if (expected > 0) OROCHI_RETURN_IF_ERROR(fill(static_cast<std::byte*>(tensor.mutable_data())));
   if (dtype == engine::DType::kBool) {
     auto* flags = tensor.mutable_data_as<uint8_t>();
     for (size_t i = 0; i < expected; ++i) flags[i] = flags[i] != 0 ? 1 : 0;
   }
   return tensor;
+}
+
+Result<engine::Tensor> TensorFromBinary(const TensorSpec& spec, const engine::Shape& shape,
+                                        std::string_view bytes, std::string_view source) {
+  return TensorFilledBy(spec, shape, bytes.size(), source, [bytes](std::byte* to) {
+    std::memcpy(to, bytes.data(), bytes.size());
+    return Status::Ok();
+  });
 }
 
 Result<BytesTensor> BytesFromBinary(const TensorSpec& spec, const engine::Shape& shape,
@@ -687,19 +698,26 @@ size_t SerializedSize(const std::variant<engine::Tensor, BytesTensor>& value) {
   return size;
 }
 
-void Serialize(const std::variant<engine::Tensor, BytesTensor>& value, std::byte* to) {
+// Writes `value` serialized into `region` at `offset`: a tensor's bytes straight from its
+// memory, BYTES elements through a buffer.
+Status WriteSerialized(const SharedMemoryRegion& region, uint64_t offset,
+                       const std::variant<engine::Tensor, BytesTensor>& value,
+                       std::string_view what) {
   if (const auto* tensor = std::get_if<engine::Tensor>(&value)) {
     const engine::Tensor contiguous = tensor->Contiguous();
-    const size_t size = SerializedSize(value);
-    if (size > 0) std::memcpy(to, contiguous.data(), size);
-    return;
+    return region.Write(
+        offset, std::span(static_cast<const std::byte*>(contiguous.data()), SerializedSize(value)),
+        what);
   }
+  std::vector<std::byte> serialized(SerializedSize(value));
+  std::byte* to = serialized.data();
   for (const std::string& item : std::get<BytesTensor>(value).items) {
     const auto length = static_cast<uint32_t>(item.size());
     std::memcpy(to, &length, 4);
     if (!item.empty()) std::memcpy(to + 4, item.data(), item.size());
     to += 4 + item.size();
   }
+  return region.Write(offset, serialized, what);
 }
 
 // The region `ref` names, for `what`: its lookup's error as a request error.
@@ -720,21 +738,32 @@ Status ResolveSharedMemoryUnchecked(const Manifest& manifest, const SharedMemory
     const std::string what = "input '" + name + "'";
     SharedMemoryRef& where = input.where;
     OROCHI_ASSIGN_OR_RETURN(where.mapped, RegionFor(registry, where, what));
-    std::vector<std::byte> staging;  // a CUDA region's bytes, copied to the host
-    OROCHI_ASSIGN_OR_RETURN(const std::string_view view,
-                            where.mapped->Read(where.offset, where.byte_size, what, &staging));
     auto spec = std::find_if(manifest.inputs.begin(), manifest.inputs.end(),
                              [&](const TensorSpec& candidate) { return candidate.name == name; });
     auto slot = std::find_if(request->inputs.begin(), request->inputs.end(),
                              [&](const NamedTensor& tensor) { return tensor.name == name; });
     OROCHI_INTERNAL_ASSERT(spec != manifest.inputs.end() && slot != request->inputs.end(),
                            "a shared-memory input that the request or the model lacks");
+    // Read with one copy, from the region into the tensor (BYTES through a buffer, which
+    // its elements are cut from).
+    OROCHI_RETURN_IF_ERROR(where.mapped->CheckRange(where.offset, where.byte_size, what));
     if (spec->datatype == DataType::kBytes) {
-      OROCHI_ASSIGN_OR_RETURN(BytesTensor value, BytesFromBinary(*spec, input.shape, view));
+      std::vector<std::byte> serialized(where.byte_size);
+      OROCHI_RETURN_IF_ERROR(
+          where.mapped->ReadInto(where.offset, where.byte_size, what, serialized.data()));
+      OROCHI_ASSIGN_OR_RETURN(
+          BytesTensor value,
+          BytesFromBinary(*spec, input.shape,
+                          std::string_view(reinterpret_cast<const char*>(serialized.data()),
+                                           serialized.size())));
       slot->value = std::move(value);
     } else {
-      OROCHI_ASSIGN_OR_RETURN(engine::Tensor value, TensorFromBinary(*spec, input.shape, view,
-                                                                     "shared_memory_byte_size"));
+      OROCHI_ASSIGN_OR_RETURN(engine::Tensor value,
+                              TensorFilledBy(*spec, input.shape, where.byte_size,
+                                             "shared_memory_byte_size", [&](std::byte* to) {
+                                               return where.mapped->ReadInto(
+                                                   where.offset, where.byte_size, what, to);
+                                             }));
       slot->value = std::move(value);
     }
   }
@@ -742,7 +771,7 @@ Status ResolveSharedMemoryUnchecked(const Manifest& manifest, const SharedMemory
   for (auto& [name, where] : request->shared_memory_outputs) {
     const std::string what = "output '" + name + "'";
     OROCHI_ASSIGN_OR_RETURN(where.mapped, RegionFor(registry, where, what));
-    OROCHI_RETURN_IF_ERROR(where.mapped->CheckRange(where.offset, where.byte_size, what));
+    OROCHI_RETURN_IF_ERROR(where.mapped->CheckHeld(where.offset, where.byte_size, what));
   }
   return Status::Ok();
 }
@@ -779,14 +808,12 @@ Status WriteSharedMemoryOutputs(const Manifest& manifest, const InferRequest& re
                  std::to_string(where.offset));
     }
     OROCHI_RETURN_IF_ERROR(
-        where.mapped->CheckRange(where.offset, needed, "output '" + output.name + "'"));
+        where.mapped->CheckHeld(where.offset, needed, "output '" + output.name + "'"));
     writes.emplace_back(&output, &where);
   }
   for (const auto& [output, where] : writes) {
-    const NamedTensor& written = *output;
-    OROCHI_RETURN_IF_ERROR(where->mapped->Write(
-        where->offset, SerializedSize(written.value), "output '" + written.name + "'",
-        [&written](std::byte* to) { Serialize(written.value, to); }));
+    OROCHI_RETURN_IF_ERROR(WriteSerialized(*where->mapped, where->offset, output->value,
+                                           "output '" + output->name + "'"));
   }
   return Status::Ok();
 }

@@ -2,9 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -22,7 +24,7 @@ const char* KindName(SharedMemoryKind kind) {
   return kind == SharedMemoryKind::kSystem ? "system" : "cuda";
 }
 
-// Closes a descriptor on every way out of Register: the mapping outlives it.
+// Closes a descriptor on every way out of Register unless a region takes it (release).
 class Descriptor {
  public:
   explicit Descriptor(int fd) : fd_(fd) {}
@@ -32,6 +34,7 @@ class Descriptor {
   Descriptor(const Descriptor&) = delete;
   Descriptor& operator=(const Descriptor&) = delete;
   int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
@@ -40,16 +43,13 @@ class Descriptor {
 }  // namespace
 
 SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, uint64_t offset,
-                                       uint64_t byte_size, void* mapping, size_t mapping_size,
-                                       std::byte* data)
+                                       uint64_t byte_size, int fd)
     : kind_(SharedMemoryKind::kSystem),
       name_(std::move(name)),
       key_(std::move(key)),
       offset_(offset),
       byte_size_(byte_size),
-      mapping_(mapping),
-      mapping_size_(mapping_size),
-      data_(data) {}
+      fd_(fd) {}
 
 SharedMemoryRegion::SharedMemoryRegion(std::string name, int64_t device_id, uint64_t byte_size,
                                        std::unique_ptr<engine::SharedDeviceMemory> device_memory)
@@ -60,7 +60,7 @@ SharedMemoryRegion::SharedMemoryRegion(std::string name, int64_t device_id, uint
       device_memory_(std::move(device_memory)) {}
 
 SharedMemoryRegion::~SharedMemoryRegion() {
-  if (mapping_ != nullptr) munmap(mapping_, mapping_size_);
+  if (fd_ >= 0) close(fd_);
 }
 
 Status SharedMemoryRegion::CheckRange(uint64_t offset, uint64_t size, std::string_view what) const {
@@ -74,11 +74,33 @@ Status SharedMemoryRegion::CheckRange(uint64_t offset, uint64_t size, std::strin
   return Status::Ok();
 }
 
-Result<std::byte*> SharedMemoryRegion::Slice(uint64_t offset, uint64_t size,
-                                             std::string_view what) const {
-  OROCHI_INTERNAL_ASSERT(kind_ == SharedMemoryKind::kSystem, "Slice of a CUDA region");
+Status SharedMemoryRegion::NotHeld(uint64_t object_size, uint64_t offset, uint64_t size,
+                                   std::string_view what) const {
+  const uint64_t held = object_size > offset_ ? std::min(object_size - offset_, byte_size_) : 0;
+  // What `what` is, for the sentence: "input 'x'" needs its bytes as "the input".
+  const std::string_view noun = what.substr(0, what.find(' '));
+  return InvalidArgument(std::string(what) + ": shared memory region " + Quote(name_) + " holds " +
+                         std::to_string(held) + " bytes now (its object was truncated to " +
+                         std::to_string(object_size) + " bytes); the " + std::string(noun) +
+                         " needs " + std::to_string(size) + " bytes at offset " +
+                         std::to_string(offset));
+}
+
+Result<uint64_t> SharedMemoryRegion::ObjectSize(std::string_view what) const {
+  struct stat info {};
+  if (fstat(fd_, &info) != 0) {
+    return InvalidArgument(std::string(what) + ": cannot stat shared memory region " +
+                           Quote(name_) + ": " + std::strerror(errno));
+  }
+  return static_cast<uint64_t>(info.st_size);
+}
+
+Status SharedMemoryRegion::CheckHeld(uint64_t offset, uint64_t size, std::string_view what) const {
   OROCHI_RETURN_IF_ERROR(CheckRange(offset, size, what));
-  return data_ + offset;
+  if (kind_ != SharedMemoryKind::kSystem || size == 0) return Status::Ok();
+  OROCHI_ASSIGN_OR_RETURN(const uint64_t object_size, ObjectSize(what));
+  if (object_size < offset_ + offset + size) return NotHeld(object_size, offset, size, what);
+  return Status::Ok();
 }
 
 namespace {
@@ -92,37 +114,60 @@ Status DeviceError(const engine::Error& error, std::string_view what, const std:
 
 }  // namespace
 
-Result<std::string_view> SharedMemoryRegion::Read(uint64_t offset, uint64_t size,
-                                                  std::string_view what,
-                                                  std::vector<std::byte>* staging) const {
-  if (kind_ == SharedMemoryKind::kSystem) {
-    OROCHI_ASSIGN_OR_RETURN(std::byte * bytes, Slice(offset, size, what));
-    return std::string_view(reinterpret_cast<const char*>(bytes), size);
-  }
+Status SharedMemoryRegion::ReadInto(uint64_t offset, uint64_t size, std::string_view what,
+                                    std::byte* to) const {
   OROCHI_RETURN_IF_ERROR(CheckRange(offset, size, what));
-  staging->resize(size);
-  try {
-    device_memory_->CopyToHost(offset, staging->data(), size);
-  } catch (const engine::Error& error) {
-    return DeviceError(error, what, name_);
-  }
-  return std::string_view(reinterpret_cast<const char*>(staging->data()), size);
-}
-
-Status SharedMemoryRegion::Write(uint64_t offset, uint64_t size, std::string_view what,
-                                 const std::function<void(std::byte*)>& fill) const {
-  if (kind_ == SharedMemoryKind::kSystem) {
-    OROCHI_ASSIGN_OR_RETURN(std::byte * to, Slice(offset, size, what));
-    fill(to);
+  if (kind_ == SharedMemoryKind::kCuda) {
+    try {
+      device_memory_->CopyToHost(offset, to, size);
+    } catch (const engine::Error& error) {
+      return DeviceError(error, what, name_);
+    }
     return Status::Ok();
   }
-  OROCHI_RETURN_IF_ERROR(CheckRange(offset, size, what));
-  std::vector<std::byte> staging(size);
-  fill(staging.data());
-  try {
-    device_memory_->CopyFromHost(offset, staging.data(), size);
-  } catch (const engine::Error& error) {
-    return DeviceError(error, what, name_);
+  // pread stops at the object's end, however recently it moved: no check ahead of the read
+  // can race with a truncation. Registration checked that offsets fit off_t.
+  uint64_t done = 0;
+  while (done < size) {
+    const ssize_t got =
+        pread(fd_, to + done, size - done, static_cast<off_t>(offset_ + offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      return InvalidArgument(std::string(what) + ": cannot read shared memory region " +
+                             Quote(name_) + ": " + std::strerror(errno));
+    }
+    if (got == 0) {
+      // The object ended there when it was read (it may have grown again since).
+      OROCHI_ASSIGN_OR_RETURN(const uint64_t object_size, ObjectSize(what));
+      return NotHeld(std::min(object_size, offset_ + offset + done), offset, size, what);
+    }
+    done += static_cast<uint64_t>(got);
+  }
+  return Status::Ok();
+}
+
+Status SharedMemoryRegion::Write(uint64_t offset, std::span<const std::byte> bytes,
+                                 std::string_view what) const {
+  OROCHI_RETURN_IF_ERROR(CheckHeld(offset, bytes.size(), what));
+  if (kind_ == SharedMemoryKind::kCuda) {
+    try {
+      device_memory_->CopyFromHost(offset, bytes.data(), bytes.size());
+    } catch (const engine::Error& error) {
+      return DeviceError(error, what, name_);
+    }
+    return Status::Ok();
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t put = pwrite(fd_, bytes.data() + done, bytes.size() - done,
+                               static_cast<off_t>(offset_ + offset + done));
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) {
+      return InvalidArgument(std::string(what) + ": cannot write shared memory region " +
+                             Quote(name_) + ": " +
+                             (put < 0 ? std::strerror(errno) : "nothing was written"));
+    }
+    done += static_cast<size_t>(put);
   }
   return Status::Ok();
 }
@@ -154,6 +199,30 @@ Status SharedMemoryRegistry::Add(std::shared_ptr<const SharedMemoryRegion> regio
   // loser's region is closed as it goes.
   if (!regions_.emplace(name, std::move(region)).second) {
     return AlreadyExists("shared memory region " + Quote(name) + " is already registered");
+  }
+  return Status::Ok();
+}
+
+Status SharedMemoryRegistry::CheckDescriptorsLeft(const std::string& what) const {
+  // Each system region keeps a descriptor open while it is registered: regions registered
+  // without end would take every descriptor the process may open, and with them every
+  // connection it accepts. They may take a quarter of the limit.
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return Status::Ok();
+  }
+  const size_t most = static_cast<size_t>(limit.rlim_cur) / 4;
+  std::lock_guard lock(mutex_);
+  const auto system =
+      static_cast<size_t>(std::count_if(regions_.begin(), regions_.end(), [](const auto& entry) {
+        return entry.second->kind() == SharedMemoryKind::kSystem;
+      }));
+  if (system >= most) {
+    return ResourceExhausted(what + ": " + std::to_string(system) +
+                             " system shared memory regions are registered, the most this server "
+                             "keeps open (a quarter of its descriptor limit, RLIMIT_NOFILE " +
+                             std::to_string(limit.rlim_cur) +
+                             "); unregister regions that are no longer used");
   }
   return Status::Ok();
 }
@@ -192,6 +261,7 @@ Status SharedMemoryRegistry::Register(const std::string& name, const std::string
   OROCHI_RETURN_IF_ERROR(CheckNewRegion(name, byte_size, "system"));
   const std::string what = "cannot register shared memory region " + Quote(name);
   if (key.empty()) return InvalidArgument(what + ": 'key' is empty");
+  OROCHI_RETURN_IF_ERROR(CheckDescriptorsLeft(what));
   // O_RDWR: outputs are written into the region. The server never creates the object (no
   // O_CREAT): a key that names nothing is the client's mistake, not an empty region.
   Descriptor fd(shm_open(key.c_str(), O_RDWR, 0));
@@ -206,6 +276,11 @@ Status SharedMemoryRegistry::Register(const std::string& name, const std::string
     return InvalidArgument(what + ": cannot stat shared memory object " + Quote(key) + ": " +
                            std::strerror(errno));
   }
+  // Read and written by offset: a FIFO, say, has no bytes at offsets (and no size to check).
+  if (!S_ISREG(info.st_mode)) {
+    return InvalidArgument(what + ": shared memory object " + Quote(key) +
+                           " is not a regular file");
+  }
   const auto object_size = static_cast<uint64_t>(info.st_size);
   if (offset > object_size || byte_size > object_size - offset) {
     return InvalidArgument(what + ": offset " + std::to_string(offset) + " and byte_size " +
@@ -213,25 +288,13 @@ Status SharedMemoryRegistry::Register(const std::string& name, const std::string
                            " run past the end of shared memory object " + Quote(key) + " (" +
                            std::to_string(object_size) + " bytes)");
   }
-  // mmap wants a page-aligned offset: map from the page holding the region's first byte.
-  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t map_from = offset - offset % page;
-  const uint64_t map_size = byte_size + (offset - map_from);
-  if (map_size > SIZE_MAX) return InvalidArgument(what + ": the region is too large to map");
-  void* mapping = mmap(nullptr, static_cast<size_t>(map_size), PROT_READ | PROT_WRITE, MAP_SHARED,
-                       fd.get(), static_cast<off_t>(map_from));
-  if (mapping == MAP_FAILED) {
-    return InvalidArgument(what + ": cannot map shared memory object " + Quote(key) + ": " +
-                           std::strerror(errno));
-  }
-  // From here the region owns the mapping, whatever happens next.
+  // From here the region owns the descriptor, whatever happens next.
   return Add(std::shared_ptr<const SharedMemoryRegion>(
-      new SharedMemoryRegion(name, key, offset, byte_size, mapping, static_cast<size_t>(map_size),
-                             static_cast<std::byte*>(mapping) + (offset - map_from))));
+      new SharedMemoryRegion(name, key, offset, byte_size, fd.release())));
 }
 
 void SharedMemoryRegistry::Unregister(const std::string& name, SharedMemoryKind kind) {
-  std::shared_ptr<const SharedMemoryRegion> removed;  // unmapped (if unused) after the unlock
+  std::shared_ptr<const SharedMemoryRegion> removed;  // closed (if unused) after the unlock
   std::lock_guard lock(mutex_);
   auto found = regions_.find(name);
   if (found == regions_.end() || found->second->kind() != kind) return;

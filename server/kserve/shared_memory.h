@@ -1,12 +1,17 @@
 // Shared memory (Triton's shared-memory extensions): clients on the same host register memory
 // under a name, then name it in inference requests instead of sending tensor bytes through the
 // socket. Two kinds, one namespace of names (as in Triton):
-//  - system: a POSIX shared-memory object (shm_open's key), which the server maps itself;
+//  - system: a POSIX shared-memory object (shm_open's key), which the server opens itself and
+//    reads and writes through its descriptor (pread, pwrite), never through a mapping: the
+//    client may truncate the object at any time, and a mapping's pages past the object's end
+//    would kill the whole process (SIGBUS) when touched, where pread and pwrite only come up
+//    short (the request gets an error that says so);
 //  - CUDA: device memory of the client's, named by a CUDA IPC handle, which the server opens
 //    (engine::SharedDeviceMemory) and copies tensors out of and into.
-// The server's mapping is owned by the registry until the region is unregistered and by every
-// request still using it until that request has answered, so a region is never unmapped under a
-// running request. The client keeps owning the memory (the server never unlinks or frees it).
+// The server's descriptor (or device mapping) is owned by the registry until the region is
+// unregistered and by every request still using it until that request has answered, so a region
+// is never closed under a running request. The client keeps owning the memory (the server never
+// unlinks or frees it).
 //
 // Protocol-neutral: HTTP and gRPC share one registry (a region registered through either is
 // usable from both, as in Triton) and map its Status codes to their own.
@@ -18,11 +23,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,8 +43,8 @@ namespace orochi::server::kserve {
 enum class SharedMemoryKind { kSystem, kCuda };
 
 // One registered region: a system region is bytes [offset, offset + byte_size) of the object
-// `key`, mapped read-write; a CUDA region the first byte_size bytes of a client's device
-// allocation on device `device_id`. Unmapped (closed) when the last reference goes.
+// `key`, opened read-write; a CUDA region the first byte_size bytes of a client's device
+// allocation on device `device_id`. Closed when the last reference goes.
 class SharedMemoryRegion {
  public:
   ~SharedMemoryRegion();
@@ -56,21 +61,23 @@ class SharedMemoryRegion {
   // An InvalidArgument naming the region, `what` (e.g. "input 'x'"), the offset and the size
   // when [offset, offset + size) does not lie in the region.
   Status CheckRange(uint64_t offset, uint64_t size, std::string_view what) const;
-  // The `size` bytes at `offset`: a system region's own (no copy; valid while the region is
-  // held), a CUDA region's copied into `*staging`. CheckRange's error, or the device's.
-  Result<std::string_view> Read(uint64_t offset, uint64_t size, std::string_view what,
-                                std::vector<std::byte>* staging) const;
-  // Writes `size` bytes at `offset`, which `fill` produces into host memory: the mapping itself
-  // for a system region, a buffer copied to the device for a CUDA one.
-  Status Write(uint64_t offset, uint64_t size, std::string_view what,
-               const std::function<void(std::byte*)>& fill) const;
-  // A system region's `size` bytes at `offset`, in place (CheckRange's error).
-  Result<std::byte*> Slice(uint64_t offset, uint64_t size, std::string_view what) const;
+  // CheckRange, and for a system region also that its object still holds those bytes now: an
+  // InvalidArgument naming the region, how many bytes it holds now and what `what` needs, when
+  // the client truncated the object since it registered the region.
+  Status CheckHeld(uint64_t offset, uint64_t size, std::string_view what) const;
+  // Copies the `size` bytes at `offset` into `to` (host memory): read from a system region's
+  // object, copied from a CUDA region's device memory. CheckRange's error; CheckHeld's when the
+  // object ends before them (it was truncated, however recently); the device's.
+  Status ReadInto(uint64_t offset, uint64_t size, std::string_view what, std::byte* to) const;
+  // Writes `bytes` at `offset`, after CheckHeld. A system region's object truncated between
+  // that check and the write grows back to hold what is written (pwrite extends a file; it
+  // never grows past the region's registered end).
+  Status Write(uint64_t offset, std::span<const std::byte> bytes, std::string_view what) const;
 
  private:
   friend class SharedMemoryRegistry;
   SharedMemoryRegion(std::string name, std::string key, uint64_t offset, uint64_t byte_size,
-                     void* mapping, size_t mapping_size, std::byte* data);
+                     int fd);
   SharedMemoryRegion(std::string name, int64_t device_id, uint64_t byte_size,
                      std::unique_ptr<engine::SharedDeviceMemory> device_memory);
 
@@ -80,9 +87,13 @@ class SharedMemoryRegion {
   uint64_t offset_ = 0;
   int64_t device_id_ = -1;
   uint64_t byte_size_;
-  void* mapping_ = nullptr;  // from mmap: page-aligned, so it may start before `offset`
-  size_t mapping_size_ = 0;
-  std::byte* data_ = nullptr;  // the region's first byte, within the mapping
+  // The object's size now (fstat's error for `what`).
+  Result<uint64_t> ObjectSize(std::string_view what) const;
+  // The error for `what`, which needs `size` bytes at `offset`, when the region's object has
+  // only `object_size` bytes.
+  Status NotHeld(uint64_t object_size, uint64_t offset, uint64_t size, std::string_view what) const;
+
+  int fd_ = -1;  // system: the object, open read-write
   std::unique_ptr<engine::SharedDeviceMemory> device_memory_;  // CUDA
 };
 
@@ -97,20 +108,22 @@ struct SharedMemoryRegionStatus {
 class SharedMemoryRegistry {
  public:
   // `enabled` false refuses every registration (kFailedPrecondition, saying how to enable
-  // it): mapping any object the server's user can open, or reading and writing another
-  // process's device memory, is a power to give only clients that the operator trusts with it.
+  // it): reading and writing any object the server's user can open, or another process's
+  // device memory, is a power to give only clients that the operator trusts with it.
   explicit SharedMemoryRegistry(bool enabled) : enabled_(enabled) {}
-  // Unmaps every region that no request is using; the others go when their requests answer.
+  // Closes every region that no request is using; the others go when their requests answer.
   ~SharedMemoryRegistry() = default;
   SharedMemoryRegistry(const SharedMemoryRegistry&) = delete;
   SharedMemoryRegistry& operator=(const SharedMemoryRegistry&) = delete;
 
   bool enabled() const { return enabled_; }
 
-  // Maps bytes [offset, offset + byte_size) of the object `key` under `name`. Errors:
+  // Opens the object `key` and registers its bytes [offset, offset + byte_size) as `name`. Errors:
   // kAlreadyExists for a name already registered; kInvalidArgument for an empty name or key,
   // a zero byte_size, a key that does not name an object the server can open read-write, or
-  // a region that runs past the object's end; kFailedPrecondition when disabled.
+  // a region that runs past the object's end; kFailedPrecondition when disabled;
+  // kResourceExhausted when a quarter of the process's descriptor limit (RLIMIT_NOFILE) is
+  // open for system regions already (each keeps one).
   Status Register(const std::string& name, const std::string& key, uint64_t offset,
                   uint64_t byte_size);
   // Opens the device allocation `raw_handle` (a cudaIpcMemHandle_t's bytes) names on CUDA device
@@ -119,7 +132,7 @@ class SharedMemoryRegistry {
   // size or one the driver refuses.
   Status RegisterCuda(const std::string& name, std::string_view raw_handle, int64_t device_id,
                       uint64_t byte_size);
-  // Forgets `name` if it is a region of `kind`; requests already using it keep their mapping
+  // Forgets `name` if it is a region of `kind`; requests already using it keep it open
   // until they answer. A name that is not registered is no error (as in Triton: the region is
   // not registered after either way), so clients may unregister as cleanup.
   void Unregister(const std::string& name, SharedMemoryKind kind);
@@ -138,6 +151,8 @@ class SharedMemoryRegistry {
   // Adds `region` unless its name is taken (kAlreadyExists).
   Status Add(std::shared_ptr<const SharedMemoryRegion> region);
   Status CheckNewRegion(const std::string& name, uint64_t byte_size, std::string_view kind) const;
+  // kResourceExhausted when the system regions hold as many descriptors as they may.
+  Status CheckDescriptorsLeft(const std::string& what) const;
 
   const bool enabled_;
   mutable std::mutex mutex_;

@@ -8,6 +8,8 @@ has the extension itself).
 """
 
 import json
+import os
+import re
 import shutil
 import struct
 import tempfile
@@ -286,6 +288,53 @@ class SharedMemoryTest(SharedMemoryServer, unittest.TestCase):
         status, error = self.infer(request, "slow")
         self.assertEqual(status, 400)
         self.assertIn("unable to find shared memory region: 'busy'", error["error"])
+
+    def test_region_truncated_after_registration(self):
+        """A client may shrink its object (ftruncate) after registering it: the server never
+        touches bytes past the object's end (a mapping's would kill the serving process with
+        SIGBUS), refuses what no longer fits with the sizes, and goes on serving."""
+        size = 1 << 20
+        region = self.region(size)
+        self.assertEqual(self.register("cut", region.key, size - 4096, offset=4096), (200, {}))
+        serving_pid = self.server.serving_pid
+        # Through a descriptor of its own: the test's mapping must not touch the cut pages either.
+        fd = os.open("/dev/shm" + region.key, os.O_RDWR)
+        try:
+            os.ftruncate(fd, 0)
+            output = {"name": "out_fp32", "parameters": shm("cut", 64, offset=8)}
+            self.assert_refused(fp32_input_in_region(shm("cut", 4)),
+                                "input 'in_fp32': shared memory region 'cut' holds 0 bytes now "
+                                "(its object was truncated to 0 bytes); the input needs 4 bytes "
+                                "at offset 0")
+            self.assert_refused({**echo_request(1), "outputs": [output]},
+                                "output 'out_fp32': shared memory region 'cut' holds 0 bytes now "
+                                "(its object was truncated to 0 bytes); the output needs 64 bytes "
+                                "at offset 8")
+            # Cut within the region: what still lies in it is read, what does not is refused.
+            os.ftruncate(fd, 4096 + 6)
+            os.pwrite(fd, np.float32(2.5).tobytes(), 4096)
+            request = fp32_input_in_region(shm("cut", 4))
+            request["outputs"] = [{"name": "out_fp32", "parameters": {"binary_data": False}}]
+            status, response = self.infer(request)
+            self.assertEqual(status, 200, response)
+            self.assertEqual(response["outputs"][0]["data"], [2.5])
+            self.assert_refused(fp32_input_in_region(shm("cut", 4, offset=4)),
+                                "shared memory region 'cut' holds 6 bytes now (its object was "
+                                "truncated to 4102 bytes); the input needs 4 bytes at offset 4")
+            # Grown back, the region serves again.
+            os.ftruncate(fd, size)
+            os.pwrite(fd, np.float32(-7.0).tobytes(), 4096 + 4)
+            status, response = self.infer({**fp32_input_in_region(shm("cut", 4, offset=4)),
+                                           "outputs": [output]})
+            self.assertEqual(status, 200, response)
+            self.assertEqual(os.pread(fd, 4, 4096 + 8), np.float32(-7.0).tobytes())
+        finally:
+            os.close(fd)
+        # The same serving process answers: no crash and no restart.
+        self.assertEqual(curl(self.server.url("/v2/health/ready"))[0], 200)
+        self.assertEqual(re.findall(r" serving .* pid=(\d+)", self.server.log_text())[-1],
+                         str(serving_pid))
+        os.kill(serving_pid, 0)
 
     def test_cuda_shared_memory_without_a_cuda_device_is_refused_clearly(self):
         # Served (test_cuda_shared_memory shares device memory on a GPU), but this machine has

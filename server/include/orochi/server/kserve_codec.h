@@ -33,7 +33,7 @@ struct SharedMemoryRef {
   std::string region;
   uint64_t offset = 0;
   uint64_t byte_size = 0;
-  // Set by ResolveSharedMemory: the region, kept mapped for as long as the request holds it
+  // Set by ResolveSharedMemory: the region, kept open for as long as the request holds it
   // (even when it is unregistered meanwhile).
   std::shared_ptr<const SharedMemoryRegion> mapped;
 };
@@ -174,7 +174,7 @@ Result<InferRequest> ParseInferRequest(const packaging::Manifest& manifest, std:
 // inputs in shared_memory_inputs from their regions (copied into tensors, so the client may
 // reuse the region as soon as the answer arrives, and a model may keep or change its inputs),
 // and checks that the regions of shared_memory_outputs exist and hold their ranges. Each ref
-// keeps its region mapped from here until the request is destroyed. Errors are
+// keeps its region open from here until the request is destroyed. Errors are
 // kInvalidArgument naming the input or output, the region, the offset and the size.
 Status ResolveSharedMemory(const packaging::Manifest& manifest,
                            const SharedMemoryRegistry& registry, InferRequest* request);
