@@ -45,6 +45,26 @@ class LoopbackConnection : public ::testing::Test {
     }
   }
 
+  // A child that sleeps until killed, holding this process's descriptors but the client
+  // socket when `close_client`; returned once it is so (-1 if it cannot be started).
+  pid_t ForkSleeper(bool close_client) const {
+    int ready[2];
+    if (::pipe(ready) != 0) return -1;
+    const pid_t child = ::fork();
+    if (child == 0) {
+      if (close_client) ::close(client_);
+      ::close(ready[0]);
+      ::write(ready[1], "x", 1);
+      ::pause();
+      ::_exit(0);
+    }
+    ::close(ready[1]);
+    char byte = 0;
+    const bool started = child > 0 && ::read(ready[0], &byte, 1) == 1;
+    ::close(ready[0]);
+    return started ? child : -1;
+  }
+
   int listener_ = -1;
   int client_ = -1;
   int accepted_ = -1;
@@ -64,19 +84,8 @@ TEST_F(LoopbackConnection, AClientOfTheTreeIsRefusedAndNamed) {
 
 TEST_F(LoopbackConnection, AClientHeldByAChildOfTheTreeIsRefused) {
   // The child holds the client socket; the tree's root lets go of its own copy.
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(ready[0]);
-    ::write(ready[1], "x", 1);
-    ::pause();
-    ::_exit(0);
-  }
-  ::close(ready[1]);
-  char byte = 0;
-  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
-  ::close(ready[0]);
+  const pid_t child = ForkSleeper(/*close_client=*/false);
+  ASSERT_GT(child, 0);
   ::close(client_);
   client_ = -1;
   const std::optional<std::string> refused =
@@ -110,20 +119,8 @@ TEST_F(LoopbackConnection, AnIpv6SocketConnectedToTheIpv4ListenerIsFoundToo) {
 TEST_F(LoopbackConnection, AClientOutsideTheTreeIsLetOn) {
   // A tree of one sleeping child, which holds no socket of this connection: this process is
   // outside it, as an operator's curl is outside the server's.
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(client_);
-    ::close(ready[0]);
-    ::write(ready[1], "x", 1);
-    ::pause();
-    ::_exit(0);
-  }
-  ::close(ready[1]);
-  char byte = 0;
-  ASSERT_EQ(::read(ready[0], &byte, 1), 1);  // its copy of the client socket is closed
-  ::close(ready[0]);
+  const pid_t child = ForkSleeper(/*close_client=*/true);
+  ASSERT_GT(child, 0);
   const std::optional<std::string> refused =
       ProcessTreePeers(child).Refusal("127.0.0.1", client_port_, server_port_);
   ::kill(child, SIGKILL);

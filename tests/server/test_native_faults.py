@@ -161,6 +161,13 @@ class FaultsTest(unittest.TestCase):
         finally:
             self.assertEqual(server.stop(), 0, stop_message)
 
+    def place_package(self, name: str, code: str) -> None:
+        """Puts a package of `code` (entry Hangs) in the repository as version 1 of `name`,
+        as a deploy would have left it: there at the next start."""
+        target = os.path.join(self.repository, name, "1")
+        os.makedirs(target)
+        shutil.copy(pack_variant(self.root, name, code), os.path.join(target, "model.orochi"))
+
     def hostile(self, server, mode):
         return post_json(server, "/v2/models/hostile/infer", {"inputs": [
             {"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]}]})
@@ -246,10 +253,7 @@ class CrashDuringLoadTest(FaultsTest):
             self.assertEqual(server.stop(), 0)
 
     def test_a_package_that_crashes_at_start_is_quarantined_and_not_loaded_again(self):
-        target = os.path.join(self.repository, "crashinit", "1")
-        os.makedirs(target)
-        shutil.copy(pack_variant(self.root, "crashinit", CRASHING_INIT),
-                    os.path.join(target, "model.orochi"))
+        self.place_package("crashinit", CRASHING_INIT)
         # Waits for `serving`: from the third serving process, which does not load it.
         server = Server(self.repository, {"supervisor": {"max_model_crashes": 2}}, copies=1)
         try:
@@ -281,14 +285,10 @@ class CrashDuringLoadTest(FaultsTest):
         finally:
             self.assertEqual(server.stop(), 0)
 
-
     def test_a_package_killed_at_start_without_a_record_is_quarantined(self):
         # A SIGKILL leaves no crash record: such a package once killed every start, forever,
         # with restarts backing off to seconds, and no model to quarantine.
-        target = os.path.join(self.repository, "killedinit", "1")
-        os.makedirs(target)
-        shutil.copy(pack_variant(self.root, "killedinit", KILLED_INIT),
-                    os.path.join(target, "model.orochi"))
+        self.place_package("killedinit", KILLED_INIT)
         server = Server(self.repository, {"supervisor": {"max_model_crashes": 2}}, copies=1)
         try:
             log = server.log_text()
@@ -582,10 +582,7 @@ class DamagedRepositoryTest(FaultsTest):
 
     def test_a_load_stuck_at_start_is_not_waited_for_again_after_a_crash(self):
         # Once each restart waited models.load_timeout_s again for the same stuck __init__.
-        target = os.path.join(self.repository, "stuckinit", "1")
-        os.makedirs(target)
-        shutil.copy(pack_variant(self.root, "stuckinit", STUCK_IN_C_INIT),
-                    os.path.join(target, "model.orochi"))
+        self.place_package("stuckinit", STUCK_IN_C_INIT)
         pack_model(self.repository, "hostile")
         config = {"models": {"load_timeout_s": 2, "execution_grace_ms": 300}}
         server = Server(self.repository, config, copies=1)
@@ -756,11 +753,7 @@ class ReloadTimeoutTest(FaultsTest):
         """A server whose one copy reloadhang's predict just got stuck and had replaced: its
         models are being loaded into the fresh copy, where reloadhang's __init__ runs `hang`."""
         mark = os.path.join(self.root, "stuck-once")
-        target = os.path.join(self.repository, "reloadhang", "1")
-        os.makedirs(target)
-        shutil.copy(pack_variant(self.root, "reloadhang",
-                                 HANGS_ON_RELOAD.format(mark=mark, hang=hang)),
-                    os.path.join(target, "model.orochi"))
+        self.place_package("reloadhang", HANGS_ON_RELOAD.format(mark=mark, hang=hang))
         config = {"models": {"load_timeout_s": 1, "execution_grace_ms": 300}}
         server = Server(self.repository, config, copies=1)
         try:
