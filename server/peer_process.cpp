@@ -13,6 +13,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -74,8 +75,8 @@ struct SocketSearch {
 // The socket on this host whose own end is `peer`:`peer_port` and whose other end is port
 // `server_port`: the client's end of the connection (the server's own end has the ports the
 // other way round). A dump of the family's TCP sockets, matched here.
-std::optional<SocketSearch> FindClientSocket(const PeerAddress& peer, uint16_t peer_port,
-                                             uint16_t server_port, std::string* error) {
+std::optional<SocketSearch> FindThroughSockDiag(const PeerAddress& peer, uint16_t peer_port,
+                                                uint16_t server_port, std::string* error) {
   Descriptor netlink(::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
   if (netlink.get() < 0) {
     *error = std::string("cannot open a sock_diag socket: ") + std::strerror(errno);
@@ -128,6 +129,78 @@ std::optional<SocketSearch> FindClientSocket(const PeerAddress& peer, uint16_t p
       search.inode = entry->idiag_inode;
     }
   }
+}
+
+// The same search in /proc/net/tcp or tcp6, for where netlink sockets are not allowed (systemd's
+// RestrictAddressFamilies, some sandboxes): each line has the local and remote address (the
+// words of the address as the kernel holds them, in hex, then the port), the state, and the
+// inode in its tenth field.
+std::optional<SocketSearch> FindThroughProcNet(const PeerAddress& peer, uint16_t peer_port,
+                                               uint16_t server_port, std::string* error) {
+  const char* path = peer.family == AF_INET ? "/proc/net/tcp" : "/proc/net/tcp6";
+  std::ifstream table(path);
+  if (!table) {
+    *error += std::string("; cannot read ") + path;
+    return std::nullopt;
+  }
+  const size_t words = peer.family == AF_INET ? 1 : 4;
+  auto parse_end = [words](const std::string& field, std::array<uint32_t, 4>& address,
+                           unsigned long& port) {
+    const size_t colon = field.find(':');
+    if (colon != words * 8) return false;
+    for (size_t i = 0; i < words; ++i) {
+      address[i] = static_cast<uint32_t>(std::stoul(field.substr(i * 8, 8), nullptr, 16));
+    }
+    port = std::stoul(field.substr(colon + 1), nullptr, 16);
+    return true;
+  };
+  SocketSearch search;
+  std::string line;
+  std::getline(table, line);  // the heading
+  while (std::getline(table, line)) {
+    std::istringstream fields(line);
+    std::string slot;
+    std::string local;
+    std::string remote;
+    std::string skipped;
+    unsigned long inode = 0;
+    if (!(fields >> slot >> local >> remote)) continue;
+    // The state, the queues, the timer, retransmits, the uid and the timeout; then the inode.
+    for (int i = 0; i < 6; ++i) fields >> skipped;
+    if (!(fields >> inode)) continue;
+    std::array<uint32_t, 4> local_address{};
+    std::array<uint32_t, 4> remote_address{};
+    unsigned long local_port = 0;
+    unsigned long remote_port = 0;
+    try {
+      if (!parse_end(local, local_address, local_port) ||
+          !parse_end(remote, remote_address, remote_port)) {
+        continue;
+      }
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (local_port == peer_port && remote_port == server_port &&
+        std::equal(local_address.begin(), local_address.begin() + static_cast<long>(words),
+                   peer.words.begin())) {
+      search.found = true;
+      search.inode = static_cast<unsigned>(inode);
+      break;
+    }
+  }
+  return search;
+}
+
+std::optional<SocketSearch> FindClientSocket(const PeerAddress& peer, uint16_t peer_port,
+                                             uint16_t server_port, bool sock_diag,
+                                             std::string* error) {
+  if (sock_diag) {
+    if (std::optional<SocketSearch> found =
+            FindThroughSockDiag(peer, peer_port, server_port, error)) {
+      return found;
+    }
+  }
+  return FindThroughProcNet(peer, peer_port, server_port, error);
 }
 
 // Every process's parent, from /proc/<pid>/stat (the field after the command, whose name may
@@ -208,12 +281,13 @@ std::optional<std::string> ProcessTreePeers::Refusal(const std::string& peer_add
   const std::optional<PeerAddress> peer = ParsePeerAddress(peer_address);
   if (!peer) return "cannot tell where the connection comes from (peer '" + peer_address + "')";
   std::string error;
-  std::optional<SocketSearch> client = FindClientSocket(*peer, peer_port, server_port, &error);
+  std::optional<SocketSearch> client =
+      FindClientSocket(*peer, peer_port, server_port, sock_diag_, &error);
   if (client && !client->found && peer->family == AF_INET) {
     // An IPv6 socket connected to an IPv4 address ("::ffff:127.0.0.1", as gRPC's clients make
     // them) shows up to the server as an IPv4 peer.
     PeerAddress mapped{AF_INET6, {0, 0, htonl(0xffff), peer->words[0]}};
-    client = FindClientSocket(mapped, peer_port, server_port, &error);
+    client = FindClientSocket(mapped, peer_port, server_port, sock_diag_, &error);
   }
   if (!client) return "cannot tell which process the connection comes from: " + error;
   if (!client->found) return std::nullopt;  // another host's

@@ -33,8 +33,11 @@ std::vector<pid_t> ProcessesHoldingSockets(pid_t root, const std::vector<unsigne
 
 class ProcessTreePeers {
  public:
-  // `tree_root`: the supervisor's pid, or this process's own without a supervisor.
-  explicit ProcessTreePeers(pid_t tree_root) : tree_root_(tree_root) {}
+  // `tree_root`: the supervisor's pid, or this process's own without a supervisor. Sockets are
+  // looked up through sock_diag, and where netlink sockets are not allowed (systemd's
+  // RestrictAddressFamilies) in /proc/net/tcp and tcp6; `sock_diag` false: there only (tests).
+  explicit ProcessTreePeers(pid_t tree_root, bool sock_diag = true)
+      : tree_root_(tree_root), sock_diag_(sock_diag) {}
 
   // Why a request over the connection from `peer_address`:`peer_port` to this server's
   // `server_port` is refused: its socket is held by a process of the tree (named in the
@@ -48,6 +51,7 @@ class ProcessTreePeers {
 
  private:
   pid_t tree_root_;
+  bool sock_diag_;
 };
 
 }  // namespace orochi::server

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace orochi::server {
 namespace {
@@ -43,6 +44,21 @@ class LoopbackConnection : public ::testing::Test {
     for (int fd : {accepted_, client_, listener_}) {
       if (fd >= 0) ::close(fd);
     }
+  }
+
+  // As gRPC's clients connect: an AF_INET6 socket to ::ffff:127.0.0.1, which the server sees
+  // as the IPv4 peer 127.0.0.1. Its client end and the accepted end; its port in `port`.
+  std::pair<int, int> ConnectThroughIpv6(uint16_t* port) const {
+    const int client6 = ::socket(AF_INET6, SOCK_STREAM, 0);
+    sockaddr_in6 address{};
+    address.sin6_family = AF_INET6;
+    address.sin6_port = htons(server_port_);
+    ::inet_pton(AF_INET6, "::ffff:127.0.0.1", &address.sin6_addr);
+    EXPECT_EQ(::connect(client6, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    socklen_t length = sizeof(address);
+    ::getsockname(client6, reinterpret_cast<sockaddr*>(&address), &length);
+    *port = ntohs(address.sin6_port);
+    return {client6, ::accept(listener_, nullptr, nullptr)};
   }
 
   // A child that sleeps until killed, holding this process's descriptors but the client
@@ -97,23 +113,30 @@ TEST_F(LoopbackConnection, AClientHeldByAChildOfTheTreeIsRefused) {
 }
 
 TEST_F(LoopbackConnection, AnIpv6SocketConnectedToTheIpv4ListenerIsFoundToo) {
-  // As gRPC's clients connect: an AF_INET6 socket to ::ffff:127.0.0.1, which the server sees
-  // as the IPv4 peer 127.0.0.1. Once it passed for a client on another host.
-  const int client6 = ::socket(AF_INET6, SOCK_STREAM, 0);
-  sockaddr_in6 address{};
-  address.sin6_family = AF_INET6;
-  address.sin6_port = htons(server_port_);
-  ASSERT_EQ(::inet_pton(AF_INET6, "::ffff:127.0.0.1", &address.sin6_addr), 1);
-  ASSERT_EQ(::connect(client6, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  socklen_t length = sizeof(address);
-  ::getsockname(client6, reinterpret_cast<sockaddr*>(&address), &length);
-  const int accepted = ::accept(listener_, nullptr, nullptr);
+  // Once it passed for a client on another host.
+  uint16_t port6 = 0;
+  const auto [client6, accepted] = ConnectThroughIpv6(&port6);
   const std::optional<std::string> refused =
-      ProcessTreePeers(::getpid()).Refusal("127.0.0.1", ntohs(address.sin6_port), server_port_);
+      ProcessTreePeers(::getpid()).Refusal("127.0.0.1", port6, server_port_);
   ::close(accepted);
   ::close(client6);
   ASSERT_TRUE(refused.has_value());
   EXPECT_THAT(*refused, HasSubstr("process " + std::to_string(::getpid())));
+}
+
+TEST_F(LoopbackConnection, TheProcNetTablesFindTheSameClients) {
+  // Where netlink sockets are refused (the packaged systemd unit), /proc/net/tcp and tcp6.
+  const ProcessTreePeers peers(::getpid(), /*sock_diag=*/false);
+  const std::optional<std::string> refused = peers.Refusal("127.0.0.1", client_port_, server_port_);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(*refused, HasSubstr("process " + std::to_string(::getpid())));
+  EXPECT_FALSE(peers.Refusal("192.0.2.7", client_port_, server_port_).has_value());
+  uint16_t port6 = 0;
+  const auto [client6, accepted] = ConnectThroughIpv6(&port6);
+  const bool mapped_refused = peers.Refusal("127.0.0.1", port6, server_port_).has_value();
+  ::close(accepted);
+  ::close(client6);
+  EXPECT_TRUE(mapped_refused);
 }
 
 TEST_F(LoopbackConnection, AClientOutsideTheTreeIsLetOn) {
