@@ -130,6 +130,9 @@ class FilterBuilder {
 // ioprio_set's `which` for a user (linux/ioprio.h, not in every distribution's headers).
 constexpr uint32_t kIoPriorityOfUser = 3;
 
+// clone's exit signal: the low byte of its flags.
+constexpr uint32_t kCloneExitSignal = 0xff;
+
 // TCP_AO_ADD_KEY (linux/tcp.h since 6.7, not in every distribution's headers).
 constexpr uint32_t kTcpAoAddKey = 38;
 
@@ -146,6 +149,7 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   const auto native = filter.NewLabel();
   const auto clone = filter.NewLabel();
   const auto unshare = filter.NewLabel();
+  const auto prctl = filter.NewLabel();
   const auto process_signal = filter.NewLabel();
   const auto own_process_signal = filter.NewLabel();
   const auto thread_signal = filter.NewLabel();
@@ -187,7 +191,11 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   // Limits: the serving process's own descriptor, memory or file-size limit lowered for good
   // (its hard limit cannot be raised again) would starve every model. Reading them is prlimit64
   // with no new limit.
-  filter.JumpIfOneOf(std::array{SYS_ptrace, SYS_setrlimit}, refuse);
+  // A filter of model code's own (seccomp, or prctl's PR_SET_SECCOMP), synchronized onto
+  // every thread, could fail the futex wakes every request waits on, or kill every thread
+  // that polls its sockets: the server's threads are not model code's to filter.
+  filter.JumpIfOneOf(std::array{SYS_ptrace, SYS_setrlimit, SYS_seccomp}, refuse);
+  filter.JumpIfEqual(SYS_prctl, prctl);
   filter.JumpIfEqual(SYS_prlimit64, limit);
   filter.Return(kAllow);
 
@@ -310,15 +318,25 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   // from /proc/<pid>/fd (peer_process.h): a thread with a descriptor table of its own would
   // hold sockets that no /proc/<pid>/fd lists. So a thread shares its process's table
   // (CLONE_FILES with CLONE_THREAD), and nothing unshares it.
+  //
+  // Its low byte is the signal the parent gets when the child ends: SIGKILL there, and a child
+  // that exits would end the serving process with no record of which model did it. A signal
+  // with a bit SIGCHLD lacks is refused: what passes is none (threads), SIGCHLD (fork,
+  // posix_spawn), and SIGHUP and SIGSTKFLT, whose bits SIGCHLD has and which the serving
+  // process ignores (IgnoreUnusedSignals).
   filter.Bind(clone);
   const auto thread = filter.NewLabel();
   filter.Load(Argument(0));
   filter.JumpIfAnyBit(CLONE_PARENT, refuse);
+  filter.JumpIfAnyBit(kCloneExitSignal & ~static_cast<uint32_t>(SIGCHLD), refuse);
   filter.JumpIfAnyBit(CLONE_THREAD, thread);
   filter.Return(kAllow);
   filter.Bind(thread);
   filter.JumpIfAnyBit(CLONE_FILES, allow);
   filter.Return(kRefuse);
+  filter.Bind(prctl);
+  filter.JumpIfArgumentIs(0, PR_SET_SECCOMP, refuse);
+  filter.Return(kAllow);
   filter.Bind(unshare);
   filter.Load(Argument(0));
   filter.JumpIfAnyBit(CLONE_FILES, refuse);

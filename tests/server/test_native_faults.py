@@ -640,7 +640,7 @@ class ManagementFromModelCodeTest(FaultsTest):
             # What would hide a socket from /proc/<pid>/fd, or act past the filter.
             status, _, body = self.hostile(server, "hidden_routes")
             self.assertEqual(status, 200, body)
-            self.assertEqual(json.loads(body)["outputs"][0]["data"], [1] * 8)
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [1] * 11)
             self.assert_echo_serves(server)
             status, _, body = curl("-X", "POST", "-d", "{}", f"http://127.0.0.1:"
                                    f"{server.management_port}/v2/repository/models/echo/unload")

@@ -96,7 +96,17 @@ def hidden_routes() -> list:
     no_ring = 1.0 if ring < 0 and ctypes.get_errno() == errno.ENOSYS else 0.0
     if ring >= 0:
         os.close(ring)
-    return [refused(unshare_files), refused(kill_signal_for_owner), no_ring,
+    def own_filter(call):
+        """A seccomp filter of its own (a null program: EFAULT where the call is allowed)."""
+        if call() != 0 and ctypes.get_errno() == errno.EPERM:
+            raise PermissionError(errno.EPERM, "refused")
+
+    import platform
+    seccomp = {"x86_64": 317, "aarch64": 277}[platform.machine()]
+    return [refused(lambda: own_filter(lambda: libc.syscall(seccomp, 1, 0, None))),
+            refused(lambda: own_filter(lambda: libc.prctl(22, 2, None, 0, 0))),  # PR_SET_SECCOMP
+            refused(lambda: clone_parent(9)),  # a child whose exit sends its parent SIGKILL
+            refused(unshare_files), refused(kill_signal_for_owner), no_ring,
             refused(trace_its_process), refused(lower_descriptor_limit),
             refused(lambda: socket_option(socket.SOL_SOCKET, 25, b"lo")),  # SO_BINDTODEVICE
             refused(lambda: socket_option(socket.IPPROTO_IP, 21, 255)),  # IP_MINTTL
@@ -124,17 +134,19 @@ def flood_pipes(megabytes: int) -> int:
     return flooded
 
 
-def clone_parent():
-    """A child of the supervisor's (clone with CLONE_PARENT), which exits at once."""
+def clone_parent(flags: int = 0x8000 | 17):
+    """A child made by a raw clone with `flags`, which exits at once: by default a child of the
+    supervisor's (CLONE_PARENT | SIGCHLD, fork-like)."""
     import ctypes
     import platform
     clone = {"x86_64": 56, "aarch64": 220}[platform.machine()]
     libc = ctypes.CDLL(None, use_errno=True)
-    pid = libc.syscall(clone, 0x8000 | 17, 0, 0, 0, 0)  # CLONE_PARENT | SIGCHLD, fork-like
+    pid = libc.syscall(clone, flags, 0, 0, 0, 0)
     if pid == 0:
         os._exit(0)
     if pid < 0:
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    os.waitpid(pid, 0)
 
 
 def listening_sockets():
