@@ -315,6 +315,17 @@ class HeldConnectionsTest(unittest.TestCase):
         shutil.rmtree(self.root)
 
 
+def read_until_closed(sock) -> bytes:
+    """Everything `sock` receives until the other end closes (or resets) it."""
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received
+
+
 def child_pids(pid: int) -> list[int]:
     children = []
     for task in os.listdir(f"/proc/{pid}/task"):

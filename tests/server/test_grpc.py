@@ -25,7 +25,8 @@ import unittest
 
 import grpc
 
-from server_fixtures import Server, SharedServerTest, curl, pack_model, pack_repository, post_json
+from server_fixtures import (Server, SharedServerTest, curl, pack_model, pack_repository, post_json,
+                             read_until_closed)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_DIR = os.path.join(HERE, "..", "..", "server", "grpc")
@@ -718,12 +719,7 @@ class IdleConnectionTest(SharedServerTest):
         with socket.create_connection(("127.0.0.1", self.server.grpc_port), timeout=10) as sock:
             sock.sendall(HTTP2_PREFACE)
             start = time.time()
-            received = b""
-            try:
-                while chunk := sock.recv(65536):
-                    received += chunk
-            except ConnectionResetError:
-                pass
+            received = read_until_closed(sock)
             elapsed = time.time() - start
         self.assertGreater(elapsed, 1.5)
         self.assertLess(elapsed, 8)

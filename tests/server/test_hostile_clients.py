@@ -19,17 +19,8 @@ import unittest
 
 from server_fixtures import (BINARY, HERE, HeldConnectionsTest, Server, SharedServerTest, child_pids,
                          curl, echo_request, pack_repository, pack_variant, post_json,
-                         metrics_text, resident_kib, slow_request, start_upload)
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    received = b""
-    try:
-        while chunk := sock.recv(65536):
-            received += chunk
-    except ConnectionResetError:
-        pass
-    return received
+                         metrics_text, read_until_closed, resident_kib, slow_request,
+                         start_upload)
 
 
 def exchange(port: int, request: bytes, source: str | None = None) -> bytes:
