@@ -27,8 +27,10 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc python3-grpcio
   python3-protobuf
   # the tensor engine: BLAS for GEMM-shaped work, oneDNN (2.x) for float32 convolution and
-  # linear, SLEEF for its vectorised math (exp, log, tanh, erf, ...) on AVX2 and AVX-512
-  libopenblas-dev libdnnl-dev libsleef-dev nlohmann-json3-dev
+  # linear, SLEEF for its vectorised math (exp, log, tanh, erf, ...) on AVX2 and AVX-512;
+  # Debian's oneDNN was built with its OpenCL GPU runtime, so its CMake package asks for OpenCL's
+  # headers and loader (which libdnnl-dev does not depend on)
+  libopenblas-dev libdnnl-dev libsleef-dev nlohmann-json3-dev ocl-icd-opencl-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev strace procps iproute2
   # the rolling-restart test's load balancer (tests/server/test_rolling_restart.py)
