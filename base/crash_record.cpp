@@ -13,6 +13,7 @@ namespace {
 
 constexpr size_t kModelChars = 160;
 constexpr size_t kActivityChars = 24;
+constexpr char kThreadPrefix[] = "thread:";
 
 struct Mark {
   bool set = false;
@@ -125,6 +126,39 @@ ScopedCrashContext::ScopedCrashContext(std::string_view model, int copy, std::st
 }
 
 ScopedCrashContext::~ScopedCrashContext() { current_mark.set = false; }
+
+InheritedCrashContext::InheritedCrashContext() {
+  static_assert(sizeof(model_) == kModelChars && sizeof(activity_) == kActivityChars);
+  const Mark& mark = current_mark;
+  if (!mark.set) return;
+  set_ = true;
+  copy_ = mark.copy;
+  python_stack_ = mark.python_stack;
+  std::memcpy(model_, mark.model, sizeof(model_));
+  // A thread started by a thread of a model's predict is "thread:predict"; one started by such a
+  // thread in turn keeps that activity rather than growing a prefix per generation.
+  const std::string_view activity(mark.activity);
+  if (activity.substr(0, sizeof(kThreadPrefix) - 1) == kThreadPrefix) {
+    Copy(activity_, sizeof(activity_), activity);
+  } else {
+    char prefixed[kActivityChars * 2] = {};
+    std::memcpy(prefixed, kThreadPrefix, sizeof(kThreadPrefix) - 1);
+    std::memcpy(prefixed + sizeof(kThreadPrefix) - 1, activity.data(), activity.size());
+    Copy(activity_, sizeof(activity_), prefixed);
+  }
+}
+
+void InheritedCrashContext::MarkCallingThread() const {
+  if (!set_) return;
+  alternate_stack.Ensure();
+  current_mark.copy = copy_;
+  // The copy's stack writer writes only for the thread that runs its current call, so on this
+  // thread it writes nothing: kept for the day it can say more, harmless until then.
+  current_mark.python_stack = python_stack_;
+  Copy(current_mark.model, sizeof(current_mark.model), model_);
+  Copy(current_mark.activity, sizeof(current_mark.activity), activity_);
+  current_mark.set = true;
+}
 
 void InstallCrashRecorder(int fd) {
   crash_fd = fd;

@@ -36,6 +36,7 @@
 #include "orochi/packaging/model_key.h"
 #include "orochi/server/server.h"
 #include "peer_process.h"
+#include "repository/repository_store.h"
 #include "supervisor_shield.h"
 
 namespace orochi::server {
@@ -285,6 +286,7 @@ class Supervisor {
     for (int unused : {SIGIO, SIGURG, SIGPIPE, SIGTTIN, SIGTTOU, SIGTSTP}) {
       ::signal(unused, SIG_IGN);
     }
+    LoadQuarantine();
     OROCHI_RETURN_IF_ERROR(
         Listen(config_.http.bind_address, config_.http.inference_port, inherited_.inference_fd));
     OROCHI_RETURN_IF_ERROR(
@@ -600,6 +602,30 @@ class Supervisor {
     }
   }
 
+  // Quarantines an earlier supervisor recorded (a container restarted, say) whose packages are
+  // still there unchanged: otherwise each new supervisor would meet a crashing package
+  // max_model_crashes times again before keeping it out.
+  void LoadQuarantine() {
+    if (config_.models.repository.empty()) return;
+    inherited_.quarantined = repository::RepositoryStore(config_.models.repository).ReadQuarantine();
+    for (const auto& [model_key, reason] : inherited_.quarantined) {
+      Log(LogLevel::kWarning, "model quarantined at an earlier start; not loading it",
+          {{"model", model_key}, {"reason", reason}});
+    }
+  }
+
+  void Quarantine(const std::string& model_key, const std::string& reason) {
+    inherited_.quarantined[model_key] = reason;
+    Log(LogLevel::kError, "model quarantined", {{"model", model_key}, {"reason", reason}});
+    if (config_.models.repository.empty()) return;
+    const Status saved = repository::RepositoryStore(config_.models.repository)
+                             .WriteQuarantine(inherited_.quarantined);
+    if (!saved.ok()) {
+      Log(LogLevel::kWarning, "the quarantine is not recorded in the repository",
+          {{"model", model_key}, {"error", saved.message()}});
+    }
+  }
+
   // A model version whose load ran past the load timeout at the start of the serving process
   // that just died would make the next start wait as long again (stuck in C, say, with nothing
   // to interrupt): the next serving process skips it, as a quarantined one.
@@ -611,8 +637,7 @@ class Supervisor {
           std::to_string(config_.models.load_timeout_s) +
           " s (models.load_timeout_s) at an earlier start; load it explicitly or deploy another "
           "version";
-      inherited_.quarantined[model_key] = reason;
-      Log(LogLevel::kError, "model quarantined", {{"model", model_key}, {"reason", reason}});
+      Quarantine(model_key, reason);
     }
   }
 
@@ -672,8 +697,7 @@ class Supervisor {
             std::to_string(crashes.size()) + " times within " +
             std::to_string(config_.supervisor.crash_window_s) +
             " s (supervisor.max_model_crashes); load it explicitly or deploy another version";
-        inherited_.quarantined[model_key] = reason;
-        Log(LogLevel::kError, "model quarantined", {{"model", model_key}, {"reason", reason}});
+        Quarantine(model_key, reason);
       }
     }
     fields.push_back({"restarts", std::to_string(inherited_.restarts), false});

@@ -2,6 +2,8 @@
 
 #include <cerrno>
 
+#include "orochi/base/crash_record.h"
+
 namespace orochi::interpreters {
 namespace {
 
@@ -9,6 +11,9 @@ struct Launch {
   std::shared_ptr<CopyThreads> threads;
   void* (*start_routine)(void*);
   void* argument;
+  // The starter's crash mark: a thread the copy starts during a model's load or predict runs
+  // that model's code, and a crash in it is that model's.
+  InheritedCrashContext crash_context;
 };
 
 pthread_key_t ExitKey();
@@ -17,6 +22,7 @@ void* Trampoline(void* raw_launch) {
   auto* launch = static_cast<Launch*>(raw_launch);
   // Owned by the key from here on; CopyThreadExited releases it when the thread ends.
   pthread_setspecific(ExitKey(), new std::shared_ptr<CopyThreads>(std::move(launch->threads)));
+  launch->crash_context.MarkCallingThread();
   void* (*start_routine)(void*) = launch->start_routine;
   void* argument = launch->argument;
   delete launch;
@@ -52,7 +58,7 @@ int CopyThreads::Start(pthread_t* thread, const pthread_attr_t* attributes,
     std::lock_guard lock(mutex_);
     ++running_;
   }
-  auto* launch = new Launch{shared_from_this(), start_routine, argument};
+  auto* launch = new Launch{shared_from_this(), start_routine, argument, {}};
   int error = pthread_create(thread, attributes, Trampoline, launch);
   if (error != 0) {
     delete launch;

@@ -918,6 +918,9 @@ Status HttpServer::Listen(const std::string& address, int port) {
   }
   port_ = acceptor_.local_endpoint().port();
   RegisterListeningPort(acceptor_.native_handle(), port_);
+  // Accept's accept answers would_block or connection_aborted rather than waits for the next.
+  acceptor_.non_blocking(true);
+  acceptor_.set_option(asio::socket_base::enable_connection_aborted(true));
   Accept();
   TendListenerEverySecond();
   return Status::Ok();
@@ -935,6 +938,9 @@ Status HttpServer::Adopt(int fd) {
   if (error) return Internal("cannot adopt listening socket: " + error.message());
   port_ = acceptor_.local_endpoint().port();
   RegisterListeningPort(acceptor_.native_handle(), port_);
+  // Accept's accept answers would_block or connection_aborted rather than waits for the next.
+  acceptor_.non_blocking(true);
+  acceptor_.set_option(asio::socket_base::enable_connection_aborted(true));
   Accept();
   TendListenerEverySecond();
   return Status::Ok();
@@ -970,9 +976,19 @@ void HttpServer::StopAccepting() {
 }
 
 void HttpServer::Accept() {
-  acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code error,
-                                                        tcp::socket socket) {
+  // Waits for a connection, then takes it. Asio's async_accept tries an accept first, which
+  // blocks this I/O thread until some client connects if model code has cleared O_NONBLOCK on
+  // the listener (the file description the supervisor shares; the upkeep sets it back within
+  // a second): after readiness there is a connection to take.
+  acceptor_.async_wait(tcp::acceptor::wait_read, [this](beast::error_code error) {
     if (error == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    tcp::socket socket(asio::make_strand(io_));
+    if (!error) acceptor_.accept(socket, error);
+    if (error == asio::error::would_block || error == asio::error::try_again ||
+        error == asio::error::connection_aborted) {
+      Accept();  // gone before it was taken
+      return;
+    }
     // A listener shut down fails every accept at once: the server drains and exits, nothing
     // to accept meanwhile. (Shared or shrunk ones are found by the upkeep.)
     if (error && !TendListener(acceptor_.native_handle())) {

@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "orochi/packaging/model_key.h"
+
 namespace orochi::server::repository {
 namespace {
 
@@ -22,6 +24,7 @@ namespace fs = std::filesystem;
 
 constexpr const char* kStateDirectory = ".orochi";
 constexpr const char* kPackageFile = "model.orochi";
+constexpr const char* kQuarantineFile = "quarantine.json";
 constexpr const char* kTrashPrefix = "trash-";
 // An upload file no server holds is left alone while it is this young and empty: the moment
 // between its creation and its lock.
@@ -268,6 +271,52 @@ Status RepositoryStore::WriteUnloaded(const std::set<std::string>& names) const 
   nlohmann::json state{{"unloaded", names}};
   return WriteFileAtomically((fs::path(root_) / kStateDirectory / "state.json").string(),
                              state.dump(2) + "\n");
+}
+
+std::map<std::string, std::string> RepositoryStore::ReadQuarantine() const {
+  std::map<std::string, std::string> quarantined;
+  std::ifstream file(fs::path(root_) / kStateDirectory / kQuarantineFile);
+  if (!file) return quarantined;
+  const nlohmann::json recorded = nlohmann::json::parse(file, nullptr, false);
+  if (!recorded.is_object() || !recorded.contains("quarantined") ||
+      !recorded["quarantined"].is_array()) {
+    return quarantined;
+  }
+  for (const nlohmann::json& entry : recorded["quarantined"]) {
+    if (!entry.is_object()) continue;
+    const std::string key = entry.value("model", "");
+    const nlohmann::json package = entry.value("package", nlohmann::json::object());
+    const Result<packaging::ModelKey> parsed = packaging::ModelKey::Parse(key);
+    if (!parsed.ok() || !package.is_object()) continue;
+    // The device number is left out: it may change when the volume is mounted again.
+    const std::optional<FileIdentity> current = Identify(parsed->name, parsed->version);
+    if (!current || current->inode != package.value("inode", uint64_t{0}) ||
+        current->size != package.value("size", int64_t{0}) ||
+        current->modified_ns != package.value("modified_ns", int64_t{0})) {
+      continue;  // deployed again since, or gone
+    }
+    quarantined[key] = entry.value("reason", std::string("quarantined"));
+  }
+  return quarantined;
+}
+
+Status RepositoryStore::WriteQuarantine(
+    const std::map<std::string, std::string>& quarantined) const {
+  nlohmann::json entries = nlohmann::json::array();
+  for (const auto& [key, reason] : quarantined) {
+    const Result<packaging::ModelKey> parsed = packaging::ModelKey::Parse(key);
+    if (!parsed.ok()) continue;
+    const std::optional<FileIdentity> package = Identify(parsed->name, parsed->version);
+    if (!package) continue;
+    entries.push_back({{"model", key},
+                       {"reason", reason},
+                       {"package",
+                        {{"inode", package->inode},
+                         {"size", package->size},
+                         {"modified_ns", package->modified_ns}}}});
+  }
+  return WriteFileAtomically((fs::path(root_) / kStateDirectory / kQuarantineFile).string(),
+                             nlohmann::json{{"quarantined", entries}}.dump(2) + "\n");
 }
 
 Status WriteFileAtomically(const std::string& path, const std::string& text) {

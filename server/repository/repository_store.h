@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -75,6 +76,15 @@ class RepositoryStore {
   // The models unloaded through the API, remembered across restarts (.orochi/state.json).
   std::set<std::string> ReadUnloaded() const;
   Status WriteUnloaded(const std::set<std::string>& names) const;
+
+  // Model versions quarantined by a supervisor ("name:version" -> why), remembered across
+  // supervisors (a container restart) in .orochi/quarantine.json with the identity of each
+  // version's package. WriteQuarantine records the packages as they are now (a version with no
+  // package is left out); ReadQuarantine returns the versions whose package is still the one
+  // recorded: deploying another package lifts the quarantine. A file that cannot be read or
+  // parsed quarantines nothing.
+  std::map<std::string, std::string> ReadQuarantine() const;
+  Status WriteQuarantine(const std::map<std::string, std::string>& quarantined) const;
 
  private:
   std::string root_;

@@ -37,6 +37,7 @@ def pack_repository(root: str) -> str:
 def pack_variant(root: str, name: str, code: str) -> str:
     """The slow test model's manifest around `code` (whose entry class is Hangs), as NAME."""
     source = os.path.join(root, f"{name}-source")
+    shutil.rmtree(source, ignore_errors=True)  # another variant of the same name before
     shutil.copytree(os.path.join(HERE, "models", "slow"), source)
     with open(os.path.join(source, "code", "model.py"), "w") as file:
         file.write(code)

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
@@ -31,6 +32,26 @@ import ctypes
 class Hangs:
     def __init__(self, context):
         ctypes.string_at(0)  # a native crash, as a C extension's bug would make one
+
+    def predict(self, inputs):
+        return {"done": [True]}
+'''
+
+# Starts a thread that crashes a moment after the load, outside any call of the model's.
+CRASHING_THREAD_INIT = '''
+import ctypes
+import threading
+import time
+
+
+def crash_later():
+    time.sleep(0.5)
+    ctypes.string_at(0)
+
+
+class Hangs:
+    def __init__(self, context):
+        threading.Thread(target=crash_later, daemon=True).start()
 
     def predict(self, inputs):
         return {"done": [True]}
@@ -285,6 +306,39 @@ class CrashDuringLoadTest(FaultsTest):
         finally:
             self.assertEqual(server.stop(), 0)
 
+    def test_a_quarantine_outlives_its_supervisor_until_the_package_changes(self):
+        # A quarantine lived in the supervisor's memory: each new supervisor (a container
+        # restarted) met the crashing package max_model_crashes times again.
+        self.place_package("crashinit", CRASHING_INIT)
+        config = {"supervisor": {"max_model_crashes": 2}}
+        server = Server(self.repository, config, copies=1)
+        try:
+            self.assertEqual(index(server)["crashinit"]["state"], "UNAVAILABLE")
+        finally:
+            self.assertEqual(server.stop(), 0)
+        server = Server(self.repository, config, copies=1)
+        try:
+            log = server.log_text()
+            self.assertNotIn("the serving process died", log)
+            self.assertRegex(log, r"model quarantined at an earlier start; not loading it "
+                                  r"model=crashinit:1 reason=\"quarantined: model crashinit:1 "
+                                  r"crashed the server 2 times")
+            states = index(server)
+            self.assertEqual(states["crashinit"]["state"], "UNAVAILABLE")
+            self.assertIn("crashed the server 2 times", states["crashinit"]["reason"])
+            self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+        # Another package in its place is another model: it is loaded.
+        shutil.rmtree(os.path.join(self.repository, "crashinit"))
+        self.place_package("crashinit", SLOW_INIT)
+        server = Server(self.repository, config, copies=1)
+        try:
+            self.assertEqual(index(server)["crashinit"]["state"], "READY")
+            self.assertNotIn("quarantined", server.log_text())
+        finally:
+            self.assertEqual(server.stop(), 0)
+
     def test_a_package_killed_at_start_without_a_record_is_quarantined(self):
         # A SIGKILL leaves no crash record: such a package once killed every start, forever,
         # with restarts backing off to seconds, and no model to quarantine.
@@ -306,6 +360,32 @@ class CrashDuringLoadTest(FaultsTest):
             server.wait_for_serving(2)
             self.assertIn("the serving process died; restarting it signal=SIGKILL restarts=3",
                           server.log_text())
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class ModelThreadCrashTest(FaultsTest):
+
+    def test_a_crash_in_a_thread_a_model_started_is_recorded_against_it(self):
+        # A thread started by model code ran no call of the model's, so its crash once named no
+        # model: a package crashing the server a moment after each start was never quarantined.
+        self.place_package("threadcrash", CRASHING_THREAD_INIT)
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {"supervisor": {"max_model_crashes": 2}}, copies=1)
+        try:
+            server.wait_for_serving(3)
+            log = server.log_text()
+            self.assertEqual(len(re.findall(r"the serving process died; restarting it "
+                                            r"signal=SIGSEGV model=threadcrash:1 copy=0 "
+                                            r"activity=thread:load ", log)), 2, log)
+            self.assertEqual(index(server)["threadcrash"]["state"], "UNAVAILABLE")
+            self.assert_echo_serves(server)
+            # A thread a predict starts is its model's too.
+            self.assertEqual(self.hostile(server, "thread_segfault")[0], 200)
+            server.wait_for_serving(4)
+            self.assertRegex(server.log_text(), r"the serving process died; restarting it "
+                                                r"signal=SIGSEGV model=hostile:1 copy=0 "
+                                                r"activity=thread:predict ")
         finally:
             self.assertEqual(server.stop(), 0)
 
@@ -547,6 +627,24 @@ class ListenerShutdownTest(FaultsTest):
             for _ in range(3):
                 self.assertEqual(status_of(server.url("/v2/health/ready")), 200)
             self.assert_echo_serves(server)
+
+    def test_an_accept_never_waits_on_a_listener_made_blocking(self):
+        # Asio tried an accept before waiting for a connection: on listeners made blocking, one
+        # connection to each of two ports left both I/O threads waiting in accept, and every
+        # port stalled (the listeners' upkeep too) until someone connected to those two again.
+        pack_model(self.repository, "hostile")
+        server = Server(self.repository, {"supervisor": {"liveness_timeout_s": 0},
+                                          "http": {"io_threads": 2}}, copies=1)
+        try:
+            status, _, body = self.hostile(server, "clear_nonblocking")
+            self.assertEqual(status, 200, body)
+            for port in (server.port, server.management_port):
+                socket.create_connection(("127.0.0.1", port)).close()
+            status, _, _ = curl("--max-time", "5", f"http://127.0.0.1:{server.metrics_port}/metrics")
+            self.assertEqual(status, 200, "the metrics port stalled")
+            self.assertEqual(status_of(server.url("/v2/health/ready")), 200)
+        finally:
+            self.assertEqual(server.stop(), 0)
 
     def test_a_listener_shared_through_so_reuseport_is_replaced(self):
         # With SO_REUSEPORT on the inference listener, a daemon's socket on the port took part

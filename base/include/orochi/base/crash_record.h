@@ -19,6 +19,11 @@
 // formatted by hand and written with write(2), then the signal is raised again with its
 // default action so that the process still dies of it.
 //
+// A thread that model code starts (Python's threading, a C extension's own workers) runs that
+// model's code as much as its predict does, but outside any call: InheritedCrashContext carries
+// the starting thread's mark over to it, so that a crash there names the model too
+// ("activity=thread:predict").
+//
 // Thread-safety: ScopedCrashContext marks the calling thread only, and marks do not nest (a
 // thread runs one predict or one load at a time); InstallCrashRecorder is called once, before
 // the threads that may crash start.
@@ -41,6 +46,23 @@ class ScopedCrashContext {
   ~ScopedCrashContext();  // the thread is unmarked again
   ScopedCrashContext(const ScopedCrashContext&) = delete;
   ScopedCrashContext& operator=(const ScopedCrashContext&) = delete;
+};
+
+// The mark of the thread that creates it, for the thread that thread starts.
+class InheritedCrashContext {
+ public:
+  // Captures the calling thread's mark, if it has one.
+  InheritedCrashContext();
+  // Marks the calling thread (the started one) with the captured mark for the rest of its life,
+  // its activity prefixed with "thread:"; does nothing if the starter had no mark.
+  void MarkCallingThread() const;
+
+ private:
+  bool set_ = false;
+  int copy_ = -1;
+  char model_[160] = {};
+  char activity_[24] = {};
+  ScopedCrashContext::PythonStackWriter python_stack_ = nullptr;
 };
 
 // Handles SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP and SIGSYS by writing a crash line to

@@ -305,6 +305,10 @@ class Hostile:
         elif mode == "segfault":  # a native crash, as a C extension's bug would make one
             import ctypes
             ctypes.string_at(0)
+        elif mode == "thread_segfault":  # the same, a moment later in a thread of its own
+            import ctypes
+            import threading
+            threading.Timer(0.2, ctypes.string_at, (0,)).start()
         elif mode == "stack_overflow":  # C recursion that the raised recursion limit lets run
             sys.setrecursionlimit(1 << 30)
             nested = []
