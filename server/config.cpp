@@ -285,7 +285,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
 
   ObjectReader supervisor = root.Child("supervisor");
   OROCHI_RETURN_IF_ERROR(
-      supervisor.Check({"enabled", "max_model_crashes", "crash_window_s", "liveness_timeout_s"}));
+      supervisor.Check({"enabled", "max_model_crashes", "crash_window_s", "liveness_timeout_s",
+                        "max_model_processes"}));
   OROCHI_RETURN_IF_ERROR(supervisor.Boolean("enabled", &config.supervisor.enabled));
   OROCHI_RETURN_IF_ERROR(
       supervisor.Integer("max_model_crashes", &config.supervisor.max_model_crashes, 1, 1'000'000));
@@ -293,6 +294,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
                                             int64_t{86400} * 30));
   OROCHI_RETURN_IF_ERROR(
       supervisor.Integer("liveness_timeout_s", &config.supervisor.liveness_timeout_s, 0, 3600));
+  OROCHI_RETURN_IF_ERROR(supervisor.Integer("max_model_processes",
+                                            &config.supervisor.max_model_processes, 0, 1'000'000));
 
   ObjectReader log = root.Child("log");
   OROCHI_RETURN_IF_ERROR(log.Check({"level", "format", "requests"}));

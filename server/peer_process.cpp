@@ -15,6 +15,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string_view>
@@ -229,6 +230,22 @@ std::map<pid_t, std::vector<pid_t>> ChildrenByParent() {
   return children;
 }
 
+// When `pid` started, in clock ticks since boot (/proc/<pid>/stat's 22nd field); 0 if gone.
+uint64_t StartTime(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return 0;
+  const size_t command_end = line.rfind(')');
+  if (command_end == std::string::npos) return 0;
+  std::istringstream fields(line.substr(command_end + 1));
+  std::string field;
+  for (int skipped = 0; skipped < 19 && fields >> field; ++skipped) {  // fields 3 to 21
+  }
+  uint64_t start = 0;
+  fields >> start;
+  return start;
+}
+
 // Whether `pid` holds one of the sockets `wanted` ("socket:[inode]").
 bool HoldsSocket(pid_t pid, const std::vector<std::string>& wanted) {
   const std::string directory = "/proc/" + std::to_string(pid) + "/fd";
@@ -273,6 +290,27 @@ std::vector<pid_t> ProcessesHoldingSockets(pid_t root, const std::vector<unsigne
     }
   }
   return holders;
+}
+
+std::vector<pid_t> ProcessesUnder(pid_t root, const std::vector<pid_t>& except) {
+  const std::map<pid_t, std::vector<pid_t>> children = ChildrenByParent();
+  std::vector<std::pair<uint64_t, pid_t>> found;  // (start time, pid)
+  std::vector<pid_t> pending{root};
+  while (!pending.empty()) {
+    const pid_t pid = pending.back();
+    pending.pop_back();
+    if (std::find(except.begin(), except.end(), pid) == except.end()) {
+      found.emplace_back(StartTime(pid), pid);
+    }
+    if (auto listed = children.find(pid); listed != children.end()) {
+      pending.insert(pending.end(), listed->second.begin(), listed->second.end());
+    }
+  }
+  std::sort(found.begin(), found.end(), std::greater<>());
+  std::vector<pid_t> youngest_first;
+  youngest_first.reserve(found.size());
+  for (const auto& [start, pid] : found) youngest_first.push_back(pid);
+  return youngest_first;
 }
 
 std::optional<std::string> ProcessTreePeers::Refusal(const std::string& peer_address,

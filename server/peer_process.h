@@ -31,6 +31,10 @@ std::vector<pid_t> ProcessesHoldingSockets(pid_t root, const std::vector<unsigne
                                            const std::vector<pid_t>& except,
                                            size_t most = static_cast<size_t>(-1));
 
+// The processes under `root` (itself included), but those in `except`, youngest first (by their
+// start time). From /proc, as above.
+std::vector<pid_t> ProcessesUnder(pid_t root, const std::vector<pid_t>& except);
+
 class ProcessTreePeers {
  public:
   // `tree_root`: the supervisor's pid, or this process's own without a supervisor. Sockets are

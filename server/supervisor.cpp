@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -268,6 +269,35 @@ class ServerLogForwarder {
   Clock::time_point refilled_ = Clock::now();
   int64_t dropped_ = 0;
 };
+
+// supervisor.max_model_processes, lowered to half of the limits every process of this user
+// and container counts against (RLIMIT_NPROC, the pids cgroup's pids.max), so that what model
+// code starts leaves the serving process room for its threads. 0: no bound.
+size_t ModelProcessBound(int64_t configured) {
+  if (configured <= 0) return 0;
+  auto bound = static_cast<uint64_t>(configured);
+  rlimit processes{};
+  if (::getrlimit(RLIMIT_NPROC, &processes) == 0 && processes.rlim_cur != RLIM_INFINITY) {
+    bound = std::min<uint64_t>(bound, processes.rlim_cur / 2);
+  }
+  // cgroup v2 ("0::/path") or v1's pids controller ("N:pids:/path").
+  std::ifstream groups("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(groups, line)) {
+    std::string directory;
+    if (line.starts_with("0::")) {
+      directory = "/sys/fs/cgroup" + line.substr(3);
+    } else if (const size_t at = line.find(":pids:"); at != std::string::npos) {
+      directory = "/sys/fs/cgroup/pids" + line.substr(at + 6);
+    } else {
+      continue;
+    }
+    std::ifstream limit(directory + "/pids.max");
+    uint64_t most = 0;
+    if (limit >> most) bound = std::min<uint64_t>(bound, most / 2);  // "max": no limit
+  }
+  return static_cast<size_t>(std::max<uint64_t>(bound, 1));
+}
 
 class Supervisor {
  public:
@@ -722,6 +752,12 @@ class Supervisor {
       constexpr size_t kProbesFrom = 5;
       probe_.AddTo(watched);
       int wait_ms = probe_.WaitMs(Clock::now());
+      if (serving_ != 0 && report_.ready) {  // the upkeep of TendServingProcess, every second
+        const auto upkeep_ms = static_cast<int>(std::max<int64_t>(
+            0, std::chrono::duration_cast<std::chrono::milliseconds>(next_upkeep_ - Clock::now())
+                   .count()));
+        wait_ms = wait_ms < 0 ? upkeep_ms : std::min(wait_ms, upkeep_ms);
+      }
       if (timeout) {
         const auto left = static_cast<int>(std::max<int64_t>(
             0,
@@ -748,27 +784,27 @@ class Supervisor {
     }
   }
 
-  // Once the serving process serves: asks its ports (LivenessProbe) and kills what it started
-  // that holds a listener. The port left unanswered for supervisor.liveness_timeout_s, if any.
+  // Once the serving process serves: each second kills what it started that holds a listener
+  // or is past supervisor.max_model_processes, and asks its ports (LivenessProbe). The port
+  // left unanswered for supervisor.liveness_timeout_s, if any.
   std::optional<int> TendServingProcess(const std::vector<pollfd>& watched, size_t probes_from) {
     const Clock::time_point now = Clock::now();
-    if (serving_ == 0 || !report_.ready || config_.supervisor.liveness_timeout_s == 0) {
-      return std::nullopt;
+    if (serving_ == 0 || !report_.ready) return std::nullopt;
+    if (now >= next_upkeep_) {
+      next_upkeep_ = now + std::chrono::seconds(1);
+      KillListenerHolders();
+      BoundModelProcesses();
     }
+    if (config_.supervisor.liveness_timeout_s == 0) return std::nullopt;
     if (!probe_.running()) {
       std::vector<LivenessProbe::Port> ports;
       for (const Listener& listener : listeners_) {
         ports.push_back({listener.address, listener.port, listener.http2});
       }
       probe_.Start(std::move(ports), now);
-      next_holder_check_ = now;
       return std::nullopt;
     }
     probe_.Advance(watched, probes_from, now);
-    if (now >= next_holder_check_) {
-      next_holder_check_ = now + std::chrono::seconds(1);
-      KillListenerHolders();
-    }
     return probe_.Unanswered(std::chrono::seconds(config_.supervisor.liveness_timeout_s), now);
   }
 
@@ -789,6 +825,30 @@ class Supervisor {
           {{"pid", std::to_string(holder), false}});
       ::kill(holder, SIGKILL);
     }
+  }
+
+  // What model code starts (forks, spawns, daemons it left) counts against the user's process
+  // limit and a container's pids limit, as the serving process's own threads do: 284 sleeping
+  // children once left gRPC none to start. Past supervisor.max_model_processes (and never past
+  // half of those limits) the youngest are killed.
+  void BoundModelProcesses() {
+    const size_t bound = ModelProcessBound(config_.supervisor.max_model_processes);
+    if (bound == 0) return;
+    const std::vector<pid_t> processes = ProcessesUnder(::getpid(), {::getpid(), serving_});
+    if (processes.size() <= bound) {
+      processes_bounded_ = false;
+      return;
+    }
+    const size_t excess = processes.size() - bound;
+    for (size_t i = 0; i < excess; ++i) ::kill(processes[i], SIGKILL);  // youngest first
+    if (!processes_bounded_) {
+      Log(LogLevel::kError,
+          "model code started more processes than it may have; killed the youngest",
+          {{"processes", std::to_string(processes.size()), false},
+           {"bound", std::to_string(bound), false},
+           {"killed", std::to_string(excess), false}});
+    }
+    processes_bounded_ = true;
   }
 
   void ReadReportNow() {
@@ -836,7 +896,8 @@ class Supervisor {
   std::optional<mode_t> repository_modes_[2];  // see RestoreRepositoryModes
   pid_t serving_ = 0;                          // the serving process while it runs
   bool rebind_listeners_ = false;              // every listener bound afresh before the next start
-  Clock::time_point next_holder_check_{};
+  Clock::time_point next_upkeep_{};  // see TendServingProcess
+  bool processes_bounded_ = false;    // BoundModelProcesses killed some; logged once a burst
   int report_fd_ = -1;        // the serving process's report pipe, while it runs
   bool report_open_ = false;  // its write end not closed yet
   Report report_;             // what came on it so far

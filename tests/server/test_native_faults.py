@@ -172,11 +172,11 @@ class FaultsTest(unittest.TestCase):
         shutil.rmtree(self.root)
 
     @contextlib.contextmanager
-    def hostile_server(self, stop_message=None):
+    def hostile_server(self, stop_message=None, config=None):
         """A server with one copy and the test models, hostile among them; it must stop with
         status 0."""
         pack_model(self.repository, "hostile")
-        server = Server(self.repository, {}, copies=1)
+        server = Server(self.repository, config or {}, copies=1)
         try:
             yield server
         finally:
@@ -842,6 +842,30 @@ class LivenessTest(FaultsTest):
             self.assertIn(f"a process the serving process started held a listening socket; "
                           f"killed it pid={holder}", server.log_text())
             self.assert_echo_serves(server)
+
+
+class ModelProcessesTest(FaultsTest):
+
+    def test_model_code_keeps_at_most_max_model_processes(self):
+        # 284 sleeping children (the user's process limit) once left the serving process no
+        # room for threads: gRPC calls failed while they lived.
+        with self.hostile_server(config={"supervisor": {"max_model_processes": 5}}) as server:
+            serving = server.serving_pid
+            status, _, body = self.hostile(server, "spawn_sleepers:12")
+            self.assertEqual(status, 200, body)
+            sleepers = [int(pid) for pid in json.loads(body)["outputs"][0]["data"]]
+            deadline = time.time() + 10
+            while time.time() < deadline and sum(map(process_alive, sleepers)) > 5:
+                time.sleep(0.1)
+            # The youngest went; the five oldest still run.
+            self.assertEqual([process_alive(pid) for pid in sleepers], [True] * 5 + [False] * 7)
+            self.assertIn("model code started more processes than it may have; killed the "
+                          "youngest processes=12 bound=5 killed=7", server.log_text())
+            self.assertEqual(server.serving_pid, serving)
+            self.assertTrue(process_alive(serving))
+            self.assert_echo_serves(server)
+            for pid in sleepers[:5]:
+                os.kill(pid, signal.SIGKILL)
 
 
 class ReloadTimeoutTest(FaultsTest):

@@ -172,6 +172,10 @@ struct SupervisorConfig {
   // A serving process that served and then leaves one of its ports unanswered this long (the
   // supervisor asks each port every second) is killed and restarted on fresh listeners. 0: off.
   int64_t liveness_timeout_s = 5;
+  // Processes model code may have at once (what it forks or spawns, and their descendants):
+  // past it the youngest are killed within a second. Half the user's process limit or the
+  // container's pids limit, if lower, bounds it too. 0: no bound.
+  int64_t max_model_processes = 256;
 };
 
 struct ServerConfig {

@@ -318,6 +318,10 @@ class Hostile:
         elif mode.startswith("chmod:"):  # chmod:<octal mode>:<path>
             _, bits, path = mode.split(":", 2)
             os.chmod(path, int(bits, 8))
+        elif mode.startswith("spawn_sleepers:"):  # spawn_sleepers:<count>, oldest first
+            import subprocess
+            count = int(mode.split(":")[1])
+            return {"out": [float(subprocess.Popen(["sleep", "60"]).pid) for _ in range(count)]}
         elif mode == "spawn_listener_holder":
             return {"out": [float(spawn_listener_holder())]}
         elif mode == "exhaust_descriptors":  # leaks files until the process has none left
