@@ -284,9 +284,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(python.Strings("site_packages", &config.python.site_packages));
 
   ObjectReader supervisor = root.Child("supervisor");
-  OROCHI_RETURN_IF_ERROR(
-      supervisor.Check({"enabled", "max_model_crashes", "crash_window_s", "liveness_timeout_s",
-                        "max_model_processes"}));
+  OROCHI_RETURN_IF_ERROR(supervisor.Check({"enabled", "max_model_crashes", "crash_window_s",
+                                           "liveness_timeout_s", "max_model_processes"}));
   OROCHI_RETURN_IF_ERROR(supervisor.Boolean("enabled", &config.supervisor.enabled));
   OROCHI_RETURN_IF_ERROR(
       supervisor.Integer("max_model_crashes", &config.supervisor.max_model_crashes, 1, 1'000'000));

@@ -637,7 +637,8 @@ class Supervisor {
   // max_model_crashes times again before keeping it out.
   void LoadQuarantine() {
     if (config_.models.repository.empty()) return;
-    inherited_.quarantined = repository::RepositoryStore(config_.models.repository).ReadQuarantine();
+    inherited_.quarantined =
+        repository::RepositoryStore(config_.models.repository).ReadQuarantine();
     for (const auto& [model_key, reason] : inherited_.quarantined) {
       Log(LogLevel::kWarning, "model quarantined at an earlier start; not loading it",
           {{"model", model_key}, {"reason", reason}});
@@ -896,11 +897,11 @@ class Supervisor {
   std::optional<mode_t> repository_modes_[2];  // see RestoreRepositoryModes
   pid_t serving_ = 0;                          // the serving process while it runs
   bool rebind_listeners_ = false;              // every listener bound afresh before the next start
-  Clock::time_point next_upkeep_{};  // see TendServingProcess
-  bool processes_bounded_ = false;    // BoundModelProcesses killed some; logged once a burst
-  int report_fd_ = -1;        // the serving process's report pipe, while it runs
-  bool report_open_ = false;  // its write end not closed yet
-  Report report_;             // what came on it so far
+  Clock::time_point next_upkeep_{};            // see TendServingProcess
+  bool processes_bounded_ = false;  // BoundModelProcesses killed some; logged once a burst
+  int report_fd_ = -1;              // the serving process's report pipe, while it runs
+  bool report_open_ = false;        // its write end not closed yet
+  Report report_;                   // what came on it so far
   Clock::time_point started_;
   std::map<std::string, std::deque<Clock::time_point>> crash_times_;  // by model key
 };
