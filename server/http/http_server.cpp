@@ -919,8 +919,9 @@ Status HttpServer::Listen(const std::string& address, int port) {
   port_ = acceptor_.local_endpoint().port();
   RegisterListeningPort(acceptor_.native_handle(), port_);
   // Accept's accept answers would_block or connection_aborted rather than waits for the next.
-  acceptor_.non_blocking(true);
-  acceptor_.set_option(asio::socket_base::enable_connection_aborted(true));
+  acceptor_.non_blocking(true, error);
+  if (!error) acceptor_.set_option(asio::socket_base::enable_connection_aborted(true), error);
+  if (error) return Internal("cannot make the listener non-blocking: " + error.message());
   Accept();
   TendListenerEverySecond();
   return Status::Ok();
@@ -939,8 +940,9 @@ Status HttpServer::Adopt(int fd) {
   port_ = acceptor_.local_endpoint().port();
   RegisterListeningPort(acceptor_.native_handle(), port_);
   // Accept's accept answers would_block or connection_aborted rather than waits for the next.
-  acceptor_.non_blocking(true);
-  acceptor_.set_option(asio::socket_base::enable_connection_aborted(true));
+  acceptor_.non_blocking(true, error);
+  if (!error) acceptor_.set_option(asio::socket_base::enable_connection_aborted(true), error);
+  if (error) return Internal("cannot make the listener non-blocking: " + error.message());
   Accept();
   TendListenerEverySecond();
   return Status::Ok();

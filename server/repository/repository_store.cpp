@@ -25,6 +25,7 @@ namespace fs = std::filesystem;
 constexpr const char* kStateDirectory = ".orochi";
 constexpr const char* kPackageFile = "model.orochi";
 constexpr const char* kQuarantineFile = "quarantine.json";
+constexpr size_t kMostReasonChars = 1024;  // of a quarantine's recorded reason
 constexpr const char* kTrashPrefix = "trash-";
 // An upload file no server holds is left alone while it is this young and empty: the moment
 // between its creation and its lock.
@@ -283,19 +284,33 @@ std::map<std::string, std::string> RepositoryStore::ReadQuarantine() const {
     return quarantined;
   }
   for (const nlohmann::json& entry : recorded["quarantined"]) {
-    if (!entry.is_object()) continue;
-    const std::string key = entry.value("model", "");
-    const nlohmann::json package = entry.value("package", nlohmann::json::object());
+    // Model code owns these files too: an entry of the wrong shape is passed over, never thrown.
+    if (!entry.is_object() || !entry.contains("model") || !entry["model"].is_string() ||
+        !entry.contains("package") || !entry["package"].is_object()) {
+      continue;
+    }
+    const std::string key = entry["model"].get<std::string>();
+    const nlohmann::json& package = entry["package"];
     const Result<packaging::ModelKey> parsed = packaging::ModelKey::Parse(key);
-    if (!parsed.ok() || !package.is_object()) continue;
+    const auto number = [&package](const char* field) -> std::optional<int64_t> {
+      if (!package.contains(field) || !package[field].is_number_integer()) return std::nullopt;
+      return package[field].get<int64_t>();
+    };
+    const std::optional<int64_t> inode = number("inode");
+    const std::optional<int64_t> size = number("size");
+    const std::optional<int64_t> modified_ns = number("modified_ns");
+    if (!parsed.ok() || !inode || !size || !modified_ns) continue;
     // The device number is left out: it may change when the volume is mounted again.
     const std::optional<FileIdentity> current = Identify(parsed->name, parsed->version);
-    if (!current || current->inode != package.value("inode", uint64_t{0}) ||
-        current->size != package.value("size", int64_t{0}) ||
-        current->modified_ns != package.value("modified_ns", int64_t{0})) {
+    if (!current || current->inode != static_cast<uint64_t>(*inode) || current->size != *size ||
+        current->modified_ns != *modified_ns) {
       continue;  // deployed again since, or gone
     }
-    quarantined[key] = entry.value("reason", std::string("quarantined"));
+    std::string reason = "quarantined at an earlier start";
+    if (entry.contains("reason") && entry["reason"].is_string()) {
+      reason = entry["reason"].get<std::string>().substr(0, kMostReasonChars);
+    }
+    quarantined[key] = std::move(reason);
   }
   return quarantined;
 }

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -207,6 +208,43 @@ TEST_F(RepositoryStoreTest, TheStateFileIsReplacedWhole) {
   }
   std::sort(files.begin(), files.end());
   EXPECT_THAT(files, ElementsAre("state.json", "uploads")) << "no temporary left behind";
+}
+
+TEST_F(RepositoryStoreTest, AQuarantineHoldsUntilItsPackageIsReplaced) {
+  ASSERT_TRUE(store_.Publish("m", 1, Upload("crashes")).ok());
+  ASSERT_TRUE(store_.Publish("n", 2, Upload("crashes too")).ok());
+  EXPECT_THAT(store_.ReadQuarantine(), IsEmpty());
+  // A version with no package is not recorded: nothing would tell its next package apart.
+  ASSERT_TRUE(
+      store_.WriteQuarantine({{"m:1", "crashed"}, {"n:2", "stuck"}, {"gone:1", "crashed"}}).ok());
+  EXPECT_EQ(store_.ReadQuarantine(),
+            (std::map<std::string, std::string>{{"m:1", "crashed"}, {"n:2", "stuck"}}));
+  RepositoryStore::RemoveTrash(*store_.MoveToTrash("m", 1));
+  ASSERT_TRUE(store_.Publish("m", 1, Upload("fixed")).ok());
+  EXPECT_EQ(store_.ReadQuarantine(), (std::map<std::string, std::string>{{"n:2", "stuck"}}));
+}
+
+TEST_F(RepositoryStoreTest, AQuarantineFileOfTheWrongShapeQuarantinesNothingAndThrowsNothing) {
+  ASSERT_TRUE(store_.Publish("m", 1, Upload("package")).ok());
+  const fs::path file = root_ / ".orochi" / "quarantine.json";
+  for (const std::string& text :
+       {std::string("not json"), std::string("[]"), std::string(R"({"quarantined": 7})"),
+        std::string(R"({"quarantined": [7, "m:1", null]})"),
+        std::string(R"({"quarantined": [{"model": 1, "package": {}}]})"),
+        std::string(R"({"quarantined": [{"model": "m:1", "package": {"inode": "1"}}]})"),
+        std::string(R"({"quarantined": [{"model": "m:1", "package": []}]})"),
+        std::string(R"({"quarantined": [{"model": "m", "package": {"inode": 1, "size": 1,
+                                         "modified_ns": 1}}]})")}) {
+    Write(file, text);
+    EXPECT_THAT(store_.ReadQuarantine(), IsEmpty()) << text;
+  }
+  // The right shape with a reason of the wrong type still holds, with a reason of its own.
+  ASSERT_TRUE(store_.WriteQuarantine({{"m:1", "crashed"}}).ok());
+  std::string recorded = Read(file);
+  recorded.replace(recorded.find("\"crashed\""), 9, "[1, 2]");
+  Write(file, recorded);
+  EXPECT_EQ(store_.ReadQuarantine(),
+            (std::map<std::string, std::string>{{"m:1", "quarantined at an earlier start"}}));
 }
 
 }  // namespace
