@@ -66,6 +66,8 @@ struct Report {
   std::vector<std::string> python_stack;
   // Model versions whose load ran past the load timeout at its start ("stuck_load" lines).
   std::vector<std::string> stuck_loads;
+  // Quarantined versions an operator loaded explicitly since the last read ("lifted" lines).
+  std::vector<std::string> lifted;
   std::string unfinished;  // a line read without its end yet
   // The model version whose load at the start began last ("loading" lines, before "ready"):
   // a death there with no crash record (SIGKILL from the kernel's OOM killer, say) is put on
@@ -107,6 +109,10 @@ Report ReadReport(int fd, Report report, bool stuck_loads_plausible) {
       report.ready = true;
     } else if (line.starts_with("loading model=")) {
       if (!report.ready) report.loading = line.substr(sizeof("loading model=") - 1);
+    } else if (line.starts_with("lifted model=")) {
+      if (report.lifted.size() < kMostLinesKept) {
+        report.lifted.push_back(line.substr(sizeof("lifted model=") - 1));
+      }
     } else if (line.starts_with("stuck_load model=")) {
       if (stuck_loads_plausible && !report.ready && report.stuck_loads.size() < kMostLinesKept) {
         report.stuck_loads.push_back(line.substr(sizeof("stuck_load model=") - 1));
@@ -648,12 +654,16 @@ class Supervisor {
   void Quarantine(const std::string& model_key, const std::string& reason) {
     inherited_.quarantined[model_key] = reason;
     Log(LogLevel::kError, "model quarantined", {{"model", model_key}, {"reason", reason}});
+    SaveQuarantine();
+  }
+
+  void SaveQuarantine() {
     if (config_.models.repository.empty()) return;
     const Status saved = repository::RepositoryStore(config_.models.repository)
                              .WriteQuarantine(inherited_.quarantined);
     if (!saved.ok()) {
       Log(LogLevel::kWarning, "the quarantine is not recorded in the repository",
-          {{"model", model_key}, {"error", saved.message()}});
+          {{"error", saved.message()}});
     }
   }
 
@@ -857,6 +867,13 @@ class Supervisor {
     const bool stuck_loads_plausible =
         Clock::now() - started_ >= std::chrono::seconds(config_.models.load_timeout_s);
     report_ = ReadReport(report_fd_, std::move(report_), stuck_loads_plausible);
+    if (report_.lifted.empty()) return;
+    bool changed = false;
+    for (const std::string& model_key : report_.lifted) {
+      changed = inherited_.quarantined.erase(model_key) != 0 || changed;
+    }
+    report_.lifted.clear();
+    if (changed) SaveQuarantine();
   }
 
   // Whether `sender` is the serving process `child` or a process of its group (what its models

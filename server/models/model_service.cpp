@@ -374,6 +374,18 @@ void ModelService::ReportToSupervisor(const char* what, const std::string& name)
   }
 }
 
+void ModelService::LiftQuarantine(const std::string& name, int64_t version) {
+  const std::string key = packaging::ModelKey{name, version}.ToString();
+  {
+    std::lock_guard lock(mutex_);
+    if (quarantined_.erase(key) == 0) return;
+  }
+  Log(LogLevel::kInfo, "quarantine lifted: loaded explicitly", {{"model", key}});
+  if (report_fd_ < 0) return;
+  const std::string line = "lifted model=" + key + "\n";
+  [[maybe_unused]] const ssize_t written = ::write(report_fd_, line.data(), line.size());
+}
+
 bool ModelService::SkipQuarantined(const std::string& name) {
   bool skipped = false;
   const Result<std::vector<int64_t>> selected = SelectedVersions(name);
@@ -440,6 +452,7 @@ Result<std::string> ModelService::LoadModelLocked(const std::string& name,
   for (int64_t version : selected) {
     if (std::find(loaded.begin(), loaded.end(), version) == loaded.end()) {
       OROCHI_RETURN_IF_ERROR(LoadVersion(name, version, overrides));
+      LiftQuarantine(name, version);
     }
   }
   // The new versions serve now; the old ones finish what they hold and go.

@@ -243,6 +243,9 @@ class ModelService : public SchedulerObserver {
   // Whether `name` has a selected version that is quarantined: if so it is left unloaded, its
   // reason recorded and logged, and the start goes on without it.
   bool SkipQuarantined(const std::string& name);
+  // A quarantined version an operator loaded explicitly, and that loaded: no longer
+  // quarantined here, nor by the supervisor's next serving processes ("lifted" on the pipe).
+  void LiftQuarantine(const std::string& name, int64_t version);
   // How a version loads into `slots`: under models.load_timeout_s, a part of them at a time.
   interpreters::LoadOptions LoadOptionsFor(const std::vector<size_t>& slots);
   // The idle-copies gauge: neither running a batch nor out of service for a load.

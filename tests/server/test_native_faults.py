@@ -37,6 +37,23 @@ class Hangs:
         return {"done": [True]}
 '''
 
+# Crashes its load while the file MARK exists: a package quarantined, then mended.
+CRASHES_WHILE_MARKED = '''
+import ctypes
+import os
+
+MARK = {mark!r}
+
+
+class Hangs:
+    def __init__(self, context):
+        if os.path.exists(MARK):
+            ctypes.string_at(0)
+
+    def predict(self, inputs):
+        return {{"done": [True]}}
+'''
+
 # Starts a thread that crashes a moment after the load, outside any call of the model's.
 CRASHING_THREAD_INIT = '''
 import ctypes
@@ -335,6 +352,34 @@ class CrashDuringLoadTest(FaultsTest):
         server = Server(self.repository, config, copies=1)
         try:
             self.assertEqual(index(server)["crashinit"]["state"], "READY")
+            self.assertNotIn("quarantined", server.log_text())
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_an_explicit_load_lifts_a_quarantine_for_later_starts_too(self):
+        mark = os.path.join(self.root, "crash")
+        open(mark, "w").close()
+        self.place_package("mended", CRASHES_WHILE_MARKED.format(mark=mark))
+        config = {"supervisor": {"max_model_crashes": 2}}
+        server = Server(self.repository, config, copies=1)
+        try:
+            self.assertEqual(index(server)["mended"]["state"], "UNAVAILABLE")
+            os.remove(mark)
+            status, _, body = curl("-X", "POST", f"http://127.0.0.1:{server.management_port}"
+                                   "/v2/repository/models/mended/load")
+            self.assertEqual(status, 200, body)
+            self.assertEqual(index(server)["mended"]["state"], "READY")
+            self.assertIn("quarantine lifted: loaded explicitly model=mended:1", server.log_text())
+            # A crash now restarts the serving process with the version loaded again.
+            os.kill(server.serving_pid, signal.SIGSEGV)
+            server.wait_for_serving(2)  # the first serving process to serve was the third
+            self.assertEqual(index(server)["mended"]["state"], "READY")
+        finally:
+            self.assertEqual(server.stop(), 0)
+        # So does the next supervisor.
+        server = Server(self.repository, config, copies=1)
+        try:
+            self.assertEqual(index(server)["mended"]["state"], "READY")
             self.assertNotIn("quarantined", server.log_text())
         finally:
             self.assertEqual(server.stop(), 0)
