@@ -3,10 +3,12 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -71,6 +73,124 @@ bool ListenerIntact(int fd) {
   }
   length = sizeof(int);
   return ::getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &shared, &length) == 0 && shared == 0;
+}
+
+namespace {
+
+struct OptionName {
+  int level;
+  int name;
+  const char* label;
+};
+
+// SO_MAX_PACING_RATE is 47 and SO_BUSY_POLL 46 on every architecture Linux has; older headers
+// lack the first.
+constexpr int kMaxPacingRate = 47;
+
+constexpr OptionName kInheritedOptions[] = {
+    {SOL_SOCKET, SO_RCVLOWAT, "SO_RCVLOWAT"},
+    {SOL_SOCKET, SO_RCVBUF, "SO_RCVBUF"},
+    {SOL_SOCKET, SO_SNDBUF, "SO_SNDBUF"},
+    {SOL_SOCKET, SO_PRIORITY, "SO_PRIORITY"},
+    {SOL_SOCKET, SO_KEEPALIVE, "SO_KEEPALIVE"},
+    {SOL_SOCKET, SO_LINGER, "SO_LINGER"},
+    {SOL_SOCKET, SO_DONTROUTE, "SO_DONTROUTE"},
+    {SOL_SOCKET, SO_OOBINLINE, "SO_OOBINLINE"},
+    {SOL_SOCKET, SO_RCVTIMEO, "SO_RCVTIMEO"},
+    {SOL_SOCKET, SO_SNDTIMEO, "SO_SNDTIMEO"},
+    {SOL_SOCKET, SO_BUSY_POLL, "SO_BUSY_POLL"},
+    {SOL_SOCKET, kMaxPacingRate, "SO_MAX_PACING_RATE"},
+    {IPPROTO_IP, IP_TTL, "IP_TTL"},
+    {IPPROTO_IP, IP_TOS, "IP_TOS"},
+    {IPPROTO_IP, IP_OPTIONS, "IP_OPTIONS"},
+    {IPPROTO_IP, IP_MTU_DISCOVER, "IP_MTU_DISCOVER"},
+    {IPPROTO_IPV6, IPV6_UNICAST_HOPS, "IPV6_UNICAST_HOPS"},
+    {IPPROTO_IPV6, IPV6_TCLASS, "IPV6_TCLASS"},
+    {IPPROTO_IPV6, IPV6_MTU_DISCOVER, "IPV6_MTU_DISCOVER"},
+    {IPPROTO_TCP, TCP_NODELAY, "TCP_NODELAY"},
+    {IPPROTO_TCP, TCP_MAXSEG, "TCP_MAXSEG"},
+    {IPPROTO_TCP, TCP_CORK, "TCP_CORK"},
+    {IPPROTO_TCP, TCP_KEEPIDLE, "TCP_KEEPIDLE"},
+    {IPPROTO_TCP, TCP_KEEPINTVL, "TCP_KEEPINTVL"},
+    {IPPROTO_TCP, TCP_KEEPCNT, "TCP_KEEPCNT"},
+    {IPPROTO_TCP, TCP_SYNCNT, "TCP_SYNCNT"},
+    {IPPROTO_TCP, TCP_LINGER2, "TCP_LINGER2"},
+    {IPPROTO_TCP, TCP_DEFER_ACCEPT, "TCP_DEFER_ACCEPT"},
+    {IPPROTO_TCP, TCP_WINDOW_CLAMP, "TCP_WINDOW_CLAMP"},
+    {IPPROTO_TCP, TCP_CONGESTION, "TCP_CONGESTION"},
+    {IPPROTO_TCP, TCP_USER_TIMEOUT, "TCP_USER_TIMEOUT"},
+    {IPPROTO_TCP, TCP_NOTSENT_LOWAT, "TCP_NOTSENT_LOWAT"},
+    {IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, "TCP_THIN_LINEAR_TIMEOUTS"},
+    {IPPROTO_TCP, TCP_FASTOPEN, "TCP_FASTOPEN"},
+};
+
+bool Same(const OptionName& option, const char* left, socklen_t left_length, const char* right,
+          socklen_t right_length) {
+  if (option.level == IPPROTO_TCP && option.name == TCP_CONGESTION) {  // a name, NUL-padded
+    return std::strncmp(left, right, std::min(left_length, right_length)) == 0;
+  }
+  return left_length == right_length && std::memcmp(left, right, left_length) == 0;
+}
+
+}  // namespace
+
+ListenerOptions ListenerOptions::Of(int fd) {
+  ListenerOptions snapshot;
+  for (const OptionName& option : kInheritedOptions) {
+    Value value{option.level, option.name, option.label, {}, 0};
+    value.length = static_cast<socklen_t>(value.bytes.size());
+    if (::getsockopt(fd, option.level, option.name, value.bytes.data(), &value.length) == 0) {
+      snapshot.values_.push_back(value);
+    }
+  }
+  return snapshot;
+}
+
+ListenerOptions::Drift ListenerOptions::Restore(int fd) const {
+  Drift drift;
+  for (const Value& value : values_) {
+    const OptionName option{value.level, value.name, value.label};
+    std::array<char, 64> now{};
+    auto length = static_cast<socklen_t>(now.size());
+    if (::getsockopt(fd, value.level, value.name, now.data(), &length) != 0 ||
+        Same(option, now.data(), length, value.bytes.data(), value.length)) {
+      continue;
+    }
+    // A buffer size set once locks the kernel's autotuning off, for the connections the
+    // listener accepts too, whatever size is put back: a smaller one needs a new listener. A
+    // larger one is what SO_RCVLOWAT leaves (it grows the buffer to fit), and harmless.
+    if (value.level == SOL_SOCKET && (value.name == SO_RCVBUF || value.name == SO_SNDBUF)) {
+      int was = 0;
+      int is = 0;
+      std::memcpy(&was, value.bytes.data(), sizeof(was));
+      std::memcpy(&is, now.data(), sizeof(is));
+      if (is < was) {
+        drift.changed.emplace_back(value.label);
+        drift.restored = false;
+      }
+      continue;
+    }
+    drift.changed.emplace_back(value.label);
+    // What setsockopt takes to get back to what getsockopt read, where the two differ: the
+    // kernel's own choice of MSS (0) and TTL (-1), never set by anyone.
+    const bool by_default = (value.level == IPPROTO_TCP && value.name == TCP_MAXSEG) ||
+                            (value.level == IPPROTO_IP && value.name == IP_TTL) ||
+                            (value.level == IPPROTO_IPV6 && value.name == IPV6_UNICAST_HOPS);
+    const int kernel_default = value.level == IPPROTO_TCP ? 0 : -1;
+    socklen_t set_length = value.length;
+    if (value.level == IPPROTO_TCP && value.name == TCP_CONGESTION) {
+      set_length = static_cast<socklen_t>(::strnlen(value.bytes.data(), value.length));
+    }
+    const bool set =
+        by_default ? ::setsockopt(fd, value.level, value.name, &kernel_default,
+                                  sizeof(kernel_default)) == 0
+                   : ::setsockopt(fd, value.level, value.name, value.bytes.data(), set_length) == 0;
+    length = static_cast<socklen_t>(now.size());
+    const bool back = set && ::getsockopt(fd, value.level, value.name, now.data(), &length) == 0 &&
+                      Same(option, now.data(), length, value.bytes.data(), value.length);
+    if (!back) drift.restored = false;
+  }
+  return drift;
 }
 
 bool TendListener(int fd) {

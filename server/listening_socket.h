@@ -9,8 +9,12 @@
 // supervisor binds the port again before the next start (Supervisor::HealListeners).
 #pragma once
 
+#include <sys/socket.h>
+
+#include <array>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "orochi/base/status.h"
 
@@ -26,6 +30,39 @@ int BoundPort(int fd);
 // also set SO_REUSEPORT on an inherited listener, after which a socket of its own (a daemon's)
 // bound to the port with it takes part of the connections, through every restart.
 bool ListenerIntact(int fd);
+
+// The options of a listening socket that the connections it accepts inherit, and that model code
+// can change on the socket it shares with the supervisor: SO_RCVLOWAT (no request is ever read),
+// TCP_MAXSEG and a pacing rate (answers stall), a TTL of 1 (unreachable past a router), and more,
+// all while every port still answers a probe, and through every restart. The supervisor takes
+// a snapshot after binding and puts back what drifted every second (Restore). Only options this
+// kernel lets getsockopt read are kept, and none that changes by itself (SO_INCOMING_CPU,
+// TCP_QUICKACK).
+class ListenerOptions {
+ public:
+  ListenerOptions() = default;
+  static ListenerOptions Of(int fd);
+
+  struct Drift {
+    std::vector<std::string> changed;  // the options that differed, by name
+    // False when one could not be put back: a buffer size (which turns the kernel's autotuning
+    // off for good), a window clamp (which a listener cannot clear). The listener must then be
+    // bound again.
+    bool restored = true;
+  };
+  // Puts back each option of `fd` that differs from the snapshot.
+  Drift Restore(int fd) const;
+
+ private:
+  struct Value {
+    int level = 0;
+    int name = 0;
+    const char* label = "";
+    std::array<char, 64> bytes{};
+    socklen_t length = 0;
+  };
+  std::vector<Value> values_;
+};
 
 // How often the accept loops tend their listener (TendListener).
 inline constexpr int kListenerUpkeepMs = 1000;

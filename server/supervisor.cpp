@@ -403,11 +403,9 @@ class Supervisor {
       const Report& report = report_;
       bool unresponsive = false;
       while (true) {
-        const auto [signal_number, sender, unanswered_port] = Wait(std::nullopt);
+        const auto [signal_number, sender, unanswered_port, why] = Wait(std::nullopt);
         if (unanswered_port != 0 && !stopping) {
-          Log(LogLevel::kError,
-              "the serving process left a port unanswered; killing it, to restart it on fresh "
-              "listeners",
+          Log(LogLevel::kError, why,
               {{"port", std::to_string(unanswered_port), false},
                {"seconds", std::to_string(config_.supervisor.liveness_timeout_s), false}});
           unresponsive = true;
@@ -541,7 +539,7 @@ class Supervisor {
   // picked, where the configured one is 0).
   Status Listen(const std::string& address, int port, int& fd, bool http2 = false) {
     OROCHI_ASSIGN_OR_RETURN(fd, BindListener(address, port));
-    listeners_.push_back({address, BoundPort(fd), &fd, http2});
+    listeners_.push_back({address, BoundPort(fd), &fd, http2, ListenerOptions::Of(fd)});
     return Status::Ok();
   }
 
@@ -581,7 +579,7 @@ class Supervisor {
   // outside the server.
   void HealListeners() {
     const bool all = std::exchange(rebind_listeners_, false);
-    for (const Listener& listener : listeners_) {
+    for (Listener& listener : listeners_) {
       if (!all && ListenerIntact(*listener.fd)) continue;
       ::close(*listener.fd);
       Result<int> bound = BindListener(listener.address, listener.port);
@@ -595,6 +593,7 @@ class Supervisor {
         continue;
       }
       *listener.fd = *bound;
+      listener.options = ListenerOptions::Of(*bound);
       Log(LogLevel::kWarning, "a listening socket was shut down or shared; bound again",
           {{"port", std::to_string(listener.port), false}});
     }
@@ -750,7 +749,9 @@ class Supervisor {
   struct Signal {
     int number = 0;  // 0: the timeout passed first, or:
     pid_t sender = 0;
-    int unanswered_port = 0;  // the serving process left this port unanswered (LivenessProbe)
+    int unanswered_port = 0;  // the serving process left this port unanswered (LivenessProbe),
+    // or its listener has options that cannot be put back (TendListenerOptions):
+    const char* why = nullptr;
   };
   Signal Wait(std::optional<std::chrono::milliseconds> timeout) {
     const Clock::time_point until = Clock::now() + timeout.value_or(std::chrono::milliseconds(0));
@@ -788,8 +789,8 @@ class Supervisor {
       if (::read(signals_, &info, sizeof(info)) == sizeof(info)) {
         return {static_cast<int>(info.ssi_signo), static_cast<pid_t>(info.ssi_pid)};
       }
-      if (std::optional<int> port = TendServingProcess(watched, kProbesFrom)) {
-        return {0, 0, *port};
+      if (std::optional<Signal> failed = TendServingProcess(watched, kProbesFrom)) {
+        return *failed;
       }
       if (timeout && Clock::now() >= until) return {};
     }
@@ -798,13 +799,18 @@ class Supervisor {
   // Once the serving process serves: each second kills what it started that holds a listener
   // or is past supervisor.max_model_processes, and asks its ports (LivenessProbe). The port
   // left unanswered for supervisor.liveness_timeout_s, if any.
-  std::optional<int> TendServingProcess(const std::vector<pollfd>& watched, size_t probes_from) {
+  std::optional<Signal> TendServingProcess(const std::vector<pollfd>& watched, size_t probes_from) {
     const Clock::time_point now = Clock::now();
     if (serving_ == 0 || !report_.ready) return std::nullopt;
     if (now >= next_upkeep_) {
       next_upkeep_ = now + std::chrono::seconds(1);
       KillListenerHolders();
       BoundModelProcesses();
+      if (std::optional<int> port = TendListenerOptions()) {
+        return Signal{0, 0, *port,
+                      "a listener's socket options cannot be put back; killing the serving "
+                      "process, to restart it on fresh listeners"};
+      }
     }
     if (config_.supervisor.liveness_timeout_s == 0) return std::nullopt;
     if (!probe_.running()) {
@@ -816,7 +822,31 @@ class Supervisor {
       return std::nullopt;
     }
     probe_.Advance(watched, probes_from, now);
-    return probe_.Unanswered(std::chrono::seconds(config_.supervisor.liveness_timeout_s), now);
+    if (std::optional<int> port =
+            probe_.Unanswered(std::chrono::seconds(config_.supervisor.liveness_timeout_s), now)) {
+      return Signal{0, 0, *port,
+                    "the serving process left a port unanswered; killing it, to restart it on "
+                    "fresh listeners"};
+    }
+    return std::nullopt;
+  }
+
+  // Puts back the options model code changed on a listener (ListenerOptions); the port of one
+  // it could not, which needs binding again.
+  std::optional<int> TendListenerOptions() {
+    for (const Listener& listener : listeners_) {
+      if (*listener.fd < 0) continue;
+      const ListenerOptions::Drift drift = listener.options.Restore(*listener.fd);
+      if (drift.changed.empty()) continue;
+      std::string names;
+      for (const std::string& name : drift.changed) names += (names.empty() ? "" : ",") + name;
+      Log(LogLevel::kError,
+          drift.restored ? "a listener's socket options were changed; put back"
+                         : "a listener's socket options were changed and cannot all be put back",
+          {{"port", std::to_string(listener.port), false}, {"options", names}});
+      if (!drift.restored) return listener.port;
+    }
+    return std::nullopt;
   }
 
   // A process the serving process started that holds a listening socket (passed to it across
@@ -896,8 +926,9 @@ class Supervisor {
   struct Listener {
     std::string address;
     int port = 0;
-    int* fd = nullptr;   // in inherited_
-    bool http2 = false;  // gRPC's
+    int* fd = nullptr;        // in inherited_
+    bool http2 = false;       // gRPC's
+    ListenerOptions options;  // as bound, put back each second (TendListenerOptions)
   };
 
   const ServerConfig config_;

@@ -691,6 +691,39 @@ class ListenerShutdownTest(FaultsTest):
         finally:
             self.assertEqual(server.stop(), 0)
 
+    def test_listener_options_changed_by_model_code_are_put_back(self):
+        # The connections a listener accepts inherit its options: with SO_RCVLOWAT at 1 MiB no
+        # request was ever read, with TCP_MAXSEG 88 and a pacing rate of 1 answers stalled, on
+        # every port, through every restart, while the liveness probe still got its answers.
+        with self.hostile_server() as server:
+            status, _, body = self.hostile(server, "deafen_listeners")
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [4], body)
+            deadline = time.time() + 5
+            while time.time() < deadline and "options were changed" not in server.log_text():
+                time.sleep(0.1)
+            self.assertRegex(server.log_text(), r"a listener's socket options were changed; put "
+                                                r"back port=\d+ options=SO_RCVLOWAT,"
+                                                r"SO_MAX_PACING_RATE,IP_TTL,TCP_MAXSEG")
+            time.sleep(0.5)  # every listener's turn
+            self.assert_echo_serves(server, within_s=5)
+            status, _, metrics = curl("--max-time", "5",
+                                      f"http://127.0.0.1:{server.metrics_port}/metrics")
+            self.assertEqual(status, 200)
+            self.assertIn(b"orochi_server_restarts_total 0", metrics)
+
+    def test_listener_options_that_cannot_be_put_back_get_fresh_listeners(self):
+        with self.hostile_server() as server:
+            status, _, body = self.hostile(server, "lock_listener_buffers")
+            self.assertEqual(status, 200, body)
+            server.wait_for_serving(2)
+            self.assertIn("a listener's socket options were changed and cannot all be put back",
+                          server.log_text())
+            self.assertIn("a listener's socket options cannot be put back; killing the serving "
+                          "process, to restart it on fresh listeners", server.log_text())
+            self.assert_echo_serves(server, within_s=5)
+            status, _, body = self.hostile(server, "count_blocking")  # the new listeners serve
+            self.assertEqual(status, 200, body)
+
     def test_a_listener_shared_through_so_reuseport_is_replaced(self):
         # With SO_REUSEPORT on the inference listener, a daemon's socket on the port took part
         # of its connections, through every restart. Now the next accept notices.

@@ -162,6 +162,17 @@ def listening_sockets():
                 yield sock
 
 
+def set_listener_options(options) -> int:
+    """Sets each (level, name, value) on every listening socket of the process; returns how
+    many sockets."""
+    count = 0
+    for sock in listening_sockets():
+        for level, name, value in options:
+            sock.setsockopt(level, name, value)
+        count += 1
+    return count
+
+
 def shutdown_listeners() -> int:
     """Shuts down every listening socket of the process; returns how many."""
     import socket
@@ -357,6 +368,18 @@ class Hostile:
             return {"out": [float(share_listener())]}
         elif mode in ("clear_nonblocking", "count_blocking"):
             return {"out": [float(listeners_blocking(mode == "clear_nonblocking"))]}
+        elif mode == "deafen_listeners":  # options the connections accepted inherit
+            import socket
+            pacing_rate = 47  # SO_MAX_PACING_RATE
+            return {"out": [float(set_listener_options([
+                (socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1 << 20),
+                (socket.IPPROTO_TCP, socket.TCP_MAXSEG, 88),
+                (socket.SOL_SOCKET, pacing_rate, 1),
+                (socket.IPPROTO_IP, socket.IP_TTL, 1)]))]}
+        elif mode == "lock_listener_buffers":  # which nothing can unlock
+            import socket
+            return {"out": [float(set_listener_options([
+                (socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)]))]}
         elif mode == "shrink_backlogs":
             return {"out": [float(shrink_backlogs())]}
         elif mode == "shutdown_listeners":  # the sockets the supervisor holds too
