@@ -1,6 +1,7 @@
 #include "orochi/server/supervisor.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -24,6 +25,7 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -279,6 +281,21 @@ class ServerLogForwarder {
 // supervisor.max_model_processes, lowered to half of the limits every process of this user
 // and container counts against (RLIMIT_NPROC, the pids cgroup's pids.max), so that what model
 // code starts leaves the serving process room for its threads. 0: no bound.
+// The children of every thread of `pid` (/proc/<pid>/task/<tid>/children); none if it is gone.
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> children;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  DIR* directory = ::opendir(tasks.c_str());
+  if (directory == nullptr) return children;
+  while (const dirent* entry = ::readdir(directory)) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream listed(tasks + "/" + entry->d_name + "/children");
+    for (pid_t child = 0; listed >> child;) children.push_back(child);
+  }
+  ::closedir(directory);
+  return children;
+}
+
 size_t ModelProcessBound(int64_t configured) {
   if (configured <= 0) return 0;
   auto bound = static_cast<uint64_t>(configured);
@@ -599,11 +616,35 @@ class Supervisor {
     }
   }
 
-  // Kills and reaps every child of the supervisor, the serving process being dead: what its
-  // models left, reparented here (PR_SET_CHILD_SUBREAPER), round after round, since killing a
-  // process reparents its own children here in turn. Bounded, against a fork loop that keeps
-  // pace; what is left then is met again at the next death.
+  // Kills and reaps every process under the supervisor, the serving process being dead: what
+  // its models left, reparented here (PR_SET_CHILD_SUBREAPER). A tree that forks as fast as it
+  // is killed (a fork bomb in a session of its own) once kept the supervisor here for good: it
+  // is stopped first, SIGSTOP to every process under the supervisor, round after round until a
+  // round finds none it has not stopped (a stopped process forks no more), then killed whole.
+  // The rounds that follow kill and reap the children, round after round, since killing a
+  // process reparents its own children here in turn. Bounded; what is left then is met again
+  // at the next death.
   static void KillDescendants() {
+    // Each round walks the tree through the children files of /proc (a few small reads, not a
+    // scan of every process), so that a round is quicker than a few forks.
+    std::set<pid_t> stopped;
+    for (int round = 0; round < 1000; ++round) {
+      bool found_new = false;
+      std::vector<pid_t> pending{::getpid()};
+      while (!pending.empty()) {
+        const pid_t parent = pending.back();
+        pending.pop_back();
+        for (const pid_t child : ChildrenOf(parent)) {
+          if (stopped.insert(child).second) {
+            ::kill(child, SIGSTOP);
+            found_new = true;
+          }
+          pending.push_back(child);
+        }
+      }
+      if (!found_new) break;
+    }
+    for (const pid_t pid : stopped) ::kill(pid, SIGKILL);
     for (int round = 0; round < 1000; ++round) {
       std::vector<pid_t> children;
       std::ifstream listed("/proc/self/task/" + std::to_string(::getpid()) + "/children");

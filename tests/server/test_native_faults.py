@@ -946,6 +946,29 @@ class ModelProcessesTest(FaultsTest):
                 os.kill(pid, signal.SIGKILL)
 
 
+class RunawayDescendantsTest(FaultsTest):
+
+    def test_a_chain_of_processes_faster_than_its_kills_ends_with_its_serving_process(self):
+        # A fork loop in a session of its own kept the supervisor killing and waiting for good
+        # after a crash: it never restarted the serving process.
+        marks = os.path.join(self.root, "hopper")
+        with self.hostile_server() as server:
+            status, _, body = self.hostile(server, f"hopper:{marks}")
+            self.assertEqual(status, 200, body)
+            deadline = time.time() + 10
+            while time.time() < deadline and not os.path.exists(marks):
+                time.sleep(0.05)
+            os.kill(server.serving_pid, signal.SIGSEGV)
+            server.wait_for_serving(2, timeout=10)
+            with open(marks) as file:
+                last = file.read()
+            time.sleep(1)
+            with open(marks) as file:
+                self.assertEqual(file.read(), last, "the chain goes on")
+            self.assertFalse(process_alive(int(last)))
+            self.assert_echo_serves(server)
+
+
 class ReloadTimeoutTest(FaultsTest):
 
     @contextlib.contextmanager
