@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "log.h"
 #include "orochi/packaging/model_key.h"
 
 namespace orochi::server::repository {
@@ -36,6 +37,40 @@ std::string Which(const std::string& name, int64_t version) {
 }
 
 std::string Errno() { return std::strerror(errno); }
+
+// The contents of one of the repository's state files, if it is a regular file of at most 16 MiB:
+// model code owns the repository's files too, and one replaced by a FIFO blocked the next start
+// in its open, a directory failed it, /dev/zero behind a link had no end.
+std::optional<std::string> ReadStateFile(const std::string& path) {
+  constexpr off_t kMostBytes = off_t{16} << 20;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT) {
+      Log(LogLevel::kWarning, "a repository state file cannot be read; ignored",
+          {{"path", path}, {"error", Errno()}});
+    }
+    return std::nullopt;
+  }
+  struct stat status {};
+  std::optional<std::string> text;
+  if (::fstat(fd, &status) == 0 && S_ISREG(status.st_mode) && status.st_size <= kMostBytes) {
+    text.emplace(static_cast<size_t>(status.st_size), '\0');
+    size_t done = 0;
+    while (done < text->size()) {
+      const ssize_t got = ::read(fd, text->data() + done, text->size() - done);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) break;
+      done += static_cast<size_t>(got);
+    }
+    text->resize(done);
+  } else {
+    Log(LogLevel::kWarning,
+        "a repository state file is not a regular file of at most 16 MiB; ignored",
+        {{"path", path}});
+  }
+  ::close(fd);
+  return text;
+}
 
 bool ParseVersion(const std::string& text, int64_t* version) {
   if (text.empty() || text.size() > 18 ||
@@ -106,6 +141,25 @@ Status RepositoryStore::Open() const {
   if (!fs::is_directory(root_, error)) {
     return NotFound("the model repository " + root_ + " is not a directory");
   }
+  // Model code owns these files too: a state directory or upload directory that something
+  // replaced with a file (or a FIFO, a link) failed every start after it. Such an entry is
+  // moved aside, named for when, and the directory made afresh.
+  for (const fs::path& directory :
+       {fs::path(root_) / kStateDirectory, fs::path(upload_directory())}) {
+    const fs::file_status status = fs::symlink_status(directory, error);
+    if (error || status.type() == fs::file_type::not_found ||
+        status.type() == fs::file_type::directory) {
+      continue;
+    }
+    const fs::path aside =
+        directory.string() + ".damaged-" +
+        std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+    std::error_code moved;
+    fs::rename(directory, aside, moved);
+    Log(LogLevel::kWarning, "a repository directory was replaced by something else; moved aside",
+        {{"path", directory.string()}, {"moved_to", moved ? moved.message() : aside.string()}});
+  }
+  error.clear();
   fs::create_directories(upload_directory(), error);
   if (error) return Internal("cannot create " + upload_directory() + ": " + error.message());
   // Other servers sharing the repository may be receiving uploads here: only what no live
@@ -257,9 +311,10 @@ void RepositoryStore::RemoveTrash(const std::string& trash) {
 
 std::set<std::string> RepositoryStore::ReadUnloaded() const {
   std::set<std::string> unloaded;
-  std::ifstream file(fs::path(root_) / kStateDirectory / "state.json");
-  if (!file) return unloaded;
-  nlohmann::json state = nlohmann::json::parse(file, nullptr, false);
+  const std::optional<std::string> text =
+      ReadStateFile((fs::path(root_) / kStateDirectory / "state.json").string());
+  if (!text) return unloaded;
+  nlohmann::json state = nlohmann::json::parse(*text, nullptr, false);
   if (state.is_object() && state.contains("unloaded") && state["unloaded"].is_array()) {
     for (const auto& name : state["unloaded"]) {
       if (name.is_string()) unloaded.insert(name.get<std::string>());
@@ -276,9 +331,10 @@ Status RepositoryStore::WriteUnloaded(const std::set<std::string>& names) const 
 
 std::map<std::string, std::string> RepositoryStore::ReadQuarantine() const {
   std::map<std::string, std::string> quarantined;
-  std::ifstream file(fs::path(root_) / kStateDirectory / kQuarantineFile);
-  if (!file) return quarantined;
-  const nlohmann::json recorded = nlohmann::json::parse(file, nullptr, false);
+  const std::optional<std::string> text =
+      ReadStateFile((fs::path(root_) / kStateDirectory / kQuarantineFile).string());
+  if (!text) return quarantined;
+  const nlohmann::json recorded = nlohmann::json::parse(*text, nullptr, false);
   if (!recorded.is_object() || !recorded.contains("quarantined") ||
       !recorded["quarantined"].is_array()) {
     return quarantined;

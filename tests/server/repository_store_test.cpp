@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -245,6 +246,41 @@ TEST_F(RepositoryStoreTest, AQuarantineFileOfTheWrongShapeQuarantinesNothingAndT
   Write(file, recorded);
   EXPECT_EQ(store_.ReadQuarantine(),
             (std::map<std::string, std::string>{{"m:1", "quarantined at an earlier start"}}));
+}
+
+TEST_F(RepositoryStoreTest, OpenMovesAsideWhatReplacedItsDirectories) {
+  // Model code owns the repository's files: an upload directory made a file failed every start.
+  fs::remove_all(store_.upload_directory());
+  Write(store_.upload_directory(), "not a directory");
+  ASSERT_TRUE(store_.Open().ok());
+  EXPECT_TRUE(fs::is_directory(store_.upload_directory()));
+  // So did the state directory.
+  fs::remove_all(root_ / ".orochi");
+  Write(root_ / ".orochi", "not a directory either");
+  ASSERT_TRUE(store_.Open().ok());
+  EXPECT_TRUE(fs::is_directory(store_.upload_directory()));
+  std::vector<std::string> aside;
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(".orochi.damaged-")) aside.push_back(Read(entry.path()));
+  }
+  EXPECT_THAT(aside, ElementsAre("not a directory either"));
+  EXPECT_THAT(store_.Models().value(), IsEmpty());
+}
+
+TEST_F(RepositoryStoreTest, StateFilesThatAreNotRegularFilesAreIgnoredWithoutWaiting) {
+  // A FIFO once blocked the next start in its open, a directory failed it.
+  ASSERT_EQ(::mkfifo((root_ / ".orochi" / "state.json").c_str(), 0600), 0);
+  fs::create_directory(root_ / ".orochi" / "quarantine.json");
+  EXPECT_THAT(store_.ReadUnloaded(), IsEmpty());
+  EXPECT_THAT(store_.ReadQuarantine(), IsEmpty());
+  fs::remove(root_ / ".orochi" / "state.json");
+  fs::remove(root_ / ".orochi" / "quarantine.json");
+  fs::create_symlink("/dev/zero", root_ / ".orochi" / "state.json");
+  EXPECT_THAT(store_.ReadUnloaded(), IsEmpty());
+  // What the server writes takes the place of what was there.
+  ASSERT_TRUE(store_.WriteUnloaded({"a"}).ok());
+  EXPECT_THAT(store_.ReadUnloaded(), ElementsAre("a"));
 }
 
 }  // namespace
