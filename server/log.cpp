@@ -169,8 +169,12 @@ std::string FormatLogRecord(LogLevel level, const std::string& time, const std::
 }
 
 void SetLogDescriptor(int descriptor) {
+  const int previous = LogDescriptor();  // taken now if it was not: it is closed below
   std::lock_guard lock(g_write_mutex);
   g_descriptor = descriptor;
+  // The private duplicate of stderr is closed: in a serving process it is the supervisor's own
+  // stderr, which model code would otherwise write to past every bound (it was descriptor 3).
+  if (previous > STDERR_FILENO && previous != descriptor) ::close(previous);
 }
 
 void WriteLogLines(std::string_view lines) {

@@ -27,7 +27,8 @@ std::string CurrentLogLevel();
 std::string CurrentLogFormat();
 void Log(LogLevel level, const std::string& message, const std::vector<LogField>& fields = {});
 
-// From now on records go to `descriptor` (the process keeps it open), not to stderr.
+// From now on records go to `descriptor` (the process keeps it open), not to stderr; the log's
+// duplicate of stderr is closed.
 void SetLogDescriptor(int descriptor);
 // Writes records formatted elsewhere (whole lines, each with its newline) where Log writes, in
 // one piece with respect to Log's own records.

@@ -795,6 +795,18 @@ class LogFloodTest(FaultsTest):
             self.assertRegex(text, r"info request listener=inference method=POST "
                                    r"target=/v2/models/echo/infer status=200")
 
+    def test_the_serving_process_holds_no_descriptor_of_the_supervisors_output(self):
+        # The log's duplicate of stderr stayed open in the serving process (descriptor 3): model
+        # code wrote 504 MB of forged lines to the supervisor's log file in a second.
+        with self.hostile_server() as server:
+            held = []
+            for fd in os.listdir(f"/proc/{server.serving_pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.path.samefile(f"/proc/{server.serving_pid}/fd/{fd}", server.log_path):
+                        held.append(fd)
+            self.assertEqual(held, [], "descriptors of the supervisor's log")
+            self.assert_echo_serves(server)
+
 
 class ManagementFromModelCodeTest(FaultsTest):
     """Model code runs as the server's user and can read its token, so who may manage models is
