@@ -150,11 +150,12 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
   OROCHI_RETURN_IF_ERROR(root.Integer("copies", &config.copies, 0, 1024));
 
   ObjectReader http = root.Child("http");
-  OROCHI_RETURN_IF_ERROR(http.Check(
-      {"bind_address", "token_file", "token_env", "inference_port", "metrics_port", "io_threads",
-       "max_header_bytes", "max_body_bytes", "max_json_depth", "idle_timeout_s",
-       "request_timeout_s", "shutdown_delay_s", "shutdown_grace_s", "max_connections",
-       "max_connections_per_client", "allow_shared_memory", "repository_on_inference_port"}));
+  OROCHI_RETURN_IF_ERROR(
+      http.Check({"bind_address", "token_file", "token_env", "inference_port", "metrics_port",
+                  "io_threads", "max_header_bytes", "max_body_bytes", "max_buffered_body_bytes",
+                  "max_json_depth", "idle_timeout_s", "request_timeout_s", "shutdown_delay_s",
+                  "shutdown_grace_s", "max_connections", "max_connections_per_client",
+                  "allow_shared_memory", "repository_on_inference_port"}));
   OROCHI_RETURN_IF_ERROR(http.Boolean("allow_shared_memory", &config.http.allow_shared_memory));
   OROCHI_RETURN_IF_ERROR(http.String("bind_address", &config.http.bind_address));
   OROCHI_RETURN_IF_ERROR(http.String("token_file", &config.http.token_file));
@@ -202,6 +203,8 @@ Result<ServerConfig> ParseServerConfig(std::string_view text) {
       http.Integer("max_header_bytes", &config.http.max_header_bytes, 1024, 65535));
   OROCHI_RETURN_IF_ERROR(
       http.Integer("max_body_bytes", &config.http.max_body_bytes, 1024, int64_t{1} << 40));
+  OROCHI_RETURN_IF_ERROR(http.Integer("max_buffered_body_bytes",
+                                      &config.http.max_buffered_body_bytes, 0, int64_t{1} << 50));
   OROCHI_RETURN_IF_ERROR(http.Integer("max_json_depth", &config.http.max_json_depth, 2, 10000));
   OROCHI_RETURN_IF_ERROR(http.Integer("idle_timeout_s", &config.http.idle_timeout_s, 1, 86400));
   OROCHI_RETURN_IF_ERROR(

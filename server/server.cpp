@@ -27,6 +27,7 @@
 #include "kserve/settings.h"
 #include "listening_socket.h"
 #include "log.h"
+#include "memory_guard.h"
 #include "metrics/metrics.h"
 #include "model_output_log.h"
 #include "models/model_service.h"
@@ -420,6 +421,12 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   limits.upload_timeout = std::chrono::seconds(cfg.management.upload_timeout_s);
   limits.max_connections = static_cast<size_t>(cfg.http.max_connections);
   limits.max_connections_per_client = static_cast<size_t>(cfg.http.max_connections_per_client);
+  // One bound for every listener's bodies: 0 is a quarter of what the process may use.
+  limits.body_budget = std::make_shared<http::BodyBudget>(
+      cfg.http.max_buffered_body_bytes > 0
+          ? static_cast<uint64_t>(cfg.http.max_buffered_body_bytes)
+          : static_cast<uint64_t>(
+                std::max<int64_t>(MemoryGuard::AvailableBytes() / 4, cfg.http.max_body_bytes)));
   http::Limits inference_limits = limits;
   inference_limits.observe = s.Observer(s.inference_router, "inference");
   // Model code runs as the server's user and can read its token: who may manage models is told

@@ -174,6 +174,7 @@ class Session : public std::enable_shared_from_this<Session> {
         in_flight_(std::move(in_flight)),
         connections_(std::move(connections)) {}
   ~Session() {
+    GiveBodyBudget();
     RemoveUpload();  // a session torn down mid-upload (the server stopping) leaves no file
     connections_->Remove(connection_id_);
   }
@@ -217,7 +218,30 @@ class Session : public std::enable_shared_from_this<Session> {
                         beast::iequals(expect->value(), "100-continue");
   }
 
+  // The body bytes this request holds of Limits::body_budget, taken as they are known.
+  bool TakeBodyBudget(uint64_t bytes) {
+    if (!limits_.body_budget || bytes == 0) return true;
+    if (!limits_.body_budget->Take(bytes)) return false;
+    body_budget_taken_ += bytes;
+    return true;
+  }
+  void GiveBodyBudget() {
+    if (limits_.body_budget) limits_.body_budget->Give(body_budget_taken_);
+    body_budget_taken_ = 0;
+  }
+  void RefuseForBodyBudget(uint64_t bytes) {
+    Response refused =
+        ErrorResponse(503, "the server holds " + std::to_string(limits_.body_budget->used()) +
+                               " bytes of request bodies; " + std::to_string(bytes) +
+                               " more would pass http.max_buffered_body_bytes (" +
+                               std::to_string(limits_.body_budget->max_bytes()) + "); retry later");
+    refused.set(bhttp::field::retry_after, "1");
+    Refuse(std::move(refused));
+  }
+
   void Read() {
+    GiveBodyBudget();  // the last request's answer has gone
+    budget_as_it_comes_ = false;
     answering_done_ = false;
     current_set_ = false;
     current_ = Request{};
@@ -280,18 +304,24 @@ class Session : public std::enable_shared_from_this<Session> {
     const Clock::duration left = body_deadline_ - Clock::now();
     ArmReadTimer(
         std::max(Clock::duration::zero(), std::min<Clock::duration>(limits_.idle_timeout, left)));
-    bhttp::async_read_some(stream_, buffer_, parser,
-                           [self = shared_from_this(), &parser, done = std::move(done)](
-                               beast::error_code error, size_t read) mutable {
-                             self->DisarmReadTimer();
-                             self->body_meter_->Add(read);
-                             if (error) {
-                               self->body_meter_->End();
-                               done(error);
-                               return;
-                             }
-                             self->ReadBody(parser, std::move(done));
-                           });
+    bhttp::async_read_some(
+        stream_, buffer_, parser,
+        [self = shared_from_this(), &parser, done = std::move(done)](beast::error_code error,
+                                                                     size_t read) mutable {
+          self->DisarmReadTimer();
+          self->body_meter_->Add(read);
+          if (!error && self->budget_as_it_comes_ && !self->TakeBodyBudget(read)) {
+            self->body_meter_->End();
+            self->RefuseForBodyBudget(read);
+            return;
+          }
+          if (error) {
+            self->body_meter_->End();
+            done(error);
+            return;
+          }
+          self->ReadBody(parser, std::move(done));
+        });
   }
 
   // The answer when the idle timeout cut a read: 408 once something of a request has come,
@@ -371,6 +401,12 @@ class Session : public std::enable_shared_from_this<Session> {
       StartUpload();
       return;
     }
+    const auto length = parser_->content_length();  // none: a chunked body
+    if (length && !TakeBodyBudget(*length)) {
+      RefuseForBodyBudget(*length);
+      return;
+    }
+    budget_as_it_comes_ = !length && limits_.body_budget != nullptr;
     parser_->body_limit(limits_.max_body_bytes);  // for chunked bodies, counted as they come
     ContinueThen([self = shared_from_this()] {
       self->ReadBody(*self->parser_, [self](beast::error_code error) { self->OnRead(error); });
@@ -800,7 +836,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool read_timed_out_ = false;
   bool reading_body_ = false;
   std::shared_ptr<BodyMeter> body_meter_ = std::make_shared<BodyMeter>();
-  bool evicted_slow_ = false;  // closed for room: its body came too slowly
+  bool evicted_slow_ = false;        // closed for room: its body came too slowly
+  uint64_t body_budget_taken_ = 0;   // of Limits::body_budget, by this request (TakeBodyBudget)
+  bool budget_as_it_comes_ = false;  // a chunked body: taken read by read
   bool expects_continue_ = false;
   bool head_ = false;    // the request is a HEAD: its answer goes without the body
   bool probed_ = false;  // see WatchForHangUp

@@ -222,6 +222,46 @@ class ConnectionLimitsTest(HeldConnectionsTest):
             self.assertEqual(server.stop(), 0)
 
 
+class BufferedBodiesTest(HeldConnectionsTest):
+    """Request bodies held in memory at once are bounded over the whole server."""
+
+    def test_bodies_past_max_buffered_body_bytes_are_refused_before_they_are_read(self):
+        # 32 connections from one address, each sending most of a 60 MB body, got the process
+        # OOM-killed: the memory guard counts a request only once it has been read.
+        server = Server(self.repository, {"http": {"max_buffered_body_bytes": 3 << 20,
+                                                   "max_body_bytes": 2 << 20}}, copies=1)
+        try:
+            for _ in range(2):
+                sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+                sock.sendall(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Length: 1500000\r\n\r\n" + b" " * 1000)
+                self.sockets.append(sock)
+            time.sleep(0.3)  # both headers read
+            answer = exchange(server.port, b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+                                           b"Content-Length: 1000000\r\n\r\n{")
+            self.assertTrue(answer.startswith(b"HTTP/1.1 503"), answer[:300])
+            self.assertIn(b"Retry-After: 1", answer)
+            self.assertIn(b"the server holds 3000000 bytes of request bodies; 1000000 more would "
+                          b"pass http.max_buffered_body_bytes (3145728); retry later", answer)
+            # A chunked body counts as it comes.
+            chunk = b"x" * 400_000
+            answer = exchange(server.port, b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+                                           b"Transfer-Encoding: chunked\r\n\r\n" +
+                              (b"%x\r\n" % len(chunk) + chunk + b"\r\n") * 3)
+            self.assertTrue(answer.startswith(b"HTTP/1.1 503"), answer[:300])
+            # Small requests still fit, and what the held bodies took comes back when they go.
+            self.assertEqual(post_json(server, "/v2/models/echo/infer", echo_request())[0], 200)
+            for sock in self.sockets:
+                sock.close()
+            self.sockets = []
+            time.sleep(0.3)
+            body = json.dumps(echo_request()).encode() + b" " * 1_000_000
+            status, _, answer = curl("-X", "POST", server.url("/v2/models/echo/infer"), data=body)
+            self.assertEqual(status, 200, answer[:300])
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
 class RequestCostTest(unittest.TestCase):
     """What a request may cost: its client's life, a deadline, its model's size limit, memory."""
 
