@@ -269,6 +269,15 @@ class CrashLoopAfterServingTest(FaultsTest):
 
 class CrashDuringLoadTest(FaultsTest):
 
+    def assert_served_by_a_new_server(self, name: str, config: dict):
+        """A new supervisor on the repository loads `name`, and quarantines nothing."""
+        server = Server(self.repository, config, copies=1)
+        try:
+            self.assertEqual(index(server)[name]["state"], "READY")
+            self.assertNotIn("quarantined", server.log_text())
+        finally:
+            self.assertEqual(server.stop(), 0)
+
     def test_an_upload_whose_init_crashes_is_recorded_and_not_kept(self):
         package = pack_variant(self.root, "crashinit", CRASHING_INIT)
         server = Server(self.repository, {}, copies=1)
@@ -349,12 +358,7 @@ class CrashDuringLoadTest(FaultsTest):
         # Another package in its place is another model: it is loaded.
         shutil.rmtree(os.path.join(self.repository, "crashinit"))
         self.place_package("crashinit", SLOW_INIT)
-        server = Server(self.repository, config, copies=1)
-        try:
-            self.assertEqual(index(server)["crashinit"]["state"], "READY")
-            self.assertNotIn("quarantined", server.log_text())
-        finally:
-            self.assertEqual(server.stop(), 0)
+        self.assert_served_by_a_new_server("crashinit", config)
 
     def test_an_explicit_load_lifts_a_quarantine_for_later_starts_too(self):
         mark = os.path.join(self.root, "crash")
@@ -377,12 +381,7 @@ class CrashDuringLoadTest(FaultsTest):
         finally:
             self.assertEqual(server.stop(), 0)
         # So does the next supervisor.
-        server = Server(self.repository, config, copies=1)
-        try:
-            self.assertEqual(index(server)["mended"]["state"], "READY")
-            self.assertNotIn("quarantined", server.log_text())
-        finally:
-            self.assertEqual(server.stop(), 0)
+        self.assert_served_by_a_new_server("mended", config)
 
     def test_a_package_killed_at_start_without_a_record_is_quarantined(self):
         # A SIGKILL leaves no crash record: such a package once killed every start, forever,
