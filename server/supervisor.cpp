@@ -278,9 +278,6 @@ class ServerLogForwarder {
   int64_t dropped_ = 0;
 };
 
-// supervisor.max_model_processes, lowered to half of the limits every process of this user
-// and container counts against (RLIMIT_NPROC, the pids cgroup's pids.max), so that what model
-// code starts leaves the serving process room for its threads. 0: no bound.
 // The children of every thread of `pid` (/proc/<pid>/task/<tid>/children); none if it is gone.
 std::vector<pid_t> ChildrenOf(pid_t pid) {
   std::vector<pid_t> children;
@@ -296,6 +293,9 @@ std::vector<pid_t> ChildrenOf(pid_t pid) {
   return children;
 }
 
+// supervisor.max_model_processes, lowered to half of the limits every process of this user
+// and container counts against (RLIMIT_NPROC, the pids cgroup's pids.max), so that what model
+// code starts leaves the serving process room for its threads. 0: no bound.
 size_t ModelProcessBound(int64_t configured) {
   if (configured <= 0) return 0;
   auto bound = static_cast<uint64_t>(configured);
@@ -790,8 +790,9 @@ class Supervisor {
   struct Signal {
     int number = 0;  // 0: the timeout passed first, or:
     pid_t sender = 0;
-    int unanswered_port = 0;  // the serving process left this port unanswered (LivenessProbe),
-    // or its listener has options that cannot be put back (TendListenerOptions):
+    // The serving process left this port unanswered (LivenessProbe), or the port's listener
+    // has options that cannot be put back (TendListenerOptions); `why` says which, for the log.
+    int unanswered_port = 0;
     const char* why = nullptr;
   };
   Signal Wait(std::optional<std::chrono::milliseconds> timeout) {
@@ -838,8 +839,8 @@ class Supervisor {
   }
 
   // Once the serving process serves: each second kills what it started that holds a listener
-  // or is past supervisor.max_model_processes, and asks its ports (LivenessProbe). The port
-  // left unanswered for supervisor.liveness_timeout_s, if any.
+  // or is past supervisor.max_model_processes and puts back its listeners' options; and asks
+  // its ports (LivenessProbe). A port to restart the serving process for, if any.
   std::optional<Signal> TendServingProcess(const std::vector<pollfd>& watched, size_t probes_from) {
     const Clock::time_point now = Clock::now();
     if (serving_ == 0 || !report_.ready) return std::nullopt;
