@@ -56,6 +56,7 @@ std::string Timestamp() {
 // included). It is close-on-exec, so programs a model starts do not inherit it.
 // SetLogDescriptor replaces it.
 std::atomic<int> g_descriptor{-1};
+int g_duplicate = -1;  // the duplicate LogDescriptor took, while it is open
 
 int LogDescriptor() {
   static std::once_flag taken;
@@ -63,7 +64,11 @@ int LogDescriptor() {
     int duplicate = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
     // stderr closed at start: nothing better.
     int unset = -1;
-    g_descriptor.compare_exchange_strong(unset, duplicate >= 0 ? duplicate : STDERR_FILENO);
+    if (g_descriptor.compare_exchange_strong(unset, duplicate >= 0 ? duplicate : STDERR_FILENO)) {
+      g_duplicate = duplicate;
+    } else if (duplicate >= 0) {
+      ::close(duplicate);  // SetLogDescriptor came first
+    }
   });
   return g_descriptor.load();
 }
@@ -169,12 +174,13 @@ std::string FormatLogRecord(LogLevel level, const std::string& time, const std::
 }
 
 void SetLogDescriptor(int descriptor) {
-  const int previous = LogDescriptor();  // taken now if it was not: it is closed below
+  LogDescriptor();  // its duplicate taken, if it was not yet, so that it is closed below
   std::lock_guard lock(g_write_mutex);
   g_descriptor = descriptor;
-  // The private duplicate of stderr is closed: in a serving process it is the supervisor's own
-  // stderr, which model code would otherwise write to past every bound (it was descriptor 3).
-  if (previous > STDERR_FILENO && previous != descriptor) ::close(previous);
+  // The duplicate of stderr is closed: in a serving process it is the supervisor's own stderr,
+  // which model code would otherwise write to past every bound (it was descriptor 3).
+  if (g_duplicate >= 0 && g_duplicate != descriptor) ::close(g_duplicate);
+  g_duplicate = -1;
 }
 
 void WriteLogLines(std::string_view lines) {
