@@ -646,9 +646,7 @@ class Supervisor {
     }
     for (const pid_t pid : stopped) ::kill(pid, SIGKILL);
     for (int round = 0; round < 1000; ++round) {
-      std::vector<pid_t> children;
-      std::ifstream listed("/proc/self/task/" + std::to_string(::getpid()) + "/children");
-      for (pid_t pid = 0; listed >> pid;) children.push_back(pid);
+      const std::vector<pid_t> children = ChildrenOf(::getpid());
       if (children.empty()) return;
       for (pid_t pid : children) ::kill(pid, SIGKILL);
       for (pid_t pid : children) ::waitpid(pid, nullptr, 0);

@@ -954,15 +954,7 @@ Status HttpServer::Listen(const std::string& address, int port) {
     return Unavailable("cannot listen on " + address + ":" + std::to_string(port) + ": " +
                        error.message());
   }
-  port_ = acceptor_.local_endpoint().port();
-  RegisterListeningPort(acceptor_.native_handle(), port_);
-  // Accept's accept answers would_block or connection_aborted rather than waits for the next.
-  acceptor_.non_blocking(true, error);
-  if (!error) acceptor_.set_option(asio::socket_base::enable_connection_aborted(true), error);
-  if (error) return Internal("cannot make the listener non-blocking: " + error.message());
-  Accept();
-  TendListenerEverySecond();
-  return Status::Ok();
+  return StartAccepting();
 }
 
 Status HttpServer::Adopt(int fd) {
@@ -975,9 +967,14 @@ Status HttpServer::Adopt(int fd) {
   beast::error_code error;
   acceptor_.assign(address.ss_family == AF_INET6 ? tcp::v6() : tcp::v4(), fd, error);
   if (error) return Internal("cannot adopt listening socket: " + error.message());
+  return StartAccepting();
+}
+
+Status HttpServer::StartAccepting() {
   port_ = acceptor_.local_endpoint().port();
   RegisterListeningPort(acceptor_.native_handle(), port_);
   // Accept's accept answers would_block or connection_aborted rather than waits for the next.
+  beast::error_code error;
   acceptor_.non_blocking(true, error);
   if (!error) acceptor_.set_option(asio::socket_base::enable_connection_aborted(true), error);
   if (error) return Internal("cannot make the listener non-blocking: " + error.message());

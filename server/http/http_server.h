@@ -191,6 +191,9 @@ class HttpServer {
   int64_t busy_connections() const;
 
  private:
+  // Listen's and Adopt's end, the listener open: registers it, makes it non-blocking, and
+  // starts accepting and tending it.
+  Status StartAccepting();
   void Accept();
   // Stops accepting for good if the listener was shut down or shared (listening_socket.h).
   void TendListenerEverySecond();
