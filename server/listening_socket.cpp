@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "exit_guard.h"
 #include "log.h"
 
 namespace orochi::server {
@@ -282,7 +283,10 @@ void ReportListenerLost(int port) {
     listener_lost_reported = true;
     handler = listener_lost_handler;
   }
-  if (!handler) std::_Exit(kListenerLostExitStatus);
+  if (!handler) {
+    AllowServingProcessExit();
+    std::_Exit(kListenerLostExitStatus);
+  }
   handler();
 }
 

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "exit_guard.h"
 #include "listening_socket.h"
 #include "liveness_probe.h"
 #include "log.h"
@@ -519,11 +520,20 @@ class Supervisor {
     if (::getppid() != supervisor) std::_Exit(1);
     // Never blocks: a pipe that model code filled loses the crash record, not the restart.
     ::fcntl(report_fd, F_SETFL, O_NONBLOCK);
-    // Before any model code: from here no call of this process or of what it starts can signal
-    // the supervisor (supervisor_shield.h).
+    // Before any model code, and before the shield, which refuses filters installed after it:
+    // model code cannot end this process by exiting it (exit_guard.h).
+    const Status exits_guarded = InstallExitFilter();
+    // From here no call of this process or of what it starts can signal the supervisor
+    // (supervisor_shield.h).
     if (Status shielded = ShieldSupervisorFrom(supervisor, supervisor_group); !shielded.ok()) {
       Log(LogLevel::kWarning, "model code can signal the supervisor",
           {{"reason", shielded.message()}});
+    }
+    if (exits_guarded.ok()) {
+      StartExitWarden();
+    } else {
+      Log(LogLevel::kWarning, "model code can end the serving process by exiting it",
+          {{"reason", exits_guarded.message()}});
     }
     InstallCrashRecorder(report_fd);
     inherited_.report_fd = report_fd;
@@ -534,6 +544,7 @@ class Supervisor {
       if (!started.status().detail().empty()) {
         std::fprintf(stderr, "%s", started.status().detail().c_str());
       }
+      AllowServingProcessExit();
       std::exit(1);
     }
     // From now on what is written to descriptors 1 and 2 goes to the supervisor's log (see
@@ -549,6 +560,7 @@ class Supervisor {
     [[maybe_unused]] ssize_t written = ::write(report_fd, kReady, sizeof(kReady) - 1);
     const int code = (*started)->Run();
     started->reset();
+    AllowServingProcessExit();
     std::exit(code);
   }
 

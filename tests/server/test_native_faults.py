@@ -9,6 +9,7 @@ the one model, never the service.
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import re
@@ -69,6 +70,30 @@ def crash_later():
 class Hangs:
     def __init__(self, context):
         threading.Thread(target=crash_later, daemon=True).start()
+
+    def predict(self, inputs):
+        return {"done": [True]}
+'''
+
+# Ends its process through the kernel's exit_group, past os._exit's guard, from a thread it
+# starts, a moment after each load (R4 of docs/HARDENING.md).
+EXITING_THREAD_INIT = '''
+import ctypes
+import platform
+import threading
+import time
+
+EXIT_GROUP = {"x86_64": 231, "aarch64": 94}[platform.machine()]
+
+
+def exit_later():
+    time.sleep(0.3)
+    ctypes.CDLL(None).syscall(EXIT_GROUP, 0)
+
+
+class Hangs:
+    def __init__(self, context):
+        threading.Thread(target=exit_later, daemon=True).start()
 
     def predict(self, inputs):
         return {"done": [True]}
@@ -432,6 +457,41 @@ class ModelThreadCrashTest(FaultsTest):
                                                 r"activity=thread:predict ")
         finally:
             self.assertEqual(server.stop(), 0)
+
+
+class ExitGroupTest(FaultsTest):
+    """Model code cannot exit the serving process past os._exit's guard (exit_guard.h)."""
+
+    def test_exit_group_from_model_code_is_refused(self):
+        # A clean exit once restarted the serving process, named no model and quarantined
+        # nothing: a thread that exited each start a moment after its load looped for ever.
+        self.place_package("exiter", EXITING_THREAD_INIT)
+        with self.hostile_server() as server:
+            first = server.serving_pid
+            time.sleep(1)  # well past the exiting thread's call
+            self.assertEqual(server.serving_pid, first)
+            self.assertEqual(index(server)["exiter"]["state"], "READY")
+            for mode in ("exit_group", "thread_exit_group"):
+                status, _, body = self.hostile(server, mode)
+                self.assertEqual(status, 200, body)
+                self.assertEqual(json.loads(body)["outputs"][0]["data"], [errno.EPERM], mode)
+            self.assertEqual(server.serving_pid, first)
+            log = server.log_text()
+            self.assertNotIn("restarting it", log)
+            # Three refused, the first two logged: then the 4th, the 8th... (no flood).
+            self.assertEqual(re.findall(r"model code tried to end the serving process "
+                                        r"\(exit_group\); refused thread=\d+ .*"
+                                        r"refused_so_far=(\d+)", log), ["1", "2"], log)
+            self.assert_echo_serves(server)
+
+    def test_what_model_code_starts_exits_as_it_would_anywhere(self):
+        # A fork, a program, and a program that exits with a thread still running: each
+        # exit_group goes to the warden, which lets through those of other processes.
+        with self.hostile_server() as server:
+            status, _, body = self.hostile(server, "child_exits")
+            self.assertEqual(status, 200, body)
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [3, 4, 5])
+            self.assertNotIn("refused", server.log_text())
 
 
 class SlowLoadReadinessTest(FaultsTest):

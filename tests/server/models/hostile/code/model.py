@@ -303,6 +303,38 @@ def shell_kill(pid):
         raise PermissionError("the shell's kill was refused")
 
 
+def raw_exit_group(status: int) -> int:
+    """The kernel's exit_group, past the guard on os._exit; the errno it failed with (0 if it
+    returned without one)."""
+    import ctypes
+    import platform
+    number = {"x86_64": 231, "aarch64": 94}[platform.machine()]
+    libc = ctypes.CDLL(None, use_errno=True)
+    return ctypes.get_errno() if libc.syscall(number, status) == -1 else 0
+
+
+# Ends with status 5 while a thread of its own still runs: the whole process must go.
+THREADED_EXIT = """
+import os, threading, time
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+time.sleep(0.1)
+os._exit(5)
+"""
+
+
+def child_exit_statuses() -> list:
+    """The exit statuses of what a model starts: a fork, a program, a threaded program."""
+    import subprocess
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    statuses = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])]
+    statuses.append(subprocess.run(["sh", "-c", "exit 4"], check=False).returncode)
+    statuses.append(subprocess.run(["/usr/bin/python3.11", "-c", THREADED_EXIT], check=False,
+                                   timeout=30).returncode)
+    return [float(status) for status in statuses]
+
+
 class Hostile:
     def __init__(self, context):
         pass
@@ -331,6 +363,17 @@ class Hostile:
         elif mode == "segfault":  # a native crash, as a C extension's bug would make one
             import ctypes
             ctypes.string_at(0)
+        elif mode == "exit_group":
+            return {"out": [float(raw_exit_group(7))]}
+        elif mode == "thread_exit_group":  # from a thread of its own, as R4 of HARDENING.md
+            import threading
+            errors = []
+            thread = threading.Thread(target=lambda: errors.append(raw_exit_group(7)))
+            thread.start()
+            thread.join()
+            return {"out": [float(errors[0])]}
+        elif mode == "child_exits":
+            return {"out": child_exit_statuses()}
         elif mode == "thread_segfault":  # the same, a moment later in a thread of its own
             import ctypes
             import threading
