@@ -71,12 +71,45 @@ struct Report {
   std::vector<std::string> stuck_loads;
   // Quarantined versions an operator loaded explicitly since the last read ("lifted" lines).
   std::vector<std::string> lifted;
+  // Why the start failed ("start_failed" line), as `orochi serve` says it: a message, a
+  // newline, and the detail (a traceback, say).
+  std::string start_failure;
   std::string unfinished;  // a line read without its end yet
   // The model version whose load at the start began last ("loading" lines, before "ready"):
   // a death there with no crash record (SIGKILL from the kernel's OOM killer, say) is put on
   // it, so that a package that kills every start is quarantined like one that crashes.
   std::string loading;
 };
+
+// A report line's text: backslashes and newlines escaped, cut so that the line is written and
+// read whole (within PIPE_BUF, and a read of ReadReport's).
+std::string EscapeReportText(std::string_view text) {
+  constexpr size_t kMostBytes = 3 << 10;
+  std::string escaped;
+  for (const char c : text) {
+    if (escaped.size() >= kMostBytes) break;
+    if (c == '\\') {
+      escaped += "\\\\";
+    } else if (c == '\n') {
+      escaped += "\\n";
+    } else {
+      escaped += c;
+    }
+  }
+  return escaped;
+}
+
+std::string UnescapeReportText(std::string_view escaped) {
+  std::string text;
+  for (size_t i = 0; i < escaped.size(); ++i) {
+    if (escaped[i] == '\\' && i + 1 < escaped.size()) {
+      text += escaped[++i] == 'n' ? '\n' : escaped[i];
+    } else {
+      text += escaped[i];
+    }
+  }
+  return text;
+}
 
 // Reads everything the serving process wrote: "ready" once it serves, and a crash line if it
 // died of a fatal signal (see crash_record.h).
@@ -112,6 +145,8 @@ Report ReadReport(int fd, Report report, bool stuck_loads_plausible) {
       report.ready = true;
     } else if (line.starts_with("loading model=")) {
       if (!report.ready) report.loading = line.substr(sizeof("loading model=") - 1);
+    } else if (line.starts_with("start_failed ")) {
+      if (!report.ready) report.start_failure = UnescapeReportText(line.substr(13));
     } else if (line.starts_with("lifted model=")) {
       if (report.lifted.size() < kMostLinesKept) {
         report.lifted.push_back(line.substr(sizeof("lifted model=") - 1));
@@ -323,6 +358,26 @@ size_t ModelProcessBound(int64_t configured) {
   return static_cast<size_t>(std::max<uint64_t>(bound, 1));
 }
 
+// The descriptors past 2 that the program starting the server left open across its exec (a
+// shell's `9>file`, a process manager's pipe): not close-on-exec, which every descriptor the
+// server opens is.
+std::vector<int> LauncherDescriptors() {
+  std::vector<int> found;
+  DIR* directory = ::opendir("/proc/self/fd");
+  if (directory == nullptr) return found;
+  while (const dirent* entry = ::readdir(directory)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd <= STDERR_FILENO || fd == ::dirfd(directory)) {
+      continue;
+    }
+    const int flags = ::fcntl(static_cast<int>(fd), F_GETFD);
+    if (flags >= 0 && (flags & FD_CLOEXEC) == 0) found.push_back(static_cast<int>(fd));
+  }
+  ::closedir(directory);
+  return found;
+}
+
 class Supervisor {
  public:
   explicit Supervisor(ServerConfig config) : config_(std::move(config)) {}
@@ -330,6 +385,7 @@ class Supervisor {
   Result<int> Run() {
     OROCHI_RETURN_IF_ERROR(ValidateServerConfig(config_));
     ConfigureLog(config_.log.level, config_.log.format);
+    launcher_descriptors_ = LauncherDescriptors();
     HideSupervisorMemory();
     // What the serving process's models start and leave behind (setsid() daemons, out of the
     // group that kill(-child) reaches) becomes the supervisor's child when its parent dies,
@@ -478,7 +534,15 @@ class Supervisor {
         return WIFEXITED(status) ? exit_status : 0;
       }
       if (first_start && !report.ready && WIFEXITED(status)) {
-        return exit_status;  // it said why on stderr: a start that fails is not restarted
+        // A start that fails is not restarted: it says why, once.
+        if (!report.start_failure.empty()) {
+          std::fprintf(stderr, "orochi serve: %s", report.start_failure.c_str());
+        }
+        return exit_status;
+      }
+      if (!report.start_failure.empty()) {
+        Log(LogLevel::kError, "the serving process could not start",
+            {{"reason", report.start_failure}});
       }
       QuarantineStuckLoads(report);
       first_start = false;
@@ -502,6 +566,8 @@ class Supervisor {
 
  private:
   [[noreturn]] void ServeInChild(int report_fd, pid_t supervisor, pid_t supervisor_group) {
+    // Kept by the supervisor, whose launcher's they are; model code has no business with them.
+    for (int descriptor : launcher_descriptors_) ::close(descriptor);
     // Its records go through the supervisor (ServerLogForwarder), bounded. Close-on-exec: what
     // models start does not inherit it.
     SetLogDescriptor(log_pipe_[1]);
@@ -538,23 +604,24 @@ class Supervisor {
     InstallCrashRecorder(report_fd);
     inherited_.report_fd = report_fd;
     inherited_.supervisor = supervisor;
-    Result<std::unique_ptr<Server>> started = Server::Start(config_, inherited_);
-    if (!started.ok()) {
-      std::fprintf(stderr, "orochi serve: %s\n", started.status().message().c_str());
-      if (!started.status().detail().empty()) {
-        std::fprintf(stderr, "%s", started.status().detail().c_str());
-      }
-      AllowServingProcessExit();
-      std::exit(1);
-    }
-    // From now on what is written to descriptors 1 and 2 goes to the supervisor's log (see
-    // DescriptorOutput); a failed start above still tells the terminal directly.
+    // What is written to descriptors 1 and 2 goes to the supervisor's log (DescriptorOutput),
+    // bounded, from before the first model loads: an __init__ writing to them must not reach the
+    // supervisor's own output (its terminal, its log file) unchecked.
     ::fflush(stdout);
     ::fflush(stderr);
     ::dup2(stdout_pipe_[1], STDOUT_FILENO);
     ::dup2(stderr_pipe_[1], STDERR_FILENO);
     for (int descriptor : {stdout_pipe_[0], stdout_pipe_[1], stderr_pipe_[0], stderr_pipe_[1]}) {
       ::close(descriptor);
+    }
+    Result<std::unique_ptr<Server>> started = Server::Start(config_, inherited_);
+    if (!started.ok()) {
+      // Said by the supervisor on its own stderr, as the one line a start that fails leaves.
+      const std::string line = "start_failed " + EscapeReportText(started.status().message() +
+                                                                  "\n" + started.status().detail());
+      [[maybe_unused]] ssize_t written = ::write(report_fd, (line + "\n").data(), line.size() + 1);
+      AllowServingProcessExit();
+      std::exit(1);
     }
     static constexpr char kReady[] = "ready\n";
     [[maybe_unused]] ssize_t written = ::write(report_fd, kReady, sizeof(kReady) - 1);
@@ -986,10 +1053,11 @@ class Supervisor {
   const ServerConfig config_;
   Inheritance inherited_;
   std::vector<Listener> listeners_;
-  int signals_ = -1;               // a signalfd for SIGTERM, SIGINT and SIGCHLD
-  int stdout_pipe_[2] = {-1, -1};  // the serving process's descriptor 1, once it serves
-  int stderr_pipe_[2] = {-1, -1};  // and 2
-  int log_pipe_[2] = {-1, -1};     // its own log records
+  int signals_ = -1;                       // a signalfd for SIGTERM, SIGINT and SIGCHLD
+  int stdout_pipe_[2] = {-1, -1};          // the serving process's descriptor 1, once it serves
+  int stderr_pipe_[2] = {-1, -1};          // and 2
+  int log_pipe_[2] = {-1, -1};             // its own log records
+  std::vector<int> launcher_descriptors_;  // LauncherDescriptors, as the supervisor started
   DescriptorOutput stdout_{&stdout_pipe_[0], "stdout"};
   DescriptorOutput stderr_{&stderr_pipe_[0], "stderr"};
   ServerLogForwarder server_log_{&log_pipe_[0]};

@@ -87,7 +87,7 @@ class Server:
 
     def __init__(self, repository: str, config: dict, copies: int = 2, preexec_fn=None,
                  cwd: str | None = None, env: dict | None = None, http_port: int = 0,
-                 args: tuple = ()):
+                 args: tuple = (), pass_fds: tuple = ()):
         self.directory = tempfile.mkdtemp(prefix="orochi-serve-")
         config_path = os.path.join(self.directory, "config.json")
         # Every request logged, unless a test says otherwise: several read the request lines.
@@ -104,7 +104,7 @@ class Server:
              "--http-port", str(http_port), "--grpc-port", "0", "--metrics-port", "0", "--management-port", "0",
              "--copies", str(copies), "--bind",
              "127.0.0.1", *args], stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
-            cwd=cwd, env={**os.environ, **env} if env else None)
+            pass_fds=pass_fds, cwd=cwd, env={**os.environ, **env} if env else None)
         wait_for_ports(self, self.process, self.log_path)
 
     def url(self, path: str) -> str:

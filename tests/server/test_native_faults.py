@@ -22,8 +22,8 @@ import tempfile
 import time
 import unittest
 
-from server_fixtures import (Server, child_pids, curl, echo_request, metrics_text, pack_model,
-                             pack_repository, pack_variant, post_json, slow_request,
+from server_fixtures import (BINARY, Server, child_pids, curl, echo_request, metrics_text,
+                             pack_model, pack_repository, pack_variant, post_json, slow_request,
                              start_upload)
 
 CRASHING_INIT = '''
@@ -94,6 +94,20 @@ def exit_later():
 class Hangs:
     def __init__(self, context):
         threading.Thread(target=exit_later, daemon=True).start()
+
+    def predict(self, inputs):
+        return {"done": [True]}
+'''
+
+# Writes to descriptors 1 and 2 as it loads, past sys.stdout and sys.stderr.
+WRITING_INIT = '''
+import os
+
+
+class Hangs:
+    def __init__(self, context):
+        os.write(1, b"init wrote to 1\\n")
+        os.write(2, b"init wrote to 2\\n")
 
     def predict(self, inputs):
         return {"done": [True]}
@@ -492,6 +506,53 @@ class ExitGroupTest(FaultsTest):
             self.assertEqual(status, 200, body)
             self.assertEqual(json.loads(body)["outputs"][0]["data"], [3, 4, 5])
             self.assertNotIn("refused", server.log_text())
+
+
+class StartOutputTest(FaultsTest):
+    """What the serving process writes to descriptors 1 and 2 goes through the supervisor's
+    pipes from before the first load (R9 of docs/HARDENING.md)."""
+
+    def test_writes_of_an_init_at_start_are_logged_as_process_output(self):
+        # They once went straight to the supervisor's own output, unbounded and unlabelled.
+        self.place_package("writer", WRITING_INIT)
+        server = Server(self.repository, {}, copies=1)
+        try:
+            server.wait_for_serving(1)
+            log = server.log_text()
+            self.assertIn('process output stream=stdout line="init wrote to 1"', log)
+            self.assertIn('process output stream=stderr line="init wrote to 2"', log)
+            self.assertNotRegex(log, r"(?m)^init wrote to")
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_a_descriptor_the_launcher_left_open_stays_with_the_supervisor(self):
+        # Model code once wrote to what the program starting the server had left open (a
+        # shell's `251>file`): the serving process inherited it.
+        leaked = os.open(os.path.join(self.root, "launcher.txt"), os.O_WRONLY | os.O_CREAT)
+        os.dup2(leaked, 251)
+        try:
+            server = Server(self.repository, {}, copies=1, pass_fds=(251,))
+        finally:
+            os.close(leaked)
+            os.close(251)
+        try:
+            self.assertTrue(os.path.exists(f"/proc/{server.process.pid}/fd/251"))
+            self.assertFalse(os.path.exists(f"/proc/{server.serving_pid}/fd/251"))
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_a_start_that_fails_still_says_why_on_stderr(self):
+        config = os.path.join(self.root, "config.json")
+        with open(config, "w") as file:
+            json.dump({"management": {"token_file": os.path.join(self.root, "absent")}}, file)
+        finished = subprocess.run(
+            [BINARY, "serve", "--config", config, "--model-repository", self.repository,
+             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+             "--management-port", "0", "--copies", "1", "--bind", "127.0.0.1"],
+            capture_output=True, text=True, timeout=120, check=False)
+        self.assertEqual(finished.returncode, 1, finished.stderr)
+        self.assertIn("\norochi serve: cannot read the management token file "
+                      f"{self.root}/absent\n", "\n" + finished.stderr)
 
 
 class SlowLoadReadinessTest(FaultsTest):
