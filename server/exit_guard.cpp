@@ -8,13 +8,16 @@
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -41,7 +44,12 @@ constexpr uint32_t kNativeArch = 0;
 // exec (the kernel makes it close-on-exec) nor kept by a fork (CloseListenerInChild), so that
 // once the serving process is gone a leftover's exit_group finds no listener and goes through.
 int listener = -1;
-std::atomic<bool> exit_allowed{false};
+// The upper half of exit_group's argument on the server's own exits; 0 without the filter.
+uint32_t own_exit_word = 0;
+
+// The high 32 bits of a call's first argument, for the filter.
+constexpr uint32_t kFirstArgumentHigh = static_cast<uint32_t>(offsetof(seccomp_data, args)) +
+                                        (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? 4 : 0);
 
 void CloseListenerInChild() {
   if (listener >= 0) ::close(listener);
@@ -90,10 +98,11 @@ void Warden(int fd) {
     auto* response = reinterpret_cast<seccomp_notif_resp*>(response_buffer.data());
     response->id = request->id;
     const auto caller = static_cast<pid_t>(request->pid);
-    if (!exit_allowed.load(std::memory_order_acquire) && IsThreadOfThisProcess(caller)) {
+    if (IsThreadOfThisProcess(caller)) {
       response->error = -EPERM;
       // Logged at the 1st, 2nd, 4th, 8th... refusal: a loop of them cannot flood the log.
-      if ((++refused & (refused - 1)) == 0) {
+      ++refused;
+      if ((refused & (refused - 1)) == 0) {
         Log(LogLevel::kWarning, "model code tried to end the serving process (exit_group); refused",
             {{"thread", std::to_string(caller), false},
              {"thread_name", ThreadName(caller)},
@@ -113,14 +122,22 @@ Status InstallExitFilter() {
   if (kNativeArch == 0) {
     return Unimplemented("the exit filter is not written for this processor");
   }
+  uint32_t word = 0;
+  while (word == 0) {
+    if (::getrandom(&word, sizeof(word), 0) != sizeof(word)) {
+      return Internal(std::string("no random word for the exit filter: ") + std::strerror(errno));
+    }
+  }
   // Another architecture's calls (i386's exit_group has another number) are refused outright by
   // the supervisor shield's filter.
   // NOLINTBEGIN(hicpp-signed-bitwise): the kernel's BPF macros
   std::vector<sock_filter> program = {
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kNativeArch, 0, 3),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kNativeArch, 0, 5),
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_exit_group, 0, 1),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_exit_group, 0, 3),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kFirstArgumentHigh),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, word, 1, 0),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
   };
@@ -136,10 +153,11 @@ Status InstallExitFilter() {
     return Internal(std::string("the kernel refused the exit filter: ") + std::strerror(errno));
   }
   listener = static_cast<int>(fd);
+  own_exit_word = word;
   ::pthread_atfork(nullptr, nullptr, CloseListenerInChild);
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   // A sanitizer's report ends the process from whichever thread found the fault.
-  __sanitizer_set_death_callback(AllowServingProcessExit);
+  __sanitizer_set_death_callback([] { ExitServingProcess(1); });
 #endif
   return Status::Ok();
 }
@@ -155,6 +173,11 @@ void StartExitWarden() {
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }
 
-void AllowServingProcessExit() { exit_allowed.store(true, std::memory_order_release); }
+void ExitServingProcess(int code) {
+  std::fflush(nullptr);
+  ::syscall(SYS_exit_group,
+            (static_cast<uint64_t>(own_exit_word) << 32U) | static_cast<uint32_t>(code));
+  std::_Exit(code);  // not reached: the filter lets the call above through
+}
 
 }  // namespace orochi::server

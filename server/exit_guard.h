@@ -7,15 +7,19 @@
 //
 // So every exit_group made in the serving process, or in any process it starts, waits on a
 // seccomp user notification that one thread of the serving process (the warden) answers:
-//   - from a thread of the serving process, before the server itself decided to exit
-//     (AllowServingProcessExit): refused with EPERM, and logged with the thread's id and name;
+//   - from a thread of the serving process: refused with EPERM, and logged with the thread's id
+//     and name;
 //   - from any other process (a fork, a program a model runs): let through unchanged, whatever
 //     its threads, so what models start exits as it would anywhere.
-// A refused exit_group returns -1 to its caller. (glibc's _exit then ends the calling thread
-// alone: model code that calls the C library's exit or _exit loses that thread.)
+// The server's own exits (ExitServingProcess) carry a random word in the upper half of
+// exit_group's argument, which the kernel ignores and the filter lets through without asking:
+// they need no warden, so a warden lost (its descriptor closed by model code) costs only the
+// check, never the server's exit. A refused exit_group returns -1 to its caller. (glibc's _exit
+// then ends the calling thread alone: model code that calls the C library's exit or _exit loses
+// that thread.)
 //
 // Thread-safety: InstallExitFilter and StartExitWarden are called once, in that order, by the
-// serving process's first thread; AllowServingProcessExit from any thread, at any time.
+// serving process's first thread; ExitServingProcess from any thread, at any time.
 #pragma once
 
 #include "orochi/base/status.h"
@@ -31,9 +35,9 @@ Status InstallExitFilter();
 // Starts the warden thread; does nothing if InstallExitFilter failed.
 void StartExitWarden();
 
-// Lets every exit_group of the serving process through from now on: called by the server's own
-// exits (the end of a run, a failed start, a shutdown past its deadline) right before they
-// exit. Async-signal-safe.
-void AllowServingProcessExit();
+// Ends the process with `code` (as std::_Exit does, after flushing stdio): the server's own
+// exits (the end of a run, a failed start, a shutdown past its deadline, a lost listener), with
+// or without the filter.
+[[noreturn]] void ExitServingProcess(int code);
 
 }  // namespace orochi::server

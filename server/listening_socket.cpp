@@ -283,10 +283,7 @@ void ReportListenerLost(int port) {
     listener_lost_reported = true;
     handler = listener_lost_handler;
   }
-  if (!handler) {
-    AllowServingProcessExit();
-    std::_Exit(kListenerLostExitStatus);
-  }
+  if (!handler) ExitServingProcess(kListenerLostExitStatus);
   handler();
 }
 

@@ -628,8 +628,7 @@ int Server::Run() {
     if (finished->changed.wait_until(lock, hard_end, [&] { return finished->done; })) return;
     Log(LogLevel::kError, "shutdown did not finish within the grace period; exiting now",
         {{"exit_code", "1", false}});
-    AllowServingProcessExit();
-    std::_Exit(1);
+    ExitServingProcess(1);
   }).detach();
   auto finish = [&finished] {
     {
@@ -663,8 +662,7 @@ int Server::Run() {
     // running any destructor. Exit 1, as Triton does when its shutdown times out.
     Log(LogLevel::kError, "exiting without unloading: interpreter copies are still running",
         {{"stuck_copies", std::to_string(stuck), false}, {"exit_code", "1", false}});
-    AllowServingProcessExit();
-    std::_Exit(1);
+    ExitServingProcess(1);
   }
   finish();
   std::lock_guard lock(s.stop_mutex);

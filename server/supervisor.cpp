@@ -620,15 +620,13 @@ class Supervisor {
       const std::string line = "start_failed " + EscapeReportText(started.status().message() +
                                                                   "\n" + started.status().detail());
       [[maybe_unused]] ssize_t written = ::write(report_fd, (line + "\n").data(), line.size() + 1);
-      AllowServingProcessExit();
-      std::exit(1);
+      ExitServingProcess(1);
     }
     static constexpr char kReady[] = "ready\n";
     [[maybe_unused]] ssize_t written = ::write(report_fd, kReady, sizeof(kReady) - 1);
     const int code = (*started)->Run();
     started->reset();
-    AllowServingProcessExit();
-    std::exit(code);
+    ExitServingProcess(code);
   }
 
   // Binds address:port into `fd`, and remembers where for HealListeners (the port the kernel

@@ -498,6 +498,23 @@ class ExitGroupTest(FaultsTest):
                                         r"refused_so_far=(\d+)", log), ["1", "2"], log)
             self.assert_echo_serves(server)
 
+    def test_the_server_still_exits_when_model_code_closed_the_warden(self):
+        # The server's own exits carry the filter's word and need no warden: once they went
+        # through it, and a closed listener (ENOSYS, then glibc ending the calling thread alone)
+        # would have left the process alive with its ports.
+        with self.hostile_server() as server:
+            status, _, body = self.hostile(server, "close_exit_warden")
+            self.assertEqual(status, 200, body)
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [1])
+            status, _, body = self.hostile(server, "exit_group")
+            self.assertEqual(status, 200, body)
+            # Still refused: with no listener, the kernel answers ENOSYS.
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [errno.ENOSYS])
+            self.assertIn("the exit warden stopped", server.log_text())
+            self.assert_echo_serves(server)
+            began = time.time()
+        self.assertLess(time.time() - began, 10)
+
     def test_what_model_code_starts_exits_as_it_would_anywhere(self):
         # A fork, a program, and a program that exits with a thread still running: each
         # exit_group goes to the warden, which lets through those of other processes.
