@@ -17,6 +17,8 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <string_view>
 #include <vector>
@@ -204,6 +206,32 @@ std::optional<SocketSearch> FindClientSocket(const PeerAddress& peer, uint16_t p
   return FindThroughProcNet(peer, peer_port, server_port, error);
 }
 
+// Whether the kernel lists each thread's children (/proc/<pid>/task/<tid>/children, which
+// CONFIG_PROC_CHILDREN brings): then a walk of a process tree reads that tree's files only,
+// not every process's.
+bool KernelListsChildren() {
+  static const bool lists = [] {
+    const std::string own = "/proc/self/task/" + std::to_string(::gettid()) + "/children";
+    return ::access(own.c_str(), R_OK) == 0;
+  }();
+  return lists;
+}
+
+// The children of every thread of `pid`, from the children files; none if it is gone.
+std::vector<pid_t> ListedChildren(pid_t pid) {
+  std::vector<pid_t> children;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  DIR* directory = ::opendir(tasks.c_str());
+  if (directory == nullptr) return children;
+  while (const dirent* entry = ::readdir(directory)) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream listed(tasks + "/" + entry->d_name + "/children");
+    for (pid_t child = 0; listed >> child;) children.push_back(child);
+  }
+  ::closedir(directory);
+  return children;
+}
+
 // Every process's parent, from /proc/<pid>/stat (the field after the command, whose name may
 // hold spaces and parentheses, so read from the last ')').
 std::map<pid_t, std::vector<pid_t>> ChildrenByParent() {
@@ -277,33 +305,47 @@ std::vector<pid_t> ProcessesHoldingSockets(pid_t root, const std::vector<unsigne
   for (unsigned long inode : inodes) wanted.push_back("socket:[" + std::to_string(inode) + "]");
   std::vector<pid_t> holders;
   if (wanted.empty()) return holders;
-  const std::map<pid_t, std::vector<pid_t>> children = ChildrenByParent();
-  std::vector<pid_t> pending{root};
-  while (!pending.empty() && holders.size() < most) {
-    const pid_t pid = pending.back();
-    pending.pop_back();
+  for (const pid_t pid : Descendants(root)) {
+    if (holders.size() >= most) break;
     if (std::find(except.begin(), except.end(), pid) == except.end() && HoldsSocket(pid, wanted)) {
       holders.push_back(pid);
-    }
-    if (auto found = children.find(pid); found != children.end()) {
-      pending.insert(pending.end(), found->second.begin(), found->second.end());
     }
   }
   return holders;
 }
 
-std::vector<pid_t> ProcessesUnder(pid_t root, const std::vector<pid_t>& except) {
-  const std::map<pid_t, std::vector<pid_t>> children = ChildrenByParent();
-  std::vector<std::pair<uint64_t, pid_t>> found;  // (start time, pid)
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  if (KernelListsChildren()) return ListedChildren(pid);
+  std::map<pid_t, std::vector<pid_t>> children = ChildrenByParent();
+  return std::move(children[pid]);
+}
+
+std::vector<pid_t> Descendants(pid_t root) {
+  std::optional<std::map<pid_t, std::vector<pid_t>>> by_parent;
+  if (!KernelListsChildren()) by_parent = ChildrenByParent();
+  std::vector<pid_t> found;
+  std::set<pid_t> seen;
   std::vector<pid_t> pending{root};
   while (!pending.empty()) {
     const pid_t pid = pending.back();
     pending.pop_back();
+    if (!seen.insert(pid).second) continue;  // met twice in a tree that changed as it was read
+    found.push_back(pid);
+    if (!by_parent) {
+      const std::vector<pid_t> children = ListedChildren(pid);
+      pending.insert(pending.end(), children.begin(), children.end());
+    } else if (auto listed = by_parent->find(pid); listed != by_parent->end()) {
+      pending.insert(pending.end(), listed->second.begin(), listed->second.end());
+    }
+  }
+  return found;
+}
+
+std::vector<pid_t> ProcessesUnder(pid_t root, const std::vector<pid_t>& except) {
+  std::vector<std::pair<uint64_t, pid_t>> found;  // (start time, pid)
+  for (const pid_t pid : Descendants(root)) {
     if (std::find(except.begin(), except.end(), pid) == except.end()) {
       found.emplace_back(StartTime(pid), pid);
-    }
-    if (auto listed = children.find(pid); listed != children.end()) {
-      pending.insert(pending.end(), listed->second.begin(), listed->second.end());
     }
   }
   std::sort(found.begin(), found.end(), std::greater<>());

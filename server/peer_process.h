@@ -35,6 +35,14 @@ std::vector<pid_t> ProcessesHoldingSockets(pid_t root, const std::vector<unsigne
 // start time). From /proc, as above.
 std::vector<pid_t> ProcessesUnder(pid_t root, const std::vector<pid_t>& except);
 
+// The children of every thread of `pid`; none if it is gone. From the kernel's children files
+// (a few small reads) where it has them, else from a scan of every process's parent.
+std::vector<pid_t> ChildrenOf(pid_t pid);
+
+// `root` and every process under it, each once, parents before their children. As ChildrenOf:
+// the cost of a walk is that of the tree, not of every process on the machine.
+std::vector<pid_t> Descendants(pid_t root);
+
 class ProcessTreePeers {
  public:
   // `tree_root`: the supervisor's pid, or this process's own without a supervisor. Sockets are

@@ -314,21 +314,6 @@ class ServerLogForwarder {
   int64_t dropped_ = 0;
 };
 
-// The children of every thread of `pid` (/proc/<pid>/task/<tid>/children); none if it is gone.
-std::vector<pid_t> ChildrenOf(pid_t pid) {
-  std::vector<pid_t> children;
-  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
-  DIR* directory = ::opendir(tasks.c_str());
-  if (directory == nullptr) return children;
-  while (const dirent* entry = ::readdir(directory)) {
-    if (entry->d_name[0] == '.') continue;
-    std::ifstream listed(tasks + "/" + entry->d_name + "/children");
-    for (pid_t child = 0; listed >> child;) children.push_back(child);
-  }
-  ::closedir(directory);
-  return children;
-}
-
 // supervisor.max_model_processes, lowered to half of the limits every process of this user
 // and container counts against (RLIMIT_NPROC, the pids cgroup's pids.max), so that what model
 // code starts leaves the serving process room for its threads. 0: no bound.
@@ -703,27 +688,22 @@ class Supervisor {
   // at the next death.
   static void KillDescendants() {
     // Each round walks the tree through the children files of /proc (a few small reads, not a
-    // scan of every process), so that a round is quicker than a few forks.
+    // scan of every process: Descendants), so that a round is quicker than a few forks.
+    const pid_t supervisor = ::getpid();
     std::set<pid_t> stopped;
     for (int round = 0; round < 1000; ++round) {
       bool found_new = false;
-      std::vector<pid_t> pending{::getpid()};
-      while (!pending.empty()) {
-        const pid_t parent = pending.back();
-        pending.pop_back();
-        for (const pid_t child : ChildrenOf(parent)) {
-          if (stopped.insert(child).second) {
-            ::kill(child, SIGSTOP);
-            found_new = true;
-          }
-          pending.push_back(child);
+      for (const pid_t pid : Descendants(supervisor)) {
+        if (pid != supervisor && stopped.insert(pid).second) {
+          ::kill(pid, SIGSTOP);
+          found_new = true;
         }
       }
       if (!found_new) break;
     }
     for (const pid_t pid : stopped) ::kill(pid, SIGKILL);
     for (int round = 0; round < 1000; ++round) {
-      const std::vector<pid_t> children = ChildrenOf(::getpid());
+      const std::vector<pid_t> children = ChildrenOf(supervisor);
       if (children.empty()) return;
       for (pid_t pid : children) ::kill(pid, SIGKILL);
       for (pid_t pid : children) ::waitpid(pid, nullptr, 0);

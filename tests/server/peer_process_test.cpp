@@ -5,19 +5,26 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace orochi::server {
 namespace {
 
+using ::testing::Contains;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
 
 // A listener on 127.0.0.1 and one client connected to it, both of this process.
 class LoopbackConnection : public ::testing::Test {
@@ -172,6 +179,77 @@ TEST(ProcessTreePeersTest, AnAddressThatIsNoneIsRefused) {
       ProcessTreePeers(::getpid()).Refusal("not-an-address", 1, 2);
   ASSERT_TRUE(refused.has_value());
   EXPECT_THAT(*refused, HasSubstr("not-an-address"));
+}
+
+// A child and, 20 ms later, a grandchild of this process, both paused until the test kills them.
+class ProcessChain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int started[2];
+    ASSERT_EQ(::pipe(started), 0);
+    child_ = ::fork();
+    ASSERT_GE(child_, 0);
+    if (child_ == 0) {
+      ::usleep(20000);  // a later start time (clock ticks) than the child's
+      const pid_t grandchild = ::fork();
+      if (grandchild == 0) {
+        ::pause();
+        ::_exit(0);
+      }
+      [[maybe_unused]] ssize_t written = ::write(started[1], &grandchild, sizeof(grandchild));
+      ::pause();
+      ::_exit(0);
+    }
+    ::close(started[1]);
+    ASSERT_EQ(::read(started[0], &grandchild_, sizeof(grandchild_)),
+              static_cast<ssize_t>(sizeof(grandchild_)));
+    ::close(started[0]);
+  }
+  void TearDown() override {
+    if (grandchild_ > 0) ::kill(grandchild_, SIGKILL);
+    if (child_ > 0) {
+      ::kill(child_, SIGKILL);
+      ::waitpid(child_, nullptr, 0);
+    }
+  }
+
+  pid_t child_ = -1;
+  pid_t grandchild_ = -1;
+};
+
+TEST_F(ProcessChain, DescendantsComeParentsFirstAndChildrenOfOneLevel) {
+  const std::vector<pid_t> tree = Descendants(::getpid());
+  ASSERT_GE(tree.size(), 3U);
+  EXPECT_EQ(tree.front(), ::getpid());
+  const auto child_at = std::find(tree.begin(), tree.end(), child_);
+  const auto grandchild_at = std::find(tree.begin(), tree.end(), grandchild_);
+  ASSERT_NE(child_at, tree.end());
+  ASSERT_NE(grandchild_at, tree.end());
+  EXPECT_LT(child_at, grandchild_at);
+
+  EXPECT_THAT(ChildrenOf(::getpid()), Contains(child_));
+  EXPECT_THAT(ChildrenOf(::getpid()), Not(Contains(grandchild_)));
+  EXPECT_THAT(ChildrenOf(child_), ElementsAre(grandchild_));
+  EXPECT_THAT(Descendants(grandchild_), ElementsAre(grandchild_));
+}
+
+TEST_F(ProcessChain, ProcessesUnderComeYoungestFirst) {
+  const std::vector<pid_t> under = ProcessesUnder(::getpid(), {::getpid()});
+  const auto child_at = std::find(under.begin(), under.end(), child_);
+  const auto grandchild_at = std::find(under.begin(), under.end(), grandchild_);
+  ASSERT_NE(child_at, under.end());
+  ASSERT_NE(grandchild_at, under.end());
+  EXPECT_LT(grandchild_at, child_at);
+  EXPECT_THAT(under, Not(Contains(::getpid())));
+}
+
+TEST(ProcessTreeTest, AProcessThatIsGoneHasNoChildren) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_THAT(ChildrenOf(child), IsEmpty());
+  EXPECT_THAT(Descendants(child), ElementsAre(child));  // the root is listed as given
 }
 
 }  // namespace
