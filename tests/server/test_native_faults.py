@@ -515,6 +515,21 @@ class ExitGroupTest(FaultsTest):
             began = time.time()
         self.assertLess(time.time() - began, 10)
 
+    def test_a_worker_thread_ended_by_model_code_costs_its_request_and_its_copy(self):
+        # The kernel's exit of one thread (what glibc's _exit falls back to once exit_group is
+        # refused) takes a copy's worker from under it: that request gets its deadline, the copy
+        # is replaced, and nothing else is lost.
+        # The lost thread never leaves its copy: the stop waits out a short grace for it.
+        config = {"models": {"default_timeout_ms": 2000, "execution_grace_ms": 300},
+                  "http": {"shutdown_grace_s": 1}}
+        with self.hostile_server(config=config) as server:
+            first = server.serving_pid
+            status, _, body = self.hostile(server, "exit_thread")
+            self.assertEqual(status, 504, body)
+            self.assert_echo_serves(server, within_s=10)
+            self.assertEqual(server.serving_pid, first)
+            self.assertIn("interpreter copy replaced", server.log_text())
+
     def test_what_model_code_starts_exits_as_it_would_anywhere(self):
         # A fork, a program, and a program that exits with a thread still running: each
         # exit_group goes to the warden, which lets through those of other processes.

@@ -372,6 +372,11 @@ class Hostile:
             thread.start()
             thread.join()
             return {"out": [float(errors[0])]}
+        elif mode == "exit_thread":  # the kernel's exit of the calling thread alone
+            import ctypes
+            import platform
+            number = {"x86_64": 60, "aarch64": 93}[platform.machine()]
+            ctypes.CDLL(None).syscall(number, 0)
         elif mode == "close_exit_warden":  # the exit filter's listener, by its /proc name
             closed = 0
             for name in os.listdir("/proc/self/fd"):
