@@ -314,6 +314,32 @@ class ServerLogForwarder {
   int64_t dropped_ = 0;
 };
 
+// How many descriptors `pid` holds, and its limit as /proc/<pid>/limits gives it ("unlimited",
+// or "?" where it cannot be read).
+struct DescriptorUse {
+  int64_t open = 0;
+  std::string limit = "?";
+};
+DescriptorUse DescriptorUseOf(pid_t pid) {
+  DescriptorUse use;
+  const std::string process = "/proc/" + std::to_string(pid);
+  if (DIR* descriptors = ::opendir((process + "/fd").c_str())) {
+    while (const dirent* entry = ::readdir(descriptors)) {
+      if (entry->d_name[0] != '.') ++use.open;
+    }
+    ::closedir(descriptors);
+  }
+  std::ifstream limits(process + "/limits");
+  std::string line;
+  while (std::getline(limits, line)) {
+    // "Max open files            1024                 1048576              files"
+    if (!line.starts_with("Max open files")) continue;
+    std::istringstream fields(line.substr(sizeof("Max open files") - 1));
+    fields >> use.limit;  // the soft limit, the one that fails a call
+  }
+  return use;
+}
+
 // supervisor.max_model_processes, lowered to half of the limits every process of this user
 // and container counts against (RLIMIT_NPROC, the pids cgroup's pids.max), so that what model
 // code starts leaves the serving process room for its threads. 0: no bound.
@@ -464,9 +490,14 @@ class Supervisor {
       while (true) {
         const auto [signal_number, sender, unanswered_port, why] = Wait(std::nullopt);
         if (unanswered_port != 0 && !stopping) {
+          // Descriptors model code exhausted are the commonest cause, and name no model: the
+          // numbers at least tell an operator which it was.
+          const DescriptorUse descriptors = DescriptorUseOf(child);
           Log(LogLevel::kError, why,
               {{"port", std::to_string(unanswered_port), false},
-               {"seconds", std::to_string(config_.supervisor.liveness_timeout_s), false}});
+               {"seconds", std::to_string(config_.supervisor.liveness_timeout_s), false},
+               {"open_descriptors", std::to_string(descriptors.open), false},
+               {"descriptor_limit", descriptors.limit, false}});
           unresponsive = true;
           rebind_listeners_ = true;
           serving_ = 0;  // asked no more

@@ -1060,7 +1060,8 @@ class LivenessTest(FaultsTest):
             self.assertNotEqual(server.serving_pid, frozen)
             log = server.log_text()
             self.assertRegex(log, r"error the serving process left a port unanswered; killing it, "
-                                  r"to restart it on fresh listeners port=\d+ seconds=2")
+                                  r"to restart it on fresh listeners port=\d+ seconds=2 "
+                                  r"open_descriptors=\d+ descriptor_limit=(\d+|unlimited)")
             self.assertIn("the serving process stopped answering; restarting it signal=SIGKILL",
                           log)
             self.assert_echo_serves(server)
