@@ -4,11 +4,11 @@
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
-#include <pthread.h>
-#include <signal.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -20,7 +20,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "log.h"
@@ -40,10 +39,6 @@ constexpr uint32_t kNativeArch = AUDIT_ARCH_AARCH64;
 constexpr uint32_t kNativeArch = 0;
 #endif
 
-// The notification listener: the warden's to read, -1 without the filter. Not inherited by an
-// exec (the kernel makes it close-on-exec) nor kept by a fork (CloseListenerInChild), so that
-// once the serving process is gone a leftover's exit_group finds no listener and goes through.
-int listener = -1;
 // The upper half of exit_group's argument on the server's own exits; 0 without the filter.
 uint32_t own_exit_word = 0;
 
@@ -51,19 +46,22 @@ uint32_t own_exit_word = 0;
 constexpr uint32_t kFirstArgumentHigh = static_cast<uint32_t>(offsetof(seccomp_data, args)) +
                                         (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? 4 : 0);
 
-void CloseListenerInChild() {
-  if (listener >= 0) ::close(listener);
-  listener = -1;
+const char* CallName(int number) {
+  switch (number) {
+    case SYS_exit_group:
+      return "exit_group";
+    case SYS_execve:
+      return "execve";
+    case SYS_execveat:
+      return "execveat";
+    default:
+      return "?";
+  }
 }
 
-bool IsThreadOfThisProcess(pid_t thread) {
-  if (thread <= 0) return false;  // a caller in another pid namespace
-  const std::string task = "/proc/self/task/" + std::to_string(thread);
-  return ::access(task.c_str(), F_OK) == 0;
-}
-
-std::string ThreadName(pid_t thread) {
-  const std::string path = "/proc/self/task/" + std::to_string(thread) + "/comm";
+std::string ThreadName(pid_t process, pid_t thread) {
+  const std::string path =
+      "/proc/" + std::to_string(process) + "/task/" + std::to_string(thread) + "/comm";
   char name[32] = {};
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return "";
@@ -74,51 +72,9 @@ std::string ThreadName(pid_t thread) {
   return result;
 }
 
-void Warden(int fd) {
-  seccomp_notif_sizes sizes{};
-  if (::syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &sizes) != 0) {
-    sizes = {sizeof(seccomp_notif), sizeof(seccomp_notif_resp), sizeof(seccomp_data)};
-  }
-  // The kernel's structures may be larger than these headers' (a newer kernel).
-  std::vector<std::byte> request_buffer(
-      std::max<size_t>(sizes.seccomp_notif, sizeof(seccomp_notif)));
-  std::vector<std::byte> response_buffer(
-      std::max<size_t>(sizes.seccomp_notif_resp, sizeof(seccomp_notif_resp)));
-  uint64_t refused = 0;
-  while (true) {
-    std::fill(request_buffer.begin(), request_buffer.end(), std::byte{0});
-    auto* request = reinterpret_cast<seccomp_notif*>(request_buffer.data());
-    if (::ioctl(fd, SECCOMP_IOCTL_NOTIF_RECV, request) != 0) {
-      if (errno == EINTR || errno == ENOENT) continue;  // ENOENT: its caller was killed
-      Log(LogLevel::kError, "the exit warden stopped; exits of model code go unchecked",
-          {{"error", std::strerror(errno)}});
-      return;
-    }
-    std::fill(response_buffer.begin(), response_buffer.end(), std::byte{0});
-    auto* response = reinterpret_cast<seccomp_notif_resp*>(response_buffer.data());
-    response->id = request->id;
-    const auto caller = static_cast<pid_t>(request->pid);
-    if (IsThreadOfThisProcess(caller)) {
-      response->error = -EPERM;
-      // Logged at the 1st, 2nd, 4th, 8th... refusal: a loop of them cannot flood the log.
-      ++refused;
-      if ((refused & (refused - 1)) == 0) {
-        Log(LogLevel::kWarning, "model code tried to end the serving process (exit_group); refused",
-            {{"thread", std::to_string(caller), false},
-             {"thread_name", ThreadName(caller)},
-             {"refused_so_far", std::to_string(refused), false}});
-      }
-    } else {
-      response->flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
-    }
-    // ENOENT: the caller was killed while it waited, which ends its call anyway.
-    ::ioctl(fd, SECCOMP_IOCTL_NOTIF_SEND, response);
-  }
-}
-
 }  // namespace
 
-Status InstallExitFilter() {
+Result<int> InstallExitFilter() {
   if (kNativeArch == 0) {
     return Unimplemented("the exit filter is not written for this processor");
   }
@@ -128,21 +84,24 @@ Status InstallExitFilter() {
       return Internal(std::string("no random word for the exit filter: ") + std::strerror(errno));
     }
   }
-  // Another architecture's calls (i386's exit_group has another number) are refused outright by
-  // the supervisor shield's filter.
+  // Another architecture's calls (i386's have other numbers) are refused outright by the
+  // supervisor shield's filter.
   // NOLINTBEGIN(hicpp-signed-bitwise): the kernel's BPF macros
-  std::vector<sock_filter> program = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kNativeArch, 0, 5),
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_exit_group, 0, 3),
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kFirstArgumentHigh),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, word, 1, 0),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  const std::vector<sock_filter> program = {
+      /* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kNativeArch, 0, 7),  // else allow
+      /* 2 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      /* 3 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_exit_group, 2, 0),  // to 6
+      /* 4 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execve, 3, 0),      // to 8
+      /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execveat, 2, 3),    // to 8, else 9
+      /* 6 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kFirstArgumentHigh),
+      /* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, word, 1, 0),  // the server's own: allow
+      /* 8 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF),
+      /* 9 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
   };
   // NOLINTEND(hicpp-signed-bitwise)
-  const sock_fprog filter{static_cast<unsigned short>(program.size()), program.data()};
+  const sock_fprog filter{static_cast<unsigned short>(program.size()),
+                          const_cast<sock_filter*>(program.data())};
   // No new privileges: the condition for a filter without CAP_SYS_ADMIN (the shield sets it too).
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
     return Internal(std::string("cannot set no_new_privs: ") + std::strerror(errno));
@@ -152,25 +111,33 @@ Status InstallExitFilter() {
   if (fd < 0) {
     return Internal(std::string("the kernel refused the exit filter: ") + std::strerror(errno));
   }
-  listener = static_cast<int>(fd);
   own_exit_word = word;
-  ::pthread_atfork(nullptr, nullptr, CloseListenerInChild);
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   // A sanitizer's report ends the process from whichever thread found the fault.
   __sanitizer_set_death_callback([] { ExitServingProcess(1); });
 #endif
-  return Status::Ok();
+  return static_cast<int>(fd);
 }
 
-void StartExitWarden() {
-  if (listener < 0) return;
-  // No signal for it: an interrupted wait would only be retried.
-  sigset_t all;
-  sigfillset(&all);
-  sigset_t previous;
-  ::pthread_sigmask(SIG_SETMASK, &all, &previous);
-  std::thread(Warden, listener).detach();
-  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+void HandListener(int channel, int listener) {
+  char byte = 0;
+  iovec data{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  if (listener >= 0) {
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(header), &listener, sizeof(int));
+  }
+  [[maybe_unused]] ssize_t sent = ::sendmsg(channel, &message, MSG_NOSIGNAL);
+  // Model code must not answer the notifications itself: it would let its own exits through.
+  if (listener >= 0) ::close(listener);
 }
 
 void ExitServingProcess(int code) {
@@ -178,6 +145,70 @@ void ExitServingProcess(int code) {
   ::syscall(SYS_exit_group,
             (static_cast<uint64_t>(own_exit_word) << 32U) | static_cast<uint32_t>(code));
   std::_Exit(code);  // not reached: the filter lets the call above through
+}
+
+void ExitWarden::Receive(int channel, pid_t serving) {
+  Close();
+  serving_ = serving;
+  refused_ = 0;
+  // Sent right after the fork, before anything that could take long; a serving process that
+  // dies first closes its end, which ends the wait too.
+  pollfd ready{channel, POLLIN, 0};
+  if (::poll(&ready, 1, 10000) <= 0) return;
+  char byte = 0;
+  iovec data{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof(control);
+  if (::recvmsg(channel, &message, MSG_CMSG_CLOEXEC | MSG_DONTWAIT) <= 0) return;
+  const cmsghdr* header = CMSG_FIRSTHDR(&message);
+  if (header != nullptr && header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS) {
+    std::memcpy(&listener_, CMSG_DATA(header), sizeof(int));
+  }
+}
+
+void ExitWarden::AnswerOne() {
+  if (listener_ < 0) return;
+  seccomp_notif_sizes sizes{};
+  if (::syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &sizes) != 0) {
+    sizes = {sizeof(seccomp_notif), sizeof(seccomp_notif_resp), sizeof(seccomp_data)};
+  }
+  // The kernel's structures may be larger than these headers' (a newer kernel).
+  std::vector<std::byte> request_buffer(
+      std::max<size_t>(sizes.seccomp_notif, sizeof(seccomp_notif)));
+  std::vector<std::byte> response_buffer(
+      std::max<size_t>(sizes.seccomp_notif_resp, sizeof(seccomp_notif_resp)));
+  auto* request = reinterpret_cast<seccomp_notif*>(request_buffer.data());
+  // Polled readable, so this does not wait; ENOENT: its caller was killed meanwhile.
+  if (::ioctl(listener_, SECCOMP_IOCTL_NOTIF_RECV, request) != 0) return;
+  auto* response = reinterpret_cast<seccomp_notif_resp*>(response_buffer.data());
+  response->id = request->id;
+  const auto caller = static_cast<pid_t>(request->pid);  // a thread id; 0 from another namespace
+  const std::string task = "/proc/" + std::to_string(serving_) + "/task/" + std::to_string(caller);
+  if (caller > 0 && ::access(task.c_str(), F_OK) == 0) {
+    response->error = -EPERM;
+    ++refused_;
+    // Logged at the 1st, 2nd, 4th, 8th... refusal: a loop of them cannot flood the log.
+    if ((refused_ & (refused_ - 1)) == 0) {
+      Log(LogLevel::kWarning, "model code tried to end or replace the serving process; refused",
+          {{"call", CallName(request->data.nr)},
+           {"thread", std::to_string(caller), false},
+           {"thread_name", ThreadName(serving_, caller)},
+           {"refused_so_far", std::to_string(refused_), false}});
+    }
+  } else {
+    response->flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+  }
+  // ENOENT: the caller was killed while it waited, which ends its call anyway.
+  ::ioctl(listener_, SECCOMP_IOCTL_NOTIF_SEND, response);
+}
+
+void ExitWarden::Close() {
+  if (listener_ >= 0) ::close(listener_);
+  listener_ = -1;
 }
 
 }  // namespace orochi::server

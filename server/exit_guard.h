@@ -1,26 +1,30 @@
-// What keeps model code from ending the serving process by exiting it.
+// What keeps model code from ending or replacing the serving process.
 //
-// os._exit is refused in Python (the copies' boot replaces it), but C can reach the kernel
-// directly: a thread a model started that calls exit_group through ctypes' syscall once made
-// the serving process exit cleanly, which leaves no crash record. The supervisor restarted it
-// at once, for ever, and quarantined nothing, since a clean exit names no model.
+// os._exit is refused in Python (the copies' boot replaces it), but C reaches the kernel
+// directly: a thread a model started that called exit_group through ctypes' syscall made the
+// serving process exit cleanly, which leaves no crash record, and the supervisor restarted it
+// for ever, quarantining nothing. An execve does the same (the new program's exit is clean
+// too), and worse: a program exec'd with the listeners made inheritable answered every port
+// as the server, and nothing noticed.
 //
-// So every exit_group made in the serving process, or in any process it starts, waits on a
-// seccomp user notification that one thread of the serving process (the warden) answers:
-//   - from a thread of the serving process: refused with EPERM, and logged with the thread's id
-//     and name;
-//   - from any other process (a fork, a program a model runs): let through unchanged, whatever
-//     its threads, so what models start exits as it would anywhere.
+// So every exit_group, execve and execveat made in the serving process, or in any process it
+// starts, waits on a seccomp user notification that the supervisor answers (ExitWarden), out
+// of model code's reach:
+//   - from a thread of the serving process: refused with EPERM, and logged;
+//   - from any other process (a fork, a program a model runs): let through unchanged, so what
+//     models start runs and exits as it would anywhere.
 // The server's own exits (ExitServingProcess) carry a random word in the upper half of
 // exit_group's argument, which the kernel ignores and the filter lets through without asking:
-// they need no warden, so a warden lost (its descriptor closed by model code) costs only the
-// check, never the server's exit. A refused exit_group returns -1 to its caller. (glibc's _exit
-// then ends the calling thread alone: model code that calls the C library's exit or _exit loses
-// that thread.)
+// they need no supervisor, so a serving process whose supervisor was killed still exits.
+// Where the listener is gone (the supervisor's death), the calls it would answer fail with
+// ENOSYS. (glibc's _exit, refused, ends the calling thread alone. The C library's exit()
+// runs the process's exit handlers before it asks: docs/HARDENING.md.)
 //
-// Thread-safety: InstallExitFilter and StartExitWarden are called once, in that order, by the
-// serving process's first thread; ExitServingProcess from any thread, at any time.
+// Thread-safety: InstallExitFilter once, by the serving process's first thread;
+// ExitServingProcess from any thread; an ExitWarden from the supervisor's one thread.
 #pragma once
+
+#include <sys/types.h>
 
 #include "orochi/base/status.h"
 
@@ -28,16 +32,44 @@ namespace orochi::server {
 
 // In the serving process while it is single-threaded, before ShieldSupervisorFrom (whose filter
 // refuses any later one): installs the filter, inherited by every thread and process started
-// from then on. Internal if the kernel refuses it (older than 5.5, or a runtime that forbids
-// seccomp): exits then go through unchecked. Until StartExitWarden, an exit_group would wait.
-Status InstallExitFilter();
+// from then on, and returns its listener, for HandListener. Internal if the kernel refuses it
+// (older than 5.5, or a runtime that forbids seccomp): the calls then go through unchecked.
+Result<int> InstallExitFilter();
 
-// Starts the warden thread; does nothing if InstallExitFilter failed.
-void StartExitWarden();
+// Sends `listener` over the socket `channel` (SCM_RIGHTS) and closes it here; with
+// `listener` < 0, says there is none.
+void HandListener(int channel, int listener);
 
 // Ends the process with `code` (as std::_Exit does, after flushing stdio): the server's own
 // exits (the end of a run, a failed start, a shutdown past its deadline, a lost listener), with
 // or without the filter.
 [[noreturn]] void ExitServingProcess(int code);
+
+// The supervisor's side: answers the notifications of one serving process's filter.
+class ExitWarden {
+ public:
+  ExitWarden() = default;
+  ~ExitWarden() { Close(); }
+  ExitWarden(const ExitWarden&) = delete;
+  ExitWarden& operator=(const ExitWarden&) = delete;
+
+  // Receives the listener HandListener sent over `channel` (waiting up to a few seconds for
+  // it), for the serving process `serving`; none if it sent none or died first.
+  void Receive(int channel, pid_t serving);
+
+  // The listener, to poll for input; -1 without one.
+  int descriptor() const { return listener_; }
+
+  // Answers a notification, once descriptor() polls readable.
+  void AnswerOne();
+
+  // Closes the listener: calls that wait on it, and later ones, fail with ENOSYS.
+  void Close();
+
+ private:
+  int listener_ = -1;
+  pid_t serving_ = 0;
+  uint64_t refused_ = 0;
+};
 
 }  // namespace orochi::server

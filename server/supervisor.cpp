@@ -447,6 +447,13 @@ class Supervisor {
       if (::pipe2(report_pipe, O_CLOEXEC) != 0) {
         return Internal(std::string("cannot create a pipe: ") + std::strerror(errno));
       }
+      // What the serving process hands its exit filter's listener over (ExitWarden).
+      int guard_channel[2];
+      if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, guard_channel) != 0) {
+        ::close(report_pipe[0]);
+        ::close(report_pipe[1]);
+        return Internal(std::string("cannot create a socket pair: ") + std::strerror(errno));
+      }
       const Clock::time_point started = Clock::now();
       HealListeners();
       RestoreRepositoryModes();
@@ -458,8 +465,10 @@ class Supervisor {
         // left is gone (KillDescendants), so the slots come back; retry rather than end.
         Log(LogLevel::kError, "cannot start the serving process; retrying",
             {{"error", std::strerror(errno)}});
-        ::close(report_pipe[0]);
-        ::close(report_pipe[1]);
+        for (int descriptor :
+             {report_pipe[0], report_pipe[1], guard_channel[0], guard_channel[1]}) {
+          ::close(descriptor);
+        }
         KillDescendants();
         if (WaitOrStop(std::chrono::milliseconds(500))) return 0;
         continue;
@@ -473,9 +482,14 @@ class Supervisor {
         ::close(report_pipe[0]);
         ::close(signals_);
         ::pthread_sigmask(SIG_SETMASK, &original, nullptr);
-        ServeInChild(report_pipe[1], supervisor, supervisor_group);  // does not return
+        ::close(guard_channel[0]);
+        ServeInChild(report_pipe[1], guard_channel[1], supervisor,
+                     supervisor_group);  // does not return
       }
       ::close(report_pipe[1]);
+      ::close(guard_channel[1]);
+      exit_warden_.Receive(guard_channel[0], child);
+      ::close(guard_channel[0]);
       ::fcntl(report_pipe[0], F_SETFL, O_NONBLOCK);
       int status = 0;
       bool stopping = false;
@@ -531,6 +545,7 @@ class Supervisor {
       // say) must not outlive the process it came from, nor hold what it inherited.
       ::kill(-child, SIGKILL);
       KillDescendants();
+      exit_warden_.Close();
       ReadReportNow();
       ::close(report_pipe[0]);
       report_fd_ = -1;
@@ -549,11 +564,13 @@ class Supervisor {
         }
         return WIFEXITED(status) ? exit_status : 0;
       }
-      if (first_start && !report.ready && WIFEXITED(status)) {
-        // A start that fails is not restarted: it says why, once.
-        if (!report.start_failure.empty()) {
-          std::fprintf(stderr, "orochi serve: %s", report.start_failure.c_str());
-        }
+      // A start that fails is not restarted: it says why, once. Only the server's own word
+      // counts (its start_failed line, then its exit 1): any other exit before ready is a death
+      // during that start's loads, restarted and put on the load in flight as a crash would
+      // be. Once, a package whose __init__ exec'd /bin/true ended the supervisor with 0.
+      if (first_start && !report.ready && WIFEXITED(status) && WEXITSTATUS(status) == 1 &&
+          !report.start_failure.empty()) {
+        std::fprintf(stderr, "orochi serve: %s", report.start_failure.c_str());
         return exit_status;
       }
       if (!report.start_failure.empty()) {
@@ -581,7 +598,8 @@ class Supervisor {
   }
 
  private:
-  [[noreturn]] void ServeInChild(int report_fd, pid_t supervisor, pid_t supervisor_group) {
+  [[noreturn]] void ServeInChild(int report_fd, int guard_channel, pid_t supervisor,
+                                 pid_t supervisor_group) {
     // Kept by the supervisor, whose launcher's they are; model code has no business with them.
     for (int descriptor : launcher_descriptors_) ::close(descriptor);
     // Its records go through the supervisor (ServerLogForwarder), bounded. Close-on-exec: what
@@ -603,19 +621,20 @@ class Supervisor {
     // Never blocks: a pipe that model code filled loses the crash record, not the restart.
     ::fcntl(report_fd, F_SETFL, O_NONBLOCK);
     // Before any model code, and before the shield, which refuses filters installed after it:
-    // model code cannot end this process by exiting it (exit_guard.h).
-    const Status exits_guarded = InstallExitFilter();
+    // model code cannot end this process by exiting it or replace it by an exec; the supervisor
+    // answers what the filter asks, through the listener handed to it here (exit_guard.h).
+    Result<int> exit_listener = InstallExitFilter();
+    HandListener(guard_channel, exit_listener.ok() ? *exit_listener : -1);
+    ::close(guard_channel);
+    if (!exit_listener.ok()) {
+      Log(LogLevel::kWarning, "model code can end the serving process by exiting it",
+          {{"reason", exit_listener.status().message()}});
+    }
     // From here no call of this process or of what it starts can signal the supervisor
     // (supervisor_shield.h).
     if (Status shielded = ShieldSupervisorFrom(supervisor, supervisor_group); !shielded.ok()) {
       Log(LogLevel::kWarning, "model code can signal the supervisor",
           {{"reason", shielded.message()}});
-    }
-    if (exits_guarded.ok()) {
-      StartExitWarden();
-    } else {
-      Log(LogLevel::kWarning, "model code can end the serving process by exiting it",
-          {{"reason", exits_guarded.message()}});
     }
     InstallCrashRecorder(report_fd);
     inherited_.report_fd = report_fd;
@@ -827,8 +846,12 @@ class Supervisor {
     // other way (SIGKILL, which no handler sees) must not put its crash on another model.
     const bool recorded = WIFSIGNALED(status) && IsRecordedSignal(WTERMSIG(status)) &&
                           field("signal") == std::to_string(WTERMSIG(status));
-    // No record, at a start: the load in flight, if the serving process named one.
-    const bool load_in_flight = !recorded && !report.ready && !report.loading.empty();
+    // No record, at a start: the load in flight, if the serving process named one. Not for a
+    // lost listener (its own exit status): model code of any model loaded before may have shut
+    // it down, and an innocent model loading then was once quarantined for it.
+    const bool listener_lost = WIFEXITED(status) && WEXITSTATUS(status) == kListenerLostExitStatus;
+    const bool load_in_flight =
+        !recorded && !listener_lost && !report.ready && !report.loading.empty();
     const std::string model_key =
         recorded ? field("model") : (load_in_flight ? report.loading : std::string());
     if (load_in_flight) {
@@ -888,8 +911,9 @@ class Supervisor {
                                      {stdout_pipe_[0], POLLIN, 0},
                                      {stderr_pipe_[0], POLLIN, 0},
                                      {log_pipe_[0], POLLIN, 0},
-                                     {report_open_ ? report_fd_ : -1, POLLIN, 0}};  // -1: unwatched
-      constexpr size_t kProbesFrom = 5;
+                                     {report_open_ ? report_fd_ : -1, POLLIN, 0},  // -1: unwatched
+                                     {exit_warden_.descriptor(), POLLIN, 0}};
+      constexpr size_t kProbesFrom = 6;
       probe_.AddTo(watched);
       int wait_ms = probe_.WaitMs(Clock::now());
       if (serving_ != 0 && report_.ready) {  // the upkeep of TendServingProcess, every second
@@ -912,6 +936,11 @@ class Supervisor {
         ReadReportNow();
       } else if (watched[4].revents != 0) {
         report_open_ = false;  // closed (model code can close it): it would poll ready for ever
+      }
+      if ((watched[5].revents & POLLIN) != 0) {
+        exit_warden_.AnswerOne();
+      } else if (watched[5].revents != 0) {
+        exit_warden_.Close();  // no process uses the filter any more
       }
       signalfd_siginfo info{};
       if (::read(signals_, &info, sizeof(info)) == sizeof(info)) {
@@ -1062,10 +1091,11 @@ class Supervisor {
   const ServerConfig config_;
   Inheritance inherited_;
   std::vector<Listener> listeners_;
-  int signals_ = -1;                       // a signalfd for SIGTERM, SIGINT and SIGCHLD
-  int stdout_pipe_[2] = {-1, -1};          // the serving process's descriptor 1, once it serves
-  int stderr_pipe_[2] = {-1, -1};          // and 2
-  int log_pipe_[2] = {-1, -1};             // its own log records
+  int signals_ = -1;               // a signalfd for SIGTERM, SIGINT and SIGCHLD
+  int stdout_pipe_[2] = {-1, -1};  // the serving process's descriptor 1, once it serves
+  int stderr_pipe_[2] = {-1, -1};  // and 2
+  int log_pipe_[2] = {-1, -1};     // its own log records
+  ExitWarden exit_warden_;         // the serving process's exit filter's listener, while it lives
   std::vector<int> launcher_descriptors_;  // LauncherDescriptors, as the supervisor started
   DescriptorOutput stdout_{&stdout_pipe_[0], "stdout"};
   DescriptorOutput stderr_{&stderr_pipe_[0], "stderr"};
