@@ -1,5 +1,6 @@
 #include "exit_guard.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +43,9 @@ constexpr uint32_t kNativeArch = 0;
 
 // The upper half of exit_group's argument on the server's own exits; 0 without the filter.
 uint32_t own_exit_word = 0;
+// The serving process the filter guards, whose C library exit() is model code's: 0 elsewhere
+// (the supervisor, a fork of the serving process, any other command).
+pid_t guarded_process = 0;
 
 // The high 32 bits of a call's first argument, for the filter.
 constexpr uint32_t kFirstArgumentHigh = static_cast<uint32_t>(offsetof(seccomp_data, args)) +
@@ -112,6 +117,7 @@ Result<int> InstallExitFilter() {
     return Internal(std::string("the kernel refused the exit filter: ") + std::strerror(errno));
   }
   own_exit_word = word;
+  guarded_process = ::getpid();
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   // A sanitizer's report ends the process from whichever thread found the fault.
   __sanitizer_set_death_callback([] { ExitServingProcess(1); });
@@ -146,6 +152,39 @@ void ExitServingProcess(int code) {
             (static_cast<uint64_t>(own_exit_word) << 32U) | static_cast<uint32_t>(code));
   std::_Exit(code);  // not reached: the filter lets the call above through
 }
+
+}  // namespace orochi::server
+
+// The C library's exit(), bound in place of glibc's for every caller outside glibc itself (the
+// executable exports it: --export-dynamic-symbol, so the copies' CPython and the C extensions
+// their loader maps bind here too). glibc's runs the process's exit handlers and C++ static
+// destructors before its exit_group, which the filter then refuses: the server went on with its
+// globals destroyed, answering 500 to every request while its health said ready. In the
+// guarded serving process the calling thread is parked instead, for good (a request running
+// there meets its deadline and its copy is replaced, as a copy stuck in C is); anywhere else
+// it is glibc's exit.
+// NOLINTNEXTLINE(bugprone-reserved-identifier,cert-dcl37-c,cert-dcl51-cpp,readability-inconsistent-declaration-parameter-name)
+extern "C" void exit(int status) noexcept {
+  using orochi::server::guarded_process;
+  if (guarded_process != 0 && ::getpid() == guarded_process) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) {
+      orochi::server::Log(
+          orochi::server::LogLevel::kWarning,
+          "model code called the C library's exit(), which would run the server's exit "
+          "handlers; its thread is parked for good instead",
+          {{"status", std::to_string(status), false},
+           {"thread", std::to_string(::gettid()), false}});
+    }
+    while (true) ::pause();
+  }
+  using Exit = void (*)(int);
+  auto* glibc_exit = reinterpret_cast<Exit>(::dlsym(RTLD_NEXT, "exit"));
+  if (glibc_exit != nullptr) glibc_exit(status);
+  std::_Exit(status);
+}
+
+namespace orochi::server {
 
 void ExitWarden::Receive(int channel, pid_t serving) {
   Close();

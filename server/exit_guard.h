@@ -17,8 +17,9 @@
 // exit_group's argument, which the kernel ignores and the filter lets through without asking:
 // they need no supervisor, so a serving process whose supervisor was killed still exits.
 // Where the listener is gone (the supervisor's death), the calls it would answer fail with
-// ENOSYS. (glibc's _exit, refused, ends the calling thread alone. The C library's exit()
-// runs the process's exit handlers before it asks: docs/HARDENING.md.)
+// ENOSYS. (glibc's _exit, refused, ends the calling thread alone. The C library's exit() would
+// run the process's exit handlers before it asks: the server binds its own exit() in its place,
+// which parks the calling thread in the serving process, exit_guard.cpp.)
 //
 // Thread-safety: InstallExitFilter once, by the serving process's first thread;
 // ExitServingProcess from any thread; an ExitWarden from the supervisor's one thread.

@@ -401,12 +401,16 @@ class Session : public std::enable_shared_from_this<Session> {
       StartUpload();
       return;
     }
+    // A body's share of Limits::body_budget is taken as its bytes come, whatever its framing:
+    // taken up front from a declared length, a few connections that declared much and sent a
+    // byte a second once held every other client's body off. One longer than the whole budget
+    // could never fit, and is refused before it is read.
     const auto length = parser_->content_length();  // none: a chunked body
-    if (length && !TakeBodyBudget(*length)) {
+    if (length && limits_.body_budget && *length > limits_.body_budget->max_bytes()) {
       RefuseForBodyBudget(*length);
       return;
     }
-    budget_as_it_comes_ = !length && limits_.body_budget != nullptr;
+    budget_as_it_comes_ = limits_.body_budget != nullptr;
     parser_->body_limit(limits_.max_body_bytes);  // for chunked bodies, counted as they come
     ContinueThen([self = shared_from_this()] {
       self->ReadBody(*self->parser_, [self](beast::error_code error) { self->OnRead(error); });
@@ -838,7 +842,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<BodyMeter> body_meter_ = std::make_shared<BodyMeter>();
   bool evicted_slow_ = false;        // closed for room: its body came too slowly
   uint64_t body_budget_taken_ = 0;   // of Limits::body_budget, by this request (TakeBodyBudget)
-  bool budget_as_it_comes_ = false;  // a chunked body: taken read by read
+  bool budget_as_it_comes_ = false;  // the body's budget taken read by read
   bool expects_continue_ = false;
   bool head_ = false;    // the request is a HEAD: its answer goes without the body
   bool probed_ = false;  // see WatchForHangUp

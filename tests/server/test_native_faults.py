@@ -568,6 +568,23 @@ class ExitGroupTest(FaultsTest):
             self.assertEqual(server.serving_pid, first)
             self.assertIn("interpreter copy replaced", server.log_text())
 
+    def test_the_c_librarys_exit_parks_its_thread_and_runs_no_exit_handler(self):
+        # glibc's exit() ran the process's exit handlers and static destructors before its
+        # exit_group was refused: every request then answered 500, while health said ready.
+        with self.hostile_server() as server:
+            first = server.serving_pid
+            status, _, body = self.hostile(server, "c_exit")
+            self.assertEqual(status, 200, body)
+            time.sleep(0.3)
+            for _ in range(3):
+                self.assert_echo_serves(server, within_s=10)
+            status, _, body = self.hostile(server, "nothing")
+            self.assertEqual(status, 200, body)
+            self.assertEqual(server.serving_pid, first)
+            self.assertIn("model code called the C library's exit(), which would run the "
+                          "server's exit handlers; its thread is parked for good instead status=0",
+                          server.log_text())
+
     def test_what_model_code_starts_exits_as_it_would_anywhere(self):
         # A fork, a program, and a program that exits with a thread still running: each
         # exit_group goes to the warden, which lets through those of other processes.

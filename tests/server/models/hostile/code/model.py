@@ -385,6 +385,10 @@ class Hostile:
                 except OSError:
                     pass
             return {"out": [float(count)]}
+        elif mode == "c_exit":  # the C library's exit(), from a thread of its own
+            import ctypes
+            import threading
+            threading.Thread(target=ctypes.CDLL(None).exit, args=(0,), daemon=True).start()
         elif mode == "exec":  # replaces the serving process, past any exit of its own
             os.execv("/bin/true", ["true"])
         elif mode == "child_exits":
