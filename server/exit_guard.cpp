@@ -64,6 +64,23 @@ const char* CallName(int number) {
   }
 }
 
+// What HandListener sends and ExitWarden::Receive takes: one byte, and room for a descriptor.
+struct DescriptorMessage {
+  DescriptorMessage() {
+    header.msg_iov = &data;
+    header.msg_iovlen = 1;
+    header.msg_control = control;
+    header.msg_controllen = sizeof(control);
+  }
+  DescriptorMessage(const DescriptorMessage&) = delete;
+  DescriptorMessage& operator=(const DescriptorMessage&) = delete;
+
+  char byte = 0;
+  iovec data{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr header{};
+};
+
 std::string ThreadName(pid_t process, pid_t thread) {
   const std::string path =
       "/proc/" + std::to_string(process) + "/task/" + std::to_string(thread) + "/comm";
@@ -126,22 +143,18 @@ Result<int> InstallExitFilter() {
 }
 
 void HandListener(int channel, int listener) {
-  char byte = 0;
-  iovec data{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr message{};
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
+  DescriptorMessage message;
   if (listener >= 0) {
-    message.msg_control = control;
-    message.msg_controllen = sizeof(control);
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    cmsghdr* header = CMSG_FIRSTHDR(&message.header);
     header->cmsg_level = SOL_SOCKET;
     header->cmsg_type = SCM_RIGHTS;
     header->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(header), &listener, sizeof(int));
+  } else {
+    message.header.msg_control = nullptr;
+    message.header.msg_controllen = 0;
   }
-  [[maybe_unused]] ssize_t sent = ::sendmsg(channel, &message, MSG_NOSIGNAL);
+  [[maybe_unused]] ssize_t sent = ::sendmsg(channel, &message.header, MSG_NOSIGNAL);
   // Model code must not answer the notifications itself: it would let its own exits through.
   if (listener >= 0) ::close(listener);
 }
@@ -194,16 +207,9 @@ void ExitWarden::Receive(int channel, pid_t serving) {
   // dies first closes its end, which ends the wait too.
   pollfd ready{channel, POLLIN, 0};
   if (::poll(&ready, 1, 10000) <= 0) return;
-  char byte = 0;
-  iovec data{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr message{};
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof(control);
-  if (::recvmsg(channel, &message, MSG_CMSG_CLOEXEC | MSG_DONTWAIT) <= 0) return;
-  const cmsghdr* header = CMSG_FIRSTHDR(&message);
+  DescriptorMessage message;
+  if (::recvmsg(channel, &message.header, MSG_CMSG_CLOEXEC | MSG_DONTWAIT) <= 0) return;
+  const cmsghdr* header = CMSG_FIRSTHDR(&message.header);
   if (header != nullptr && header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS) {
     std::memcpy(&listener_, CMSG_DATA(header), sizeof(int));
   }
