@@ -55,8 +55,24 @@ class Hangs:
         return {{"done": [True]}}
 '''
 
+
+def starting_a_thread(preamble: str, target: str) -> str:
+    """The code of a package whose __init__ starts `target` (defined in `preamble`) in a
+    thread of its own, which runs on after the load."""
+    return preamble + f"""
+
+
+class Hangs:
+    def __init__(self, context):
+        threading.Thread(target={target}, daemon=True).start()
+
+    def predict(self, inputs):
+        return {{"done": [True]}}
+"""
+
+
 # Starts a thread that crashes a moment after the load, outside any call of the model's.
-CRASHING_THREAD_INIT = '''
+CRASHING_THREAD_INIT = starting_a_thread('''
 import ctypes
 import threading
 import time
@@ -64,20 +80,11 @@ import time
 
 def crash_later():
     time.sleep(0.5)
-    ctypes.string_at(0)
-
-
-class Hangs:
-    def __init__(self, context):
-        threading.Thread(target=crash_later, daemon=True).start()
-
-    def predict(self, inputs):
-        return {"done": [True]}
-'''
+    ctypes.string_at(0)''', "crash_later")
 
 # Ends its process through the kernel's exit_group, past os._exit's guard, from a thread it
 # starts, a moment after each load (R4 of docs/HARDENING.md).
-EXITING_THREAD_INIT = '''
+EXITING_THREAD_INIT = starting_a_thread('''
 import ctypes
 import platform
 import threading
@@ -88,16 +95,7 @@ EXIT_GROUP = {"x86_64": 231, "aarch64": 94}[platform.machine()]
 
 def exit_later():
     time.sleep(0.3)
-    ctypes.CDLL(None).syscall(EXIT_GROUP, 0)
-
-
-class Hangs:
-    def __init__(self, context):
-        threading.Thread(target=exit_later, daemon=True).start()
-
-    def predict(self, inputs):
-        return {"done": [True]}
-'''
+    ctypes.CDLL(None).syscall(EXIT_GROUP, 0)''', "exit_later")
 
 # Writes to descriptors 1 and 2 as it loads, past sys.stdout and sys.stderr.
 WRITING_INIT = '''
@@ -261,6 +259,28 @@ class FaultsTest(unittest.TestCase):
     def hostile(self, server, mode):
         return post_json(server, "/v2/models/hostile/infer", {"inputs": [
             {"name": "mode", "datatype": "BYTES", "shape": [1], "data": [mode]}]})
+
+    def assert_answered_in_place(self, server, mode: str, status: int, says: bytes = b"") -> None:
+        """The hostile model's `mode` answers `status` with a body that says `says`, and a
+        moment later the serving process is still the one that answered."""
+        first = server.serving_pid
+        answered, _, body = self.hostile(server, mode)
+        self.assertEqual(answered, status, body)
+        self.assertIn(says, body)
+        time.sleep(0.3)
+        self.assertEqual(server.serving_pid, first)
+
+    def serve_to_the_end(self, config: dict) -> subprocess.CompletedProcess:
+        """`orochi serve` of the test repository with `config`, for a start expected to fail:
+        its status and output once it has ended."""
+        path = os.path.join(self.root, "config.json")
+        with open(path, "w") as file:
+            json.dump(config, file)
+        return subprocess.run(
+            [BINARY, "serve", "--config", path, "--model-repository", self.repository,
+             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+             "--management-port", "0", "--copies", "1", "--bind", "127.0.0.1"],
+            capture_output=True, text=True, timeout=120, check=False)
 
     def assert_echo_serves(self, server, within_s: int = 60):
         status, _, body = curl("-X", "POST", "--max-time", str(within_s), server.url(
@@ -526,14 +546,7 @@ class ExitGroupTest(FaultsTest):
         # An exec in __init__ made a clean exit of the serving process, which ended the
         # supervisor with status 0 and not a word; one of a program that waits hung the start.
         self.place_package("execinit", EXEC_INIT)
-        config = os.path.join(self.root, "config.json")
-        with open(config, "w") as file:
-            json.dump({}, file)
-        finished = subprocess.run(
-            [BINARY, "serve", "--config", config, "--model-repository", self.repository,
-             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-             "--management-port", "0", "--copies", "1", "--bind", "127.0.0.1"],
-            capture_output=True, text=True, timeout=120, check=False)
+        finished = self.serve_to_the_end({})
         self.assertEqual(finished.returncode, 1, finished.stderr)
         self.assertIn("orochi serve: loading model execinit:1 in interpreter copy 0: "
                       "PermissionError", finished.stderr)
@@ -543,11 +556,7 @@ class ExitGroupTest(FaultsTest):
         # An exec replaced the serving process: /bin/true made a clean exit, and a program of
         # the model's own, given the listeners, answered every port as the server.
         with self.hostile_server() as server:
-            first = server.serving_pid
-            status, _, body = self.hostile(server, "exec")
-            self.assertEqual(status, 500, body)
-            self.assertIn(b"PermissionError", body)
-            self.assertEqual(server.serving_pid, first)
+            self.assert_answered_in_place(server, "exec", 500, b"PermissionError")
             self.assertRegex(server.log_text(), r"model code tried to end or replace the serving "
                                                 r"process; refused call=execve thread=\d+")
             self.assertNotIn("restarting it", server.log_text())
@@ -572,15 +581,10 @@ class ExitGroupTest(FaultsTest):
         # glibc's exit() ran the process's exit handlers and static destructors before its
         # exit_group was refused: every request then answered 500, while health said ready.
         with self.hostile_server() as server:
-            first = server.serving_pid
-            status, _, body = self.hostile(server, "c_exit")
-            self.assertEqual(status, 200, body)
-            time.sleep(0.3)
+            self.assert_answered_in_place(server, "c_exit", 200)
             for _ in range(3):
                 self.assert_echo_serves(server, within_s=10)
-            status, _, body = self.hostile(server, "nothing")
-            self.assertEqual(status, 200, body)
-            self.assertEqual(server.serving_pid, first)
+            self.assert_answered_in_place(server, "nothing", 200)
             self.assertIn("model code called the C library's exit(), which would run the "
                           "server's exit handlers; its thread is parked for good instead status=0",
                           server.log_text())
@@ -629,14 +633,8 @@ class StartOutputTest(FaultsTest):
             self.assertEqual(server.stop(), 0)
 
     def test_a_start_that_fails_still_says_why_on_stderr(self):
-        config = os.path.join(self.root, "config.json")
-        with open(config, "w") as file:
-            json.dump({"management": {"token_file": os.path.join(self.root, "absent")}}, file)
-        finished = subprocess.run(
-            [BINARY, "serve", "--config", config, "--model-repository", self.repository,
-             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-             "--management-port", "0", "--copies", "1", "--bind", "127.0.0.1"],
-            capture_output=True, text=True, timeout=120, check=False)
+        finished = self.serve_to_the_end(
+            {"management": {"token_file": os.path.join(self.root, "absent")}})
         self.assertEqual(finished.returncode, 1, finished.stderr)
         self.assertIn("\norochi serve: cannot read the management token file "
                       f"{self.root}/absent\n", "\n" + finished.stderr)
@@ -707,23 +705,15 @@ class StopSignalFromModelCodeTest(FaultsTest):
         # nobody asked for): a restart that names no model, so a loop of them was never
         # quarantined, and its quick restarts backed off to seconds.
         with self.hostile_server() as server:
-            first = server.serving_pid
-            status, _, body = self.hostile(server, "terminate_self")
-            self.assertEqual(status, 500, body)
-            self.assertIn(b"PermissionError: [Errno 1] Operation not permitted", body)
-            time.sleep(0.3)
-            self.assertEqual(server.serving_pid, first)
+            self.assert_answered_in_place(server, "terminate_self", 500,
+                                          b"PermissionError: [Errno 1] Operation not permitted")
             self.assertNotIn("shutting down", server.log_text())
             self.assert_echo_serves(server)
 
     def test_timers_set_by_model_code_end_nothing(self):
         # Their signals (SIGALRM, SIGPROF, SIGVTALRM) once ended the process, naming no model.
         with self.hostile_server() as server:
-            first = server.serving_pid
-            status, _, body = self.hostile(server, "set_timers")
-            self.assertEqual(status, 200, body)
-            time.sleep(0.3)
-            self.assertEqual(server.serving_pid, first)
+            self.assert_answered_in_place(server, "set_timers", 200)
             self.assertNotIn("restarting it", server.log_text())
             self.assert_echo_serves(server)
 
