@@ -109,7 +109,7 @@ Result<int> InstallExitFilter() {
   // Another architecture's calls (i386's have other numbers) are refused outright by the
   // supervisor shield's filter.
   // NOLINTBEGIN(hicpp-signed-bitwise): the kernel's BPF macros
-  const std::vector<sock_filter> program = {
+  std::vector<sock_filter> program = {
       /* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
       /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kNativeArch, 0, 7),  // else allow
       /* 2 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
@@ -122,8 +122,7 @@ Result<int> InstallExitFilter() {
       /* 9 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
   };
   // NOLINTEND(hicpp-signed-bitwise)
-  const sock_fprog filter{static_cast<unsigned short>(program.size()),
-                          const_cast<sock_filter*>(program.data())};
+  const sock_fprog filter{static_cast<unsigned short>(program.size()), program.data()};
   // No new privileges: the condition for a filter without CAP_SYS_ADMIN (the shield sets it too).
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
     return Internal(std::string("cannot set no_new_privs: ") + std::strerror(errno));
@@ -210,26 +209,28 @@ void ExitWarden::Receive(int channel, pid_t serving) {
   DescriptorMessage message;
   if (::recvmsg(channel, &message.header, MSG_CMSG_CLOEXEC | MSG_DONTWAIT) <= 0) return;
   const cmsghdr* header = CMSG_FIRSTHDR(&message.header);
-  if (header != nullptr && header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS) {
-    std::memcpy(&listener_, CMSG_DATA(header), sizeof(int));
+  if (header == nullptr || header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) {
+    return;
   }
-}
-
-void ExitWarden::AnswerOne() {
-  if (listener_ < 0) return;
+  std::memcpy(&listener_, CMSG_DATA(header), sizeof(int));
+  // Sized once per listener: every exec and exit of what models start comes through here. The
+  // kernel's structures may be larger than these headers' (a newer kernel).
   seccomp_notif_sizes sizes{};
   if (::syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &sizes) != 0) {
     sizes = {sizeof(seccomp_notif), sizeof(seccomp_notif_resp), sizeof(seccomp_data)};
   }
-  // The kernel's structures may be larger than these headers' (a newer kernel).
-  std::vector<std::byte> request_buffer(
-      std::max<size_t>(sizes.seccomp_notif, sizeof(seccomp_notif)));
-  std::vector<std::byte> response_buffer(
-      std::max<size_t>(sizes.seccomp_notif_resp, sizeof(seccomp_notif_resp)));
-  auto* request = reinterpret_cast<seccomp_notif*>(request_buffer.data());
+  request_.resize(std::max<size_t>(sizes.seccomp_notif, sizeof(seccomp_notif)));
+  response_.resize(std::max<size_t>(sizes.seccomp_notif_resp, sizeof(seccomp_notif_resp)));
+}
+
+void ExitWarden::AnswerOne() {
+  if (listener_ < 0) return;
+  std::fill(request_.begin(), request_.end(), std::byte{0});  // the kernel wants it zeroed
+  std::fill(response_.begin(), response_.end(), std::byte{0});
+  auto* request = reinterpret_cast<seccomp_notif*>(request_.data());
   // Polled readable, so this does not wait; ENOENT: its caller was killed meanwhile.
   if (::ioctl(listener_, SECCOMP_IOCTL_NOTIF_RECV, request) != 0) return;
-  auto* response = reinterpret_cast<seccomp_notif_resp*>(response_buffer.data());
+  auto* response = reinterpret_cast<seccomp_notif_resp*>(response_.data());
   response->id = request->id;
   const auto caller = static_cast<pid_t>(request->pid);  // a thread id; 0 from another namespace
   const std::string task = "/proc/" + std::to_string(serving_) + "/task/" + std::to_string(caller);

@@ -27,6 +27,10 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
 #include "orochi/base/status.h"
 
 namespace orochi::server {
@@ -70,6 +74,8 @@ class ExitWarden {
  private:
   int listener_ = -1;
   pid_t serving_ = 0;
+  std::vector<std::byte> request_;   // a seccomp_notif, as large as the kernel's
+  std::vector<std::byte> response_;  // a seccomp_notif_resp, likewise
   uint64_t refused_ = 0;
 };
 
