@@ -23,6 +23,7 @@
 #include <deque>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -79,6 +80,7 @@ struct Report {
   // a death there with no crash record (SIGKILL from the kernel's OOM killer, say) is put on
   // it, so that a package that kills every start is quarantined like one that crashes.
   std::string loading;
+  int loads_begun = 0;  // "loading" lines before "ready": how far the start has come
 };
 
 // A report line's text: backslashes and newlines escaped, cut so that the line is written and
@@ -144,7 +146,10 @@ Report ReadReport(int fd, Report report, bool stuck_loads_plausible) {
     if (line == "ready") {
       report.ready = true;
     } else if (line.starts_with("loading model=")) {
-      if (!report.ready) report.loading = line.substr(sizeof("loading model=") - 1);
+      if (!report.ready) {
+        report.loading = line.substr(sizeof("loading model=") - 1);
+        report.loads_begun++;
+      }
     } else if (line.starts_with("start_failed ")) {
       if (!report.ready) report.start_failure = UnescapeReportText(line.substr(13));
     } else if (line.starts_with("lifted model=")) {
@@ -498,23 +503,37 @@ class Supervisor {
       report_open_ = true;
       report_ = Report{};
       started_ = started;
+      start_step_deadline_ = Clock::now() + StartStepBound();
+      start_steps_seen_ = 0;
       serving_ = child;
       const Report& report = report_;
       bool unresponsive = false;
       while (true) {
-        const auto [signal_number, sender, unanswered_port, why] = Wait(std::nullopt);
-        if (unanswered_port != 0 && !stopping) {
-          // Descriptors model code exhausted are the commonest cause, and name no model: the
-          // numbers at least tell an operator which it was.
+        const auto [signal_number, sender, why, unanswered_port] = Wait(std::nullopt);
+        if (why != nullptr && !stopping) {
+          // Descriptors model code exhausted are the commonest cause of an unanswered port, and
+          // name no model: the numbers at least tell an operator which it was.
           const DescriptorUse descriptors = DescriptorUseOf(child);
-          Log(LogLevel::kError, why,
-              {{"port", std::to_string(unanswered_port), false},
-               {"seconds", std::to_string(config_.supervisor.liveness_timeout_s), false},
-               {"open_descriptors", std::to_string(descriptors.open), false},
-               {"descriptor_limit", descriptors.limit, false}});
+          std::vector<LogField> fields;
+          if (unanswered_port != 0) {
+            fields.push_back({"port", std::to_string(unanswered_port), false});
+            fields.push_back(
+                {"seconds", std::to_string(config_.supervisor.liveness_timeout_s), false});
+            rebind_listeners_ = true;
+          } else {
+            fields.push_back(
+                {"seconds",
+                 std::to_string(
+                     std::chrono::duration_cast<std::chrono::seconds>(StartStepBound()).count()),
+                 false});
+            if (!report.loading.empty()) fields.push_back({"loading", report.loading});
+          }
+          fields.push_back({"open_descriptors", std::to_string(descriptors.open), false});
+          fields.push_back({"descriptor_limit", descriptors.limit, false});
+          Log(LogLevel::kError, why, fields);
           unresponsive = true;
-          rebind_listeners_ = true;
           serving_ = 0;  // asked no more
+          start_step_deadline_.reset();
           probe_.Stop();
           // Its group too: a tracer among what it started would keep its death from this wait.
           ::kill(child, SIGKILL);
@@ -533,6 +552,7 @@ class Supervisor {
         if (signal_number == SIGTERM || signal_number == SIGINT) {
           stopping = true;
           probe_.Stop();  // a draining process stops accepting: that is no failure
+          start_step_deadline_.reset();
           ::kill(child, signal_number);
           continue;
         }
@@ -540,6 +560,7 @@ class Supervisor {
         if (ReapChildren(child, status)) break;
       }
       serving_ = 0;
+      start_step_deadline_.reset();
       probe_.Stop();
       // What model code forked and left behind (a child deadlocked on a lock the fork copied,
       // say) must not outlive the process it came from, nor hold what it inherited.
@@ -899,10 +920,11 @@ class Supervisor {
   struct Signal {
     int number = 0;  // 0: the timeout passed first, or:
     pid_t sender = 0;
-    // The serving process left this port unanswered (LivenessProbe), or the port's listener
-    // has options that cannot be put back (TendListenerOptions); `why` says which, for the log.
-    int unanswered_port = 0;
+    // The serving process is to be killed, `why` says why for the log: its start stalled
+    // (TendStart), or it left `unanswered_port` unanswered (LivenessProbe), or that port's
+    // listener has options that cannot be put back (TendListenerOptions).
     const char* why = nullptr;
+    int unanswered_port = 0;
   };
   Signal Wait(std::optional<std::chrono::milliseconds> timeout) {
     const Clock::time_point until = Clock::now() + timeout.value_or(std::chrono::milliseconds(0));
@@ -916,11 +938,16 @@ class Supervisor {
       constexpr size_t kProbesFrom = 6;
       probe_.AddTo(watched);
       int wait_ms = probe_.WaitMs(Clock::now());
-      if (serving_ != 0 && report_.ready) {  // the upkeep of TendServingProcess, every second
-        const auto upkeep_ms = static_cast<int>(std::max<int64_t>(
-            0, std::chrono::duration_cast<std::chrono::milliseconds>(next_upkeep_ - Clock::now())
-                   .count()));
-        wait_ms = wait_ms < 0 ? upkeep_ms : std::min(wait_ms, upkeep_ms);
+      // The upkeep of TendServingProcess, every second; or the end of a start's step.
+      std::optional<Clock::time_point> next_tending;
+      if (serving_ != 0 && report_.ready) next_tending = next_upkeep_;
+      if (serving_ != 0 && !report_.ready) next_tending = start_step_deadline_;
+      if (next_tending) {
+        const auto tending_ms = static_cast<int>(std::clamp<int64_t>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(*next_tending - Clock::now())
+                .count(),
+            0, std::numeric_limits<int>::max()));
+        wait_ms = wait_ms < 0 ? tending_ms : std::min(wait_ms, tending_ms);
       }
       if (timeout) {
         const auto left = static_cast<int>(std::max<int64_t>(
@@ -946,11 +973,36 @@ class Supervisor {
       if (::read(signals_, &info, sizeof(info)) == sizeof(info)) {
         return {static_cast<int>(info.ssi_signo), static_cast<pid_t>(info.ssi_pid)};
       }
+      if (std::optional<Signal> stalled = TendStart()) return *stalled;
       if (std::optional<Signal> failed = TendServingProcess(watched, kProbesFrom)) {
         return *failed;
       }
       if (timeout && Clock::now() >= until) return {};
     }
+  }
+
+  // The longest a start may go without a step forward: a model's load begun, or "ready". A
+  // load ends within models.load_timeout_s and the grace of its interrupt (model_service.h);
+  // what comes between loads (reading packages, starting copies) gets as long again.
+  std::chrono::milliseconds StartStepBound() const {
+    return std::chrono::seconds(2 * config_.models.load_timeout_s + 5) +
+           std::chrono::milliseconds(config_.models.execution_grace_ms);
+  }
+
+  // Before the serving process serves, no port of its answers and the probe has nothing to
+  // ask: what bounds its start is its steps. A process frozen there (every thread stopped or
+  // blocked where the load deadline does not reach) once held the start for good. Killed, the
+  // load in flight is charged with its death (RecordDeath), so that a package that freezes
+  // every start is quarantined.
+  std::optional<Signal> TendStart() {
+    if (serving_ == 0 || report_.ready || !start_step_deadline_) return std::nullopt;
+    if (report_.loads_begun != start_steps_seen_) {
+      start_steps_seen_ = report_.loads_begun;
+      start_step_deadline_ = Clock::now() + StartStepBound();
+      return std::nullopt;
+    }
+    if (Clock::now() < *start_step_deadline_) return std::nullopt;
+    return Signal{0, 0, "the serving process's start made no progress; killing it"};
   }
 
   // Once the serving process serves: each second kills what it started that holds a listener
@@ -964,9 +1016,10 @@ class Supervisor {
       KillListenerHolders();
       BoundModelProcesses();
       if (std::optional<int> port = TendListenerOptions()) {
-        return Signal{0, 0, *port,
+        return Signal{0, 0,
                       "a listener's socket options cannot be put back; killing the serving "
-                      "process, to restart it on fresh listeners"};
+                      "process, to restart it on fresh listeners",
+                      *port};
       }
     }
     if (config_.supervisor.liveness_timeout_s == 0) return std::nullopt;
@@ -981,9 +1034,10 @@ class Supervisor {
     probe_.Advance(watched, probes_from, now);
     if (std::optional<int> port =
             probe_.Unanswered(std::chrono::seconds(config_.supervisor.liveness_timeout_s), now)) {
-      return Signal{0, 0, *port,
+      return Signal{0, 0,
                     "the serving process left a port unanswered; killing it, to restart it on "
-                    "fresh listeners"};
+                    "fresh listeners",
+                    *port};
     }
     return std::nullopt;
   }
@@ -1110,6 +1164,9 @@ class Supervisor {
   bool report_open_ = false;        // its write end not closed yet
   Report report_;                   // what came on it so far
   Clock::time_point started_;
+  // While it starts: when it is killed unless it comes a step further (TendStart).
+  std::optional<Clock::time_point> start_step_deadline_;
+  int start_steps_seen_ = 0;  // report_.loads_begun when that deadline was set
   std::map<std::string, std::deque<Clock::time_point>> crash_times_;  // by model key
 };
 

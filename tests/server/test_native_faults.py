@@ -19,6 +19,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -201,6 +202,57 @@ class Hangs:
     def predict(self, inputs):
         return {"done": [True]}
 '''
+
+
+# Marks its first load with its process's pid in the file MARK, and sleeps there; any later
+# load is quick.
+MARKS_A_SLOW_FIRST_LOAD = '''
+import os
+import time
+
+MARK = {mark!r}
+
+
+class Hangs:
+    def __init__(self, context):
+        if not os.path.exists(MARK):
+            with open(MARK + ".tmp", "w") as file:
+                file.write(str(os.getpid()))
+            os.rename(MARK + ".tmp", MARK)
+            time.sleep(3)
+
+    def predict(self, inputs):
+        return {{"done": [True]}}
+'''
+
+
+def freeze(test: unittest.TestCase, pid: int) -> list:
+    """Stops every thread of process `pid` as a tracer would (nothing but its death frees it),
+    skipping `test` where the kernel lets no process trace its descendants; the threads'
+    ids."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    for tid in threads:
+        if libc.ptrace(0x4206, tid, 0, 0) != 0:  # PTRACE_SEIZE
+            test.skipTest("this kernel does not let a process trace its descendants "
+                          f"(kernel.yama.ptrace_scope): {os.strerror(ctypes.get_errno())}")
+        libc.ptrace(0x4207, tid, 0, 0)  # PTRACE_INTERRUPT: a tracing stop
+    return threads
+
+
+def let_frozen_die(threads: list, timeout: float) -> None:
+    """Waits for the threads `freeze` stopped to be killed. As their tracer, the freezing thread
+    hears of their death first, and must let it go on to their parent."""
+    deadline = time.time() + timeout
+    while threads and time.time() < deadline:
+        for tid in list(threads):
+            try:
+                done, status = os.waitpid(tid, os.WNOHANG | 0x40000000)  # __WALL
+                if done and (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
+                    threads.remove(tid)
+            except ChildProcessError:
+                threads.remove(tid)
+        time.sleep(0.05)
 
 
 def index(server) -> dict:
@@ -1085,25 +1137,7 @@ class LivenessTest(FaultsTest):
             # so: frozen in between (a loaded machine), it would never be asked.
             time.sleep(1)
             frozen = server.serving_pid
-            libc = ctypes.CDLL(None, use_errno=True)
-            threads = [int(tid) for tid in os.listdir(f"/proc/{frozen}/task")]
-            for tid in threads:
-                if libc.ptrace(0x4206, tid, 0, 0) != 0:  # PTRACE_SEIZE
-                    self.skipTest("this kernel does not let a process trace its descendants "
-                                  f"(kernel.yama.ptrace_scope): {os.strerror(ctypes.get_errno())}")
-                libc.ptrace(0x4207, tid, 0, 0)  # PTRACE_INTERRUPT: a tracing stop
-            # As its tracer, this process hears of its death first, and must let it go on to
-            # its parent, the supervisor.
-            deadline = time.time() + 30
-            while threads and time.time() < deadline:
-                for tid in list(threads):
-                    try:
-                        done, status = os.waitpid(tid, os.WNOHANG | 0x40000000)  # __WALL
-                        if done and (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
-                            threads.remove(tid)
-                    except ChildProcessError:
-                        threads.remove(tid)
-                time.sleep(0.05)
+            let_frozen_die(freeze(self, frozen), timeout=30)
             server.wait_for_serving(2, timeout=30)
             self.assertNotEqual(server.serving_pid, frozen)
             log = server.log_text()
@@ -1115,6 +1149,50 @@ class LivenessTest(FaultsTest):
             self.assert_echo_serves(server)
             # The probes themselves leave no trace in the request log.
             self.assertNotIn("method=OPTIONS", log)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_a_start_frozen_during_a_load_is_killed_and_charged_to_that_load(self):
+        # Before it serves, the serving process answers no port, so the probe cannot tell a
+        # frozen start from a slow one: a start frozen during a load (or between the "serving"
+        # line and its report of it) once went on for good. Its steps are bounded instead:
+        # 2 x models.load_timeout_s + execution_grace_ms + 5 s = 13 s here without a load begun.
+        mark = os.path.join(self.root, "first-load")
+        self.place_package("freezes", MARKS_A_SLOW_FIRST_LOAD.format(mark=mark))
+        config = {"models": {"load_timeout_s": 4, "execution_grace_ms": 0}}
+        started = {}
+
+        def start():
+            try:
+                started["server"] = Server(self.repository, config, copies=1)
+            except AssertionError as error:
+                started["error"] = error
+
+        starting = threading.Thread(target=start)
+        starting.start()
+        deadline = time.time() + 60
+        while not os.path.exists(mark) and time.time() < deadline:
+            time.sleep(0.02)
+        with open(mark) as file:
+            frozen = int(file.read())
+        threads = freeze(self, frozen)
+        began = time.time()
+        let_frozen_die(threads, timeout=60)
+        stalled_for = time.time() - began
+        starting.join(timeout=90)
+        self.assertNotIn("error", started, started.get("error"))
+        server = started["server"]
+        try:
+            self.assertNotEqual(server.serving_pid, frozen)
+            self.assertGreater(stalled_for, 8)
+            log = server.log_text()
+            self.assertRegex(log, r"error the serving process's start made no progress; killing "
+                                  r"it seconds=13 loading=freezes:1 open_descriptors=\d+ ")
+            self.assertIn("the serving process stopped answering; restarting it signal=SIGKILL "
+                          "model=freezes:1 activity=load "
+                          "record=\"none: the load in flight at the start\"", log)
+            self.assertEqual(index(server)["freezes"]["state"], "READY")
+            self.assert_echo_serves(server)
         finally:
             self.assertEqual(server.stop(), 0)
 
