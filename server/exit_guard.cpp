@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "log.h"
+#include "seccomp_filter.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #include <sanitizer/common_interface_defs.h>
@@ -33,23 +35,11 @@
 namespace orochi::server {
 namespace {
 
-#if defined(__x86_64__)
-constexpr uint32_t kNativeArch = AUDIT_ARCH_X86_64;
-#elif defined(__aarch64__)
-constexpr uint32_t kNativeArch = AUDIT_ARCH_AARCH64;
-#else
-constexpr uint32_t kNativeArch = 0;
-#endif
-
 // The upper half of exit_group's argument on the server's own exits; 0 without the filter.
 uint32_t own_exit_word = 0;
 // The serving process the filter guards, whose C library exit() is model code's: 0 elsewhere
 // (the supervisor, a fork of the serving process, any other command).
 pid_t guarded_process = 0;
-
-// The high 32 bits of a call's first argument, for the filter.
-constexpr uint32_t kFirstArgumentHigh = static_cast<uint32_t>(offsetof(seccomp_data, args)) +
-                                        (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? 4 : 0);
 
 const char* CallName(int number) {
   switch (number) {
@@ -59,9 +49,92 @@ const char* CallName(int number) {
       return "execve";
     case SYS_execveat:
       return "execveat";
+    case SYS_shutdown:
+      return "shutdown";
+    case SYS_dup:
+      return "dup";
+#ifdef SYS_dup2
+    case SYS_dup2:
+      return "dup2";
+#endif
+    case SYS_dup3:
+      return "dup3";
+    case SYS_fcntl:
+      return "fcntl";
+    case SYS_pidfd_getfd:
+      return "pidfd_getfd";
     default:
       return "?";
   }
+}
+
+// Whether call `number` is one that ends or replaces its process (the others the filter asks
+// about reach a listener).
+bool EndsProcess(int number) {
+  return number == SYS_exit_group || number == SYS_execve || number == SYS_execveat;
+}
+
+// The filter of InstallExitFilter: the server's own exits (`word` in the upper half of
+// exit_group's argument) allowed; other exits, execs, and the calls that would shut down,
+// duplicate or replace one of `listeners`, asked of the supervisor; anything else allowed.
+// Another architecture's calls (i386's have other numbers) are refused outright by the
+// supervisor shield's filter.
+std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& listeners) {
+  seccomp::FilterBuilder filter;
+  const auto allow = filter.NewLabel();
+  const auto ask = filter.NewLabel();
+  const auto exit_group = filter.NewLabel();
+  const auto first_is_listener = filter.NewLabel();
+  const auto second_is_listener = filter.NewLabel();
+  const auto either_is_listener = filter.NewLabel();
+  const auto fcntl = filter.NewLabel();
+  const auto native = filter.NewLabel();
+  filter.Load(seccomp::kArch);
+  filter.JumpIfEqual(seccomp::kNativeArch, native);
+  filter.Return(SECCOMP_RET_ALLOW);
+  filter.Bind(native);
+  filter.Load(seccomp::kCallNumber);
+  filter.JumpIfEqual(SYS_exit_group, exit_group);
+  filter.JumpIfOneOf(std::array{SYS_execve, SYS_execveat}, ask);
+  filter.JumpIfOneOf(std::array{SYS_shutdown, SYS_dup}, first_is_listener);
+  filter.JumpIfOneOf(
+      std::array{
+#ifdef SYS_dup2
+          SYS_dup2,
+#endif
+          SYS_dup3},
+      either_is_listener);
+  filter.JumpIfEqual(SYS_fcntl, fcntl);
+  filter.JumpIfEqual(SYS_pidfd_getfd, second_is_listener);
+  filter.Return(SECCOMP_RET_ALLOW);
+
+  filter.Bind(exit_group);
+  filter.Load(seccomp::ArgumentHigh(0));
+  filter.JumpIfEqual(word, allow);
+  filter.Return(SECCOMP_RET_USER_NOTIF);
+
+  filter.Bind(fcntl);
+  filter.JumpIfArgumentIsOneOf(1, std::array{F_DUPFD, F_DUPFD_CLOEXEC}, first_is_listener);
+  filter.Return(SECCOMP_RET_ALLOW);
+
+  filter.Bind(either_is_listener);  // dup2 and dup3: what is copied, and what it replaces
+  filter.JumpIfArgumentIsOneOf(0, listeners, ask);
+  filter.JumpIfArgumentIsOneOf(1, listeners, ask);
+  filter.Return(SECCOMP_RET_ALLOW);
+
+  filter.Bind(first_is_listener);
+  filter.JumpIfArgumentIsOneOf(0, listeners, ask);
+  filter.Return(SECCOMP_RET_ALLOW);
+
+  filter.Bind(second_is_listener);
+  filter.JumpIfArgumentIsOneOf(1, listeners, ask);
+  filter.Return(SECCOMP_RET_ALLOW);
+
+  filter.Bind(ask);
+  filter.Return(SECCOMP_RET_USER_NOTIF);
+  filter.Bind(allow);
+  filter.Return(SECCOMP_RET_ALLOW);
+  return filter.Finish();
 }
 
 // What HandListener sends and ExitWarden::Receive takes: one byte, and room for a descriptor.
@@ -96,8 +169,8 @@ std::string ThreadName(pid_t process, pid_t thread) {
 
 }  // namespace
 
-Result<int> InstallExitFilter() {
-  if (kNativeArch == 0) {
+Result<int> InstallExitFilter(const std::vector<int>& listeners) {
+  if (seccomp::kNativeArch == 0) {
     return Unimplemented("the exit filter is not written for this processor");
   }
   uint32_t word = 0;
@@ -106,22 +179,7 @@ Result<int> InstallExitFilter() {
       return Internal(std::string("no random word for the exit filter: ") + std::strerror(errno));
     }
   }
-  // Another architecture's calls (i386's have other numbers) are refused outright by the
-  // supervisor shield's filter.
-  // NOLINTBEGIN(hicpp-signed-bitwise): the kernel's BPF macros
-  std::vector<sock_filter> program = {
-      /* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
-      /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kNativeArch, 0, 7),  // else allow
-      /* 2 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      /* 3 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_exit_group, 2, 0),  // to 6
-      /* 4 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execve, 3, 0),      // to 8
-      /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execveat, 2, 3),    // to 8, else 9
-      /* 6 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kFirstArgumentHigh),
-      /* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, word, 1, 0),  // the server's own: allow
-      /* 8 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF),
-      /* 9 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-  };
-  // NOLINTEND(hicpp-signed-bitwise)
+  std::vector<sock_filter> program = Compile(word, listeners);
   const sock_fprog filter{static_cast<unsigned short>(program.size()), program.data()};
   // No new privileges: the condition for a filter without CAP_SYS_ADMIN (the shield sets it too).
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
@@ -239,7 +297,10 @@ void ExitWarden::AnswerOne() {
     ++refused_;
     // Logged at the 1st, 2nd, 4th, 8th... refusal: a loop of them cannot flood the log.
     if ((refused_ & (refused_ - 1)) == 0) {
-      Log(LogLevel::kWarning, "model code tried to end or replace the serving process; refused",
+      Log(LogLevel::kWarning,
+          EndsProcess(request->data.nr)
+              ? "model code tried to end or replace the serving process; refused"
+              : "model code tried to shut down, copy or replace a listening socket; refused",
           {{"call", CallName(request->data.nr)},
            {"thread", std::to_string(caller), false},
            {"thread_name", ThreadName(serving_, caller)},

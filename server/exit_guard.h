@@ -7,9 +7,14 @@
 // too), and worse: a program exec'd with the listeners made inheritable answered every port
 // as the server, and nothing noticed.
 //
+// A listening socket is shared with the supervisor, and model code that shut one down (or
+// that shut down a copy of one) made the serving process exit to have it bound again, at every
+// start: a restart loop that names no model.
+//
 // So every exit_group, execve and execveat made in the serving process, or in any process it
 // starts, waits on a seccomp user notification that the supervisor answers (ExitWarden), out
-// of model code's reach:
+// of model code's reach; as do the calls that would shut down, copy (dup, dup2, dup3, fcntl's
+// F_DUPFD, pidfd_getfd) or replace (dup2 and dup3 onto it) a listener, by its number:
 //   - from a thread of the serving process: refused with EPERM, and logged;
 //   - from any other process (a fork, a program a model runs): let through unchanged, so what
 //     models start runs and exits as it would anywhere.
@@ -17,9 +22,11 @@
 // exit_group's argument, which the kernel ignores and the filter lets through without asking:
 // they need no supervisor, so a serving process whose supervisor was killed still exits.
 // Where the listener is gone (the supervisor's death), the calls it would answer fail with
-// ENOSYS. (glibc's _exit, refused, ends the calling thread alone. The C library's exit() would
-// run the process's exit handlers before it asks: the server binds its own exit() in its place,
-// which parks the calling thread in the serving process, exit_guard.cpp.)
+// ENOSYS. A filter sees numbers only: a listener's copy passed to the process itself over a
+// socket (SCM_RIGHTS) gets a number the filter does not know, and close() is not asked about
+// (see docs/HARDENING.md). (glibc's _exit, refused, ends the calling thread alone. The C library's
+// exit() would run the process's exit handlers before it asks: the server binds its own exit() in
+// its place, which parks the calling thread in the serving process, exit_guard.cpp.)
 //
 // Thread-safety: InstallExitFilter once, by the serving process's first thread;
 // ExitServingProcess from any thread; an ExitWarden from the supervisor's one thread.
@@ -36,10 +43,11 @@
 namespace orochi::server {
 
 // In the serving process while it is single-threaded, before ShieldSupervisorFrom (whose filter
-// refuses any later one): installs the filter, inherited by every thread and process started
-// from then on, and returns its listener, for HandListener. Internal if the kernel refuses it
-// (older than 5.5, or a runtime that forbids seccomp): the calls then go through unchecked.
-Result<int> InstallExitFilter();
+// refuses any later one): installs the filter for the server's listening sockets `listeners`
+// (their descriptor numbers), inherited by every thread and process started from then on, and
+// returns its listener, for HandListener. Internal if the kernel refuses it (older than 5.5,
+// or a runtime that forbids seccomp): the calls then go through unchecked.
+Result<int> InstallExitFilter(const std::vector<int>& listeners);
 
 // Sends `listener` over the socket `channel` (SCM_RIGHTS) and closes it here; with
 // `listener` < 0, says there is none.

@@ -642,9 +642,14 @@ class Supervisor {
     // Never blocks: a pipe that model code filled loses the crash record, not the restart.
     ::fcntl(report_fd, F_SETFL, O_NONBLOCK);
     // Before any model code, and before the shield, which refuses filters installed after it:
-    // model code cannot end this process by exiting it or replace it by an exec; the supervisor
+    // model code cannot end this process by exiting it, replace it by an exec, or shut down or
+    // copy a listener; the supervisor
     // answers what the filter asks, through the listener handed to it here (exit_guard.h).
-    Result<int> exit_listener = InstallExitFilter();
+    std::vector<int> listeners;
+    for (const Listener& listener : listeners_) {
+      if (*listener.fd >= 0) listeners.push_back(*listener.fd);
+    }
+    Result<int> exit_listener = InstallExitFilter(listeners);
     HandListener(guard_channel, exit_listener.ok() ? *exit_listener : -1);
     ::close(guard_channel);
     if (!exit_listener.ok()) {

@@ -150,16 +150,19 @@ def clone_parent(flags: int = 0x8000 | 17):
 
 
 def listening_sockets():
-    """Each listening socket of the process, as a duplicate closed after its turn."""
+    """Each listening socket of the process, by the server's own descriptor (a copy made by
+    its number is refused: exit_guard.h), detached after its turn so that it stays open."""
     import socket
     for name in os.listdir("/proc/self/fd"):
         try:
-            sock = socket.socket(fileno=os.dup(int(name)))
+            sock = socket.socket(fileno=int(name))
         except OSError:
             continue
-        with sock:
+        try:
             if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                 yield sock
+        finally:
+            sock.detach()
 
 
 # A process that forks its successor and exits, again and again, in a session of its own: one
@@ -189,22 +192,63 @@ def set_listener_options(options) -> int:
 
 
 def shutdown_listeners() -> int:
-    """Shuts down every listening socket of the process; returns how many."""
+    """Shuts down every listening socket of the process through copies it passed itself over a
+    socket pair, whose numbers the filter does not know; returns how many."""
     import socket
-    listeners = []
-    for name in os.listdir("/proc/self/fd"):
+    numbers = [sock.fileno() for sock in listening_sockets()]
+    first, second = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with first, second:
+        socket.send_fds(first, [b"x"], numbers)
+        _, copies, _, _ = socket.recv_fds(second, 1, len(numbers))
+    for number in copies:  # after the first, the server starts to drain
+        with socket.socket(fileno=number) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    return len(copies)
+
+
+def touch_listeners_by_number() -> int:
+    """Tries to shut down, copy and replace every listening socket of the process by its
+    number, six ways each; returns how many tries were refused with EPERM."""
+    import ctypes
+    import fcntl
+    import socket
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def shut_down(number):
+        sock = socket.socket(fileno=number)
         try:
-            sock = socket.socket(fileno=os.dup(int(name)))
-        except OSError:
-            continue
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-            listeners.append(sock)  # a dup: the server closing its own does not end it
-        else:
-            sock.close()
-    for sock in listeners:  # after the first, the server starts to drain
-        sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
-    return len(listeners)
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.detach()  # the server's descriptor stays open
+
+    def copy_through_pidfd(number):
+        own = os.pidfd_open(os.getpid())
+        try:
+            copy = libc.syscall(438, own, number, 0)  # pidfd_getfd, on x86_64 and aarch64
+            if copy < 0:
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+            os.close(copy)
+        finally:
+            os.close(own)
+
+    def replace(number):
+        spare = os.open(os.devnull, os.O_RDONLY)
+        try:
+            os.dup2(spare, number)
+        finally:
+            os.close(spare)
+
+    tries = [shut_down, lambda number: os.close(os.dup(number)),
+             lambda number: os.close(fcntl.fcntl(number, fcntl.F_DUPFD_CLOEXEC, 100)),
+             lambda number: os.dup2(number, 200), replace, copy_through_pidfd]
+    refused = 0
+    for number in [sock.fileno() for sock in listening_sockets()]:
+        for attempt in tries:
+            try:
+                attempt(number)
+            except PermissionError:
+                refused += 1
+    return refused
 
 
 def set_owner(pid):
@@ -463,6 +507,8 @@ class Hostile:
                 (socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)]))]}
         elif mode == "shrink_backlogs":
             return {"out": [float(shrink_backlogs())]}
+        elif mode == "touch_listeners":  # shut down or copied by their numbers: refused
+            return {"out": [float(touch_listeners_by_number())]}
         elif mode == "shutdown_listeners":  # the sockets the supervisor holds too
             return {"out": [float(shutdown_listeners())]}
         elif mode == "set_timers":  # their signals' default action would end the process
