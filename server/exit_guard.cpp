@@ -51,6 +51,8 @@ const char* CallName(int number) {
       return "execveat";
     case SYS_shutdown:
       return "shutdown";
+    case SYS_close:
+      return "close";
     case SYS_dup:
       return "dup";
 #ifdef SYS_dup2
@@ -75,15 +77,16 @@ bool EndsProcess(int number) {
 }
 
 // The filter of InstallExitFilter: the server's own exits (`word` in the upper half of
-// exit_group's argument) allowed; other exits, execs, and the calls that would shut down,
-// duplicate or replace one of `listeners`, asked of the supervisor; anything else allowed.
-// Another architecture's calls (i386's have other numbers) are refused outright by the
-// supervisor shield's filter.
+// exit_group's argument) and closes of a listener (in close's, or in the number dup3 replaces)
+// allowed; other exits, execs, and the calls that would shut down, close, duplicate or replace
+// one of `listeners`, asked of the supervisor; anything else allowed. Another architecture's
+// calls (i386's have other numbers) are refused outright by the supervisor shield's filter.
 std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& listeners) {
   seccomp::FilterBuilder filter;
   const auto allow = filter.NewLabel();
   const auto ask = filter.NewLabel();
   const auto exit_group = filter.NewLabel();
+  const auto close = filter.NewLabel();
   const auto first_is_listener = filter.NewLabel();
   const auto second_is_listener = filter.NewLabel();
   const auto either_is_listener = filter.NewLabel();
@@ -95,6 +98,7 @@ std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& listener
   filter.Bind(native);
   filter.Load(seccomp::kCallNumber);
   filter.JumpIfEqual(SYS_exit_group, exit_group);
+  filter.JumpIfEqual(SYS_close, close);
   filter.JumpIfOneOf(std::array{SYS_execve, SYS_execveat}, ask);
   filter.JumpIfOneOf(std::array{SYS_shutdown, SYS_dup}, first_is_listener);
   filter.JumpIfOneOf(
@@ -113,11 +117,19 @@ std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& listener
   filter.JumpIfEqual(word, allow);
   filter.Return(SECCOMP_RET_USER_NOTIF);
 
+  filter.Bind(close);  // the server's own (CloseListener) carry the word too
+  filter.Load(seccomp::ArgumentHigh(0));
+  filter.JumpIfEqual(word, allow);
+  filter.JumpIfArgumentIsOneOf(0, listeners, ask);
+  filter.Return(SECCOMP_RET_ALLOW);
+
   filter.Bind(fcntl);
   filter.JumpIfArgumentIsOneOf(1, std::array{F_DUPFD, F_DUPFD_CLOEXEC}, first_is_listener);
   filter.Return(SECCOMP_RET_ALLOW);
 
   filter.Bind(either_is_listener);  // dup2 and dup3: what is copied, and what it replaces
+  filter.Load(seccomp::ArgumentHigh(1));
+  filter.JumpIfEqual(word, allow);  // the server's own (CloseListener)
   filter.JumpIfArgumentIsOneOf(0, listeners, ask);
   filter.JumpIfArgumentIsOneOf(1, listeners, ask);
   filter.Return(SECCOMP_RET_ALLOW);
@@ -216,6 +228,20 @@ void HandListener(int channel, int listener) {
   if (listener >= 0) ::close(listener);
 }
 
+void CloseListener(int fd) {
+  // dup3 and close take unsigned ints: the kernel reads the low half alone.
+  const uint64_t marked = (static_cast<uint64_t>(own_exit_word) << 32U) | static_cast<uint32_t>(fd);
+  // The number stays taken, by /dev/null: the filter goes on asking about it, and a socket of
+  // the server's own given that number later (a connection gRPC closes) would be refused.
+  const int placeholder = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (placeholder >= 0 && ::syscall(SYS_dup3, placeholder, marked, O_CLOEXEC) >= 0) {
+    ::close(placeholder);
+    return;
+  }
+  if (placeholder >= 0) ::close(placeholder);
+  ::syscall(SYS_close, marked);
+}
+
 void ExitServingProcess(int code) {
   std::fflush(nullptr);
   ::syscall(SYS_exit_group,
@@ -300,7 +326,7 @@ void ExitWarden::AnswerOne() {
       Log(LogLevel::kWarning,
           EndsProcess(request->data.nr)
               ? "model code tried to end or replace the serving process; refused"
-              : "model code tried to shut down, copy or replace a listening socket; refused",
+              : "model code tried to shut down, close, copy or replace a listening socket; refused",
           {{"call", CallName(request->data.nr)},
            {"thread", std::to_string(caller), false},
            {"thread_name", ThreadName(serving_, caller)},

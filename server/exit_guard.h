@@ -13,20 +13,21 @@
 //
 // So every exit_group, execve and execveat made in the serving process, or in any process it
 // starts, waits on a seccomp user notification that the supervisor answers (ExitWarden), out
-// of model code's reach; as do the calls that would shut down, copy (dup, dup2, dup3, fcntl's
-// F_DUPFD, pidfd_getfd) or replace (dup2 and dup3 onto it) a listener, by its number:
+// of model code's reach; as do the calls that would shut down, close, copy (dup, dup2, dup3,
+// fcntl's F_DUPFD, pidfd_getfd) or replace (dup2 and dup3 onto it) a listener, by its number:
 //   - from a thread of the serving process: refused with EPERM, and logged;
 //   - from any other process (a fork, a program a model runs): let through unchanged, so what
 //     models start runs and exits as it would anywhere.
 // The server's own exits (ExitServingProcess) carry a random word in the upper half of
 // exit_group's argument, which the kernel ignores and the filter lets through without asking:
-// they need no supervisor, so a serving process whose supervisor was killed still exits.
+// they need no supervisor, so a serving process whose supervisor was killed still exits. Its
+// own closes of its listeners (CloseListener) carry the word too.
 // Where the listener is gone (the supervisor's death), the calls it would answer fail with
 // ENOSYS. A filter sees numbers only: a listener's copy passed to the process itself over a
-// socket (SCM_RIGHTS) gets a number the filter does not know, and close() is not asked about
-// (see docs/HARDENING.md). (glibc's _exit, refused, ends the calling thread alone. The C library's
-// exit() would run the process's exit handlers before it asks: the server binds its own exit() in
-// its place, which parks the calling thread in the serving process, exit_guard.cpp.)
+// socket (SCM_RIGHTS) gets a number the filter does not know (see docs/HARDENING.md). (glibc's
+// _exit, refused, ends the calling thread alone. The C library's exit() would run the process's
+// exit handlers before it asks: the server binds its own exit() in its place, which parks the
+// calling thread in the serving process, exit_guard.cpp.)
 //
 // Thread-safety: InstallExitFilter once, by the serving process's first thread;
 // ExitServingProcess from any thread; an ExitWarden from the supervisor's one thread.
@@ -52,6 +53,11 @@ Result<int> InstallExitFilter(const std::vector<int>& listeners);
 // Sends `listener` over the socket `channel` (SCM_RIGHTS) and closes it here; with
 // `listener` < 0, says there is none.
 void HandListener(int channel, int listener);
+
+// Closes `fd`, a listening socket of the server's own, past the filter, which asks the
+// supervisor about any other close of a listener's number. The number stays taken (by
+// /dev/null) until the process ends.
+void CloseListener(int fd);
 
 // Ends the process with `code` (as std::_Exit does, after flushing stdio): the server's own
 // exits (the end of a run, a failed start, a shutdown past its deadline, a lost listener), with

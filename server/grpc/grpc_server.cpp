@@ -14,6 +14,7 @@
 #include <cstring>
 #include <utility>
 
+#include "exit_guard.h"
 #include "handed_off_connections.h"
 #include "listening_socket.h"
 #include "log.h"
@@ -172,7 +173,7 @@ GrpcServer::~GrpcServer() {
   if (!shut_down_) Shutdown(std::chrono::system_clock::now());
   if (acceptor_ != nullptr && port_ != 0) UnregisterListeningPort(port_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
-  if (listener_fd_ >= 0) ::close(listener_fd_);
+  if (listener_fd_ >= 0) CloseListener(listener_fd_);  // past the exit filter (exit_guard.h)
 }
 
 void GrpcServer::Shutdown(std::chrono::system_clock::time_point deadline) {

@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "exit_guard.h"
 #include "listening_socket.h"
 #include "log.h"
 
@@ -943,6 +944,14 @@ HttpServer::HttpServer(asio::io_context& io, Limits limits, Handler handler)
 
 HttpServer::~HttpServer() {  // the owner stops the io_context first
   if (port_ != 0) UnregisterListeningPort(port_);
+  CloseAcceptor();
+}
+
+void HttpServer::CloseAcceptor() {
+  // Released, then closed past the exit filter, which asks about any other close of a
+  // listener's number (exit_guard.h).
+  beast::error_code ignored;
+  if (acceptor_.is_open()) CloseListener(acceptor_.release(ignored));
 }
 
 Status HttpServer::Listen(const std::string& address, int port) {
@@ -1009,8 +1018,7 @@ int64_t HttpServer::busy_connections() const {
 
 void HttpServer::StopAccepting() {
   asio::dispatch(acceptor_.get_executor(), [this] {
-    beast::error_code ignored;
-    acceptor_.close(ignored);
+    CloseAcceptor();
     accept_pause_.cancel();
     upkeep_.cancel();
   });

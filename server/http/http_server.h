@@ -198,6 +198,7 @@ class HttpServer {
   // Stops accepting for good if the listener was shut down or shared (listening_socket.h).
   void TendListenerEverySecond();
   void RefuseConnection(boost::asio::ip::tcp::socket socket, const std::string& why);
+  void CloseAcceptor();
 
   boost::asio::io_context& io_;
   Limits limits_;

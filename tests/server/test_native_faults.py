@@ -865,20 +865,20 @@ def daemon_pid(argument: str):
 
 class ListenerShutdownTest(FaultsTest):
 
-    def test_a_listener_cannot_be_shut_down_copied_or_replaced_by_its_number(self):
-        # A listener shut down at each load made the serving process exit to have it bound
-        # again, a restart loop that named no model. By their numbers, the calls that would
-        # shut one down, copy it or put another file in its place are refused.
+    def test_a_listener_cannot_be_shut_down_closed_copied_or_replaced_by_its_number(self):
+        # A listener shut down (or closed) at each load made the serving process exit to have
+        # it bound again, a restart loop that named no model. By their numbers, the calls that
+        # would shut one down, close it, copy it or put another file in its place are refused.
         with self.hostile_server() as server:
             first = server.serving_pid
             status, _, body = self.hostile(server, "touch_listeners")
             self.assertEqual(status, 200, body)
-            # Four listeners, six ways each.
-            self.assertEqual(json.loads(body)["outputs"][0]["data"], [24.0])
+            # Four listeners, seven ways each.
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [28.0])
             log = server.log_text()
             # Logged at the 1st, 2nd, 4th... refusal (os.dup is fcntl's F_DUPFD_CLOEXEC).
-            for call in ("shutdown", "fcntl", "dup2"):
-                self.assertRegex(log, r"model code tried to shut down, copy or replace a "
+            for call in ("shutdown", "close", "fcntl"):
+                self.assertRegex(log, r"model code tried to shut down, close, copy or replace a "
                                       rf"listening socket; refused call={call} ")
             self.assertIn("refused_so_far=16", log)
             time.sleep(1.5)  # a round of the listeners' upkeep

@@ -207,8 +207,8 @@ def shutdown_listeners() -> int:
 
 
 def touch_listeners_by_number() -> int:
-    """Tries to shut down, copy and replace every listening socket of the process by its
-    number, six ways each; returns how many tries were refused with EPERM."""
+    """Tries to shut down, close, copy and replace every listening socket of the process by its
+    number, seven ways each; returns how many tries were refused with EPERM."""
     import ctypes
     import fcntl
     import socket
@@ -238,7 +238,7 @@ def touch_listeners_by_number() -> int:
         finally:
             os.close(spare)
 
-    tries = [shut_down, lambda number: os.close(os.dup(number)),
+    tries = [shut_down, os.close, lambda number: os.close(os.dup(number)),
              lambda number: os.close(fcntl.fcntl(number, fcntl.F_DUPFD_CLOEXEC, 100)),
              lambda number: os.dup2(number, 200), replace, copy_through_pidfd]
     refused = 0
