@@ -53,6 +53,8 @@ const char* CallName(int number) {
       return "shutdown";
     case SYS_close:
       return "close";
+    case SYS_close_range:
+      return "close_range";
     case SYS_dup:
       return "dup";
 #ifdef SYS_dup2
@@ -78,15 +80,17 @@ bool EndsProcess(int number) {
 
 // The filter of InstallExitFilter: the server's own exits (`word` in the upper half of
 // exit_group's argument) and closes of a listener (in close's, or in the number dup3 replaces)
-// allowed; other exits, execs, and the calls that would shut down, close, duplicate or replace
-// one of `listeners`, asked of the supervisor; anything else allowed. Another architecture's
-// calls (i386's have other numbers) are refused outright by the supervisor shield's filter.
+// allowed; other exits, execs, and the calls that would shut down, close (close_range too),
+// duplicate or replace one of `listeners`, asked of the supervisor; anything else allowed. Another
+// architecture's calls (i386's have other numbers) are refused outright by the supervisor shield's
+// filter.
 std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& listeners) {
   seccomp::FilterBuilder filter;
   const auto allow = filter.NewLabel();
   const auto ask = filter.NewLabel();
   const auto exit_group = filter.NewLabel();
   const auto close = filter.NewLabel();
+  const auto close_range = filter.NewLabel();
   const auto first_is_listener = filter.NewLabel();
   const auto second_is_listener = filter.NewLabel();
   const auto either_is_listener = filter.NewLabel();
@@ -99,6 +103,7 @@ std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& listener
   filter.Load(seccomp::kCallNumber);
   filter.JumpIfEqual(SYS_exit_group, exit_group);
   filter.JumpIfEqual(SYS_close, close);
+  filter.JumpIfEqual(SYS_close_range, close_range);
   filter.JumpIfOneOf(std::array{SYS_execve, SYS_execveat}, ask);
   filter.JumpIfOneOf(std::array{SYS_shutdown, SYS_dup}, first_is_listener);
   filter.JumpIfOneOf(
@@ -121,6 +126,17 @@ std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& listener
   filter.Load(seccomp::ArgumentHigh(0));
   filter.JumpIfEqual(word, allow);
   filter.JumpIfArgumentIsOneOf(0, listeners, ask);
+  filter.Return(SECCOMP_RET_ALLOW);
+
+  filter.Bind(close_range);  // asked if `first` <= a listener <= `last`, whatever the flags
+  for (const int listener : listeners) {
+    const auto next = filter.NewLabel();
+    filter.Load(seccomp::Argument(0));
+    filter.JumpIfGreater(static_cast<uint32_t>(listener), next);
+    filter.Load(seccomp::Argument(1));
+    filter.JumpIfAtLeast(static_cast<uint32_t>(listener), ask);
+    filter.Bind(next);
+  }
   filter.Return(SECCOMP_RET_ALLOW);
 
   filter.Bind(fcntl);

@@ -13,8 +13,9 @@
 //
 // So every exit_group, execve and execveat made in the serving process, or in any process it
 // starts, waits on a seccomp user notification that the supervisor answers (ExitWarden), out
-// of model code's reach; as do the calls that would shut down, close, copy (dup, dup2, dup3,
-// fcntl's F_DUPFD, pidfd_getfd) or replace (dup2 and dup3 onto it) a listener, by its number:
+// of model code's reach; as do the calls that would shut down, close (close_range too), copy
+// (dup, dup2, dup3, fcntl's F_DUPFD, pidfd_getfd) or replace (dup2 and dup3 onto it) a
+// listener, by its number:
 //   - from a thread of the serving process: refused with EPERM, and logged;
 //   - from any other process (a fork, a program a model runs): let through unchanged, so what
 //     models start runs and exits as it would anywhere.

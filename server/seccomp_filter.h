@@ -66,6 +66,14 @@ class FilterBuilder {
   void JumpIfEqual(uint32_t value, Label target) {
     Jump(BPF_JEQ, value, target);  // NOLINT(hicpp-signed-bitwise)
   }
+  // To `target` when the loaded word, unsigned, is greater than `value`.
+  void JumpIfGreater(uint32_t value, Label target) {
+    Jump(BPF_JGT, value, target);  // NOLINT(hicpp-signed-bitwise)
+  }
+  // To `target` when the loaded word, unsigned, is at least `value`.
+  void JumpIfAtLeast(uint32_t value, Label target) {
+    Jump(BPF_JGE, value, target);  // NOLINT(hicpp-signed-bitwise)
+  }
   // To `target` when the loaded word has any of `bits`.
   void JumpIfAnyBit(uint32_t bits, Label target) {
     Jump(BPF_JSET, bits, target);  // NOLINT(hicpp-signed-bitwise)

@@ -873,8 +873,8 @@ class ListenerShutdownTest(FaultsTest):
             first = server.serving_pid
             status, _, body = self.hostile(server, "touch_listeners")
             self.assertEqual(status, 200, body)
-            # Four listeners, seven ways each.
-            self.assertEqual(json.loads(body)["outputs"][0]["data"], [28.0])
+            # Four listeners, eight ways each.
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [32.0])
             log = server.log_text()
             # Logged at the 1st, 2nd, 4th... refusal (os.dup is fcntl's F_DUPFD_CLOEXEC).
             for call in ("shutdown", "close", "fcntl"):
