@@ -40,9 +40,6 @@ constexpr uint32_t kAllow = SECCOMP_RET_ALLOW;
 constexpr uint32_t kRefuse = SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA);
 constexpr uint32_t kNoSuchCall = SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA);
 
-// The signals a thread of the serving process may send itself (raise, abort): the crash
-// recorder's, which it attributes to the thread's model, and glibc's own two (thread
-// cancellation, set*id broadcast). 0 is a probe.
 // ioprio_set's `which` for a user (linux/ioprio.h, not in every distribution's headers).
 constexpr uint32_t kIoPriorityOfUser = 3;
 
@@ -52,10 +49,14 @@ constexpr uint32_t kCloneExitSignal = 0xff;
 // TCP_AO_ADD_KEY (linux/tcp.h since 6.7, not in every distribution's headers).
 constexpr uint32_t kTcpAoAddKey = 38;
 
-constexpr int kGlibcCancel = 32;
-constexpr int kGlibcSetxid = 33;
-constexpr int kSignalsToOwnThreads[] = {0,       SIGSEGV, SIGBUS, SIGFPE,       SIGILL,
-                                        SIGABRT, SIGTRAP, SIGSYS, kGlibcCancel, kGlibcSetxid};
+// The signals a thread of the serving process may send itself (raise, abort): the crash
+// recorder's, which it attributes to the thread's model. 0 is a probe. Not glibc's own two
+// (32, thread cancellation; 33, the set*id broadcast), which nothing in the server uses: glibc
+// installs their handlers on first use, so until then either one ended the process with no
+// record, a restart loop that named no model. (A set*id of model code's then changes the
+// calling thread's credentials alone; glibc skips the threads it cannot signal.)
+constexpr int kSignalsToOwnThreads[] = {0,      SIGSEGV, SIGBUS,  SIGFPE,
+                                        SIGILL, SIGABRT, SIGTRAP, SIGSYS};
 
 std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t serving) {
   FilterBuilder filter;

@@ -16,8 +16,7 @@
 //     answers ENOSYS, since its flags are out of a filter's sight (the C library then uses
 //     clone);
 //   - signals to the serving process itself or its group, but for probes (signal 0) and, to
-//     its own threads, the signals the crash recorder attributes (crash_record.h) and glibc's
-//     own two;
+//     its own threads, the signals the crash recorder attributes (crash_record.h);
 //   - a CPU time limit (setrlimit, prlimit64 with RLIMIT_CPU);
 //   - a descriptor's owner signal other than the default (F_SETSIG), which could be SIGKILL;
 //   - a thread with a descriptor table of its own (clone with CLONE_THREAD but not CLONE_FILES,

@@ -762,6 +762,14 @@ class StopSignalFromModelCodeTest(FaultsTest):
             self.assertNotIn("shutting down", server.log_text())
             self.assert_echo_serves(server)
 
+    def test_glibcs_own_signals_to_its_own_threads_are_refused(self):
+        # glibc installs the handlers of 32 and 33 on first use: before it, either one ended
+        # the process with no crash record, a restart loop that named no model.
+        with self.hostile_server() as server:
+            self.assert_answered_in_place(server, "glibc_signals", 500,
+                                          b"PermissionError: [Errno 1] Operation not permitted")
+            self.assert_echo_serves(server)
+
     def test_timers_set_by_model_code_end_nothing(self):
         # Their signals (SIGALRM, SIGPROF, SIGVTALRM) once ended the process, naming no model.
         with self.hostile_server() as server:

@@ -526,6 +526,13 @@ class Hostile:
         elif mode == "escape_group":  # a daemon in a session of its own, orphaned at once
             import subprocess
             subprocess.run(["setsid", "-f", "sleep", "61.234"], check=True)
+        elif mode == "glibc_signals":  # 32 and 33 to its own main thread: handled by nothing
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            for number in (32, 33):
+                if libc.syscall(234 if os.uname().machine == "x86_64" else 131, os.getpid(),
+                                os.getpid(), number) != 0:  # tgkill
+                    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
         elif mode == "stop_process":  # freezes the whole process; nothing in it can continue it
             import signal
             os.kill(os.getpid(), signal.SIGSTOP)
