@@ -59,7 +59,7 @@ void LivenessProbe::Start(std::vector<Port> ports, Clock::time_point now) {
     State state;
     state.port = std::move(port);
     state.answered_at = now;
-    state.asked_at = now;  // the first question a second from now: the process just served
+    state.asked_at = now - kInterval;  // the first question at once
     states_.push_back(std::move(state));
   }
   running_ = true;
@@ -107,12 +107,20 @@ void LivenessProbe::Advance(const std::vector<pollfd>& watched, size_t first,
     char answer[256];
     const ssize_t got = ::recv(state.fd, answer, sizeof(answer), 0);
     if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (got >= 0 || errno == ECONNRESET) state.answered_at = now;
+    if (got >= 0 || errno == ECONNRESET) {
+      state.answered_at = now;
+      state.answered = true;
+    }
     Close(state);
   }
   for (State& state : states_) {
     if (state.fd < 0 && now - state.asked_at >= kInterval) Ask(state, now);
   }
+}
+
+bool LivenessProbe::AllAnswered() const {
+  return running_ && std::all_of(states_.begin(), states_.end(),
+                                 [](const State& state) { return state.answered; });
 }
 
 std::optional<int> LivenessProbe::Unanswered(Clock::duration timeout, Clock::time_point now) const {

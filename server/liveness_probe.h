@@ -37,8 +37,8 @@ class LivenessProbe {
   LivenessProbe(const LivenessProbe&) = delete;
   LivenessProbe& operator=(const LivenessProbe&) = delete;
 
-  // Starts asking `ports`, each counted as answered now (the serving process just said it
-  // serves).
+  // Starts asking `ports`, at once, each counted as answered now for Unanswered (the serving
+  // process just said it serves).
   void Start(std::vector<Port> ports, Clock::time_point now);
   // Closes the probes in flight; nothing is asked until the next Start.
   void Stop();
@@ -49,6 +49,9 @@ class LivenessProbe {
   void AddTo(std::vector<pollfd>& watched) const;
   // After poll: reads what the probes in flight got, and sends new ones when they are due.
   void Advance(const std::vector<pollfd>& watched, size_t first, Clock::time_point now);
+  // Whether every port has answered since Start: the serving process serves, whatever it
+  // said (model code can write its report lines too).
+  bool AllAnswered() const;
   // The first port that has had no answer for `timeout`, if any.
   std::optional<int> Unanswered(Clock::duration timeout, Clock::time_point now) const;
   // How long poll may wait before Advance has something to do; -1: forever (not running).
@@ -61,6 +64,7 @@ class LivenessProbe {
     bool sent = false;                // its request written
     Clock::time_point asked_at{};     // when it was sent off
     Clock::time_point answered_at{};  // the last answer
+    bool answered = false;            // an answer since Start
   };
   void Ask(State& state, Clock::time_point now);
   static void Close(State& state);

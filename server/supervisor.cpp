@@ -505,6 +505,7 @@ class Supervisor {
       started_ = started;
       start_step_deadline_ = Clock::now() + StartStepBound();
       start_steps_seen_ = 0;
+      served_ = false;
       serving_ = child;
       const Report& report = report_;
       bool unresponsive = false;
@@ -607,8 +608,7 @@ class Supervisor {
                   : WIFEXITED(status) && WEXITSTATUS(status) == 0
                       ? "the serving process exited though nobody asked it to stop; restarting it"
                       : "the serving process died; restarting it");
-      quick_crashes =
-          report.ready || Clock::now() - started >= kStableAfter ? 0 : quick_crashes + 1;
+      quick_crashes = served_ || Clock::now() - started >= kStableAfter ? 0 : quick_crashes + 1;
       if (quick_crashes < kQuickCrashesAllowed) {
         delay = std::chrono::milliseconds(0);
       } else {
@@ -876,8 +876,7 @@ class Supervisor {
     // lost listener (its own exit status): model code of any model loaded before may have shut
     // it down, and an innocent model loading then was once quarantined for it.
     const bool listener_lost = WIFEXITED(status) && WEXITSTATUS(status) == kListenerLostExitStatus;
-    const bool load_in_flight =
-        !recorded && !listener_lost && !report.ready && !report.loading.empty();
+    const bool load_in_flight = !recorded && !listener_lost && !served_ && !report.loading.empty();
     const std::string model_key =
         recorded ? field("model") : (load_in_flight ? report.loading : std::string());
     if (load_in_flight) {
@@ -946,7 +945,10 @@ class Supervisor {
       // The upkeep of TendServingProcess, every second; or the end of a start's step.
       std::optional<Clock::time_point> next_tending;
       if (serving_ != 0 && report_.ready) next_tending = next_upkeep_;
-      if (serving_ != 0 && !report_.ready) next_tending = start_step_deadline_;
+      if (serving_ != 0 && !served_ && start_step_deadline_) {
+        next_tending =
+            std::min(next_tending.value_or(Clock::time_point::max()), *start_step_deadline_);
+      }
       if (next_tending) {
         const auto tending_ms = static_cast<int>(std::clamp<int64_t>(
             std::chrono::duration_cast<std::chrono::milliseconds>(*next_tending - Clock::now())
@@ -1000,7 +1002,7 @@ class Supervisor {
   // load in flight is charged with its death (RecordDeath), so that a package that freezes
   // every start is quarantined.
   std::optional<Signal> TendStart() {
-    if (serving_ == 0 || report_.ready || !start_step_deadline_) return std::nullopt;
+    if (serving_ == 0 || served_ || !start_step_deadline_) return std::nullopt;
     if (report_.loads_begun != start_steps_seen_) {
       start_steps_seen_ = report_.loads_begun;
       start_step_deadline_ = Clock::now() + StartStepBound();
@@ -1027,7 +1029,10 @@ class Supervisor {
                       *port};
       }
     }
-    if (config_.supervisor.liveness_timeout_s == 0) return std::nullopt;
+    if (config_.supervisor.liveness_timeout_s == 0) {
+      served_ = true;  // nothing asked: its word is taken
+      return std::nullopt;
+    }
     if (!probe_.running()) {
       std::vector<LivenessProbe::Port> ports;
       for (const Listener& listener : listeners_) {
@@ -1037,6 +1042,13 @@ class Supervisor {
       return std::nullopt;
     }
     probe_.Advance(watched, probes_from, now);
+    if (!served_) {
+      // Until its ports answer, a death is one of its start's: model code can write "ready"
+      // on the report pipe too, and a forged one followed by a death with no record once made
+      // every start's death one after serving, put on no load and restarted at once, for good.
+      served_ = probe_.AllAnswered();
+      return std::nullopt;  // and the start's bound applies (TendStart)
+    }
     if (std::optional<int> port =
             probe_.Unanswered(std::chrono::seconds(config_.supervisor.liveness_timeout_s), now)) {
       return Signal{0, 0,
@@ -1172,6 +1184,8 @@ class Supervisor {
   // While it starts: when it is killed unless it comes a step further (TendStart).
   std::optional<Clock::time_point> start_step_deadline_;
   int start_steps_seen_ = 0;  // report_.loads_begun when that deadline was set
+  // Its ports have all answered since its "ready" (TendServingProcess): it serves.
+  bool served_ = false;
   std::map<std::string, std::deque<Clock::time_point>> crash_times_;  // by model key
 };
 

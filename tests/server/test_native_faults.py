@@ -204,6 +204,20 @@ class Hangs:
 '''
 
 
+# Writes "ready" to every pipe it can write to (the report pipe among them), then is killed as
+# KILLED_INIT is.
+FORGES_READY_THEN_KILLED = KILLED_INIT.replace("""        libc = ctypes.CDLL(None, use_errno=True)
+""", """        import os
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{name}").startswith("pipe:"):
+                    os.write(int(name), b"ready\\n")
+            except OSError:
+                pass  # a read end
+        libc = ctypes.CDLL(None, use_errno=True)
+""")
+
+
 # Marks its first load with its process's pid in the file MARK, and sleeps there; any later
 # load is quick.
 MARKS_A_SLOW_FIRST_LOAD = '''
@@ -528,6 +542,26 @@ class CrashDuringLoadTest(FaultsTest):
             server.wait_for_serving(2)
             self.assertIn("the serving process died; restarting it signal=SIGKILL restarts=3",
                           server.log_text())
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+    def test_a_forged_ready_line_does_not_make_a_death_at_start_one_after_serving(self):
+        # Model code can write to the report pipe. A "ready" line written there in an
+        # __init__, then a death with no record, once made every start's death one after
+        # serving: put on no load, restarted at once, for good, and nothing ever served. A
+        # process serves once its ports answer the supervisor's probe.
+        self.place_package("forgesready", FORGES_READY_THEN_KILLED)
+        server = Server(self.repository, {"supervisor": {"max_model_crashes": 2}}, copies=1)
+        try:
+            log = server.log_text()
+            self.assertEqual(len(re.findall(r"the serving process died; restarting it "
+                                            r"signal=SIGKILL model=forgesready:1 activity=load "
+                                            r"record=\"none: the load in flight at the start\"",
+                                            log)), 2, log)
+            self.assertIn("quarantined: model forgesready:1 crashed the server 2 times",
+                          index(server)["forgesready"]["reason"])
+            self.assert_echo_serves(server)
         finally:
             self.assertEqual(server.stop(), 0)
 
