@@ -274,8 +274,16 @@ uint64_t StartTime(pid_t pid) {
   return start;
 }
 
-// Whether `pid` holds one of the sockets `wanted` ("socket:[inode]").
-bool HoldsSocket(pid_t pid, const std::vector<std::string>& wanted) {
+// "socket:[inode]" for each of `inodes`: what /proc/<pid>/fd links to them read.
+std::vector<std::string> SocketLinks(const std::vector<unsigned long>& inodes) {
+  std::vector<std::string> links;
+  links.reserve(inodes.size());
+  for (unsigned long inode : inodes) links.push_back("socket:[" + std::to_string(inode) + "]");
+  return links;
+}
+
+// Whether `pid` holds one of the sockets `wanted` (SocketLinks).
+bool HoldsSocketLink(pid_t pid, const std::vector<std::string>& wanted) {
   const std::string directory = "/proc/" + std::to_string(pid) + "/fd";
   DIR* descriptors = ::opendir(directory.c_str());
   if (descriptors == nullptr) return false;  // gone, or not ours to read (the supervisor)
@@ -298,16 +306,19 @@ bool HoldsSocket(pid_t pid, const std::vector<std::string>& wanted) {
 
 }  // namespace
 
+bool HoldsSocket(pid_t pid, const std::vector<unsigned long>& inodes) {
+  return !inodes.empty() && HoldsSocketLink(pid, SocketLinks(inodes));
+}
+
 std::vector<pid_t> ProcessesHoldingSockets(pid_t root, const std::vector<unsigned long>& inodes,
                                            const std::vector<pid_t>& except, size_t most) {
-  std::vector<std::string> wanted;
-  wanted.reserve(inodes.size());
-  for (unsigned long inode : inodes) wanted.push_back("socket:[" + std::to_string(inode) + "]");
+  const std::vector<std::string> wanted = SocketLinks(inodes);
   std::vector<pid_t> holders;
   if (wanted.empty()) return holders;
   for (const pid_t pid : Descendants(root)) {
     if (holders.size() >= most) break;
-    if (std::find(except.begin(), except.end(), pid) == except.end() && HoldsSocket(pid, wanted)) {
+    if (std::find(except.begin(), except.end(), pid) == except.end() &&
+        HoldsSocketLink(pid, wanted)) {
       holders.push_back(pid);
     }
   }

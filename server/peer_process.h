@@ -31,6 +31,10 @@ std::vector<pid_t> ProcessesHoldingSockets(pid_t root, const std::vector<unsigne
                                            const std::vector<pid_t>& except,
                                            size_t most = static_cast<size_t>(-1));
 
+// Whether process `pid` holds one of the sockets `inodes`: a read of each of its descriptors,
+// so as costly as it has descriptors. False if it is gone or not this process's to read.
+bool HoldsSocket(pid_t pid, const std::vector<unsigned long>& inodes);
+
 // The processes under `root` (itself included), but those in `except`, youngest first (by their
 // start time). From /proc, as above.
 std::vector<pid_t> ProcessesUnder(pid_t root, const std::vector<pid_t>& except);

@@ -60,6 +60,9 @@ constexpr std::chrono::milliseconds kFirstRestartDelay{100};
 constexpr std::chrono::milliseconds kLongestRestartDelay{5000};
 // A serving process that ran this long before dying was not in a crash loop.
 constexpr std::chrono::seconds kStableAfter{30};
+// The most a round of the search for processes holding a listener may take
+// (KillListenerHolders).
+constexpr std::chrono::milliseconds kHolderScanBudget{50};
 
 // What the serving process reported on the pipe before it ended.
 struct Report {
@@ -1087,12 +1090,21 @@ class Supervisor {
       struct stat status {};
       if (*listener.fd >= 0 && ::fstat(*listener.fd, &status) == 0) inodes.push_back(status.st_ino);
     }
-    for (const pid_t holder : ProcessesHoldingSockets(::getpid(), inodes, {::getpid(), serving_})) {
+    // A walk reads every descriptor of every process: it takes at most kHolderScanBudget a
+    // round, and the next round goes on from there. Whole, each round, 150 forks holding
+    // 19,000 descriptors each once took over this loop, and the probe, late, killed a serving
+    // process that answered.
+    if (holder_scan_pending_.empty()) holder_scan_pending_ = Descendants(::getpid());
+    const Clock::time_point until = Clock::now() + kHolderScanBudget;
+    while (!holder_scan_pending_.empty() && Clock::now() < until) {
+      const pid_t pid = holder_scan_pending_.back();
+      holder_scan_pending_.pop_back();
+      if (pid == ::getpid() || pid == serving_ || !HoldsSocket(pid, inodes)) continue;
       Log(LogLevel::kError,
           "a process the serving process started held a listening socket; "
           "killed it",
-          {{"pid", std::to_string(holder), false}});
-      ::kill(holder, SIGKILL);
+          {{"pid", std::to_string(pid), false}});
+      ::kill(pid, SIGKILL);
     }
   }
 
@@ -1176,6 +1188,7 @@ class Supervisor {
   pid_t serving_ = 0;                          // the serving process while it runs
   bool rebind_listeners_ = false;              // every listener bound afresh before the next start
   Clock::time_point next_upkeep_{};            // see TendServingProcess
+  std::vector<pid_t> holder_scan_pending_;     // KillListenerHolders' walk, still to read
   bool processes_bounded_ = false;  // BoundModelProcesses killed some; logged once a burst
   int report_fd_ = -1;              // the serving process's report pipe, while it runs
   bool report_open_ = false;        // its write end not closed yet

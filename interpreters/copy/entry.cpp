@@ -4,6 +4,7 @@
 // Python error always becomes an OrochiError with the formatted traceback.
 #include <Python.h>
 
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <string>
@@ -357,6 +358,19 @@ PyStatus Configure(PyConfig* config, const OrochiCopyConfig& copy_config) {
   return AppendAll(&config->xoptions, copy_config.x_options, copy_config.x_option_count);
 }
 
+// In a server's copy, an audit hook refuses new audit hooks. Every model loaded in a copy
+// shares its hooks, and one model's hook runs inside the others' code: a hook that killed the
+// process at another model's load (its "compile" event) had that innocent model quarantined,
+// and every other in turn. CPython swallows the error (the hook is just not added): the boot's
+// sys.addaudithook says why (_orochi_boot.py), this stops the rest (PySys_AddAuditHook).
+int RefuseAuditHooks(const char* event, PyObject* /*args*/, void* /*data*/) {
+  if (std::strcmp(event, "sys.addaudithook") != 0) return 0;
+  PyErr_SetString(PyExc_PermissionError,
+                  "sys.addaudithook: an audit hook would run inside every other model's code "
+                  "in this interpreter (its loads and its requests); the server refuses new ones");
+  return -1;
+}
+
 int32_t Initialize(const OrochiCopyConfig* copy_config, OrochiReply* reply) {
   CopyState& state = State();
   if (state.initialized) {
@@ -394,7 +408,8 @@ int32_t Initialize(const OrochiCopyConfig* copy_config, OrochiReply* reply) {
     ReleaseEngineBindings();
     return code;
   }
-  if (copy_config->redirect_output != 0) {
+  if (copy_config->redirect_output != 0) {  // a server's copy
+    PySys_AddAuditHook(RefuseAuditHooks, nullptr);
     PyRef redirected(PyObject_CallMethod(state.boot_module, "redirect_output", nullptr));
     if (!redirected) {
       int32_t code = ReplyPythonError(reply);

@@ -256,9 +256,9 @@ _STANDARD_DESCRIPTORS = range(3)
 def _guard_the_servers_process():
     """Makes the few calls by which a model's code would end or damage the whole server raise
     instead, with a message saying why: os._exit() and os.abort() in the server's own process
-    (a child the model forked may still use them, as it should), and os.close()/os.closerange()
-    of descriptors 0, 1 and 2. This is no sandbox (ARCHITECTURE.md): it stops the ordinary
-    mistakes, not code that means harm."""
+    (a child the model forked may still use them, as it should), os.close()/os.closerange()
+    of descriptors 0, 1 and 2, and sys.addaudithook(). This is no sandbox (ARCHITECTURE.md):
+    it stops the ordinary mistakes, not code that means harm."""
     import os
     server_pid = os.getpid()
     real_exit, real_abort = os._exit, os.abort
@@ -291,11 +291,19 @@ def _guard_the_servers_process():
             refuse_standard(f"os.closerange({fd_low!r}, {fd_high!r})")
         real_closerange(fd_low, fd_high)
 
-    for replacement, real in ((_exit, real_exit), (abort, real_abort), (close, real_close),
-                              (closerange, real_closerange)):
+    def addaudithook(hook):
+        # The copy's own hook refuses new ones too (entry.cpp), but CPython swallows what a
+        # hook raises there: this says why.
+        raise PermissionError("sys.addaudithook: an audit hook would run inside every other "
+                              "model's code in this interpreter (its loads and its requests); "
+                              "the server refuses new ones")
+
+    for module, replacement, real in ((os, _exit, real_exit), (os, abort, real_abort),
+                                      (os, close, real_close), (os, closerange, real_closerange),
+                                      (sys, addaudithook, sys.addaudithook)):
         replacement.__name__ = replacement.__qualname__ = real.__name__
         replacement.__doc__ = real.__doc__
-        setattr(os, real.__name__, replacement)
+        setattr(module, real.__name__, replacement)
 
 
 # --- programs (orochi python) -----------------------------------------------------------------

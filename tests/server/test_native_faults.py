@@ -796,6 +796,15 @@ class StopSignalFromModelCodeTest(FaultsTest):
             self.assertNotIn("shutting down", server.log_text())
             self.assert_echo_serves(server)
 
+    def test_an_audit_hook_is_refused(self):
+        # A model's audit hook runs inside the other models' code: one that killed the process
+        # at another model's load once had every innocent model quarantined in turn.
+        with self.hostile_server() as server:
+            self.assert_answered_in_place(server, "audit_hook", 500,
+                                          b"PermissionError: sys.addaudithook: an audit hook "
+                                          b"would run inside every other model's code")
+            self.assert_echo_serves(server)
+
     def test_glibcs_own_signals_to_its_own_threads_are_refused(self):
         # glibc installs the handlers of 32 and 33 on first use: before it, either one ended
         # the process with no crash record, a restart loop that named no model.

@@ -526,6 +526,8 @@ class Hostile:
         elif mode == "escape_group":  # a daemon in a session of its own, orphaned at once
             import subprocess
             subprocess.run(["setsid", "-f", "sleep", "61.234"], check=True)
+        elif mode == "audit_hook":  # a hook would run in every other model's code
+            sys.addaudithook(lambda event, args: None)
         elif mode == "glibc_signals":  # 32 and 33 to its own main thread: handled by nothing
             import ctypes
             libc = ctypes.CDLL(None, use_errno=True)
