@@ -7,6 +7,7 @@
 #include <linux/seccomp.h>
 #include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -165,6 +166,93 @@ std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& listener
   return filter.Finish();
 }
 
+// glibc's exit(), overwritten in the guarded serving process by a jump to the executable's own
+// (below). Callers outside glibc bind to the executable's, but dlsym on libc's own handle
+// (ctypes.CDLL("libc.so.6").exit) and glibc's internal calls reach glibc's definition, whose
+// exit handlers and static destructors once ran in the live server: it died of SIGABRT at its
+// next request, naming no model. A fork of the serving process puts glibc's code back before
+// it exits (RemoveExitDetour).
+#if defined(__x86_64__)
+constexpr size_t kJumpBytes = 12;
+void WriteJump(unsigned char* at, const void* to) {
+  at[0] = 0x48;  // movabs $to, %rax
+  at[1] = 0xB8;
+  std::memcpy(at + 2, static_cast<const void*>(&to), sizeof(to));
+  at[10] = 0xFF;  // jmp *%rax
+  at[11] = 0xE0;
+}
+// Kept ahead of the jump: an indirect call's landing pad (endbr64).
+bool IsLandingPad(const unsigned char* at) {
+  constexpr unsigned char kEndbr64[] = {0xF3, 0x0F, 0x1E, 0xFA};
+  return std::memcmp(at, kEndbr64, sizeof(kEndbr64)) == 0;
+}
+#elif defined(__aarch64__)
+constexpr size_t kJumpBytes = 16;
+void WriteJump(unsigned char* at, const void* to) {
+  constexpr uint32_t kLoadX16 = 0x58000050;    // ldr x16, .+8
+  constexpr uint32_t kBranchX16 = 0xD61F0200;  // br x16
+  std::memcpy(at, &kLoadX16, 4);
+  std::memcpy(at + 4, &kBranchX16, 4);
+  std::memcpy(at + 8, static_cast<const void*>(&to), sizeof(to));
+}
+// Kept ahead of the jump: a landing pad (bti, paciasp).
+bool IsLandingPad(const unsigned char* at) {
+  uint32_t word = 0;
+  std::memcpy(&word, at, sizeof(word));
+  return (word & 0xFFFFFF3FU) == 0xD503241FU || word == 0xD503233FU;
+}
+#else
+constexpr size_t kJumpBytes = 0;
+void WriteJump(unsigned char* /*at*/, const void* /*to*/) {}
+bool IsLandingPad(const unsigned char* /*at*/) { return false; }
+#endif
+
+struct ExitDetour {
+  void* glibc_exit = nullptr;                // glibc's exit()
+  unsigned char* jump = nullptr;             // where the jump is written; null: not there
+  std::array<unsigned char, 16> saved = {};  // what it overwrote
+};
+ExitDetour exit_detour;
+
+// Makes the pages of [at, at + size) writable too, or (`writable` false) not any more.
+bool SetWritable(unsigned char* at, size_t size, bool writable) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t offset = reinterpret_cast<uintptr_t>(at) & (page - 1);
+  const int protection = PROT_READ | PROT_EXEC | (writable ? PROT_WRITE : 0);
+  return ::mprotect(at - offset, offset + size, protection) == 0;
+}
+
+void Overwrite(unsigned char* at, const unsigned char* bytes) {
+  std::memcpy(at, bytes, kJumpBytes);
+  __builtin___clear_cache(reinterpret_cast<char*>(at), reinterpret_cast<char*>(at + kJumpBytes));
+}
+
+Status DetourGlibcExit(void (*replacement)(int)) {
+  if (kJumpBytes == 0) return Unimplemented("not written for this processor");
+  exit_detour.glibc_exit = ::dlsym(RTLD_NEXT, "exit");
+  if (exit_detour.glibc_exit == nullptr) return Internal("glibc's exit() is not found");
+  auto* at = static_cast<unsigned char*>(exit_detour.glibc_exit);
+  if (IsLandingPad(at)) at += 4;
+  if (!SetWritable(at, kJumpBytes, true)) {
+    return Internal(std::string("its code cannot be made writable: ") + std::strerror(errno));
+  }
+  std::memcpy(exit_detour.saved.data(), at, kJumpBytes);
+  std::array<unsigned char, 16> jump{};
+  WriteJump(jump.data(), reinterpret_cast<const void*>(replacement));
+  Overwrite(at, jump.data());
+  SetWritable(at, kJumpBytes, false);
+  exit_detour.jump = at;
+  return Status::Ok();
+}
+
+void RemoveExitDetour() {
+  unsigned char* at = exit_detour.jump;
+  if (at == nullptr || !SetWritable(at, kJumpBytes, true)) return;
+  Overwrite(at, exit_detour.saved.data());
+  SetWritable(at, kJumpBytes, false);
+  exit_detour.jump = nullptr;
+}
+
 // What HandListener sends and ExitWarden::Receive takes: one byte, and room for a descriptor.
 struct DescriptorMessage {
   DescriptorMessage() {
@@ -220,6 +308,12 @@ Result<int> InstallExitFilter(const std::vector<int>& listeners) {
   }
   own_exit_word = word;
   guarded_process = ::getpid();
+  if (Status detoured = DetourGlibcExit(&::exit); !detoured.ok()) {
+    Log(LogLevel::kWarning,
+        "glibc's own exit() stays reachable through libc's handle: model code can run the "
+        "server's exit handlers",
+        {{"reason", detoured.message()}});
+  }
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   // A sanitizer's report ends the process from whichever thread found the fault.
   __sanitizer_set_death_callback([] { ExitServingProcess(1); });
@@ -290,8 +384,11 @@ extern "C" void exit(int status) noexcept {
     }
     while (true) ::pause();
   }
+  using orochi::server::exit_detour;
+  orochi::server::RemoveExitDetour();  // a fork of the serving process: glibc's code back
   using Exit = void (*)(int);
-  auto* glibc_exit = reinterpret_cast<Exit>(::dlsym(RTLD_NEXT, "exit"));
+  auto* glibc_exit = reinterpret_cast<Exit>(
+      exit_detour.glibc_exit != nullptr ? exit_detour.glibc_exit : ::dlsym(RTLD_NEXT, "exit"));
   if (glibc_exit != nullptr) glibc_exit(status);
   std::_Exit(status);
 }

@@ -433,10 +433,12 @@ class Hostile:
                 except OSError:
                     pass
             return {"out": [float(count)]}
-        elif mode == "c_exit":  # the C library's exit(), from a thread of its own
+        elif mode in ("c_exit", "glibc_exit"):  # the C library's exit(), from a thread
             import ctypes
             import threading
-            threading.Thread(target=ctypes.CDLL(None).exit, args=(0,), daemon=True).start()
+            # CDLL(None) finds the executable's exit; libc's own handle, glibc's definition.
+            library = ctypes.CDLL(None if mode == "c_exit" else "libc.so.6")
+            threading.Thread(target=library.exit, args=(0,), daemon=True).start()
         elif mode == "exec":  # replaces the serving process, past any exit of its own
             os.execv("/bin/true", ["true"])
         elif mode == "child_exits":
