@@ -85,16 +85,16 @@ bool EndsProcess(int number) {
 // duplicate or replace one of `listeners`, asked of the supervisor; anything else allowed. Another
 // architecture's calls (i386's have other numbers) are refused outright by the supervisor shield's
 // filter.
-std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& listeners) {
+std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& kept) {
   seccomp::FilterBuilder filter;
   const auto allow = filter.NewLabel();
   const auto ask = filter.NewLabel();
   const auto exit_group = filter.NewLabel();
   const auto close = filter.NewLabel();
   const auto close_range = filter.NewLabel();
-  const auto first_is_listener = filter.NewLabel();
-  const auto second_is_listener = filter.NewLabel();
-  const auto either_is_listener = filter.NewLabel();
+  const auto first_is_kept = filter.NewLabel();
+  const auto second_is_kept = filter.NewLabel();
+  const auto either_is_kept = filter.NewLabel();
   const auto fcntl = filter.NewLabel();
   const auto native = filter.NewLabel();
   filter.Load(seccomp::kArch);
@@ -106,16 +106,16 @@ std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& listener
   filter.JumpIfEqual(SYS_close, close);
   filter.JumpIfEqual(SYS_close_range, close_range);
   filter.JumpIfOneOf(std::array{SYS_execve, SYS_execveat}, ask);
-  filter.JumpIfOneOf(std::array{SYS_shutdown, SYS_dup}, first_is_listener);
+  filter.JumpIfOneOf(std::array{SYS_shutdown, SYS_dup}, first_is_kept);
   filter.JumpIfOneOf(
       std::array{
 #ifdef SYS_dup2
           SYS_dup2,
 #endif
           SYS_dup3},
-      either_is_listener);
+      either_is_kept);
   filter.JumpIfEqual(SYS_fcntl, fcntl);
-  filter.JumpIfEqual(SYS_pidfd_getfd, second_is_listener);
+  filter.JumpIfEqual(SYS_pidfd_getfd, second_is_kept);
   filter.Return(SECCOMP_RET_ALLOW);
 
   filter.Bind(exit_group);
@@ -126,37 +126,37 @@ std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& listener
   filter.Bind(close);  // the server's own (CloseListener) carry the word too
   filter.Load(seccomp::ArgumentHigh(0));
   filter.JumpIfEqual(word, allow);
-  filter.JumpIfArgumentIsOneOf(0, listeners, ask);
+  filter.JumpIfArgumentIsOneOf(0, kept, ask);
   filter.Return(SECCOMP_RET_ALLOW);
 
   filter.Bind(close_range);  // asked if `first` <= a listener <= `last`, whatever the flags
-  for (const int listener : listeners) {
+  for (const int descriptor : kept) {
     const auto next = filter.NewLabel();
     filter.Load(seccomp::Argument(0));
-    filter.JumpIfGreater(static_cast<uint32_t>(listener), next);
+    filter.JumpIfGreater(static_cast<uint32_t>(descriptor), next);
     filter.Load(seccomp::Argument(1));
-    filter.JumpIfAtLeast(static_cast<uint32_t>(listener), ask);
+    filter.JumpIfAtLeast(static_cast<uint32_t>(descriptor), ask);
     filter.Bind(next);
   }
   filter.Return(SECCOMP_RET_ALLOW);
 
   filter.Bind(fcntl);
-  filter.JumpIfArgumentIsOneOf(1, std::array{F_DUPFD, F_DUPFD_CLOEXEC}, first_is_listener);
+  filter.JumpIfArgumentIsOneOf(1, std::array{F_DUPFD, F_DUPFD_CLOEXEC}, first_is_kept);
   filter.Return(SECCOMP_RET_ALLOW);
 
-  filter.Bind(either_is_listener);  // dup2 and dup3: what is copied, and what it replaces
+  filter.Bind(either_is_kept);  // dup2 and dup3: what is copied, and what it replaces
   filter.Load(seccomp::ArgumentHigh(1));
   filter.JumpIfEqual(word, allow);  // the server's own (CloseListener)
-  filter.JumpIfArgumentIsOneOf(0, listeners, ask);
-  filter.JumpIfArgumentIsOneOf(1, listeners, ask);
+  filter.JumpIfArgumentIsOneOf(0, kept, ask);
+  filter.JumpIfArgumentIsOneOf(1, kept, ask);
   filter.Return(SECCOMP_RET_ALLOW);
 
-  filter.Bind(first_is_listener);
-  filter.JumpIfArgumentIsOneOf(0, listeners, ask);
+  filter.Bind(first_is_kept);
+  filter.JumpIfArgumentIsOneOf(0, kept, ask);
   filter.Return(SECCOMP_RET_ALLOW);
 
-  filter.Bind(second_is_listener);
-  filter.JumpIfArgumentIsOneOf(1, listeners, ask);
+  filter.Bind(second_is_kept);
+  filter.JumpIfArgumentIsOneOf(1, kept, ask);
   filter.Return(SECCOMP_RET_ALLOW);
 
   filter.Bind(ask);
@@ -285,7 +285,7 @@ std::string ThreadName(pid_t process, pid_t thread) {
 
 }  // namespace
 
-Result<int> InstallExitFilter(const std::vector<int>& listeners) {
+Result<int> InstallExitFilter(const std::vector<int>& kept) {
   if (seccomp::kNativeArch == 0) {
     return Unimplemented("the exit filter is not written for this processor");
   }
@@ -295,7 +295,7 @@ Result<int> InstallExitFilter(const std::vector<int>& listeners) {
       return Internal(std::string("no random word for the exit filter: ") + std::strerror(errno));
     }
   }
-  std::vector<sock_filter> program = Compile(word, listeners);
+  std::vector<sock_filter> program = Compile(word, kept);
   const sock_fprog filter{static_cast<unsigned short>(program.size()), program.data()};
   // No new privileges: the condition for a filter without CAP_SYS_ADMIN (the shield sets it too).
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
@@ -439,7 +439,9 @@ void ExitWarden::AnswerOne() {
       Log(LogLevel::kWarning,
           EndsProcess(request->data.nr)
               ? "model code tried to end or replace the serving process; refused"
-              : "model code tried to shut down, close, copy or replace a listening socket; refused",
+              : "model code tried to shut down, close, copy or replace a descriptor the server "
+                "keeps "
+                "(a listener, a copy's archive); refused",
           {{"call", CallName(request->data.nr)},
            {"thread", std::to_string(caller), false},
            {"thread_name", ThreadName(serving_, caller)},

@@ -15,7 +15,7 @@
 // starts, waits on a seccomp user notification that the supervisor answers (ExitWarden), out
 // of model code's reach; as do the calls that would shut down, close (close_range too), copy
 // (dup, dup2, dup3, fcntl's F_DUPFD, pidfd_getfd) or replace (dup2 and dup3 onto it) a
-// listener, by its number:
+// listener, or another descriptor the server keeps, by its number:
 //   - from a thread of the serving process: refused with EPERM, and logged;
 //   - from any other process (a fork, a program a model runs): let through unchanged, so what
 //     models start runs and exits as it would anywhere.
@@ -45,11 +45,13 @@
 namespace orochi::server {
 
 // In the serving process while it is single-threaded, before ShieldSupervisorFrom (whose filter
-// refuses any later one): installs the filter for the server's listening sockets `listeners`
-// (their descriptor numbers), inherited by every thread and process started from then on, and
-// returns its listener, for HandListener. Internal if the kernel refuses it (older than 5.5,
-// or a runtime that forbids seccomp): the calls then go through unchecked.
-Result<int> InstallExitFilter(const std::vector<int>& listeners);
+// refuses any later one): installs the filter, inherited by every thread and process started
+// from then on, and returns its listener, for HandListener. `kept` are the numbers of the
+// descriptors the server keeps for its life: its listening sockets, and the archives every new
+// copy reads (a model that put /dev/null in their place left no copy able to start). Internal if
+// the kernel refuses it (older than 5.5, or a runtime that forbids seccomp): the calls then go
+// through unchecked.
+Result<int> InstallExitFilter(const std::vector<int>& kept);
 
 // Sends `listener` over the socket `channel` (SCM_RIGHTS) and closes it here; with
 // `listener` < 0, says there is none.

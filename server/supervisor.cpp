@@ -38,6 +38,7 @@
 #include "liveness_probe.h"
 #include "log.h"
 #include "orochi/base/crash_record.h"
+#include "orochi/interpreters/interpreter.h"
 #include "orochi/packaging/model_key.h"
 #include "orochi/server/server.h"
 #include "peer_process.h"
@@ -645,14 +646,19 @@ class Supervisor {
     // Never blocks: a pipe that model code filled loses the crash record, not the restart.
     ::fcntl(report_fd, F_SETFL, O_NONBLOCK);
     // Before any model code, and before the shield, which refuses filters installed after it:
-    // model code cannot end this process by exiting it, replace it by an exec, or shut down or
-    // copy a listener; the supervisor
+    // model code cannot end this process by exiting it, replace it by an exec, or shut down,
+    // close or copy a listener (or a copy's archive); the supervisor
     // answers what the filter asks, through the listener handed to it here (exit_guard.h).
-    std::vector<int> listeners;
+    std::vector<int> kept;
     for (const Listener& listener : listeners_) {
-      if (*listener.fd >= 0) listeners.push_back(*listener.fd);
+      if (*listener.fd >= 0) kept.push_back(*listener.fd);
     }
-    Result<int> exit_listener = InstallExitFilter(listeners);
+    // Made now, so that their numbers are known to the filter.
+    if (Result<std::vector<int>> archives = interpreters::PythonArchiveDescriptors();
+        archives.ok()) {
+      kept.insert(kept.end(), archives->begin(), archives->end());
+    }
+    Result<int> exit_listener = InstallExitFilter(kept);
     HandListener(guard_channel, exit_listener.ok() ? *exit_listener : -1);
     ::close(guard_channel);
     if (!exit_listener.ok()) {

@@ -11,6 +11,8 @@
 #include <mutex>
 #include <thread>
 
+#include "orochi/interpreters/interpreter.h"
+
 extern "C" {
 extern const std::byte orochi_asset_copy_library_begin[];
 extern const std::byte orochi_asset_copy_library_end[];
@@ -62,10 +64,19 @@ Result<int> SealedMemfd(const char* name, std::span<const std::byte> bytes, bool
   return fd;
 }
 
-Result<std::vector<std::string>> EmbeddedPythonPaths() {
+namespace {
+
+// The archives' memfds, made on first use; `paths` holds the error if they could not be.
+struct PythonArchives {
+  Result<std::vector<std::string>> paths = Internal("not initialized");
+  std::vector<int> descriptors;
+};
+
+const PythonArchives& Archives() {
   static std::once_flag once;
-  static Result<std::vector<std::string>> paths = Internal("not initialized");
+  static PythonArchives archives_made;
   std::call_once(once, [] {
+    Result<std::vector<std::string>>& paths = archives_made.paths;
     struct Archive {
       const char* name;
       std::span<const std::byte> bytes;
@@ -83,6 +94,7 @@ Result<std::vector<std::string>> EmbeddedPythonPaths() {
         return;
       }
       result.push_back("/proc/self/fd/" + std::to_string(*fd));
+      archives_made.descriptors.push_back(*fd);
     }
     // The system Python's C extension modules (_json, _decimal, _ctypes, ...), which copies load
     // with Orochi's own loader; the stdlib's Python code always comes from the embedded archive.
@@ -91,7 +103,17 @@ Result<std::vector<std::string>> EmbeddedPythonPaths() {
     }
     paths = std::move(result);
   });
-  return paths;
+  return archives_made;
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> EmbeddedPythonPaths() { return Archives().paths; }
+
+Result<std::vector<int>> PythonArchiveDescriptors() {
+  const PythonArchives& archives = Archives();
+  if (!archives.paths.ok()) return archives.paths.status();
+  return archives.descriptors;
 }
 
 }  // namespace orochi::interpreters

@@ -521,22 +521,33 @@ class CrashDuringLoadTest(FaultsTest):
         # So does the next supervisor.
         self.assert_served_by_a_new_server("mended", config)
 
-    def test_a_package_killed_at_start_without_a_record_is_quarantined(self):
-        # A SIGKILL leaves no crash record: such a package once killed every start, forever,
-        # with restarts backing off to seconds, and no model to quarantine.
-        self.place_package("killedinit", KILLED_INIT)
+    def assert_quarantined_for_deaths_at_start(self, name: str, code: str) -> Server:
+        """Starts a server with a package `name` of `code` in the repository, whose load kills
+        the serving process with no record, and checks that both deaths were put on its load,
+        that it was quarantined, and that echo serves. The caller stops the server."""
+        self.place_package(name, code)
         server = Server(self.repository, {"supervisor": {"max_model_crashes": 2}}, copies=1)
         try:
             log = server.log_text()
-            self.assertEqual(len(re.findall(r"the serving process died; restarting it "
-                                            r"signal=SIGKILL model=killedinit:1 activity=load "
+            self.assertEqual(len(re.findall(rf"the serving process died; restarting it "
+                                            rf"signal=SIGKILL model={name}:1 activity=load "
                                             r"record=\"none: the load in flight at the start\"",
                                             log)), 2, log)
             states = index(server)
-            self.assertEqual(states["killedinit"]["state"], "UNAVAILABLE")
-            self.assertIn("quarantined: model killedinit:1 crashed the server 2 times",
-                          states["killedinit"]["reason"])
+            self.assertEqual(states[name]["state"], "UNAVAILABLE")
+            self.assertIn(f"quarantined: model {name}:1 crashed the server 2 times",
+                          states[name]["reason"])
             self.assert_echo_serves(server)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def test_a_package_killed_at_start_without_a_record_is_quarantined(self):
+        # A SIGKILL leaves no crash record: such a package once killed every start, forever,
+        # with restarts backing off to seconds, and no model to quarantine.
+        server = self.assert_quarantined_for_deaths_at_start("killedinit", KILLED_INIT)
+        try:
             # Once serving, a death without a record blames nobody: no load is in flight.
             os.kill(server.serving_pid, signal.SIGKILL)
             server.wait_for_serving(2)
@@ -545,25 +556,14 @@ class CrashDuringLoadTest(FaultsTest):
         finally:
             self.assertEqual(server.stop(), 0)
 
-
     def test_a_forged_ready_line_does_not_make_a_death_at_start_one_after_serving(self):
         # Model code can write to the report pipe. A "ready" line written there in an
         # __init__, then a death with no record, once made every start's death one after
         # serving: put on no load, restarted at once, for good, and nothing ever served. A
         # process serves once its ports answer the supervisor's probe.
-        self.place_package("forgesready", FORGES_READY_THEN_KILLED)
-        server = Server(self.repository, {"supervisor": {"max_model_crashes": 2}}, copies=1)
-        try:
-            log = server.log_text()
-            self.assertEqual(len(re.findall(r"the serving process died; restarting it "
-                                            r"signal=SIGKILL model=forgesready:1 activity=load "
-                                            r"record=\"none: the load in flight at the start\"",
-                                            log)), 2, log)
-            self.assertIn("quarantined: model forgesready:1 crashed the server 2 times",
-                          index(server)["forgesready"]["reason"])
-            self.assert_echo_serves(server)
-        finally:
-            self.assertEqual(server.stop(), 0)
+        server = self.assert_quarantined_for_deaths_at_start("forgesready",
+                                                             FORGES_READY_THEN_KILLED)
+        self.assertEqual(server.stop(), 0)
 
 
 class ModelThreadCrashTest(FaultsTest):
@@ -934,12 +934,22 @@ class ListenerShutdownTest(FaultsTest):
             # Logged at the 1st, 2nd, 4th... refusal (os.dup is fcntl's F_DUPFD_CLOEXEC).
             for call in ("shutdown", "close", "fcntl"):
                 self.assertRegex(log, r"model code tried to shut down, close, copy or replace a "
-                                      rf"listening socket; refused call={call} ")
+                                      r"descriptor the server keeps \(a listener, a copy's "
+                                      rf"archive\); refused call={call} ")
             self.assertIn("refused_so_far=16", log)
             time.sleep(1.5)  # a round of the listeners' upkeep
             self.assertEqual(server.serving_pid, first)
             self.assertNotIn("bound again", server.log_text())
             self.assert_echo_serves(server, within_s=5)
+
+    def test_the_archives_copies_start_from_cannot_be_replaced(self):
+        # /dev/null put in their place once left no copy able to start: every inference hung
+        # while health said ready.
+        with self.hostile_server() as server:
+            status, _, body = self.hostile(server, "replace_archives")
+            self.assertEqual(status, 200, body)
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [2.0])  # stdlib, package
+            self.assert_echo_serves(server)
 
     def test_listeners_shut_down_by_model_code_are_bound_again(self):
         # The listening sockets are the supervisor's too: shut down from model code, they once

@@ -152,4 +152,9 @@ class Interpreter {
   std::unique_ptr<Impl> impl_;
 };
 
+// The descriptors every copy's Python archives (the stdlib, Orochi's package) are read from:
+// made on first use and kept open for the life of the process, where a server keeps model code
+// from closing or replacing them (a copy could not start again). Thread-safe.
+Result<std::vector<int>> PythonArchiveDescriptors();
+
 }  // namespace orochi::interpreters

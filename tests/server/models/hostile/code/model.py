@@ -513,6 +513,22 @@ class Hostile:
                 (socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)]))]}
         elif mode == "shrink_backlogs":
             return {"out": [float(shrink_backlogs())]}
+        elif mode == "replace_archives":  # /dev/null where every new copy reads its stdlib
+            refused = 0
+            for name in os.listdir("/proc/self/fd"):
+                try:
+                    if not os.readlink(f"/proc/self/fd/{name}").startswith("/memfd:orochi-"):
+                        continue
+                except OSError:
+                    continue
+                spare = os.open(os.devnull, os.O_RDONLY)
+                try:
+                    os.dup2(spare, int(name))
+                except PermissionError:
+                    refused += 1
+                finally:
+                    os.close(spare)
+            return {"out": [float(refused)]}
         elif mode == "touch_listeners":  # shut down or copied by their numbers: refused
             return {"out": [float(touch_listeners_by_number())]}
         elif mode == "shutdown_listeners":  # the sockets the supervisor holds too
