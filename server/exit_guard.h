@@ -58,8 +58,8 @@ Result<int> InstallExitFilter(const std::vector<int>& kept);
 void HandListener(int channel, int listener);
 
 // Closes `fd`, a listening socket of the server's own, past the filter, which asks the
-// supervisor about any other close of a listener's number. The number stays taken (by
-// /dev/null) until the process ends.
+// supervisor about any other close of a listener's number. Under the filter the number stays
+// taken (by /dev/null) until the process ends; without it, a plain close.
 void CloseListener(int fd);
 
 // Ends the process with `code` (as std::_Exit does, after flushing stdio): the server's own
