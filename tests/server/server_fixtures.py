@@ -134,6 +134,16 @@ class Server:
         with open(self.log_path) as log:
             return log.read()
 
+    def wait_for_log(self, text: str, timeout: float = 10) -> None:
+        """Waits until the log holds `text`. What the serving process logs reaches the log through
+        the supervisor, so a line may land just after the answer that it goes with."""
+        deadline = time.time() + timeout
+        while text not in self.log_text():
+            if time.time() > deadline:
+                raise AssertionError(f"{text!r} was not logged within {timeout} s:\n"
+                                     + self.log_text()[-4000:])
+            time.sleep(0.02)
+
 
 def curl(*args, data: bytes | None = None):
     """(status, headers text, body bytes) of one curl call."""

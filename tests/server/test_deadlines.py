@@ -122,7 +122,7 @@ class DeadlineTest(SharedServerTest):
         for model, request in (("slow", slow_request("sleep", 0.01)), ("echo", echo_request())):
             status, _, body = post_json(self.server, f"/v2/models/{model}/infer", request)
             self.assertEqual(status, 200, body)
-        self.assertIn("interpreter copy replaced", self.server.log_text())
+        self.server.wait_for_log("interpreter copy replaced")
         _, _, metrics = curl(f"http://127.0.0.1:{self.server.metrics_port}/metrics")
         self.assertEqual(sample(metrics.decode(), "orochi_copies_replaced_total"),
                          sample(before, "orochi_copies_replaced_total") + 1)

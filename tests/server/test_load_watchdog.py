@@ -88,12 +88,15 @@ class LoadStuckInCTest(unittest.TestCase):
             self.assertLess(upload["seconds"], 4)
             self.assertLess(slowest, 0.75)
             self.assertFalse(os.path.exists(os.path.join(self.repository, "cstuck", "1")))
-            self.assertIn("interpreter copy replaced", server.log_text())
+            # The replacement is made, and logged, after the answer.
+            server.wait_for_log("interpreter copy replaced")
             # The stuck copy is still loaded (its thread sleeps on in it), out of every count
             # but the abandoned ones.
-            state = copies(server)
-            self.assertEqual((state["abandoned"], state["abandoned_loaded"], state["loading"],
-                              state["idle"]), (1, 1, 0, 2), state)
+            wanted = {"abandoned": 1, "abandoned_loaded": 1, "loading": 0, "idle": 2}
+            deadline = time.time() + 5
+            while {key: copies(server).get(key) for key in wanted} != wanted:
+                self.assertLess(time.time(), deadline, copies(server))
+                time.sleep(0.05)
             # Unloading a model from the replaced slot, and loading it back, need that slot:
             # both answer at once, while the stuck call still sleeps.
             status, body, seconds = management(server, "POST",
