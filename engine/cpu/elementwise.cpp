@@ -58,8 +58,10 @@ void ArangeFill(Tensor& output, double start, double step) {
 
 namespace {
 
+// Always inlined: with `op` a constant (MapUnaryOf), the switch folds away and the loop around it
+// vectorises.
 template <typename C>
-C ApplyUnary(Op op, C x) {
+[[gnu::always_inline]] inline C ApplyUnary(Op op, C x) {
   if constexpr (std::is_floating_point_v<C>) {
     switch (op) {
       case Op::neg:
@@ -152,6 +154,12 @@ void MapRows(Tensor& output, const std::array<const Tensor*, N>& inputs, Fn fn) 
   });
 }
 
+template <typename T, Op kOp>
+void MapUnaryOf(const Tensor& input, Tensor& output) {
+  MapRows<T, T, 1>(output, {&input},
+                   [](T value) { return Convert<T>(ApplyUnary(kOp, Convert<Compute<T>>(value))); });
+}
+
 // The ops with a vectorised float32 kernel (vector_math.h).
 bool VectorFormOf(Op op, VectorUnary* form) {
   switch (op) {
@@ -232,9 +240,26 @@ void UnaryOp(Op op, const Tensor& input, Tensor& output) {
       }
     }
     if constexpr (!std::is_same_v<T, bool>) {
-      MapRows<T, T, 1>(output, {&input}, [op](T value) {
-        return Convert<T>(ApplyUnary(op, Convert<Compute<T>>(value)));
-      });
+      switch (op) {  // the cheap ops, one loop each (relu took 3.4 ns per float with the switch)
+        case Op::neg:
+          return MapUnaryOf<T, Op::neg>(input, output);
+        case Op::abs:
+          return MapUnaryOf<T, Op::abs>(input, output);
+        case Op::relu:
+          return MapUnaryOf<T, Op::relu>(input, output);
+        case Op::sqrt:
+          return MapUnaryOf<T, Op::sqrt>(input, output);
+        case Op::rsqrt:
+          return MapUnaryOf<T, Op::rsqrt>(input, output);
+        case Op::floor:
+          return MapUnaryOf<T, Op::floor>(input, output);
+        case Op::ceil:
+          return MapUnaryOf<T, Op::ceil>(input, output);
+        default:
+          MapRows<T, T, 1>(output, {&input}, [op](T value) {
+            return Convert<T>(ApplyUnary(op, Convert<Compute<T>>(value)));
+          });
+      }
     }
   });
 }

@@ -280,8 +280,11 @@ struct RowGroups {
   int group;
   int block;
 };
+// Rows of up to 2048 items get a warp each (reduced with shuffles alone); a block of 512 threads
+// per row of 1024 spent more on its two barriers than on its two items per thread (layer_norm
+// over 8192 x 1024 ran at a quarter of PyTorch's rate on an H200).
 inline RowGroups GroupsFor(int64_t inner) {
-  if (inner > 256) return {512, 512};
+  if (inner > 2048) return {512, 512};
   int group = 1;
   while (group < 32 && group < inner) group *= 2;
   return {group, kBlockSize};

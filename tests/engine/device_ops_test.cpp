@@ -163,16 +163,24 @@ std::vector<OpCase> Cases() {
            Tensor base = Input({4, 1, 6}, dtype, power && IsFloating(dtype) ? 0.1 : -4, 4, 3);
            Tensor exponent = Input({5, 1}, dtype, power ? 0 : -4, power ? 3 : 4, 4);
            Tensor same = Input({4, 5, 6}, dtype, power ? 0.1 : -4, power ? 2 : 4, 5);
+           // Contiguous operands run in 16-byte packs: a length that leaves a tail in every dtype.
+           Tensor long_left = Input({1001}, dtype, power ? 0.1 : -4, power ? 2 : 4, 47);
+           Tensor long_right = Input({1001}, dtype, power ? 0 : -4, power ? 3 : 4, 48);
            if ((op == Op::div || op == Op::floor_divide || op == Op::remainder) &&
                !IsUnsigned(dtype)) {  // no x / 0
              exponent = Binary(Op::add, Binary(Op::mul, exponent, exponent), Scalar(1, dtype));
+             long_right =
+                 Binary(Op::add, Binary(Op::mul, long_right, long_right), Scalar(1, dtype));
            }
-           return Tensors{base, exponent, same};
+           return Tensors{base, exponent, same, long_left, long_right};
          },
          [op](const Tensors& in, Device, DType dtype) {
            return Tensors{Binary(op, in[0], in[1]),  // broadcast to [4, 5, 6]
                           Binary(op, in[2], in[2].Transpose(1, 2).Transpose(1, 2)),
-                          Binary(op, in[2], Scalar(2, dtype))};  // a CPU scalar follows
+                          Binary(op, in[2], Scalar(2, dtype)),  // a CPU scalar follows
+                          Binary(op, in[3], in[4]),
+                          // one operand off the packs' alignment: item by item
+                          Binary(op, in[3].Narrow(0, 1, 1000), in[4].Narrow(0, 0, 1000))};
          }});
   }
 
@@ -225,22 +233,25 @@ std::vector<OpCase> Cases() {
   }
 
   for (Op op : {Op::layer_norm, Op::rms_norm}) {
-    cases.push_back({std::string(OpName(op)),
-                     {op},
-                     [](DType dtype) {
-                       return Tensors{Input({4, 5, 6}, dtype, -3, 3, 13),
-                                      Input({6}, dtype, 0.5, 1.5, 14), Input({6}, dtype, -1, 1, 15),
-                                      Input({3, 700}, dtype, -3, 3, 16),
-                                      Input({700}, dtype, 0.5, 1.5, 17)};
-                     },
-                     [op](const Tensors& in, Device, DType) {
-                       if (op == Op::layer_norm) {
-                         return Tensors{LayerNorm(in[0], {6}, in[1], in[2]),
-                                        LayerNorm(in[0], {5, 6}), LayerNorm(in[3], {700}, in[4])};
-                       }
-                       return Tensors{RmsNorm(in[0], {6}, in[1]), RmsNorm(in[3], {700}, in[4])};
-                     },
-                     /*tolerance_scale=*/4});
+    cases.push_back(
+        {std::string(OpName(op)),
+         {op},
+         [](DType dtype) {
+           return Tensors{Input({4, 5, 6}, dtype, -3, 3, 13), Input({6}, dtype, 0.5, 1.5, 14),
+                          Input({6}, dtype, -1, 1, 15), Input({3, 700}, dtype, -3, 3, 16),
+                          Input({700}, dtype, 0.5, 1.5, 17),
+                          // past 2048: a block per row rather than a warp
+                          Input({2, 3000}, dtype, -3, 3, 49)};
+         },
+         [op](const Tensors& in, Device, DType) {
+           if (op == Op::layer_norm) {
+             return Tensors{LayerNorm(in[0], {6}, in[1], in[2]), LayerNorm(in[0], {5, 6}),
+                            LayerNorm(in[3], {700}, in[4]), LayerNorm(in[5], {3000})};
+           }
+           return Tensors{RmsNorm(in[0], {6}, in[1]), RmsNorm(in[3], {700}, in[4]),
+                          RmsNorm(in[5], {3000})};
+         },
+         /*tolerance_scale=*/4});
   }
 
   for (Op op : {Op::softmax, Op::log_softmax}) {
