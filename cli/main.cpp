@@ -1,5 +1,8 @@
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <string_view>
@@ -8,6 +11,26 @@
 #include "commands.h"
 
 namespace {
+
+// How long oneDNN's OpenMP threads spin for more work after each parallel region, in libgomp's
+// spin steps (a `pause` each), before they sleep. libgomp's default, 300,000 steps, lasts
+// milliseconds: the engine's own intra-op pool, which runs right after oneDNN's linears in
+// attention, then shared the cores with spinning threads, and at 16 threads an encoder layer's
+// attention ran 3x slower than at 8. 1,000 steps gave the encoder 3.5x at 16 threads and left
+// resnet's back-to-back convolutions as fast; 0 (sleep at once) and 10,000 were slower
+// (docs/PERFORMANCE.md).
+constexpr const char* kOpenMpSpinSteps = "1000";
+
+// libgomp reads its settings as it loads, before main: where neither GOMP_SPINCOUNT nor
+// OMP_WAIT_POLICY is set, this process sets GOMP_SPINCOUNT and starts again as itself (a failed
+// exec goes on with libgomp's defaults). Settings from the environment are kept.
+void SettleOpenMpSpinning(char** argv) {
+  if (std::getenv("GOMP_SPINCOUNT") != nullptr || std::getenv("OMP_WAIT_POLICY") != nullptr) {
+    return;
+  }
+  if (setenv("GOMP_SPINCOUNT", kOpenMpSpinSteps, 1) != 0) return;
+  execv("/proc/self/exe", argv);
+}
 
 int Main(int argc, char** argv) {
   // Installed as `orochi-python` (an alias of this binary), Orochi is a python command: it is
@@ -113,6 +136,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  SettleOpenMpSpinning(argv);
   try {
     return Main(argc, argv);
   } catch (const std::exception& error) {

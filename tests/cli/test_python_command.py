@@ -249,5 +249,31 @@ class CopiesAndCompatibility(unittest.TestCase):
         self.assertIn("Usage: orochi python", result.stdout)
 
 
+class OpenMpSpinning(unittest.TestCase):
+    """oneDNN's OpenMP threads spin only briefly for more work (cli/main.cpp): libgomp reads its
+    setting as it loads, so orochi sets GOMP_SPINCOUNT and starts again as itself, unless the
+    environment already says how OpenMP threads wait."""
+
+    SHOW = "import os; print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))"
+
+    def environment(self, **settings):
+        env = {key: value for key, value in os.environ.items()
+               if key not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+        return {**env, **settings}
+
+    def test_the_spin_is_set_for_both_names_of_the_command(self):
+        for command in ([str(OROCHI), "python"], [str(OROCHI_PYTHON)]):
+            result = subprocess.run([*command, "-c", self.SHOW, "argument"], capture_output=True,
+                                    text=True, env=self.environment(), timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertEqual(result.stdout, "1000 None\n", command)
+
+    def test_settings_from_the_environment_are_kept(self):
+        result = run("-c", self.SHOW, env=self.environment(GOMP_SPINCOUNT="5"))
+        self.assertEqual(result.stdout, "5 None\n", result.stderr)
+        result = run("-c", self.SHOW, env=self.environment(OMP_WAIT_POLICY="passive"))
+        self.assertEqual(result.stdout, "None passive\n", result.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
