@@ -525,7 +525,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
     };
     OROCHI_ASSIGN_OR_RETURN(
         s.grpc, grpc_api::GrpcServer::Start(*s.models, s.metrics, cfg, std::move(grpc_options),
-                                            inherited.grpc_fd));
+                                            limits.body_budget->max_bytes(), inherited.grpc_fd));
   }
 
   s.signals = std::make_unique<asio::signal_set>(s.io, SIGINT, SIGTERM);

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -9,9 +10,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "exit_guard.h"
@@ -38,7 +41,9 @@ std::string ClientAddress(const sockaddr_storage& peer) {
 }  // namespace
 Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metrics& metrics,
                                                       const ServerConfig& config,
-                                                      ServiceOptions options, int listener_fd) {
+                                                      ServiceOptions options,
+                                                      uint64_t max_buffered_bytes,
+                                                      int listener_fd) {
   std::unique_ptr<GrpcServer> server(new GrpcServer());
   server->listener_fd_ = listener_fd;
   options.in_flight = &server->in_flight_;
@@ -61,6 +66,12 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metr
     RegisterListeningPort(listener_fd, server->port_);
   }
   builder.RegisterService(server->service_.get());
+  // Without a total, unfinished messages (all but their last byte sent, on many streams and
+  // connections) were held without bound: 1.15 GB from one client in 1.4 s.
+  grpc::ResourceQuota quota("orochi-grpc");
+  quota.Resize(static_cast<size_t>(
+      std::min<uint64_t>(max_buffered_bytes, std::numeric_limits<size_t>::max() / 2)));
+  builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(static_cast<int>(grpc_config.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(grpc_config.max_response_bytes));
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,

@@ -34,10 +34,14 @@ class GrpcServer {
  public:
   // Listens on config.grpc's address and port, or accepts on `listener_fd` when it is not -1
   // (a listening socket bound to them; the server takes ownership). The service's in_flight
-  // counter is this server's.
+  // counter is this server's. The transport's buffers across every connection (messages
+  // still arriving among them) are bounded by `max_buffered_bytes` (> 0), gRPC's resource
+  // quota: past it, gRPC shrinks its windows and then cancels calls to free memory.
   static Result<std::unique_ptr<GrpcServer>> Start(ModelService& models, Metrics& metrics,
                                                    const ServerConfig& config,
-                                                   ServiceOptions options, int listener_fd = -1);
+                                                   ServiceOptions options,
+                                                   uint64_t max_buffered_bytes,
+                                                   int listener_fd = -1);
   ~GrpcServer();
   GrpcServer(const GrpcServer&) = delete;
   GrpcServer& operator=(const GrpcServer&) = delete;
