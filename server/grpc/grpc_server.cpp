@@ -67,10 +67,13 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(ModelService& models, Metr
   }
   builder.RegisterService(server->service_.get());
   // Without a total, unfinished messages (all but their last byte sent, on many streams and
-  // connections) were held without bound: 1.15 GB from one client in 1.4 s.
+  // connections) were held without bound: 1.15 GB from one client in 1.4 s. Never under one
+  // message of the largest size allowed, which must always fit.
   grpc::ResourceQuota quota("orochi-grpc");
-  quota.Resize(static_cast<size_t>(
-      std::min<uint64_t>(max_buffered_bytes, std::numeric_limits<size_t>::max() / 2)));
+  const uint64_t quota_bytes =
+      std::max<uint64_t>(max_buffered_bytes, static_cast<uint64_t>(grpc_config.max_message_bytes));
+  quota.Resize(
+      static_cast<size_t>(std::min<uint64_t>(quota_bytes, std::numeric_limits<size_t>::max() / 2)));
   builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(static_cast<int>(grpc_config.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(grpc_config.max_response_bytes));

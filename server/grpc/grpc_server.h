@@ -35,8 +35,9 @@ class GrpcServer {
   // Listens on config.grpc's address and port, or accepts on `listener_fd` when it is not -1
   // (a listening socket bound to them; the server takes ownership). The service's in_flight
   // counter is this server's. The transport's buffers across every connection (messages
-  // still arriving among them) are bounded by `max_buffered_bytes` (> 0), gRPC's resource
-  // quota: past it, gRPC shrinks its windows and then cancels calls to free memory.
+  // still arriving among them) are bounded by `max_buffered_bytes`, or by one message of
+  // config.grpc.max_message_bytes if that is more (gRPC's resource quota): past it, gRPC
+  // shrinks its windows and then cancels calls to free memory.
   static Result<std::unique_ptr<GrpcServer>> Start(ModelService& models, Metrics& metrics,
                                                    const ServerConfig& config,
                                                    ServiceOptions options,

@@ -374,8 +374,8 @@ class UnfinishedGrpcMessagesTest(HeldConnectionsTest):
         # One client sent all but the last byte of 32 MB messages on 36 streams: gRPC granted
         # each whole message and the serving process held 1.15 GB, so every other client was
         # refused as out of memory for as long as it held them.
-        server = Server(self.repository, {"http": {"max_buffered_body_bytes": 32 << 20}},
-                        copies=1)
+        server = Server(self.repository, {"http": {"max_buffered_body_bytes": 32 << 20},
+                                          "grpc": {"max_message_bytes": 16 << 20}}, copies=1)
         try:
             before = resident_kib(server.serving_pid)
             clients = [UnfinishedGrpcMessages(server.grpc_port, 8, 16 << 20) for _ in range(2)]
