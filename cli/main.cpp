@@ -1,3 +1,4 @@
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +31,17 @@ void SettleOpenMpSpinning(char** argv) {
   }
   if (setenv("GOMP_SPINCOUNT", kOpenMpSpinSteps, 1) != 0) return;
   execv("/proc/self/exe", argv);
+}
+
+// The kernel names a process after the file it executes, so after the start again through
+// /proc/self/exe every orochi process was "exe" to ps, pidof and pkill: the name is set back
+// from argv[0], as the first exec set it (at most 15 bytes, the kernel's limit).
+void KeepProcessName(const char* argv0) {
+  if (argv0 == nullptr) return;  // started with no arguments at all
+  std::string_view name = argv0;
+  name = name.substr(name.rfind('/') + 1);
+  const std::string truncated(name.substr(0, 15));
+  if (!truncated.empty()) prctl(PR_SET_NAME, truncated.c_str(), 0, 0, 0);
 }
 
 int Main(int argc, char** argv) {
@@ -137,6 +149,7 @@ int Main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   SettleOpenMpSpinning(argv);
+  KeepProcessName(argv[0]);
   try {
     return Main(argc, argv);
   } catch (const std::exception& error) {

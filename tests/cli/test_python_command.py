@@ -268,6 +268,15 @@ class OpenMpSpinning(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr)
             self.assertEqual(result.stdout, "1000 None\n", command)
 
+    def test_the_process_keeps_its_name(self):
+        # Started again through /proc/self/exe, the process was named "exe" (ps, pidof, pkill).
+        show_name = "print(open('/proc/self/comm').read().strip())"
+        result = run("-c", show_name, env=self.environment())
+        self.assertEqual(result.stdout, "orochi\n", result.stderr)
+        result = subprocess.run([str(OROCHI_PYTHON), "-c", show_name], capture_output=True,
+                                text=True, env=self.environment(), timeout=120)
+        self.assertEqual(result.stdout, "orochi-python\n", result.stderr)
+
     def test_settings_from_the_environment_are_kept(self):
         result = run("-c", self.SHOW, env=self.environment(GOMP_SPINCOUNT="5"))
         self.assertEqual(result.stdout, "5 None\n", result.stderr)
