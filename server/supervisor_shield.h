@@ -22,6 +22,8 @@
 //   - a thread with a descriptor table of its own (clone with CLONE_THREAD but not CLONE_FILES,
 //     unshare with CLONE_FILES), whose sockets /proc/<pid>/fd would not list: the management
 //     API tells model code by them (peer_process.h);
+//   - a signal the kernel would send on a timer's expiry or a message's arrival (timer_create,
+//     mq_notify with an event: it could be SIGKILL);
 //   - io_uring, whose operations (shutdown, socket options) no filter sees: its calls answer
 //     ENOSYS, as on a kernel without it.
 // Signals to processes its models forked and to any other process go through unchanged. The

@@ -113,6 +113,32 @@ def hidden_routes() -> list:
             refused(lambda: socket_option(socket.IPPROTO_TCP, 14, bytes(216)))]  # TCP_MD5SIG
 
 
+def signal_timers() -> list:
+    """The kernel's own senders of a chosen signal, which no kill-like call shows the filter: a
+    POSIX timer (timer_create) and a message queue's notification (mq_notify), each asked for
+    SIGKILL. 1.0 for each refused; then a timer with the default notification (SIGALRM, which
+    the serving process ignores), 0.0 where it is allowed, as it should be."""
+    import ctypes
+    import platform
+    libc = ctypes.CDLL(None, use_errno=True)
+    timer_create, timer_delete, mq_notify = {"x86_64": (222, 226, 244),
+                                             "aarch64": (107, 111, 184)}[platform.machine()]
+    # struct sigevent: value, signo, notify (SIGEV_SIGNAL is 0), then the union's padding.
+    kill_event = (ctypes.c_int * 16)(0, 0, 9, 0)
+
+    def call(number, *arguments):
+        if libc.syscall(number, *arguments) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+    timer = ctypes.c_int()
+    results = [refused(lambda: call(timer_create, 1, kill_event, ctypes.byref(timer))),
+               refused(lambda: call(mq_notify, -1, kill_event))]
+    call(timer_create, 1, None, ctypes.byref(timer))  # CLOCK_MONOTONIC, SIGALRM: no harm
+    call(timer_delete, timer.value)
+    results.append(0.0)
+    return results
+
+
 def flood_pipes(megabytes: int) -> int:
     """Writes `megabytes` of forged lines to each pipe the process writes to past 1 and 2 (the
     server's own log among them); returns how many pipes took them."""
@@ -541,6 +567,8 @@ class Hostile:
             end = __import__("time").process_time() + 0.05
             while __import__("time").process_time() < end:  # CPU time, for the two others
                 pass
+        elif mode == "signal_timers":
+            return {"out": signal_timers()}
         elif mode == "escape_group":  # a daemon in a session of its own, orphaned at once
             import subprocess
             subprocess.run(["setsid", "-f", "sleep", "61.234"], check=True)
