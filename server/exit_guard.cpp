@@ -12,6 +12,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,8 +43,17 @@ uint32_t own_exit_word = 0;
 // (the supervisor, a fork of the serving process, any other command).
 pid_t guarded_process = 0;
 
+// The call the serving process's first thread tells the supervisor of a load through
+// (SendReport): a number no kernel has (they are in the hundreds), so that it fails with ENOSYS
+// where no filter asks about it.
+constexpr int kReportCall = 4000;
+// The most a report line may hold: a model's name and version, and a word or two.
+constexpr size_t kMostReportBytes = 512;
+
 const char* CallName(int number) {
   switch (number) {
+    case kReportCall:
+      return "report";
     case SYS_exit_group:
       return "exit_group";
     case SYS_execve:
@@ -116,6 +126,7 @@ std::vector<sock_filter> Compile(uint32_t word, const std::vector<int>& kept) {
       either_is_kept);
   filter.JumpIfEqual(SYS_fcntl, fcntl);
   filter.JumpIfEqual(SYS_pidfd_getfd, second_is_kept);
+  filter.JumpIfEqual(kReportCall, ask);
   filter.Return(SECCOMP_RET_ALLOW);
 
   filter.Bind(exit_group);
@@ -403,6 +414,8 @@ void ExitWarden::Receive(int channel, pid_t serving) {
   Close();
   serving_ = serving;
   refused_ = 0;
+  reports_.clear();
+  reports_unreadable_ = false;
   // Sent right after the fork, before anything that could take long; a serving process that
   // dies first closes its end, which ends the wait too.
   pollfd ready{channel, POLLIN, 0};
@@ -424,6 +437,53 @@ void ExitWarden::Receive(int channel, pid_t serving) {
   response_.resize(std::max<size_t>(sizes.seccomp_notif_resp, sizeof(seccomp_notif_resp)));
 }
 
+void SendReport(int pipe, std::string_view line) {
+  if (line.size() <= kMostReportBytes && ::syscall(kReportCall, line.data(), line.size()) == 0) {
+    return;
+  }
+  if (pipe < 0) return;
+  // One write, under PIPE_BUF: whole or not at all, as the supervisor reads lines.
+  [[maybe_unused]] const ssize_t written = ::write(pipe, line.data(), line.size());
+}
+
+std::string ExitWarden::TakeReports() {
+  std::string reports;
+  reports.swap(reports_);
+  return reports;
+}
+
+// A report from the serving process's first thread, which runs no model code: its line, read
+// from the process's memory while the thread waits, is the supervisor's to believe. From any
+// other thread of it (model code's), refused like the calls above.
+bool ExitWarden::TakeReport(const seccomp_notif& request) {
+  const auto caller = static_cast<pid_t>(request.pid);
+  const auto size = static_cast<size_t>(request.data.args[1]);
+  if (caller != serving_ || size > kMostReportBytes) return false;
+  std::string line(size, '\0');
+  const iovec local{line.data(), size};
+  // An address in the serving process, not here: never dereferenced as a pointer.
+  const iovec remote{
+      reinterpret_cast<void*>(request.data.args[0]),  // NOLINT(performance-no-int-to-ptr)
+      size};
+  if (::process_vm_readv(serving_, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(size)) {
+    // Not allowed here (a ptrace policy stricter than a parent's reach): the serving process
+    // tells its loads on the pipe instead, as where there is no filter.
+    if (!reports_unreadable_) {
+      Log(LogLevel::kWarning,
+          "the serving process's reports cannot be read from its memory; taking them from its "
+          "pipe, where model code can write too",
+          {{"error", std::strerror(errno)}});
+    }
+    reports_unreadable_ = true;
+    return false;
+  }
+  // Still the call read for: not a thread id used again since the notification came.
+  __u64 id = request.id;
+  if (::ioctl(listener_, SECCOMP_IOCTL_NOTIF_ID_VALID, &id) != 0) return false;
+  if (reports_.size() < (64 << 10)) reports_ += line;
+  return true;
+}
+
 void ExitWarden::AnswerOne() {
   if (listener_ < 0) return;
   std::fill(request_.begin(), request_.end(), std::byte{0});  // the kernel wants it zeroed
@@ -435,13 +495,19 @@ void ExitWarden::AnswerOne() {
   response->id = request->id;
   const auto caller = static_cast<pid_t>(request->pid);  // a thread id; 0 from another namespace
   const std::string task = "/proc/" + std::to_string(serving_) + "/task/" + std::to_string(caller);
-  if (caller > 0 && ::access(task.c_str(), F_OK) == 0) {
+  if (request->data.nr == kReportCall && TakeReport(*request)) {
+    response->val = 0;  // answered here: the call itself would fail with ENOSYS
+  } else if (request->data.nr == kReportCall && caller == serving_) {
+    response->error = -EPERM;  // unreadable: SendReport writes the pipe instead
+  } else if (caller > 0 && ::access(task.c_str(), F_OK) == 0) {
     response->error = -EPERM;
     ++refused_;
     // Logged at the 1st, 2nd, 4th, 8th... refusal: a loop of them cannot flood the log.
     if ((refused_ & (refused_ - 1)) == 0) {
       Log(LogLevel::kWarning,
-          EndsProcess(request->data.nr)
+          request->data.nr == kReportCall
+              ? "model code tried to report to the supervisor as the server; refused"
+          : EndsProcess(request->data.nr)
               ? "model code tried to end or replace the serving process; refused"
               : "model code tried to shut down, close, copy or replace a descriptor the server "
                 "keeps "

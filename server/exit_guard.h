@@ -38,9 +38,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "orochi/base/status.h"
+
+struct seccomp_notif;
 
 namespace orochi::server {
 
@@ -67,6 +71,13 @@ void CloseListener(int fd);
 // or without the filter.
 [[noreturn]] void ExitServingProcess(int code);
 
+// Tells the supervisor `line` (a report line, with its newline): through the filter's listener,
+// where the supervisor takes it only from the serving process's first thread, which runs no
+// model code (model code can write to `pipe`, and once wrote "loading" lines naming another
+// model to have its own deaths put on it); through `pipe` where there is no filter or no
+// supervisor answering it. Call from the first thread only; elsewhere it falls back to `pipe`.
+void SendReport(int pipe, std::string_view line);
+
 // The supervisor's side: answers the notifications of one serving process's filter.
 class ExitWarden {
  public:
@@ -88,12 +99,27 @@ class ExitWarden {
   // Closes the listener: calls that wait on it, and later ones, fail with ENOSYS.
   void Close();
 
+  // Whether report lines come through the listener (SendReport), so that lines on the report
+  // pipe that should come this way are model code's.
+  bool takes_reports() const { return listener_ >= 0 && !reports_unreadable_; }
+
+  // Whether the serving process's memory could not be read for a report (a ptrace policy that
+  // keeps a parent out): its reports then come on the pipe alone.
+  bool reports_unreadable() const { return reports_unreadable_; }
+
+  // The report lines taken since the last call, in order.
+  std::string TakeReports();
+
  private:
+  bool TakeReport(const seccomp_notif& request);
+
   int listener_ = -1;
   pid_t serving_ = 0;
   std::vector<std::byte> request_;   // a seccomp_notif, as large as the kernel's
   std::vector<std::byte> response_;  // a seccomp_notif_resp, likewise
   uint64_t refused_ = 0;
+  std::string reports_;  // taken from the first thread, not yet read (at most 64 KiB)
+  bool reports_unreadable_ = false;
 };
 
 }  // namespace orochi::server

@@ -117,40 +117,41 @@ std::string UnescapeReportText(std::string_view escaped) {
   return text;
 }
 
-// Reads everything the serving process wrote: "ready" once it serves, and a crash line if it
-// died of a fatal signal (see crash_record.h).
-// Model code can write to the pipe too (its descriptor is in /proc/self/fd): what one call
-// reads is bounded, as are the frames kept, so that a writer as fast as this reader neither
-// keeps it here nor grows its memory.
+// Where report lines come from.
+enum class ReportSource {
+  // The report pipe, which model code can write to as well (its descriptor is in
+  // /proc/self/fd), where the serving process's filter takes its load lines.
+  kPipe,
+  // The pipe, where no filter's listener takes reports (a kernel without seccomp's user
+  // notifications): the load lines come here too.
+  kPipeAlone,
+  // The filter's listener, from the serving process's first thread (SendReport), which runs no
+  // model code: its "loading" and "stuck_load" lines are the server's own.
+  kFirstThread,
+};
+
+// Takes the report lines of `text`: "ready" once it serves, a crash line if the process died
+// of a fatal signal (see crash_record.h), the loads of its start.
 //
-// A "stuck_load" line is taken only when `stuck_loads_plausible` (the process has been starting
-// for at least the load timeout, which is when the server writes one) and before "ready": model
-// code could write one naming another model, which the next serving process would skip.
-Report ReadReport(int fd, Report report, bool stuck_loads_plausible) {
-  constexpr size_t kMostBytesRead = 1 << 16;
+// The load lines ("loading", "stuck_load") are taken from the pipe only where nothing else
+// tells them (kPipeAlone): model code once wrote a "loading" line naming an innocent model, then
+// died with no record, at every start, and the innocent model was quarantined while nothing was
+// served. There a "stuck_load" line is also taken only when `stuck_loads_plausible` (the
+// process has been starting for at least the load timeout, which is when the server writes
+// one) and before "ready": model code could write one naming another model, which the next
+// serving process would skip.
+void TakeReportLines(std::string_view text, ReportSource source, bool stuck_loads_plausible,
+                     Report& report) {
   constexpr size_t kMostLinesKept = 128;
-  // Read while the process writes: a line may come in two reads. What follows the last
-  // newline waits for the rest (a line longer than a read's bound is taken cut).
-  std::string text = std::move(report.unfinished);
-  report.unfinished.clear();
-  char buffer[4096];
-  while (text.size() < kMostBytesRead) {
-    const ssize_t got = ::read(fd, buffer, sizeof(buffer));
-    if (got <= 0) break;
-    text.append(buffer, static_cast<size_t>(got));
-  }
-  if (const size_t end = text.rfind('\n'); end != std::string::npos || text.size() < 4096) {
-    const size_t kept = end == std::string::npos ? 0 : end + 1;
-    report.unfinished = text.substr(kept);
-    text.resize(kept);
-  }
-  std::istringstream lines(text);
+  const bool loads_told = source != ReportSource::kPipe;
+  if (source == ReportSource::kFirstThread) stuck_loads_plausible = true;
+  std::istringstream lines{std::string(text)};
   std::string line;
   while (std::getline(lines, line)) {
     if (line == "ready") {
       report.ready = true;
     } else if (line.starts_with("loading model=")) {
-      if (!report.ready) {
+      if (loads_told && !report.ready) {
         report.loading = line.substr(sizeof("loading model=") - 1);
         report.loads_begun++;
       }
@@ -161,7 +162,8 @@ Report ReadReport(int fd, Report report, bool stuck_loads_plausible) {
         report.lifted.push_back(line.substr(sizeof("lifted model=") - 1));
       }
     } else if (line.starts_with("stuck_load model=")) {
-      if (stuck_loads_plausible && !report.ready && report.stuck_loads.size() < kMostLinesKept) {
+      if (loads_told && stuck_loads_plausible && !report.ready &&
+          report.stuck_loads.size() < kMostLinesKept) {
         report.stuck_loads.push_back(line.substr(sizeof("stuck_load model=") - 1));
       }
     } else if (!report.crash.empty() && line.starts_with("  File ") &&
@@ -182,6 +184,30 @@ Report ReadReport(int fd, Report report, bool stuck_loads_plausible) {
       }
     }
   }
+}
+
+// Reads what the serving process wrote to the report pipe, and takes its lines
+// (TakeReportLines). Model code can write to the pipe too: what one call reads is bounded, as
+// are the frames kept, so that a writer as fast as this reader neither keeps it here nor grows
+// its memory.
+Report ReadReport(int fd, Report report, ReportSource source, bool stuck_loads_plausible) {
+  constexpr size_t kMostBytesRead = 1 << 16;
+  // Read while the process writes: a line may come in two reads. What follows the last
+  // newline waits for the rest (a line longer than a read's bound is taken cut).
+  std::string text = std::move(report.unfinished);
+  report.unfinished.clear();
+  char buffer[4096];
+  while (text.size() < kMostBytesRead) {
+    const ssize_t got = ::read(fd, buffer, sizeof(buffer));
+    if (got <= 0) break;
+    text.append(buffer, static_cast<size_t>(got));
+  }
+  if (const size_t end = text.rfind('\n'); end != std::string::npos || text.size() < 4096) {
+    const size_t kept = end == std::string::npos ? 0 : end + 1;
+    report.unfinished = text.substr(kept);
+    text.resize(kept);
+  }
+  TakeReportLines(text, source, stuck_loads_plausible, report);
   return report;
 }
 
@@ -498,6 +524,7 @@ class Supervisor {
       ::close(report_pipe[1]);
       ::close(guard_channel[1]);
       exit_warden_.Receive(guard_channel[0], child);
+      loads_told_by_warden_ = exit_warden_.takes_reports();
       ::close(guard_channel[0]);
       ::fcntl(report_pipe[0], F_SETFL, O_NONBLOCK);
       int status = 0;
@@ -982,6 +1009,9 @@ class Supervisor {
       }
       if ((watched[5].revents & POLLIN) != 0) {
         exit_warden_.AnswerOne();
+        if (exit_warden_.reports_unreadable()) loads_told_by_warden_ = false;
+        TakeReportLines(exit_warden_.TakeReports(), ReportSource::kFirstThread,
+                        /*stuck_loads_plausible=*/true, report_);
       } else if (watched[5].revents != 0) {
         exit_warden_.Close();  // no process uses the filter any more
       }
@@ -1142,7 +1172,9 @@ class Supervisor {
     if (report_fd_ < 0) return;
     const bool stuck_loads_plausible =
         Clock::now() - started_ >= std::chrono::seconds(config_.models.load_timeout_s);
-    report_ = ReadReport(report_fd_, std::move(report_), stuck_loads_plausible);
+    report_ = ReadReport(report_fd_, std::move(report_),
+                         loads_told_by_warden_ ? ReportSource::kPipe : ReportSource::kPipeAlone,
+                         stuck_loads_plausible);
     if (report_.lifted.empty()) return;
     bool changed = false;
     for (const std::string& model_key : report_.lifted) {
@@ -1185,6 +1217,9 @@ class Supervisor {
   int stderr_pipe_[2] = {-1, -1};  // and 2
   int log_pipe_[2] = {-1, -1};     // its own log records
   ExitWarden exit_warden_;         // the serving process's exit filter's listener, while it lives
+  // Whether the serving process's filter tells its loads (ReportSource), for its whole life: its
+  // pipe's last lines are read after the listener is closed.
+  bool loads_told_by_warden_ = false;
   std::vector<int> launcher_descriptors_;  // LauncherDescriptors, as the supervisor started
   DescriptorOutput stdout_{&stdout_pipe_[0], "stdout"};
   DescriptorOutput stderr_{&stderr_pipe_[0], "stderr"};

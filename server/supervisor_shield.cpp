@@ -269,8 +269,11 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   filter.Bind(thread);
   filter.JumpIfAnyBit(CLONE_FILES, allow);
   filter.Return(kRefuse);
+  // Not dumpable, the serving process's memory is closed to its supervisor, which reads the
+  // loads it is told of there (exit_guard.h's SendReport) and would fall back to the pipe that
+  // model code writes to.
   filter.Bind(prctl);
-  filter.JumpIfArgumentIs(0, PR_SET_SECCOMP, refuse);
+  filter.JumpIfArgumentIsOneOf(0, std::array<uint32_t, 2>{PR_SET_SECCOMP, PR_SET_DUMPABLE}, refuse);
   filter.Return(kAllow);
   filter.Bind(unshare);
   filter.Load(Argument(0));

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <utility>
 
+#include "exit_guard.h"
 #include "log.h"
 #include "orochi/engine/device.h"
 #include "orochi/packaging/model_key.h"
@@ -369,8 +370,7 @@ void ModelService::ReportToSupervisor(const char* what, const std::string& name)
   for (int64_t version : *selected) {
     const std::string line =
         std::string(what) + " model=" + packaging::ModelKey{name, version}.ToString() + "\n";
-    // One write, under PIPE_BUF: whole or not at all, as the supervisor reads lines.
-    [[maybe_unused]] const ssize_t written = ::write(report_fd_, line.data(), line.size());
+    SendReport(report_fd_, line);
   }
 }
 

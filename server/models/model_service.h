@@ -294,7 +294,8 @@ class ModelService : public SchedulerObserver {
   std::map<std::string, std::map<int64_t, std::shared_ptr<ServedModel>>> models_;
   // Why the last load of "name:version" failed, for the repository index; cleared on success.
   std::map<std::string, std::string> load_failures_;
-  // Tells the supervisor `what` ("loading", "stuck_load") of `name`'s selected versions.
+  // Tells the supervisor `what` ("loading", "stuck_load") of `name`'s selected versions, from
+  // the first thread (SendReport).
   void ReportToSupervisor(const char* what, const std::string& name);
   std::map<std::string, std::string> quarantined_;  // see Quarantine
   bool restarted_ = false;                          // see NoteRestarts

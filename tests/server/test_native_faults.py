@@ -209,6 +209,22 @@ FORGES_READY_THEN_KILLED = KILLED_INIT.replace("""        libc = ctypes.CDLL(Non
 """)
 
 
+# Names another model as the one loading, on every pipe and through the call the server's own
+# reports take, then dies with no record, as FORGES_READY_THEN_KILLED does.
+FORGES_LOADING_THEN_KILLED = KILLED_INIT.replace("""        libc = ctypes.CDLL(None, use_errno=True)
+""", """        import os
+        forged = b"loading model=echo:1\\n"
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{name}").startswith("pipe:"):
+                    os.write(int(name), forged)
+            except OSError:
+                pass  # a read end
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall(4000, forged, len(forged))
+""")
+
+
 # Marks its first load with its process's pid in the file MARK, and sleeps there; any later
 # load is quick.
 MARKS_A_SLOW_FIRST_LOAD = '''
@@ -556,6 +572,23 @@ class CrashDuringLoadTest(FaultsTest):
         server = self.assert_quarantined_for_deaths_at_start("forgesready",
                                                              FORGES_READY_THEN_KILLED)
         self.assertEqual(server.stop(), 0)
+
+
+    def test_a_forged_loading_line_does_not_put_a_death_on_another_model(self):
+        # A "loading" line naming an innocent model, written to the report pipe before a death
+        # with no record at each start, once had every death put on the innocent one, which was
+        # quarantined, and then nothing served, for good. Loads are told through the filter's
+        # listener now, from the serving process's first thread alone.
+        server = self.assert_quarantined_for_deaths_at_start("forgesloading",
+                                                             FORGES_LOADING_THEN_KILLED)
+        try:
+            log = server.log_text()
+            self.assertNotIn("model=echo:1 activity=load", log)
+            self.assertIn("model code tried to report to the supervisor as the server; refused",
+                          log)
+            self.assertEqual(index(server)["echo"]["state"], "READY")
+        finally:
+            self.assertEqual(server.stop(), 0)
 
 
 class ModelThreadCrashTest(FaultsTest):
@@ -1169,7 +1202,7 @@ class ManagementFromModelCodeTest(FaultsTest):
             # What would hide a socket from /proc/<pid>/fd, or act past the filter.
             status, _, body = self.hostile(server, "hidden_routes")
             self.assertEqual(status, 200, body)
-            self.assertEqual(json.loads(body)["outputs"][0]["data"], [1] * 11)
+            self.assertEqual(json.loads(body)["outputs"][0]["data"], [1] * 12)
             self.assert_echo_serves(server)
             status, _, body = curl("-X", "POST", "-d", "{}", f"http://127.0.0.1:"
                                    f"{server.management_port}/v2/repository/models/echo/unload")

@@ -54,7 +54,7 @@ def supervisor_reach() -> list:
 def hidden_routes() -> list:
     """Ways around the filter's and the management API's sight: a descriptor table of its own
     (unshare), SIGKILL picked for a descriptor's owner (F_SETSIG), io_uring (whose operations no
-    seccomp filter sees). 1.0 for each refused."""
+    seccomp filter sees), memory closed to the supervisor. 1.0 for each refused."""
     import ctypes
     import errno
     import fcntl
@@ -96,10 +96,14 @@ def hidden_routes() -> list:
     no_ring = 1.0 if ring < 0 and ctypes.get_errno() == errno.ENOSYS else 0.0
     if ring >= 0:
         os.close(ring)
-    def own_filter(call):
-        """A seccomp filter of its own (a null program: EFAULT where the call is allowed)."""
+    def libc_call(call):
+        """A C library call, EPERM raised as PermissionError."""
         if call() != 0 and ctypes.get_errno() == errno.EPERM:
             raise PermissionError(errno.EPERM, "refused")
+
+    def own_filter(call):
+        """A seccomp filter of its own (a null program: EFAULT where the call is allowed)."""
+        libc_call(call)
 
     import platform
     seccomp = {"x86_64": 317, "aarch64": 277}[platform.machine()]
@@ -110,7 +114,9 @@ def hidden_routes() -> list:
             refused(trace_its_process), refused(lower_descriptor_limit),
             refused(lambda: socket_option(socket.SOL_SOCKET, 25, b"lo")),  # SO_BINDTODEVICE
             refused(lambda: socket_option(socket.IPPROTO_IP, 21, 255)),  # IP_MINTTL
-            refused(lambda: socket_option(socket.IPPROTO_TCP, 14, bytes(216)))]  # TCP_MD5SIG
+            refused(lambda: socket_option(socket.IPPROTO_TCP, 14, bytes(216))),  # TCP_MD5SIG
+            # Its memory closed to the supervisor, which reads the loads it is told of there.
+            refused(lambda: libc_call(lambda: libc.prctl(4, 0, 0, 0, 0)))]  # PR_SET_DUMPABLE
 
 
 def signal_timers() -> list:
