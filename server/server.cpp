@@ -422,12 +422,18 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
   limits.upload_timeout = std::chrono::seconds(cfg.management.upload_timeout_s);
   limits.max_connections = static_cast<size_t>(cfg.http.max_connections);
   limits.max_connections_per_client = static_cast<size_t>(cfg.http.max_connections_per_client);
-  // One bound for every listener's bodies: 0 is a quarter of what the process may use.
-  limits.body_budget = std::make_shared<http::BodyBudget>(
+  // One bound for every listener's bodies and every stream's unread answers: 0 is a quarter of
+  // what the process may use, models.max_memory_bytes where that is less (else the memory guard
+  // refused every inference while a client held the budget's worth of unfinished messages).
+  int64_t usable_bytes = MemoryGuard::AvailableBytes();
+  if (cfg.models.max_memory_bytes > 0) {
+    usable_bytes = std::min(usable_bytes, cfg.models.max_memory_bytes);
+  }
+  limits.body_budget = std::make_shared<BufferBudget>(
       cfg.http.max_buffered_body_bytes > 0
           ? static_cast<uint64_t>(cfg.http.max_buffered_body_bytes)
-          : static_cast<uint64_t>(
-                std::max<int64_t>(MemoryGuard::AvailableBytes() / 4, cfg.http.max_body_bytes)));
+          : static_cast<uint64_t>(std::max<int64_t>(usable_bytes / 4, cfg.http.max_body_bytes)));
+  s.metrics.WatchBufferBudget(limits.body_budget);
   http::Limits inference_limits = limits;
   inference_limits.observe = s.Observer(s.inference_router, "inference");
   // Model code runs as the server's user and can read its token: who may manage models is told
@@ -519,6 +525,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerConfig config, const Inherit
       return refuse_model_code(address, port, s.grpc->port());
     };
     grpc_options.shared_memory = s.shared_memory.get();
+    grpc_options.answer_budget = limits.body_budget;
     // One at a time with the management API's operations, on the same queue.
     grpc_options.run_repository_operation = [&s](std::function<void()> work) {
       s.admin->Post(std::move(work));

@@ -10,6 +10,7 @@
 #include "auth.h"
 #include "infer_codec.h"
 #include "kserve/settings.h"
+#include "log.h"
 #include "repository/load_request.h"
 
 namespace orochi::server::grpc_api {
@@ -167,6 +168,7 @@ class StreamCall final
     {
       std::lock_guard lock(mutex_);
       if (writes_.front().last) --outstanding_;
+      GiveBudget(writes_.front());
       writes_.pop_front();
       writing_ = false;
       if (!ok) {
@@ -175,6 +177,7 @@ class StreamCall final
         cancelled_->store(true);
         for (const Write& write : writes_) {
           if (write.last) --outstanding_;
+          GiveBudget(write);
         }
         writes_.clear();
       }
@@ -196,6 +199,7 @@ class StreamCall final
   }
 
   void OnDone() override {
+    for (const Write& write : writes_) GiveBudget(write);
     service_.streams().Remove(this);
     service_.in_flight().fetch_sub(1);
     delete this;
@@ -208,6 +212,12 @@ class StreamCall final
     const ModelStreamInferResponse* write = nullptr;
     bool read = false;
     bool finish = false;
+  };
+
+  struct Write {
+    std::unique_ptr<ModelStreamInferResponse> response;
+    bool last = true;       // its request's last response: answered once it is written
+    uint64_t budgeted = 0;  // its bytes taken from the service's answer_budget (Budget)
   };
 
   // A streaming request's responses: written as they come, one at a time, each taken from its
@@ -325,17 +335,55 @@ class StreamCall final
       response->set_error_message(outcome.status.error_message());
       response->mutable_infer_response()->set_id(id);
     }
+    const uint64_t budgeted = Budget(response, id);
     Next next;
     {
       std::lock_guard lock(mutex_);
       if (cancelled_->load()) {
         --outstanding_;
+        if (BufferBudget* budget = service_.answer_budget()) budget->Give(budgeted);
       } else {
-        writes_.push_back({std::move(response), true});
+        writes_.push_back({std::move(response), true, budgeted});
       }
       next = DecideLocked();
     }
     Act(next);
+  }
+
+  // Takes an answer's bytes from the server's buffer budget until it is written; one that does
+  // not fit is replaced by an error that says why (its request's id kept), so that a client
+  // that never reads its answers holds at most the budget, not every answer of every request it
+  // sent (1.1 GB from one connection). Returns the bytes taken.
+  uint64_t Budget(std::unique_ptr<ModelStreamInferResponse>& response, const std::string& id) {
+    BufferBudget* budget = service_.answer_budget();
+    if (budget == nullptr) return 0;
+    const uint64_t bytes = response->ByteSizeLong();
+    if (budget->Take(bytes)) return bytes;
+    static std::atomic<uint64_t> dropped{0};
+    const uint64_t dropped_so_far = dropped.fetch_add(1) + 1;
+    const std::string why =
+        "the answer (" + std::to_string(bytes) + " bytes) was dropped: the server holds " +
+        std::to_string(budget->used()) +
+        " bytes of request bodies and unread stream answers, and more would pass "
+        "http.max_buffered_body_bytes (" +
+        std::to_string(budget->max_bytes()) + "); read the stream's answers as they come";
+    // Logged at the 1st, 2nd, 4th, 8th... drop: a client that never reads cannot flood the log.
+    if ((dropped_so_far & (dropped_so_far - 1)) == 0) {
+      Log(LogLevel::kWarning, "a stream's answer was dropped: the buffer budget is spent",
+          {{"bytes", std::to_string(bytes), false},
+           {"budget_bytes", std::to_string(budget->max_bytes()), false},
+           {"dropped_so_far", std::to_string(dropped_so_far), false}});
+    }
+    response = std::make_unique<ModelStreamInferResponse>();
+    response->set_error_message(why);
+    response->mutable_infer_response()->set_id(id);
+    return 0;
+  }
+
+  void GiveBudget(const Write& write) {
+    if (BufferBudget* budget = service_.answer_budget(); budget != nullptr && write.budgeted > 0) {
+      budget->Give(write.budgeted);
+    }
   }
 
   InferenceService& service_;
@@ -344,11 +392,7 @@ class StreamCall final
   std::shared_ptr<std::atomic<bool>> cancelled_;
   ModelInferRequest incoming_;  // the read in progress fills it
   std::mutex mutex_;
-  size_t outstanding_ = 0;  // read and not yet written (or dropped)
-  struct Write {
-    std::unique_ptr<ModelStreamInferResponse> response;
-    bool last = true;  // its request's last response: answered once it is written
-  };
+  size_t outstanding_ = 0;             // read and not yet written (or dropped)
   std::deque<Write> writes_;           // front: being written
   std::vector<OpenedStream> streams_;  // streaming requests still running
   bool writing_ = false;

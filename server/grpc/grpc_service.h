@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 
+#include "buffer_budget.h"
 #include "inference.grpc.pb.h"
 #include "kserve/inference.h"
 #include "kserve/shared_memory.h"
@@ -47,6 +48,9 @@ struct ServiceOptions {
   std::atomic<int64_t>* in_flight = nullptr;
   // The server's system shared-memory regions, shared with HTTP.
   kserve::SharedMemoryRegistry* shared_memory = nullptr;
+  // Where ModelStreamInfer's answers waiting for their client to read them are counted, with
+  // HTTP's bodies; null: no bound.
+  std::shared_ptr<BufferBudget> answer_budget;
 };
 
 class StreamCall;  // grpc_service.cpp: one ModelStreamInfer stream
@@ -178,6 +182,10 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   Metrics& metrics_;
   const ServerConfig& config_;
   ServiceOptions options_;
+
+ public:
+  // Where unread stream answers are counted (ServiceOptions::answer_budget); null: nowhere.
+  BufferBudget* answer_budget() const { return options_.answer_budget.get(); }
   kserve::InferenceRunner runner_;
   OpenStreams streams_;
 };

@@ -34,6 +34,7 @@
 #include <string>
 #include <utility>
 
+#include "buffer_budget.h"
 #include "orochi/base/status.h"
 
 namespace orochi::server::http {
@@ -98,31 +99,6 @@ using Handler = std::function<void(Request&& request, Responder respond)>;
 
 class ConnectionTable;  // the open connections of one listener (http_server.cpp)
 
-// The bytes of request bodies the server holds in memory, from their header until their answer
-// has gone, shared by the listeners that count against one bound: a body that would take the
-// total past it is refused (503) before it is read, so that many large bodies at once (32 of 60
-// MB from one address got the process OOM-killed) cannot take the process's memory. A chunked
-// body, whose size is not known ahead, counts as it comes. Thread-safe.
-class BodyBudget {
- public:
-  explicit BodyBudget(uint64_t max_bytes) : max_bytes_(max_bytes) {}
-  // Takes `bytes` if they fit; false (nothing taken) if not.
-  bool Take(uint64_t bytes) {
-    uint64_t used = used_.load(std::memory_order_relaxed);
-    do {
-      if (bytes > max_bytes_ || used > max_bytes_ - bytes) return false;
-    } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
-    return true;
-  }
-  void Give(uint64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
-  uint64_t used() const { return used_.load(std::memory_order_relaxed); }
-  uint64_t max_bytes() const { return max_bytes_; }
-
- private:
-  const uint64_t max_bytes_;
-  std::atomic<uint64_t> used_{0};
-};
-
 struct Limits {
   size_t max_header_bytes = size_t{16} << 10;
   uint64_t max_body_bytes = uint64_t{64} << 20;
@@ -136,7 +112,7 @@ struct Limits {
   size_t max_connections = 4096;
   size_t max_connections_per_client = 1024;
   // Request bodies held in memory (uploads to a file excepted); null: no bound.
-  std::shared_ptr<BodyBudget> body_budget;
+  std::shared_ptr<BufferBudget> body_budget;
   // Requests this selects (from their header) have their body streamed to a new file in
   // upload_directory, up to max_upload_bytes, instead of kept in memory: the handler then gets
   // the file's path as request.body(). The transport created the file and alone removes it:

@@ -161,6 +161,18 @@ Metrics::Metrics()
                           .Help("Resident memory of the server process")
                           .Register(*registry_)
                           .Add({})),
+      buffered_bytes_(BuildGauge()
+                          .Name("orochi_buffered_bytes")
+                          .Help("Bytes of request bodies and unread stream answers held in "
+                                "memory now (http.max_buffered_body_bytes bounds them)")
+                          .Register(*registry_)
+                          .Add({})),
+      buffered_bytes_limit_(BuildGauge()
+                                .Name("orochi_buffered_bytes_limit")
+                                .Help("The bound on orochi_buffered_bytes: "
+                                      "http.max_buffered_body_bytes, or the default it has when 0")
+                                .Register(*registry_)
+                                .Add({})),
       open_fds_(BuildGauge()
                     .Name("process_open_fds")
                     .Help("Open file descriptors of the server process")
@@ -394,6 +406,11 @@ void Metrics::HttpRequest(const std::string& route, const std::string& method, u
       .Increment();
 }
 
+void Metrics::WatchBufferBudget(std::shared_ptr<const BufferBudget> budget) {
+  std::lock_guard lock(render_mutex_);
+  buffer_budget_ = std::move(budget);
+}
+
 void Metrics::GrpcRequest(const std::string& method, const std::string& code) {
   grpc_requests_.Add({{"method", method}, {"code", code}}).Increment();
 }
@@ -425,6 +442,10 @@ std::string Metrics::Render() {
   }
   if (const int64_t resident = ResidentBytes(); resident >= 0) {
     resident_bytes_.Set(static_cast<double>(resident));
+  }
+  if (buffer_budget_) {
+    buffered_bytes_.Set(static_cast<double>(buffer_budget_->used()));
+    buffered_bytes_limit_.Set(static_cast<double>(buffer_budget_->max_bytes()));
   }
   std::error_code error;
   double fds = 0;

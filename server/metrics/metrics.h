@@ -16,6 +16,8 @@
 #include <mutex>
 #include <string>
 
+#include "buffer_budget.h"
+
 namespace orochi::server {
 
 class Metrics {
@@ -72,6 +74,9 @@ class Metrics {
   void GrpcRequest(const std::string& method, const std::string& code);
   // What the supervisor says happened before this process started.
   void Inherit(int64_t restarts, const std::map<std::string, int64_t>& model_crashes);
+  // Reports `budget`'s use and bound at each scrape (orochi_buffered_bytes,
+  // orochi_buffered_bytes_limit). Call before the metrics are served.
+  void WatchBufferBudget(std::shared_ptr<const BufferBudget> budget);
 
   // The Prometheus text exposition, with process CPU, memory and FDs, and each GPU's memory and
   // utilisation, read now.
@@ -119,6 +124,9 @@ class Metrics {
   double cpu_seconds_reported_ = 0;  // guarded by render_mutex_
   std::mutex render_mutex_;
   prometheus::Gauge& resident_bytes_;
+  prometheus::Gauge& buffered_bytes_;
+  prometheus::Gauge& buffered_bytes_limit_;
+  std::shared_ptr<const BufferBudget> buffer_budget_;  // see WatchBufferBudget
   prometheus::Gauge& open_fds_;
   prometheus::Gauge& start_time_;
   prometheus::Gauge& gpu_count_;

@@ -214,11 +214,14 @@ class SharedServerTest(unittest.TestCase):
 
     CONFIG: dict = {}
     COPIES = 2
+    EXTRA_MODELS: tuple = ()  # test models served besides pack_repository's
 
     @classmethod
     def setUpClass(cls):
         cls.root = tempfile.mkdtemp(prefix=f"orochi-{cls.__name__}-")
         cls.repository = pack_repository(cls.root)
+        for name in cls.EXTRA_MODELS:
+            pack_model(cls.repository, name)
         cls.server = Server(cls.repository, cls.CONFIG, copies=cls.COPIES)
 
     @classmethod

@@ -584,6 +584,47 @@ class StreamTest(GrpcServerTest):
                 self.assertLess(time.time(), deadline)
 
 
+class StreamAnswerBudgetTest(GrpcClient, SharedServerTest):
+    """A server whose buffer budget (http.max_buffered_body_bytes) is 8 MiB, whose streams may
+    have 16 requests in flight each, and whose hostile model answers as much as it is asked."""
+
+    CONFIG: dict = {"grpc": {"max_message_bytes": 1 << 20, "max_stream_in_flight": 16},
+                    "http": {"max_buffered_body_bytes": 8 << 20}}
+    EXTRA_MODELS = ("hostile",)
+
+    def test_answers_a_client_does_not_read_are_held_within_the_buffer_budget(self):
+        # Answers waiting for a client that read none were held without a bound: 64 MiB and 8
+        # MiB each over two streams took 1.1 GB, and the memory guard then refused every other
+        # client. They count against the buffer budget now; one past it is answered with an
+        # error instead, so every request still gets its answer, in the stream, by its id.
+        def big_request(stream, i):  # a small request, and an answer of 512 KiB
+            request = pb.ModelInferRequest(model_name="hostile", id=f"{stream}-{i}")
+            request.inputs.add(name="mode", datatype="BYTES", shape=[1])
+            request.raw_input_contents.append(bytes_raw([b"answer:131072"]))
+            return request
+
+        def requests(stream):
+            return (big_request(stream, i) for i in range(16))
+
+        streams = [self.stub.ModelStreamInfer(requests(s)) for s in range(6)]  # 48 MiB of
+        time.sleep(3)  # answers, unread for a while
+        answers = [answer for stream in streams for answer in stream]
+        self.assertEqual(sorted(a.infer_response.id for a in answers),
+                         sorted(f"{s}-{i}" for s in range(6) for i in range(16)))
+        dropped = [a for a in answers if a.error_message]
+        self.assertGreater(len(dropped), 0)
+        self.assertIn("was dropped: the server holds", dropped[0].error_message)
+        self.assertIn("http.max_buffered_body_bytes (8388608); read the stream's answers as they "
+                      "come", dropped[0].error_message)
+        self.assertIn("a stream's answer was dropped: the buffer budget is spent",
+                      self.server.log_text())
+        # What was held is given back: a client that reads gets every answer again.
+        answers = list(self.stub.ModelStreamInfer(requests("again")))
+        self.assertEqual(len(answers), 16)
+        self.assertTrue(all(not a.error_message for a in answers),
+                        [a.error_message for a in answers if a.error_message][:1])
+
+
 class RepositoryTest(GrpcServerTest):
     def test_index_unload_and_load_from_loopback(self):
         index = self.stub.RepositoryIndex(pb.RepositoryIndexRequest())

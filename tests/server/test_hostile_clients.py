@@ -396,6 +396,22 @@ class UnfinishedGrpcMessagesTest(HeldConnectionsTest):
             self.assertEqual(server.stop(), 0)
 
 
+    def test_the_default_bound_is_a_quarter_of_the_memory_guards_limit(self):
+        # It was a quarter of the machine's memory whatever models.max_memory_bytes said: with
+        # a 1 GiB limit, a client holding unfinished messages made the memory guard refuse
+        # every inference before the bound refused anything.
+        for config, bound in (({"models": {"max_memory_bytes": 1 << 30}}, 256 << 20),
+                              ({"models": {"max_memory_bytes": 1 << 30},
+                                "http": {"max_buffered_body_bytes": 40 << 20}}, 40 << 20)):
+            server = Server(self.repository, config, copies=1)
+            try:
+                text = metrics_text(server)
+                self.assertRegex(text, rf"\norochi_buffered_bytes_limit {bound}\n")
+                self.assertRegex(text, r"\norochi_buffered_bytes \d+\n")
+            finally:
+                self.assertEqual(server.stop(), 0)
+
+
 class RequestCostTest(unittest.TestCase):
     """What a request may cost: its client's life, a deadline, its model's size limit, memory."""
 

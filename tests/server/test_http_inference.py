@@ -557,7 +557,7 @@ class ServerTest(SharedServerTest):
                      "orochi_copy_busy_seconds_total", "orochi_model_loads_total",
                      "orochi_model_load_duration_seconds", "orochi_http_requests_total",
                      "process_cpu_seconds_total", "process_resident_memory_bytes",
-                     "process_open_fds"):
+                     "process_open_fds", "orochi_buffered_bytes", "orochi_buffered_bytes_limit"):
             self.assertIn(name, text)
         self.assertIn('orochi_interpreter_copies{state="busy"} 0', text)
         self.assertIn('orochi_interpreter_copies{state="idle"} 2', text)

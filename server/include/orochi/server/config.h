@@ -25,9 +25,11 @@ struct HttpConfig {
   int io_threads = 2;
   int64_t max_header_bytes = int64_t{16} << 10;
   int64_t max_body_bytes = int64_t{64} << 20;
-  // Bytes of request bodies held in memory at once, over every listener; past it a new body is
-  // refused (503) before it is read. 0: a quarter of what the process may use (its cgroup's
-  // memory limit, else the machine's memory), and never under max_body_bytes.
+  // Bytes of request bodies held in memory at once, over every listener, with the stream answers
+  // waiting for their client; past it a new body is refused (503) before it is read, and a
+  // stream's answer is replaced by an error. 0: a quarter of what the process may use (its
+  // cgroup's memory limit, else the machine's memory, or models.max_memory_bytes where that is
+  // less), and never under max_body_bytes.
   int64_t max_buffered_body_bytes = 0;
   int max_json_depth = 64;
   int idle_timeout_s = 60;
