@@ -1,9 +1,11 @@
 #include "orochi/base/crash_record.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -85,7 +87,57 @@ struct Line {
   }
 };
 
-void OnFatalSignal(int signal_number) {
+// The parent of process `pid`, from /proc/<pid>/stat; -1 where it cannot be read (gone, say).
+// Async-signal-safe: open, read and close, and parsing by hand.
+pid_t ParentOf(pid_t pid) {
+  Line path;
+  path.Append("/proc/");
+  path.Append(static_cast<long>(pid));
+  path.Append("/stat");
+  const int fd = open(path.text, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char stat[512];
+  const ssize_t got = read(fd, stat, sizeof(stat) - 1);
+  close(fd);
+  if (got <= 0) return -1;
+  // "pid (comm) state ppid ...": comm may hold anything, ')' included, so from the last ')'.
+  ssize_t at = got - 1;
+  while (at >= 0 && stat[at] != ')') --at;
+  if (at < 0) return -1;
+  at += 4;  // past ") S "
+  if (at >= got) return -1;
+  long parent = 0;
+  for (; at < got && stat[at] >= '0' && stat[at] <= '9'; ++at) {
+    parent = parent * 10 + (stat[at] - '0');
+  }
+  return static_cast<pid_t>(parent);
+}
+
+// Whether `pid` is this process or one it started, however far down.
+bool IsSelfOrDescendant(pid_t pid) {
+  const pid_t self = getpid();
+  for (int generation = 0; generation < 64 && pid > 1; ++generation) {
+    if (pid == self) return true;
+    pid = ParentOf(pid);
+  }
+  return false;
+}
+
+// A fault signal that was sent rather than raised by a fault (kill, tgkill, sigqueue: si_code
+// 0 or below), by this process or one it started, to a thread that runs no model's code: model
+// code aiming at a thread of the server's own (an I/O thread, say), whose death would name no
+// model and end every one. Nothing faulted there, so it is ignored. Not SIGABRT, which abort()
+// raises on its own thread in the server's code as well.
+bool IsStrayFaultSignal(int signal_number, const siginfo_t* info) {
+  return info != nullptr && signal_number != SIGABRT && info->si_code <= 0 && !current_mark.set &&
+         IsSelfOrDescendant(info->si_pid);
+}
+
+void OnFatalSignal(int signal_number, siginfo_t* info, void* /*context*/) {
+  if (const int saved_errno = errno; IsStrayFaultSignal(signal_number, info)) {
+    errno = saved_errno;
+    return;
+  }
   Line line;
   line.Append("crash signal=");
   line.Append(static_cast<long>(signal_number));
@@ -101,8 +153,8 @@ void OnFatalSignal(int signal_number) {
   line.Append("\n");
   if (crash_fd >= 0) {
     [[maybe_unused]] ssize_t written = write(crash_fd, line.text, line.length);
-    // After the line, which is on record should the stack's walk fault too (SA_RESETHAND: the
-    // process then dies of that second fault).
+    // After the line, which is on record should the stack's walk fault too (the signal is
+    // blocked here: the process then dies of that second fault).
     if (mark.set && mark.python_stack != nullptr) mark.python_stack(crash_fd);
   }
   // Die of the signal itself, so that the exit status says which.
@@ -110,7 +162,24 @@ void OnFatalSignal(int signal_number) {
   default_action.sa_handler = SIG_DFL;
   sigemptyset(&default_action.sa_mask);
   sigaction(signal_number, &default_action, nullptr);
+  sigset_t this_signal;
+  sigemptyset(&this_signal);
+  sigaddset(&this_signal, signal_number);
+  sigprocmask(SIG_UNBLOCK, &this_signal, nullptr);
   raise(signal_number);
+}
+
+void InstallHandler(int signal_number) {
+  struct sigaction action {};
+  action.sa_sigaction = OnFatalSignal;
+  // Every recorded signal is blocked while the handler runs, so that a fault in the handler
+  // itself ends the process (the kernel forces the default action of a fault it cannot deliver)
+  // instead of looping. Not SA_RESETHAND, which resets the action for the whole process: a
+  // second thread's signal meanwhile ended the process, even one that was to be ignored.
+  sigemptyset(&action.sa_mask);
+  for (int recorded : kRecordedSignals) sigaddset(&action.sa_mask, recorded);
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigaction(signal_number, &action, nullptr);
 }
 
 }  // namespace
@@ -162,13 +231,7 @@ void InheritedCrashContext::MarkCallingThread() const {
 
 void InstallCrashRecorder(int fd) {
   crash_fd = fd;
-  struct sigaction action {};
-  action.sa_handler = OnFatalSignal;
-  sigemptyset(&action.sa_mask);
-  // On the alternate stack where the thread has one; once (SA_RESETHAND), so that a fault in
-  // the handler itself ends the process instead of looping.
-  action.sa_flags = SA_ONSTACK | SA_RESETHAND;
-  for (int signal_number : kRecordedSignals) sigaction(signal_number, &action, nullptr);
+  for (int signal_number : kRecordedSignals) InstallHandler(signal_number);
   alternate_stack.Ensure();
 }
 

@@ -849,6 +849,27 @@ class StopSignalFromModelCodeTest(FaultsTest):
             self.assertNotIn("restarting it", server.log_text())
             self.assert_echo_serves(server)
 
+    def test_fault_signals_sent_to_the_servers_own_threads_are_ignored(self):
+        # A SIGSEGV that model code sent (tgkill) to one of the server's threads, which runs no
+        # model, once ended the process with a record that named no model: a restart loop. A
+        # fault signal sent, not raised by a fault, from the process or one it started, to a
+        # thread that runs no model's code, faulted nothing there: it is ignored.
+        with self.hostile_server() as server:
+            for mode in ("signal_server_threads", "signal_server_threads_from_a_child"):
+                first = server.serving_pid
+                status, _, body = self.hostile(server, mode)
+                self.assertEqual(status, 200, body)
+                self.assertGreater(json.loads(body)["outputs"][0]["data"][0], 30)
+                time.sleep(0.5)
+                self.assertEqual(server.serving_pid, first, mode)
+                self.assertNotIn("restarting it", server.log_text())
+                self.assert_echo_serves(server)
+            # From outside the server, the signal still ends the process, recorded.
+            os.kill(server.serving_pid, signal.SIGSEGV)
+            server.wait_for_serving(2)
+            self.assertIn("the serving process died; restarting it signal=SIGSEGV",
+                          server.log_text())
+
     def test_signal_timers_are_refused(self):
         # A POSIX timer asked for SIGKILL, set after each load, once made a restart loop that
         # named no model: no kill-like call shows the filter that signal. So are refused a

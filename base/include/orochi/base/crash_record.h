@@ -66,9 +66,12 @@ class InheritedCrashContext {
 };
 
 // Handles SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP and SIGSYS by writing a crash line to
-// `fd`, then dying
-// of the signal. Each thread that has carried a ScopedCrashContext has an alternate signal stack,
-// so that a crash by stack overflow is recorded too.
+// `fd`, then dying of the signal. Each thread that has carried a ScopedCrashContext has an
+// alternate signal stack, so that a crash by stack overflow is recorded too. One of them but
+// SIGABRT that was sent (kill, tgkill, sigqueue) rather than raised by a fault, by this process
+// or one it started, to a thread with no mark is ignored: model code aiming at one of the
+// server's own threads, which faulted nothing, would otherwise end every model with a record
+// that names none.
 void InstallCrashRecorder(int fd);
 
 // Whether a process that died of `signal_number` had the chance to write a crash line: one of

@@ -119,6 +119,35 @@ def hidden_routes() -> list:
             refused(lambda: libc_call(lambda: libc.prctl(4, 0, 0, 0, 0)))]  # PR_SET_DUMPABLE
 
 
+def signal_server_threads(from_a_child: bool) -> int:
+    """SIGSEGV, SIGBUS and SIGFPE sent (tgkill) to every other thread of the process: the
+    server's own (I/O, gRPC, the scheduler's) and idle copies' workers. Returns how many were
+    sent; from a forked child that exits when done where `from_a_child`."""
+    import ctypes
+    import platform
+    import signal
+    import threading
+    libc = ctypes.CDLL(None, use_errno=True)
+    tgkill = {"x86_64": 234, "aarch64": 131}[platform.machine()]
+    process = os.getpid()
+    own = threading.get_native_id()
+    threads = [int(name) for name in os.listdir("/proc/self/task") if int(name) != own]
+    if from_a_child:
+        child = os.fork()
+        if child == 0:
+            for thread in threads:
+                for number in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE):
+                    libc.syscall(tgkill, process, thread, number)
+            os._exit(0)
+        os.waitpid(child, 0)
+        return 3 * len(threads)
+    sent = 0
+    for thread in threads:
+        for number in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE):
+            sent += libc.syscall(tgkill, process, thread, number) == 0
+    return sent
+
+
 def signal_timers() -> list:
     """The kernel's own senders of a chosen signal, which no kill-like call shows the filter: a
     POSIX timer (timer_create) and a message queue's notification (mq_notify), each asked for
@@ -573,6 +602,8 @@ class Hostile:
             end = __import__("time").process_time() + 0.05
             while __import__("time").process_time() < end:  # CPU time, for the two others
                 pass
+        elif mode in ("signal_server_threads", "signal_server_threads_from_a_child"):
+            return {"out": [float(signal_server_threads(mode.endswith("child")))]}
         elif mode.startswith("answer:"):  # an answer of that many float32 values
             return {"out": [0.0] * int(mode.split(":")[1])}
         elif mode == "signal_timers":
