@@ -782,6 +782,12 @@ void InferenceService::Infer(const ModelInferRequest& message,
     return;
   }
   auto request_read = std::make_shared<kserve::InferRequest>(std::move(parsed).value());
+  if (std::optional<kserve::InferenceRunner::Refusal> refused = runner_.AdmitSharedMemoryInputs(
+          *model, *request_read, message.ByteSizeLong(),
+          static_cast<uint64_t>(config_.grpc.max_message_bytes), received)) {
+    fail(ToGrpc(refused->status));
+    return;
+  }
   // Inputs in shared memory are read now, outputs' regions checked; the request keeps the
   // regions mapped until it is answered.
   if (Status shared =

@@ -469,6 +469,12 @@ void KServeApi::Infer(http::Request&& request, const http::PathParams& params,
     return;
   }
   auto infer_request = std::make_shared<InferRequest>(std::move(parsed).value());
+  if (std::optional<InferenceRunner::Refusal> refused = runner_.AdmitSharedMemoryInputs(
+          *model, *infer_request, request.body().size(),
+          static_cast<uint64_t>(config_.http.max_body_bytes), received)) {
+    respond(http::ErrorResponse(413, refused->status.message()));
+    return;
+  }
   // Inputs in shared memory are read here, and outputs' regions checked; the request then
   // keeps the regions mapped until the answer is written.
   if (Status shared = ResolveSharedMemory(model->manifest(), shared_memory_, infer_request.get());

@@ -172,6 +172,32 @@ std::optional<InferenceRunner::Refusal> InferenceRunner::Admit(const ServedModel
   return std::nullopt;
 }
 
+std::optional<InferenceRunner::Refusal> InferenceRunner::AdmitSharedMemoryInputs(
+    const ServedModel& model, const InferRequest& request, uint64_t carried_bytes,
+    uint64_t max_bytes, Clock::time_point received) {
+  if (request.shared_memory_inputs.empty()) return std::nullopt;
+  uint64_t shared_bytes = 0;
+  for (const auto& [name, input] : request.shared_memory_inputs) {
+    shared_bytes += input.where.byte_size;  // each bounded by the region's size (< 2^63)
+  }
+  const uint64_t total = carried_bytes + shared_bytes;
+  std::string bound;
+  if (total > max_bytes) {
+    bound = "the server takes at most " + std::to_string(max_bytes) + " in a request";
+  } else if (const std::optional<int64_t>& limit = model.manifest().max_request_bytes;
+             limit && total > static_cast<uint64_t>(*limit)) {
+    bound = "model " + model.name + " takes at most " + std::to_string(*limit) +
+            " (max_request_bytes in its manifest)";
+  } else {
+    return std::nullopt;
+  }
+  Refused(model, "too_large", received);
+  return Refusal{ResourceExhausted("the request has " + std::to_string(total) + " bytes with " +
+                                   std::to_string(shared_bytes) +
+                                   " of inputs in shared memory, which count as its own; " + bound),
+                 true};
+}
+
 void InferenceRunner::Refused(const ServedModel& model, const std::string& reason,
                               Clock::time_point received) const {
   metrics_.RequestDone(model.name, std::to_string(model.version), reason, Clock::now() - received,

@@ -84,6 +84,16 @@ class InferenceRunner {
   };
   std::optional<Refusal> Admit(const ServedModel& model, size_t bytes, Clock::time_point received);
 
+  // Checks a parsed request `carried_bytes` long whose inputs in shared memory are yet to be
+  // read: they count as if they came in it, against `max_bytes` (the protocol's bound on a
+  // request: http.max_body_bytes, grpc.max_message_bytes) and the model's max_request_bytes
+  // (kResourceExhausted, reason "too_large"), so that a request of 2 KB cannot have 1 GiB read
+  // into the server's memory. A refusal is counted.
+  std::optional<Refusal> AdmitSharedMemoryInputs(const ServedModel& model,
+                                                 const InferRequest& request,
+                                                 uint64_t carried_bytes, uint64_t max_bytes,
+                                                 Clock::time_point received);
+
   // Counts a request that failed before it was submitted (it could not be read, say).
   void Refused(const ServedModel& model, const std::string& reason,
                Clock::time_point received) const;

@@ -38,12 +38,12 @@ class SharedMemoryServer:
     unregistered after each test."""
 
     EXTENSION = ""
+    CONFIG: dict = {"http": {"allow_shared_memory": True}}
 
     @classmethod
     def setUpClass(cls):
         cls.root = tempfile.mkdtemp(prefix=f"orochi-{cls.EXTENSION}-")
-        cls.server = Server(pack_repository(cls.root), {"http": {"allow_shared_memory": True}},
-                            copies=2)
+        cls.server = Server(pack_repository(cls.root), cls.CONFIG, copies=2)
 
     @classmethod
     def tearDownClass(cls):

@@ -350,6 +350,37 @@ class SharedMemoryTest(SharedMemoryServer, unittest.TestCase):
         self.assertEqual(self.post("/v2/cudasharedmemory/unregister"), (200, {}))
 
 
+class SharedMemoryInputBoundTest(SharedMemoryServer, unittest.TestCase):
+    """Inputs read from shared memory count as the request's own bytes."""
+
+    EXTENSION = "systemsharedmemory"
+    CONFIG = {"http": {"allow_shared_memory": True, "max_body_bytes": 64 << 10}}
+
+    def test_inputs_in_shared_memory_count_against_the_request_bound(self):
+        # A request of 2 KB once had 1 GiB read into the server's memory from a region, past
+        # every bound on a request's bytes: three at once took 2.5 GB.
+        region = Region(256 << 10)
+        try:
+            self.assertEqual(self.register_region("big", {"key": region.key,
+                                                          "byte_size": 256 << 10}), (200, {}))
+            status, answer = self.infer(fp32_input_in_region(shm("big", 128 << 10),
+                                                             shape=[1, 32 << 10]))
+            self.assertEqual(status, 413, answer)
+            self.assertRegex(answer["error"], r"the request has \d+ bytes with 131072 of inputs "
+                             r"in shared memory, which count as its own; the server takes at "
+                             r"most 65536 in a request")
+            # Within the bound, it is read as before.
+            region.array(np.float32, 1024)[:] = 1.5
+            request = fp32_input_in_region(shm("big", 4096), shape=[1, 1024])
+            request["outputs"] = [{"name": "out_fp32", "parameters": {"binary_data": False}}]
+            status, answer = self.infer(request)
+            self.assertEqual(status, 200, answer)
+            self.assertEqual(answer["outputs"][0]["data"], [1.5] * 1024)
+        finally:
+            self.post(f"/v2/{self.EXTENSION}/unregister")
+            region.close()
+
+
 class SharedMemoryDisabledTest(unittest.TestCase):
     """Off by default: registering says how the operator turns it on."""
 
