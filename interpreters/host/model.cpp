@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -213,79 +214,91 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
   const std::string key = source.key;
   const size_t max_parallel = options.max_parallel == 0 ? slots.size() : options.max_parallel;
   for (size_t i = 0; i < slots.size(); ++i) {
-    std::thread([loading, &manager, slot = slots[i], arguments = model->load_arguments_, key, i,
-                 max_parallel, options] {
-      auto finish = [&](Status result) {
-        std::lock_guard lock(loading->mutex);
-        loading->results[i] = std::move(result);
-        loading->copies[i].reset();
-        loading->running--;
-        loading->changed.notify_all();
-      };
-      const Status not_started = DeadlineExceeded("not started: the load timed out");
-      {
-        std::unique_lock lock(loading->mutex);
-        loading->changed.wait(
-            lock, [&] { return loading->cancelled || loading->loading_now < max_parallel; });
-        if (loading->cancelled) {
-          lock.unlock();
-          finish(not_started);
-          return;
+    try {
+      std::thread([loading, &manager, slot = slots[i], arguments = model->load_arguments_, key, i,
+                   max_parallel, options] {
+        auto finish = [&](Status result) {
+          std::lock_guard lock(loading->mutex);
+          loading->results[i] = std::move(result);
+          loading->copies[i].reset();
+          loading->running--;
+          loading->changed.notify_all();
+        };
+        const Status not_started = DeadlineExceeded("not started: the load timed out");
+        {
+          std::unique_lock lock(loading->mutex);
+          loading->changed.wait(
+              lock, [&] { return loading->cancelled || loading->loading_now < max_parallel; });
+          if (loading->cancelled) {
+            lock.unlock();
+            finish(not_started);
+            return;
+          }
+          loading->loading_now++;
         }
-        loading->loading_now++;
-      }
-      if (options.pause) options.pause(slot);
-      Status result;
-      bool abandoned = false;
-      {
-        InterpreterManager::Lease lease = manager.AcquireSlot(slot);
-        bool cancelled = false;
+        if (options.pause) options.pause(slot);
+        Status result;
+        bool abandoned = false;
+        {
+          InterpreterManager::Lease lease = manager.AcquireSlot(slot);
+          bool cancelled = false;
+          {
+            std::lock_guard lock(loading->mutex);
+            // The slot came free only after the timeout: nothing to load any more.
+            cancelled = loading->cancelled;
+            if (!cancelled) {
+              loading->copies[i] = lease.shared();
+              loading->states[i] = CopyLoad::kCalling;
+            }
+          }
+          if (cancelled) {
+            result = not_started;
+          } else {
+            lease->SetCaller(key);
+            Result<Value> loaded = [&] {
+              const ScopedCrashContext crash_context(key, static_cast<int>(slot), "load",
+                                                     lease->python_stack_writer());
+              return lease->Call("orochi.serving:_load", arguments);
+            }();
+            // This thread ends after the load, while the copy lives on: its Python thread state
+            // there would stay until the copy is finalized, a few KB on every load.
+            lease->ReleaseThread();
+            if (!loaded.ok()) {
+              result = Status(loaded.status().code(),
+                              "loading model " + key + " in interpreter copy " +
+                                  std::to_string(lease->id()) + ": " + loaded.status().message(),
+                              loaded.status().detail());
+            }
+            std::unique_lock lock(loading->mutex);
+            // Given up as stuck: the Lease still holds the slot until the fresh copy is in it,
+            // so that nobody else gets the old copy meanwhile.
+            loading->changed.wait(lock,
+                                  [&] { return loading->states[i] != CopyLoad::kAbandoning; });
+            abandoned = loading->states[i] == CopyLoad::kAbandoned;
+            if (!abandoned) loading->states[i] = CopyLoad::kReturned;
+          }
+        }
+        if (abandoned) {
+          if (options.abandoned_returned) options.abandoned_returned(slot);
+        } else if (options.resume) {
+          options.resume(slot);
+        }
         {
           std::lock_guard lock(loading->mutex);
-          // The slot came free only after the timeout: nothing to load any more.
-          cancelled = loading->cancelled;
-          if (!cancelled) {
-            loading->copies[i] = lease.shared();
-            loading->states[i] = CopyLoad::kCalling;
-          }
+          loading->loading_now--;
         }
-        if (cancelled) {
-          result = not_started;
-        } else {
-          lease->SetCaller(key);
-          Result<Value> loaded = [&] {
-            const ScopedCrashContext crash_context(key, static_cast<int>(slot), "load",
-                                                   lease->python_stack_writer());
-            return lease->Call("orochi.serving:_load", arguments);
-          }();
-          // This thread ends after the load, while the copy lives on: its Python thread state
-          // there would stay until the copy is finalized, a few KB on every load.
-          lease->ReleaseThread();
-          if (!loaded.ok()) {
-            result = Status(loaded.status().code(),
-                            "loading model " + key + " in interpreter copy " +
-                                std::to_string(lease->id()) + ": " + loaded.status().message(),
-                            loaded.status().detail());
-          }
-          std::unique_lock lock(loading->mutex);
-          // Given up as stuck: the Lease still holds the slot until the fresh copy is in it,
-          // so that nobody else gets the old copy meanwhile.
-          loading->changed.wait(lock, [&] { return loading->states[i] != CopyLoad::kAbandoning; });
-          abandoned = loading->states[i] == CopyLoad::kAbandoned;
-          if (!abandoned) loading->states[i] = CopyLoad::kReturned;
-        }
-      }
-      if (abandoned) {
-        if (options.abandoned_returned) options.abandoned_returned(slot);
-      } else if (options.resume) {
-        options.resume(slot);
-      }
-      {
-        std::lock_guard lock(loading->mutex);
-        loading->loading_now--;
-      }
-      finish(std::move(result));
-    }).detach();
+        finish(std::move(result));
+      }).detach();
+    } catch (const std::system_error& error) {
+      // No thread to be had: model code's threads count against the process's limits too
+      // (RLIMIT_NPROC, a cgroup's pids). This copy's load fails as a load does, rather than
+      // std::terminate ending every model with a record that names none.
+      std::lock_guard lock(loading->mutex);
+      loading->results[i] = ResourceExhausted(
+          "loading model " + key + " in interpreter copy " + std::to_string(slots[i]) +
+          ": no thread could be started for it: " + error.what());
+      loading->running--;
+    }
   }
   std::unique_lock lock(loading->mutex);
   auto all_done = [&] { return loading->running == 0; };
@@ -301,7 +314,12 @@ Result<std::unique_ptr<ReplicatedModel>> ReplicatedModel::Load(InterpreterManage
     // Interrupting waits for the copy's GIL, which a copy stuck in C never gives up: each on a
     // thread of its own.
     for (const std::shared_ptr<Interpreter>& copy : loading->copies) {
-      if (copy != nullptr) std::thread([copy] { (void)copy->Interrupt(); }).detach();
+      if (copy == nullptr) continue;
+      try {
+        std::thread([copy] { (void)copy->Interrupt(); }).detach();
+      } catch (const std::system_error&) {
+        // No thread to be had: the copy is abandoned after the grace, as one stuck in C is.
+      }
     }
     if (!loading->changed.wait_for(lock, options.interrupt_grace, all_done)) {
       const size_t stuck = static_cast<size_t>(

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "log.h"
@@ -802,7 +804,12 @@ void Scheduler::Watch() {
 
 void Scheduler::Interrupt(Worker& worker) {
   // On a thread of its own, so that neither the watchdog nor an unload waits on a copy.
-  std::thread([copy = worker.copy] { (void)copy->Interrupt(); }).detach();
+  try {
+    std::thread([copy = worker.copy] { (void)copy->Interrupt(); }).detach();
+  } catch (const std::system_error&) {
+    // No thread to be had (model code's threads fill the process's limit): the copy is
+    // replaced after the grace, as one that ignores an interrupt is.
+  }
 }
 
 void Scheduler::ReplaceStuckCopy(std::unique_lock<std::mutex>& lock, size_t slot,
