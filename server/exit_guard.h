@@ -19,6 +19,8 @@
 //   - from a thread of the serving process: refused with EPERM, and logged;
 //   - from any other process (a fork, a program a model runs): let through unchanged, so what
 //     models start runs and exits as it would anywhere.
+// The same listener carries the serving process's reports of its loads at a start (SendReport):
+// the supervisor believes them from its first thread alone, which runs no model code.
 // The server's own exits (ExitServingProcess) carry a random word in the upper half of
 // exit_group's argument, which the kernel ignores and the filter lets through without asking:
 // they need no supervisor, so a serving process whose supervisor was killed still exits. Its

@@ -40,7 +40,8 @@ struct Inheritance {
   // at startup ("loading model=name:version": a death there with no crash record, an OOM kill
   // say, is put on it) and of one whose load ran past models.load_timeout_s ("stuck_load
   // model=name:version"), so that the next serving process quarantines it instead of waiting
-  // as long again; -1 without a supervisor.
+  // as long again; -1 without a supervisor. (Those two lines go through the exit filter's
+  // listener where there is one, which model code cannot forge; the pipe is their fallback.)
   int report_fd = -1;
   // The supervisor's pid; 0 without one. Every process under it is the server's or model code's
   // (peer_process.h): the management API refuses requests from them.
