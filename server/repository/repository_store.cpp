@@ -255,8 +255,19 @@ Status RepositoryStore::Publish(const std::string& name, int64_t version,
   // The data is on disk before any name leads to it.
   OROCHI_RETURN_IF_ERROR(SyncFile(file));
   std::error_code error;
+  const fs::path model_directory = directory.parent_path();
+  const bool model_directory_existed = fs::exists(model_directory, error);
   fs::create_directories(directory, error);
   if (error) return Internal("cannot create " + directory.string() + ": " + error.message());
+  // Modes of their own, as the package file has (0644): the process's umask is model code's to
+  // change too, and one of 0777 once made an operator's upload directories of mode 000, which
+  // the next start could not list.
+  constexpr fs::perms kDirectoryMode = fs::perms::owner_all | fs::perms::group_read |
+                                       fs::perms::group_exec | fs::perms::others_read |
+                                       fs::perms::others_exec;
+  if (!model_directory_existed) fs::permissions(model_directory, kDirectoryMode, error);
+  if (!error) fs::permissions(directory, kDirectoryMode, error);
+  if (error) return Internal("cannot open " + directory.string() + ": " + error.message());
   SyncDirectory(directory.parent_path().parent_path());
   SyncDirectory(directory.parent_path());
   // The moment the package appears, whole. link() never replaces a name: of two servers

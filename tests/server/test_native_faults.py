@@ -1247,6 +1247,30 @@ class LockedRepositoryTest(FaultsTest):
             self.assert_echo_serves(server)
 
 
+    def test_an_upload_after_model_code_set_the_umask_is_readable(self):
+        # umask(0o777) in model code, then an operator's upload: the model's directories were
+        # made with mode 000, and the next start could not list the repository.
+        with self.hostile_server() as server:
+            status, _, body = self.hostile(server, "umask:777")
+            self.assertEqual(status, 200, body)
+            package = pack_variant(self.root, "later", SLOW_INIT.replace("time.sleep(1.0)",
+                                                                         "pass"))
+            status, _, body = curl("-T", package, f"http://127.0.0.1:{server.management_port}"
+                                   "/v2/repository/models/later/versions/1")
+            self.assertEqual(status, 200, body)
+            for directory in ("later", "later/1"):
+                mode = stat.S_IMODE(os.stat(os.path.join(self.repository, directory)).st_mode)
+                self.assertEqual(mode, 0o755, directory)
+            self.assertEqual(index(server)["later"]["state"], "READY")
+            self.hostile(server, "umask:022")
+        # The next start lists and loads it.
+        server = Server(self.repository, {}, copies=1)
+        try:
+            self.assertEqual(index(server)["later"]["state"], "READY")
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
 class DescriptorExhaustionTest(FaultsTest):
 
     def test_a_repository_that_cannot_be_listed_is_not_taken_for_empty(self):

@@ -514,6 +514,8 @@ class Hostile:
             for _ in range(1 << 20):
                 nested = [nested]
             repr(nested)
+        elif mode.startswith("umask:"):  # umask:<octal mask>, the process's, for every thread
+            os.umask(int(mode.split(":", 1)[1], 8))
         elif mode.startswith("chmod:"):  # chmod:<octal mode>:<path>
             _, bits, path = mode.split(":", 2)
             os.chmod(path, int(bits, 8))
