@@ -124,12 +124,13 @@ bool IsSelfOrDescendant(pid_t pid) {
 }
 
 // A fault signal that was sent rather than raised by a fault (kill, tgkill, sigqueue: si_code
-// 0 or below), by this process or one it started, to a thread that runs no model's code: model
-// code aiming at a thread of the server's own (an I/O thread, say), whose death would name no
-// model and end every one. Nothing faulted there, so it is ignored. Not SIGABRT, which abort()
-// raises on its own thread in the server's code as well.
+// 0 or below), by this process or one it started: model code aiming at a thread of the
+// server's own (an I/O thread, say), whose death would name no model and end every one, or at
+// the thread that loads or runs another model, whose death would be put on that model. Nothing
+// faulted there, so it is ignored. Not SIGABRT, which abort() raises on its own thread in the
+// server's code as well.
 bool IsStrayFaultSignal(int signal_number, const siginfo_t* info) {
-  return info != nullptr && signal_number != SIGABRT && info->si_code <= 0 && !current_mark.set &&
+  return info != nullptr && signal_number != SIGABRT && info->si_code <= 0 &&
          IsSelfOrDescendant(info->si_pid);
 }
 

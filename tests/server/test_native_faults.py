@@ -851,10 +851,12 @@ class StopSignalFromModelCodeTest(FaultsTest):
 
     def test_fault_signals_sent_to_the_servers_own_threads_are_ignored(self):
         # A SIGSEGV that model code sent (tgkill) to one of the server's threads, which runs no
-        # model, once ended the process with a record that named no model: a restart loop. A
-        # fault signal sent, not raised by a fault, from the process or one it started, to a
-        # thread that runs no model's code, faulted nothing there: it is ignored.
+        # model, once ended the process with a record that named no model: a restart loop (and
+        # one sent to the thread that loads another model was put on that model). A fault
+        # signal sent, not raised by a fault, from the process or one it started, faulted
+        # nothing where it went: it is ignored, even on the sender's own thread.
         with self.hostile_server() as server:
+            self.assert_answered_in_place(server, "raise_fault", 200)
             for mode in ("signal_server_threads", "signal_server_threads_from_a_child"):
                 first = server.serving_pid
                 status, _, body = self.hostile(server, mode)

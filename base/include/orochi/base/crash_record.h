@@ -69,9 +69,9 @@ class InheritedCrashContext {
 // `fd`, then dying of the signal. Each thread that has carried a ScopedCrashContext has an
 // alternate signal stack, so that a crash by stack overflow is recorded too. One of them but
 // SIGABRT that was sent (kill, tgkill, sigqueue) rather than raised by a fault, by this process
-// or one it started, to a thread with no mark is ignored: model code aiming at one of the
-// server's own threads, which faulted nothing, would otherwise end every model with a record
-// that names none.
+// or one it started, is ignored: model code aiming at one of the server's own threads, or at one
+// that runs another model, faulted nothing there, and would otherwise end every model with a
+// record that names none, or the wrong one.
 void InstallCrashRecorder(int fd);
 
 // Whether a process that died of `signal_number` had the chance to write a crash line: one of

@@ -467,8 +467,16 @@ class Hostile:
         elif mode == "huge_error":
             raise ValueError("x" * (16 << 20))
         elif mode == "trap":  # a breakpoint instruction, as code patched or left in hits one
-            import signal
-            signal.raise_signal(signal.SIGTRAP)
+            import ctypes
+            import mmap
+            import platform
+            # int3; ret (x86-64), brk #0; ret (arm64): a SIGTRAP the processor raises.
+            code = {"x86_64": b"\xcc\xc3",
+                    "aarch64": bytes.fromhex("000020d4c0035fd6")}[platform.machine()]
+            memory = mmap.mmap(-1, mmap.PAGESIZE,
+                               prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+            memory.write(code)
+            ctypes.CFUNCTYPE(None)(ctypes.addressof(ctypes.c_char.from_buffer(memory)))()
         elif mode == "segfault":  # a native crash, as a C extension's bug would make one
             import ctypes
             ctypes.string_at(0)
@@ -604,6 +612,9 @@ class Hostile:
             end = __import__("time").process_time() + 0.05
             while __import__("time").process_time() < end:  # CPU time, for the two others
                 pass
+        elif mode == "raise_fault":  # a SIGSEGV sent to its own thread, which faulted nothing
+            import signal
+            signal.raise_signal(signal.SIGSEGV)
         elif mode in ("signal_server_threads", "signal_server_threads_from_a_child"):
             return {"out": [float(signal_server_threads(mode.endswith("child")))]}
         elif mode.startswith("answer:"):  # an answer of that many float32 values
