@@ -58,6 +58,19 @@ constexpr uint32_t kTcpAoAddKey = 38;
 constexpr int kSignalsToOwnThreads[] = {0,      SIGSEGV, SIGBUS,  SIGFPE,
                                         SIGILL, SIGABRT, SIGTRAP, SIGSYS};
 
+// Jumps to `allow` if the call's argument `index` is 0 (a null pointer: both of its halves);
+// refuses the call otherwise.
+void AllowOnlyIfNull(FilterBuilder& filter, size_t index, FilterBuilder::Label allow) {
+  const auto low_half_is_null = filter.NewLabel();
+  filter.Load(Argument(index));
+  filter.JumpIfEqual(0, low_half_is_null);
+  filter.Return(kRefuse);
+  filter.Bind(low_half_is_null);
+  filter.Load(ArgumentHigh(index));
+  filter.JumpIfEqual(0, allow);
+  filter.Return(kRefuse);
+}
+
 std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t serving) {
   FilterBuilder filter;
   const auto refuse = filter.NewLabel();
@@ -125,14 +138,7 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   // timer's default, SIGALRM, which the serving process ignores; a queue's notification
   // removed) goes through. Nothing in the server sets either.
   filter.Bind(chosen_signal);
-  const auto event_low_is_null = filter.NewLabel();
-  filter.Load(Argument(1));
-  filter.JumpIfEqual(0, event_low_is_null);
-  filter.Return(kRefuse);
-  filter.Bind(event_low_is_null);
-  filter.Load(ArgumentHigh(1));
-  filter.JumpIfEqual(0, allow);
-  filter.Return(kRefuse);
+  AllowOnlyIfNull(filter, 1, allow);
 
   // kill(pid, signal), rt_sigqueueinfo(pid, signal, info): the supervisor, its group and every
   // process are out of reach; the serving process itself and its group get probes only.
@@ -167,15 +173,8 @@ std::vector<sock_filter> Compile(pid_t supervisor, pid_t supervisor_group, pid_t
   // prlimit64(pid, resource, new, old): the supervisor's not even read; anyone's only read (new
   // is null, both halves of the pointer).
   filter.Bind(limit);
-  const auto new_limit_low_is_null = filter.NewLabel();
   filter.JumpIfArgumentIs(0, static_cast<uint32_t>(supervisor), refuse);
-  filter.Load(Argument(2));
-  filter.JumpIfEqual(0, new_limit_low_is_null);
-  filter.Return(kRefuse);
-  filter.Bind(new_limit_low_is_null);
-  filter.Load(ArgumentHigh(2));
-  filter.JumpIfEqual(0, allow);
-  filter.Return(kRefuse);
+  AllowOnlyIfNull(filter, 2, allow);
 
   // fcntl(fd, F_SETOWN, pid) makes the kernel signal pid (SIGIO, or F_SETSIG's choice, SIGKILL
   // included) when the descriptor has input: a signal no kill() sends. F_SETOWN_EX passes its
