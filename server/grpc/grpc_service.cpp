@@ -168,7 +168,7 @@ class StreamCall final
     {
       std::lock_guard lock(mutex_);
       if (writes_.front().last) --outstanding_;
-      GiveBudget(writes_.front());
+      GiveBudget(writes_.front().budgeted);
       writes_.pop_front();
       writing_ = false;
       if (!ok) {
@@ -177,7 +177,7 @@ class StreamCall final
         cancelled_->store(true);
         for (const Write& write : writes_) {
           if (write.last) --outstanding_;
-          GiveBudget(write);
+          GiveBudget(write.budgeted);
         }
         writes_.clear();
       }
@@ -199,7 +199,7 @@ class StreamCall final
   }
 
   void OnDone() override {
-    for (const Write& write : writes_) GiveBudget(write);
+    for (const Write& write : writes_) GiveBudget(write.budgeted);
     service_.streams().Remove(this);
     service_.in_flight().fetch_sub(1);
     delete this;
@@ -341,7 +341,7 @@ class StreamCall final
       std::lock_guard lock(mutex_);
       if (cancelled_->load()) {
         --outstanding_;
-        if (BufferBudget* budget = service_.answer_budget()) budget->Give(budgeted);
+        GiveBudget(budgeted);
       } else {
         writes_.push_back({std::move(response), true, budgeted});
       }
@@ -380,9 +380,10 @@ class StreamCall final
     return 0;
   }
 
-  void GiveBudget(const Write& write) {
-    if (BufferBudget* budget = service_.answer_budget(); budget != nullptr && write.budgeted > 0) {
-      budget->Give(write.budgeted);
+  // Gives back what Budget took.
+  void GiveBudget(uint64_t budgeted) {
+    if (BufferBudget* budget = service_.answer_budget(); budget != nullptr && budgeted > 0) {
+      budget->Give(budgeted);
     }
   }
 

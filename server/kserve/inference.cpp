@@ -154,16 +154,25 @@ std::string InferenceRunner::UnknownModelMessage(const std::string& name,
          ")";
 }
 
+namespace {
+
+// Why a request of `bytes` is too large for `model` (its manifest's max_request_bytes), if it is.
+std::optional<std::string> PastModelLimit(const ServedModel& model, uint64_t bytes) {
+  const std::optional<int64_t>& limit = model.manifest().max_request_bytes;
+  if (!limit || bytes <= static_cast<uint64_t>(*limit)) return std::nullopt;
+  return "model " + model.name + " takes at most " + std::to_string(*limit) +
+         " (max_request_bytes in its manifest)";
+}
+
+}  // namespace
+
 std::optional<InferenceRunner::Refusal> InferenceRunner::Admit(const ServedModel& model,
                                                                size_t bytes,
                                                                Clock::time_point received) {
-  if (const std::optional<int64_t>& limit = model.manifest().max_request_bytes;
-      limit && bytes > static_cast<uint64_t>(*limit)) {
+  if (std::optional<std::string> past = PastModelLimit(model, bytes)) {
     Refused(model, "too_large", received);
-    return Refusal{ResourceExhausted("the request has " + std::to_string(bytes) + " bytes; model " +
-                                     model.name + " takes at most " + std::to_string(*limit) +
-                                     " (max_request_bytes in its manifest)"),
-                   true};
+    return Refusal{
+        ResourceExhausted("the request has " + std::to_string(bytes) + " bytes; " + *past), true};
   }
   if (Status memory = memory_.Admit(); !memory.ok()) {
     Refused(model, "out_of_memory", received);
@@ -181,21 +190,17 @@ std::optional<InferenceRunner::Refusal> InferenceRunner::AdmitSharedMemoryInputs
     shared_bytes += input.where.byte_size;  // each bounded by the region's size (< 2^63)
   }
   const uint64_t total = carried_bytes + shared_bytes;
-  std::string bound;
+  std::optional<std::string> bound = PastModelLimit(model, total);
   if (total > max_bytes) {
     bound = "the server takes at most " + std::to_string(max_bytes) + " in a request";
-  } else if (const std::optional<int64_t>& limit = model.manifest().max_request_bytes;
-             limit && total > static_cast<uint64_t>(*limit)) {
-    bound = "model " + model.name + " takes at most " + std::to_string(*limit) +
-            " (max_request_bytes in its manifest)";
-  } else {
-    return std::nullopt;
   }
+  if (!bound) return std::nullopt;
   Refused(model, "too_large", received);
-  return Refusal{ResourceExhausted("the request has " + std::to_string(total) + " bytes with " +
-                                   std::to_string(shared_bytes) +
-                                   " of inputs in shared memory, which count as its own; " + bound),
-                 true};
+  return Refusal{
+      ResourceExhausted("the request has " + std::to_string(total) + " bytes with " +
+                        std::to_string(shared_bytes) +
+                        " of inputs in shared memory, which count as its own; " + *bound),
+      true};
 }
 
 void InferenceRunner::Refused(const ServedModel& model, const std::string& reason,
