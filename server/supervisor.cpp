@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "culprit_search.h"
 #include "exit_guard.h"
 #include "listening_socket.h"
 #include "liveness_probe.h"
@@ -85,6 +86,9 @@ struct Report {
   // it, so that a package that kills every start is quarantined like one that crashes.
   std::string loading;
   int loads_begun = 0;  // "loading" lines before "ready": how far the start has come
+  // Every version whose load the start began, in order, for the search for a model behind
+  // deaths that name none (CulpritSearch).
+  std::vector<std::string> loads;
 };
 
 // A report line's text: backslashes and newlines escaped, cut so that the line is written and
@@ -143,6 +147,7 @@ enum class ReportSource {
 void TakeReportLines(std::string_view text, ReportSource source, bool stuck_loads_plausible,
                      Report& report) {
   constexpr size_t kMostLinesKept = 128;
+  constexpr size_t kMostLoadsKept = 4096;
   const bool loads_told = source != ReportSource::kPipe;
   if (source == ReportSource::kFirstThread) stuck_loads_plausible = true;
   std::istringstream lines{std::string(text)};
@@ -154,6 +159,7 @@ void TakeReportLines(std::string_view text, ReportSource source, bool stuck_load
       if (loads_told && !report.ready) {
         report.loading = line.substr(sizeof("loading model=") - 1);
         report.loads_begun++;
+        if (report.loads.size() < kMostLoadsKept) report.loads.push_back(report.loading);
       }
     } else if (line.starts_with("start_failed ")) {
       if (!report.ready) report.start_failure = UnescapeReportText(line.substr(13));
@@ -540,8 +546,40 @@ class Supervisor {
       serving_ = child;
       const Report& report = report_;
       bool unresponsive = false;
+      // Stopped for the search (TendSearch), to start again at once: killed if its drain is not
+      // over by the deadline.
+      bool restarting = false;
+      bool restart_killed = false;
+      Clock::time_point restart_deadline{};
       while (true) {
-        const auto [signal_number, sender, why, unanswered_port] = Wait(std::nullopt);
+        std::optional<std::chrono::milliseconds> wait_at_most;
+        if (restarting && !restart_killed) {
+          wait_at_most = std::max(std::chrono::milliseconds(0),
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      restart_deadline - Clock::now()));
+        }
+        const auto [signal_number, sender, why, unanswered_port, restart_for_search] =
+            Wait(wait_at_most);
+        if (restart_for_search && !stopping && !restarting) {
+          Log(LogLevel::kWarning,
+              "stopping the serving process to start it again with other models held back");
+          serving_ = 0;  // asked no more
+          start_step_deadline_.reset();
+          probe_.Stop();
+          restarting = true;
+          restart_deadline = Clock::now() + std::chrono::seconds(config_.http.shutdown_grace_s) +
+                             std::chrono::milliseconds(config_.models.execution_grace_ms) +
+                             std::chrono::seconds(5);
+          ::kill(child, SIGINT);  // SIGINT: no shutdown_delay_s, straight to the drain
+          continue;
+        }
+        if (restarting && !restart_killed && Clock::now() >= restart_deadline && !stopping) {
+          Log(LogLevel::kError, "the serving process did not stop in time; killing it");
+          restart_killed = true;
+          ::kill(child, SIGKILL);
+          ::kill(-child, SIGKILL);
+          continue;
+        }
         if (why != nullptr && !stopping) {
           // Descriptors model code exhausted are the commonest cause of an unanswered port, and
           // name no model: the numbers at least tell an operator which it was.
@@ -617,6 +655,13 @@ class Supervisor {
         }
         return WIFEXITED(status) ? exit_status : 0;
       }
+      if (restarting) {
+        // Asked to stop by the search: no death, and nothing to wait for.
+        Log(LogLevel::kInfo, "starting the serving process again with other models held back",
+            {{"exit_code", std::to_string(exit_status), false}});
+        first_start = false;
+        continue;
+      }
       // A start that fails is not restarted: it says why, once. Only the server's own word
       // counts (its start_failed line, then its exit 1): any other exit before ready is a death
       // during that start's loads, restarted and put on the load in flight as a crash would
@@ -634,11 +679,17 @@ class Supervisor {
       first_start = false;
       // A clean exit nobody asked for is model code's doing too (a SIGTERM to its own
       // process starts the graceful shutdown): the server goes on, as after a crash.
-      RecordDeath(status, report,
-                  unresponsive ? "the serving process stopped answering; restarting it"
-                  : WIFEXITED(status) && WEXITSTATUS(status) == 0
-                      ? "the serving process exited though nobody asked it to stop; restarting it"
-                      : "the serving process died; restarting it");
+      const std::string named = RecordDeath(
+          status, report,
+          unresponsive ? "the serving process stopped answering; restarting it"
+          : WIFEXITED(status) && WEXITSTATUS(status) == 0
+              ? "the serving process exited though nobody asked it to stop; restarting it"
+              : "the serving process died; restarting it");
+      if (named.empty()) {
+        Act(culprit_search_.NoteUnnamedDeath(
+            Clock::now(), report.loads,
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started)));
+      }
       quick_crashes = served_ || Clock::now() - started >= kStableAfter ? 0 : quick_crashes + 1;
       if (quick_crashes < kQuickCrashesAllowed) {
         delay = std::chrono::milliseconds(0);
@@ -710,6 +761,13 @@ class Supervisor {
     ::dup2(stderr_pipe_[1], STDERR_FILENO);
     for (int descriptor : {stdout_pipe_[0], stdout_pipe_[1], stderr_pipe_[0], stderr_pipe_[1]}) {
       ::close(descriptor);
+    }
+    // Left unloaded as the quarantined are, for this start only (CulpritSearch).
+    for (const std::string& model_key : culprit_search_.held_back()) {
+      inherited_.quarantined.emplace(
+          model_key,
+          "held back: the serving process died naming no model too often, and the supervisor "
+          "is finding which model's doing it is by holding models back in turn (see the log)");
     }
     Result<std::unique_ptr<Server>> started = Server::Start(config_, inherited_);
     if (!started.ok()) {
@@ -889,9 +947,10 @@ class Supervisor {
     }
   }
 
-  // Logs the death of a serving process and keeps the books for the next one.
-  void RecordDeath(int status, const Report& report,
-                   const char* message = "the serving process died; restarting it") {
+  // Logs the death of a serving process and keeps the books for the next one; the model
+  // version it put the death on, empty for none.
+  std::string RecordDeath(int status, const Report& report,
+                          const char* message = "the serving process died; restarting it") {
     inherited_.restarts++;
     std::vector<LogField> fields;
     if (WIFSIGNALED(status)) {
@@ -953,6 +1012,29 @@ class Supervisor {
     }
     fields.push_back({"restarts", std::to_string(inherited_.restarts), false});
     Log(LogLevel::kError, message, fields);
+    return model_key;
+  }
+
+  // Logs what a step of the search for the model behind deaths naming none did, and
+  // quarantines what it found.
+  void Act(const CulpritSearch::Step& step) {
+    if (step.what.empty()) return;
+    std::string held_back;
+    for (const std::string& key : culprit_search_.held_back()) {
+      held_back += (held_back.empty() ? "" : ",") + key;
+    }
+    Log(LogLevel::kWarning, step.what,
+        held_back.empty() ? std::vector<LogField>{}
+                          : std::vector<LogField>{{"held_back", held_back}});
+    if (step.culprit && inherited_.quarantined.count(*step.culprit) == 0) {
+      Quarantine(*step.culprit,
+                 "quarantined: the serving process died naming no model " +
+                     std::to_string(config_.supervisor.max_model_crashes) +
+                     " times within " + std::to_string(config_.supervisor.crash_window_s) +
+                     " s, and held back by turns, model " + *step.culprit +
+                     " was the one without which it did not; load it explicitly or deploy "
+                     "another version");
+    }
   }
 
   // Waits for a signal (returned), logging the serving process's output meanwhile; with a
@@ -965,6 +1047,9 @@ class Supervisor {
     // listener has options that cannot be put back (TendListenerOptions).
     const char* why = nullptr;
     int unanswered_port = 0;
+    // The search for a model behind deaths naming none wants another set of models held back:
+    // the serving process is to be stopped, and started again without them.
+    bool restart_for_search = false;
   };
   Signal Wait(std::optional<std::chrono::milliseconds> timeout) {
     const Clock::time_point until = Clock::now() + timeout.value_or(std::chrono::milliseconds(0));
@@ -1070,7 +1155,7 @@ class Supervisor {
     }
     if (config_.supervisor.liveness_timeout_s == 0) {
       served_ = true;  // nothing asked: its word is taken
-      return std::nullopt;
+      return TendSearch(now);
     }
     if (!probe_.running()) {
       std::vector<LivenessProbe::Port> ports;
@@ -1095,7 +1180,20 @@ class Supervisor {
                     "fresh listeners",
                     *port};
     }
-    return std::nullopt;
+    return TendSearch(now);
+  }
+
+  // A serving process that serves with models held back, past the search's trial: the search
+  // takes a step, and may want it restarted with others held back.
+  std::optional<Signal> TendSearch(Clock::time_point now) {
+    if (!culprit_search_.searching() || !served_) return std::nullopt;
+    const CulpritSearch::Step step = culprit_search_.NoteServing(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - started_));
+    Act(step);
+    if (!step.restart) return std::nullopt;
+    Signal restart;
+    restart.restart_for_search = true;
+    return restart;
   }
 
   // Puts back the options model code changed on a listener (ListenerOptions); the port of one
@@ -1179,6 +1277,13 @@ class Supervisor {
     bool changed = false;
     for (const std::string& model_key : report_.lifted) {
       changed = inherited_.quarantined.erase(model_key) != 0 || changed;
+      if (culprit_search_.held_back().count(model_key) != 0) {
+        Log(LogLevel::kWarning,
+            "a model the search for deaths naming none held back was loaded explicitly; the "
+            "search ends",
+            {{"model", model_key}});
+        culprit_search_.Abandon();
+      }
     }
     report_.lifted.clear();
     if (changed) SaveQuarantine();
@@ -1241,6 +1346,11 @@ class Supervisor {
   // Its ports have all answered since its "ready" (TendServingProcess): it serves.
   bool served_ = false;
   std::map<std::string, std::deque<Clock::time_point>> crash_times_;  // by model key
+  CulpritSearch culprit_search_{{.deaths_to_start = config_.supervisor.max_model_crashes,
+                                 .window = std::chrono::seconds(config_.supervisor.crash_window_s),
+                                 .shortest_trial = std::chrono::seconds(10),
+                                 .longest_trial =
+                                     std::chrono::seconds(config_.supervisor.crash_window_s)}};
 };
 
 }  // namespace

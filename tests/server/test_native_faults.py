@@ -83,6 +83,21 @@ def crash_later():
     time.sleep(0.5)
     ctypes.string_at(0)''', "crash_later")
 
+# Crashes a moment after the load in a thread started with the C library's own pthread_create,
+# which the server never marks: the crash record names no model (P2b of docs/HARDENING.md).
+UNMARKED_THREAD_CRASH_INIT = starting_a_thread('''
+import ctypes
+import threading
+import time
+
+
+def crash_unmarked_later():
+    time.sleep(0.5)
+    thread = ctypes.c_ulong()
+    # No start routine: the new thread jumps to address 0.
+    ctypes.CDLL("libc.so.6").pthread_create(ctypes.byref(thread), None, None, None)
+    time.sleep(5)''', "crash_unmarked_later")
+
 # Ends its process through the kernel's exit_group, past os._exit's guard, from a thread it
 # starts, a moment after each load (R4 of docs/HARDENING.md).
 EXITING_THREAD_INIT = starting_a_thread('''
@@ -401,8 +416,10 @@ class CrashLoopAfterServingTest(FaultsTest):
     def test_a_process_that_served_is_restarted_at_once_however_often_it_dies(self):
         # Deaths soon after the start once backed off to 5 s between restarts, even for a
         # process that had served: a client repeating a crashing request (or a model thread
-        # crashing a second after each load) kept the server down most of the time.
-        with self.hostile_server() as server:
+        # crashing a second after each load) kept the server down most of the time. (Ten
+        # deaths naming no model would begin the search for a model behind them, which holds
+        # models back: CulpritSearchTest.)
+        with self.hostile_server(config={"supervisor": {"max_model_crashes": 100}}) as server:
             for death in range(1, 11):  # the backoff reached 5 s by the ninth
                 killed = time.time()
                 os.kill(server.serving_pid, signal.SIGKILL)
@@ -613,6 +630,60 @@ class ModelThreadCrashTest(FaultsTest):
             self.assertRegex(server.log_text(), r"the serving process died; restarting it "
                                                 r"signal=SIGSEGV model=hostile:1 copy=0 "
                                                 r"activity=thread:predict ")
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class CulpritSearchTest(FaultsTest):
+
+    def test_a_model_whose_deaths_name_none_is_found_by_holding_models_back(self):
+        # A package whose deaths named no model (here a crash in a thread the server never
+        # marked) was restarted at once, for good, and nothing was quarantined: every model
+        # went down with it each time.
+        self.place_package("stranger", UNMARKED_THREAD_CRASH_INIT)
+        server = Server(self.repository, {}, copies=1)
+        try:
+            server.wait_for_log("the search for the model behind deaths naming none found "
+                                "stranger:1", timeout=240)
+            server.wait_for_serving(len(re.findall(r" serving .* pid=", server.log_text())) + 1)
+            log = server.log_text()
+            # Its crashes said no model, and were recorded.
+            self.assertRegex(log, r"the serving process died; restarting it signal=SIGSEGV "
+                                  r"restarts=1")
+            self.assertIn("times naming no model; looking for the model behind it", log)
+            self.assertIn("holding back stranger:1 alone", log)
+            self.assertIn("loading it again to see the deaths come back", log)
+            self.assertNotIn("nothing found", log)
+            states = index(server)
+            self.assertEqual(states["stranger"]["state"], "UNAVAILABLE")
+            self.assertIn("the serving process died naming no model",
+                          states["stranger"]["reason"])
+            for innocent in ("echo", "slow", "extra_rows"):
+                self.assertEqual(states[innocent]["state"], "READY", states[innocent])
+            # The search holds nothing back any more, and the server stays up.
+            serving = server.serving_pid
+            time.sleep(3)
+            self.assertEqual(server.serving_pid, serving)
+            self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_deaths_that_stop_on_their_own_quarantine_nobody(self):
+        # An operator's kill -9 three times names no model either: the search holds models back
+        # in turn, finds that the deaths stopped, and ends with nothing quarantined.
+        server = Server(self.repository, {}, copies=1)
+        try:
+            for death in range(1, 4):
+                os.kill(server.serving_pid, signal.SIGKILL)
+                server.wait_for_serving(death + 1)
+            server.wait_for_log("the deaths stopped on their own", timeout=240)
+            log = server.log_text()
+            self.assertIn("ends with nothing found", log)
+            self.assertNotIn("model quarantined", log)
+            server.wait_for_serving(len(re.findall(r" serving .* pid=", log)))
+            states = index(server)
+            for name in ("echo", "slow", "extra_rows"):
+                self.assertEqual(states[name]["state"], "READY", states[name])
         finally:
             self.assertEqual(server.stop(), 0)
 

@@ -12,6 +12,8 @@
 // `max_model_crashes` times within `crash_window_s`, quarantines it: the next serving process
 // starts without it (UNAVAILABLE in the index, with the reason), so that a crash loop cannot
 // keep everything else down. Loading it explicitly, or deploying another version, lifts that.
+// Deaths that name no model, as often, start a search that holds models back in turn to find
+// the one behind them (culprit_search.h), quarantined alike.
 //
 // The supervisor forks before it starts any thread of its own and never loads a copy, so each
 // fork starts the serving process from a clean, single-threaded state. SIGTERM and SIGINT are

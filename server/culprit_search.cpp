@@ -1,0 +1,144 @@
+#include "culprit_search.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace orochi::server {
+namespace {
+
+std::string Listed(const std::vector<std::string>& keys) {
+  std::string text;
+  for (const std::string& key : keys) text += (text.empty() ? "" : ",") + key;
+  return text;
+}
+
+bool Contains(const std::vector<std::string>& keys, const std::string& key) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+}  // namespace
+
+CulpritSearch::Step CulpritSearch::NoteUnnamedDeath(Clock::time_point now,
+                                                    const std::vector<std::string>& loaded,
+                                                    std::chrono::milliseconds lifetime) {
+  if (searching_) {
+    switch (phase_) {
+      case Phase::kHalving: {
+        // It died with held_back_ held back: the culprit is among what it loaded. (A suspect
+        // whose load had not begun yet cannot have caused it either.)
+        std::vector<std::string> left;
+        for (const std::string& suspect : suspects_) {
+          if (held_back_.count(suspect) == 0 && Contains(loaded, suspect)) left.push_back(suspect);
+        }
+        return Narrow(std::move(left), "it died naming no model while they were loaded");
+      }
+      case Phase::kWithoutLast:
+        return NothingFound("it died naming no model with " + suspects_.front() + " held back");
+      case Phase::kWithLast: {
+        const std::string& last = suspects_.front();
+        if (!Contains(loaded, last)) {
+          return NothingFound("it died naming no model before " + last + " was loaded");
+        }
+        Step step;
+        step.what = "the search for the model behind deaths naming none found " + last +
+                    ": the serving process served without it, and died naming no model "
+                    "with it";
+        step.culprit = last;
+        End();
+        return step;
+      }
+    }
+  }
+  deaths_.emplace_back(now, lifetime);
+  while (!deaths_.empty() && now - deaths_.front().first > settings_.window) deaths_.pop_front();
+  if (static_cast<int64_t>(deaths_.size()) < settings_.deaths_to_start || loaded.empty()) {
+    return {};
+  }
+  std::chrono::milliseconds longest{0};
+  for (const auto& death : deaths_) longest = std::max(longest, death.second);
+  deaths_.clear();
+  trial_ = std::clamp(std::chrono::ceil<std::chrono::seconds>(4 * longest),
+                      settings_.shortest_trial, settings_.longest_trial);
+  searching_ = true;
+  std::vector<std::string> suspects;
+  for (const std::string& key : loaded) {
+    if (!Contains(suspects, key)) suspects.push_back(key);  // each version once, in load order
+  }
+  Step step = Narrow(std::move(suspects), "the last start loaded them");
+  step.what = "the serving process died " + std::to_string(settings_.deaths_to_start) +
+              " times naming no model; looking for the model behind it by holding models back "
+              "in turn (trial " +
+              std::to_string(trial_.count()) + " s): " + step.what;
+  return step;
+}
+
+CulpritSearch::Step CulpritSearch::NoteServing(std::chrono::milliseconds served_for) {
+  if (!searching_ || served_for < trial_) return {};
+  const std::string served = "it served " + std::to_string(trial_.count()) + " s";
+  Step step;
+  switch (phase_) {
+    case Phase::kHalving: {
+      std::vector<std::string> left;  // in load order, as the suspects are kept
+      for (const std::string& suspect : suspects_) {
+        if (held_back_.count(suspect) != 0) left.push_back(suspect);
+      }
+      if (left.size() != 1) {
+        step = Narrow(std::move(left), served + " without them");
+        break;
+      }
+      // Held back alone, and served: that was kWithoutLast's trial already.
+      suspects_ = std::move(left);
+    }
+      [[fallthrough]];
+    case Phase::kWithoutLast:
+      phase_ = Phase::kWithLast;
+      held_back_.clear();
+      step.what = "the search for the model behind deaths naming none: " + served + " without " +
+                  suspects_.front() + "; loading it again to see the deaths come back";
+      break;
+    case Phase::kWithLast:
+      return NothingFound(served + " with every model loaded: the deaths stopped on their own");
+  }
+  // The held-back set changed under a serving process started with the old one.
+  step.restart = true;
+  return step;
+}
+
+CulpritSearch::Step CulpritSearch::Narrow(std::vector<std::string> left,
+                                          const std::string& because) {
+  if (left.empty()) return NothingFound("no suspect is left: " + because);
+  suspects_ = std::move(left);
+  held_back_.clear();
+  Step step;
+  if (suspects_.size() == 1) {
+    phase_ = Phase::kWithoutLast;
+    held_back_.insert(suspects_.front());
+    step.what = "the search for the model behind deaths naming none: one suspect is left (" +
+                because + "); holding back " + suspects_.front() + " alone";
+    return step;
+  }
+  phase_ = Phase::kHalving;
+  const std::vector<std::string> holding(suspects_.begin(),
+                                         suspects_.begin() + (suspects_.size() + 1) / 2);
+  held_back_.insert(holding.begin(), holding.end());
+  step.what = "the search for the model behind deaths naming none: suspects " +
+              Listed(suspects_) + " (" + because + "); holding back " + Listed(holding);
+  return step;
+}
+
+CulpritSearch::Step CulpritSearch::NothingFound(const std::string& because) {
+  Step step;
+  step.what = "the search for the model behind deaths naming none ends with nothing found (" +
+              because + "): the deaths are not one model's doing";
+  End();
+  return step;
+}
+
+void CulpritSearch::End() {
+  searching_ = false;
+  phase_ = Phase::kHalving;
+  suspects_.clear();
+  held_back_.clear();
+}
+
+}  // namespace orochi::server

@@ -1,0 +1,173 @@
+#include "culprit_search.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace orochi::server {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+const std::vector<std::string> kModels = {"a:1", "b:1", "c:1", "d:1", "e:1"};
+
+CulpritSearch::Settings Settings() {
+  return {.deaths_to_start = 3,
+          .window = seconds(600),
+          .shortest_trial = seconds(10),
+          .longest_trial = seconds(600)};
+}
+
+// What a start loads: every model but those held back.
+std::vector<std::string> Loaded(const CulpritSearch& search) {
+  std::vector<std::string> loaded;
+  for (const std::string& model : kModels) {
+    if (search.held_back().count(model) == 0) loaded.push_back(model);
+  }
+  return loaded;
+}
+
+// Runs the supervisor's side of a search against a culprit that kills each start that loads it
+// two seconds in; the model quarantined, and how many restarts it took.
+std::pair<std::string, int> Find(const std::string& culprit) {
+  CulpritSearch search(Settings());
+  CulpritSearch::Clock::time_point now{};
+  for (int death = 0; death < 3; ++death) {
+    now += seconds(3);
+    EXPECT_FALSE(search.searching());
+    CulpritSearch::Step step = search.NoteUnnamedDeath(now, kModels, milliseconds(2500));
+    EXPECT_FALSE(step.culprit);
+  }
+  EXPECT_TRUE(search.searching());
+  EXPECT_EQ(search.trial(), seconds(10));
+  for (int restarts = 1; restarts < 20; ++restarts) {
+    const std::vector<std::string> loaded = Loaded(search);
+    CulpritSearch::Step step;
+    if (std::find(loaded.begin(), loaded.end(), culprit) != loaded.end()) {
+      now += seconds(3);
+      EXPECT_FALSE(search.NoteServing(milliseconds(1500)).restart);
+      step = search.NoteUnnamedDeath(now, loaded, milliseconds(2500));
+    } else {
+      step = search.NoteServing(search.trial());
+    }
+    EXPECT_FALSE(step.what.empty());
+    if (step.culprit) {
+      EXPECT_FALSE(search.searching());
+      EXPECT_TRUE(search.held_back().empty());
+      return {*step.culprit, restarts};
+    }
+    EXPECT_TRUE(search.searching());
+  }
+  return {"", 0};
+}
+
+TEST(CulpritSearch, FindsEachModelInLogTwoOfTheSuspectsStepsAndTwoMore) {
+  for (const std::string& culprit : kModels) {
+    const auto [found, steps] = Find(culprit);
+    EXPECT_EQ(found, culprit);
+    EXPECT_LE(steps, 3 + 2) << culprit;  // ceil(log2(5)), then the last one tried both ways
+  }
+}
+
+TEST(CulpritSearch, DeathsThatStopOnTheirOwnQuarantineNobody) {
+  // An operator's kill -9 three times, say: the trials pass whatever is held back.
+  CulpritSearch search(Settings());
+  CulpritSearch::Clock::time_point now{};
+  for (int death = 0; death < 3; ++death) {
+    search.NoteUnnamedDeath(now += seconds(5), kModels, milliseconds(4000));
+  }
+  ASSERT_TRUE(search.searching());
+  CulpritSearch::Step step;
+  for (int restarts = 0; restarts < 10 && search.searching(); ++restarts) {
+    step = search.NoteServing(search.trial());
+    EXPECT_FALSE(step.culprit);
+  }
+  EXPECT_FALSE(search.searching());
+  EXPECT_TRUE(search.held_back().empty());
+  EXPECT_NE(step.what.find("stopped on their own"), std::string::npos) << step.what;
+}
+
+TEST(CulpritSearch, DeathsOutsideTheWindowStartNothing) {
+  CulpritSearch search(Settings());
+  CulpritSearch::Clock::time_point now{};
+  for (int death = 0; death < 5; ++death) {
+    now += seconds(400);
+    search.NoteUnnamedDeath(now, kModels, milliseconds(2000));
+    EXPECT_FALSE(search.searching()) << death;
+  }
+}
+
+TEST(CulpritSearch, DeathsWhateverIsHeldBackQuarantineNobody) {
+  CulpritSearch search(Settings());
+  CulpritSearch::Clock::time_point now{};
+  for (int death = 0; death < 3; ++death) {
+    search.NoteUnnamedDeath(now += seconds(1), kModels, milliseconds(900));
+  }
+  ASSERT_TRUE(search.searching());
+  // The server's own fault: it dies whatever is held back.
+  CulpritSearch::Step step;
+  for (int restarts = 0; restarts < 10 && search.searching(); ++restarts) {
+    step = search.NoteUnnamedDeath(now += seconds(1), Loaded(search), milliseconds(900));
+    EXPECT_FALSE(step.culprit);
+  }
+  EXPECT_FALSE(search.searching());
+  EXPECT_TRUE(search.held_back().empty());
+  EXPECT_NE(step.what.find("nothing found"), std::string::npos) << step.what;
+}
+
+TEST(CulpritSearch, TheTrialOutlastsTheLongestLifeThatBeganTheSearch) {
+  CulpritSearch search(Settings());
+  CulpritSearch::Clock::time_point now{};
+  for (const milliseconds life : {milliseconds(4000), milliseconds(30'200), milliseconds(9000)}) {
+    search.NoteUnnamedDeath(now += seconds(60), kModels, life);
+  }
+  ASSERT_TRUE(search.searching());
+  EXPECT_EQ(search.trial(), seconds(121));
+  EXPECT_FALSE(search.NoteServing(seconds(120)).restart);
+  EXPECT_TRUE(search.NoteServing(seconds(121)).restart);
+}
+
+TEST(CulpritSearch, TheOnlyModelLoadedIsTriedBothWays) {
+  CulpritSearch search(Settings());
+  CulpritSearch::Clock::time_point now{};
+  for (int death = 0; death < 3; ++death) {
+    EXPECT_FALSE(search.NoteUnnamedDeath(now += seconds(1), {"only:2"}, milliseconds(900)).culprit);
+  }
+  EXPECT_EQ(search.held_back(), std::set<std::string>{"only:2"});
+  EXPECT_TRUE(search.NoteServing(search.trial()).restart);
+  EXPECT_TRUE(search.held_back().empty());
+  const CulpritSearch::Step step =
+      search.NoteUnnamedDeath(now += seconds(1), {"only:2"}, milliseconds(900));
+  ASSERT_TRUE(step.culprit);
+  EXPECT_EQ(*step.culprit, "only:2");
+  EXPECT_FALSE(search.searching());
+}
+
+TEST(CulpritSearch, AStartThatLoadedNothingStartsNoSearch) {
+  CulpritSearch search(Settings());
+  CulpritSearch::Clock::time_point now{};
+  for (int death = 0; death < 5; ++death) {
+    EXPECT_FALSE(search.NoteUnnamedDeath(now += seconds(1), {}, milliseconds(900)).culprit);
+  }
+  EXPECT_FALSE(search.searching());
+}
+
+TEST(CulpritSearch, AbandonHoldsNothingBack) {
+  CulpritSearch search(Settings());
+  CulpritSearch::Clock::time_point now{};
+  for (int death = 0; death < 3; ++death) {
+    search.NoteUnnamedDeath(now += seconds(1), kModels, milliseconds(900));
+  }
+  ASSERT_FALSE(search.held_back().empty());
+  search.Abandon();
+  EXPECT_FALSE(search.searching());
+  EXPECT_TRUE(search.held_back().empty());
+  EXPECT_TRUE(search.suspects().empty());
+}
+
+}  // namespace
+}  // namespace orochi::server
