@@ -20,7 +20,8 @@ bool Contains(const std::vector<std::string>& keys, const std::string& key) {
 
 CulpritSearch::Step CulpritSearch::NoteUnnamedDeath(Clock::time_point now,
                                                     const std::vector<std::string>& loaded,
-                                                    std::chrono::milliseconds lifetime) {
+                                                    std::chrono::milliseconds lifetime,
+                                                    const std::string& load_in_flight) {
   if (searching_) {
     switch (phase_) {
       case Phase::kHalving: {
@@ -32,8 +33,16 @@ CulpritSearch::Step CulpritSearch::NoteUnnamedDeath(Clock::time_point now,
         }
         return Narrow(std::move(left), "it died naming no model while they were loaded");
       }
-      case Phase::kWithoutLast:
-        return NothingFound("it died naming no model with " + suspects_.front() + " held back");
+      case Phase::kWithoutLast: {
+        const std::string because = "it died naming no model with " + suspects_.front() +
+                                    " held back, and these loaded before it";
+        if (reserve_.empty()) return NothingFound(because);
+        std::vector<std::string> left;
+        for (const std::string& suspect : std::exchange(reserve_, {})) {
+          if (Contains(loaded, suspect)) left.push_back(suspect);
+        }
+        return Narrow(std::move(left), because);
+      }
       case Phase::kWithLast: {
         const std::string& last = suspects_.front();
         if (!Contains(loaded, last)) {
@@ -41,8 +50,7 @@ CulpritSearch::Step CulpritSearch::NoteUnnamedDeath(Clock::time_point now,
         }
         Step step;
         step.what = "the search for the model behind deaths naming none found " + last +
-                    ": the serving process served without it, and died naming no model "
-                    "with it";
+                    ": the serving process served without it, and died so again with it";
         step.culprit = last;
         End();
         return step;
@@ -62,12 +70,19 @@ CulpritSearch::Step CulpritSearch::NoteUnnamedDeath(Clock::time_point now,
   searching_ = true;
   std::vector<std::string> suspects;
   for (const std::string& key : loaded) {
+    if (key == load_in_flight) break;  // what loaded after it cannot have caused its death
     if (!Contains(suspects, key)) suspects.push_back(key);  // each version once, in load order
   }
-  Step step = Narrow(std::move(suspects), "the last start loaded them");
+  Step step;
+  if (load_in_flight.empty()) {
+    step = Narrow(std::move(suspects), "the last start loaded them");
+  } else {
+    step = Narrow({load_in_flight}, "the last death came as it loaded");
+    reserve_ = std::move(suspects);
+  }
   step.what = "the serving process died " + std::to_string(settings_.deaths_to_start) +
-              " times naming no model; looking for the model behind it by holding models back "
-              "in turn (trial " +
+              " times with no crash record naming a model; looking for the model behind it by "
+              "holding models back in turn (trial " +
               std::to_string(trial_.count()) + " s): " + step.what;
   return step;
 }
@@ -104,6 +119,18 @@ CulpritSearch::Step CulpritSearch::NoteServing(std::chrono::milliseconds served_
   return step;
 }
 
+CulpritSearch::Step CulpritSearch::Excuse(const std::string& model_key) {
+  if (!searching_ || held_back_.erase(model_key) == 0) return {};
+  suspects_.erase(std::remove(suspects_.begin(), suspects_.end(), model_key), suspects_.end());
+  if (suspects_.empty() || phase_ == Phase::kWithoutLast) {
+    return NothingFound("an operator loaded " + model_key + ", the last suspect");
+  }
+  Step step;
+  step.what = "the search for the model behind deaths naming none: an operator loaded " +
+              model_key + ", which is no suspect any more; suspects " + Listed(suspects_);
+  return step;
+}
+
 CulpritSearch::Step CulpritSearch::Narrow(std::vector<std::string> left,
                                           const std::string& because) {
   if (left.empty()) return NothingFound("no suspect is left: " + because);
@@ -121,8 +148,8 @@ CulpritSearch::Step CulpritSearch::Narrow(std::vector<std::string> left,
   const std::vector<std::string> holding(suspects_.begin(),
                                          suspects_.begin() + (suspects_.size() + 1) / 2);
   held_back_.insert(holding.begin(), holding.end());
-  step.what = "the search for the model behind deaths naming none: suspects " +
-              Listed(suspects_) + " (" + because + "); holding back " + Listed(holding);
+  step.what = "the search for the model behind deaths naming none: suspects " + Listed(suspects_) +
+              " (" + because + "); holding back " + Listed(holding);
   return step;
 }
 
@@ -138,6 +165,7 @@ void CulpritSearch::End() {
   searching_ = false;
   phase_ = Phase::kHalving;
   suspects_.clear();
+  reserve_.clear();
   held_back_.clear();
 }
 

@@ -7,8 +7,15 @@
 // later. Restarted at once each time, such a package kept every other model down with it, and
 // nothing was quarantined.
 //
-// When deaths that name no model come `deaths_to_start` times within `window`, the search
-// begins with the model versions the last start loaded as suspects, and has the supervisor
+// A death with no record while a start loads a model is put on that load, but only as a
+// suspicion: an earlier model's code may have damaged what every load uses (the interpreter
+// the models of a copy share, say), and innocent models were once quarantined in turn while
+// the guilty one served.
+//
+// When such deaths come `deaths_to_start` times within `window`, the search begins. If the
+// last was at a load, that version is tried first, alone (below), with the versions loaded
+// before it kept in reserve: the suspects if the deaths go on without it. Otherwise the
+// versions the last start loaded are the suspects, and the search has the supervisor
 // hold half of them back at each start (not loaded; UNAVAILABLE with why). A serving process
 // that still dies that way clears what was held back; one that serves for the trial clears
 // what it loaded. The one suspect left is then tried both ways: held back alone, the serving
@@ -21,7 +28,8 @@
 // `shortest_trial` and `longest_trial`), so that a package that kills its process some seconds
 // after each start is still there when its turn comes. What the search cannot tell apart: a
 // culprit that picks its moments (kills after the trial, or only while a given model is held
-// back) may have an innocent model quarantined, which an explicit load lifts.
+// back) may have an innocent model quarantined, which an explicit load lifts. An explicit load
+// of a model held back excuses it (Excuse).
 //
 // Driven by the supervisor's one loop; not thread-safe. Keeps no clock of its own: the
 // supervisor passes the time.
@@ -41,7 +49,7 @@ class CulpritSearch {
  public:
   using Clock = std::chrono::steady_clock;
   struct Settings {
-    int64_t deaths_to_start = 3;  // supervisor.max_model_crashes
+    int64_t deaths_to_start = 3;       // supervisor.max_model_crashes
     std::chrono::seconds window{600};  // supervisor.crash_window_s
     std::chrono::seconds shortest_trial{10};
     std::chrono::seconds longest_trial{600};
@@ -61,14 +69,18 @@ class CulpritSearch {
   explicit CulpritSearch(Settings settings) : settings_(settings) {}
 
   // A serving process that began to load `loaded` (model versions, "name:version", in load
-  // order) with held_back() held back, and lived `lifetime`, died in a way that named no model.
+  // order) with held_back() held back, and lived `lifetime`, died in a way that named no model;
+  // at a start, with no crash record, while `load_in_flight` (the last of `loaded`) loaded,
+  // where that is not empty.
   Step NoteUnnamedDeath(Clock::time_point now, const std::vector<std::string>& loaded,
-                        std::chrono::milliseconds lifetime);
+                        std::chrono::milliseconds lifetime, const std::string& load_in_flight = {});
   // The serving process started with held_back() held back has served for `served_for` without
   // dying: past the trial, what it loaded is cleared.
   Step NoteServing(std::chrono::milliseconds served_for);
-  // Ends the search, holding nothing back (an operator loaded a model it held back).
-  void Abandon() { End(); }
+  // An operator loaded `model_key`, which the search held back: it is no suspect any more (the
+  // search may end so). Not an end of the search: a "lifted" line naming a model held back is
+  // one model code can forge, to keep the search from finding it.
+  Step Excuse(const std::string& model_key);
 
   bool searching() const { return searching_; }
   // The model versions the next serving process is to leave unloaded.
@@ -97,6 +109,8 @@ class CulpritSearch {
   bool searching_ = false;
   Phase phase_ = Phase::kHalving;
   std::vector<std::string> suspects_;
+  // With the load in flight tried first (kWithoutLast): the versions loaded before it.
+  std::vector<std::string> reserve_;
   std::set<std::string> held_back_;
   std::chrono::seconds trial_{0};
 };

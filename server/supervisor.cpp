@@ -679,16 +679,17 @@ class Supervisor {
       first_start = false;
       // A clean exit nobody asked for is model code's doing too (a SIGTERM to its own
       // process starts the graceful shutdown): the server goes on, as after a crash.
-      const std::string named = RecordDeath(
+      const Blame blame = RecordDeath(
           status, report,
           unresponsive ? "the serving process stopped answering; restarting it"
           : WIFEXITED(status) && WEXITSTATUS(status) == 0
               ? "the serving process exited though nobody asked it to stop; restarting it"
               : "the serving process died; restarting it");
-      if (named.empty()) {
+      if (blame.recorded.empty()) {
         Act(culprit_search_.NoteUnnamedDeath(
             Clock::now(), report.loads,
-            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started)));
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started),
+            blame.load_in_flight));
       }
       quick_crashes = served_ || Clock::now() - started >= kStableAfter ? 0 : quick_crashes + 1;
       if (quick_crashes < kQuickCrashesAllowed) {
@@ -766,8 +767,9 @@ class Supervisor {
     for (const std::string& model_key : culprit_search_.held_back()) {
       inherited_.quarantined.emplace(
           model_key,
-          "held back: the serving process died naming no model too often, and the supervisor "
-          "is finding which model's doing it is by holding models back in turn (see the log)");
+          "held back: the serving process died with no crash record naming a model too often, "
+          "and the supervisor is finding which model's doing it is by holding models back in "
+          "turn (see the log)");
     }
     Result<std::unique_ptr<Server>> started = Server::Start(config_, inherited_);
     if (!started.ok()) {
@@ -947,10 +949,15 @@ class Supervisor {
     }
   }
 
-  // Logs the death of a serving process and keeps the books for the next one; the model
-  // version it put the death on, empty for none.
-  std::string RecordDeath(int status, const Report& report,
-                          const char* message = "the serving process died; restarting it") {
+  // Whom a death was put on (RecordDeath).
+  struct Blame {
+    std::string recorded;        // the model version its crash record names
+    std::string load_in_flight;  // or, with no record, the load in flight at the start
+  };
+
+  // Logs the death of a serving process and keeps the books for the next one.
+  Blame RecordDeath(int status, const Report& report,
+                    const char* message = "the serving process died; restarting it") {
     inherited_.restarts++;
     std::vector<LogField> fields;
     if (WIFSIGNALED(status)) {
@@ -993,6 +1000,9 @@ class Supervisor {
     if (!model_key.empty()) {
       Result<packaging::ModelKey> parsed_key = packaging::ModelKey::Parse(model_key);
       inherited_.model_crashes[parsed_key.ok() ? parsed_key->name : model_key]++;
+    }
+    // A death at a load with no record is only a suspicion (CulpritSearch) until it is tried.
+    if (recorded && !model_key.empty()) {
       std::deque<Clock::time_point>& crashes = crash_times_[model_key];
       const Clock::time_point now = Clock::now();
       crashes.push_back(now);
@@ -1012,7 +1022,7 @@ class Supervisor {
     }
     fields.push_back({"restarts", std::to_string(inherited_.restarts), false});
     Log(LogLevel::kError, message, fields);
-    return model_key;
+    return recorded ? Blame{model_key, ""} : Blame{"", model_key};
   }
 
   // Logs what a step of the search for the model behind deaths naming none did, and
@@ -1028,12 +1038,13 @@ class Supervisor {
                           : std::vector<LogField>{{"held_back", held_back}});
     if (step.culprit && inherited_.quarantined.count(*step.culprit) == 0) {
       Quarantine(*step.culprit,
-                 "quarantined: the serving process died naming no model " +
-                     std::to_string(config_.supervisor.max_model_crashes) +
-                     " times within " + std::to_string(config_.supervisor.crash_window_s) +
-                     " s, and held back by turns, model " + *step.culprit +
-                     " was the one without which it did not; load it explicitly or deploy "
-                     "another version");
+                 "quarantined: model " + *step.culprit +
+                     " was tried both ways after the serving process died with no crash record "
+                     "naming a model " +
+                     std::to_string(config_.supervisor.max_model_crashes) + " times within " +
+                     std::to_string(config_.supervisor.crash_window_s) +
+                     " s: held back, the server served; loaded again, it died so again; load it "
+                     "explicitly or deploy another version");
     }
   }
 
@@ -1277,13 +1288,7 @@ class Supervisor {
     bool changed = false;
     for (const std::string& model_key : report_.lifted) {
       changed = inherited_.quarantined.erase(model_key) != 0 || changed;
-      if (culprit_search_.held_back().count(model_key) != 0) {
-        Log(LogLevel::kWarning,
-            "a model the search for deaths naming none held back was loaded explicitly; the "
-            "search ends",
-            {{"model", model_key}});
-        culprit_search_.Abandon();
-      }
+      Act(culprit_search_.Excuse(model_key));
     }
     report_.lifted.clear();
     if (changed) SaveQuarantine();
@@ -1346,11 +1351,11 @@ class Supervisor {
   // Its ports have all answered since its "ready" (TendServingProcess): it serves.
   bool served_ = false;
   std::map<std::string, std::deque<Clock::time_point>> crash_times_;  // by model key
-  CulpritSearch culprit_search_{{.deaths_to_start = config_.supervisor.max_model_crashes,
-                                 .window = std::chrono::seconds(config_.supervisor.crash_window_s),
-                                 .shortest_trial = std::chrono::seconds(10),
-                                 .longest_trial =
-                                     std::chrono::seconds(config_.supervisor.crash_window_s)}};
+  CulpritSearch culprit_search_{
+      {.deaths_to_start = config_.supervisor.max_model_crashes,
+       .window = std::chrono::seconds(config_.supervisor.crash_window_s),
+       .shortest_trial = std::chrono::seconds(10),
+       .longest_trial = std::chrono::seconds(config_.supervisor.crash_window_s)}};
 };
 
 }  // namespace
