@@ -1,6 +1,7 @@
 #include "culprit_search.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <utility>
 
 namespace orochi::server {
@@ -145,8 +146,8 @@ CulpritSearch::Step CulpritSearch::Narrow(std::vector<std::string> left,
     return step;
   }
   phase_ = Phase::kHalving;
-  const std::vector<std::string> holding(suspects_.begin(),
-                                         suspects_.begin() + (suspects_.size() + 1) / 2);
+  const auto half = static_cast<std::ptrdiff_t>((suspects_.size() + 1) / 2);
+  const std::vector<std::string> holding(suspects_.begin(), suspects_.begin() + half);
   held_back_.insert(holding.begin(), holding.end());
   step.what = "the search for the model behind deaths naming none: suspects " + Listed(suspects_) +
               " (" + because + "); holding back " + Listed(holding);
