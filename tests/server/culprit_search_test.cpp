@@ -31,6 +31,30 @@ std::vector<std::string> Loaded(const CulpritSearch& search) {
   return loaded;
 }
 
+// Three deaths of starts that loaded `loaded` and lived `life` each, a second apart: what begins
+// a search.
+void Begin(CulpritSearch& search, CulpritSearch::Clock::time_point& now,
+           const std::vector<std::string>& loaded, milliseconds life,
+           const std::string& load_in_flight = {}) {
+  for (int death = 0; death < 3; ++death) {
+    EXPECT_FALSE(search.NoteUnnamedDeath(now += seconds(1), loaded, life, load_in_flight).culprit);
+  }
+  EXPECT_TRUE(search.searching());
+}
+
+// Steps `search` with `restart` (a start's outcome) until it ends, finding nobody; the last step.
+template <typename Restart>
+CulpritSearch::Step RunToTheEnd(CulpritSearch& search, Restart restart) {
+  CulpritSearch::Step step;
+  for (int restarts = 0; restarts < 10 && search.searching(); ++restarts) {
+    step = restart();
+    EXPECT_FALSE(step.culprit);
+  }
+  EXPECT_FALSE(search.searching());
+  EXPECT_TRUE(search.held_back().empty());
+  return step;
+}
+
 // Runs the supervisor's side of a search against a culprit that kills each start that loads it
 // two seconds in; the model quarantined, and how many restarts it took.
 std::pair<std::string, int> Find(const std::string& culprit) {
@@ -77,17 +101,9 @@ TEST(CulpritSearch, DeathsThatStopOnTheirOwnQuarantineNobody) {
   // An operator's kill -9 three times, say: the trials pass whatever is held back.
   CulpritSearch search(Settings());
   CulpritSearch::Clock::time_point now{};
-  for (int death = 0; death < 3; ++death) {
-    search.NoteUnnamedDeath(now += seconds(5), kModels, milliseconds(4000));
-  }
-  ASSERT_TRUE(search.searching());
-  CulpritSearch::Step step;
-  for (int restarts = 0; restarts < 10 && search.searching(); ++restarts) {
-    step = search.NoteServing(search.trial());
-    EXPECT_FALSE(step.culprit);
-  }
-  EXPECT_FALSE(search.searching());
-  EXPECT_TRUE(search.held_back().empty());
+  Begin(search, now, kModels, milliseconds(4000));
+  const CulpritSearch::Step step =
+      RunToTheEnd(search, [&] { return search.NoteServing(search.trial()); });
   EXPECT_NE(step.what.find("stopped on their own"), std::string::npos) << step.what;
 }
 
@@ -97,9 +113,7 @@ TEST(CulpritSearch, TheLoadInFlightIsTriedFirstAlone) {
   CulpritSearch search(Settings());
   CulpritSearch::Clock::time_point now{};
   const std::vector<std::string> loaded = {"a:1", "b:1", "c:1"};
-  for (int death = 0; death < 3; ++death) {
-    search.NoteUnnamedDeath(now += seconds(1), loaded, milliseconds(900), "c:1");
-  }
+  Begin(search, now, loaded, milliseconds(900), "c:1");
   EXPECT_EQ(search.held_back(), std::set<std::string>{"c:1"});
   EXPECT_TRUE(search.NoteServing(search.trial()).restart);
   EXPECT_TRUE(search.held_back().empty());
@@ -159,18 +173,11 @@ TEST(CulpritSearch, DeathsOutsideTheWindowStartNothing) {
 TEST(CulpritSearch, DeathsWhateverIsHeldBackQuarantineNobody) {
   CulpritSearch search(Settings());
   CulpritSearch::Clock::time_point now{};
-  for (int death = 0; death < 3; ++death) {
-    search.NoteUnnamedDeath(now += seconds(1), kModels, milliseconds(900));
-  }
-  ASSERT_TRUE(search.searching());
+  Begin(search, now, kModels, milliseconds(900));
   // The server's own fault: it dies whatever is held back.
-  CulpritSearch::Step step;
-  for (int restarts = 0; restarts < 10 && search.searching(); ++restarts) {
-    step = search.NoteUnnamedDeath(now += seconds(1), Loaded(search), milliseconds(900));
-    EXPECT_FALSE(step.culprit);
-  }
-  EXPECT_FALSE(search.searching());
-  EXPECT_TRUE(search.held_back().empty());
+  const CulpritSearch::Step step = RunToTheEnd(search, [&] {
+    return search.NoteUnnamedDeath(now += seconds(1), Loaded(search), milliseconds(900));
+  });
   EXPECT_NE(step.what.find("nothing found"), std::string::npos) << step.what;
 }
 
@@ -189,9 +196,7 @@ TEST(CulpritSearch, TheTrialOutlastsTheLongestLifeThatBeganTheSearch) {
 TEST(CulpritSearch, TheOnlyModelLoadedIsTriedBothWays) {
   CulpritSearch search(Settings());
   CulpritSearch::Clock::time_point now{};
-  for (int death = 0; death < 3; ++death) {
-    EXPECT_FALSE(search.NoteUnnamedDeath(now += seconds(1), {"only:2"}, milliseconds(900)).culprit);
-  }
+  Begin(search, now, {"only:2"}, milliseconds(900));
   EXPECT_EQ(search.held_back(), std::set<std::string>{"only:2"});
   EXPECT_TRUE(search.NoteServing(search.trial()).restart);
   EXPECT_TRUE(search.held_back().empty());
@@ -214,9 +219,7 @@ TEST(CulpritSearch, AStartThatLoadedNothingStartsNoSearch) {
 TEST(CulpritSearch, AModelLoadedExplicitlyIsNoSuspectAndTheSearchGoesOn) {
   CulpritSearch search(Settings());
   CulpritSearch::Clock::time_point now{};
-  for (int death = 0; death < 3; ++death) {
-    search.NoteUnnamedDeath(now += seconds(1), kModels, milliseconds(900));
-  }
+  Begin(search, now, kModels, milliseconds(900));
   ASSERT_EQ(search.held_back(), (std::set<std::string>{"a:1", "b:1", "c:1"}));
   // A model that is not held back (a forged line's, say) changes nothing.
   EXPECT_TRUE(search.Excuse("d:1").what.empty());
@@ -232,9 +235,7 @@ TEST(CulpritSearch, AModelLoadedExplicitlyIsNoSuspectAndTheSearchGoesOn) {
 TEST(CulpritSearch, ExcusingTheLastSuspectEndsTheSearch) {
   CulpritSearch search(Settings());
   CulpritSearch::Clock::time_point now{};
-  for (int death = 0; death < 3; ++death) {
-    search.NoteUnnamedDeath(now += seconds(1), {"only:1"}, milliseconds(900));
-  }
+  Begin(search, now, {"only:1"}, milliseconds(900));
   ASSERT_EQ(search.held_back(), std::set<std::string>{"only:1"});
   EXPECT_NE(search.Excuse("only:1").what.find("nothing found"), std::string::npos);
   EXPECT_FALSE(search.searching());
