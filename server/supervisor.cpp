@@ -794,11 +794,13 @@ class Supervisor {
     return Status::Ok();
   }
 
-  // The permissions of the repository and of its state directory as the first start found
-  // them, put back before each restart if they changed: model code runs as the repository's
-  // owner, and a chmod(repository, 0) made every later start fail on its uploads directory, a
-  // restart loop with nothing served. (Damage inside a model's own directory costs only that
-  // model: a restart leaves it UNAVAILABLE with its reason.)
+  // The permissions of the repository's directories (the repository, its state directory, each
+  // model's and each version's) as the first start found them, or as they were made since, put
+  // back before each restart if they changed: model code runs as the repository's owner, and a
+  // chmod(repository, 0) made every later start fail on its uploads directory, a restart loop
+  // with nothing served; a chmod of another model's directory left that model unlisted. A
+  // directory its owner (the server) cannot read or search when first seen is given those
+  // rights: the next cold start would otherwise fail listing the repository, for good.
   static std::string Octal(mode_t mode) {
     char text[16];
     std::snprintf(text, sizeof(text), "%04o", static_cast<unsigned>(mode));
@@ -806,22 +808,61 @@ class Supervisor {
   }
   void RestoreRepositoryModes() {
     if (config_.models.repository.empty()) return;
-    const std::string paths[] = {config_.models.repository, config_.models.repository + "/.orochi"};
-    for (size_t i = 0; i < std::size(paths); ++i) {
-      struct stat status {};
-      if (::stat(paths[i].c_str(), &status) != 0) continue;
-      const mode_t mode = status.st_mode & 07777;
-      if (!repository_modes_[i]) {
-        repository_modes_[i] = mode;
-      } else if (mode != *repository_modes_[i] &&
-                 ::chmod(paths[i].c_str(), *repository_modes_[i]) == 0) {
-        Log(LogLevel::kWarning,
-            "the permissions of the model repository changed while the server ran; put back",
-            {{"path", paths[i]},
-             {"found", Octal(mode)},
-             {"restored", Octal(*repository_modes_[i])}});
+    const std::string& repository = config_.models.repository;
+    std::set<std::string> seen = {repository, repository + "/.orochi"};
+    RestoreMode(repository);
+    RestoreMode(repository + "/.orochi");
+    // Bounded: model code can make directories there too, and each restart walks them.
+    constexpr size_t kMostDirectories = 4096;
+    for (const std::string& model : Subdirectories(repository, kMostDirectories)) {
+      if (seen.size() >= kMostDirectories) break;
+      RestoreMode(model);
+      seen.insert(model);
+      for (const std::string& version : Subdirectories(model, kMostDirectories)) {
+        if (seen.size() >= kMostDirectories) break;
+        RestoreMode(version);
+        seen.insert(version);
       }
     }
+    // What is gone (or past the bound) is forgotten, so that what is kept stays bounded too.
+    std::erase_if(repository_modes_,
+                  [&](const auto& entry) { return seen.count(entry.first) == 0; });
+  }
+  void RestoreMode(const std::string& path) {
+    struct stat status {};
+    if (::lstat(path.c_str(), &status) != 0 || !S_ISDIR(status.st_mode)) return;
+    const mode_t mode = status.st_mode & 07777;
+    auto [known, first_seen] = repository_modes_.try_emplace(path, mode);
+    mode_t wanted = known->second;
+    const char* message =
+        "the permissions of the model repository changed while the server ran; put back";
+    if (first_seen) {
+      constexpr mode_t kOwnerReadsAndSearches = S_IRUSR | S_IXUSR;
+      if (status.st_uid != ::geteuid() ||
+          (mode & kOwnerReadsAndSearches) == kOwnerReadsAndSearches) {
+        return;
+      }
+      wanted = known->second = mode | kOwnerReadsAndSearches;
+      message = "a directory of the model repository was closed to the server; opened again";
+    }
+    if (mode == wanted || ::chmod(path.c_str(), wanted) != 0) return;
+    Log(LogLevel::kWarning, message,
+        {{"path", path}, {"found", Octal(mode)}, {"restored", Octal(wanted)}});
+  }
+  // The directories in `directory` but hidden ones (the state directory), at most `most`.
+  static std::vector<std::string> Subdirectories(const std::string& directory, size_t most) {
+    std::vector<std::string> found;
+    DIR* listing = ::opendir(directory.c_str());
+    if (listing == nullptr) return found;
+    while (const dirent* entry = ::readdir(listing)) {
+      if (found.size() >= most) break;
+      if (entry->d_name[0] == '.' || (entry->d_type != DT_DIR && entry->d_type != DT_UNKNOWN)) {
+        continue;
+      }
+      found.push_back(directory + "/" + entry->d_name);
+    }
+    ::closedir(listing);
+    return found;
   }
 
   // Binds again each listener that no longer listens (see listening_socket.h), on its port;
@@ -1335,15 +1376,15 @@ class Supervisor {
   DescriptorOutput stderr_{&stderr_pipe_[0], "stderr"};
   ServerLogForwarder server_log_{&log_pipe_[0]};
   LivenessProbe probe_;
-  std::optional<mode_t> repository_modes_[2];  // see RestoreRepositoryModes
-  pid_t serving_ = 0;                          // the serving process while it runs
-  bool rebind_listeners_ = false;              // every listener bound afresh before the next start
-  Clock::time_point next_upkeep_{};            // see TendServingProcess
-  std::vector<pid_t> holder_scan_pending_;     // KillListenerHolders' walk, still to read
-  bool processes_bounded_ = false;  // BoundModelProcesses killed some; logged once a burst
-  int report_fd_ = -1;              // the serving process's report pipe, while it runs
-  bool report_open_ = false;        // its write end not closed yet
-  Report report_;                   // what came on it so far
+  std::map<std::string, mode_t> repository_modes_;  // by path: see RestoreRepositoryModes
+  pid_t serving_ = 0;                               // the serving process while it runs
+  bool rebind_listeners_ = false;           // every listener bound afresh before the next start
+  Clock::time_point next_upkeep_{};         // see TendServingProcess
+  std::vector<pid_t> holder_scan_pending_;  // KillListenerHolders' walk, still to read
+  bool processes_bounded_ = false;          // BoundModelProcesses killed some; logged once a burst
+  int report_fd_ = -1;                      // the serving process's report pipe, while it runs
+  bool report_open_ = false;                // its write end not closed yet
+  Report report_;                           // what came on it so far
   Clock::time_point started_;
   // While it starts: when it is killed unless it comes a step further (TendStart).
   std::optional<Clock::time_point> start_step_deadline_;

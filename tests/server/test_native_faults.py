@@ -1381,6 +1381,32 @@ class LockedRepositoryTest(FaultsTest):
                           f"ran; put back path={self.repository} found=0000", server.log_text())
             self.assert_echo_serves(server)
 
+    def test_a_model_directory_locked_by_model_code_is_opened_again(self):
+        # P11: a chmod of another model's directories by model code was put back by nothing, and
+        # the next cold start failed listing the repository.
+        model = os.path.join(self.repository, "echo")
+        with self.hostile_server() as server:
+            before = {path: stat.S_IMODE(os.stat(path).st_mode) for path in (model, model + "/1")}
+            for path in before:
+                status, _, body = self.hostile(server, f"chmod:0000:{path}")
+                self.assertEqual(status, 200, body)
+            os.kill(server.serving_pid, signal.SIGSEGV)
+            server.wait_for_serving(2)
+            for path, mode in before.items():
+                self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), mode, path)
+                self.assertIn("the permissions of the model repository changed while the server "
+                              f"ran; put back path={path} found=0000", server.log_text())
+            self.assert_echo_serves(server)
+        # Closed while no server ran: a cold start opens it to its owner again.
+        os.chmod(model, 0o000)
+        server = Server(self.repository, {}, copies=1)
+        try:
+            self.assertEqual(stat.S_IMODE(os.stat(model).st_mode), 0o500)
+            self.assertIn("a directory of the model repository was closed to the server; opened "
+                          f"again path={model} found=0000 restored=0500", server.log_text())
+            self.assert_echo_serves(server)
+        finally:
+            self.assertEqual(server.stop(), 0)
 
     def test_an_upload_after_model_code_set_the_umask_is_readable(self):
         # umask(0o777) in model code, then an operator's upload: the model's directories were
