@@ -37,12 +37,24 @@ CulpritSearch::Step CulpritSearch::NoteUnnamedDeath(Clock::time_point now,
       case Phase::kWithoutLast: {
         const std::string because = "it died naming no model with " + suspects_.front() +
                                     " held back, and these loaded before it";
-        if (reserve_.empty()) return NothingFound(because);
         std::vector<std::string> left;
-        for (const std::string& suspect : std::exchange(reserve_, {})) {
-          if (Contains(loaded, suspect)) left.push_back(suspect);
+        if (!reserve_.empty()) {
+          for (const std::string& suspect : std::exchange(reserve_, {})) {
+            if (Contains(loaded, suspect)) left.push_back(suspect);
+          }
+          return Narrow(std::move(left), because);
         }
-        return Narrow(std::move(left), because);
+        // The deaths go on without it: another model's doing (two culprits), or none's. It
+        // stays held back, set aside, while the search goes on among what that start loaded;
+        // once nothing is left there, the deaths are no model's.
+        const std::string last = suspects_.front();
+        set_aside_.insert(last);
+        for (const std::string& key : loaded) {
+          if (set_aside_.count(key) == 0 && !Contains(left, key)) left.push_back(key);
+        }
+        return Narrow(std::move(left), "it died naming no model with " + last +
+                                           " held back, which is set aside, held back while "
+                                           "the search looks among the models loaded");
       }
       case Phase::kWithLast: {
         const std::string& last = suspects_.front();
@@ -108,7 +120,7 @@ CulpritSearch::Step CulpritSearch::NoteServing(std::chrono::milliseconds served_
       [[fallthrough]];
     case Phase::kWithoutLast:
       phase_ = Phase::kWithLast;
-      held_back_.clear();
+      held_back_ = set_aside_;
       step.what = "the search for the model behind deaths naming none: " + served + " without " +
                   suspects_.front() + "; loading it again to see the deaths come back";
       break;
@@ -122,6 +134,7 @@ CulpritSearch::Step CulpritSearch::NoteServing(std::chrono::milliseconds served_
 
 CulpritSearch::Step CulpritSearch::Excuse(const std::string& model_key) {
   if (!searching_ || held_back_.erase(model_key) == 0) return {};
+  set_aside_.erase(model_key);
   suspects_.erase(std::remove(suspects_.begin(), suspects_.end(), model_key), suspects_.end());
   if (suspects_.empty() || phase_ == Phase::kWithoutLast) {
     return NothingFound("an operator loaded " + model_key + ", the last suspect");
@@ -136,7 +149,7 @@ CulpritSearch::Step CulpritSearch::Narrow(std::vector<std::string> left,
                                           const std::string& because) {
   if (left.empty()) return NothingFound("no suspect is left: " + because);
   suspects_ = std::move(left);
-  held_back_.clear();
+  held_back_ = set_aside_;
   Step step;
   if (suspects_.size() == 1) {
     phase_ = Phase::kWithoutLast;
@@ -167,6 +180,7 @@ void CulpritSearch::End() {
   phase_ = Phase::kHalving;
   suspects_.clear();
   reserve_.clear();
+  set_aside_.clear();
   held_back_.clear();
 }
 

@@ -20,9 +20,11 @@
 // that still dies that way clears what was held back; one that serves for the trial clears
 // what it loaded. The one suspect left is then tried both ways: held back alone, the serving
 // process must serve for the trial; loaded again, it must die so again. Only then is it the
-// culprit, to quarantine. Otherwise the deaths are not one model's doing (the server's own, an
-// operator's kill -9, two culprits, deaths that stopped on their own), and the search ends
-// with nothing found, holding nothing back.
+// culprit, to quarantine. If the deaths go on without it, it is set aside (still held back)
+// and the search goes on among the models that start loaded: two culprits are found one after
+// the other, the second by a search of its own once the first is quarantined. Deaths that go
+// on whatever is held back (the server's own, an operator's kill -9 each start), or that stop
+// on their own, end the search with nothing found, holding nothing back.
 //
 // The trial is four times the longest life among the deaths that began the search (within
 // `shortest_trial` and `longest_trial`), so that a package that kills its process some seconds
@@ -111,6 +113,9 @@ class CulpritSearch {
   std::vector<std::string> suspects_;
   // With the load in flight tried first (kWithoutLast): the versions loaded before it.
   std::vector<std::string> reserve_;
+  // Last suspects without which the deaths went on: held back while the search looks among
+  // the other models (a second culprit), released when it ends.
+  std::set<std::string> set_aside_;
   std::set<std::string> held_back_;
   std::chrono::seconds trial_{0};
 };

@@ -46,7 +46,7 @@ void Begin(CulpritSearch& search, CulpritSearch::Clock::time_point& now,
 template <typename Restart>
 CulpritSearch::Step RunToTheEnd(CulpritSearch& search, Restart restart) {
   CulpritSearch::Step step;
-  for (int restarts = 0; restarts < 10 && search.searching(); ++restarts) {
+  for (int restarts = 0; restarts < 40 && search.searching(); ++restarts) {
     step = restart();
     EXPECT_FALSE(step.culprit);
   }
@@ -158,6 +158,30 @@ TEST(CulpritSearch, DeathsAtAnInnocentsLoadFindTheModelLoadedBeforeThatCausedThe
     }
   }
   FAIL() << "not found";
+}
+
+TEST(CulpritSearch, TwoCulpritsAreFoundOneAfterTheOther) {
+  // b and e each kill every start that loads them: each search once ended with nothing found,
+  // and a new one began three deaths later, for good.
+  CulpritSearch search(Settings());
+  CulpritSearch::Clock::time_point now{};
+  std::set<std::string> quarantined;
+  for (int restarts = 0; restarts < 60 && quarantined.size() < 2; ++restarts) {
+    std::vector<std::string> loaded;
+    for (const std::string& model : kModels) {
+      if (quarantined.count(model) == 0 && search.held_back().count(model) == 0) {
+        loaded.push_back(model);
+      }
+    }
+    const bool dies = std::find(loaded.begin(), loaded.end(), "b:1") != loaded.end() ||
+                      std::find(loaded.begin(), loaded.end(), "e:1") != loaded.end();
+    const CulpritSearch::Step step =
+        dies ? search.NoteUnnamedDeath(now += seconds(2), loaded, milliseconds(900))
+             : search.NoteServing(search.trial());
+    EXPECT_EQ(step.what.find("nothing found"), std::string::npos) << step.what;
+    if (step.culprit) quarantined.insert(*step.culprit);
+  }
+  EXPECT_EQ(quarantined, (std::set<std::string>{"b:1", "e:1"}));
 }
 
 TEST(CulpritSearch, DeathsOutsideTheWindowStartNothing) {

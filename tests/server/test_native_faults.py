@@ -706,6 +706,31 @@ class CulpritSearchTest(FaultsTest):
         finally:
             self.assertEqual(server.stop(), 0)
 
+    def test_two_models_whose_deaths_name_none_are_found_one_after_the_other(self):
+        # Each search once ended with nothing found (the deaths went on with either held back),
+        # and the next began three deaths later: a restart loop for good (F3 of the tenth run).
+        self.place_package("stranger", UNMARKED_THREAD_CRASH_INIT)
+        self.place_package("astranger", UNMARKED_THREAD_CRASH_INIT)
+        server = Server(self.repository, {}, copies=1)
+        try:
+            for name in ("stranger", "astranger"):
+                server.wait_for_log(f"model quarantined model={name}:1", timeout=240)
+            server.wait_for_serving(serving_count(server) + 1)
+            log = server.log_text()
+            self.assertIn("which is set aside", log)
+            self.assertNotIn("nothing found", log)
+            states = index(server)
+            for name in ("stranger", "astranger"):
+                self.assertIn(f"quarantined: model {name}:1 was tried both ways",
+                              states[name]["reason"])
+            for innocent in ("echo", "slow", "extra_rows"):
+                self.assertEqual(states[innocent]["state"], "READY", states[innocent])
+            serving = server.serving_pid
+            time.sleep(3)
+            self.assertEqual(server.serving_pid, serving)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
     def test_deaths_at_an_innocents_load_find_the_model_loaded_before_that_caused_them(self):
         # A package loaded first damaged what every later load uses, and each start died with no
         # record at the next model's load: the innocent model was quarantined, then the next,
