@@ -367,8 +367,8 @@ void CloseListener(int fd) {
   ::syscall(SYS_close, marked);
 }
 
-void ExitServingProcess(int code) {
-  std::fflush(nullptr);
+void ExitServingProcess(int code, bool flush_streams) {
+  if (flush_streams) std::fflush(nullptr);
   ::syscall(SYS_exit_group,
             (static_cast<uint64_t>(own_exit_word) << 32U) | static_cast<uint32_t>(code));
   std::_Exit(code);  // not reached: the filter lets the call above through

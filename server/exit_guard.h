@@ -68,10 +68,11 @@ void HandListener(int channel, int listener);
 // taken (by /dev/null) until the process ends; without it, a plain close.
 void CloseListener(int fd);
 
-// Ends the process with `code` (as std::_Exit does, after flushing stdio): the server's own
-// exits (the end of a run, a failed start, a shutdown past its deadline, a lost listener), with
-// or without the filter.
-[[noreturn]] void ExitServingProcess(int code);
+// Ends the process with `code` (as std::_Exit does, after flushing stdio unless
+// `flush_streams` is false, for a caller that must not wait on a stream's lock): the server's
+// own exits (the end of a run, a failed start, a shutdown past its deadline, a lost listener),
+// with or without the filter.
+[[noreturn]] void ExitServingProcess(int code, bool flush_streams = true);
 
 // Tells the supervisor `line` (a report line, with its newline): through the filter's listener,
 // where the supervisor takes it only from the serving process's first thread, which runs no

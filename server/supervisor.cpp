@@ -30,6 +30,8 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -60,6 +62,9 @@ using Clock = std::chrono::steady_clock;
 constexpr int kQuickCrashesAllowed = 3;
 constexpr std::chrono::milliseconds kFirstRestartDelay{100};
 constexpr std::chrono::milliseconds kLongestRestartDelay{5000};
+// The longest the serving process's teardown may take once it has drained
+// (EndUnlessTornDownWithin).
+constexpr std::chrono::seconds kLongestTeardown{10};
 // A serving process that ran this long before dying was not in a crash loop.
 constexpr std::chrono::seconds kStableAfter{30};
 // The most a round of the search for processes holding a listener may take
@@ -782,8 +787,28 @@ class Supervisor {
     static constexpr char kReady[] = "ready\n";
     [[maybe_unused]] ssize_t written = ::write(report_fd, kReady, sizeof(kReady) - 1);
     const int code = (*started)->Run();
+    EndUnlessTornDownWithin(kLongestTeardown, code);
     started->reset();
     ExitServingProcess(code);
+  }
+
+  // After the drain, tearing the server down unloads each model, which takes its copy's GIL: a
+  // thread model code keeps asleep in C with that GIL held (ctypes.PyDLL) once kept a stopped
+  // serving process, and every port, for good. What the teardown has not done by `bound` is
+  // left undone: the process ends with `code`, from a thread of its own.
+  static void EndUnlessTornDownWithin(std::chrono::seconds bound, int code) {
+    try {
+      std::thread([bound, code] {
+        std::this_thread::sleep_for(bound);
+        Log(LogLevel::kWarning,
+            "the server's teardown did not end in time (a copy held by model code); ending the "
+            "process",
+            {{"seconds", std::to_string(bound.count()), false}});
+        ExitServingProcess(code, /*flush_streams=*/false);
+      }).detach();
+    } catch (const std::system_error&) {
+      // No thread to be had (model code took them all): the teardown is unbounded, as before.
+    }
   }
 
   // Binds address:port into `fd`, and remembers where for HealListeners (the port the kernel

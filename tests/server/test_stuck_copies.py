@@ -9,13 +9,14 @@ within models.unload_grace_s.
 import json
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
 import unittest
 
-from server_fixtures import (Server, curl, echo_request, pack_model, pack_repository, post_json,
-                             slow_request)
+from server_fixtures import (Server, curl, echo_request, pack_model, pack_repository, pack_variant,
+                             post_json, slow_request)
 
 
 class AbandonedCopiesTest(unittest.TestCase):
@@ -166,6 +167,60 @@ class UnloadGraceTest(unittest.TestCase):
                 status, _, body = post_json(server, "/v2/models/slow/infer",
                                             slow_request("sleep", 0.01))
                 self.assertEqual(status, 200, body)
+        finally:
+            server.stop()
+            shutil.rmtree(root)
+
+
+# Starts a thread that sleeps in C with its copy's GIL held (ctypes.PyDLL keeps it), a moment
+# after each load: every copy it is loaded into is stuck for good.
+HOLDS_THE_GIL_INIT = """
+import ctypes
+import threading
+import time
+
+
+def hold():
+    time.sleep(0.5)
+    ctypes.PyDLL("libc.so.6").sleep(3600)
+
+
+class Hangs:
+    def __init__(self, context):
+        threading.Thread(target=hold, daemon=True).start()
+
+    def predict(self, inputs):
+        return {"done": [True]}
+"""
+
+
+class StopWithHeldCopiesTest(unittest.TestCase):
+
+    def test_a_stop_ends_the_process_though_model_code_holds_a_copy(self):
+        # P4 of docs/HARDENING.md: after the drain, the teardown waited for copies whose GIL a
+        # model thread held asleep in C, and the stopped server kept every port, for good.
+        root = tempfile.mkdtemp(prefix="orochi-held-copies-test-")
+        repository = pack_repository(root)
+        os.makedirs(os.path.join(repository, "zgil", "1"))
+        shutil.copy(pack_variant(root, "zgil", HOLDS_THE_GIL_INIT),
+                    os.path.join(repository, "zgil", "1", "model.orochi"))
+        server = Server(repository, {"models": {"execution_grace_ms": 300},
+                                     "http": {"shutdown_delay_s": 0, "shutdown_grace_s": 2}},
+                        copies=1)
+        try:
+            time.sleep(1)
+            for _ in range(2):  # each copy replaced is held again by the reload
+                request = echo_request()
+                request["parameters"] = {"timeout": 300000}
+                status, _, body = post_json(server, "/v2/models/echo/infer", request)
+                self.assertEqual(status, 504, body)
+                time.sleep(1.5)
+            stopping = time.time()
+            server.process.send_signal(signal.SIGTERM)
+            self.assertEqual(server.process.wait(timeout=40), 0)
+            self.assertLess(time.time() - stopping, 30)
+            self.assertIn("the server's teardown did not end in time (a copy held by model "
+                          "code); ending the process seconds=10", server.log_text())
         finally:
             server.stop()
             shutil.rmtree(root)
