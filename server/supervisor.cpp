@@ -87,8 +87,8 @@ struct Report {
   std::string start_failure;
   std::string unfinished;  // a line read without its end yet
   // The model version whose load at the start began last ("loading" lines, before "ready"):
-  // a death there with no crash record (SIGKILL from the kernel's OOM killer, say) is put on
-  // it, so that a package that kills every start is quarantined like one that crashes.
+  // a death there with no crash record (SIGKILL from the kernel's OOM killer, say) makes it
+  // the first suspect of the search (CulpritSearch), tried both ways before any quarantine.
   std::string loading;
   int loads_begun = 0;  // "loading" lines before "ready": how far the start has come
   // Every version whose load the start began, in order, for the search for a model behind
